@@ -1,0 +1,125 @@
+# dflash: one plain Makefile. `make` builds everything under build/,
+# `make test` runs every test, `make SAN=address|undefined|thread` switches sanitizer.
+
+CC      ?= cc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+PREFIX  ?= /usr/local
+DESTDIR ?=
+SAN     ?=
+O       ?= 2
+
+PKGS    := libuv libsystemd inih libcjson sqlite3 openblas
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+BUILD   := build$(if $(SAN),-$(SAN))
+CFLAGS  := -std=c11 -D_GNU_SOURCE -O$(O) -g -Wall -Wextra -Wno-unused-parameter \
+           -Wshadow -Wformat=2 -fno-strict-aliasing -pthread -MMD -MP -I. $(PKG_CFLAGS)
+LDLIBS  := $(PKG_LIBS) -lm -lpthread -lrt
+
+ifneq ($(SAN),)
+  CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer
+  LDFLAGS += -fsanitize=$(SAN)
+  ifeq ($(SAN),undefined)
+    CFLAGS  += -fno-sanitize-recover=all
+  endif
+endif
+
+# CUDA is optional: compiled where nvcc exists, never required at run time.
+# NOCUDA=1 forces a CPU-only build; sanitizer builds are CPU-only.
+ifeq ($(SAN)$(NOCUDA),)
+  ifneq ($(NVCC),)
+    HAVE_CUDA := 1
+  endif
+endif
+CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
+NVCCFLAGS  := -O3 -g -std=c++17 -arch=sm_90 -I. -Xcompiler -Wall,-fno-strict-aliasing -MMD -MP
+ifeq ($(HAVE_CUDA),1)
+  CFLAGS  += -DDFLASH_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
+  NCCL_OK := $(shell test -f /usr/include/nccl.h -o -f $(CUDA_HOME)/include/nccl.h && echo 1)
+  ifeq ($(NCCL_OK),1)
+    CFLAGS += -DDFLASH_HAVE_NCCL=1
+    LDLIBS += -lnccl
+  endif
+endif
+
+# Library code: common/, ipc/, model/ (+ gpukern/ with CUDA) -> one static library.
+LIB_SRC  := $(wildcard common/*.c ipc/*.c model/*.c)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CU_SRC   := $(if $(HAVE_CUDA),$(wildcard gpukern/*.cu model/*.cu))
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
+LIB      := $(BUILD)/libdflash.a
+
+# Programs: each is the .c files of one folder.
+BINS := coordinator-d target-d drafter-d dflashctl dflash-data
+coordinator-d_SRC := $(wildcard daemons/coordinator/*.c)
+target-d_SRC      := $(wildcard daemons/target/*.c)
+drafter-d_SRC     := $(wildcard daemons/drafter/*.c)
+dflashctl_SRC     := $(wildcard daemons/dflashctl/*.c)
+dflash-data_SRC   := $(wildcard tools/dflash-data/*.c)
+BIN_PATHS := $(foreach b,$(BINS),$(if $($(b)_SRC),$(BUILD)/bin/$(b)))
+
+# Tests and benches: one .c file = one program.
+TEST_SRC   := $(wildcard tests/test_*.c)
+TEST_BINS  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRC  := $(wildcard bench/*_bench.c)
+BENCH_BINS := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+all: $(BIN_PATHS) $(TEST_BINS) $(BENCH_BINS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+.SECONDEXPANSION:
+$(BUILD)/bin/%: $$(patsubst %.c,$(BUILD)/%.o,$$($$*_SRC)) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# `make test` builds then runs everything; T=pattern selects tests.
+test: all
+	BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(T)
+
+demo:
+	tools/install-deps.sh
+	$(MAKE) all
+	tools/demo.sh
+
+# `make check`: what CI runs. Installs what is missing, builds, runs every test.
+check:
+	tools/install-deps.sh
+	$(MAKE) all
+	BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(T)
+
+deps:
+	tools/install-deps.sh
+
+install: $(BIN_PATHS)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)/etc/dflash
+	install -m 0755 $(BIN_PATHS) $(DESTDIR)$(PREFIX)/bin/
+	for u in systemd/*.service systemd/*.target; do \
+	  sed 's|@BINDIR@|$(PREFIX)/bin|g' $$u > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u); done
+	install -m 0644 etc/dflash.ini $(DESTDIR)/etc/dflash/dflash.ini
+
+clean:
+	rm -rf build build-*
+
+.PHONY: all test check demo deps install clean
+.SECONDARY:
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

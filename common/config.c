@@ -1,0 +1,299 @@
+/* config.c: the key table and the inih-driven loader.
+ * Unknown keys, bad types and out-of-range values fail with file:line: key: reason. */
+#include <errno.h>
+#include <ini.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include "common/config.h"
+
+#define OFF(sec, field) offsetof(struct dflash_cfg, sec.field)
+#define I(sec, k, mn, mx, d, h)  { #sec, #k, CFG_INT, mn, mx, d, OFF(sec, k), h }
+#define D(sec, k, mn, mx, d, h)  { #sec, #k, CFG_DOUBLE, mn, mx, d, OFF(sec, k), h }
+#define S(sec, k, d, h)          { #sec, #k, CFG_STR, 0, sizeof(((struct dflash_cfg *)0)->sec.k), d, OFF(sec, k), h }
+
+const struct cfg_key cfg_keys[] = {
+    S(cluster, name, "dflash", "cluster id; names the shm ring (/dflash-<name>) and the socket"),
+    S(cluster, runtime_dir, "/run/dflash", "sockets and lock files"),
+    S(cluster, state_dir, "/var/lib/dflash", "ledger, checkpoints, metrics"),
+    S(cluster, socket, "", "control socket path; empty = <runtime_dir>/<name>.sock"),
+    S(cluster, group, "", "group allowed to use the socket and ring; empty = owner only"),
+    S(cluster, tcp_listen, "", "addr:port for the optional TCP listener; empty = none"),
+    S(cluster, log_level, "info", "error | warn | notice | info | debug"),
+
+    I(ring, slots, 2, 4096, "16", "slots in the shared-memory ring"),
+    I(ring, max_tokens, 16, 1 << 24, "16384", "tokens per slot (packed batch capacity)"),
+    I(ring, max_seqs, 1, 65536, "256", "sequences per slot"),
+    I(ring, stuck_writing_ms, 100, 86400000, "600000", "report a slot WRITING longer than this"),
+
+    S(model, path, "", "target model dir (config.json + *.safetensors)"),
+    S(model, capture_layers, "", "captured layer ids, comma separated; empty = DFlash default"),
+    I(model, draft_layers, 1, 64, "5", "drafter layers; sets the default capture ids"),
+
+    S(data, path, "", "dataset file written by dflash-data"),
+    I(data, token_budget, 16, 1 << 24, "16384", "tokens per packed batch"),
+    I(data, max_seq_len, 2, 1 << 22, "4096", "longer samples are truncated"),
+    I(data, epochs, 1, 100000, "1", "epochs to train"),
+    I(data, seed, 0, 4294967295.0, "1234", "shuffle seed"),
+    I(data, bucket_width, 1, 1 << 20, "256", "tokens per length bucket"),
+
+    I(coordinator, heartbeat_ms, 10, 600000, "500", "heartbeat period asked of daemons"),
+    I(coordinator, dead_after_ms, 50, 3600000, "5000", "a daemon silent this long is dead"),
+    I(coordinator, watchdog_ms, 0, 3600000, "0", "0 = take WATCHDOG_USEC from systemd"),
+
+    S(target, backend, "cpu", "cpu | cuda"),
+    I(target, prefetch, 1, 64, "2", "batch leases held ahead"),
+    I(target, threads, 1, 1024, "1", "CPU backend threads"),
+    I(target, devices, 1, 1024, "8", "instance index must be below this"),
+    I(target, debug_nan_batch, -1, 1e15, "-1", "debug: poison this batch's states with NaN"),
+
+    S(drafter, backend, "cpu", "cpu | cuda"),
+    I(drafter, min_ready, 1, 4096, "1", "READY slots wanted before picking"),
+    S(drafter, pick, "oldest", "oldest | random"),
+    I(drafter, ready_timeout_ms, 0, 3600000, "200", "pick anyway after this long"),
+    I(drafter, world_size, 1, 1024, "1", "drafters in the data-parallel group"),
+    I(drafter, block_size, 2, 128, "16", "draft block size"),
+    I(drafter, num_anchors, 1, 1 << 20, "512", "anchors per sequence per step"),
+    D(drafter, gamma, 0.01, 1e6, "7", "loss decay: weight exp(-(k-1)/gamma)"),
+    I(drafter, mask_token_id, -1, 1 << 30, "-1", "MASK token id; -1 = last vocab id"),
+    I(drafter, num_heads, 0, 1024, "0", "0 = target's"),
+    I(drafter, num_kv_heads, 0, 1024, "0", "0 = target's"),
+    I(drafter, head_dim, 0, 1024, "0", "0 = target's"),
+    I(drafter, intermediate_size, 0, 1 << 20, "0", "0 = target's"),
+    D(drafter, lr, 0, 10, "6e-4", "peak learning rate"),
+    D(drafter, min_lr_ratio, 0, 1, "0.1", "cosine floor as a fraction of lr"),
+    I(drafter, warmup_steps, 0, 1 << 30, "100", "linear warmup steps"),
+    I(drafter, total_steps, 0, 1 << 30, "0", "0 = derived from the dataset and epochs"),
+    D(drafter, weight_decay, 0, 10, "0.01", "AdamW weight decay"),
+    D(drafter, beta1, 0, 1, "0.9", "AdamW beta1"),
+    D(drafter, beta2, 0, 1, "0.95", "AdamW beta2"),
+    D(drafter, adam_eps, 0, 1, "1e-8", "AdamW epsilon"),
+    D(drafter, grad_clip, 0, 1e9, "1.0", "global gradient norm clip (0 = off)"),
+    I(drafter, checkpoint_every, 1, 1 << 30, "1000", "steps between checkpoints"),
+    S(drafter, checkpoint_dir, "", "empty = <state_dir>/checkpoints"),
+    S(drafter, metrics_path, "", "empty = <state_dir>/metrics-rank<N>.jsonl"),
+    I(drafter, seed, 0, 4294967295.0, "42", "init and anchor seed"),
+    I(drafter, threads, 1, 1024, "1", "CPU backend threads"),
+    I(drafter, devices, 1, 1024, "8", "instance index must be below this"),
+    I(drafter, debug_nan_step, -1, 1e15, "-1", "debug: make the loss NaN at this step"),
+};
+const size_t cfg_nkeys = sizeof cfg_keys / sizeof cfg_keys[0];
+
+static const struct cfg_key *cfg_find(const char *section, const char *key)
+{
+    for (size_t i = 0; i < cfg_nkeys; i++)
+        if (!strcmp(cfg_keys[i].section, section) && !strcmp(cfg_keys[i].key, key))
+            return &cfg_keys[i];
+    return NULL;
+}
+
+static int section_known(const char *section)
+{
+    for (size_t i = 0; i < cfg_nkeys; i++)
+        if (!strcmp(cfg_keys[i].section, section))
+            return 1;
+    return 0;
+}
+
+/* Store one value; on failure write the reason (without location) into err. */
+static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char *val,
+                     char *err, size_t errlen)
+{
+    char *p = (char *)cfg + k->offset;
+    char *end;
+    switch (k->type) {
+    case CFG_INT: {
+        errno = 0;
+        long long v = strtoll(val, &end, 0);
+        if (errno || end == val || *end) {
+            snprintf(err, errlen, "not an integer: '%s'", val);
+            return -EINVAL;
+        }
+        if ((double)v < k->min || (double)v > k->max) {
+            snprintf(err, errlen, "%lld out of range [%.0f, %.0f]", v, k->min, k->max);
+            return -ERANGE;
+        }
+        *(int64_t *)p = v;
+        return 0;
+    }
+    case CFG_DOUBLE: {
+        errno = 0;
+        double v = strtod(val, &end);
+        if (errno || end == val || *end || !isfinite(v)) {
+            snprintf(err, errlen, "not a number: '%s'", val);
+            return -EINVAL;
+        }
+        if (v < k->min || v > k->max) {
+            snprintf(err, errlen, "%g out of range [%g, %g]", v, k->min, k->max);
+            return -ERANGE;
+        }
+        *(double *)p = v;
+        return 0;
+    }
+    case CFG_BOOL:
+        if (!strcasecmp(val, "true") || !strcasecmp(val, "yes") || !strcmp(val, "1"))
+            *(int *)p = 1;
+        else if (!strcasecmp(val, "false") || !strcasecmp(val, "no") || !strcmp(val, "0"))
+            *(int *)p = 0;
+        else {
+            snprintf(err, errlen, "not a boolean: '%s'", val);
+            return -EINVAL;
+        }
+        return 0;
+    case CFG_STR:
+        if (strlen(val) >= (size_t)k->max) {
+            snprintf(err, errlen, "longer than %.0f bytes", k->max - 1);
+            return -ERANGE;
+        }
+        strcpy(p, val);
+        return 0;
+    }
+    return -EINVAL;
+}
+
+struct load_ctx {
+    struct dflash_cfg *cfg;
+    const char *path;
+    char *err;
+    size_t errlen;
+    int failed;
+    FILE *f;
+    int lineno;     /* Debian's inih has no line numbers in the handler: count here */
+    int fail_line;
+};
+
+/* inih reads one line per call, so the line count at handler time is its line. */
+static char *ini_read_line(char *buf, int size, void *stream)
+{
+    struct load_ctx *c = stream;
+    char *s = fgets(buf, size, c->f);
+    if (s)
+        c->lineno++;
+    return s;
+}
+
+static int on_ini(void *user, const char *section, const char *name, const char *value)
+{
+    struct load_ctx *c = user;
+    int lineno = c->lineno;
+    char why[200];
+    if (!name) /* a bare [section] line: only check the section name */
+        return 1;
+    const struct cfg_key *k = cfg_find(section, name);
+    if (!k) {
+        snprintf(c->err, c->errlen, "%s:%d: %s.%s: %s", c->path, lineno, section, name,
+                 section_known(section) ? "unknown key" : "unknown section");
+        c->failed = -EINVAL;
+        c->fail_line = lineno;
+        return 0;
+    }
+    int r = cfg_store(c->cfg, k, value, why, sizeof why);
+    if (r < 0) {
+        snprintf(c->err, c->errlen, "%s:%d: %s.%s: %s", c->path, lineno, section, name, why);
+        c->failed = r;
+        c->fail_line = lineno;
+        return 0;
+    }
+    return 1;
+}
+
+int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
+{
+    char why[200];
+    memset(cfg, 0, sizeof *cfg);
+    for (size_t i = 0; i < cfg_nkeys; i++)
+        if (cfg_store(cfg, &cfg_keys[i], cfg_keys[i].def, why, sizeof why) < 0) {
+            snprintf(err, errlen, "built-in default %s.%s: %s", cfg_keys[i].section, cfg_keys[i].key, why);
+            return -EINVAL;
+        }
+    if (!path)
+        return 0;
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(-r));
+        return r;
+    }
+    struct load_ctx c = { cfg, path, err, errlen, 0, f, 0, 0 };
+    int r = ini_parse_stream(ini_read_line, &c, on_ini, &c);
+    fclose(f);
+    /* inih reports the first bad line; a syntax error before the key we refused wins. */
+    if (c.failed && !(r > 0 && r < c.fail_line))
+        return c.failed;
+    if (r > 0) {
+        snprintf(err, errlen, "%s:%d: syntax error", path, r);
+        return -EINVAL;
+    }
+    if (r < 0) {
+        snprintf(err, errlen, "%s: read error", path);
+        return -EIO;
+    }
+    return 0;
+}
+
+int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen)
+{
+    char buf[512], why[200];
+    if (strlen(assignment) >= sizeof buf) {
+        snprintf(err, errlen, "override too long");
+        return -EINVAL;
+    }
+    strcpy(buf, assignment);
+    char *eq = strchr(buf, '='), *dot = strchr(buf, '.');
+    if (!eq || !dot || dot > eq) {
+        snprintf(err, errlen, "override '%s': expected section.key=value", assignment);
+        return -EINVAL;
+    }
+    *eq = *dot = 0;
+    const struct cfg_key *k = cfg_find(buf, dot + 1);
+    if (!k) {
+        snprintf(err, errlen, "override %s.%s: unknown key", buf, dot + 1);
+        return -EINVAL;
+    }
+    int r = cfg_store(cfg, k, eq + 1, why, sizeof why);
+    if (r < 0)
+        snprintf(err, errlen, "override %s.%s: %s", buf, dot + 1, why);
+    return r;
+}
+
+void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section)
+{
+    for (size_t i = 0; i < cfg_nkeys; i++) {
+        const struct cfg_key *k = &cfg_keys[i];
+        if (section && strcmp(section, k->section))
+            continue;
+        const char *p = (const char *)cfg + k->offset;
+        switch (k->type) {
+        case CFG_INT: fprintf(f, "%s.%s = %lld\n", k->section, k->key, (long long)*(const int64_t *)p); break;
+        case CFG_DOUBLE: fprintf(f, "%s.%s = %.17g\n", k->section, k->key, *(const double *)p); break;
+        case CFG_BOOL: fprintf(f, "%s.%s = %s\n", k->section, k->key, *(const int *)p ? "true" : "false"); break;
+        case CFG_STR: fprintf(f, "%s.%s = %s\n", k->section, k->key, p); break;
+        }
+    }
+}
+
+int cfg_parse_int_list(const char *s, int *out, int max)
+{
+    int n = 0;
+    while (*s) {
+        char *end;
+        while (*s == ' ' || *s == ',')
+            s++;
+        if (!*s)
+            break;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || end == s || v < 0 || v > 1 << 20)
+            return -EINVAL;
+        if (n == max)
+            return -E2BIG;
+        out[n++] = (int)v;
+        s = end;
+        while (*s == ' ')
+            s++;
+        if (*s && *s != ',')
+            return -EINVAL;
+    }
+    return n;
+}

@@ -1,0 +1,119 @@
+/* config.h: the dflash configuration (one INI file, etc/dflash.ini) and its loader.
+ * Every key lives in one table in config.c: {section, key, type, min, max, default}. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CFG_STR_MAX 256
+
+struct cfg_cluster {
+    char name[64];              /* cluster id: names the shm ring and socket */
+    char runtime_dir[CFG_STR_MAX];
+    char state_dir[CFG_STR_MAX];
+    char socket[CFG_STR_MAX];   /* control socket path; empty = runtime_dir/dflash.sock */
+    char group[64];             /* group allowed on the socket and ring (empty = owner only) */
+    char tcp_listen[128];       /* "addr:port" or empty: no network listener */
+    char log_level[16];
+};
+
+struct cfg_ring {
+    int64_t slots;
+    int64_t max_tokens;         /* tokens per slot */
+    int64_t max_seqs;           /* sequences per slot */
+    int64_t stuck_writing_ms;   /* WRITING longer than this with a live owner is reported */
+};
+
+struct cfg_model {
+    char path[CFG_STR_MAX];     /* Hugging Face model dir: config.json + *.safetensors */
+    char capture_layers[CFG_STR_MAX]; /* comma list of layer ids; empty = DFlash default */
+    int64_t draft_layers;       /* drafter depth; also picks default capture layers */
+};
+
+struct cfg_data {
+    char path[CFG_STR_MAX];     /* dataset file made by dflash-data */
+    int64_t token_budget;       /* tokens per packed batch */
+    int64_t max_seq_len;        /* longer samples are truncated */
+    int64_t epochs;
+    int64_t seed;
+    int64_t bucket_width;       /* tokens per length bucket */
+};
+
+struct cfg_coordinator {
+    int64_t heartbeat_ms;
+    int64_t dead_after_ms;      /* no heartbeat this long = dead */
+    int64_t watchdog_ms;
+};
+
+struct cfg_target {
+    char backend[16];           /* cpu | cuda */
+    int64_t prefetch;           /* leases held ahead */
+    int64_t threads;            /* CPU backend threads */
+    int64_t devices;            /* highest valid instance index + 1 */
+    int64_t debug_nan_batch;    /* inject NaN into this batch id's states (-1 = off) */
+};
+
+struct cfg_drafter {
+    char backend[16];
+    int64_t min_ready;
+    char pick[16];              /* oldest | random */
+    int64_t ready_timeout_ms;
+    int64_t world_size;
+    int64_t block_size;
+    int64_t num_anchors;
+    double gamma;
+    int64_t mask_token_id;      /* -1 = pick from the target vocab */
+    int64_t num_heads;
+    int64_t num_kv_heads;
+    int64_t head_dim;
+    int64_t intermediate_size;
+    double lr;
+    double min_lr_ratio;
+    int64_t warmup_steps;
+    int64_t total_steps;        /* 0 = derive from dataset and epochs */
+    double weight_decay;
+    double beta1, beta2, adam_eps;
+    double grad_clip;
+    int64_t checkpoint_every;
+    char checkpoint_dir[CFG_STR_MAX]; /* empty = state_dir/checkpoints */
+    char metrics_path[CFG_STR_MAX];   /* empty = state_dir/metrics-rankN.jsonl */
+    int64_t seed;
+    int64_t threads;
+    int64_t devices;
+    int64_t debug_nan_step;     /* make the loss NaN at this step (-1 = off) */
+};
+
+struct dflash_cfg {
+    struct cfg_cluster cluster;
+    struct cfg_ring ring;
+    struct cfg_model model;
+    struct cfg_data data;
+    struct cfg_coordinator coordinator;
+    struct cfg_target target;
+    struct cfg_drafter drafter;
+};
+
+enum cfg_type { CFG_INT, CFG_DOUBLE, CFG_BOOL, CFG_STR };
+
+struct cfg_key {
+    const char *section;
+    const char *key;
+    enum cfg_type type;
+    double min, max;            /* numeric range; for CFG_STR: max = buffer size */
+    const char *def;
+    size_t offset;
+    const char *help;
+};
+
+extern const struct cfg_key cfg_keys[];
+extern const size_t cfg_nkeys;
+
+/* Fill *cfg with defaults, then apply `path` (NULL = defaults only).
+ * On error returns <0 and writes "file:line: section.key: reason" into err. */
+int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen);
+/* Apply one "section.key=value" override (command line); same checks. */
+int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen);
+/* Print every key with its effective value, one per line ("section.key = value"). */
+void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section /* NULL = all */);
+/* Parse a comma list of ints (e.g. capture_layers) into out[]; returns count or <0. */
+int cfg_parse_int_list(const char *s, int *out, int max);

@@ -1,0 +1,66 @@
+/* log.c: leveled logging with sd-daemon prefixes.
+ * Under journald (JOURNAL_STREAM set) or a non-tty stderr lines start with "<N>". */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#include <errno.h>
+#include "common/log.h"
+#include "common/err.h"
+
+static const char *g_ident = "dflash";
+static enum log_level g_level = LOG_LVL_INFO;
+static int g_prefix = -1;
+
+void log_init(const char *ident, enum log_level level)
+{
+    g_ident = ident;
+    g_level = level;
+    g_prefix = getenv("JOURNAL_STREAM") != NULL || !isatty(STDERR_FILENO);
+}
+
+void log_set_level(enum log_level level) { g_level = level; }
+
+int log_level_parse(const char *s, enum log_level *out)
+{
+    static const struct { const char *n; enum log_level l; } t[] = {
+        {"error", LOG_LVL_ERR}, {"warn", LOG_LVL_WARN}, {"notice", LOG_LVL_NOTICE},
+        {"info", LOG_LVL_INFO}, {"debug", LOG_LVL_DEBUG},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcasecmp(s, t[i].n)) { *out = t[i].l; return 0; }
+    return -EINVAL;
+}
+
+void log_msg(enum log_level lvl, int err, const char *fmt, ...)
+{
+    if (lvl > g_level)
+        return;
+    static const char *const names[] = {
+        [LOG_LVL_ERR] = "error", [LOG_LVL_WARN] = "warning", [LOG_LVL_NOTICE] = "notice",
+        [LOG_LVL_INFO] = "info", [LOG_LVL_DEBUG] = "debug",
+    };
+    char line[2048];
+    int n;
+    if (g_prefix < 0)
+        g_prefix = getenv("JOURNAL_STREAM") != NULL || !isatty(STDERR_FILENO);
+    if (g_prefix)
+        n = snprintf(line, sizeof line, "<%d>%s: ", (int)lvl, g_ident);
+    else
+        n = snprintf(line, sizeof line, "%s: %s: ", g_ident, names[lvl]);
+    va_list ap;
+    va_start(ap, fmt);
+    n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof line - 2)
+        n = (int)sizeof line - 2;
+    if (err)
+        n += snprintf(line + n, sizeof line - (size_t)n, ": %s", err_str(err));
+    if (n > (int)sizeof line - 2)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    /* One write per line so lines of concurrent processes never interleave. */
+    ssize_t w = write(STDERR_FILENO, line, (size_t)n);
+    (void)w;
+}

@@ -1,0 +1,81 @@
+/* test_config.c: the INI loader: defaults, overrides, every error names file:line: key.
+ * Also checks etc/dflash.ini documents every key with its default. */
+#include <unistd.h>
+#include "common/config.h"
+#include "tests/test.h"
+
+static const char *write_tmp(const char *name, const char *text)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void expect_error(const char *text, const char *needle)
+{
+    struct dflash_cfg cfg;
+    char err[512] = "";
+    const char *p = write_tmp("bad.ini", text);
+    CHECK(cfg_load(&cfg, p, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, p);
+    CHECK_CONTAINS(err, needle);
+}
+
+int main(void)
+{
+    struct dflash_cfg cfg;
+    char err[512] = "";
+
+    CHECK_OK(cfg_load(&cfg, NULL, err, sizeof err));
+    CHECK_INT(cfg.ring.slots, ==, 16);
+    CHECK_STR(cfg.drafter.pick, "oldest");
+    CHECK_NEAR(cfg.drafter.gamma, 7.0, 0);
+
+    const char *p = write_tmp("ok.ini", "[ring]\nslots = 8\n[drafter]\ngamma = 3.5\npick = random\n");
+    CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
+    CHECK_INT(cfg.ring.slots, ==, 8);
+    CHECK_NEAR(cfg.drafter.gamma, 3.5, 0);
+    CHECK_STR(cfg.drafter.pick, "random");
+    CHECK_OK(cfg_set(&cfg, "ring.slots=32", err, sizeof err));
+    CHECK_INT(cfg.ring.slots, ==, 32);
+    CHECK(cfg_set(&cfg, "ring.nope=1", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "unknown key");
+
+    expect_error("[ring]\nslots = 8\nbogus = 1\n", ":3: ring.bogus: unknown key");
+    expect_error("[nosuch]\nx = 1\n", ":2: nosuch.x: unknown section");
+    expect_error("[ring]\n\nslots = eight\n", ":3: ring.slots: not an integer");
+    expect_error("[ring]\nslots = 1\n", ":2: ring.slots: 1 out of range");
+    expect_error("[drafter]\ngamma = -2\n", "drafter.gamma: -2 out of range");
+    expect_error("[drafter]\ngamma = nan\n", "drafter.gamma: not a number");
+    expect_error("[ring\nslots=3\n", ":1: syntax error");
+    CHECK(cfg_load(&cfg, "/nonexistent/x.ini", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "/nonexistent/x.ini: cannot open");
+
+    int ids[8];
+    CHECK_INT(cfg_parse_int_list("1, 9,17,25,33", ids, 8), ==, 5);
+    CHECK_INT(ids[4], ==, 33);
+    CHECK(cfg_parse_int_list("1,x", ids, 8) < 0);
+
+    /* The shipped file loads and documents every key with its default. */
+    char shipped[512];
+    snprintf(shipped, sizeof shipped, "%s/etc/dflash.ini", test_srcdir());
+    CHECK_OK(cfg_load(&cfg, shipped, err, sizeof err));
+    FILE *f = fopen(shipped, "r");
+    CHECK(f);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    for (size_t i = 0; i < cfg_nkeys; i++) {
+        char line[400];
+        snprintf(line, sizeof line, "\n%s =%s%s\n", cfg_keys[i].key, *cfg_keys[i].def ? " " : "", cfg_keys[i].def);
+        if (!strstr(text, line))
+            TEST_FAIL("etc/dflash.ini lacks '%s.%s = %s'", cfg_keys[i].section, cfg_keys[i].key, cfg_keys[i].def);
+    }
+    printf("config ok: %zu keys\n", cfg_nkeys);
+    return 0;
+}

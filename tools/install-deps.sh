@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# install-deps.sh: installs the Debian packages dflash builds and tests with.
+# Idempotent: does nothing when everything is present. Needs root (or sudo).
+set -eu
+pkgs=(build-essential pkg-config bc libuv1-dev libsystemd-dev libinih-dev libcjson-dev
+      libsqlite3-dev libopenblas-dev sqlite3 systemd util-linux python3 procps clang)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+echo "installing: ${missing[*]}"
+SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
