@@ -45,9 +45,11 @@ ifeq ($(HAVE_CUDA),1)
 endif
 
 # Library code: common/, ipc/, model/ (+ gpukern/ with CUDA) -> one static library.
-LIB_SRC  := $(wildcard common/*.c ipc/*.c model/*.c)
+# LIBDIRS narrows the library while a part is being built alone.
+LIBDIRS  ?= common ipc model
+LIB_SRC  := $(wildcard $(addsuffix /*.c,$(LIBDIRS)))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
-CU_SRC   := $(if $(HAVE_CUDA),$(wildcard gpukern/*.cu model/*.cu))
+CU_SRC   := $(if $(HAVE_CUDA),$(wildcard gpukern/*.cu $(addsuffix /*.cu,$(LIBDIRS))))
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 LIB      := $(BUILD)/libdflash.a
 
