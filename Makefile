@@ -11,6 +11,9 @@ O       ?= 2
 PKGS    := libuv libsystemd inih libcjson sqlite3 openblas
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+ifeq ($(PKG_LIBS),)  # no .pc files (e.g. packages unpacked by tools/device-env.sh)
+  PKG_LIBS := -luv -lsystemd -linih -lcjson -lsqlite3 -lopenblas
+endif
 
 BUILD   := build$(if $(SAN),-$(SAN))
 CFLAGS  := -std=c11 -D_GNU_SOURCE -O$(O) -g -Wall -Wextra -Wno-unused-parameter \
