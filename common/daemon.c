@@ -1,0 +1,365 @@
+/* daemon.c: command line, config, sd_notify, stop signals and lock file for the daemons.
+ * Library code: returns 0 or -errno with a one-line reason, never logs. */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+#include "common/cleanup.h"
+#include "common/daemon.h"
+#include "common/timeutil.h"
+
+static volatile sig_atomic_t g_stop_count;
+static volatile sig_atomic_t g_last_signal;
+
+static void usage(const struct daemon *d, FILE *out, int need_index)
+{
+    fprintf(out,
+            "usage: %s -c CONFIG%s [-o section.key=value]... [-t]\n"
+            "  -c CONFIG   the cluster's INI file (etc/dflash.ini documents every key)\n"
+            "%s"
+            "  -o S.K=V    override one key after the file is read (repeatable)\n"
+            "  -t          check the configuration, print it and exit (0 ok, %d bad)\n",
+            d->prog, need_index ? " -i INDEX" : "",
+            need_index ? "  -i INDEX    device index of this instance (systemd passes %i)\n" : "",
+            DAEMON_EX_CONFIG);
+}
+
+int daemon_parse_args(struct daemon *d, const char *prog, const char *role, int need_index,
+                      int argc, char **argv, FILE *out, char *err, size_t errlen)
+{
+    memset(d, 0, sizeof *d);
+    d->prog = prog;
+    d->role = role;
+    d->index = -1;
+    d->lock_fd = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(d, out, need_index);
+            return 1;
+        }
+        if (!strcmp(a, "-t")) {
+            d->check_only = 1;
+            continue;
+        }
+        if (a[0] != '-' || !a[1] || !strchr("cio", a[1])) {
+            snprintf(err, errlen, "unknown argument '%s' (try -h)", a);
+            return -EINVAL;
+        }
+        if (a[2])
+            val = a + 2;
+        else if (i + 1 < argc)
+            val = argv[++i];
+        else {
+            snprintf(err, errlen, "option %s needs a value", a);
+            return -EINVAL;
+        }
+        switch (a[1]) {
+        case 'c':
+            d->config_path = val;
+            break;
+        case 'i': {
+            char *end;
+            errno = 0;
+            long v = strtol(val, &end, 10);
+            if (errno || end == val || *end || v < 0 || v > 1 << 20) {
+                snprintf(err, errlen, "-i %s: not a device index", val);
+                return -EINVAL;
+            }
+            d->index = (int)v;
+            break;
+        }
+        case 'o':
+            if (d->n_overrides == DAEMON_MAX_OVERRIDES) {
+                snprintf(err, errlen, "more than %d -o overrides", DAEMON_MAX_OVERRIDES);
+                return -E2BIG;
+            }
+            d->overrides[d->n_overrides++] = val;
+            break;
+        }
+    }
+    if (!d->config_path) {
+        snprintf(err, errlen, "missing -c CONFIG (try -h)");
+        return -EINVAL;
+    }
+    if (need_index && d->index < 0) {
+        snprintf(err, errlen, "missing -i INDEX (try -h)");
+        return -EINVAL;
+    }
+    if (d->index >= 0)
+        snprintf(d->ident, sizeof d->ident, "%s@%d", prog, d->index);
+    else
+        snprintf(d->ident, sizeof d->ident, "%s", prog);
+    return 0;
+}
+
+/* <role>.devices from the key table, or 0 when the role has no such key. */
+static int64_t role_devices(const struct daemon *d)
+{
+    for (size_t i = 0; i < cfg_nkeys; i++)
+        if (!strcmp(cfg_keys[i].section, d->role) && !strcmp(cfg_keys[i].key, "devices") &&
+            cfg_keys[i].type == CFG_INT)
+            return *(const int64_t *)((const char *)&d->cfg + cfg_keys[i].offset);
+    return 0;
+}
+
+int daemon_load_config(struct daemon *d, char *err, size_t errlen)
+{
+    int r = cfg_load(&d->cfg, d->config_path, err, errlen);
+    if (r < 0)
+        return r;
+    for (int i = 0; i < d->n_overrides; i++) {
+        r = cfg_set(&d->cfg, d->overrides[i], err, errlen);
+        if (r < 0)
+            return r;
+    }
+    int64_t devices = role_devices(d);
+    if (d->index >= 0 && devices > 0 && d->index >= devices) {
+        return daemon_key_error(d, d->role, "devices", err, errlen,
+                                "instance index -i %d out of range [0, %lld)", d->index, (long long)devices);
+    }
+    return 0;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1]))
+        *--e = 0;
+    return s;
+}
+
+int daemon_key_line(const struct daemon *d, const char *section, const char *key)
+{
+    if (!d->config_path)
+        return 0;
+    _cleanup_fclose_ FILE *f = fopen(d->config_path, "r");
+    if (!f)
+        return 0;
+    char line[1024], cur[128] = "";
+    int lineno = 0, found = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        char *s = trim(line);
+        if (!*s || *s == '#' || *s == ';')
+            continue;
+        if (*s == '[') {
+            char *e = strchr(s, ']');
+            if (e) {
+                *e = 0;
+                snprintf(cur, sizeof cur, "%s", trim(s + 1));
+            }
+            continue;
+        }
+        char *eq = strpbrk(s, "=:");
+        if (!eq)
+            continue;
+        *eq = 0;
+        if (!strcmp(cur, section) && !strcmp(trim(s), key))
+            found = lineno; /* the last assignment wins, as in the loader */
+    }
+    return found;
+}
+
+int daemon_key_error(const struct daemon *d, const char *section, const char *key,
+                     char *err, size_t errlen, const char *fmt, ...)
+{
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    /* An override given on the command line wins over the file: blame it. */
+    size_t sl = strlen(section), kl = strlen(key);
+    for (int i = d->n_overrides - 1; i >= 0; i--) {
+        const char *o = d->overrides[i];
+        if (!strncmp(o, section, sl) && o[sl] == '.' && !strncmp(o + sl + 1, key, kl) && o[sl + 1 + kl] == '=') {
+            snprintf(err, errlen, "override %s.%s: %s", section, key, why);
+            return -EINVAL;
+        }
+    }
+    int line = daemon_key_line(d, section, key);
+    if (line > 0)
+        snprintf(err, errlen, "%s:%d: %s.%s: %s", d->config_path, line, section, key, why);
+    else
+        snprintf(err, errlen, "%s: %s.%s (default): %s", d->config_path ? d->config_path : "(defaults)",
+                 section, key, why);
+    return -EINVAL;
+}
+
+void daemon_print_config(const struct daemon *d, FILE *f)
+{
+    fprintf(f, "# %s effective configuration (file %s, %d override%s)\n", d->ident,
+            d->config_path ? d->config_path : "(none)", d->n_overrides, d->n_overrides == 1 ? "" : "s");
+    cfg_print(&d->cfg, f, NULL);
+    fflush(f);
+}
+
+static void on_stop_signal(int sig)
+{
+    g_last_signal = sig;
+    g_stop_count++;
+}
+
+int daemon_signals_init(void)
+{
+    struct sigaction sa = { 0 };
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = 0; /* no SA_RESTART: blocking waits return EINTR and see the flag */
+    if (sigaction(SIGTERM, &sa, NULL) < 0 || sigaction(SIGINT, &sa, NULL) < 0)
+        return -errno;
+    sa.sa_handler = SIG_IGN;
+    if (sigaction(SIGPIPE, &sa, NULL) < 0 || sigaction(SIGHUP, &sa, NULL) < 0)
+        return -errno;
+    return 0;
+}
+
+int daemon_stop_requested(void) { return g_stop_count; }
+int daemon_last_signal(void) { return g_last_signal; }
+
+int daemon_lock(struct daemon *d, char *err, size_t errlen)
+{
+    const char *dir = d->cfg.cluster.runtime_dir;
+    if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
+        int r = -errno;
+        snprintf(err, errlen, "runtime_dir %s: cannot create: %s", dir, strerror(-r));
+        return r;
+    }
+    if (d->index >= 0)
+        snprintf(d->lock_path, sizeof d->lock_path, "%s/%s-%s-%d.lock", dir, d->cfg.cluster.name, d->role, d->index);
+    else
+        snprintf(d->lock_path, sizeof d->lock_path, "%s/%s-%s.lock", dir, d->cfg.cluster.name, d->role);
+    int fd = open(d->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: %s", d->lock_path, strerror(-r));
+        return r;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        int r = -errno;
+        char pid[32] = "";
+        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        if (n > 0)
+            pid[n] = 0;
+        close(fd);
+        if (r == -EWOULDBLOCK) {
+            snprintf(err, errlen, "%s is held by another %s (pid %s): one instance per index",
+                     d->lock_path, d->prog, n > 0 ? trim(pid) : "?");
+            return -EBUSY;
+        }
+        snprintf(err, errlen, "flock %s: %s", d->lock_path, strerror(-r));
+        return r;
+    }
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) < 0 || pwrite(fd, buf, (size_t)n, 0) != n) {
+        int r = -errno;
+        close(fd);
+        snprintf(err, errlen, "%s: cannot write pid: %s", d->lock_path, strerror(-r));
+        return r;
+    }
+    d->lock_fd = fd;
+    return 0;
+}
+
+void daemon_unlock(struct daemon *d)
+{
+    /* The file stays: unlinking it would let a successor that opened it just before
+     * lock an orphan while a third instance creates and locks a new one. */
+    if (d->lock_fd >= 0) {
+        close(d->lock_fd);
+        d->lock_fd = -1;
+    }
+}
+
+void daemon_notify_init(struct daemon *d)
+{
+    uint64_t usec = 0;
+    d->notify = getenv("NOTIFY_SOCKET") != NULL;
+    /* unset_environment = 0: children (none) would inherit; keep it for re-reads. */
+    if (sd_watchdog_enabled(0, &usec) > 0)
+        d->watchdog_usec = usec;
+    d->watchdog_last_ns = 0;
+}
+
+static void notify_fmt(struct daemon *d, const char *prefix, const char *fmt, va_list ap)
+{
+    if (!d->notify)
+        return;
+    char msg[512];
+    int n = snprintf(msg, sizeof msg, "%s", prefix);
+    if (fmt) {
+        n += snprintf(msg + n, sizeof msg - (size_t)n, "STATUS=");
+        vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+    }
+    sd_notify(0, msg);
+}
+
+void daemon_notify_ready(struct daemon *d, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    notify_fmt(d, "READY=1\n", fmt, ap);
+    va_end(ap);
+    d->watchdog_last_ns = mono_ns();
+}
+
+void daemon_notify_status(struct daemon *d, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    notify_fmt(d, "", fmt, ap);
+    va_end(ap);
+}
+
+void daemon_notify_stopping(struct daemon *d, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    notify_fmt(d, "STOPPING=1\n", fmt, ap);
+    va_end(ap);
+}
+
+void daemon_notify_extend(struct daemon *d, uint64_t ms)
+{
+    if (d->notify)
+        sd_notifyf(0, "EXTEND_TIMEOUT_USEC=%llu", (unsigned long long)ms * 1000ull);
+}
+
+void daemon_watchdog(struct daemon *d)
+{
+    if (!d->notify || !d->watchdog_usec)
+        return;
+    uint64_t now = mono_ns();
+    if (now - d->watchdog_last_ns >= d->watchdog_usec * 1000ull / 4) {
+        sd_notify(0, "WATCHDOG=1");
+        d->watchdog_last_ns = now;
+    }
+}
+
+uint64_t daemon_wait_slice_ms(const struct daemon *d, uint64_t cap_ms)
+{
+    if (!d->watchdog_usec)
+        return cap_ms;
+    uint64_t q = d->watchdog_usec / 4000ull;
+    if (q < 1)
+        q = 1;
+    return q < cap_ms ? q : cap_ms;
+}
+
+void daemon_done(struct daemon *d)
+{
+    if (!d)
+        return;
+    daemon_unlock(d);
+}

@@ -1,0 +1,92 @@
+/* daemon.h: plumbing shared by the dflash daemons: command line, config load and print,
+ * sd_notify helpers (READY/STATUS/WATCHDOG/STOPPING), stop signals, a per-daemon lock file. */
+#pragma once
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "common/config.h"
+
+/* Exit codes. A bad configuration exits DAEMON_EX_CONFIG (sysexits EX_CONFIG); the units
+ * list it in RestartPreventExitStatus= so systemd does not restart a daemon that cannot
+ * start. Any other failure exits DAEMON_EX_FAILURE and systemd restarts it. */
+#define DAEMON_EX_OK      0
+#define DAEMON_EX_FAILURE 1
+#define DAEMON_EX_USAGE   64
+#define DAEMON_EX_CONFIG  78
+
+#define DAEMON_MAX_OVERRIDES 64
+
+struct daemon {
+    const char *prog;           /* "target-d" */
+    const char *role;           /* "target", "drafter", "coordinator" */
+    const char *config_path;    /* -c; NULL = built-in defaults only */
+    int index;                  /* -i INDEX (device index of a template instance); -1 = none */
+    int check_only;             /* -t: load, validate, print the config, exit */
+    const char *overrides[DAEMON_MAX_OVERRIDES]; /* -o section.key=value, in order */
+    int n_overrides;
+    char ident[64];             /* "target-d@0": log ident and STATUS prefix */
+    struct dflash_cfg cfg;
+
+    int lock_fd;
+    char lock_path[CFG_STR_MAX + 128];
+
+    uint64_t watchdog_usec;     /* 0 = no watchdog requested */
+    uint64_t watchdog_last_ns;
+    int notify;                 /* NOTIFY_SOCKET is set: we run under systemd Type=notify */
+};
+
+/* Parse "-c CONFIG [-i INDEX] [-o section.key=value]... [-t] [-h]" into *d (no config load).
+ * need_index: -i is required. Returns 0, 1 when -h asked for usage (usage already printed to
+ * `out`), or -EINVAL with the reason in err. */
+int daemon_parse_args(struct daemon *d, const char *prog, const char *role, int need_index,
+                      int argc, char **argv, FILE *out, char *err, size_t errlen);
+
+/* Load the config file, apply the -o overrides in order and check the instance index
+ * against <role>.devices (when the config has that key). Errors name file:line. */
+int daemon_load_config(struct daemon *d, char *err, size_t errlen);
+
+/* Line of `section.key` in the config file (0 when absent or no file), so checks done
+ * after loading (model dir missing, bad enum value) can still report file:line. */
+int daemon_key_line(const struct daemon *d, const char *section, const char *key);
+
+/* Format "file:line: section.key: reason" (or "file: ..." / "override: ..." when the key
+ * is not in the file) into err; returns -EINVAL for convenience. */
+int daemon_key_error(const struct daemon *d, const char *section, const char *key,
+                     char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* Print the effective configuration: a header line then every key as "section.key = value". */
+void daemon_print_config(const struct daemon *d, FILE *f);
+
+/* Install SIGTERM/SIGINT (request stop), SIGHUP (ignored: no reload) and SIGPIPE (ignored)
+ * handlers without SA_RESTART, so blocking waits return EINTR and the loop sees the flag. */
+int daemon_signals_init(void);
+/* Number of stop signals received so far (0 = none). A second one means "hurry". */
+int daemon_stop_requested(void);
+/* Signal that arrived last (SIGTERM, SIGINT) or 0. */
+int daemon_last_signal(void);
+
+/* Take <runtime_dir>/<cluster>-<role>[-<index>].lock with flock (creating runtime_dir when
+ * missing). The kernel drops the lock when the process dies, which is how peers can tell
+ * a crashed daemon from a slow one. -EBUSY: another live instance holds it. */
+int daemon_lock(struct daemon *d, char *err, size_t errlen);
+void daemon_unlock(struct daemon *d);
+
+/* sd_notify wrappers; no-ops outside systemd. Read the watchdog interval at init. */
+void daemon_notify_init(struct daemon *d);
+void daemon_notify_ready(struct daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void daemon_notify_status(struct daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void daemon_notify_stopping(struct daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Ask systemd for more start/stop time (long model loads, final checkpoint). */
+void daemon_notify_extend(struct daemon *d, uint64_t ms);
+/* Send WATCHDOG=1 when a quarter of the interval has passed since the last one; cheap to
+ * call from every iteration of the loop that does the work (never from a helper thread:
+ * a hung loop must stop the pings). */
+void daemon_watchdog(struct daemon *d);
+/* Milliseconds a blocking wait in the work loop may last before it must come back to ping
+ * the watchdog (a quarter of the interval, at most `cap_ms`). */
+uint64_t daemon_wait_slice_ms(const struct daemon *d, uint64_t cap_ms);
+
+/* Release the lock; safe on a half-initialised daemon. */
+void daemon_done(struct daemon *d);
