@@ -1,0 +1,111 @@
+/* proc.c: process start times from /proc and owner tokens built from them.
+ * pid + start time names one process incarnation, so a reused pid is never mistaken. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "common/proc.h"
+
+/* Reads /proc/<pid>/stat; fields after the command name (which may hold spaces and
+ * parentheses) are located from the last ')'. */
+static int read_stat(pid_t pid, char *state, uint64_t *ticks)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? -ESRCH : -errno;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    int e = errno;
+    close(fd);
+    if (n < 0)
+        return e == ESRCH ? -ESRCH : -e;
+    if (n == 0)   /* the process went away between open and read */
+        return -ESRCH;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ')
+        return -EIO;
+    p += 2;                 /* field 3: state */
+    *state = *p;
+    /* field 22 (starttime) is 19 fields after field 3 */
+    for (int f = 3; f < 22; f++) {
+        p = strchr(p, ' ');
+        if (!p)
+            return -EIO;
+        p++;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (errno || end == p)
+        return -EIO;
+    *ticks = v;
+    return 0;
+}
+
+int proc_start_time(pid_t pid, uint64_t *ticks)
+{
+    char state = 0;
+    if (pid <= 0)
+        return -EINVAL;
+    int r = read_stat(pid, &state, ticks);
+    if (r < 0)
+        return r;
+    /* A zombie has released its memory and mappings: for ownership it is gone. */
+    if (state == 'Z' || state == 'X' || state == 'x')
+        return -ESRCH;
+    return 0;
+}
+
+uint64_t proc_token_make(pid_t pid, uint64_t start_ticks)
+{
+    uint64_t t = (uint64_t)(uint32_t)pid & ((1u << PROC_TOKEN_PID_BITS) - 1);
+    t |= (start_ticks & ((1ull << PROC_TOKEN_TIME_BITS) - 1)) << PROC_TOKEN_PID_BITS;
+    return t;
+}
+
+uint64_t proc_token_lease(uint64_t lease_id)
+{
+    return PROC_TOKEN_LEASE | (lease_id & (PROC_TOKEN_LEASE - 1));
+}
+
+static uint64_t g_self_token;
+static pid_t g_self_pid;
+static pthread_mutex_t g_self_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int proc_self_token(uint64_t *token)
+{
+    pid_t pid = getpid();
+    pthread_mutex_lock(&g_self_lock);
+    if (g_self_pid != pid) {   /* first call, or we are a fork child */
+        uint64_t st;
+        int r = proc_start_time(pid, &st);
+        if (r < 0) {
+            pthread_mutex_unlock(&g_self_lock);
+            return r;
+        }
+        g_self_token = proc_token_make(pid, st);
+        g_self_pid = pid;
+    }
+    *token = g_self_token;
+    pthread_mutex_unlock(&g_self_lock);
+    return 0;
+}
+
+int proc_token_alive(uint64_t token)
+{
+    if (!token || proc_token_is_lease(token))
+        return -EINVAL;
+    pid_t pid = proc_token_pid(token);
+    uint64_t st;
+    int r = proc_start_time(pid, &st);
+    if (r == -ESRCH)
+        return 0;
+    if (r < 0)
+        return r;
+    return proc_token_make(pid, st) == token;
+}

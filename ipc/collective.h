@@ -1,0 +1,49 @@
+/* collective.h: a small shared-memory collective (all-reduce, broadcast, barrier) for the
+ * ranks of one host, e.g. CPU drafters; a NCCL backend can sit behind the same calls. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bump COLL_VERSION whenever the shared layout in collective.c changes. */
+#define COLL_MAGIC   0x4c4c4f43484c4644ull  /* "DFLHCOLL" little-endian */
+#define COLL_VERSION 1u
+
+struct coll;
+
+struct coll_opts {
+    uint64_t generation;   /* group incarnation (e.g. from the coordinator); all ranks must pass the
+                              same non-zero value. A restarted group uses a new one, so it never
+                              mixes with a stale object or stale peers. */
+    size_t chunk_floats;   /* floats exchanged per round (0 = 1M = 4 MiB per rank); bigger
+                              buffers go in several rounds. Rank 0's value wins. */
+    unsigned mode;         /* permission bits of the shm object (0 = 0600) */
+};
+
+/* Join group `name` ("/dflash-x-coll") as `rank` of `world`. Rank 0 (re)creates the shm
+ * object for opts->generation; other ranks wait for it (up to timeout_ms) and refuse an
+ * object of another generation, world size or version. Returns when every rank has
+ * joined: 0, -DF_ETIMEOUT (not all joined in time), -EBUSY (rank already taken by a live
+ * process), -DF_EVERSION / -DF_ELAYOUT / -DF_EMAGIC (err says why), or -errno.
+ * timeout_ms also bounds every later wait of this handle (-1 = no limit). */
+int coll_open(struct coll **out, const char *name, int rank, int world, int timeout_ms,
+              const struct coll_opts *opts, char *err, size_t errlen);
+
+/* In-place float32 sum over all ranks. Every rank gets the bitwise-identical result: each
+ * element is summed in rank order 0..world-1 by exactly one rank, and all ranks copy it.
+ * Errors: -DF_EDEAD (a peer died), -DF_ETIMEOUT (a peer stalled past the timeout), or the
+ * error that aborted the group earlier. After any error the group is aborted for every
+ * rank: close it and re-open with a new generation. */
+int coll_allreduce_sum(struct coll *c, float *buf, size_t n);
+/* Copy `bytes` from root's buf into every other rank's buf. */
+int coll_broadcast(struct coll *c, void *buf, size_t bytes, int root);
+int coll_barrier(struct coll *c);
+/* Mark the group failed with `code` (negative) so every peer's next or current wait
+ * returns it instead of hanging; used when this rank must stop mid-step. */
+void coll_abort(struct coll *c, int code);
+
+int coll_rank(const struct coll *c);
+int coll_world(const struct coll *c);
+
+/* Leave the group and unmap (NULL is fine); rank 0 also removes the name. Peers still in
+ * a collective will see this rank as gone. */
+void coll_close(struct coll *c);

@@ -1,0 +1,903 @@
+/* ring.c: the shared-memory slot ring: layout, create/attach validation, CAS transitions,
+ * futex waits, reclaim of dead owners and the stats snapshot. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "common/proc.h"
+#include "common/timeutil.h"
+#include "ipc/futex.h"
+#include "ipc/ring.h"
+
+#define HDR_SIZE 4096u
+
+/* The first page of the object. Fields up to `layout` are written once by the creator
+ * before `magic`; the counters live on their own cache lines. */
+struct ring_hdr {
+    _Atomic uint64_t magic;         /* stored last, with release, when the header is complete */
+    uint32_t version;
+    uint32_t hdr_size;
+    uint64_t total_size;
+    uint64_t ctl_off;               /* slot control blocks */
+    uint64_t slot_off;              /* first slot */
+    uint64_t slot_stride;
+    uint64_t hidden_off;            /* tensor area inside a slot */
+    uint64_t hidden_pitch;
+    struct ring_layout layout;
+    int32_t creator_pid;
+    uint32_t stuck_writing_ms;
+    uint64_t creator_token;
+    uint64_t created_wall_ms;
+
+    alignas(64) _Atomic uint32_t ready_word;    /* futex: bumped when a slot becomes READY */
+    _Atomic uint32_t ready_waiters;
+    alignas(64) _Atomic uint32_t free_word;     /* futex: bumped when a slot becomes FREE */
+    _Atomic uint32_t free_waiters;
+    alignas(64) _Atomic uint64_t next_seq;
+    alignas(64) _Atomic uint64_t published;
+    _Atomic uint64_t consumed;
+    _Atomic uint64_t aborted;
+    _Atomic uint64_t reclaimed_writing;
+    _Atomic uint64_t reclaimed_reading;
+};
+_Static_assert(sizeof(struct ring_hdr) <= HDR_SIZE, "ring header must fit its page");
+
+/* Per-slot control block. `word` is the only field whose changes mean anything for
+ * ownership; the rest is bookkeeping written by whoever holds the slot. */
+struct ring_ctl {
+    _Atomic uint64_t word;          /* (value << 2) | state */
+    _Atomic uint64_t seq;           /* ready seq of the payload in the slot (for requeue) */
+    _Atomic uint64_t t_ns;          /* CLOCK_MONOTONIC of the last transition */
+    _Atomic uint64_t batch_id;      /* copy of the published payload's batch id (stats) */
+    _Atomic uint32_t n_tokens;
+    uint32_t pad0;
+    uint64_t pad[3];
+};
+_Static_assert(sizeof(struct ring_ctl) == 64, "one control block per cache line");
+
+struct ring {
+    struct ring_hdr *h;
+    struct ring_ctl *ctl;
+    unsigned char *base;
+    size_t size;
+    uint32_t nslots;
+    bool rdonly;
+    bool owner_set;                 /* owner given explicitly (lease): keep across fork */
+    uint64_t owner;
+    unsigned fork_gen;              /* g_fork_gen when owner was computed */
+    char name[NAME_MAX + 1];
+};
+
+#define W_STATE(w)   ((unsigned)((w) & 3u))
+#define W_VALUE(w)   ((w) >> 2)
+#define W_MAKE(s, v) (((uint64_t)(v) << 2) | (uint64_t)(s))
+
+/* ---- fork awareness: a child must not claim with its parent's token --------------- */
+
+static _Atomic unsigned g_fork_gen;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void) { atomic_fetch_add(&g_fork_gen, 1); }
+
+/* ---- test hooks ---------------------------------------------------------------- */
+
+static _Atomic(ring_hook_fn) g_hook;
+static int g_stop_point;            /* from DFLASH_RING_STOP_AT */
+static _Atomic long g_stop_left;
+
+static const char *const hook_names[] = {
+    [RING_HOOK_CLAIMED_WRITE] = "claimed_write", [RING_HOOK_BEFORE_PUBLISH] = "before_publish",
+    [RING_HOOK_CLAIMED_READ] = "claimed_read", [RING_HOOK_BEFORE_RELEASE] = "before_release",
+};
+
+static void once_init(void)
+{
+    pthread_atfork(NULL, NULL, on_fork_child);
+    const char *s = getenv("DFLASH_RING_STOP_AT");
+    if (!s || !*s)
+        return;
+    for (int p = RING_HOOK_CLAIMED_WRITE; p <= RING_HOOK_BEFORE_RELEASE; p++) {
+        size_t n = strlen(hook_names[p]);
+        if (!strncmp(s, hook_names[p], n) && (s[n] == 0 || s[n] == ':')) {
+            g_stop_point = p;
+            g_stop_left = s[n] == ':' ? atol(s + n + 1) : 1;
+            if (g_stop_left < 1)
+                g_stop_left = 1;
+        }
+    }
+}
+
+void ring_set_test_hook(ring_hook_fn fn) { atomic_store(&g_hook, fn); }
+
+static inline void hook(enum ring_hook_point p, unsigned slot)
+{
+    ring_hook_fn fn = atomic_load_explicit(&g_hook, memory_order_relaxed);
+    if (fn)
+        fn(p, slot);
+    if (g_stop_point == (int)p && atomic_fetch_sub(&g_stop_left, 1) == 1)
+        raise(SIGSTOP);
+}
+
+/* ---- geometry ---------------------------------------------------------------- */
+
+struct geo {
+    uint64_t ctl_off, slot_off, slot_stride, hidden_off, hidden_pitch, total;
+};
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+static int layout_check(const struct ring_layout *l, char *why, size_t n)
+{
+    if (l->nslots < 1 || l->nslots > 65536)
+        return snprintf(why, n, "slots %u out of range [1, 65536]", l->nslots), -DF_ERANGE;
+    if (l->hidden < 1 || l->hidden > (1u << 20))
+        return snprintf(why, n, "hidden size %u out of range [1, 1048576]", l->hidden), -DF_ERANGE;
+    if (l->n_layers < 1 || l->n_layers > RING_MAX_LAYERS)
+        return snprintf(why, n, "captured layers %u out of range [1, %d]", l->n_layers, RING_MAX_LAYERS), -DF_ERANGE;
+    if (l->dtype != RING_DTYPE_BF16)
+        return snprintf(why, n, "dtype %u unsupported (only bf16)", l->dtype), -DF_EUNSUPPORTED;
+    if (l->max_tokens < 1 || l->max_tokens > (1u << 26))
+        return snprintf(why, n, "max tokens %u out of range [1, 2^26]", l->max_tokens), -DF_ERANGE;
+    if (l->max_seqs < 1 || l->max_seqs > l->max_tokens)
+        return snprintf(why, n, "max seqs %u out of range [1, max tokens %u]", l->max_seqs, l->max_tokens), -DF_ERANGE;
+    return 0;
+}
+
+static int geometry(const struct ring_layout *l, struct geo *g)
+{
+    uint64_t meta = sizeof(struct ring_payload) + 4ull * (l->max_seqs + 1) + 4ull * l->max_tokens + l->max_tokens;
+    g->ctl_off = HDR_SIZE;
+    g->slot_off = align_up(HDR_SIZE + (uint64_t)l->nslots * sizeof(struct ring_ctl), RING_ALIGN);
+    g->hidden_off = align_up(meta, RING_ALIGN);
+    g->hidden_pitch = 2ull * l->hidden * l->n_layers;
+    uint64_t tensor, stride, all;
+    if (__builtin_mul_overflow(g->hidden_pitch, (uint64_t)l->max_tokens, &tensor) ||
+        __builtin_add_overflow(g->hidden_off, tensor, &stride))
+        return -EOVERFLOW;
+    g->slot_stride = align_up(stride, RING_ALIGN);
+    if (__builtin_mul_overflow(g->slot_stride, (uint64_t)l->nslots, &all) ||
+        __builtin_add_overflow(all, g->slot_off, &g->total) || g->total > (uint64_t)SSIZE_MAX)
+        return -EOVERFLOW;
+    return 0;
+}
+
+static int name_check(const char *name, char *err, size_t errlen)
+{
+    if (!name || name[0] != '/' || !name[1] || strchr(name + 1, '/') || strlen(name) > NAME_MAX) {
+        snprintf(err, errlen, "ring '%s': shm name must be '/' followed by 1..%d characters without '/'",
+                 name ? name : "(null)", NAME_MAX - 1);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static struct ring *handle_new(const char *name)
+{
+    pthread_once(&g_once, once_init);
+    struct ring *r = calloc(1, sizeof *r);
+    if (r)
+        snprintf(r->name, sizeof r->name, "%s", name);
+    return r;
+}
+
+static int handle_map(struct ring *r, int fd, size_t size, bool rdonly)
+{
+    void *p = mmap(NULL, size, rdonly ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return -errno;
+    r->base = p;
+    r->size = size;
+    r->h = p;
+    r->rdonly = rdonly;
+    return 0;
+}
+
+static int owner_refresh(struct ring *r)
+{
+    unsigned gen = atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
+    if (r->owner && (r->owner_set || r->fork_gen == gen))
+        return 0;
+    int rc = proc_self_token(&r->owner);
+    r->fork_gen = gen;
+    return rc;
+}
+
+void ring_detach(struct ring *r)
+{
+    if (!r)
+        return;
+    if (r->base)
+        munmap(r->base, r->size);
+    free(r);
+}
+
+int ring_unlink(const char *name)
+{
+    return shm_unlink(name) < 0 ? -errno : 0;
+}
+
+/* ---- create ----------------------------------------------------------------- */
+
+int ring_create(struct ring **out, const char *name, const struct ring_layout *layout,
+                const struct ring_create_opts *opts, char *err, size_t errlen)
+{
+    static const struct ring_create_opts defaults = { 0600, -1, 0, 0 };
+    char why[160];
+    struct geo g;
+    int rc, fd = -1;
+    *out = NULL;
+    if (!opts)
+        opts = &defaults;
+    if ((rc = name_check(name, err, errlen)) < 0)
+        return rc;
+    if ((rc = layout_check(layout, why, sizeof why)) < 0) {
+        snprintf(err, errlen, "ring %s: %s", name, why);
+        return rc;
+    }
+    if ((rc = geometry(layout, &g)) < 0) {
+        snprintf(err, errlen, "ring %s: layout too large to address", name);
+        return rc;
+    }
+    struct ring *r = handle_new(name);
+    if (!r)
+        return -ENOMEM;
+    mode_t mode = opts->mode ? (mode_t)opts->mode : 0600;
+
+    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0 && errno == EEXIST && (opts->flags & RING_CREATE_REPLACE)) {
+        shm_unlink(name);
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    }
+    if (fd < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "ring %s: cannot create shm object: %s%s", name, strerror(-rc),
+                 rc == -EEXIST ? " (another ring of that name exists)" : "");
+        goto fail_free;
+    }
+    /* The umask may have cut bits the caller asked for. */
+    if (fchmod(fd, mode) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "ring %s: chmod %o: %s", name, (unsigned)mode, strerror(-rc));
+        goto fail_unlink;
+    }
+    if (opts->gid >= 0 && fchown(fd, (uid_t)-1, (gid_t)opts->gid) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "ring %s: chown to group %d: %s", name, opts->gid, strerror(-rc));
+        goto fail_unlink;
+    }
+    /* Reserve every page now: on a full /dev/shm this fails here instead of a SIGBUS
+     * in whichever process first touches an unbacked page. */
+    int e = posix_fallocate(fd, 0, (off_t)g.total);
+    if (e) {
+        struct statvfs vfs;
+        unsigned long long avail = fstatvfs(fd, &vfs) == 0 ? (unsigned long long)vfs.f_bavail * vfs.f_frsize : 0;
+        rc = -e;
+        snprintf(err, errlen, "ring %s: cannot reserve %llu bytes in /dev/shm (%llu bytes free): %s",
+                 name, (unsigned long long)g.total, avail, strerror(e));
+        goto fail_unlink;
+    }
+    if ((rc = handle_map(r, fd, g.total, false)) < 0) {
+        snprintf(err, errlen, "ring %s: mmap %llu bytes: %s", name, (unsigned long long)g.total, strerror(-rc));
+        goto fail_unlink;
+    }
+    close(fd);
+    fd = -1;
+
+    struct ring_hdr *h = r->h;
+    uint64_t me = 0;
+    if ((rc = owner_refresh(r)) < 0) {
+        snprintf(err, errlen, "ring %s: cannot read own process start time: %s", name, strerror(-rc));
+        goto fail_unmap;
+    }
+    me = r->owner;
+    /* Creator identity first: an attacher seeing it without magic knows creation is in progress. */
+    h->creator_pid = (int32_t)getpid();
+    h->creator_token = me;
+    h->version = RING_VERSION;
+    h->hdr_size = HDR_SIZE;
+    h->total_size = g.total;
+    h->ctl_off = g.ctl_off;
+    h->slot_off = g.slot_off;
+    h->slot_stride = g.slot_stride;
+    h->hidden_off = g.hidden_off;
+    h->hidden_pitch = g.hidden_pitch;
+    h->layout = *layout;
+    memset(h->layout.layer_ids + layout->n_layers, 0, sizeof(uint32_t) * (RING_MAX_LAYERS - layout->n_layers));
+    h->stuck_writing_ms = opts->stuck_writing_ms ? opts->stuck_writing_ms : 600000;
+    h->created_wall_ms = wall_ms();
+    atomic_store(&h->next_seq, 1);
+    r->ctl = (struct ring_ctl *)(r->base + g.ctl_off);
+    r->nslots = layout->nslots;
+    uint64_t now = mono_ns();
+    for (uint32_t i = 0; i < r->nslots; i++)
+        atomic_store_explicit(&r->ctl[i].t_ns, now, memory_order_relaxed);
+    atomic_store_explicit(&h->magic, RING_MAGIC, memory_order_release);
+    *out = r;
+    return 0;
+
+fail_unmap:
+    munmap(r->base, r->size);
+    r->base = NULL;
+fail_unlink:
+    if (fd >= 0)
+        close(fd);
+    shm_unlink(name);
+fail_free:
+    free(r);
+    return rc;
+}
+
+/* ---- attach ----------------------------------------------------------------- */
+
+static int layout_diff(const struct ring_layout *have, const struct ring_layout *want, char *why, size_t n)
+{
+#define DIFF(field, label) \
+    if (have->field != want->field) \
+        return snprintf(why, n, label " %u, expected %u", have->field, want->field), -DF_ELAYOUT
+    DIFF(nslots, "slots");
+    DIFF(hidden, "hidden size");
+    DIFF(n_layers, "captured layers");
+    DIFF(dtype, "dtype");
+    DIFF(max_tokens, "max tokens per slot");
+    DIFF(max_seqs, "max seqs per slot");
+#undef DIFF
+    for (uint32_t i = 0; i < want->n_layers; i++)
+        if (have->layer_ids[i] != want->layer_ids[i])
+            return snprintf(why, n, "captured layer #%u is %u, expected %u", i, have->layer_ids[i],
+                            want->layer_ids[i]), -DF_ELAYOUT;
+    return 0;
+}
+
+int ring_attach(struct ring **out, const char *name, const struct ring_layout *expect,
+                unsigned flags, char *err, size_t errlen)
+{
+    char why[160];
+    struct ring_hdr hdr;
+    struct stat st;
+    struct geo g;
+    int rc;
+    bool rdonly = flags & RING_ATTACH_RDONLY;
+    *out = NULL;
+    if ((rc = name_check(name, err, errlen)) < 0)
+        return rc;
+    if (!expect && !(flags & RING_ATTACH_ANY)) {
+        snprintf(err, errlen, "ring %s: no expected layout given (pass RING_ATTACH_ANY to accept any)", name);
+        return -EINVAL;
+    }
+    int fd = shm_open(name, (rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC, 0);
+    if (fd < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "ring %s: %s", name,
+                 rc == -ENOENT ? "no such shm object (is the coordinator running?)" : strerror(-rc));
+        return rc;
+    }
+    if (fstat(fd, &st) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "ring %s: fstat: %s", name, strerror(-rc));
+        goto fail_close;
+    }
+    /* Read the header with pread, never through a mapping: a short object cannot SIGBUS us. */
+    memset(&hdr, 0, sizeof hdr);
+    ssize_t got = pread(fd, &hdr, sizeof hdr, 0);
+    if (got < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "ring %s: read header: %s", name, strerror(-rc));
+        goto fail_close;
+    }
+    uint64_t magic = atomic_load(&hdr.magic);
+    if (got < (ssize_t)sizeof magic || magic != RING_MAGIC) {
+        if (magic == 0 && got == (ssize_t)sizeof hdr && hdr.creator_token &&
+            proc_token_alive(hdr.creator_token) == 1) {
+            snprintf(err, errlen, "ring %s: still being initialised by pid %d", name, hdr.creator_pid);
+            rc = -EAGAIN;
+        } else {
+            snprintf(err, errlen, "ring %s: not a dflash ring (bad magic %016llx, object of %lld bytes)",
+                     name, (unsigned long long)magic, (long long)st.st_size);
+            rc = -DF_EMAGIC;
+        }
+        goto fail_close;
+    }
+    if (st.st_size < (off_t)HDR_SIZE) {
+        snprintf(err, errlen, "ring %s: truncated: object is %lld bytes, the header alone needs %u",
+                 name, (long long)st.st_size, HDR_SIZE);
+        rc = -DF_ETRUNC;
+        goto fail_close;
+    }
+    if (hdr.version != RING_VERSION) {
+        snprintf(err, errlen, "ring %s: layout version %u, this build speaks version %u",
+                 name, hdr.version, RING_VERSION);
+        rc = -DF_EVERSION;
+        goto fail_close;
+    }
+    if (layout_check(&hdr.layout, why, sizeof why) < 0 || geometry(&hdr.layout, &g) < 0 ||
+        hdr.hdr_size != HDR_SIZE || hdr.total_size != g.total || hdr.slot_stride != g.slot_stride ||
+        hdr.slot_off != g.slot_off || hdr.ctl_off != g.ctl_off || hdr.hidden_off != g.hidden_off ||
+        hdr.hidden_pitch != g.hidden_pitch) {
+        snprintf(err, errlen, "ring %s: corrupt header (geometry does not follow from its layout)", name);
+        rc = -DF_EFORMAT;
+        goto fail_close;
+    }
+    if ((uint64_t)st.st_size < hdr.total_size) {
+        snprintf(err, errlen, "ring %s: truncated: object is %lld bytes, header says %llu",
+                 name, (long long)st.st_size, (unsigned long long)hdr.total_size);
+        rc = -DF_ETRUNC;
+        goto fail_close;
+    }
+    if (!(flags & RING_ATTACH_ANY) && (rc = layout_diff(&hdr.layout, expect, why, sizeof why)) < 0) {
+        snprintf(err, errlen, "ring %s: layout mismatch: %s", name, why);
+        goto fail_close;
+    }
+    struct ring *r = handle_new(name);
+    if (!r) {
+        rc = -ENOMEM;
+        goto fail_close;
+    }
+    if ((rc = handle_map(r, fd, hdr.total_size, rdonly)) < 0) {
+        snprintf(err, errlen, "ring %s: mmap %llu bytes: %s", name, (unsigned long long)hdr.total_size, strerror(-rc));
+        free(r);
+        goto fail_close;
+    }
+    close(fd);
+    r->ctl = (struct ring_ctl *)(r->base + hdr.ctl_off);
+    r->nslots = hdr.layout.nslots;
+    if (!rdonly && (rc = owner_refresh(r)) < 0) {
+        snprintf(err, errlen, "ring %s: cannot read own process start time: %s", name, strerror(-rc));
+        ring_detach(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+
+fail_close:
+    close(fd);
+    return rc;
+}
+
+/* ---- accessors ---------------------------------------------------------------- */
+
+const struct ring_layout *ring_layout(const struct ring *r) { return &r->h->layout; }
+const char *ring_name(const struct ring *r) { return r->name; }
+void *ring_base(const struct ring *r) { return r->base; }
+size_t ring_map_size(const struct ring *r) { return r->size; }
+size_t ring_slot_stride(const struct ring *r) { return r->h->slot_stride; }
+size_t ring_hidden_pitch(const struct ring *r) { return r->h->hidden_pitch; }
+size_t ring_hidden_bytes(const struct ring *r) { return r->h->hidden_pitch * r->h->layout.max_tokens; }
+
+static inline unsigned char *slot_base(const struct ring *r, unsigned slot)
+{
+    return r->base + r->h->slot_off + (uint64_t)slot * r->h->slot_stride;
+}
+
+struct ring_payload *ring_slot_header(const struct ring *r, unsigned slot)
+{
+    return (struct ring_payload *)slot_base(r, slot);
+}
+
+int32_t *ring_slot_cu_seqlens(const struct ring *r, unsigned slot)
+{
+    return (int32_t *)(slot_base(r, slot) + sizeof(struct ring_payload));
+}
+
+uint32_t *ring_slot_tokens(const struct ring *r, unsigned slot)
+{
+    return (uint32_t *)(ring_slot_cu_seqlens(r, slot) + r->h->layout.max_seqs + 1);
+}
+
+uint8_t *ring_slot_loss_mask(const struct ring *r, unsigned slot)
+{
+    return (uint8_t *)(ring_slot_tokens(r, slot) + r->h->layout.max_tokens);
+}
+
+void *ring_slot_hidden(const struct ring *r, unsigned slot)
+{
+    return slot_base(r, slot) + r->h->hidden_off;
+}
+
+uint64_t ring_owner(const struct ring *r) { return r->owner; }
+
+int ring_set_owner(struct ring *r, uint64_t token)
+{
+    if (!token || (token & ~PROC_TOKEN_MASK))
+        return -EINVAL;
+    r->owner = token;
+    r->owner_set = true;
+    return 0;
+}
+
+/* ---- waiting ---------------------------------------------------------------- */
+
+/* Wake sleepers on `word` after a state change. The waiter registers in `waiters` before
+ * its futex compare; we bump `word` before reading `waiters` (both seq_cst), so either we
+ * see the waiter or its FUTEX_WAIT sees the new word value: no lost wakeup. */
+static void signal_word(_Atomic uint32_t *word, _Atomic uint32_t *waiters)
+{
+    atomic_fetch_add(word, 1);
+    if (atomic_load(waiters))
+        futex_wake((uint32_t *)word, INT_MAX);
+}
+
+/* Sleep until `word` moves from `seen` or the absolute deadline (ns, 0 = none) passes.
+ * Returns 0 or -DF_ETIMEOUT. */
+static int park(_Atomic uint32_t *word, _Atomic uint32_t *waiters, uint32_t seen, uint64_t deadline_ns)
+{
+    struct timespec ts, *tp = NULL;
+    if (deadline_ns) {
+        ts.tv_sec = (time_t)(deadline_ns / 1000000000ull);
+        ts.tv_nsec = (long)(deadline_ns % 1000000000ull);
+        tp = &ts;
+    }
+    atomic_fetch_add(waiters, 1);
+    int rc = futex_wait_until((uint32_t *)word, seen, tp);
+    atomic_fetch_sub(waiters, 1);
+    return rc == -ETIMEDOUT ? -DF_ETIMEOUT : 0;
+}
+
+void ring_wake_all(struct ring *r)
+{
+    if (r->rdonly)
+        return;
+    atomic_fetch_add(&r->h->ready_word, 1);
+    atomic_fetch_add(&r->h->free_word, 1);
+    futex_wake((uint32_t *)&r->h->ready_word, INT_MAX);
+    futex_wake((uint32_t *)&r->h->free_word, INT_MAX);
+}
+
+static inline void touch(struct ring_ctl *c)
+{
+    atomic_store_explicit(&c->t_ns, mono_ns(), memory_order_relaxed);
+}
+
+static inline bool cas(struct ring_ctl *c, uint64_t *expect, uint64_t desired)
+{
+    return atomic_compare_exchange_strong_explicit(&c->word, expect, desired,
+                                                   memory_order_acq_rel, memory_order_acquire);
+}
+
+static uint64_t deadline_from(int timeout_ms)
+{
+    return timeout_ms < 0 ? 0 : mono_ns() + (uint64_t)timeout_ms * 1000000ull;
+}
+
+/* Per-thread start point and random state: spreads claims, needs no shared state. */
+static _Thread_local uint32_t t_cursor;
+static _Thread_local uint64_t t_rng;
+
+static uint64_t rng_next(void)
+{
+    if (!t_rng)
+        t_rng = (mono_ns() ^ ((uint64_t)(uintptr_t)&t_rng << 17) ^ (uint64_t)getpid()) | 1;
+    t_rng ^= t_rng << 13;
+    t_rng ^= t_rng >> 7;
+    t_rng ^= t_rng << 17;
+    return t_rng;
+}
+
+/* ---- write side -------------------------------------------------------------- */
+
+int ring_claim_write(struct ring *r, int timeout_ms, unsigned *slot)
+{
+    if (r->rdonly)
+        return -EROFS;
+    int rc = owner_refresh(r);
+    if (rc < 0)
+        return rc;
+    const uint64_t mine = W_MAKE(RING_WRITING, r->owner);
+    uint64_t deadline = 0;
+    bool last = timeout_ms == 0;
+    struct ring_hdr *h = r->h;
+    for (;;) {
+        uint32_t seen = atomic_load(&h->free_word);
+        uint32_t start = t_cursor++;
+        for (uint32_t k = 0; k < r->nslots; k++) {
+            uint32_t i = (start + k) % r->nslots;
+            struct ring_ctl *c = &r->ctl[i];
+            uint64_t w = atomic_load_explicit(&c->word, memory_order_relaxed);
+            if (W_STATE(w) == RING_FREE && cas(c, &w, mine)) {
+                touch(c);
+                *slot = i;
+                hook(RING_HOOK_CLAIMED_WRITE, i);
+                return 0;
+            }
+        }
+        if (last)
+            return -DF_ETIMEOUT;
+        if (!deadline && timeout_ms > 0)
+            deadline = deadline_from(timeout_ms);
+        if (park(&h->free_word, &h->free_waiters, seen, deadline) < 0)
+            last = true;   /* one more look, then give up */
+    }
+}
+
+static int check_slot(const struct ring *r, unsigned slot)
+{
+    if (r->rdonly)
+        return -EROFS;
+    return slot < r->nslots ? 0 : -EINVAL;
+}
+
+int ring_publish(struct ring *r, unsigned slot)
+{
+    int rc = check_slot(r, slot);
+    if (rc < 0)
+        return rc;
+    struct ring_ctl *c = &r->ctl[slot];
+    struct ring_payload *p = ring_slot_header(r, slot);
+    uint64_t w = W_MAKE(RING_WRITING, r->owner);
+    if (atomic_load(&c->word) != w)
+        return -DF_ESTATE;
+    if (p->n_tokens > r->h->layout.max_tokens || p->n_seqs > r->h->layout.max_seqs)
+        return -DF_ERANGE;
+    hook(RING_HOOK_BEFORE_PUBLISH, slot);
+    uint64_t seq = atomic_fetch_add(&r->h->next_seq, 1);
+    p->producer = r->owner;
+    atomic_store_explicit(&c->seq, seq, memory_order_relaxed);
+    atomic_store_explicit(&c->batch_id, p->batch_id, memory_order_relaxed);
+    atomic_store_explicit(&c->n_tokens, p->n_tokens, memory_order_relaxed);
+    if (!cas(c, &w, W_MAKE(RING_READY, seq)))
+        return -DF_ESTATE;
+    touch(c);
+    atomic_fetch_add_explicit(&r->h->published, 1, memory_order_relaxed);
+    signal_word(&r->h->ready_word, &r->h->ready_waiters);
+    return 0;
+}
+
+int ring_abort_write(struct ring *r, unsigned slot)
+{
+    int rc = check_slot(r, slot);
+    if (rc < 0)
+        return rc;
+    struct ring_ctl *c = &r->ctl[slot];
+    uint64_t w = W_MAKE(RING_WRITING, r->owner);
+    if (!cas(c, &w, W_MAKE(RING_FREE, 0)))
+        return -DF_ESTATE;
+    touch(c);
+    atomic_fetch_add_explicit(&r->h->aborted, 1, memory_order_relaxed);
+    signal_word(&r->h->free_word, &r->h->free_waiters);
+    return 0;
+}
+
+/* ---- read side --------------------------------------------------------------- */
+
+int ring_claim_read(struct ring *r, const struct ring_pick *pick, int timeout_ms, unsigned *slot)
+{
+    if (r->rdonly)
+        return -EROFS;
+    int rc = owner_refresh(r);
+    if (rc < 0)
+        return rc;
+    const uint64_t mine = W_MAKE(RING_READING, r->owner);
+    const bool random = pick && pick->policy == RING_PICK_RANDOM;
+    uint32_t min_ready = pick && pick->min_ready > 1 ? pick->min_ready : 1;
+    if (min_ready > r->nslots)
+        min_ready = r->nslots;
+    struct ring_hdr *h = r->h;
+    uint64_t t0 = 0, deadline = 0, ready_deadline = 0;
+    bool last = timeout_ms == 0, mix_expired = min_ready <= 1;
+
+    for (;;) {
+        uint32_t seen = atomic_load(&h->ready_word);
+        uint32_t count = 0, best = UINT32_MAX;
+        uint64_t best_w = 0;
+        for (uint32_t i = 0; i < r->nslots; i++) {
+            uint64_t w = atomic_load_explicit(&r->ctl[i].word, memory_order_relaxed);
+            if (W_STATE(w) != RING_READY)
+                continue;
+            count++;
+            /* oldest: lowest seq; random: reservoir sample, uniform over READY slots */
+            if (random ? rng_next() % count == 0 : (best == UINT32_MAX || w < best_w)) {
+                best = i;
+                best_w = w;
+            }
+        }
+        if (count && !mix_expired && count < min_ready) {
+            uint64_t now = mono_ns();
+            if (!t0) {
+                t0 = now;
+                ready_deadline = now + (uint64_t)(pick->ready_timeout_ms > 0 ? pick->ready_timeout_ms : 0) * 1000000ull;
+            }
+            if (now >= ready_deadline || last)
+                mix_expired = true;
+        }
+        if (count && (count >= min_ready || mix_expired)) {
+            struct ring_ctl *c = &r->ctl[best];
+            if (cas(c, &best_w, mine)) {
+                /* we own it now: make the requeue seq match what we took */
+                if (atomic_load_explicit(&c->seq, memory_order_relaxed) != W_VALUE(best_w))
+                    atomic_store_explicit(&c->seq, W_VALUE(best_w), memory_order_relaxed);
+                touch(c);
+                *slot = best;
+                hook(RING_HOOK_CLAIMED_READ, best);
+                return 0;
+            }
+            continue;   /* lost the race for that slot: look again */
+        }
+        if (last)
+            return -DF_ETIMEOUT;
+        if (!deadline && timeout_ms > 0)
+            deadline = deadline_from(timeout_ms);
+        uint64_t until = deadline;
+        if (count && !mix_expired && (!until || ready_deadline < until))
+            until = ready_deadline;
+        if (park(&h->ready_word, &h->ready_waiters, seen, until) < 0 && until == deadline)
+            last = true;
+    }
+}
+
+int ring_release(struct ring *r, unsigned slot)
+{
+    int rc = check_slot(r, slot);
+    if (rc < 0)
+        return rc;
+    struct ring_ctl *c = &r->ctl[slot];
+    uint64_t w = W_MAKE(RING_READING, r->owner);
+    if (atomic_load_explicit(&c->word, memory_order_relaxed) != w)
+        return -DF_ESTATE;
+    hook(RING_HOOK_BEFORE_RELEASE, slot);
+    if (!cas(c, &w, W_MAKE(RING_FREE, 0)))
+        return -DF_ESTATE;
+    touch(c);
+    atomic_fetch_add_explicit(&r->h->consumed, 1, memory_order_relaxed);
+    signal_word(&r->h->free_word, &r->h->free_waiters);
+    return 0;
+}
+
+int ring_requeue(struct ring *r, unsigned slot)
+{
+    int rc = check_slot(r, slot);
+    if (rc < 0)
+        return rc;
+    struct ring_ctl *c = &r->ctl[slot];
+    uint64_t w = W_MAKE(RING_READING, r->owner);
+    uint64_t seq = atomic_load_explicit(&c->seq, memory_order_relaxed);
+    if (!cas(c, &w, W_MAKE(RING_READY, seq)))
+        return -DF_ESTATE;
+    touch(c);
+    signal_word(&r->h->ready_word, &r->h->ready_waiters);
+    return 0;
+}
+
+/* ---- reclaim ---------------------------------------------------------------- */
+
+/* Take one slot away from `owner` if it still holds it; exactly one CAS decides. */
+static void reclaim_slot(struct ring *r, uint32_t i, uint64_t w, struct ring_reclaim *out)
+{
+    struct ring_ctl *c = &r->ctl[i];
+    if (W_STATE(w) == RING_WRITING) {
+        if (cas(c, &w, W_MAKE(RING_FREE, 0))) {
+            touch(c);
+            out->writing_freed++;
+            atomic_fetch_add(&r->h->reclaimed_writing, 1);
+            signal_word(&r->h->free_word, &r->h->free_waiters);
+        }
+    } else if (W_STATE(w) == RING_READING) {
+        uint64_t seq = atomic_load_explicit(&c->seq, memory_order_relaxed);
+        if (cas(c, &w, W_MAKE(RING_READY, seq))) {
+            touch(c);
+            out->reading_requeued++;
+            atomic_fetch_add(&r->h->reclaimed_reading, 1);
+            signal_word(&r->h->ready_word, &r->h->ready_waiters);
+        }
+    }
+}
+
+int ring_reclaim_owner(struct ring *r, uint64_t owner, struct ring_reclaim *out)
+{
+    struct ring_reclaim tmp = { 0 };
+    if (r->rdonly)
+        return -EROFS;
+    if (!owner || (owner & ~PROC_TOKEN_MASK))
+        return -EINVAL;
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        uint64_t w = atomic_load(&r->ctl[i].word);
+        unsigned s = W_STATE(w);
+        if ((s == RING_WRITING || s == RING_READING) && W_VALUE(w) == owner)
+            reclaim_slot(r, i, w, &tmp);
+    }
+    if (out)
+        *out = tmp;
+    return 0;
+}
+
+int ring_reclaim_dead(struct ring *r, struct ring_reclaim *out)
+{
+    struct ring_reclaim tmp = { 0 };
+    if (r->rdonly)
+        return -EROFS;
+    /* Remember verdicts for this scan: many slots usually share few owners. */
+    enum { MEMO = 32 };
+    uint64_t memo_tok[MEMO];
+    int memo_alive[MEMO], nmemo = 0;
+    uint64_t stuck_ns = (uint64_t)r->h->stuck_writing_ms * 1000000ull, now = mono_ns();
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        uint64_t w = atomic_load(&r->ctl[i].word);
+        unsigned s = W_STATE(w);
+        if (s != RING_WRITING && s != RING_READING)
+            continue;
+        uint64_t tok = W_VALUE(w);
+        if (proc_token_is_lease(tok))
+            continue;
+        int alive = -1;
+        for (int m = 0; m < nmemo; m++)
+            if (memo_tok[m] == tok)
+                alive = memo_alive[m];
+        if (alive < 0) {
+            alive = proc_token_alive(tok);
+            if (alive < 0)
+                alive = 1;   /* cannot tell (e.g. /proc unreadable): never steal */
+            if (nmemo < MEMO) {
+                memo_tok[nmemo] = tok;
+                memo_alive[nmemo++] = alive;
+            }
+        }
+        if (!alive)
+            reclaim_slot(r, i, w, &tmp);
+        else if (s == RING_WRITING && now - atomic_load_explicit(&r->ctl[i].t_ns, memory_order_relaxed) > stuck_ns)
+            tmp.stuck_writing++;
+    }
+    if (out)
+        *out = tmp;
+    return 0;
+}
+
+/* ---- inspection ---------------------------------------------------------------- */
+
+const char *ring_state_name(unsigned state)
+{
+    static const char *const n[] = { "FREE", "WRITING", "READY", "READING" };
+    return state < 4 ? n[state] : "?";
+}
+
+int ring_stats(const struct ring *r, struct ring_stats *st, struct ring_slot_stat *slots)
+{
+    const struct ring_hdr *h = r->h;
+    memset(st, 0, sizeof *st);
+    st->nslots = r->nslots;
+    st->published = atomic_load(&h->published);
+    st->consumed = atomic_load(&h->consumed);
+    st->aborted = atomic_load(&h->aborted);
+    st->reclaimed_writing = atomic_load(&h->reclaimed_writing);
+    st->reclaimed_reading = atomic_load(&h->reclaimed_reading);
+    st->writers_waiting = atomic_load(&h->free_waiters);
+    st->readers_waiting = atomic_load(&h->ready_waiters);
+    st->creator_pid = h->creator_pid;
+    st->creator_token = h->creator_token;
+    st->created_wall_ms = h->created_wall_ms;
+    st->stuck_writing_ms = h->stuck_writing_ms;
+    uint64_t now = mono_ns(), stuck_ns = (uint64_t)h->stuck_writing_ms * 1000000ull;
+    for (uint32_t i = 0; i < r->nslots; i++) {
+        const struct ring_ctl *c = &r->ctl[i];
+        uint64_t w = atomic_load(&c->word);
+        uint64_t t = atomic_load_explicit(&c->t_ns, memory_order_relaxed);
+        unsigned s = W_STATE(w);
+        uint64_t age = now > t ? now - t : 0;
+        bool stuck = s == RING_WRITING && age > stuck_ns;
+        st->count[s]++;
+        st->stuck_writing += stuck;
+        if (!slots)
+            continue;
+        struct ring_slot_stat *o = &slots[i];
+        memset(o, 0, sizeof *o);
+        o->state = (uint8_t)s;
+        o->stuck = stuck;
+        if (s == RING_WRITING || s == RING_READING) {
+            o->owner = W_VALUE(w);
+            o->pid = proc_token_pid(o->owner);
+        }
+        o->seq = s == RING_READY ? W_VALUE(w) : atomic_load_explicit(&c->seq, memory_order_relaxed);
+        o->batch_id = atomic_load_explicit(&c->batch_id, memory_order_relaxed);
+        o->n_tokens = atomic_load_explicit(&c->n_tokens, memory_order_relaxed);
+        o->age_ms = age / 1000000ull;
+    }
+    return 0;
+}
