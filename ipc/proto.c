@@ -1,0 +1,275 @@
+/* proto.c: encoder and the one pure decoder of the control protocol.
+ * Every accepted frame is canonical: decode then encode gives the same bytes. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include "common/err.h"
+#include "ipc/proto.h"
+
+#define FAIL(code, ...) do { if (err && errlen) snprintf(err, errlen, __VA_ARGS__); return (code); } while (0)
+
+static const struct {
+    const char *name;
+    uint32_t size;      /* fixed payload bytes */
+    int variable;       /* 1 = a tail follows the fixed part */
+} types[PROTO_TYPE_MAX] = {
+    [PROTO_HELLO]         = { "HELLO", sizeof(struct proto_hello), 0 },
+    [PROTO_WELCOME]       = { "WELCOME", sizeof(struct proto_welcome), 0 },
+    [PROTO_REFUSE]        = { "REFUSE", sizeof(struct proto_refuse), 0 },
+    [PROTO_HEARTBEAT]     = { "HEARTBEAT", sizeof(struct proto_heartbeat), 0 },
+    [PROTO_LEASE_REQUEST] = { "LEASE_REQUEST", sizeof(struct proto_lease_request), 0 },
+    [PROTO_LEASE_GRANT]   = { "LEASE_GRANT", sizeof(struct proto_lease_grant), 1 },
+    [PROTO_LEASE_REVOKE]  = { "LEASE_REVOKE", sizeof(struct proto_batch_ref), 0 },
+    [PROTO_LEASE_RETURN]  = { "LEASE_RETURN", sizeof(struct proto_batch_ref), 0 },
+    [PROTO_PUBLISHED]     = { "PUBLISHED", sizeof(struct proto_published), 0 },
+    [PROTO_JOIN_GROUP]    = { "JOIN_GROUP", 0, 0 },
+    [PROTO_GROUP]         = { "GROUP", sizeof(struct proto_group), 0 },
+    [PROTO_TRAINED]       = { "TRAINED", sizeof(struct proto_trained), 0 },
+    [PROTO_CHECKPOINTED]  = { "CHECKPOINTED", sizeof(struct proto_checkpointed), 0 },
+    [PROTO_ACK]           = { "ACK", sizeof(struct proto_ack), 0 },
+    [PROTO_ERROR]         = { "ERROR", sizeof(struct proto_error), 0 },
+    [PROTO_CONTROL]       = { "CONTROL", sizeof(struct proto_control), 0 },
+    [PROTO_RESTART]       = { "RESTART", sizeof(struct proto_restart), 0 },
+    [PROTO_QUERY]         = { "QUERY", sizeof(struct proto_query), 0 },
+    [PROTO_REPLY]         = { "REPLY", sizeof(struct proto_reply), 1 },
+};
+
+static const char *const role_names[] = { [PROTO_ROLE_TARGET] = "target", [PROTO_ROLE_DRAFTER] = "drafter", [PROTO_ROLE_CTL] = "ctl" };
+static const char *const state_names[] = {
+    [PROTO_STATE_STARTING] = "starting", [PROTO_STATE_RUNNING] = "running", [PROTO_STATE_PAUSED] = "paused",
+    [PROTO_STATE_DRAINING] = "draining", [PROTO_STATE_STOPPED] = "stopped", [PROTO_STATE_FAILED] = "failed",
+};
+static const char *const control_names[] = {
+    [PROTO_CTL_PAUSE] = "pause", [PROTO_CTL_RESUME] = "resume", [PROTO_CTL_DRAIN] = "drain", [PROTO_CTL_STOP] = "stop",
+};
+static const char *const query_names[] = {
+    [PROTO_Q_STATUS] = "status", [PROTO_Q_RING] = "ring", [PROTO_Q_DAEMONS] = "daemons",
+    [PROTO_Q_BATCHES] = "batches", [PROTO_Q_ERRORS] = "errors",
+};
+
+const char *proto_type_name(unsigned t) { return t > 0 && t < PROTO_TYPE_MAX ? types[t].name : "?"; }
+const char *proto_role_name(unsigned r) { return r >= 1 && r <= 3 ? role_names[r] : "?"; }
+const char *proto_state_name(unsigned s) { return s < PROTO_STATE_MAX ? state_names[s] : "?"; }
+const char *proto_control_name(unsigned c) { return c >= 1 && c < PROTO_CTL_MAX ? control_names[c] : "?"; }
+const char *proto_query_name(unsigned q) { return q >= 1 && q < PROTO_Q_MAX ? query_names[q] : "?"; }
+
+int proto_control_parse(const char *s)
+{
+    for (int i = 1; i < PROTO_CTL_MAX; i++)
+        if (!strcmp(s, control_names[i]))
+            return i;
+    return -EINVAL;
+}
+
+int proto_query_parse(const char *s)
+{
+    for (int i = 1; i < PROTO_Q_MAX; i++)
+        if (!strcmp(s, query_names[i]))
+            return i;
+    return -EINVAL;
+}
+
+void proto_strset(char *dst, size_t cap, const char *src)
+{
+    size_t n = src ? strnlen(src, cap - 1) : 0;
+    memcpy(dst, src ? src : "", n);
+    memset(dst + n, 0, cap - n);
+}
+
+/* A string field must hold a NUL and only zeros after it (canonical form). */
+static int field_ok(const char *f, size_t cap)
+{
+    const char *nul = memchr(f, 0, cap);
+    if (!nul)
+        return 0;
+    for (const char *p = nul; p < f + cap; p++)
+        if (*p)
+            return 0;
+    return 1;
+}
+
+#define STR_OK(field, what) do { if (!field_ok((field), sizeof(field))) \
+    FAIL(-DF_EFORMAT, "%s: %s is not a NUL-terminated string", tn, what); } while (0)
+#define ZERO(field, what) do { if (field) FAIL(-DF_EFORMAT, "%s: %s must be 0", tn, what); } while (0)
+
+/* Checks of field values that do not depend on the buffer. */
+static int validate(const struct proto_msg *m, uint32_t payload, char *err, size_t errlen)
+{
+    const char *tn = types[m->type].name;
+    switch (m->type) {
+    case PROTO_HELLO:
+        if (m->hello.role < PROTO_ROLE_TARGET || m->hello.role > PROTO_ROLE_CTL)
+            FAIL(-DF_EFORMAT, "%s: bad role %u", tn, m->hello.role);
+        STR_OK(m->hello.name, "name");
+        break;
+    case PROTO_WELCOME:
+        if (m->welcome.cluster_state >= PROTO_STATE_MAX)
+            FAIL(-DF_EFORMAT, "%s: bad cluster state %u", tn, m->welcome.cluster_state);
+        STR_OK(m->welcome.ring_name, "ring_name");
+        STR_OK(m->welcome.dataset_path, "dataset_path");
+        break;
+    case PROTO_REFUSE:
+        STR_OK(m->refuse.message, "message");
+        break;
+    case PROTO_HEARTBEAT:
+        if (m->heartbeat.state >= PROTO_STATE_MAX)
+            FAIL(-DF_EFORMAT, "%s: bad state %u", tn, m->heartbeat.state);
+        break;
+    case PROTO_LEASE_REQUEST:
+        if (m->lease_request.n < 1 || m->lease_request.n > PROTO_MAX_LEASE_REQUEST)
+            FAIL(-DF_ERANGE, "%s: n=%u out of range [1, %u]", tn, m->lease_request.n, PROTO_MAX_LEASE_REQUEST);
+        ZERO(m->lease_request.pad, "pad");
+        break;
+    case PROTO_LEASE_GRANT:
+        if (m->grant.n_samples < 1 || m->grant.n_samples > PROTO_MAX_SAMPLES)
+            FAIL(-DF_ERANGE, "%s: n_samples=%u out of range [1, %u]", tn, m->grant.n_samples, PROTO_MAX_SAMPLES);
+        if (m->grant.flags & ~PROTO_GRANT_REGRANT)
+            FAIL(-DF_EFORMAT, "%s: unknown flags 0x%x", tn, m->grant.flags);
+        ZERO(m->grant.pad, "pad");
+        if (payload != sizeof(struct proto_lease_grant) + 4ull * m->grant.n_samples)
+            FAIL(-DF_EFORMAT, "%s: payload %u bytes, %u samples need %llu", tn, payload, m->grant.n_samples,
+                 (unsigned long long)(sizeof(struct proto_lease_grant) + 4ull * m->grant.n_samples));
+        break;
+    case PROTO_GROUP:
+        if (m->group.world_size < 1 || m->group.rank >= m->group.world_size)
+            FAIL(-DF_ERANGE, "%s: rank %u of world %u", tn, m->group.rank, m->group.world_size);
+        STR_OK(m->group.coll_name, "coll_name");
+        STR_OK(m->group.ckpt_dir, "ckpt_dir");
+        break;
+    case PROTO_TRAINED:
+        ZERO(m->trained.pad, "pad");
+        break;
+    case PROTO_CHECKPOINTED:
+        STR_OK(m->checkpointed.dir, "dir");
+        if (!m->checkpointed.dir[0])
+            FAIL(-DF_EFORMAT, "%s: empty dir", tn);
+        break;
+    case PROTO_ACK:
+        ZERO(m->ack.pad, "pad");
+        break;
+    case PROTO_ERROR:
+        if (m->error.fatal > 1)
+            FAIL(-DF_EFORMAT, "%s: fatal=%u is not 0 or 1", tn, m->error.fatal);
+        STR_OK(m->error.message, "message");
+        break;
+    case PROTO_CONTROL:
+        if (m->control.cmd < 1 || m->control.cmd >= PROTO_CTL_MAX)
+            FAIL(-DF_EFORMAT, "%s: bad command %u", tn, m->control.cmd);
+        ZERO(m->control.pad, "pad");
+        STR_OK(m->control.reason, "reason");
+        break;
+    case PROTO_RESTART:
+        STR_OK(m->restart.ckpt_dir, "ckpt_dir");
+        break;
+    case PROTO_QUERY:
+        if (m->query.what < 1 || m->query.what >= PROTO_Q_MAX)
+            FAIL(-DF_EFORMAT, "%s: bad query %u", tn, m->query.what);
+        break;
+    case PROTO_REPLY:
+        if (payload != sizeof(struct proto_reply) + (uint64_t)m->reply.json_len)
+            FAIL(-DF_EFORMAT, "%s: payload %u bytes, json_len %u", tn, payload, m->reply.json_len);
+        break;
+    default:
+        break;
+    }
+    return 0;
+}
+
+int64_t proto_frame_size(const void *buf, size_t len, char *err, size_t errlen)
+{
+    struct proto_hdr h;
+    if (len < sizeof h)
+        return 0;
+    memcpy(&h, buf, sizeof h);
+    if (h.magic != PROTO_MAGIC)
+        FAIL(-DF_EMAGIC, "bad frame magic 0x%08x (not a dflash peer?)", h.magic);
+    if (h.len > PROTO_MAX_FRAME - sizeof h)
+        FAIL(-E2BIG, "frame of %u payload bytes exceeds the %u byte maximum", h.len, PROTO_MAX_FRAME);
+    return (int64_t)sizeof h + h.len;
+}
+
+int proto_decode(const void *buf, size_t len, struct proto_msg *m, char *err, size_t errlen)
+{
+    struct proto_hdr h;
+    memset(m, 0, sizeof *m);
+    if (len > PROTO_MAX_FRAME)
+        FAIL(-E2BIG, "frame of %zu bytes exceeds the %u byte maximum", len, PROTO_MAX_FRAME);
+    if (len < sizeof h)
+        FAIL(-DF_ETRUNC, "truncated frame: %zu bytes, header needs %zu", len, sizeof h);
+    memcpy(&h, buf, sizeof h);
+    if (h.magic != PROTO_MAGIC)
+        FAIL(-DF_EMAGIC, "bad frame magic 0x%08x (not a dflash peer?)", h.magic);
+    if (h.len > PROTO_MAX_FRAME - sizeof h)
+        FAIL(-E2BIG, "frame of %u payload bytes exceeds the %u byte maximum", h.len, PROTO_MAX_FRAME);
+    if (len < sizeof h + h.len)
+        FAIL(-DF_ETRUNC, "truncated frame: %zu of %zu bytes", len, sizeof h + h.len);
+    if (len > sizeof h + h.len)
+        FAIL(-DF_EFORMAT, "%zu trailing bytes after the frame", len - sizeof h - h.len);
+    if (h.type == 0 || h.type >= PROTO_TYPE_MAX)
+        FAIL(-DF_EFORMAT, "unknown message type %u", h.type);
+    if (h.version != PROTO_VERSION && h.type != PROTO_REFUSE)
+        FAIL(-DF_EVERSION, "protocol version %u, expected %u", h.version, PROTO_VERSION);
+    const char *tn = types[h.type].name;
+    uint32_t fixed = types[h.type].size;
+    if (types[h.type].variable ? h.len < fixed : h.len != fixed)
+        FAIL(h.len < fixed ? -DF_ETRUNC : -DF_EFORMAT, "%s: payload of %u bytes, expected %s%u", tn, h.len,
+             types[h.type].variable ? "at least " : "", fixed);
+    const uint8_t *payload = (const uint8_t *)buf + sizeof h;
+    m->type = h.type;
+    m->version = h.version;
+    if (fixed)
+        memcpy(&m->hello, payload, fixed);  /* every member starts at the union's start */
+    int r = validate(m, h.len, err, errlen);
+    if (r < 0)
+        return r;
+    if (m->type == PROTO_LEASE_GRANT)
+        m->samples = payload + fixed;
+    else if (m->type == PROTO_REPLY)
+        m->json = (const char *)payload + fixed;
+    return 0;
+}
+
+int64_t proto_encoded_size(const struct proto_msg *m)
+{
+    if (m->type == 0 || m->type >= PROTO_TYPE_MAX)
+        return -DF_EFORMAT;
+    uint64_t n = sizeof(struct proto_hdr) + types[m->type].size;
+    if (m->type == PROTO_LEASE_GRANT)
+        n += 4ull * m->grant.n_samples;
+    else if (m->type == PROTO_REPLY)
+        n += m->reply.json_len;
+    return n > PROTO_MAX_FRAME ? -E2BIG : (int64_t)n;
+}
+
+int64_t proto_encode(const struct proto_msg *m, void *buf, size_t cap, char *err, size_t errlen)
+{
+    int64_t n = proto_encoded_size(m);
+    if (n == -E2BIG)
+        FAIL(-E2BIG, "%s: frame would exceed the %u byte maximum", proto_type_name(m->type), PROTO_MAX_FRAME);
+    if (n < 0)
+        FAIL((int)n, "unknown message type %u", m->type);
+    if ((size_t)n > cap)
+        FAIL(-ENOSPC, "%s: %lld bytes do not fit in %zu", proto_type_name(m->type), (long long)n, cap);
+    uint32_t fixed = types[m->type].size;
+    int r = validate(m, (uint32_t)(n - (int64_t)sizeof(struct proto_hdr)), err, errlen);
+    if (r < 0)
+        return r;
+    struct proto_hdr h = { PROTO_MAGIC, (uint32_t)(n - (int64_t)sizeof h), PROTO_VERSION, m->type };
+    uint8_t *p = buf;
+    memcpy(p, &h, sizeof h);
+    if (fixed)
+        memcpy(p + sizeof h, &m->hello, fixed);
+    if (m->type == PROTO_LEASE_GRANT) {
+        if (m->grant.n_samples && !m->samples)
+            FAIL(-DF_EFORMAT, "LEASE_GRANT: no sample array");
+        memcpy(p + sizeof h + fixed, m->samples, 4ull * m->grant.n_samples);
+    } else if (m->type == PROTO_REPLY && m->reply.json_len) {
+        if (!m->json)
+            FAIL(-DF_EFORMAT, "REPLY: no json text");
+        memcpy(p + sizeof h + fixed, m->json, m->reply.json_len);
+    }
+    /* The decoder is the one definition of a valid frame: never send what it refuses. */
+    struct proto_msg check;
+    r = proto_decode(buf, (size_t)n, &check, err, errlen);
+    return r < 0 ? r : n;
+}

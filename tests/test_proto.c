@@ -1,0 +1,319 @@
+/* test_proto.c: every message round-trips; truncated, oversized, wrong-version,
+ * garbage and non-canonical frames are rejected with a reason. */
+#include <errno.h>
+#include "common/err.h"
+#include "ipc/proto.h"
+#include "tests/test.h"
+
+static uint8_t buf[PROTO_MAX_FRAME + 64];
+
+/* Encode, decode, re-encode: same bytes, same fields. Returns the frame size. */
+static int64_t roundtrip(const struct proto_msg *m, struct proto_msg *out)
+{
+    char err[256] = "";
+    int64_t n = proto_encode(m, buf, sizeof buf, err, sizeof err);
+    if (n < 0)
+        TEST_FAIL("encode %s: %s", proto_type_name(m->type), err);
+    CHECK_INT(proto_frame_size(buf, (size_t)n, err, sizeof err), ==, n);
+    CHECK_INT(proto_frame_size(buf, 11, err, sizeof err), ==, 0);
+    int r = proto_decode(buf, (size_t)n, out, err, sizeof err);
+    if (r < 0)
+        TEST_FAIL("decode %s: %s", proto_type_name(m->type), err);
+    CHECK_INT(out->type, ==, m->type);
+    CHECK_INT(out->version, ==, PROTO_VERSION);
+    static uint8_t again[PROTO_MAX_FRAME];
+    CHECK_INT(proto_encode(out, again, sizeof again, err, sizeof err), ==, n);
+    CHECK(!memcmp(buf, again, (size_t)n));
+    /* Every strict prefix is a truncated frame. */
+    for (int64_t cut = 0; cut < n; cut += (n > 600 ? 97 : 1)) {
+        struct proto_msg x;
+        err[0] = 0;
+        CHECK(proto_decode(buf, (size_t)cut, &x, err, sizeof err) < 0);
+        CHECK(err[0]);
+    }
+    return n;
+}
+
+static void expect_reject(const void *frame, size_t len, int code, const char *needle)
+{
+    struct proto_msg m;
+    char err[256] = "";
+    int r = proto_decode(frame, len, &m, err, sizeof err);
+    if (r >= 0)
+        TEST_FAIL("accepted a bad frame (expected '%s')", needle);
+    if (code)
+        CHECK_INT(r, ==, code);
+    CHECK_CONTAINS(err, needle);
+}
+
+int main(void)
+{
+    struct proto_msg m, d;
+    char err[256];
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_HELLO;
+    m.hello = (struct proto_hello){ .role = PROTO_ROLE_TARGET, .device = 3, .pid = 1234, .group_rank = PROTO_NONE32,
+                                    .start_ticks = 99, .token = 0x123456789ull, .group_generation = 0 };
+    proto_strset(m.hello.name, sizeof m.hello.name, "target@3");
+    roundtrip(&m, &d);
+    CHECK_INT(d.hello.device, ==, 3);
+    CHECK_INT(d.hello.token, ==, 0x123456789ull);
+    CHECK_STR(d.hello.name, "target@3");
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_WELCOME;
+    m.welcome = (struct proto_welcome){ .member_id = 7, .heartbeat_ms = 500, .dead_after_ms = 5000,
+                                        .cluster_state = PROTO_STATE_RUNNING, .n_regrants = 2, .ring_slots = 16,
+                                        .world_size = 2, .max_seq_len = 4096, .epochs = 3 };
+    proto_strset(m.welcome.ring_name, sizeof m.welcome.ring_name, "/dflash-x");
+    proto_strset(m.welcome.dataset_path, sizeof m.welcome.dataset_path, "/data/set.bin");
+    roundtrip(&m, &d);
+    CHECK_STR(d.welcome.dataset_path, "/data/set.bin");
+    CHECK_INT(d.welcome.n_regrants, ==, 2);
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_REFUSE;
+    m.refuse.code = -DF_EVERSION;
+    m.refuse.server_version = PROTO_VERSION;
+    proto_strset(m.refuse.message, sizeof m.refuse.message, "protocol version 9, expected 1");
+    int64_t n = roundtrip(&m, &d);
+    CHECK_STR(d.refuse.message, "protocol version 9, expected 1");
+    /* REFUSE is readable whatever the version: a mismatched peer learns why. */
+    ((struct proto_hdr *)buf)->version = 77;
+    CHECK_OK(proto_decode(buf, (size_t)n, &d, err, sizeof err));
+    CHECK_INT(d.version, ==, 77);
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_HEARTBEAT;
+    m.heartbeat = (struct proto_heartbeat){ .state = PROTO_STATE_RUNNING, .step = 41, .loss = NAN, .tokens_per_s = 1.5e5 };
+    roundtrip(&m, &d);
+    CHECK(isnan(d.heartbeat.loss));  /* a NaN loss must reach the coordinator */
+    CHECK_INT(d.heartbeat.step, ==, 41);
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_LEASE_REQUEST;
+    m.lease_request.n = 4;
+    roundtrip(&m, &d);
+    CHECK_INT(d.lease_request.n, ==, 4);
+
+    uint32_t samples[1000];
+    for (uint32_t i = 0; i < 1000; i++)
+        samples[i] = i * 7919u;
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_LEASE_GRANT;
+    m.grant = (struct proto_lease_grant){ .batch_id = 1ull << 40, .epoch = 2, .flags = PROTO_GRANT_REGRANT,
+                                          .n_samples = 1000, .n_tokens = 16000, .max_seq_len = 4096 };
+    m.samples = samples;
+    roundtrip(&m, &d);
+    CHECK_INT(d.grant.n_samples, ==, 1000);
+    for (uint32_t i = 0; i < 1000; i++)
+        CHECK_INT(proto_grant_sample(&d, i), ==, samples[i]);
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_LEASE_REVOKE;
+    m.batch.batch_id = 5;
+    roundtrip(&m, &d);
+    m.type = PROTO_LEASE_RETURN;
+    roundtrip(&m, &d);
+    CHECK_INT(d.batch.batch_id, ==, 5);
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_PUBLISHED;
+    m.published = (struct proto_published){ .seq = 9, .batch_id = 10, .slot = 3, .n_tokens = 777 };
+    roundtrip(&m, &d);
+    CHECK_INT(d.published.slot, ==, 3);
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_JOIN_GROUP;
+    CHECK_INT(roundtrip(&m, &d), ==, (int64_t)sizeof(struct proto_hdr));
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_GROUP;
+    m.group.generation = 3;
+    m.group.rank = 1;
+    m.group.world_size = 2;
+    m.group.ckpt_step = 1000;
+    for (int i = 0; i < PROTO_NCCL_ID_BYTES; i++)
+        m.group.group_id[i] = (uint8_t)(i * 13 + 1);
+    proto_strset(m.group.coll_name, sizeof m.group.coll_name, "/dflash-x-coll-3");
+    proto_strset(m.group.ckpt_dir, sizeof m.group.ckpt_dir, "/var/lib/dflash/ckpt/step-1000");
+    roundtrip(&m, &d);
+    CHECK(!memcmp(d.group.group_id, m.group.group_id, PROTO_NCCL_ID_BYTES));
+    CHECK_STR(d.group.ckpt_dir, "/var/lib/dflash/ckpt/step-1000");
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_TRAINED;
+    m.trained = (struct proto_trained){ .seq = 1, .batch_id = 2, .step = 3, .generation = 4, .rank = 1 };
+    roundtrip(&m, &d);
+    CHECK_INT(d.trained.generation, ==, 4);
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_CHECKPOINTED;
+    m.checkpointed.seq = 5;
+    m.checkpointed.step = 1000;
+    m.checkpointed.generation = 4;
+    proto_strset(m.checkpointed.dir, sizeof m.checkpointed.dir, "/ck/step-1000");
+    roundtrip(&m, &d);
+    CHECK_STR(d.checkpointed.dir, "/ck/step-1000");
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_ACK;
+    m.ack.seq = 77;
+    m.ack.status = -DF_ESTATE;
+    roundtrip(&m, &d);
+    CHECK_INT(d.ack.status, ==, -DF_ESTATE);
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_ERROR;
+    m.error.fatal = 1;
+    m.error.code = -DF_ENAN;
+    proto_strset(m.error.message, sizeof m.error.message, "loss is NaN at step 12");
+    roundtrip(&m, &d);
+    CHECK_STR(d.error.message, "loss is NaN at step 12");
+
+    for (int c = 1; c < PROTO_CTL_MAX; c++) {
+        memset(&m, 0, sizeof m);
+        m.type = PROTO_CONTROL;
+        m.control.cmd = (uint32_t)c;
+        proto_strset(m.control.reason, sizeof m.control.reason, "operator");
+        roundtrip(&m, &d);
+        CHECK_INT(proto_control_parse(proto_control_name((unsigned)c)), ==, c);
+    }
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_RESTART;
+    m.restart.generation = 5;
+    m.restart.ckpt_step = 1000;
+    roundtrip(&m, &d);
+
+    for (int q = 1; q < PROTO_Q_MAX; q++) {
+        memset(&m, 0, sizeof m);
+        m.type = PROTO_QUERY;
+        m.query.what = (uint32_t)q;
+        roundtrip(&m, &d);
+        CHECK_INT(proto_query_parse(proto_query_name((unsigned)q)), ==, q);
+    }
+
+    const char *json = "{\"state\":\"running\"}";
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_REPLY;
+    m.reply.json_len = (uint32_t)strlen(json);
+    m.json = json;
+    roundtrip(&m, &d);
+    CHECK(!memcmp(d.json, json, strlen(json)));
+
+    /* ---- rejection cases ---- */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_LEASE_REQUEST;
+    m.lease_request.n = 2;
+    n = proto_encode(&m, buf, sizeof buf, err, sizeof err);
+    CHECK_INT(n, ==, 20);
+    expect_reject(buf, 5, -DF_ETRUNC, "truncated frame");
+    expect_reject(buf, (size_t)n - 1, -DF_ETRUNC, "truncated frame");
+    expect_reject(buf, (size_t)n + 1, -DF_EFORMAT, "trailing bytes");
+
+    struct proto_hdr *h = (struct proto_hdr *)buf;
+    h->version = PROTO_VERSION + 1;
+    expect_reject(buf, (size_t)n, -DF_EVERSION, "protocol version 2, expected 1");
+    h->version = PROTO_VERSION;
+
+    h->len = PROTO_MAX_FRAME;
+    expect_reject(buf, (size_t)n, -E2BIG, "exceeds");
+    CHECK_INT(proto_frame_size(buf, (size_t)n, err, sizeof err), ==, -E2BIG);
+    h->len = 8;
+
+    h->magic ^= 1;
+    expect_reject(buf, (size_t)n, -DF_EMAGIC, "bad frame magic");
+    CHECK_INT(proto_frame_size(buf, (size_t)n, err, sizeof err), ==, -DF_EMAGIC);
+    h->magic ^= 1;
+
+    h->type = 200;
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "unknown message type 200");
+    h->type = 0;
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "unknown message type 0");
+    h->type = PROTO_LEASE_REQUEST;
+
+    struct proto_lease_request *lr = (struct proto_lease_request *)(buf + sizeof *h);
+    lr->n = 0;
+    expect_reject(buf, (size_t)n, -DF_ERANGE, "n=0 out of range");
+    lr->n = 2;
+    lr->pad = 1;
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "pad must be 0");
+    lr->pad = 0;
+    CHECK_OK(proto_decode(buf, (size_t)n, &d, err, sizeof err));
+
+    /* A payload the wrong size for its type. */
+    h->type = PROTO_ACK;
+    expect_reject(buf, (size_t)n, -DF_ETRUNC, "ACK: payload of 8 bytes, expected 16");
+
+    /* Garbage: text where a frame should be. */
+    const char *garbage = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    expect_reject(garbage, strlen(garbage), -DF_EMAGIC, "bad frame magic");
+
+    /* Strings must be NUL-terminated and canonical. */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_HELLO;
+    m.hello.role = PROTO_ROLE_DRAFTER;
+    proto_strset(m.hello.name, sizeof m.hello.name, "x");
+    n = proto_encode(&m, buf, sizeof buf, err, sizeof err);
+    CHECK(n > 0);
+    struct proto_hello *hp = (struct proto_hello *)(buf + sizeof *h);
+    memset(hp->name, 'A', sizeof hp->name);
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "name is not a NUL-terminated string");
+    proto_strset(hp->name, sizeof hp->name, "x");
+    hp->name[10] = 'z';
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "name is not a NUL-terminated string");
+    hp->name[10] = 0;
+    hp->role = 9;
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "bad role 9");
+
+    /* Grants: sample count must match the payload. */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_LEASE_GRANT;
+    m.grant.n_samples = 3;
+    m.samples = samples;
+    n = proto_encode(&m, buf, sizeof buf, err, sizeof err);
+    CHECK(n > 0);
+    ((struct proto_lease_grant *)(buf + sizeof *h))->n_samples = 4;
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "4 samples need");
+    m.grant.n_samples = PROTO_MAX_SAMPLES + 1;
+    CHECK(proto_encode(&m, buf, sizeof buf, err, sizeof err) < 0);
+
+    /* The encoder refuses invalid messages and too-small buffers. */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_CONTROL;
+    m.control.cmd = 99;
+    CHECK(proto_encode(&m, buf, sizeof buf, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "bad command 99");
+    m.control.cmd = PROTO_CTL_STOP;
+    CHECK_INT(proto_encode(&m, buf, 10, err, sizeof err), ==, -ENOSPC);
+    m.type = PROTO_REPLY;
+    m.reply.json_len = PROTO_MAX_FRAME;
+    m.json = (const char *)buf;
+    CHECK_INT(proto_encode(&m, buf, sizeof buf, err, sizeof err), ==, -E2BIG);
+
+    /* Random garbage never crashes and never decodes as valid unless canonical. */
+    uint64_t x = 88172645463325252ull;
+    int accepted = 0;
+    for (int it = 0; it < 200000; it++) {
+        size_t len = 12 + (size_t)(x % 400);
+        for (size_t i = 0; i < len; i++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            buf[i] = (uint8_t)x;
+        }
+        /* Half the time give it a valid header so payload checks run. */
+        if (it & 1) {
+            struct proto_hdr hh = { PROTO_MAGIC, (uint32_t)(len - 12), PROTO_VERSION, (uint16_t)(1 + x % (PROTO_TYPE_MAX - 1)) };
+            memcpy(buf, &hh, sizeof hh);
+        }
+        if (proto_decode(buf, len, &d, err, sizeof err) == 0) {
+            accepted++;
+            static uint8_t again[PROTO_MAX_FRAME];
+            CHECK_INT(proto_encode(&d, again, sizeof again, err, sizeof err), ==, (int64_t)len);
+            CHECK(!memcmp(again, buf, len));
+        }
+    }
+    printf("proto ok (%d random frames accepted, all canonical)\n", accepted);
+    return 0;
+}
