@@ -93,7 +93,7 @@ static void on_fork_child(void) { atomic_fetch_add(&g_fork_gen, 1); }
 /* ---- test hooks ---------------------------------------------------------------- */
 
 static _Atomic(ring_hook_fn) g_hook;
-static int g_stop_point;            /* from DFLASH_RING_STOP_AT */
+static _Atomic int g_stop_point;    /* from DFLASH_RING_STOP_AT, read at each create/attach */
 static _Atomic long g_stop_left;
 
 static const char *const hook_names[] = {
@@ -104,16 +104,19 @@ static const char *const hook_names[] = {
 static void once_init(void)
 {
     pthread_atfork(NULL, NULL, on_fork_child);
+}
+
+static void read_stop_env(void)
+{
     const char *s = getenv("DFLASH_RING_STOP_AT");
     if (!s || !*s)
         return;
     for (int p = RING_HOOK_CLAIMED_WRITE; p <= RING_HOOK_BEFORE_RELEASE; p++) {
         size_t n = strlen(hook_names[p]);
         if (!strncmp(s, hook_names[p], n) && (s[n] == 0 || s[n] == ':')) {
-            g_stop_point = p;
-            g_stop_left = s[n] == ':' ? atol(s + n + 1) : 1;
-            if (g_stop_left < 1)
-                g_stop_left = 1;
+            long left = s[n] == ':' ? atol(s + n + 1) : 1;
+            atomic_store(&g_stop_left, left < 1 ? 1 : left);
+            atomic_store(&g_stop_point, p);
         }
     }
 }
@@ -125,7 +128,8 @@ static inline void hook(enum ring_hook_point p, unsigned slot)
     ring_hook_fn fn = atomic_load_explicit(&g_hook, memory_order_relaxed);
     if (fn)
         fn(p, slot);
-    if (g_stop_point == (int)p && atomic_fetch_sub(&g_stop_left, 1) == 1)
+    if (atomic_load_explicit(&g_stop_point, memory_order_relaxed) == (int)p &&
+        atomic_fetch_sub(&g_stop_left, 1) == 1)
         raise(SIGSTOP);
 }
 
@@ -185,6 +189,7 @@ static int name_check(const char *name, char *err, size_t errlen)
 static struct ring *handle_new(const char *name)
 {
     pthread_once(&g_once, once_init);
+    read_stop_env();
     struct ring *r = calloc(1, sizeof *r);
     if (r)
         snprintf(r->name, sizeof r->name, "%s", name);

@@ -1,0 +1,587 @@
+/* test_ring.c: ring creation, header validation, posix_fallocate on a full /dev/shm,
+ * single-process transitions, pick policies, blocking waits, reclaim and stats. */
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "common/proc.h"
+#include "common/timeutil.h"
+#include "ipc/ring.h"
+#include "tests/test.h"
+
+static char g_name[64];
+static char err[512];
+
+static struct ring_layout small_layout(uint32_t nslots)
+{
+    struct ring_layout l = { .nslots = nslots, .hidden = 16, .n_layers = 3, .dtype = RING_DTYPE_BF16,
+                             .max_tokens = 64, .max_seqs = 4 };
+    l.layer_ids[0] = 1; l.layer_ids[1] = 9; l.layer_ids[2] = 17;
+    return l;
+}
+
+static void test_proc_tokens(void)
+{
+    uint64_t me, st;
+    CHECK_OK(proc_self_token(&me));
+    CHECK(me != 0);
+    CHECK_INT(proc_token_pid(me), ==, getpid());
+    CHECK_INT(proc_token_alive(me), ==, 1);
+    CHECK_OK(proc_start_time(getpid(), &st));
+    /* same pid, another start time: a reused pid is not us */
+    CHECK_INT(proc_token_alive(proc_token_make(getpid(), st + 1)), ==, 0);
+    CHECK_INT(proc_token_alive(proc_token_lease(7)), ==, -EINVAL);
+    CHECK(proc_token_is_lease(proc_token_lease(7)) && proc_token_pid(proc_token_lease(7)) == 0);
+
+    int pfd[2];
+    CHECK_OK(pipe(pfd));
+    pid_t pid = fork();
+    if (pid == 0) {
+        uint64_t t;
+        proc_self_token(&t);   /* fork child: must not inherit the parent's token */
+        if (write(pfd[1], &t, sizeof t) != sizeof t)
+            _exit(2);
+        _exit(0);
+    }
+    uint64_t child;
+    CHECK_INT(read(pfd[0], &child, sizeof child), ==, sizeof child);
+    CHECK(child != me && proc_token_pid(child) == pid);
+    /* wait until it is a zombie (exited, not reaped): it already counts as dead */
+    siginfo_t si;
+    CHECK_OK(waitid(P_PID, pid, &si, WEXITED | WNOWAIT));
+    CHECK_INT(proc_token_alive(child), ==, 0);
+    CHECK_INT(waitpid(pid, NULL, 0), ==, pid);
+    CHECK_INT(proc_token_alive(child), ==, 0);
+    close(pfd[0]);
+    close(pfd[1]);
+}
+
+/* Rewrite bytes of the shm object directly, as a foreign or damaged writer would. */
+static void poke(const char *name, off_t off, const void *bytes, size_t n)
+{
+    int fd = shm_open(name, O_RDWR, 0);
+    CHECK(fd >= 0);
+    CHECK_INT(pwrite(fd, bytes, n, off), ==, (ssize_t)n);
+    close(fd);
+}
+
+static void test_validation(void)
+{
+    struct ring *r = NULL, *a = NULL;
+    struct ring_layout l = small_layout(4), want;
+    int rc;
+
+    rc = ring_attach(&a, g_name, &l, 0, err, sizeof err);
+    CHECK_INT(rc, ==, -ENOENT);
+    CHECK_CONTAINS(err, g_name);
+
+    CHECK_OK(ring_create(&r, g_name, &l, &(struct ring_create_opts){ .mode = 0640, .gid = -1 }, err, sizeof err));
+    struct stat st;
+    int fd = shm_open(g_name, O_RDONLY, 0);
+    CHECK(fd >= 0 && fstat(fd, &st) == 0);
+    CHECK_INT(st.st_mode & 0777, ==, 0640);
+    CHECK_INT(st.st_size, ==, ring_map_size(r));
+    close(fd);
+
+    /* a second create of the same name fails unless asked to replace */
+    struct ring *r2 = NULL;
+    CHECK_INT(ring_create(&r2, g_name, &l, NULL, err, sizeof err), ==, -EEXIST);
+    CHECK_CONTAINS(err, g_name);
+    CHECK(r2 == NULL);
+
+    CHECK_OK(ring_attach(&a, g_name, &l, 0, err, sizeof err));
+    ring_detach(a);
+
+    /* each layout field that differs is named */
+    want = l; want.nslots = 8;
+    CHECK_INT(ring_attach(&a, g_name, &want, 0, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "slots 4, expected 8");
+    CHECK_CONTAINS(err, g_name);
+    want = l; want.hidden = 32;
+    CHECK_INT(ring_attach(&a, g_name, &want, 0, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "hidden size");
+    want = l; want.n_layers = 2;
+    CHECK_INT(ring_attach(&a, g_name, &want, 0, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "captured layers");
+    want = l; want.layer_ids[2] = 18;
+    CHECK_INT(ring_attach(&a, g_name, &want, 0, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "captured layer #2 is 17, expected 18");
+    want = l; want.max_tokens = 128;
+    CHECK_INT(ring_attach(&a, g_name, &want, 0, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "max tokens");
+    want = l; want.max_seqs = 8;
+    CHECK_INT(ring_attach(&a, g_name, &want, 0, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "max seqs");
+    CHECK(a == NULL);
+
+    /* "accept what is there" learns the layout, read-only */
+    CHECK_OK(ring_attach(&a, g_name, NULL, RING_ATTACH_ANY | RING_ATTACH_RDONLY, err, sizeof err));
+    CHECK_INT(ring_layout(a)->nslots, ==, 4);
+    CHECK_INT(ring_layout(a)->layer_ids[1], ==, 9);
+    unsigned s;
+    CHECK_INT(ring_claim_write(a, 0, &s), ==, -EROFS);
+    CHECK_INT(ring_claim_read(a, NULL, 0, &s), ==, -EROFS);
+    struct ring_stats rs;
+    CHECK_OK(ring_stats(a, &rs, NULL));
+    CHECK_INT(rs.count[RING_FREE], ==, 4);
+    CHECK_INT(rs.creator_pid, ==, getpid());
+    ring_detach(a);
+    CHECK_INT(ring_attach(&a, g_name, NULL, 0, err, sizeof err), ==, -EINVAL);
+
+    /* wrong version */
+    uint32_t v = RING_VERSION + 1, good = RING_VERSION;
+    poke(g_name, 8, &v, 4);
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_EVERSION);
+    CHECK_CONTAINS(err, g_name);
+    CHECK_CONTAINS(err, "version");
+    poke(g_name, 8, &good, 4);
+
+    /* header that contradicts itself (slot stride at offset 40) */
+    uint64_t stride, bad = 12345;
+    fd = shm_open(g_name, O_RDONLY, 0);
+    CHECK_INT(pread(fd, &stride, 8, 40), ==, 8);
+    close(fd);
+    CHECK_INT(stride, ==, ring_slot_stride(r));
+    poke(g_name, 40, &bad, 8);
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_EFORMAT);
+    CHECK_CONTAINS(err, "corrupt header");
+    poke(g_name, 40, &stride, 8);
+    CHECK_OK(ring_attach(&a, g_name, &l, 0, err, sizeof err));
+    ring_detach(a);
+
+    /* truncated: header intact but slots cut off; then cut inside the header */
+    size_t full = ring_map_size(r);
+    ring_detach(r);
+    fd = shm_open(g_name, O_RDWR, 0);
+    CHECK_OK(ftruncate(fd, (off_t)full / 2));
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_ETRUNC);
+    CHECK_CONTAINS(err, "truncated");
+    CHECK_CONTAINS(err, g_name);
+    CHECK_OK(ftruncate(fd, 100));
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_ETRUNC);
+    CHECK_CONTAINS(err, "header alone");
+    close(fd);
+
+    /* wrong magic: a foreign object of the same name, large and tiny */
+    CHECK_OK(ring_unlink(g_name));
+    fd = shm_open(g_name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(fd >= 0);
+    char junk[8192];
+    memset(junk, 'x', sizeof junk);
+    CHECK_INT(write(fd, junk, sizeof junk), ==, (ssize_t)sizeof junk);
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_EMAGIC);
+    CHECK_CONTAINS(err, "not a dflash ring");
+    CHECK_CONTAINS(err, g_name);
+    CHECK_OK(ftruncate(fd, 3));
+    CHECK_INT(ring_attach(&a, g_name, NULL, RING_ATTACH_ANY, err, sizeof err), ==, -DF_EMAGIC);
+    CHECK_OK(ftruncate(fd, 0));
+    CHECK_INT(ring_attach(&a, g_name, NULL, RING_ATTACH_ANY, err, sizeof err), ==, -DF_EMAGIC);
+    close(fd);
+    /* ... and create replaces it only when asked */
+    CHECK_INT(ring_create(&r, g_name, &l, NULL, err, sizeof err), ==, -EEXIST);
+    CHECK_OK(ring_create(&r, g_name, &l, &(struct ring_create_opts){ .gid = -1, .flags = RING_CREATE_REPLACE },
+                         err, sizeof err));
+    ring_detach(r);
+    CHECK_OK(ring_unlink(g_name));
+
+    /* bad layouts and names are refused before anything is created */
+    want = l; want.n_layers = 0;
+    CHECK_INT(ring_create(&r, g_name, &want, NULL, err, sizeof err), ==, -DF_ERANGE);
+    CHECK_CONTAINS(err, "captured layers");
+    want = l; want.dtype = 7;
+    CHECK_INT(ring_create(&r, g_name, &want, NULL, err, sizeof err), ==, -DF_EUNSUPPORTED);
+    CHECK_INT(ring_create(&r, "no-slash", &l, NULL, err, sizeof err), ==, -EINVAL);
+    CHECK_INT(ring_attach(&a, "/a/b", &l, 0, err, sizeof err), ==, -EINVAL);
+    CHECK_INT(shm_open(g_name, O_RDONLY, 0), <, 0);
+    ring_detach(NULL);
+}
+
+/* Layout with about `bytes` of slot memory (4 slots). */
+static struct ring_layout layout_of_bytes(uint64_t bytes)
+{
+    struct ring_layout l = small_layout(4);
+    l.hidden = 1024;
+    l.n_layers = 4;                    /* 8 KiB per token row */
+    uint64_t tokens = bytes / 4 / 8192;
+    l.max_tokens = (uint32_t)(tokens ? tokens : 1);
+    return l;
+}
+
+/* In a private mount namespace, /dev/shm is a 4 MiB tmpfs: a ring bigger than what is
+ * left fails at creation; one that fits is fully backed (touching every page is safe). */
+static int full_shm_child(void)
+{
+    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+        mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=4m,mode=1777") < 0)
+        return 77;
+    struct ring *a = NULL, *b = NULL;
+    struct ring_layout la = layout_of_bytes(2560 << 10), lb = layout_of_bytes(2 << 20);
+    char name_b[80];
+    snprintf(name_b, sizeof name_b, "%s-b", g_name);
+    CHECK_OK(ring_create(&a, g_name, &la, NULL, err, sizeof err));
+    /* ftruncate alone would succeed here and SIGBUS the first writer past the free space */
+    int rc = ring_create(&b, name_b, &lb, NULL, err, sizeof err);
+    CHECK_INT(rc, ==, -ENOSPC);
+    CHECK_CONTAINS(err, "cannot reserve");
+    CHECK_CONTAINS(err, name_b);
+    CHECK(b == NULL);
+    CHECK_INT(shm_open(name_b, O_RDONLY, 0), <, 0);   /* nothing left behind */
+    memset(ring_base(a), 0x5a, ring_map_size(a));       /* every page is backed */
+    ring_detach(a);
+    CHECK_OK(ring_unlink(g_name));
+    return 0;
+}
+
+static void test_full_shm(void)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0)
+        _exit(full_shm_child());
+    int status;
+    CHECK_INT(waitpid(pid, &status, 0), ==, pid);
+    CHECK(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 0)
+        return;
+    CHECK_INT(WEXITSTATUS(status), ==, 77);
+    /* No mount namespace here: ask for more than the whole /dev/shm instead. */
+    struct statvfs vfs;
+    CHECK_OK(statvfs("/dev/shm", &vfs));
+    uint64_t total = (uint64_t)vfs.f_blocks * vfs.f_frsize;
+    struct ring_layout l = small_layout(64);
+    l.hidden = 8192;
+    l.n_layers = 4;                                   /* 64 KiB rows */
+    l.max_tokens = (uint32_t)(total / 64 / 65536 + 1024);
+    struct ring *r = NULL;
+    int rc = ring_create(&r, g_name, &l, NULL, err, sizeof err);
+    CHECK_INT(rc, ==, -ENOSPC);
+    CHECK_CONTAINS(err, "cannot reserve");
+    CHECK_INT(shm_open(g_name, O_RDONLY, 0), <, 0);
+    fprintf(stderr, "note: full-/dev/shm case ran without a private tmpfs (no mount namespace)\n");
+}
+
+static void fill_payload(struct ring *r, unsigned s, uint64_t batch, uint32_t ntok)
+{
+    struct ring_payload *p = ring_slot_header(r, s);
+    p->batch_id = batch;
+    p->epoch = 1;
+    p->n_seqs = 1;
+    p->n_tokens = ntok;
+    ring_slot_cu_seqlens(r, s)[0] = 0;
+    ring_slot_cu_seqlens(r, s)[1] = (int32_t)ntok;
+}
+
+static void test_transitions(void)
+{
+    struct ring_layout l = small_layout(4);
+    struct ring *r = NULL;
+    unsigned s, got[4];
+    CHECK_OK(ring_create(&r, g_name, &l, NULL, err, sizeof err));
+    struct ring_stats st;
+    struct ring_slot_stat ss[4];
+
+    /* payload geometry: aligned tensor areas, no overlap between slots or fields */
+    CHECK_INT(ring_hidden_pitch(r), ==, 2 * 16 * 3);
+    for (unsigned i = 0; i < 4; i++) {
+        CHECK_INT((uintptr_t)ring_slot_hidden(r, i) % RING_ALIGN, ==, 0);
+        CHECK((unsigned char *)ring_slot_loss_mask(r, i) + l.max_tokens <= (unsigned char *)ring_slot_hidden(r, i));
+        CHECK((unsigned char *)ring_slot_cu_seqlens(r, i) + 4 * (l.max_seqs + 1) <= (unsigned char *)ring_slot_tokens(r, i));
+        CHECK((unsigned char *)ring_slot_tokens(r, i) + 4 * l.max_tokens <= (unsigned char *)ring_slot_loss_mask(r, i));
+        if (i + 1 < 4)
+            CHECK((unsigned char *)ring_slot_hidden(r, i) + ring_hidden_bytes(r) <= (unsigned char *)ring_slot_header(r, i + 1));
+    }
+    CHECK((unsigned char *)ring_slot_hidden(r, 3) + ring_hidden_bytes(r) <= (unsigned char *)ring_base(r) + ring_map_size(r));
+
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(ring_claim_write(r, 0, &got[i]));
+    CHECK_INT(ring_claim_write(r, 0, &s), ==, -DF_ETIMEOUT);
+    uint64_t t0 = mono_ns();
+    CHECK_INT(ring_claim_write(r, 60, &s), ==, -DF_ETIMEOUT);
+    CHECK_INT(mono_ns() - t0, >=, 60000000);
+    CHECK_OK(ring_stats(r, &st, ss));
+    CHECK_INT(st.count[RING_WRITING], ==, 4);
+    CHECK_INT(ss[got[0]].pid, ==, getpid());
+    CHECK_INT(ss[got[0]].owner, ==, ring_owner(r));
+
+    /* publish in order got[2], got[0], got[3]; abort got[1] */
+    fill_payload(r, got[2], 100, 10);
+    CHECK_OK(ring_publish(r, got[2]));
+    CHECK_INT(ring_publish(r, got[2]), ==, -DF_ESTATE);   /* not WRITING any more */
+    fill_payload(r, got[0], 101, 11);
+    CHECK_OK(ring_publish(r, got[0]));
+    fill_payload(r, got[3], 102, l.max_tokens + 1);
+    CHECK_INT(ring_publish(r, got[3]), ==, -DF_ERANGE);
+    fill_payload(r, got[3], 102, 12);
+    CHECK_OK(ring_publish(r, got[3]));
+    CHECK_OK(ring_abort_write(r, got[1]));
+    CHECK_INT(ring_abort_write(r, got[1]), ==, -DF_ESTATE);
+    CHECK_INT(ring_slot_header(r, got[0])->producer, ==, ring_owner(r));
+
+    /* oldest first: 100, 101, 102 */
+    CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+    CHECK_INT(ring_slot_header(r, s)->batch_id, ==, 100);
+    CHECK_OK(ring_stats(r, &st, ss));
+    CHECK_INT(st.count[RING_READING], ==, 1);
+    CHECK_INT(ss[s].batch_id, ==, 100);
+    CHECK_INT(ss[s].n_tokens, ==, 10);
+    CHECK_INT(ss[s].pid, ==, getpid());
+    /* give it back: it keeps its place in the order */
+    CHECK_OK(ring_requeue(r, s));
+    CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+    CHECK_INT(ring_slot_header(r, s)->batch_id, ==, 100);
+    CHECK_OK(ring_release(r, s));
+    CHECK_INT(ring_release(r, s), ==, -DF_ESTATE);
+    CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+    CHECK_INT(ring_slot_header(r, s)->batch_id, ==, 101);
+    unsigned held = s;
+
+    /* reclaim by owner: READING -> READY (same seq), WRITING -> FREE */
+    unsigned w;
+    CHECK_OK(ring_claim_write(r, 0, &w));
+    struct ring_reclaim rc;
+    CHECK_OK(ring_reclaim_owner(r, ring_owner(r), &rc));
+    CHECK_INT(rc.writing_freed, ==, 1);
+    CHECK_INT(rc.reading_requeued, ==, 1);
+    CHECK_INT(ring_release(r, held), ==, -DF_ESTATE);   /* the old reader learns it lost it */
+    CHECK_INT(ring_publish(r, w), ==, -DF_ESTATE);      /* a reclaimed write is never delivered */
+    CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+    CHECK_INT(ring_slot_header(r, s)->batch_id, ==, 101);
+    CHECK_OK(ring_release(r, s));
+    /* a live owner is not reclaimed by the dead scan */
+    CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.reading_requeued + rc.writing_freed, ==, 0);
+    CHECK_OK(ring_release(r, s));
+    CHECK_OK(ring_stats(r, &st, ss));
+    CHECK_INT(st.count[RING_FREE], ==, 4);
+    CHECK_INT(st.published, ==, 3);
+    CHECK_INT(st.consumed, ==, 3);
+    CHECK_INT(st.aborted, ==, 1);
+    CHECK_INT(st.reclaimed_writing, ==, 1);
+    CHECK_INT(st.reclaimed_reading, ==, 1);
+    CHECK_INT(ring_claim_read(r, NULL, 0, &s), ==, -DF_ETIMEOUT);
+
+    /* a lease-form owner is reclaimed explicitly and skipped by the dead scan */
+    uint64_t lease = proc_token_lease(42), self = ring_owner(r);
+    CHECK_OK(ring_set_owner(r, lease));
+    CHECK_OK(ring_claim_write(r, 0, &w));
+    CHECK_OK(ring_stats(r, &st, ss));
+    CHECK_INT(ss[w].owner, ==, lease);
+    CHECK_INT(ss[w].pid, ==, 0);
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.writing_freed, ==, 0);
+    CHECK_OK(ring_reclaim_owner(r, self, &rc));
+    CHECK_INT(rc.writing_freed, ==, 0);
+    CHECK_OK(ring_reclaim_owner(r, lease, &rc));
+    CHECK_INT(rc.writing_freed, ==, 1);
+    CHECK_INT(ring_set_owner(r, 0), ==, -EINVAL);
+    CHECK_OK(ring_set_owner(r, self));
+    ring_detach(r);
+    CHECK_OK(ring_unlink(g_name));
+}
+
+/* Publish n slots with batch ids base.. */
+static void publish_n(struct ring *r, int n, uint64_t base)
+{
+    for (int i = 0; i < n; i++) {
+        unsigned s;
+        CHECK_OK(ring_claim_write(r, 0, &s));
+        fill_payload(r, s, base + (uint64_t)i, 1);
+        CHECK_OK(ring_publish(r, s));
+    }
+}
+
+static void test_pick(void)
+{
+    struct ring_layout l = small_layout(8);
+    struct ring *r = NULL;
+    unsigned s;
+    CHECK_OK(ring_create(&r, g_name, &l, NULL, err, sizeof err));
+
+    /* random: with 4 READY and min_ready 4 it picks at once, and every slot gets picked */
+    struct ring_pick rnd = { RING_PICK_RANDOM, 4, 5000 };
+    int seen[4] = { 0 };
+    publish_n(r, 4, 0);
+    for (int it = 0; it < 400; it++) {
+        uint64_t t0 = mono_ns();
+        CHECK_OK(ring_claim_read(r, &rnd, 1000, &s));
+        CHECK_INT(mono_ns() - t0, <, 1000000000ull);
+        uint64_t b = ring_slot_header(r, s)->batch_id;
+        CHECK_INT(b, <, 4);
+        seen[b]++;
+        CHECK_OK(ring_requeue(r, s));
+    }
+    for (int i = 0; i < 4; i++)
+        CHECK_INT(seen[i], >, 40);
+    /* drain */
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+        CHECK_OK(ring_release(r, s));
+    }
+
+    /* fewer than min_ready: waits ready_timeout_ms, then takes what there is */
+    struct ring_pick mix = { RING_PICK_OLDEST, 3, 80 };
+    publish_n(r, 2, 10);
+    uint64_t t0 = mono_ns();
+    CHECK_OK(ring_claim_read(r, &mix, 2000, &s));
+    uint64_t waited = mono_ns() - t0;
+    CHECK_INT(waited, >=, 80000000ull);
+    CHECK_INT(waited, <, 1500000000ull);
+    CHECK_INT(ring_slot_header(r, s)->batch_id, ==, 10);
+    CHECK_OK(ring_release(r, s));
+    /* overall timeout shorter than the mixing timeout: still takes what there is at the end */
+    mix.ready_timeout_ms = 10000;
+    t0 = mono_ns();
+    CHECK_OK(ring_claim_read(r, &mix, 50, &s));
+    CHECK_INT(mono_ns() - t0, >=, 50000000ull);
+    CHECK_INT(ring_slot_header(r, s)->batch_id, ==, 11);
+    CHECK_OK(ring_release(r, s));
+    /* empty ring: a plain timeout */
+    t0 = mono_ns();
+    CHECK_INT(ring_claim_read(r, &mix, 40, &s), ==, -DF_ETIMEOUT);
+    CHECK_INT(mono_ns() - t0, >=, 40000000ull);
+    ring_detach(r);
+    CHECK_OK(ring_unlink(g_name));
+}
+
+/* Block in another process; wake it by a transition. Readiness = its waiter count. */
+static void wait_for_waiters(struct ring *r, int readers, int writers)
+{
+    struct ring_stats st;
+    for (int i = 0; i < 20000; i++) {
+        CHECK_OK(ring_stats(r, &st, NULL));
+        if ((int)st.readers_waiting >= readers && (int)st.writers_waiting >= writers)
+            return;
+        usleep(500);
+    }
+    TEST_FAIL("no process parked in the ring");
+}
+
+static void test_blocking(void)
+{
+    struct ring_layout l = small_layout(2);
+    struct ring *r = NULL;
+    unsigned s;
+    CHECK_OK(ring_create(&r, g_name, &l, NULL, err, sizeof err));
+
+    /* empty ring parks a reader until a publish */
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct ring *c = NULL;
+        unsigned cs;
+        if (ring_attach(&c, g_name, &l, 0, err, sizeof err) < 0 || ring_claim_read(c, NULL, 20000, &cs) < 0)
+            _exit(1);
+        uint64_t b = ring_slot_header(c, cs)->batch_id;
+        _exit(ring_release(c, cs) == 0 && b == 77 ? 0 : 2);
+    }
+    wait_for_waiters(r, 1, 0);
+    publish_n(r, 1, 77);
+    int status;
+    CHECK_INT(waitpid(pid, &status, 0), ==, pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    /* full ring back-pressures a writer until a release */
+    publish_n(r, 2, 1);
+    pid = fork();
+    if (pid == 0) {
+        struct ring *c = NULL;
+        unsigned cs;
+        if (ring_attach(&c, g_name, &l, 0, err, sizeof err) < 0 || ring_claim_write(c, 20000, &cs) < 0)
+            _exit(1);
+        fill_payload(c, cs, 5, 1);
+        _exit(ring_publish(c, cs) == 0 ? 0 : 2);
+    }
+    wait_for_waiters(r, 0, 1);
+    CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+    CHECK_OK(ring_release(r, s));
+    CHECK_INT(waitpid(pid, &status, 0), ==, pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    /* a reader killed while READING: the dead scan puts its slot back, same seq */
+    pid = fork();
+    if (pid == 0) {
+        setenv("DFLASH_RING_STOP_AT", "claimed_read", 1);
+        struct ring *c = NULL;
+        unsigned cs;
+        if (ring_attach(&c, g_name, &l, 0, err, sizeof err) < 0)
+            _exit(1);
+        ring_claim_read(c, NULL, 20000, &cs);   /* stops itself holding the slot */
+        _exit(3);
+    }
+    CHECK_INT(waitpid(pid, &status, WUNTRACED), ==, pid);
+    CHECK(WIFSTOPPED(status));
+    struct ring_stats st;
+    struct ring_slot_stat ss[2];
+    CHECK_OK(ring_stats(r, &st, ss));
+    CHECK_INT(st.count[RING_READING], ==, 1);
+    unsigned victim = ss[0].state == RING_READING ? 0 : 1;
+    CHECK_INT(ss[victim].pid, ==, pid);
+    CHECK_INT(ss[victim].batch_id, ==, 2);   /* oldest of {2, 5} */
+    struct ring_reclaim rc;
+    CHECK_OK(ring_reclaim_dead(r, &rc));     /* stopped is alive: nothing taken */
+    CHECK_INT(rc.reading_requeued, ==, 0);
+    kill(pid, SIGKILL);
+    CHECK_INT(waitpid(pid, &status, 0), ==, pid);
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.reading_requeued, ==, 1);
+    CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+    CHECK_INT(s, ==, victim);
+    CHECK_INT(ring_slot_header(r, s)->batch_id, ==, 2);
+    CHECK_OK(ring_release(r, s));
+    CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+    CHECK_OK(ring_release(r, s));
+
+    /* a writer stuck WRITING with a live owner is reported, not stolen */
+    ring_detach(r);
+    CHECK_OK(ring_unlink(g_name));
+    CHECK_OK(ring_create(&r, g_name, &l, &(struct ring_create_opts){ .gid = -1, .stuck_writing_ms = 30 }, err, sizeof err));
+    pid = fork();
+    if (pid == 0) {
+        setenv("DFLASH_RING_STOP_AT", "claimed_write", 1);
+        struct ring *c = NULL;
+        unsigned cs;
+        if (ring_attach(&c, g_name, &l, 0, err, sizeof err) < 0)
+            _exit(1);
+        ring_claim_write(c, 0, &cs);
+        _exit(3);
+    }
+    CHECK_INT(waitpid(pid, &status, WUNTRACED), ==, pid);
+    CHECK(WIFSTOPPED(status));
+    uint64_t t0 = mono_ns();
+    while (mono_ns() - t0 < 40000000ull)
+        usleep(5000);   /* age the slot past stuck_writing_ms (a duration, not a synchronisation) */
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.writing_freed, ==, 0);
+    CHECK_INT(rc.stuck_writing, ==, 1);
+    CHECK_OK(ring_stats(r, &st, ss));
+    CHECK_INT(st.stuck_writing, ==, 1);
+    kill(pid, SIGKILL);
+    CHECK_INT(waitpid(pid, &status, 0), ==, pid);
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.writing_freed, ==, 1);
+    CHECK_OK(ring_stats(r, &st, NULL));
+    CHECK_INT(st.count[RING_FREE], ==, 2);
+    ring_detach(r);
+    CHECK_OK(ring_unlink(g_name));
+}
+
+int main(void)
+{
+    snprintf(g_name, sizeof g_name, "/dflash-test-ring-%d", (int)getpid());
+    ring_unlink(g_name);
+    test_proc_tokens();
+    test_validation();
+    test_full_shm();
+    test_transitions();
+    test_pick();
+    test_blocking();
+    fprintf(stderr, "ok\n");
+    return 0;
+}
