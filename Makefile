@@ -86,7 +86,7 @@ $(LIB): $(LIB_OBJ) $(CU_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 .SECONDEXPANSION:
-$(BUILD)/bin/%: $$(patsubst %.c,$(BUILD)/%.o,$$($$*_SRC)) $(LIB)
+$(BUILD)/bin/%: $$(addprefix $(BUILD)/,$$(subst .c,.o,$$($$*_SRC))) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 

@@ -1,0 +1,408 @@
+/* dataset.c: open/validate the memory-mapped dataset file, and its streaming writer.
+ * Every check fails with "<path>: <reason>" so a bad file is named in one line. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/dataset.h"
+#include "common/err.h"
+
+#define P1 0x9e3779b185ebca87ull
+#define P2 0xc2b2ae3d27d4eb4full
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static inline uint64_t hash_word(uint64_t h, uint64_t w) { return rotl64(h ^ (w * P1), 29) * P2; }
+
+void dataset_hash_init(struct dataset_hash *s, uint64_t seed)
+{
+    memset(s, 0, sizeof *s);
+    s->h = seed ^ P2;
+}
+
+void dataset_hash_update(struct dataset_hash *s, const void *data, size_t len)
+{
+    const uint8_t *p = data;
+    s->total += len;
+    while (s->ntail && len) {
+        s->tail[s->ntail++] = *p++;
+        len--;
+        if (s->ntail == 8) {
+            uint64_t w;
+            memcpy(&w, s->tail, 8);
+            s->h = hash_word(s->h, w);
+            s->ntail = 0;
+        }
+    }
+    uint64_t h = s->h;
+    for (; len >= 8; p += 8, len -= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = hash_word(h, w);
+    }
+    s->h = h;
+    if (len) {  /* here ntail is 0: the partial word above was completed */
+        memcpy(s->tail, p, len);
+        s->ntail = (unsigned)len;
+    }
+}
+
+uint64_t dataset_hash_final(const struct dataset_hash *s)
+{
+    uint64_t h = s->h;
+    if (s->ntail) {
+        uint64_t w = 0;
+        memcpy(&w, s->tail, s->ntail);
+        h = hash_word(h, w ^ ((uint64_t)s->ntail << 56));
+    }
+    h ^= s->total;
+    h ^= h >> 33; h *= P1; h ^= h >> 29; h *= P2; h ^= h >> 32;
+    return h;
+}
+
+static int fail(char *err, size_t errlen, const char *path, int code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int fail(char *err, size_t errlen, const char *path, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        int n = snprintf(err, errlen, "%s: ", path);
+        va_list ap;
+        va_start(ap, fmt);
+        if (n >= 0 && (size_t)n < errlen)
+            vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+void dataset_close(struct dataset *ds)
+{
+    if (!ds)
+        return;
+    if (ds->map && ds->map != MAP_FAILED)
+        munmap(ds->map, ds->map_len);
+    if (ds->fd > 0)
+        close(ds->fd);
+    memset(ds, 0, sizeof *ds);
+    ds->fd = -1;
+}
+
+static int validate(struct dataset *ds, const char *path, unsigned flags, char *err, size_t errlen)
+{
+    const struct dataset_header *h = ds->map;
+    if (ds->map_len < DATASET_HEADER_SIZE)
+        return fail(err, errlen, path, -DF_ETRUNC, "truncated: %zu bytes, header needs %u", ds->map_len, DATASET_HEADER_SIZE);
+    if (memcmp(h->magic, DATASET_MAGIC, 8))
+        return fail(err, errlen, path, -DF_EMAGIC, "not a dflash dataset (bad magic)");
+    if (h->version != DATASET_VERSION)
+        return fail(err, errlen, path, -DF_EVERSION, "format version %u, expected %u", h->version, DATASET_VERSION);
+    if (h->header_size != DATASET_HEADER_SIZE)
+        return fail(err, errlen, path, -DF_EFORMAT, "header_size %u, expected %u", h->header_size, DATASET_HEADER_SIZE);
+    if (h->file_size != ds->map_len)
+        return fail(err, errlen, path, h->file_size > ds->map_len ? -DF_ETRUNC : -DF_EFORMAT,
+                    "%s: file has %zu bytes, header says %llu", h->file_size > ds->map_len ? "truncated" : "size mismatch",
+                    ds->map_len, (unsigned long long)h->file_size);
+    if (h->vocab_size == 0 || h->vocab_size > DATASET_MAX_VOCAB)
+        return fail(err, errlen, path, -DF_EFORMAT, "vocab_size %u out of range [1, %u]", h->vocab_size, DATASET_MAX_VOCAB);
+    if (h->n_samples == 0)
+        return fail(err, errlen, path, -DF_EFORMAT, "no samples");
+    /* Sections in order, each exactly where the counts put it (no overflow: counts are capped). */
+    if (h->n_tokens > (1ull << 40) || h->n_samples > (1ull << 36))
+        return fail(err, errlen, path, -DF_EFORMAT, "implausible counts: %llu tokens, %llu samples",
+                    (unsigned long long)h->n_tokens, (unsigned long long)h->n_samples);
+    uint64_t mask_off = DATASET_HEADER_SIZE + 4 * h->n_tokens;
+    uint64_t index_off = (mask_off + h->n_tokens + 7) & ~7ull;
+    uint64_t end = index_off + 16 * h->n_samples;
+    if (h->tokens_off != DATASET_HEADER_SIZE || h->mask_off != mask_off || h->index_off != index_off)
+        return fail(err, errlen, path, -DF_EFORMAT, "section offsets (%llu, %llu, %llu) do not match the counts",
+                    (unsigned long long)h->tokens_off, (unsigned long long)h->mask_off, (unsigned long long)h->index_off);
+    if (end != h->file_size)
+        return fail(err, errlen, path, -DF_EFORMAT, "file size %llu does not match the counts (%llu)",
+                    (unsigned long long)h->file_size, (unsigned long long)end);
+
+    ds->hdr = h;
+    ds->tokens = (const uint32_t *)((const uint8_t *)ds->map + h->tokens_off);
+    ds->mask = (const uint8_t *)ds->map + h->mask_off;
+    ds->index = (const struct dataset_index_entry *)((const uint8_t *)ds->map + h->index_off);
+    ds->n_samples = h->n_samples;
+    ds->n_tokens = h->n_tokens;
+    ds->vocab_size = h->vocab_size;
+
+    if (!(flags & DATASET_OPEN_NO_CHECKSUM)) {
+        struct dataset_hash s;
+        dataset_hash_init(&s, DATASET_HASH_SEED);
+        dataset_hash_update(&s, (const uint8_t *)ds->map + DATASET_HEADER_SIZE, ds->map_len - DATASET_HEADER_SIZE);
+        uint64_t sum = dataset_hash_final(&s);
+        if (sum != h->checksum)
+            return fail(err, errlen, path, -DF_ECHECKSUM, "checksum mismatch (file %016llx, computed %016llx): corrupted",
+                        (unsigned long long)h->checksum, (unsigned long long)sum);
+    }
+    uint32_t max_len = 0;
+    for (uint64_t i = 0; i < h->n_samples; i++) {
+        const struct dataset_index_entry *e = &ds->index[i];
+        if (e->length == 0 || e->reserved)
+            return fail(err, errlen, path, -DF_EFORMAT, "sample %llu: %s", (unsigned long long)i,
+                        e->length ? "reserved field not 0" : "empty");
+        if (e->offset > h->n_tokens || e->length > h->n_tokens - e->offset)
+            return fail(err, errlen, path, -DF_ERANGE, "sample %llu: tokens [%llu, +%u) beyond the %llu tokens",
+                        (unsigned long long)i, (unsigned long long)e->offset, e->length, (unsigned long long)h->n_tokens);
+        if (e->length > max_len)
+            max_len = e->length;
+    }
+    if (max_len != h->max_len)
+        return fail(err, errlen, path, -DF_EFORMAT, "max_len %u, samples say %u", h->max_len, max_len);
+    uint64_t masked = 0;
+    for (uint64_t t = 0; t < h->n_tokens; t++) {
+        if (ds->tokens[t] >= h->vocab_size)
+            return fail(err, errlen, path, -DF_ERANGE, "token %llu: id %u >= vocab size %u",
+                        (unsigned long long)t, ds->tokens[t], h->vocab_size);
+        if (ds->mask[t] > 1)
+            return fail(err, errlen, path, -DF_EFORMAT, "token %llu: loss mask %u is not 0 or 1",
+                        (unsigned long long)t, ds->mask[t]);
+        masked += ds->mask[t];
+    }
+    if (masked != h->masked_tokens)
+        return fail(err, errlen, path, -DF_EFORMAT, "masked_tokens %llu, mask says %llu",
+                    (unsigned long long)h->masked_tokens, (unsigned long long)masked);
+    return 0;
+}
+
+int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err, size_t errlen)
+{
+    memset(ds, 0, sizeof *ds);
+    ds->fd = -1;
+    if (!path || !*path)
+        return fail(err, errlen, "dataset", -EINVAL, "no path given (data.path is empty)");
+    snprintf(ds->path, sizeof ds->path, "%s", path);
+    ds->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (ds->fd < 0)
+        return fail(err, errlen, path, -errno, "cannot open: %s", strerror(errno));
+    struct stat st;
+    if (fstat(ds->fd, &st) < 0) {
+        int r = -errno;
+        dataset_close(ds);
+        return fail(err, errlen, path, r, "cannot stat: %s", strerror(-r));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        dataset_close(ds);
+        return fail(err, errlen, path, -DF_EFORMAT, "not a regular file");
+    }
+    ds->map_len = (size_t)st.st_size;
+    if (ds->map_len < DATASET_HEADER_SIZE) {
+        size_t n = ds->map_len;
+        dataset_close(ds);
+        return fail(err, errlen, path, -DF_ETRUNC, "truncated: %zu bytes, header needs %u", n, DATASET_HEADER_SIZE);
+    }
+    ds->map = mmap(NULL, ds->map_len, PROT_READ, MAP_SHARED, ds->fd, 0);
+    if (ds->map == MAP_FAILED) {
+        int r = -errno;
+        ds->map = NULL;
+        dataset_close(ds);
+        return fail(err, errlen, path, r, "mmap: %s", strerror(-r));
+    }
+    int r = validate(ds, path, flags, err, errlen);
+    if (r < 0) {
+        dataset_close(ds);
+        return r;
+    }
+    return 0;
+}
+
+/* ---- writer ---- */
+
+struct dataset_writer {
+    char path[512], tmp[540];
+    int fd;                     /* the output temp file: header hole + tokens */
+    FILE *maskf;                /* loss mask, unlinked temp file, appended at finish */
+    struct dataset_index_entry *index;
+    uint64_t n_samples, cap, n_tokens, masked;
+    uint32_t vocab, max_id, max_len;
+    struct dataset_hash tok_hash;
+    int failed;
+};
+
+uint64_t dataset_writer_samples(const struct dataset_writer *w) { return w->n_samples; }
+
+void dataset_writer_free(struct dataset_writer *w)
+{
+    if (!w)
+        return;
+    if (w->fd >= 0) {
+        close(w->fd);
+        unlink(w->tmp);
+    }
+    if (w->maskf)
+        fclose(w->maskf);
+    free(w->index);
+    free(w);
+}
+
+int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t vocab_size, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (vocab_size > DATASET_MAX_VOCAB)
+        return fail(err, errlen, path, -DF_ERANGE, "vocab size %u above %u", vocab_size, DATASET_MAX_VOCAB);
+    struct dataset_writer *w = calloc(1, sizeof *w);
+    if (!w)
+        return -ENOMEM;
+    w->fd = -1;
+    w->vocab = vocab_size;
+    snprintf(w->path, sizeof w->path, "%s", path);
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.XXXXXX", path);
+    w->fd = mkostemp(w->tmp, O_CLOEXEC);
+    if (w->fd < 0) {
+        int r = -errno;
+        dataset_writer_free(w);
+        return fail(err, errlen, path, r, "cannot create a temp file beside it: %s", strerror(-r));
+    }
+    w->maskf = tmpfile();
+    if (!w->maskf || lseek(w->fd, DATASET_HEADER_SIZE, SEEK_SET) < 0) {
+        int r = -errno;
+        dataset_writer_free(w);
+        return fail(err, errlen, path, r, "temp file: %s", strerror(-r));
+    }
+    dataset_hash_init(&w->tok_hash, DATASET_HASH_SEED);
+    *out = w;
+    return 0;
+}
+
+static int write_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t k = write(fd, b, n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        b += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+int dataset_writer_add(struct dataset_writer *w, const uint32_t *tokens, const uint8_t *mask, uint32_t n,
+                       char *err, size_t errlen)
+{
+    if (w->failed)
+        return fail(err, errlen, w->path, -DF_ESTATE, "writer failed earlier");
+    if (n == 0)
+        return fail(err, errlen, w->path, -DF_EFORMAT, "sample %llu: empty", (unsigned long long)w->n_samples);
+    for (uint32_t i = 0; i < n; i++) {
+        if (w->vocab && tokens[i] >= w->vocab)
+            return fail(err, errlen, w->path, -DF_ERANGE, "sample %llu: token %u: id %u >= vocab size %u",
+                        (unsigned long long)w->n_samples, i, tokens[i], w->vocab);
+        if (mask[i] > 1)
+            return fail(err, errlen, w->path, -DF_EFORMAT, "sample %llu: token %u: loss mask %u is not 0 or 1",
+                        (unsigned long long)w->n_samples, i, mask[i]);
+    }
+    if (w->n_samples == w->cap) {
+        uint64_t cap = w->cap ? w->cap * 2 : 1024;
+        void *p = realloc(w->index, cap * sizeof *w->index);
+        if (!p)
+            return -ENOMEM;
+        w->index = p;
+        w->cap = cap;
+    }
+    int r = write_all(w->fd, tokens, 4ull * n);
+    if (r == 0 && fwrite(mask, 1, n, w->maskf) != n)
+        r = -EIO;
+    if (r < 0) {
+        w->failed = 1;
+        return fail(err, errlen, w->path, r, "write: %s", strerror(-r));
+    }
+    dataset_hash_update(&w->tok_hash, tokens, 4ull * n);
+    for (uint32_t i = 0; i < n; i++) {
+        if (tokens[i] > w->max_id)
+            w->max_id = tokens[i];
+        w->masked += mask[i];
+    }
+    w->index[w->n_samples++] = (struct dataset_index_entry){ w->n_tokens, n, 0 };
+    w->n_tokens += n;
+    if (n > w->max_len)
+        w->max_len = n;
+    return 0;
+}
+
+int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
+{
+    int r;
+    if (w->failed)
+        return fail(err, errlen, w->path, -DF_ESTATE, "writer failed earlier");
+    if (w->n_samples == 0)
+        return fail(err, errlen, w->path, -DF_EFORMAT, "no samples");
+    struct dataset_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, DATASET_MAGIC, 8);
+    h.version = DATASET_VERSION;
+    h.header_size = DATASET_HEADER_SIZE;
+    h.n_samples = w->n_samples;
+    h.n_tokens = w->n_tokens;
+    h.vocab_size = w->vocab ? w->vocab : w->max_id + 1;
+    h.max_len = w->max_len;
+    h.tokens_off = DATASET_HEADER_SIZE;
+    h.mask_off = DATASET_HEADER_SIZE + 4 * w->n_tokens;
+    h.index_off = (h.mask_off + w->n_tokens + 7) & ~7ull;
+    h.file_size = h.index_off + 16 * w->n_samples;
+    h.masked_tokens = w->masked;
+
+    struct dataset_hash s = w->tok_hash;
+    if (fflush(w->maskf) || fseek(w->maskf, 0, SEEK_SET)) {
+        r = -errno;
+        goto io_fail;
+    }
+    static const uint8_t zeros[8];
+    uint8_t buf[1 << 16];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, w->maskf)) > 0) {
+        if ((r = write_all(w->fd, buf, k)) < 0)
+            goto io_fail;
+        dataset_hash_update(&s, buf, k);
+    }
+    if (ferror(w->maskf)) {
+        r = -EIO;
+        goto io_fail;
+    }
+    size_t pad = (size_t)(h.index_off - h.mask_off - w->n_tokens);
+    if ((r = write_all(w->fd, zeros, pad)) < 0 || (r = write_all(w->fd, w->index, 16 * w->n_samples)) < 0)
+        goto io_fail;
+    dataset_hash_update(&s, zeros, pad);
+    dataset_hash_update(&s, w->index, 16 * w->n_samples);
+    h.checksum = dataset_hash_final(&s);
+    if (pwrite(w->fd, &h, sizeof h, 0) != (ssize_t)sizeof h) {
+        r = errno ? -errno : -EIO;
+        goto io_fail;
+    }
+    if (fsync(w->fd) < 0 || fchmod(w->fd, 0644) < 0) {
+        r = -errno;
+        goto io_fail;
+    }
+    if (rename(w->tmp, w->path) < 0) {
+        r = -errno;
+        goto io_fail;
+    }
+    close(w->fd);
+    w->fd = -1;
+    /* Make the rename itself durable. */
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", w->path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *(slash == dir ? slash + 1 : slash) = 0;
+    else
+        strcpy(dir, ".");
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+io_fail:
+    w->failed = 1;
+    return fail(err, errlen, w->path, r, "write: %s", strerror(-r));
+}

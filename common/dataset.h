@@ -1,0 +1,87 @@
+/* dataset.h: the tokenized dataset file (token ids u32 + loss mask u8 + sample index),
+ * memory-mapped and validated on open; and a streaming writer for it (dflash-data). */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+/* File layout, little-endian (bump DATASET_VERSION when any of it changes):
+ *   [0, 128)                      struct dataset_header
+ *   [128, +4*n_tokens)            token ids, u32, every id < vocab_size
+ *   [mask_off, +n_tokens)         loss mask, u8, 0 or 1 (1 = the drafter learns this token)
+ *   [index_off, +16*n_samples)    struct dataset_index_entry, index_off 8-aligned
+ * Samples are contiguous token ranges [offset, offset+length), length >= 1.
+ * checksum = dataset_hash64 of bytes [128, file end) seeded with DATASET_HASH_SEED. */
+#define DATASET_MAGIC "DFLDATA1"
+#define DATASET_VERSION 1u
+#define DATASET_HEADER_SIZE 128u
+#define DATASET_HASH_SEED 0x6466646174617365ull
+#define DATASET_MAX_VOCAB (1u << 30)
+
+struct dataset_header {
+    char magic[8];
+    uint32_t version;
+    uint32_t header_size;
+    uint64_t n_samples;
+    uint64_t n_tokens;
+    uint32_t vocab_size;
+    uint32_t max_len;           /* longest sample */
+    uint64_t tokens_off;
+    uint64_t mask_off;
+    uint64_t index_off;
+    uint64_t file_size;
+    uint64_t checksum;
+    uint64_t masked_tokens;     /* tokens with loss mask 1 */
+    uint8_t reserved[40];
+};
+_Static_assert(sizeof(struct dataset_header) == DATASET_HEADER_SIZE, "dataset header is part of the file format");
+
+struct dataset_index_entry {
+    uint64_t offset;            /* first token, in tokens from tokens_off */
+    uint32_t length;
+    uint32_t reserved;
+};
+_Static_assert(sizeof(struct dataset_index_entry) == 16, "index entry is part of the file format");
+
+struct dataset {
+    int fd;
+    void *map;
+    size_t map_len;
+    const struct dataset_header *hdr;
+    const uint32_t *tokens;
+    const uint8_t *mask;
+    const struct dataset_index_entry *index;
+    uint64_t n_samples, n_tokens;
+    uint32_t vocab_size;
+    char path[256];
+};
+
+#define DATASET_OPEN_NO_CHECKSUM 1u /* skip the full-file checksum (structure still checked) */
+
+/* Map and validate: magic, version, header fields, file size, section offsets, every
+ * index entry in bounds, token ids < vocab, mask values 0/1, checksum. On failure returns
+ * <0 (-DF_EMAGIC, -DF_EVERSION, -DF_ETRUNC, -DF_EFORMAT, -DF_ERANGE, -DF_ECHECKSUM, -errno)
+ * and err holds one line "<path>: <reason>". ds is then closed. */
+int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err, size_t errlen);
+void dataset_close(struct dataset *ds);   /* zero-filled or half-opened is fine */
+
+static inline uint32_t dataset_sample_len(const struct dataset *ds, uint64_t i) { return ds->index[i].length; }
+static inline const uint32_t *dataset_sample_tokens(const struct dataset *ds, uint64_t i) { return ds->tokens + ds->index[i].offset; }
+static inline const uint8_t *dataset_sample_mask(const struct dataset *ds, uint64_t i) { return ds->mask + ds->index[i].offset; }
+
+/* Incremental 64-bit hash used for the checksum (not cryptographic). */
+struct dataset_hash { uint64_t h; uint64_t total; uint8_t tail[8]; unsigned ntail; };
+void dataset_hash_init(struct dataset_hash *s, uint64_t seed);
+void dataset_hash_update(struct dataset_hash *s, const void *data, size_t len);
+uint64_t dataset_hash_final(const struct dataset_hash *s);
+
+/* Streaming writer: samples are appended, the file appears (atomically renamed into
+ * place, fsync'd) only on dataset_writer_finish. vocab_size 0 = max id + 1. */
+struct dataset_writer;
+int dataset_writer_open(struct dataset_writer **w, const char *path, uint32_t vocab_size, char *err, size_t errlen);
+/* Append one sample; rejects length 0, ids >= vocab (when set), mask values other than 0/1. */
+int dataset_writer_add(struct dataset_writer *w, const uint32_t *tokens, const uint8_t *mask, uint32_t n,
+                       char *err, size_t errlen);
+int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen);
+/* Drop an unfinished writer and its temp files (NULL is fine). */
+void dataset_writer_free(struct dataset_writer *w);
+uint64_t dataset_writer_samples(const struct dataset_writer *w);

@@ -1,0 +1,223 @@
+/* test_dataset.c: the dataset file: writer -> reader round trip, and bad files
+ * (truncated, bad checksum, token id >= vocab, bad magic/version/mask) give one-line errors. */
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/dataset.h"
+#include "common/err.h"
+#include "tests/test.h"
+
+static char dir[400];
+
+static const char *tmp(const char *name)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return strdup(p);  /* a few per test: never freed */
+}
+
+static void write_set(const char *path, uint32_t vocab, int n, uint32_t bad_id_at)
+{
+    char err[512];
+    struct dataset_writer *w;
+    CHECK_OK(dataset_writer_open(&w, path, vocab, err, sizeof err));
+    uint32_t tok[300];
+    uint8_t mask[300];
+    for (int i = 0; i < n; i++) {
+        uint32_t len = 1 + (uint32_t)(i * 37 % 300);
+        for (uint32_t t = 0; t < len; t++) {
+            tok[t] = (uint32_t)(i * 31 + t) % 1000;
+            mask[t] = (t + (uint32_t)i) % 3 == 0;
+        }
+        if ((uint32_t)i == bad_id_at)
+            tok[0] = 999;
+        CHECK_OK(dataset_writer_add(w, tok, mask, len, err, sizeof err));
+    }
+    CHECK_OK(dataset_writer_finish(w, err, sizeof err));
+    dataset_writer_free(w);
+}
+
+static void patch(const char *path, long off, const void *bytes, size_t n)
+{
+    int fd = open(path, O_WRONLY);
+    CHECK(fd >= 0);
+    CHECK_INT(pwrite(fd, bytes, n, off), ==, (long long)n);
+    close(fd);
+}
+
+/* Rewrite the checksum so that a later structural check is what fails. */
+static void fix_checksum(const char *path)
+{
+    struct dataset ds;
+    char err[512];
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    fstat(fd, &st);
+    uint8_t *b = malloc((size_t)st.st_size);
+    CHECK_INT(read(fd, b, (size_t)st.st_size), ==, st.st_size);
+    close(fd);
+    struct dataset_hash s;
+    dataset_hash_init(&s, DATASET_HASH_SEED);
+    dataset_hash_update(&s, b + DATASET_HEADER_SIZE, (size_t)st.st_size - DATASET_HEADER_SIZE);
+    uint64_t sum = dataset_hash_final(&s);
+    patch(path, offsetof(struct dataset_header, checksum), &sum, 8);
+    free(b);
+    (void)ds; (void)err;
+}
+
+static void expect_bad(const char *path, int code, const char *needle)
+{
+    struct dataset ds;
+    char err[512] = "";
+    int r = dataset_open(&ds, path, 0, err, sizeof err);
+    if (r >= 0)
+        TEST_FAIL("%s opened, expected '%s'", path, needle);
+    CHECK_INT(r, ==, code);
+    CHECK_CONTAINS(err, path);
+    CHECK_CONTAINS(err, needle);
+    CHECK(!strchr(err, '\n'));
+    printf("  rejected: %s\n", err);
+}
+
+static void copy(const char *from, const char *to)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    CHECK_INT(system(cmd), ==, 0);
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    char err[512];
+
+    /* Hash: incremental == one shot, whatever the split. */
+    uint8_t data[1000];
+    for (int i = 0; i < 1000; i++)
+        data[i] = (uint8_t)(i * 7 + 3);
+    struct dataset_hash a, b;
+    dataset_hash_init(&a, 1);
+    dataset_hash_update(&a, data, 1000);
+    for (int split = 0; split < 20; split++) {
+        dataset_hash_init(&b, 1);
+        dataset_hash_update(&b, data, (size_t)split);
+        dataset_hash_update(&b, data + split, 3);
+        dataset_hash_update(&b, data + split + 3, 1000 - (size_t)split - 3);
+        CHECK_INT(dataset_hash_final(&a), ==, dataset_hash_final(&b));
+    }
+    dataset_hash_init(&b, 1);
+    data[500] ^= 1;
+    dataset_hash_update(&b, data, 1000);
+    CHECK(dataset_hash_final(&a) != dataset_hash_final(&b));
+
+    const char *good = tmp("good.bin");
+    write_set(good, 1000, 200, UINT32_MAX);
+    struct dataset ds;
+    CHECK_OK(dataset_open(&ds, good, 0, err, sizeof err));
+    CHECK_INT(ds.n_samples, ==, 200);
+    CHECK_INT(ds.vocab_size, ==, 1000);
+    uint64_t total = 0;
+    for (int i = 0; i < 200; i++) {
+        uint32_t len = dataset_sample_len(&ds, (uint64_t)i);
+        CHECK_INT(len, ==, 1 + (uint32_t)(i * 37 % 300));
+        CHECK_INT(dataset_sample_tokens(&ds, (uint64_t)i)[len - 1], ==, (uint32_t)(i * 31 + len - 1) % 1000);
+        CHECK_INT(dataset_sample_mask(&ds, (uint64_t)i)[0], ==, i % 3 == 0);
+        total += len;
+    }
+    CHECK_INT(ds.n_tokens, ==, total);
+    dataset_close(&ds);
+    dataset_close(&ds);  /* idempotent */
+
+    /* vocab 0 = max id + 1 */
+    const char *auto_vocab = tmp("auto.bin");
+    write_set(auto_vocab, 0, 50, UINT32_MAX);
+    CHECK_OK(dataset_open(&ds, auto_vocab, 0, err, sizeof err));
+    CHECK(ds.vocab_size <= 1000 && ds.vocab_size > 900);
+    dataset_close(&ds);
+
+    /* Writer-side rejection. */
+    struct dataset_writer *w;
+    CHECK_OK(dataset_writer_open(&w, tmp("w.bin"), 10, err, sizeof err));
+    uint32_t t3[3] = { 1, 2, 10 };
+    uint8_t m3[3] = { 0, 1, 1 }, m3bad[3] = { 0, 2, 1 };
+    CHECK_INT(dataset_writer_add(w, t3, m3, 3, err, sizeof err), ==, -DF_ERANGE);
+    CHECK_CONTAINS(err, "id 10 >= vocab size 10");
+    t3[2] = 9;
+    CHECK_INT(dataset_writer_add(w, t3, m3bad, 3, err, sizeof err), ==, -DF_EFORMAT);
+    CHECK_CONTAINS(err, "loss mask 2");
+    CHECK_INT(dataset_writer_add(w, t3, m3, 0, err, sizeof err), ==, -DF_EFORMAT);
+    CHECK(dataset_writer_finish(w, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "no samples");
+    dataset_writer_free(w);
+    CHECK(access(tmp("w.bin"), F_OK) < 0);  /* nothing half-written left behind */
+
+    /* ---- bad files ---- */
+    expect_bad(tmp("missing.bin"), -ENOENT, "cannot open");
+
+    const char *trunc = tmp("trunc.bin");
+    copy(good, trunc);
+    CHECK_OK(truncate(trunc, 1000));
+    expect_bad(trunc, -DF_ETRUNC, "truncated");
+    CHECK_OK(truncate(trunc, 50));
+    expect_bad(trunc, -DF_ETRUNC, "truncated: 50 bytes");
+
+    const char *flip = tmp("flip.bin");
+    copy(good, flip);
+    uint8_t x = 0x55;
+    patch(flip, DATASET_HEADER_SIZE + 40, &x, 1);
+    expect_bad(flip, -DF_ECHECKSUM, "checksum mismatch");
+
+    const char *magic = tmp("magic.bin");
+    copy(good, magic);
+    patch(magic, 0, "NOTADATA", 8);
+    expect_bad(magic, -DF_EMAGIC, "not a dflash dataset");
+
+    const char *ver = tmp("ver.bin");
+    copy(good, ver);
+    uint32_t v = 99;
+    patch(ver, offsetof(struct dataset_header, version), &v, 4);
+    expect_bad(ver, -DF_EVERSION, "format version 99");
+
+    /* Token id >= vocab with a valid checksum: the id check catches it. */
+    const char *badid = tmp("badid.bin");
+    write_set(badid, 1000, 20, 7);
+    uint32_t vocab = 998;
+    patch(badid, offsetof(struct dataset_header, vocab_size), &vocab, 4);
+    fix_checksum(badid);
+    expect_bad(badid, -DF_ERANGE, ">= vocab size 998");
+
+    /* An index entry pointing past the tokens. */
+    const char *badidx = tmp("badidx.bin");
+    copy(good, badidx);
+    CHECK_OK(dataset_open(&ds, good, 0, err, sizeof err));
+    long idx_off = (long)ds.hdr->index_off;
+    uint64_t far = ds.n_tokens;
+    dataset_close(&ds);
+    patch(badidx, idx_off + 16 * 3, &far, 8);
+    fix_checksum(badidx);
+    expect_bad(badidx, -DF_ERANGE, "sample 3: tokens");
+
+    /* A mask byte that is not 0/1. */
+    const char *badmask = tmp("badmask.bin");
+    copy(good, badmask);
+    CHECK_OK(dataset_open(&ds, good, 0, err, sizeof err));
+    long mask_off = (long)ds.hdr->mask_off;
+    dataset_close(&ds);
+    uint8_t seven = 7;
+    patch(badmask, mask_off + 5, &seven, 1);
+    fix_checksum(badmask);
+    expect_bad(badmask, -DF_EFORMAT, "loss mask 7");
+
+    /* Extra bytes at the end. */
+    const char *longer = tmp("long.bin");
+    copy(good, longer);
+    int fd = open(longer, O_WRONLY | O_APPEND);
+    CHECK_INT(write(fd, "xx", 2), ==, 2);
+    close(fd);
+    expect_bad(longer, -DF_EFORMAT, "size mismatch");
+
+    expect_bad(dir, -DF_EFORMAT, "not a regular file");
+    printf("dataset ok\n");
+    return 0;
+}

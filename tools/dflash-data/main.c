@@ -1,0 +1,355 @@
+/* dflash-data: builds, checks and shows dflash dataset files.
+ * build: JSONL {"input_ids": [...], "loss_mask": [...]} -> dataset; synth: structured random data. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/dataset.h"
+#include "common/err.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: dflash-data build -o OUT [-v VOCAB] [INPUT.jsonl ...]   (no input or '-' = stdin)\n"
+        "       dflash-data synth -o OUT [-n SAMPLES] [-v VOCAB] [--min-len N] [--max-len N] [--seed S]\n"
+        "       dflash-data info [--json] FILE\n"
+        "       dflash-data verify FILE\n"
+        "       dflash-data dump [-n N] FILE          (first N samples as JSONL)\n"
+        "build reads one JSON object per line: input_ids (token ids) and loss_mask (0/1, same\n"
+        "length; absent = every token 1). VOCAB defaults to the largest id + 1.\n");
+}
+
+struct buf { uint32_t *tok; uint8_t *mask; size_t cap; };
+
+static int grow(struct buf *b, size_t n)
+{
+    if (n <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < n)
+        cap *= 2;
+    uint32_t *t = realloc(b->tok, cap * 4);
+    if (!t)
+        return -ENOMEM;
+    b->tok = t;
+    uint8_t *m = realloc(b->mask, cap);
+    if (!m)
+        return -ENOMEM;
+    b->mask = m;
+    b->cap = cap;
+    return 0;
+}
+
+/* One JSONL line into b; returns token count or <0 with the reason in why. */
+static long parse_line(const char *line, struct buf *b, char *why, size_t whylen)
+{
+    cJSON *j = cJSON_Parse(line);
+    long n = -1;
+    if (!j) {
+        snprintf(why, whylen, "not valid JSON");
+        return -1;
+    }
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
+    const cJSON *mask = cJSON_GetObjectItemCaseSensitive(j, "loss_mask");
+    if (!cJSON_IsArray(ids)) {
+        snprintf(why, whylen, "input_ids: missing or not an array");
+        goto out;
+    }
+    int cnt = cJSON_GetArraySize(ids);
+    if (cnt == 0) {
+        snprintf(why, whylen, "input_ids: empty");
+        goto out;
+    }
+    if (mask && (!cJSON_IsArray(mask) || cJSON_GetArraySize(mask) != cnt)) {
+        snprintf(why, whylen, "loss_mask: not an array of the same length as input_ids (%d)", cnt);
+        goto out;
+    }
+    if (grow(b, (size_t)cnt) < 0) {
+        snprintf(why, whylen, "out of memory");
+        goto out;
+    }
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, ids) {
+        double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
+        if (v < 0 || v > 4294967295.0 || v != (double)(uint32_t)v) {
+            snprintf(why, whylen, "input_ids[%d]: not a token id", i);
+            goto out;
+        }
+        b->tok[i++] = (uint32_t)v;
+    }
+    i = 0;
+    if (mask) {
+        cJSON_ArrayForEach(e, mask) {
+            double v = cJSON_IsNumber(e) ? e->valuedouble : -1;
+            if (v != 0 && v != 1) {
+                snprintf(why, whylen, "loss_mask[%d]: not 0 or 1", i);
+                goto out;
+            }
+            b->mask[i++] = (uint8_t)v;
+        }
+    } else {
+        memset(b->mask, 1, (size_t)cnt);
+    }
+    n = cnt;
+out:
+    cJSON_Delete(j);
+    return n;
+}
+
+static int cmd_build(const char *out, uint32_t vocab, char **inputs, int n_inputs)
+{
+    char err[512];
+    struct dataset_writer *w;
+    if (dataset_writer_open(&w, out, vocab, err, sizeof err) < 0) {
+        fprintf(stderr, "dflash-data: %s\n", err);
+        return 1;
+    }
+    static char *stdin_name[] = { "-" };
+    if (n_inputs == 0) {
+        inputs = stdin_name;
+        n_inputs = 1;
+    }
+    struct buf b = { 0 };
+    char *line = NULL;
+    size_t cap = 0;
+    int rc = 1;
+    for (int f = 0; f < n_inputs; f++) {
+        const char *name = strcmp(inputs[f], "-") ? inputs[f] : "<stdin>";
+        FILE *in = strcmp(inputs[f], "-") ? fopen(inputs[f], "r") : stdin;
+        if (!in) {
+            fprintf(stderr, "dflash-data: %s: cannot open: %s\n", name, strerror(errno));
+            goto done;
+        }
+        long lineno = 0;
+        ssize_t len;
+        while ((len = getline(&line, &cap, in)) >= 0) {
+            lineno++;
+            if (strspn(line, " \t\r\n") == (size_t)len)
+                continue;
+            char why[256];
+            long n = parse_line(line, &b, why, sizeof why);
+            if (n < 0) {
+                fprintf(stderr, "dflash-data: %s:%ld: %s\n", name, lineno, why);
+                if (in != stdin)
+                    fclose(in);
+                goto done;
+            }
+            if (dataset_writer_add(w, b.tok, b.mask, (uint32_t)n, err, sizeof err) < 0) {
+                fprintf(stderr, "dflash-data: %s:%ld: %s\n", name, lineno, err);
+                if (in != stdin)
+                    fclose(in);
+                goto done;
+            }
+        }
+        if (in != stdin)
+            fclose(in);
+    }
+    if (dataset_writer_finish(w, err, sizeof err) < 0) {
+        fprintf(stderr, "dflash-data: %s\n", err);
+        goto done;
+    }
+    printf("%s: %llu samples\n", out, (unsigned long long)dataset_writer_samples(w));
+    rc = 0;
+done:
+    dataset_writer_free(w);
+    free(line);
+    free(b.tok);
+    free(b.mask);
+    return rc;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Structured synthetic samples: a "prompt" of random tokens (mask 0) then an "answer"
+ * that follows a fixed per-token successor table with a little noise (mask 1), so a
+ * drafter has something learnable. */
+static int cmd_synth(const char *out, uint64_t n, uint32_t vocab, uint32_t min_len, uint32_t max_len, uint64_t seed)
+{
+    char err[512];
+    if (vocab < 4 || min_len < 2 || max_len < min_len) {
+        fprintf(stderr, "dflash-data: synth: need vocab >= 4 and 2 <= min-len <= max-len\n");
+        return 1;
+    }
+    struct dataset_writer *w;
+    if (dataset_writer_open(&w, out, vocab, err, sizeof err) < 0) {
+        fprintf(stderr, "dflash-data: %s\n", err);
+        return 1;
+    }
+    uint32_t *succ = malloc(vocab * 4ull), *tok = malloc(max_len * 4ull);
+    uint8_t *mask = malloc(max_len);
+    int rc = 1;
+    if (!succ || !tok || !mask)
+        goto done;
+    uint64_t s = seed;
+    for (uint32_t v = 0; v < vocab; v++)
+        succ[v] = (uint32_t)(rng_next(&s) % vocab);
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t len = min_len + (uint32_t)(rng_next(&s) % (max_len - min_len + 1));
+        uint32_t prompt = 1 + (uint32_t)(rng_next(&s) % (len / 3 + 1));
+        if (prompt >= len)
+            prompt = len - 1;
+        for (uint32_t t = 0; t < len; t++) {
+            if (t < prompt || rng_next(&s) % 16 == 0)
+                tok[t] = (uint32_t)(rng_next(&s) % vocab);
+            else
+                tok[t] = succ[tok[t - 1]];
+            mask[t] = t >= prompt;
+        }
+        if (dataset_writer_add(w, tok, mask, len, err, sizeof err) < 0) {
+            fprintf(stderr, "dflash-data: %s\n", err);
+            goto done;
+        }
+    }
+    if (dataset_writer_finish(w, err, sizeof err) < 0) {
+        fprintf(stderr, "dflash-data: %s\n", err);
+        goto done;
+    }
+    printf("%s: %llu samples\n", out, (unsigned long long)n);
+    rc = 0;
+done:
+    dataset_writer_free(w);
+    free(succ);
+    free(tok);
+    free(mask);
+    return rc;
+}
+
+static int open_or_report(struct dataset *ds, const char *path)
+{
+    char err[512];
+    if (dataset_open(ds, path, 0, err, sizeof err) < 0) {
+        fprintf(stderr, "dflash-data: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmd_info(const char *path, int json)
+{
+    struct dataset ds;
+    if (open_or_report(&ds, path) < 0)
+        return 1;
+    const struct dataset_header *h = ds.hdr;
+    if (json)
+        printf("{\"path\":\"%s\",\"samples\":%llu,\"tokens\":%llu,\"masked_tokens\":%llu,\"vocab_size\":%u,"
+               "\"max_len\":%u,\"checksum\":\"%016llx\"}\n", path, (unsigned long long)h->n_samples,
+               (unsigned long long)h->n_tokens, (unsigned long long)h->masked_tokens, h->vocab_size, h->max_len,
+               (unsigned long long)h->checksum);
+    else
+        printf("%s: %llu samples, %llu tokens (%llu in the loss), vocab %u, longest %u, mean %.1f, checksum %016llx\n",
+               path, (unsigned long long)h->n_samples, (unsigned long long)h->n_tokens,
+               (unsigned long long)h->masked_tokens, h->vocab_size, h->max_len,
+               (double)h->n_tokens / (double)h->n_samples, (unsigned long long)h->checksum);
+    dataset_close(&ds);
+    return 0;
+}
+
+static int cmd_dump(const char *path, uint64_t n)
+{
+    struct dataset ds;
+    if (open_or_report(&ds, path) < 0)
+        return 1;
+    for (uint64_t i = 0; i < ds.n_samples && i < n; i++) {
+        uint32_t len = dataset_sample_len(&ds, i);
+        const uint32_t *t = dataset_sample_tokens(&ds, i);
+        const uint8_t *m = dataset_sample_mask(&ds, i);
+        fputs("{\"input_ids\":[", stdout);
+        for (uint32_t k = 0; k < len; k++)
+            printf(k ? ",%u" : "%u", t[k]);
+        fputs("],\"loss_mask\":[", stdout);
+        for (uint32_t k = 0; k < len; k++)
+            printf(k ? ",%u" : "%u", m[k]);
+        fputs("]}\n", stdout);
+    }
+    dataset_close(&ds);
+    return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *end || *s == '-')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 64 : 0;
+    }
+    const char *cmd = argv[1];
+    const char *out = NULL;
+    uint64_t vocab = 0, n = 0, min_len = 16, max_len = 256, seed = 1;
+    int json = 0, have_n = 0;
+    static const struct option opts[] = {
+        { "min-len", required_argument, 0, 1 }, { "max-len", required_argument, 0, 2 },
+        { "seed", required_argument, 0, 3 }, { "json", no_argument, 0, 4 }, { 0, 0, 0, 0 },
+    };
+    optind = 2;
+    int c;
+    while ((c = getopt_long(argc, argv, "o:v:n:h", opts, NULL)) != -1) {
+        uint64_t *dst = NULL;
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 'v': dst = &vocab; break;
+        case 'n': dst = &n; have_n = 1; break;
+        case 1: dst = &min_len; break;
+        case 2: dst = &max_len; break;
+        case 3: dst = &seed; break;
+        case 4: json = 1; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 64;
+        }
+        if (dst && parse_u64(optarg, dst) < 0) {
+            fprintf(stderr, "dflash-data: -%c: not a number: '%s'\n", c < 32 ? '-' : c, optarg);
+            return 64;
+        }
+    }
+    if (vocab > DATASET_MAX_VOCAB || max_len > (1u << 24)) {
+        fprintf(stderr, "dflash-data: vocab or length too large\n");
+        return 64;
+    }
+    if (!strcmp(cmd, "build") || !strcmp(cmd, "synth")) {
+        if (!out) {
+            fprintf(stderr, "dflash-data: %s: -o OUT is required\n", cmd);
+            return 64;
+        }
+        if (!strcmp(cmd, "build"))
+            return cmd_build(out, (uint32_t)vocab, argv + optind, argc - optind);
+        return cmd_synth(out, have_n ? n : 1000, vocab ? (uint32_t)vocab : 1024, (uint32_t)min_len,
+                         (uint32_t)max_len, seed);
+    }
+    if (optind != argc - 1) {
+        usage(stderr);
+        return 64;
+    }
+    if (!strcmp(cmd, "info"))
+        return cmd_info(argv[optind], json);
+    if (!strcmp(cmd, "verify")) {
+        struct dataset ds;
+        if (open_or_report(&ds, argv[optind]) < 0)
+            return 1;
+        printf("%s: ok\n", argv[optind]);
+        dataset_close(&ds);
+        return 0;
+    }
+    if (!strcmp(cmd, "dump"))
+        return cmd_dump(argv[optind], have_n ? n : UINT64_MAX);
+    fprintf(stderr, "dflash-data: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 64;
+}
