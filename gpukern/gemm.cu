@@ -1,0 +1,166 @@
+/* gemm.cu: row-major bf16 GEMM mapped onto cuBLASLt's column-major matmul; the algorithm
+ * heuristic runs once per shape (and operand alignment) and is cached. */
+#include <cublasLt.h>
+#include <stdlib.h>
+#include <string.h>
+#include "gpukern/gemm.h"
+#include "gpukern/gk_impl.cuh"
+
+enum { GEMM_CACHE = 64 };
+
+struct gemm_key {
+    int ta, tb, M, N, K;
+    long lda, ldb, ldc, ldd;
+    int has_c, align_a, align_b, align_c, align_d;
+};
+
+struct gemm_plan {
+    struct gemm_key key;
+    int used;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc, ld;
+    cublasLtMatmulAlgo_t algo;
+};
+
+struct gk_gemm {
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t ws_bytes;
+    struct gemm_plan plans[GEMM_CACHE];
+    int next;
+};
+
+static void plan_done(struct gemm_plan *p)
+{
+    if (!p->used) return;
+    cublasLtMatrixLayoutDestroy(p->la);
+    cublasLtMatrixLayoutDestroy(p->lb);
+    cublasLtMatrixLayoutDestroy(p->lc);
+    cublasLtMatrixLayoutDestroy(p->ld);
+    cublasLtMatmulDescDestroy(p->desc);
+    p->used = 0;
+}
+
+extern "C" void gk_gemm_free(gk_gemm *g)
+{
+    if (!g) return;
+    for (int i = 0; i < GEMM_CACHE; i++) plan_done(&g->plans[i]);
+    if (g->workspace) cudaFree(g->workspace);
+    if (g->lt) cublasLtDestroy(g->lt);
+    free(g);
+}
+
+extern "C" int gk_gemm_create(gk_gemm **out, size_t workspace_bytes, char *err, size_t errlen)
+{
+    *out = NULL;
+    gk_gemm *g = (gk_gemm *)calloc(1, sizeof(*g));
+    if (!g) return -ENOMEM;
+    g->ws_bytes = workspace_bytes ? workspace_bytes : (32u << 20);
+    cublasStatus_t s = cublasLtCreate(&g->lt);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        if (err) snprintf(err, errlen, "cublasLtCreate: %s", cublasGetStatusString(s));
+        g->lt = NULL;
+        gk_gemm_free(g);
+        return -DF_ECUDA;
+    }
+    cudaError_t e = cudaMalloc(&g->workspace, g->ws_bytes);
+    if (e != cudaSuccess) {
+        if (err) snprintf(err, errlen, "cudaMalloc(%zu) for the GEMM workspace: %s", g->ws_bytes,
+                          cudaGetErrorString(e));
+        g->workspace = NULL;
+        gk_gemm_free(g);
+        return -DF_ECUDA;
+    }
+    *out = g;
+    return 0;
+}
+
+static int ptr_align(const void *p)
+{
+    uintptr_t u = (uintptr_t)p;
+    int a = 256;
+    while (a > 2 && (u & (uintptr_t)(a - 1))) a >>= 1;
+    return a;
+}
+
+#define LT(call) do { if ((call) != CUBLAS_STATUS_SUCCESS) goto fail; } while (0)
+
+/* Column-major view: D^T[N,M] = op'(B) op'(A) with op'(B) = B^T stored as is (trans_b: transposed). */
+static int plan_make(gk_gemm *g, const struct gemm_key *k, struct gemm_plan *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->key = *k;
+    cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N;  /* cuBLAS A = our B */
+    cublasOperation_t opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;  /* cuBLAS B = our A */
+    uint64_t m = (uint64_t)k->N, n = (uint64_t)k->M, kk = (uint64_t)k->K;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    LT(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+    LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    LT(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, opa == CUBLAS_OP_N ? m : kk,
+                                  opa == CUBLAS_OP_N ? kk : m, k->ldb));
+    LT(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, opb == CUBLAS_OP_N ? kk : n,
+                                  opb == CUBLAS_OP_N ? n : kk, k->lda));
+    LT(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, m, n, k->has_c ? k->ldc : k->ldd));
+    LT(cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_16BF, m, n, k->ldd));
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    {
+        uint64_t ws = g->ws_bytes;
+        uint32_t aa = (uint32_t)k->align_b, ab = (uint32_t)k->align_a;
+        uint32_t ac = (uint32_t)k->align_c, ad = (uint32_t)k->align_d;
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa)));
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab)));
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac)));
+        LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof(ad)));
+    }
+    LT(cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->la, p->lb, p->lc, p->ld, pref, 1, &res, &found));
+    if (found < 1) goto fail;
+    p->algo = res.algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+    p->used = 1;
+    return 0;
+fail:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
+    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    memset(p, 0, sizeof(*p));
+    return -DF_ECUDA;
+}
+
+extern "C" int gk_gemm_bf16(gk_gemm *g, cudaStream_t stream, int trans_a, int trans_b, int M, int N,
+                            int K, float alpha, const void *A, long lda, const void *B, long ldb,
+                            float beta, const void *C, long ldc, void *D, long ldd)
+{
+    if (!g || M < 0 || N < 0 || K <= 0 || !A || !B || !D) return -EINVAL;
+    if (lda < (trans_a ? M : K) || ldb < (trans_b ? K : N) || ldd < N) return -EINVAL;
+    int has_c = beta != 0.0f;
+    if (has_c && (!C || ldc < N || (C == D && ldc != ldd))) return -EINVAL;
+    if (M == 0 || N == 0) return 0;
+    struct gemm_key k;
+    memset(&k, 0, sizeof(k));
+    k.ta = !!trans_a; k.tb = !!trans_b; k.M = M; k.N = N; k.K = K;
+    k.lda = lda; k.ldb = ldb; k.ldc = has_c ? ldc : 0; k.ldd = ldd; k.has_c = has_c;
+    k.align_a = ptr_align(A); k.align_b = ptr_align(B);
+    k.align_c = has_c ? ptr_align(C) : ptr_align(D); k.align_d = ptr_align(D);
+    struct gemm_plan *p = NULL;
+    for (int i = 0; i < GEMM_CACHE; i++)
+        if (g->plans[i].used && !memcmp(&g->plans[i].key, &k, sizeof(k))) { p = &g->plans[i]; break; }
+    if (!p) {
+        p = &g->plans[g->next];
+        g->next = (g->next + 1) % GEMM_CACHE;
+        plan_done(p);
+        int r = plan_make(g, &k, p);
+        if (r) return r;
+    }
+    cublasStatus_t s = cublasLtMatmul(g->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta,
+                                      has_c ? C : D, p->lc, D, p->ld, &p->algo, g->workspace,
+                                      g->ws_bytes, stream);
+    if (s != CUBLAS_STATUS_SUCCESS) return -DF_ECUDA;
+    return 0;
+}

@@ -1,0 +1,34 @@
+/* gk.h: conventions shared by the gpukern launchers.
+ * bf16 tensors are passed as void* (row-major, 2 bytes per element); strides count elements. */
+#pragma once
+#include <stdint.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+#define GK_API extern "C"
+#else
+#define GK_API
+#endif
+
+/* Every launcher returns 0, -EINVAL when a shape or alignment assumption does not
+ * hold (nothing is launched), or -DF_ECUDA when the launch fails. Launchers never
+ * synchronise: errors inside a kernel surface at the caller's next sync. */
+
+/* Host-side bf16 helpers (round to nearest even), for tests and loaders. */
+static inline uint16_t gk_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float gk_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
