@@ -1,0 +1,116 @@
+/* test_sched.c: the batch schedule: same seed -> same batches, every sample exactly once
+ * per epoch, no batch over the token budget or the sequence cap, epochs differ. */
+#include "daemons/coordinator/sched.c"
+#include "tests/test.h"
+
+static uint64_t hash_epoch(const struct sched_epoch *e, uint32_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (uint32_t b = 0; b <= e->n_batches; b++)
+        h = (h ^ e->first[b]) * 1099511628211ull;
+    for (uint32_t i = 0; i < n; i++)
+        h = (h ^ e->samples[i]) * 1099511628211ull;
+    return h;
+}
+
+static void check_epoch(const struct sched_epoch *e, const uint32_t *len, uint32_t n, const struct sched_params *p)
+{
+    uint8_t *seen = calloc(n, 1);
+    CHECK_INT(e->first[0], ==, 0);
+    CHECK_INT(e->first[e->n_batches], ==, n);
+    uint64_t small = 0;
+    for (uint32_t b = 0; b < e->n_batches; b++) {
+        uint32_t tok = 0, k = e->first[b + 1] - e->first[b];
+        CHECK(k >= 1);
+        CHECK_INT(k, <=, p->max_seqs);
+        for (uint32_t i = e->first[b]; i < e->first[b + 1]; i++) {
+            uint32_t s = e->samples[i];
+            CHECK_INT(s, <, n);
+            if (seen[s])
+                TEST_FAIL("sample %u twice in epoch %u", s, e->epoch);
+            seen[s] = 1;
+            tok += len[s] < p->max_seq_len ? len[s] : p->max_seq_len;
+        }
+        CHECK_INT(tok, ==, e->tokens[b]);
+        CHECK_INT(tok, <=, p->token_budget);
+        if (tok < p->token_budget / 2 && k < p->max_seqs)
+            small++;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (!seen[i])
+            TEST_FAIL("sample %u missing from epoch %u", i, e->epoch);
+    /* Packing is greedy: few half-empty batches (at most one per bucket boundary). */
+    CHECK_INT(small, <=, p->max_seq_len / p->bucket_width + 2);
+    free(seen);
+}
+
+int main(void)
+{
+    enum { N = 20000 };
+    static uint32_t len[N];
+    uint64_t x = 12345;
+    for (uint32_t i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        len[i] = 1 + (uint32_t)((x >> 33) % 3000);
+    }
+    struct sched_params p = { .seed = 1234, .token_budget = 8192, .max_seq_len = 2048, .bucket_width = 256, .max_seqs = 64 };
+    char err[256];
+    struct sched_epoch a, b, c, d;
+    CHECK_OK(sched_build(len, N, &p, 0, &a, err, sizeof err));
+    CHECK_OK(sched_build(len, N, &p, 0, &b, err, sizeof err));
+    CHECK_OK(sched_build(len, N, &p, 1, &c, err, sizeof err));
+    check_epoch(&a, len, N, &p);
+    check_epoch(&c, len, N, &p);
+    CHECK_INT(a.n_batches, ==, b.n_batches);
+    CHECK_INT(hash_epoch(&a, N), ==, hash_epoch(&b, N));        /* deterministic */
+    CHECK(hash_epoch(&a, N) != hash_epoch(&c, N));              /* reshuffled per epoch */
+    struct sched_params q = p;
+    q.seed = 99;
+    CHECK_OK(sched_build(len, N, &q, 0, &d, err, sizeof err));
+    check_epoch(&d, len, N, &q);
+    CHECK(hash_epoch(&a, N) != hash_epoch(&d, N));              /* seed matters */
+    printf("epoch 0: %u batches, epoch 1: %u batches\n", a.n_batches, c.n_batches);
+
+    /* Bucketing: inside a batch lengths are close (one bucket, or two at a boundary). */
+    uint32_t spread_ok = 0;
+    for (uint32_t bi = 0; bi < a.n_batches; bi++) {
+        uint32_t lo = UINT32_MAX, hi = 0;
+        for (uint32_t i = a.first[bi]; i < a.first[bi + 1]; i++) {
+            uint32_t l = len[a.samples[i]] < p.max_seq_len ? len[a.samples[i]] : p.max_seq_len;
+            lo = l < lo ? l : lo;
+            hi = l > hi ? l : hi;
+        }
+        spread_ok += hi - lo < 2 * p.bucket_width;
+    }
+    CHECK_INT(spread_ok, >=, a.n_batches - 8);
+
+    /* The fingerprint changes with any input. */
+    uint64_t f = sched_fingerprint(len, N, &p);
+    CHECK_INT(f, ==, sched_fingerprint(len, N, &p));
+    CHECK(f != sched_fingerprint(len, N, &q));
+    len[7]++;
+    CHECK(f != sched_fingerprint(len, N, &p));
+    CHECK(f != sched_fingerprint(len, N - 1, &p));
+
+    /* Sequence cap: tiny samples stop at max_seqs, not at the budget. */
+    static uint32_t ones[1000];
+    for (int i = 0; i < 1000; i++)
+        ones[i] = 1;
+    struct sched_params r = { .seed = 1, .token_budget = 512, .max_seq_len = 16, .bucket_width = 4, .max_seqs = 10 };
+    sched_epoch_done(&d);
+    CHECK_OK(sched_build(ones, 1000, &r, 0, &d, err, sizeof err));
+    CHECK_INT(d.n_batches, ==, 100);
+    check_epoch(&d, ones, 1000, &r);
+
+    /* A sample could not fit a batch: refused with the reason. */
+    struct sched_params bad = p;
+    bad.max_seq_len = 10000;
+    CHECK(sched_build(len, N, &bad, 0, &d, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "data.max_seq_len (10000) is larger than data.token_budget (8192)");
+    sched_epoch_done(&a);
+    sched_epoch_done(&b);
+    sched_epoch_done(&c);
+    sched_epoch_done(&d);
+    printf("sched ok\n");
+    return 0;
+}
