@@ -4,6 +4,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum hf_arch {
     HF_ARCH_LLAMA = 1,          /* LlamaForCausalLM */
     HF_ARCH_QWEN3,              /* Qwen3ForCausalLM: adds per-head q_norm / k_norm */
@@ -49,3 +53,7 @@ int hf_config_load(const char *dir, struct hf_config *c, char *err, size_t errle
 
 /* Same, from config.json text already in memory; `path` only names it in errors. */
 int hf_config_parse(const char *json, const char *path, struct hf_config *c, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif

@@ -4,6 +4,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define ST_MAX_DIMS 8
 
 enum st_dtype {
@@ -51,3 +55,7 @@ int st_read_f32(const struct st_tensor *t, int64_t first, int64_t n, float *dst)
 int st_read_bf16(const struct st_tensor *t, int64_t first, int64_t n, uint16_t *dst);
 /* Whole tensor into a new malloc'd f32 array. */
 int st_load_f32(const struct st_tensor *t, float **out);
+
+#ifdef __cplusplus
+}
+#endif

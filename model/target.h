@@ -6,6 +6,10 @@
 #include "model/hfconfig.h"
 #include "model/safetensors.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TARGET_MAX_CAPTURE 64
 
 enum target_backend {
@@ -59,3 +63,7 @@ void target_cpu_set_threads(int threads);
 int target_load_head(const char *model_dir, float **embed, float **lm_head, int *vocab, int *hidden,
                      char *err, size_t errlen);
 void target_free_head(float *embed, float *lm_head);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,516 @@
+/* safetensors.c: mmap-backed safetensors reader (single file or sharded via the index json).
+ * Header: u64 little-endian length, JSON {name: {dtype, shape, data_offsets}}, then the data block. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/cleanup.h"
+#include "common/err.h"
+#include "model/cpu_ops.h"
+#include "model/safetensors.h"
+
+#define ST_HEADER_MAX  (100u << 20)   /* the format's own limit on the JSON header */
+#define ST_INDEX_MAX   (64u << 20)
+#define ST_EXACT_MAX   9007199254740992.0   /* 2^53: larger JSON numbers are not exact */
+
+struct st_file {
+    char *path;
+    void *map;
+    size_t size;
+};
+
+struct st_set {
+    char *source;
+    struct st_file *files;
+    int nfiles;
+    struct st_tensor *tensors;  /* sorted by name once open */
+    size_t n, cap;
+};
+
+static const struct { const char *name; size_t size; } dtypes[ST_NDTYPES] = {
+    [ST_BOOL] = { "BOOL", 1 }, [ST_U8] = { "U8", 1 },   [ST_I8] = { "I8", 1 },
+    [ST_I16] = { "I16", 2 },   [ST_U16] = { "U16", 2 }, [ST_F16] = { "F16", 2 },
+    [ST_BF16] = { "BF16", 2 }, [ST_I32] = { "I32", 4 }, [ST_U32] = { "U32", 4 },
+    [ST_F32] = { "F32", 4 },   [ST_I64] = { "I64", 8 }, [ST_U64] = { "U64", 8 },
+    [ST_F64] = { "F64", 8 },   [ST_F8_E4M3] = { "F8_E4M3", 1 }, [ST_F8_E5M2] = { "F8_E5M2", 1 },
+};
+
+const char *st_dtype_name(enum st_dtype d)
+{
+    return (unsigned)d < ST_NDTYPES ? dtypes[d].name : "?";
+}
+
+size_t st_dtype_size(enum st_dtype d)
+{
+    return (unsigned)d < ST_NDTYPES ? dtypes[d].size : 0;
+}
+
+__attribute__((format(printf, 4, 5)))
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static int json_u64(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > ST_EXACT_MAX ||
+        v->valuedouble != floor(v->valuedouble))
+        return -1;
+    *out = (uint64_t)v->valuedouble;
+    return 0;
+}
+
+static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape)
+{
+    size_t o = 0;
+    o += snprintf(buf + o, len - o, "[");
+    for (int i = 0; i < ndim && o < len; i++)
+        o += snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (o < len)
+        snprintf(buf + o, len - o, "]");
+}
+
+static int push_tensor(struct st_set *s, const struct st_tensor *t)
+{
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        struct st_tensor *nt = realloc(s->tensors, cap * sizeof *nt);
+        if (!nt)
+            return -ENOMEM;
+        s->tensors = nt;
+        s->cap = cap;
+    }
+    s->tensors[s->n++] = *t;
+    return 0;
+}
+
+/* One header entry -> tensor; data block of `data_len` bytes at `data`. */
+static int parse_entry(const cJSON *e, const char *path, const unsigned char *data, uint64_t data_len,
+                       struct st_tensor *t, uint64_t *begin, uint64_t *end, char *err, size_t errlen)
+{
+    const char *name = e->string;
+    if (!cJSON_IsObject(e))
+        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': header entry is not an object", path, name);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    if (!cJSON_IsString(dt))
+        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': dtype missing or not a string", path, name);
+    int d;
+    for (d = 0; d < ST_NDTYPES; d++)
+        if (!strcmp(dt->valuestring, dtypes[d].name))
+            break;
+    if (d == ST_NDTYPES)
+        return fail(err, errlen, -DF_EUNSUPPORTED, "%s: tensor '%s': unknown dtype '%.32s'", path, name,
+                    dt->valuestring);
+    if (!cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > ST_MAX_DIMS)
+        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': shape missing, not a list or over %d dims",
+                    path, name, ST_MAX_DIMS);
+    memset(t, 0, sizeof *t);
+    t->dtype = (enum st_dtype)d;
+    t->numel = 1;
+    const cJSON *dim;
+    cJSON_ArrayForEach(dim, sh) {
+        uint64_t v;
+        if (json_u64(dim, &v) < 0 || v > (uint64_t)INT64_MAX)
+            return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': shape has a bad dimension", path, name);
+        if (v && (uint64_t)t->numel > (uint64_t)INT64_MAX / 8 / v)
+            return fail(err, errlen, -DF_ERANGE, "%s: tensor '%s': shape too large", path, name);
+        t->shape[t->ndim++] = (int64_t)v;
+        t->numel *= (int64_t)v;
+    }
+    if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 ||
+        json_u64(cJSON_GetArrayItem(off, 0), begin) < 0 || json_u64(cJSON_GetArrayItem(off, 1), end) < 0)
+        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': data_offsets must be two non-negative integers",
+                    path, name);
+    if (*begin > *end)
+        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] are reversed", path, name,
+                    (unsigned long long)*begin, (unsigned long long)*end);
+    if (*end > data_len)
+        return fail(err, errlen, -DF_ETRUNC,
+                    "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the data block (%llu bytes)",
+                    path, name, (unsigned long long)*begin, (unsigned long long)*end, (unsigned long long)data_len);
+    uint64_t need = (uint64_t)t->numel * dtypes[d].size;
+    if (need != *end - *begin) {
+        char s[160];
+        shape_str(s, sizeof s, t->ndim, t->shape);
+        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': shape %s of %s needs %llu bytes, data_offsets span %llu",
+                    path, name, s, dtypes[d].name, (unsigned long long)need, (unsigned long long)(*end - *begin));
+    }
+    t->data = data + *begin;
+    t->nbytes = (size_t)need;
+    t->file = path;
+    return 0;
+}
+
+struct span { uint64_t begin, end; const char *name; };
+
+static int cmp_span(const void *a, const void *b)
+{
+    const struct span *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+}
+
+/* Map one file and add its tensors to the set. */
+static int add_file(struct st_set *s, const char *path, char *err, size_t errlen)
+{
+    struct st_file *nf = realloc(s->files, (s->nfiles + 1) * sizeof *nf);
+    if (!nf)
+        return -ENOMEM;
+    s->files = nf;
+    struct st_file *f = &s->files[s->nfiles];
+    memset(f, 0, sizeof *f);
+    if (!(f->path = strdup(path)))
+        return -ENOMEM;
+    s->nfiles++;            /* from here st_close releases it */
+    path = f->path;
+
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    struct stat stt;
+    if (fstat(fd, &stt) < 0)
+        return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(stt.st_mode))
+        return fail(err, errlen, -DF_EFORMAT, "%s: not a regular file", path);
+    if (stt.st_size < 8)
+        return fail(err, errlen, -DF_ETRUNC, "%s: %lld bytes, shorter than the 8-byte header length", path,
+                    (long long)stt.st_size);
+    f->size = (size_t)stt.st_size;
+    void *map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED)
+        return fail(err, errlen, -errno, "%s: mmap: %s", path, strerror(errno));
+    f->map = map;
+
+    const unsigned char *base = map;
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | base[i];
+    if (hlen > f->size - 8)
+        return fail(err, errlen, -DF_ETRUNC, "%s: header length %llu runs past the end of the file (%zu bytes)",
+                    path, (unsigned long long)hlen, f->size);
+    if (hlen > ST_HEADER_MAX)
+        return fail(err, errlen, -DF_ERANGE, "%s: header length %llu is over the %u-byte limit", path,
+                    (unsigned long long)hlen, ST_HEADER_MAX);
+    if (hlen < 2 || base[8] != '{')
+        return fail(err, errlen, -DF_EFORMAT, "%s: header is not a JSON object", path);
+
+    cJSON *root = cJSON_ParseWithLength((const char *)base + 8, (size_t)hlen);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return fail(err, errlen, -DF_EFORMAT, "%s: header is not valid JSON", path);
+    }
+    const unsigned char *data = base + 8 + hlen;
+    const uint64_t data_len = f->size - 8 - hlen;
+    int count = cJSON_GetArraySize(root), nspan = 0, r = 0;
+    struct span *spans = calloc(count ? count : 1, sizeof *spans);
+    if (!spans) {
+        cJSON_Delete(root);
+        return -ENOMEM;
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, root) {
+        if (!strcmp(e->string, "__metadata__")) {
+            if (!cJSON_IsObject(e)) {
+                r = fail(err, errlen, -DF_EFORMAT, "%s: __metadata__ is not an object", path);
+                break;
+            }
+            continue;
+        }
+        struct st_tensor t;
+        uint64_t b = 0, en = 0;
+        if ((r = parse_entry(e, path, data, data_len, &t, &b, &en, err, errlen)) < 0)
+            break;
+        if (!(t.name = strdup(e->string)) || (r = push_tensor(s, &t)) < 0) {
+            free((char *)t.name);
+            r = -ENOMEM;
+            break;
+        }
+        if (b != en)
+            spans[nspan++] = (struct span){ b, en, t.name };
+    }
+    cJSON_Delete(root);
+    if (r == 0) {
+        /* Tensors must not share bytes: a write-once format with overlap is corrupt or hostile. */
+        qsort(spans, nspan, sizeof *spans, cmp_span);
+        for (int i = 1; i < nspan; i++)
+            if (spans[i].begin < spans[i - 1].end) {
+                r = fail(err, errlen, -DF_EFORMAT, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
+                         path, spans[i - 1].name, (unsigned long long)spans[i - 1].begin,
+                         (unsigned long long)spans[i - 1].end, spans[i].name,
+                         (unsigned long long)spans[i].begin, (unsigned long long)spans[i].end);
+                break;
+            }
+    }
+    free(spans);
+    return r;
+}
+
+static int cmp_tensor(const void *a, const void *b)
+{
+    return strcmp(((const struct st_tensor *)a)->name, ((const struct st_tensor *)b)->name);
+}
+
+static int finish(struct st_set *s, char *err, size_t errlen)
+{
+    qsort(s->tensors, s->n, sizeof *s->tensors, cmp_tensor);
+    for (size_t i = 1; i < s->n; i++)
+        if (!strcmp(s->tensors[i].name, s->tensors[i - 1].name))
+            return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s' appears twice (also in %s)", s->tensors[i].file,
+                        s->tensors[i].name, s->tensors[i - 1].file);
+    return 0;
+}
+
+static struct st_set *set_new(const char *source)
+{
+    struct st_set *s = calloc(1, sizeof *s);
+    if (s && !(s->source = strdup(source))) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+void st_close(struct st_set *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->n; i++)
+        free((char *)s->tensors[i].name);
+    for (int i = 0; i < s->nfiles; i++) {
+        if (s->files[i].map)
+            munmap(s->files[i].map, s->files[i].size);
+        free(s->files[i].path);
+    }
+    free(s->tensors);
+    free(s->files);
+    free(s->source);
+    free(s);
+}
+
+int st_open_file(struct st_set **out, const char *path, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct st_set *s = set_new(path);
+    if (!s)
+        return -ENOMEM;
+    int r = add_file(s, path, err, errlen);
+    if (r == 0)
+        r = finish(s, err, errlen);
+    if (r < 0) {
+        st_close(s);
+        return r;
+    }
+    *out = s;
+    return 0;
+}
+
+static int read_text(const char *path, size_t max, char **out, char *err, size_t errlen)
+{
+    _cleanup_fclose_ FILE *f = fopen(path, "rb");
+    if (!f)
+        return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) < 0)
+        return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    if ((uint64_t)st.st_size > max)
+        return fail(err, errlen, -DF_ERANGE, "%s: %lld bytes is too large", path, (long long)st.st_size);
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf)
+        return -ENOMEM;
+    size_t n = fread(buf, 1, (size_t)st.st_size, f);
+    buf[n] = 0;
+    *out = buf;
+    return 0;
+}
+
+static bool plain_file_name(const char *s)
+{
+    return *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+/* Sharded checkpoint: open every file named in weight_map, then check each mapping. */
+static int open_index(struct st_set *s, const char *dir, const char *index, char *err, size_t errlen)
+{
+    _cleanup_free_ char *text = NULL;
+    int r = read_text(index, ST_INDEX_MAX, &text, err, errlen);
+    if (r < 0)
+        return r;
+    cJSON *root = cJSON_Parse(text);
+    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    if (!root || !cJSON_IsObject(map)) {
+        cJSON_Delete(root);
+        return fail(err, errlen, -DF_EFORMAT, "%s: %s", index, root ? "weight_map missing or not an object"
+                                                                    : "not valid JSON");
+    }
+    const cJSON *e;
+    cJSON_ArrayForEach(e, map) {
+        if (!cJSON_IsString(e) || !plain_file_name(e->valuestring)) {
+            r = fail(err, errlen, -DF_EFORMAT, "%s: weight_map: tensor '%s': file must be a plain file name", index,
+                     e->string);
+            goto out;
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->valuestring);
+        bool seen = false;
+        for (int i = 0; i < s->nfiles && !seen; i++)
+            seen = !strcmp(s->files[i].path, path);
+        if (!seen && (r = add_file(s, path, err, errlen)) < 0)
+            goto out;
+    }
+    if ((r = finish(s, err, errlen)) < 0)
+        goto out;
+    cJSON_ArrayForEach(e, map) {
+        const struct st_tensor *t = st_find(s, e->string);
+        const char *slash = t ? strrchr(t->file, '/') : NULL;
+        if (!t || strcmp(slash ? slash + 1 : t->file, e->valuestring)) {
+            r = fail(err, errlen, -DF_EMISSING, "%s: weight_map: tensor '%s' is not in %s", index, e->string,
+                     e->valuestring);
+            goto out;
+        }
+    }
+out:
+    cJSON_Delete(root);
+    return r;
+}
+
+int st_open_dir(struct st_set **out, const char *dir, char *err, size_t errlen)
+{
+    char index[4096], single[4096];
+    *out = NULL;
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    if (access(index, F_OK) != 0) {
+        if (access(single, F_OK) != 0)
+            return fail(err, errlen, -DF_EMISSING, "%s: neither model.safetensors nor model.safetensors.index.json",
+                        dir);
+        return st_open_file(out, single, err, errlen);
+    }
+    struct st_set *s = set_new(index);
+    if (!s)
+        return -ENOMEM;
+    int r = open_index(s, dir, index, err, errlen);
+    if (r < 0) {
+        st_close(s);
+        return r;
+    }
+    *out = s;
+    return 0;
+}
+
+const struct st_tensor *st_find(const struct st_set *s, const char *name)
+{
+    struct st_tensor key = { .name = name };
+    return s->n ? bsearch(&key, s->tensors, s->n, sizeof key, cmp_tensor) : NULL;
+}
+
+size_t st_count(const struct st_set *s)
+{
+    return s->n;
+}
+
+const struct st_tensor *st_at(const struct st_set *s, size_t i)
+{
+    return i < s->n ? &s->tensors[i] : NULL;
+}
+
+const char *st_source(const struct st_set *s)
+{
+    return s->source;
+}
+
+int st_expect(const struct st_set *s, const char *name, int ndim, const int64_t *shape,
+              const struct st_tensor **out, char *err, size_t errlen)
+{
+    const struct st_tensor *t = st_find(s, name);
+    if (!t)
+        return fail(err, errlen, -DF_EMISSING, "%s: tensor '%s' not found", s->source, name);
+    if (t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32)
+        return fail(err, errlen, -DF_EUNSUPPORTED, "%s: tensor '%s': dtype %s is not supported (BF16, F16, F32)",
+                    t->file, name, st_dtype_name(t->dtype));
+    bool same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++)
+        same = t->shape[i] == shape[i];
+    if (!same) {
+        char got[160], want[160];
+        shape_str(got, sizeof got, t->ndim, t->shape);
+        shape_str(want, sizeof want, ndim, shape);
+        return fail(err, errlen, -DF_ESHAPE, "%s: tensor '%s': shape %s does not match config.json (expected %s)",
+                    t->file, name, got, want);
+    }
+    if (out)
+        *out = t;
+    return 0;
+}
+
+int st_read_f32(const struct st_tensor *t, int64_t first, int64_t n, float *dst)
+{
+    if (first < 0 || n < 0 || first > t->numel || n > t->numel - first)
+        return -DF_ERANGE;
+    const unsigned char *src = (const unsigned char *)t->data + (size_t)first * st_dtype_size(t->dtype);
+    switch (t->dtype) {
+    case ST_F32:
+        memcpy(dst, src, (size_t)n * 4);
+        return 0;
+    case ST_BF16:
+        cpu_bf16_to_f32(dst, src, (size_t)n);
+        return 0;
+    case ST_F16:
+        cpu_f16_to_f32(dst, src, (size_t)n);
+        return 0;
+    default:
+        return -DF_EUNSUPPORTED;
+    }
+}
+
+int st_read_bf16(const struct st_tensor *t, int64_t first, int64_t n, uint16_t *dst)
+{
+    if (first < 0 || n < 0 || first > t->numel || n > t->numel - first)
+        return -DF_ERANGE;
+    const unsigned char *src = (const unsigned char *)t->data + (size_t)first * st_dtype_size(t->dtype);
+    if (t->dtype == ST_BF16) {
+        memcpy(dst, src, (size_t)n * 2);
+        return 0;
+    }
+    if (t->dtype != ST_F32 && t->dtype != ST_F16)
+        return -DF_EUNSUPPORTED;
+    for (int64_t i = 0; i < n; i++) {
+        float v;
+        if (t->dtype == ST_F32) {
+            memcpy(&v, src + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            v = cpu_f16_to_f32_one(h);
+        }
+        dst[i] = cpu_f32_to_bf16_one(v);
+    }
+    return 0;
+}
+
+int st_load_f32(const struct st_tensor *t, float **out)
+{
+    *out = NULL;
+    if (t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32)
+        return -DF_EUNSUPPORTED;
+    float *buf = malloc((size_t)(t->numel ? t->numel : 1) * sizeof *buf);
+    if (!buf)
+        return -ENOMEM;
+    st_read_f32(t, 0, t->numel, buf);
+    *out = buf;
+    return 0;
+}
