@@ -1,0 +1,361 @@
+/* ledger.c: SQLite persistence of the run (schema, prepared statements, one open
+ * transaction per event batch). WAL + synchronous=FULL: a commit survives a power cut. */
+#include <errno.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/err.h"
+#include "daemons/coordinator/ledger.h"
+
+enum {
+    ST_META_GET, ST_META_SET, ST_BATCH_INS, ST_BATCH_UPD, ST_BATCH_ALL, ST_TRAIN_ADD, ST_TRAIN_RB,
+    ST_CKPT_ADD, ST_GEN_SET, ST_GEN_ALL, ST_ERR_ADD, ST_N
+};
+
+static const char *const sql_text[ST_N] = {
+    [ST_META_GET] = "SELECT value FROM meta WHERE key = ?1",
+    [ST_META_SET] = "INSERT INTO meta(key, value) VALUES (?1, ?2) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+    [ST_BATCH_INS] = "INSERT INTO batches(id, epoch, idx, n_samples, n_tokens, state, owner, slot, gen, step, leases, updated_ms)"
+                     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    [ST_BATCH_UPD] = "UPDATE batches SET state = ?2, owner = ?3, slot = ?4, gen = ?5, step = ?6, leases = ?7, updated_ms = ?8"
+                     " WHERE id = ?1",
+    [ST_BATCH_ALL] = "SELECT id, epoch, idx, n_samples, n_tokens, state, owner, slot, gen, step, leases, updated_ms"
+                     " FROM batches ORDER BY id",
+    [ST_TRAIN_ADD] = "INSERT INTO trains(batch, gen, step, rank, rolled_back, ms) VALUES (?1, ?2, ?3, ?4, ?5,"
+                     " CAST(strftime('%s','now') AS INTEGER) * 1000)",
+    [ST_TRAIN_RB] = "UPDATE trains SET rolled_back = 1 WHERE gen = ?1 AND step > ?2",
+    [ST_CKPT_ADD] = "INSERT INTO checkpoints(gen, step, dir, ms) VALUES (?1, ?2, ?3, CAST(strftime('%s','now') AS INTEGER) * 1000)",
+    [ST_GEN_SET] = "INSERT INTO generations(gen, keep_limit) VALUES (?1, ?2)"
+                   " ON CONFLICT(gen) DO UPDATE SET keep_limit = excluded.keep_limit",
+    [ST_GEN_ALL] = "SELECT gen, keep_limit FROM generations ORDER BY gen",
+    [ST_ERR_ADD] = "INSERT INTO errors(ms, role, device, pid, fatal, code, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+};
+
+static const char schema[] =
+    "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS batches(id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, idx INTEGER NOT NULL,"
+    "  n_samples INTEGER NOT NULL, n_tokens INTEGER NOT NULL, state INTEGER NOT NULL, owner INTEGER NOT NULL,"
+    "  slot INTEGER NOT NULL, gen INTEGER NOT NULL, step INTEGER NOT NULL, leases INTEGER NOT NULL,"
+    "  updated_ms INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS trains(batch INTEGER NOT NULL, gen INTEGER NOT NULL, step INTEGER NOT NULL,"
+    "  rank INTEGER NOT NULL, rolled_back INTEGER NOT NULL, ms INTEGER NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS trains_gen ON trains(gen, step);"
+    "CREATE TABLE IF NOT EXISTS checkpoints(gen INTEGER NOT NULL, step INTEGER NOT NULL, dir TEXT NOT NULL, ms INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS generations(gen INTEGER PRIMARY KEY, keep_limit INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS errors(ms INTEGER NOT NULL, role TEXT NOT NULL, device INTEGER NOT NULL,"
+    "  pid INTEGER NOT NULL, fatal INTEGER NOT NULL, code INTEGER NOT NULL, message TEXT NOT NULL);";
+
+struct ledger {
+    sqlite3 *db;
+    sqlite3_stmt *st[ST_N];
+    int in_tx;
+    char path[512];
+};
+
+static const char *const state_names[BATCH_NSTATES] = { "pending", "leased", "published", "trained", "checkpointed" };
+const char *batch_state_name(int s) { return s >= 0 && s < BATCH_NSTATES ? state_names[s] : "?"; }
+
+const char *ledger_path(const struct ledger *l) { return l->path; }
+int ledger_dirty(const struct ledger *l) { return l->in_tx; }
+
+static int sql_err(struct ledger *l, int rc)
+{
+    (void)l;
+    return rc == SQLITE_FULL ? -ENOSPC : rc == SQLITE_IOERR ? -EIO : rc == SQLITE_BUSY ? -EBUSY : -DF_EFORMAT;
+}
+
+void ledger_close(struct ledger *l)
+{
+    if (!l)
+        return;
+    for (int i = 0; i < ST_N; i++)
+        sqlite3_finalize(l->st[i]);
+    if (l->in_tx)
+        sqlite3_exec(l->db, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(l->db);
+    free(l);
+}
+
+int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct ledger *l = calloc(1, sizeof *l);
+    if (!l)
+        return -ENOMEM;
+    snprintf(l->path, sizeof l->path, "%s", path);
+    int rc = sqlite3_open_v2(path, &l->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
+    const char *what = "open";
+    if (rc != SQLITE_OK)
+        goto fail;
+    sqlite3_busy_timeout(l->db, 5000);
+    what = "setup";
+    /* WAL: readers (sqlite3 CLI, tests) never block the coordinator; FULL: fsync per commit. */
+    rc = sqlite3_exec(l->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;", NULL, NULL, NULL);
+    if (rc != SQLITE_OK)
+        goto fail;
+    char *msg = NULL;
+    rc = sqlite3_exec(l->db, schema, NULL, NULL, &msg);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "%s: schema: %s", path, msg ? msg : sqlite3_errstr(rc));
+        sqlite3_free(msg);
+        int r = sql_err(l, rc);
+        ledger_close(l);
+        return r;
+    }
+    what = "prepare";
+    for (int i = 0; i < ST_N; i++)
+        if ((rc = sqlite3_prepare_v3(l->db, sql_text[i], -1, SQLITE_PREPARE_PERSISTENT, &l->st[i], NULL)) != SQLITE_OK)
+            goto fail;
+    *out = l;
+    return 0;
+fail:
+    snprintf(err, errlen, "%s: %s: %s", path, what, l->db ? sqlite3_errmsg(l->db) : sqlite3_errstr(rc));
+    {
+        int r = sql_err(l, rc);
+        ledger_close(l);
+        return r;
+    }
+}
+
+static int begin(struct ledger *l)
+{
+    if (l->in_tx)
+        return 0;
+    int rc = sqlite3_exec(l->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
+    if (rc != SQLITE_OK)
+        return sql_err(l, rc);
+    l->in_tx = 1;
+    return 0;
+}
+
+int ledger_commit(struct ledger *l, char *err, size_t errlen)
+{
+    if (!l->in_tx)
+        return 0;
+    int rc = sqlite3_exec(l->db, "COMMIT", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "%s: commit: %s", l->path, sqlite3_errmsg(l->db));
+        /* A failed COMMIT may leave the transaction open: roll it back so state is known. */
+        if (!sqlite3_get_autocommit(l->db))
+            sqlite3_exec(l->db, "ROLLBACK", NULL, NULL, NULL);
+        l->in_tx = 0;
+        return sql_err(l, rc);
+    }
+    l->in_tx = 0;
+    return 0;
+}
+
+/* Run a prepared write statement inside the open transaction. */
+static int run(struct ledger *l, sqlite3_stmt *s)
+{
+    int r = begin(l);
+    if (r < 0) {
+        sqlite3_reset(s);
+        return r;
+    }
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    return rc == SQLITE_DONE ? 0 : sql_err(l, rc);
+}
+
+int ledger_meta_get(struct ledger *l, const char *key, char *val, size_t cap)
+{
+    sqlite3_stmt *s = l->st[ST_META_GET];
+    sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(s), found = 0;
+    if (rc == SQLITE_ROW) {
+        snprintf(val, cap, "%s", (const char *)sqlite3_column_text(s, 0));
+        found = 1;
+    }
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? found : sql_err(l, rc);
+}
+
+int ledger_meta_set(struct ledger *l, const char *key, const char *val)
+{
+    sqlite3_stmt *s = l->st[ST_META_SET];
+    sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, val, -1, SQLITE_STATIC);
+    return run(l, s);
+}
+
+int ledger_meta_get_u64(struct ledger *l, const char *key, uint64_t *val)
+{
+    char buf[32];
+    int r = ledger_meta_get(l, key, buf, sizeof buf);
+    if (r == 1)
+        *val = strtoull(buf, NULL, 10);
+    return r;
+}
+
+int ledger_meta_set_u64(struct ledger *l, const char *key, uint64_t val)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)val);
+    return ledger_meta_set(l, key, buf);
+}
+
+int ledger_batch_insert(struct ledger *l, const struct ledger_batch *b)
+{
+    sqlite3_stmt *s = l->st[ST_BATCH_INS];
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)b->id);
+    sqlite3_bind_int64(s, 2, b->epoch);
+    sqlite3_bind_int64(s, 3, b->idx);
+    sqlite3_bind_int64(s, 4, b->n_samples);
+    sqlite3_bind_int64(s, 5, b->n_tokens);
+    sqlite3_bind_int(s, 6, b->state);
+    sqlite3_bind_int64(s, 7, (sqlite3_int64)b->owner);
+    sqlite3_bind_int(s, 8, b->slot);
+    sqlite3_bind_int64(s, 9, (sqlite3_int64)b->gen);
+    sqlite3_bind_int64(s, 10, (sqlite3_int64)b->step);
+    sqlite3_bind_int64(s, 11, b->leases);
+    sqlite3_bind_int64(s, 12, (sqlite3_int64)b->updated_ms);
+    return run(l, s);
+}
+
+int ledger_batch_update(struct ledger *l, const struct ledger_batch *b)
+{
+    sqlite3_stmt *s = l->st[ST_BATCH_UPD];
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)b->id);
+    sqlite3_bind_int(s, 2, b->state);
+    sqlite3_bind_int64(s, 3, (sqlite3_int64)b->owner);
+    sqlite3_bind_int(s, 4, b->slot);
+    sqlite3_bind_int64(s, 5, (sqlite3_int64)b->gen);
+    sqlite3_bind_int64(s, 6, (sqlite3_int64)b->step);
+    sqlite3_bind_int64(s, 7, b->leases);
+    sqlite3_bind_int64(s, 8, (sqlite3_int64)b->updated_ms);
+    return run(l, s);
+}
+
+int ledger_batch_foreach(struct ledger *l, int (*fn)(void *ctx, const struct ledger_batch *b), void *ctx)
+{
+    sqlite3_stmt *s = l->st[ST_BATCH_ALL];
+    int rc, r = 0;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct ledger_batch b = {
+            .id = (uint64_t)sqlite3_column_int64(s, 0),
+            .epoch = (uint32_t)sqlite3_column_int64(s, 1),
+            .idx = (uint32_t)sqlite3_column_int64(s, 2),
+            .n_samples = (uint32_t)sqlite3_column_int64(s, 3),
+            .n_tokens = (uint32_t)sqlite3_column_int64(s, 4),
+            .state = sqlite3_column_int(s, 5),
+            .owner = (uint64_t)sqlite3_column_int64(s, 6),
+            .slot = sqlite3_column_int(s, 7),
+            .gen = (uint64_t)sqlite3_column_int64(s, 8),
+            .step = (uint64_t)sqlite3_column_int64(s, 9),
+            .leases = (uint32_t)sqlite3_column_int64(s, 10),
+            .updated_ms = (uint64_t)sqlite3_column_int64(s, 11),
+        };
+        if (b.state < 0 || b.state >= BATCH_NSTATES) {
+            r = -DF_EFORMAT;
+            break;
+        }
+        if ((r = fn(ctx, &b)) != 0)
+            break;
+    }
+    sqlite3_reset(s);
+    if (r == 0 && rc != SQLITE_DONE)
+        r = sql_err(l, rc);
+    return r;
+}
+
+int ledger_train_add(struct ledger *l, uint64_t batch, uint64_t gen, uint64_t step, uint32_t rank, int rolled_back)
+{
+    sqlite3_stmt *s = l->st[ST_TRAIN_ADD];
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)batch);
+    sqlite3_bind_int64(s, 2, (sqlite3_int64)gen);
+    sqlite3_bind_int64(s, 3, (sqlite3_int64)step);
+    sqlite3_bind_int64(s, 4, rank);
+    sqlite3_bind_int(s, 5, rolled_back);
+    return run(l, s);
+}
+
+int ledger_train_rollback(struct ledger *l, uint64_t gen, uint64_t after_step)
+{
+    sqlite3_stmt *s = l->st[ST_TRAIN_RB];
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)gen);
+    sqlite3_bind_int64(s, 2, (sqlite3_int64)after_step);
+    return run(l, s);
+}
+
+int ledger_checkpoint_add(struct ledger *l, uint64_t gen, uint64_t step, const char *dir)
+{
+    sqlite3_stmt *s = l->st[ST_CKPT_ADD];
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)gen);
+    sqlite3_bind_int64(s, 2, (sqlite3_int64)step);
+    sqlite3_bind_text(s, 3, dir, -1, SQLITE_STATIC);
+    return run(l, s);
+}
+
+int ledger_generation_set(struct ledger *l, uint64_t gen, int64_t limit)
+{
+    sqlite3_stmt *s = l->st[ST_GEN_SET];
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)gen);
+    sqlite3_bind_int64(s, 2, limit);
+    return run(l, s);
+}
+
+int ledger_generation_foreach(struct ledger *l, int (*fn)(void *ctx, uint64_t gen, int64_t limit), void *ctx)
+{
+    sqlite3_stmt *s = l->st[ST_GEN_ALL];
+    int rc, r = 0;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW)
+        if ((r = fn(ctx, (uint64_t)sqlite3_column_int64(s, 0), sqlite3_column_int64(s, 1))) != 0)
+            break;
+    sqlite3_reset(s);
+    if (r == 0 && rc != SQLITE_DONE)
+        r = sql_err(l, rc);
+    return r;
+}
+
+int ledger_error_add(struct ledger *l, uint64_t wall_ms, const char *role, int device, int pid, int fatal,
+                     int code, const char *message)
+{
+    sqlite3_stmt *s = l->st[ST_ERR_ADD];
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)wall_ms);
+    sqlite3_bind_text(s, 2, role, -1, SQLITE_STATIC);
+    sqlite3_bind_int(s, 3, device);
+    sqlite3_bind_int(s, 4, pid);
+    sqlite3_bind_int(s, 5, fatal);
+    sqlite3_bind_int(s, 6, code);
+    sqlite3_bind_text(s, 7, message, -1, SQLITE_STATIC);
+    return run(l, s);
+}
+
+static int query_u64(struct ledger *l, const char *sql, uint64_t *out)
+{
+    sqlite3_stmt *s;
+    int rc = sqlite3_prepare_v2(l->db, sql, -1, &s, NULL);
+    if (rc != SQLITE_OK)
+        return sql_err(l, rc);
+    rc = sqlite3_step(s);
+    *out = rc == SQLITE_ROW ? (uint64_t)sqlite3_column_int64(s, 0) : 0;
+    sqlite3_finalize(s);
+    return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : sql_err(l, rc);
+}
+
+int ledger_audit(struct ledger *l, struct ledger_audit *a)
+{
+    memset(a, 0, sizeof *a);
+    int r = 0;
+    char sql[200];
+    for (int i = 0; i < BATCH_NSTATES && !r; i++) {
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM batches WHERE state = %d", i);
+        r = query_u64(l, sql, &a->per_state[i]);
+        a->total += a->per_state[i];
+    }
+    if (!r)
+        r = query_u64(l, "SELECT count(*) FROM trains WHERE rolled_back = 0", &a->trained_rows);
+    if (!r)
+        r = query_u64(l, "SELECT count(*) FROM trains WHERE rolled_back = 1", &a->rolled_back_rows);
+    if (!r)
+        r = query_u64(l, "SELECT count(*) FROM batches b WHERE b.state = 4 AND"
+                         " (SELECT count(*) FROM trains t WHERE t.batch = b.id AND t.rolled_back = 0) != 1",
+                      &a->checkpointed_not_once);
+    if (!r)
+        r = query_u64(l, "SELECT coalesce(max(leases), 0) FROM batches", &a->max_leases);
+    return r;
+}
