@@ -1,0 +1,444 @@
+/* collective.c: shared-memory all-reduce / broadcast / barrier among the ranks of one host.
+ * Futex barriers with per-rank arrival counters, so a dead or stalled peer is named, not waited on. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "common/proc.h"
+#include "common/timeutil.h"
+#include "ipc/collective.h"
+#include "ipc/futex.h"
+
+#define COLL_MAX_WORLD 64
+#define CHECK_SLICE_NS 50000000ull   /* how often a waiting rank checks its peers are alive */
+
+struct coll_hdr {
+    _Atomic uint64_t magic;           /* stored last by rank 0 */
+    uint32_t version;
+    uint32_t world;
+    uint64_t generation;
+    uint64_t chunk_floats;
+    uint64_t total_size;
+    uint64_t data_off;
+    int32_t creator_pid;
+    uint32_t pad;
+    alignas(64) _Atomic int32_t abort_code;     /* 0, or the negative error every rank returns */
+    alignas(64) _Atomic uint32_t bar_word;      /* futex: bumped on each arrival and on abort/leave */
+    _Atomic uint32_t bar_waiters;
+    alignas(64) _Atomic uint64_t rank_token[COLL_MAX_WORLD];  /* owner token; 0 = not joined / left */
+    struct { alignas(64) _Atomic uint64_t n; } arrived[COLL_MAX_WORLD];  /* barriers reached */
+};
+
+struct coll {
+    struct coll_hdr *h;
+    float *in;          /* [world][chunk_floats]: each rank's contribution */
+    float *out;         /* [chunk_floats]: the reduced chunk */
+    struct map_ent *map;
+    int rank, world;
+    int timeout_ms;
+    uint64_t chunk;
+    uint64_t bar_seq;   /* barriers this rank has entered */
+    uint64_t token;
+};
+
+/* Ranks that live in one process (threads) share one mapping of the object, so the
+ * memory they share has one address (and ThreadSanitizer sees the sharing). */
+struct map_ent {
+    dev_t dev;
+    ino_t ino;
+    void *base;
+    size_t size;
+    int refs;
+    struct map_ent *next;
+};
+static struct map_ent *g_maps;
+static pthread_mutex_t g_maps_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int map_get(int fd, size_t size, struct map_ent **out)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    pthread_mutex_lock(&g_maps_lock);
+    for (struct map_ent *m = g_maps; m; m = m->next)
+        if (m->dev == st.st_dev && m->ino == st.st_ino && m->size == size) {
+            m->refs++;
+            *out = m;
+            pthread_mutex_unlock(&g_maps_lock);
+            return 0;
+        }
+    int rc = 0;
+    struct map_ent *m = calloc(1, sizeof *m);
+    void *p = m ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (!m)
+        rc = -ENOMEM;
+    else if (p == MAP_FAILED) {
+        rc = -errno;
+        free(m);
+    } else {
+        *m = (struct map_ent){ st.st_dev, st.st_ino, p, size, 1, g_maps };
+        g_maps = m;
+        *out = m;
+    }
+    pthread_mutex_unlock(&g_maps_lock);
+    return rc;
+}
+
+static void map_put(struct map_ent *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&g_maps_lock);
+    if (--m->refs == 0) {
+        for (struct map_ent **pp = &g_maps; *pp; pp = &(*pp)->next)
+            if (*pp == m) {
+                *pp = m->next;
+                break;
+            }
+        munmap(m->base, m->size);
+        free(m);
+    }
+    pthread_mutex_unlock(&g_maps_lock);
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+static uint64_t total_size(uint32_t world, uint64_t chunk)
+{
+    return align_up(sizeof(struct coll_hdr), 4096) + align_up(((uint64_t)world + 1) * chunk * sizeof(float), 4096);
+}
+
+int coll_rank(const struct coll *c) { return c->rank; }
+int coll_world(const struct coll *c) { return c->world; }
+
+void coll_abort(struct coll *c, int code)
+{
+    if (!c || !c->h)
+        return;
+    int32_t zero = 0;
+    atomic_compare_exchange_strong(&c->h->abort_code, &zero, code < 0 ? code : -DF_EPEER);
+    atomic_fetch_add(&c->h->bar_word, 1);
+    futex_wake((uint32_t *)&c->h->bar_word, INT_MAX);
+}
+
+/* Is rank j gone for barrier k? Before it ever joined (k == 1) it may still come. */
+static bool peer_gone(struct coll *c, int j, uint64_t k)
+{
+    uint64_t tok = atomic_load(&c->h->rank_token[j]);
+    if (!tok)
+        return k > 1;
+    return proc_token_alive(tok) == 0;
+}
+
+static int barrier(struct coll *c)
+{
+    struct coll_hdr *h = c->h;
+    int ab = atomic_load(&h->abort_code);
+    if (ab)
+        return ab;
+    uint64_t k = ++c->bar_seq;
+    atomic_store(&h->arrived[c->rank].n, k);
+    atomic_fetch_add(&h->bar_word, 1);
+    if (atomic_load(&h->bar_waiters))
+        futex_wake((uint32_t *)&h->bar_word, INT_MAX);
+
+    uint64_t start = mono_ns(), deadline = c->timeout_ms < 0 ? 0 : start + (uint64_t)c->timeout_ms * 1000000ull;
+    uint64_t next_check = start + CHECK_SLICE_NS;
+    for (;;) {
+        uint32_t seen = atomic_load(&h->bar_word);
+        if ((ab = atomic_load(&h->abort_code)))
+            return ab;
+        int lag = -1;
+        for (int j = 0; j < c->world && lag < 0; j++)
+            if (atomic_load(&h->arrived[j].n) < k)
+                lag = j;
+        if (lag < 0)
+            return 0;
+        uint64_t now = mono_ns();
+        if (now >= next_check) {
+            for (int j = 0; j < c->world; j++)
+                if (atomic_load(&h->arrived[j].n) < k && peer_gone(c, j, k)) {
+                    coll_abort(c, -DF_EDEAD);
+                    return atomic_load(&h->abort_code);
+                }
+            next_check = now + CHECK_SLICE_NS;
+        }
+        if (deadline && now >= deadline) {
+            coll_abort(c, -DF_ETIMEOUT);
+            return atomic_load(&h->abort_code);
+        }
+        uint64_t until = next_check;
+        if (deadline && deadline < until)
+            until = deadline;
+        struct timespec ts = { (time_t)(until / 1000000000ull), (long)(until % 1000000000ull) };
+        atomic_fetch_add(&h->bar_waiters, 1);
+        futex_wait_until((uint32_t *)&h->bar_word, seen, &ts);
+        atomic_fetch_sub(&h->bar_waiters, 1);
+    }
+}
+
+int coll_barrier(struct coll *c) { return barrier(c); }
+
+int coll_allreduce_sum(struct coll *c, float *buf, size_t n)
+{
+    int rc = atomic_load(&c->h->abort_code);
+    if (rc)
+        return rc;
+    const int world = c->world;
+    for (size_t off = 0; off < n; off += c->chunk) {
+        size_t m = n - off < c->chunk ? n - off : c->chunk;
+        memcpy(c->in + (size_t)c->rank * c->chunk, buf + off, m * sizeof(float));
+        if ((rc = barrier(c)) < 0)
+            return rc;
+        /* This rank reduces its share of the chunk, always in rank order 0..world-1, so the
+         * result does not depend on which rank computed it. */
+        size_t lo = m * (size_t)c->rank / (size_t)world, hi = m * (size_t)(c->rank + 1) / (size_t)world;
+        float *out = c->out;
+        memcpy(out + lo, c->in + lo, (hi - lo) * sizeof(float));
+        for (int j = 1; j < world; j++) {
+            const float *in = c->in + (size_t)j * c->chunk;
+            for (size_t i = lo; i < hi; i++)
+                out[i] += in[i];
+        }
+        if ((rc = barrier(c)) < 0)
+            return rc;
+        memcpy(buf + off, out, m * sizeof(float));
+        /* The next round's writes into `in` are safe now (all reductions are done); `out` is
+         * rewritten only after the next first barrier, which every rank reaches after its copy. */
+    }
+    return 0;
+}
+
+int coll_broadcast(struct coll *c, void *buf, size_t bytes, int root)
+{
+    int rc = atomic_load(&c->h->abort_code);
+    if (rc)
+        return rc;
+    if (root < 0 || root >= c->world)
+        return -EINVAL;
+    /* Staged in the root's own input area: like an all-reduce contribution it may be written
+     * before the first barrier, as nobody reads it outside the window between the barriers
+     * (`out` may still be being copied out of by peers finishing the previous call). */
+    size_t cap = c->chunk * sizeof(float);
+    char *stage = (char *)(c->in + (size_t)root * c->chunk);
+    for (size_t off = 0; off < bytes; off += cap) {
+        size_t m = bytes - off < cap ? bytes - off : cap;
+        if (c->rank == root)
+            memcpy(stage, (char *)buf + off, m);
+        if ((rc = barrier(c)) < 0)
+            return rc;
+        if (c->rank != root)
+            memcpy((char *)buf + off, stage, m);
+        if ((rc = barrier(c)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+void coll_close(struct coll *c)
+{
+    if (!c)
+        return;
+    if (c->h) {
+        uint64_t mine = c->token;
+        /* leaving: peers still waiting for us see the rank as gone */
+        atomic_compare_exchange_strong(&c->h->rank_token[c->rank], &mine, 0);
+        atomic_fetch_add(&c->h->bar_word, 1);
+        futex_wake((uint32_t *)&c->h->bar_word, INT_MAX);
+    }
+    map_put(c->map);
+    free(c);
+}
+
+/* Rank 0: a fresh object for this generation (any older one under the name is replaced;
+ * peers of the old generation keep their own, now nameless, object). */
+static int create_object(struct coll *c, const char *name, uint64_t gen, unsigned mode, int *fd_out,
+                         char *err, size_t errlen)
+{
+    shm_unlink(name);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode ? mode : 0600);
+    if (fd < 0) {
+        int rc = -errno;
+        snprintf(err, errlen, "collective %s: create: %s", name, strerror(-rc));
+        return rc;
+    }
+    uint64_t size = total_size((uint32_t)c->world, c->chunk);
+    int e = fchmod(fd, mode ? mode : 0600) < 0 ? errno : posix_fallocate(fd, 0, (off_t)size);
+    int rc = e ? -e : map_get(fd, size, &c->map);
+    if (rc < 0) {
+        snprintf(err, errlen, "collective %s: cannot reserve %llu bytes: %s", name, (unsigned long long)size,
+                 strerror(-rc));
+        close(fd);
+        shm_unlink(name);
+        return rc;
+    }
+    struct coll_hdr *h = c->map->base;
+    h->version = COLL_VERSION;
+    h->world = (uint32_t)c->world;
+    h->generation = gen;
+    h->chunk_floats = c->chunk;
+    h->total_size = size;
+    h->data_off = align_up(sizeof(struct coll_hdr), 4096);
+    h->creator_pid = (int32_t)getpid();
+    atomic_store_explicit(&h->magic, COLL_MAGIC, memory_order_release);
+    *fd_out = fd;
+    return 0;
+}
+
+/* Other ranks: wait for rank 0's object of our generation. */
+static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_out, char *err, size_t errlen)
+{
+    uint64_t deadline = c->timeout_ms < 0 ? 0 : mono_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    unsigned nap_us = 500;
+    char last[200] = "no such shm object";
+    for (;;) {
+        int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+        if (fd >= 0) {
+            struct coll_hdr hdr;
+            struct stat st;
+            memset(&hdr, 0, sizeof hdr);
+            ssize_t got = fstat(fd, &st) == 0 ? pread(fd, &hdr, sizeof hdr, 0) : -1;
+            uint64_t magic = atomic_load(&hdr.magic);
+            if (got == (ssize_t)sizeof hdr && magic == COLL_MAGIC && hdr.generation == gen) {
+                if (hdr.version != COLL_VERSION) {
+                    snprintf(err, errlen, "collective %s: version %u, this build speaks %u", name, hdr.version, COLL_VERSION);
+                    close(fd);
+                    return -DF_EVERSION;
+                }
+                if (hdr.world != (uint32_t)c->world) {
+                    snprintf(err, errlen, "collective %s: generation %llu has world size %u, this rank expects %d",
+                             name, (unsigned long long)gen, hdr.world, c->world);
+                    close(fd);
+                    return -DF_ELAYOUT;
+                }
+                if (hdr.chunk_floats < 1 || hdr.total_size != total_size(hdr.world, hdr.chunk_floats) ||
+                    (uint64_t)st.st_size < hdr.total_size) {
+                    snprintf(err, errlen, "collective %s: truncated or corrupt object", name);
+                    close(fd);
+                    return -DF_ETRUNC;
+                }
+                c->chunk = hdr.chunk_floats;
+                int rc = map_get(fd, hdr.total_size, &c->map);
+                if (rc < 0) {
+                    snprintf(err, errlen, "collective %s: mmap: %s", name, strerror(-rc));
+                    close(fd);
+                    return rc;
+                }
+                *fd_out = fd;
+                return 0;
+            }
+            if (got == (ssize_t)sizeof hdr && magic == COLL_MAGIC)
+                snprintf(last, sizeof last, "object is generation %llu, expected %llu",
+                         (unsigned long long)hdr.generation, (unsigned long long)gen);
+            else if (magic && magic != COLL_MAGIC)
+                snprintf(last, sizeof last, "not a dflash collective (bad magic)");
+            else
+                snprintf(last, sizeof last, "object not initialised");
+            close(fd);
+        } else if (errno != ENOENT) {
+            int rc = -errno;
+            snprintf(err, errlen, "collective %s: %s", name, strerror(-rc));
+            return rc;
+        }
+        if (deadline && mono_ns() >= deadline) {
+            snprintf(err, errlen, "collective %s: rank %d gave up waiting for rank 0: %s", name, c->rank, last);
+            return -DF_ETIMEOUT;
+        }
+        /* Nothing to wait on before the object exists: poll with a growing nap. */
+        usleep(nap_us);
+        if (nap_us < 10000)
+            nap_us *= 2;
+    }
+}
+
+/* Remove `name` only if it still names the object behind fd (a newer group may own it). */
+static void unlink_if_ours(const char *name, int fd)
+{
+    struct stat a, b;
+    int nfd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+    if (nfd >= 0 && fstat(nfd, &a) == 0 && fstat(fd, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev)
+        shm_unlink(name);
+    if (nfd >= 0)
+        close(nfd);
+}
+
+int coll_open(struct coll **out, const char *name, int rank, int world, int timeout_ms,
+              const struct coll_opts *opts, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!name || name[0] != '/' || strchr(name + 1, '/') || strlen(name) > NAME_MAX) {
+        snprintf(err, errlen, "collective '%s': bad shm name", name ? name : "(null)");
+        return -EINVAL;
+    }
+    if (world < 1 || world > COLL_MAX_WORLD || rank < 0 || rank >= world) {
+        snprintf(err, errlen, "collective %s: rank %d / world %d out of range (world 1..%d)", name, rank, world,
+                 COLL_MAX_WORLD);
+        return -DF_ERANGE;
+    }
+    if (!opts || !opts->generation) {
+        snprintf(err, errlen, "collective %s: a non-zero generation is required", name);
+        return -EINVAL;
+    }
+    struct coll *c = calloc(1, sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    c->rank = rank;
+    c->world = world;
+    c->timeout_ms = timeout_ms;
+    c->chunk = opts->chunk_floats ? opts->chunk_floats : (1u << 20);
+    int rc = proc_self_token(&c->token), fd = -1;
+    if (rc < 0) {
+        snprintf(err, errlen, "collective %s: own start time: %s", name, strerror(-rc));
+        goto fail;
+    }
+    rc = rank == 0 ? create_object(c, name, opts->generation, opts->mode, &fd, err, errlen)
+                   : find_object(c, name, opts->generation, &fd, err, errlen);
+    if (rc < 0)
+        goto fail;
+    struct coll_hdr *h = c->h = c->map->base;
+    c->in = (float *)((char *)c->map->base + h->data_off);
+    c->out = c->in + (size_t)world * c->chunk;
+
+    uint64_t expect = 0;
+    if (!atomic_compare_exchange_strong(&h->rank_token[rank], &expect, c->token)) {
+        bool alive = proc_token_alive(expect) == 1;
+        snprintf(err, errlen, "collective %s: rank %d of generation %llu is already taken by pid %d%s", name, rank,
+                 (unsigned long long)opts->generation, proc_token_pid(expect),
+                 alive ? "" : " (dead: the group is broken, restart it with a new generation)");
+        rc = alive ? -EBUSY : -DF_EDEAD;
+        c->token = 0;   /* not ours: close must not clear it */
+        goto fail;
+    }
+    if ((rc = barrier(c)) < 0) {
+        snprintf(err, errlen, "collective %s: not all %d ranks joined: %s", name, world, err_str(rc));
+        goto fail;
+    }
+    /* Everyone has it mapped: the name is no longer needed, and a crash leaves nothing behind. */
+    if (rank == 0)
+        unlink_if_ours(name, fd);
+    close(fd);
+    *out = c;
+    return 0;
+
+fail:
+    if (fd >= 0) {
+        if (rank == 0)
+            unlink_if_ours(name, fd);
+        close(fd);
+    }
+    if (c->h && c->token)
+        coll_abort(c, rc == -DF_ETIMEOUT ? -DF_ETIMEOUT : -DF_EPEER);
+    coll_close(c);
+    return rc;
+}

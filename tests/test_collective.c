@@ -1,0 +1,194 @@
+/* test_collective.c: shared-memory all-reduce among processes: bitwise equal to the serial
+ * rank-order sum on every rank, chunked buffers, broadcast, generations, dead and stalled peers. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "common/timeutil.h"
+#include "ipc/collective.h"
+#include "tests/test.h"
+
+static char g_name[64];
+
+static float value(int rank, int iter, size_t i)
+{
+    uint64_t x = (uint64_t)rank * 0x9e3779b97f4a7c15ull ^ (uint64_t)iter << 32 ^ i;
+    x ^= x >> 31; x *= 0xbf58476d1ce4e5b9ull; x ^= x >> 29;
+    /* wide dynamic range, so a different summation order would change the bits */
+    return (float)((double)(int64_t)(x % 2000001) - 1e6) * (float)(1 << (x >> 60)) * 1e-3f;
+}
+
+#define N 100003   /* not a multiple of the chunk or the world */
+
+/* Child: `iters` all-reduces + a broadcast; exits 0 when all match the serial sum bitwise. */
+static int rank_main(int rank, int world, uint64_t gen, int iters)
+{
+    char err[256];
+    struct coll *c = NULL;
+    struct coll_opts o = { .generation = gen, .chunk_floats = 4096 };
+    int rc = coll_open(&c, g_name, rank, world, 20000, &o, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "rank %d: %s\n", rank, err);
+        return 1;
+    }
+    float *buf = malloc(N * sizeof(float));
+    for (int it = 0; it < iters; it++) {
+        for (size_t i = 0; i < N; i++)
+            buf[i] = value(rank, it, i);
+        if ((rc = coll_allreduce_sum(c, buf, N)) < 0) {
+            fprintf(stderr, "rank %d: allreduce: %s\n", rank, err_str(rc));
+            return 2;
+        }
+        for (size_t i = 0; i < N; i++) {
+            float s = value(0, it, i);
+            for (int j = 1; j < world; j++)
+                s += value(j, it, i);
+            if (memcmp(&s, &buf[i], sizeof s)) {
+                fprintf(stderr, "rank %d iter %d: element %zu is %.9g, serial sum %.9g\n", rank, it, i, buf[i], s);
+                return 3;
+            }
+        }
+    }
+    char msg[20000];
+    for (size_t i = 0; i < sizeof msg; i++)
+        msg[i] = rank == world - 1 ? (char)(i * 7 + 3) : 0;
+    if ((rc = coll_broadcast(c, msg, sizeof msg, world - 1)) < 0)
+        return 4;
+    for (size_t i = 0; i < sizeof msg; i++)
+        if (msg[i] != (char)(i * 7 + 3))
+            return 5;
+    if (coll_barrier(c) < 0)
+        return 6;
+    free(buf);
+    coll_close(c);
+    return 0;
+}
+
+static pid_t spawn_rank(int rank, int world, uint64_t gen, int iters)
+{
+    pid_t p = fork();
+    CHECK(p >= 0);
+    if (p == 0)
+        _exit(rank_main(rank, world, gen, iters));
+    return p;
+}
+
+static int reap(pid_t p)
+{
+    int status;
+    CHECK_INT(waitpid(p, &status, 0), ==, p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void test_correct(void)
+{
+    enum { W = 4 };
+    pid_t p[W];
+    /* ranks 1.. start first: they wait for rank 0's object of their generation */
+    for (int r = W - 1; r >= 0; r--)
+        p[r] = spawn_rank(r, W, 11, 3);
+    for (int r = 0; r < W; r++)
+        CHECK_INT(reap(p[r]), ==, 0);
+    CHECK_INT(shm_open(g_name, O_RDONLY, 0), <, 0);   /* nothing left in /dev/shm */
+    /* a world of one is a copy */
+    CHECK_INT(reap(spawn_rank(0, 1, 12, 1)), ==, 0);
+}
+
+/* A peer that dies mid-training makes the others fail fast with DF_EDEAD, not time out. */
+static void test_dead_peer(int stall)
+{
+    enum { W = 3 };
+    int pfd[2];
+    CHECK_OK(pipe(pfd));
+    pid_t p[W];
+    for (int r = 0; r < W; r++) {
+        p[r] = fork();
+        CHECK(p[r] >= 0);
+        if (p[r])
+            continue;
+        char err[256];
+        struct coll *c = NULL;
+        struct coll_opts o = { .generation = 20 + (uint64_t)stall };
+        if (coll_open(&c, g_name, r, W, stall ? 300 : 30000, &o, err, sizeof err) < 0)
+            _exit(10);
+        float x[64] = { 1 };
+        if (coll_allreduce_sum(c, x, 64) < 0 || x[0] != W)
+            _exit(11);
+        if (r == 2)
+            raise(stall ? SIGSTOP : SIGKILL);
+        uint64_t t0 = mono_ns();
+        int rc = coll_allreduce_sum(c, x, 64);
+        uint64_t ms = (mono_ns() - t0) / 1000000;
+        int again = coll_barrier(c);   /* the group stays failed */
+        if (write(pfd[1], &ms, sizeof ms) != sizeof ms)
+            _exit(12);
+        _exit(rc == (stall ? -DF_ETIMEOUT : -DF_EDEAD) && again == rc ? 0 : 13);
+    }
+    CHECK_INT(reap(p[0]), ==, 0);
+    CHECK_INT(reap(p[1]), ==, 0);
+    for (int i = 0; i < 2; i++) {
+        uint64_t ms;
+        CHECK_INT(read(pfd[0], &ms, sizeof ms), ==, sizeof ms);
+        if (stall)
+            CHECK_INT(ms, >=, 300);
+        CHECK_INT(ms, <, 3000);   /* fail fast: 30 s would be the timeout */
+    }
+    kill(p[2], SIGKILL);
+    reap(p[2]);
+    close(pfd[0]);
+    close(pfd[1]);
+}
+
+static void test_generations(void)
+{
+    char err[256];
+    struct coll *c = NULL;
+    /* a rank of another generation never joins this object; it times out and says why */
+    pid_t p0 = fork();
+    if (p0 == 0) {
+        struct coll *c0 = NULL;
+        struct coll_opts o = { .generation = 31 };
+        /* rank 1 of gen 31 never comes: rank 0 times out too */
+        _exit(coll_open(&c0, g_name, 0, 2, 600, &o, err, sizeof err) == -DF_ETIMEOUT ? 0 : 1);
+    }
+    struct coll_opts stale = { .generation = 30 };
+    int rc = coll_open(&c, g_name, 1, 2, 300, &stale, err, sizeof err);
+    CHECK_INT(rc, ==, -DF_ETIMEOUT);
+    CHECK_CONTAINS(err, g_name);
+    CHECK(strstr(err, "expected 30") || strstr(err, "no such"));
+    CHECK_INT(reap(p0), ==, 0);
+    CHECK_INT(shm_open(g_name, O_RDONLY, 0), <, 0);   /* the failed rank 0 cleaned up */
+    /* world size mismatch inside one generation is refused at once */
+    p0 = fork();
+    if (p0 == 0) {
+        struct coll *c0 = NULL;
+        struct coll_opts o = { .generation = 32 };
+        _exit(coll_open(&c0, g_name, 0, 2, 800, &o, err, sizeof err) == -DF_ETIMEOUT ? 0 : 1);
+    }
+    struct coll_opts g32 = { .generation = 32 };
+    uint64_t t0 = mono_ns();
+    do
+        rc = coll_open(&c, g_name, 1, 3, 0, &g32, err, sizeof err);
+    while (rc == -DF_ETIMEOUT && mono_ns() - t0 < 700000000ull);   /* until rank 0's object exists */
+    CHECK_INT(rc, ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "world size 2");
+    CHECK_INT(reap(p0), ==, 0);
+    CHECK_INT(coll_open(&c, g_name, 0, 2, 100, &(struct coll_opts){ 0 }, err, sizeof err), ==, -EINVAL);
+    CHECK_INT(coll_open(&c, g_name, 2, 2, 100, &g32, err, sizeof err), ==, -DF_ERANGE);
+    coll_close(NULL);
+}
+
+int main(void)
+{
+    snprintf(g_name, sizeof g_name, "/dflash-test-coll-%d", (int)getpid());
+    test_correct();
+    test_dead_peer(0);
+    test_dead_peer(1);
+    test_generations();
+    shm_unlink(g_name);
+    fprintf(stderr, "ok\n");
+    return 0;
+}
