@@ -157,14 +157,14 @@ static int barrier(struct coll *c)
     uint64_t next_check = start + CHECK_SLICE_NS;
     for (;;) {
         uint32_t seen = atomic_load(&h->bar_word);
-        if ((ab = atomic_load(&h->abort_code)))
-            return ab;
         int lag = -1;
         for (int j = 0; j < c->world && lag < 0; j++)
             if (atomic_load(&h->arrived[j].n) < k)
                 lag = j;
-        if (lag < 0)
+        if (lag < 0)   /* complete: a later abort concerns the next call */
             return 0;
+        if ((ab = atomic_load(&h->abort_code)))
+            return ab;
         uint64_t now = mono_ns();
         if (now >= next_check) {
             for (int j = 0; j < c->world; j++)
@@ -335,6 +335,8 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
                     close(fd);
                     return rc;
                 }
+                /* pairs with rank 0's release store: the header we use is the complete one */
+                atomic_load_explicit(&((struct coll_hdr *)c->map->base)->magic, memory_order_acquire);
                 *fd_out = fd;
                 return 0;
             }
