@@ -1,0 +1,173 @@
+/* test_hfconfig.c: config.json reader: the golden transformers-5 and hub-form configs, defaults,
+ * both rope forms, and a one-line error naming file and field for everything unsupported or malformed. */
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "model/hfconfig.h"
+#include "tests/test.h"
+
+static const char *golden(const char *name)
+{
+    static char p[1024];
+    snprintf(p, sizeof p, "%s/tests/data/golden/%s", test_srcdir(), name);
+    return p;
+}
+
+/* A small valid Llama config plus `extra` fields (only keys the base does not already have). */
+static char *llama_json(const char *extra)
+{
+    static char buf[4096];
+    snprintf(buf, sizeof buf,
+             "{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":4,"
+             "\"num_attention_heads\":8,\"intermediate_size\":128,\"vocab_size\":512%s%s}",
+             extra && *extra ? "," : "", extra ? extra : "");
+    return buf;
+}
+
+static void expect_err(const char *json, int code, const char *field, const char *reason)
+{
+    struct hf_config c;
+    char err[512] = "";
+    int r = hf_config_parse(json, "/x/config.json", &c, err, sizeof err);
+    if (r != code)
+        TEST_FAIL("%s: got %d (%s), want %d; err: %s", json, r, err_str(r), code, err);
+    char want[256];
+    snprintf(want, sizeof want, "/x/config.json: %s: ", field);
+    CHECK_CONTAINS(err, want);
+    CHECK_CONTAINS(err, reason);
+    CHECK(!strchr(err, '\n'));
+}
+
+static struct hf_config parse_ok(const char *json)
+{
+    struct hf_config c;
+    char err[512] = "";
+    if (hf_config_parse(json, "/x/config.json", &c, err, sizeof err) < 0)
+        TEST_FAIL("%s: %s", json, err);
+    return c;
+}
+
+static void test_golden(void)
+{
+    struct hf_config q, l, h;
+    char err[512] = "";
+    CHECK_OK(hf_config_load(golden("qwen3"), &q, err, sizeof err));
+    CHECK_INT(q.arch, ==, HF_ARCH_QWEN3);
+    CHECK_STR(q.arch_name, "Qwen3ForCausalLM");
+    CHECK(q.hidden_size == 64 && q.num_layers == 4 && q.num_heads == 4 && q.num_kv_heads == 2);
+    CHECK_INT(q.head_dim, ==, 32);                  /* explicit, != hidden / heads */
+    CHECK(q.intermediate_size == 128 && q.vocab_size == 512 && q.max_position_embeddings == 512);
+    CHECK(q.tie_word_embeddings && !q.attention_bias && !q.mlp_bias);
+    CHECK(q.rms_eps == 1e-6 && q.rope.theta == 10000.0 && q.rope.type == HF_ROPE_DEFAULT);
+
+    CHECK_OK(hf_config_load(golden("llama"), &l, err, sizeof err));   /* rope_parameters form */
+    CHECK_OK(hf_config_load(golden("llama-hub"), &h, err, sizeof err)); /* rope_theta + rope_scaling */
+    struct hf_config *both[2] = { &l, &h };
+    for (int i = 0; i < 2; i++) {
+        struct hf_config *c = both[i];
+        CHECK_INT(c->arch, ==, HF_ARCH_LLAMA);
+        CHECK(c->hidden_size == 64 && c->num_heads == 8 && c->num_kv_heads == 2 && c->head_dim == 8);
+        CHECK(!c->tie_word_embeddings && c->attention_bias && c->mlp_bias && c->rms_eps == 1e-5);
+        CHECK(c->rope.type == HF_ROPE_LLAMA3 && c->rope.theta == 10000.0 && c->rope.factor == 4.0);
+        CHECK(c->rope.low_freq_factor == 1.0 && c->rope.high_freq_factor == 4.0);
+        CHECK_INT(c->rope.original_max_position_embeddings, ==, 64);
+    }
+
+    char empty[1024];
+    snprintf(empty, sizeof empty, "%s/cfg-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    CHECK(mkdir(empty, 0700) == 0);
+    CHECK_INT(hf_config_load(empty, &h, err, sizeof err), ==, -ENOENT);
+    CHECK_CONTAINS(err, empty);
+    CHECK_CONTAINS(err, "config.json");
+}
+
+static void test_defaults_and_forms(void)
+{
+    struct hf_config c = parse_ok(llama_json(NULL));
+    CHECK_INT(c.num_kv_heads, ==, 8);               /* absent -> MHA */
+    CHECK_INT(c.head_dim, ==, 8);                   /* absent -> hidden / heads */
+    CHECK(c.rope.theta == 10000.0 && c.rope.type == HF_ROPE_DEFAULT);
+    CHECK(!c.tie_word_embeddings && !c.attention_bias && c.rms_eps == 1e-6);
+
+    c = parse_ok(llama_json("\"num_key_value_heads\":null,\"head_dim\":null,\"rope_scaling\":null,\"rope_theta\":5e5"));
+    CHECK(c.num_kv_heads == 8 && c.head_dim == 8 && c.rope.theta == 5e5);
+
+    /* legacy "type" key in rope_scaling */
+    c = parse_ok(llama_json("\"rope_theta\":500000.0,\"rope_scaling\":{\"type\":\"llama3\",\"factor\":8.0,"
+                            "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}"));
+    CHECK(c.rope.type == HF_ROPE_LLAMA3 && c.rope.factor == 8.0 && c.rope.original_max_position_embeddings == 8192);
+
+    /* rope_parameters wins over stray top-level keys; no type = default */
+    c = parse_ok(llama_json("\"rope_parameters\":{\"rope_theta\":1e6},\"rope_theta\":3"));
+    CHECK(c.rope.theta == 1e6 && c.rope.type == HF_ROPE_DEFAULT);
+    c = parse_ok(llama_json("\"rope_scaling\":{\"rope_type\":\"default\"}"));
+    CHECK(c.rope.type == HF_ROPE_DEFAULT);
+
+    c = parse_ok("{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":32,\"num_hidden_layers\":2,"
+                 "\"num_attention_heads\":4,\"num_key_value_heads\":1,\"head_dim\":16,\"intermediate_size\":64,"
+                 "\"vocab_size\":100,\"use_sliding_window\":false,\"sliding_window\":null,"
+                 "\"layer_types\":[\"full_attention\",\"full_attention\"],\"partial_rotary_factor\":1.0}");
+    CHECK(c.arch == HF_ARCH_QWEN3 && c.num_kv_heads == 1 && c.head_dim == 16);
+}
+
+static void test_errors(void)
+{
+    expect_err("{\"architectures\":[\"MistralForCausalLM\"]}", -DF_EUNSUPPORTED, "architectures",
+               "'MistralForCausalLM' is not supported");
+    expect_err("{\"hidden_size\":4}", -DF_EMISSING, "architectures", "missing");
+    expect_err("{\"architectures\":\"LlamaForCausalLM\"}", -DF_EFORMAT, "architectures", "expected a list");
+    expect_err("{\"architectures\":[]}", -DF_EFORMAT, "architectures", "expected a list");
+    expect_err("{\"architectures\":[\"LlamaForCausalLM\",\"X\"]}", -DF_EFORMAT, "architectures", "list of one");
+    expect_err("{\"architectures\":[\"LlamaForCausalLM\"]", -DF_EFORMAT, "json", "parse error");
+    expect_err("[1]", -DF_EFORMAT, "json", "not an object");
+    expect_err("{\"architectures\":[\"LlamaForCausalLM\"],\"num_hidden_layers\":4}", -DF_EMISSING,
+               "hidden_size", "missing");
+    expect_err(llama_json("\"num_key_value_heads\":3"), -DF_ERANGE, "num_key_value_heads", "does not divide");
+    expect_err(llama_json("\"num_key_value_heads\":16"), -DF_ERANGE, "num_key_value_heads", "out of range");
+    expect_err(llama_json("\"head_dim\":7"), -DF_ERANGE, "head_dim", "odd");
+    expect_err(llama_json("\"head_dim\":\"8\""), -DF_EFORMAT, "head_dim", "expected an integer");
+    expect_err(llama_json("\"rms_norm_eps\":\"x\""), -DF_EFORMAT, "rms_norm_eps", "expected a number");
+    expect_err(llama_json("\"rms_norm_eps\":-1"), -DF_ERANGE, "rms_norm_eps", "out of range");
+    expect_err(llama_json("\"tie_word_embeddings\":1"), -DF_EFORMAT, "tie_word_embeddings", "true or false");
+    expect_err(llama_json("\"hidden_act\":\"gelu\""), -DF_EUNSUPPORTED, "hidden_act", "silu");
+    expect_err(llama_json("\"partial_rotary_factor\":0.5"), -DF_EUNSUPPORTED, "partial_rotary_factor", "1.0");
+    expect_err(llama_json("\"use_sliding_window\":true"), -DF_EUNSUPPORTED, "use_sliding_window", "not supported");
+    expect_err(llama_json("\"layer_types\":[\"full_attention\",\"sliding_attention\"]"), -DF_EUNSUPPORTED,
+               "layer_types", "full_attention");
+    expect_err(llama_json("\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0}"), -DF_EUNSUPPORTED,
+               "rope_scaling.rope_type", "'yarn' is not supported");
+    expect_err(llama_json("\"rope_parameters\":{\"rope_type\":\"linear\",\"rope_theta\":1e4,\"factor\":2.0}"),
+               -DF_EUNSUPPORTED, "rope_parameters.rope_type", "'linear' is not supported");
+    expect_err(llama_json("\"rope_parameters\":{\"rope_type\":\"default\"}"), -DF_EMISSING,
+               "rope_parameters.rope_theta", "missing");
+    expect_err(llama_json("\"rope_parameters\":[1]"), -DF_EFORMAT, "rope_parameters", "expected an object");
+    expect_err(llama_json("\"rope_scaling\":{\"factor\":2.0}"), -DF_EMISSING, "rope_scaling.type", "missing");
+    expect_err(llama_json("\"rope_scaling\":{\"rope_type\":\"llama3\",\"low_freq_factor\":1.0,"
+                          "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}"),
+               -DF_EMISSING, "rope_scaling.factor", "missing");
+    expect_err(llama_json("\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":4.0,"
+                          "\"high_freq_factor\":1.0,\"original_max_position_embeddings\":8192}"),
+               -DF_ERANGE, "rope_scaling.high_freq_factor", "greater than low_freq_factor");
+    expect_err(llama_json("\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+                          "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":81.5}"),
+               -DF_EFORMAT, "rope_scaling.original_max_position_embeddings", "expected an integer");
+    expect_err("{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":30,\"num_hidden_layers\":2,"
+               "\"num_attention_heads\":4,\"intermediate_size\":64,\"vocab_size\":100}",
+               -DF_EMISSING, "head_dim", "not a multiple");
+    expect_err("{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":32,\"num_hidden_layers\":2,"
+               "\"num_attention_heads\":4,\"intermediate_size\":64,\"vocab_size\":100,\"mlp_bias\":true}",
+               -DF_EUNSUPPORTED, "mlp_bias", "Qwen3");
+    expect_err("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":4,"
+               "\"num_attention_heads\":8,\"intermediate_size\":128,\"vocab_size\":0}",
+               -DF_ERANGE, "vocab_size", "out of range");
+}
+
+int main(void)
+{
+    test_golden();
+    test_defaults_and_forms();
+    test_errors();
+    printf("ok\n");
+    return 0;
+}

@@ -1,0 +1,317 @@
+/* test_safetensors.c: the safetensors reader on hand-made files: valid tensors and conversions,
+ * and every kind of bad file (truncated, offsets past the end, overlap, bad dtype/shape/JSON, bad shards). */
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "model/cpu_ops.h"
+#include "model/safetensors.h"
+#include "tests/test.h"
+
+static char tmpdir[512];
+
+static const char *tpath(const char *name)
+{
+    static char p[4][1024];
+    static int i;
+    i = (i + 1) % 4;
+    snprintf(p[i], sizeof p[i], "%s/%s", tmpdir, name);
+    return p[i];
+}
+
+/* u64 header length (hlen_override if >= 0), header text, then data. */
+static void write_st(const char *path, const char *header, const void *data, size_t len, long long hlen_override)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK(f);
+    uint64_t h = hlen_override >= 0 ? (uint64_t)hlen_override : strlen(header);
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(h >> (8 * i));
+    CHECK(fwrite(b, 1, 8, f) == 8);
+    CHECK(fwrite(header, 1, strlen(header), f) == strlen(header));
+    if (len)
+        CHECK(fwrite(data, 1, len, f) == len);
+    fclose(f);
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Opening must fail with `code` and a one-line message naming the path and `needle`. */
+static void expect_fail(const char *path, int code, const char *needle)
+{
+    struct st_set *s = (struct st_set *)1;
+    char err[512] = "";
+    int r = st_open_file(&s, path, err, sizeof err);
+    if (r != code)
+        TEST_FAIL("%s: got %d (%s), want %d; err: %s", needle, r, err_str(r), code, err);
+    CHECK(s == NULL);
+    CHECK_CONTAINS(err, path);
+    CHECK_CONTAINS(err, needle);
+    CHECK(!strchr(err, '\n'));
+}
+
+static unsigned char data[256];
+
+static void test_valid(void)
+{
+    /* a: F32 [2,3] at 0..24; b: BF16 [4] at 24..32; c: F16 [4] at 32..40; d: I32 [1] at 40..44; e: empty */
+    float a[6] = { 1, -2, 3.5f, 0, 1e-3f, -7 };
+    uint16_t bf[4] = { 0x3f80, 0xc000, 0x7f80, 0x0001 };      /* 1, -2, inf, smallest subnormal */
+    uint16_t hf[4] = { 0x3c00, 0xc400, 0x0001, 0x7bff };      /* 1, -4, 2^-24, 65504 */
+    int32_t d = 42;
+    memcpy(data, a, 24);
+    memcpy(data + 24, bf, 8);
+    memcpy(data + 32, hf, 8);
+    memcpy(data + 40, &d, 4);
+    const char *hdr = "{\"__metadata__\":{\"format\":\"pt\"},"
+                      "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[24,32]},"
+                      "\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+                      "\"c\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[32,40]},"
+                      "\"d\":{\"dtype\":\"I32\",\"shape\":[1],\"data_offsets\":[40,44]},"
+                      "\"e\":{\"dtype\":\"F32\",\"shape\":[0,5],\"data_offsets\":[44,44]}}   ";
+    const char *p = tpath("valid.safetensors");
+    write_st(p, hdr, data, 44, -1);
+    struct st_set *s;
+    char err[512] = "";
+    CHECK_OK(st_open_file(&s, p, err, sizeof err));
+    CHECK_INT(st_count(s), ==, 5);
+    CHECK_STR(st_at(s, 0)->name, "a");          /* sorted by name */
+    CHECK_STR(st_source(s), p);
+    CHECK(st_find(s, "zz") == NULL);
+
+    const struct st_tensor *t = st_find(s, "a");
+    CHECK(t && t->dtype == ST_F32 && t->ndim == 2 && t->shape[0] == 2 && t->shape[1] == 3 && t->numel == 6);
+    float out[8];
+    CHECK_OK(st_read_f32(t, 0, 6, out));
+    CHECK(memcmp(out, a, 24) == 0);
+    CHECK_OK(st_read_f32(t, 4, 2, out));
+    CHECK(out[0] == 1e-3f && out[1] == -7);
+    CHECK_INT(st_read_f32(t, 4, 3, out), ==, -DF_ERANGE);
+
+    CHECK_OK(st_read_f32(st_find(s, "b"), 0, 4, out));
+    CHECK(out[0] == 1 && out[1] == -2 && isinf(out[2]) && out[3] == ldexpf(1, -133));
+    CHECK_OK(st_read_f32(st_find(s, "c"), 0, 4, out));
+    CHECK(out[0] == 1 && out[1] == -4 && out[2] == ldexpf(1, -24) && out[3] == 65504);
+    uint16_t o16[6];
+    CHECK_OK(st_read_bf16(st_find(s, "a"), 0, 6, o16));
+    for (int i = 0; i < 6; i++)
+        CHECK_INT(o16[i], ==, cpu_f32_to_bf16_one(a[i]));
+    CHECK_INT(st_read_f32(st_find(s, "d"), 0, 1, out), ==, -DF_EUNSUPPORTED);
+    CHECK_INT(st_find(s, "e")->numel, ==, 0);
+
+    /* st_expect: each failure names the file and the tensor */
+    int64_t good[2] = { 2, 3 }, wrong[2] = { 3, 2 };
+    CHECK_OK(st_expect(s, "a", 2, good, &t, err, sizeof err));
+    CHECK_INT(st_expect(s, "a", 2, wrong, &t, err, sizeof err), ==, -DF_ESHAPE);
+    CHECK_CONTAINS(err, p);
+    CHECK_CONTAINS(err, "'a'");
+    CHECK_CONTAINS(err, "[2, 3] does not match config.json (expected [3, 2])");
+    int64_t one[1] = { 1 };
+    CHECK_INT(st_expect(s, "d", 1, one, &t, err, sizeof err), ==, -DF_EUNSUPPORTED);
+    CHECK_CONTAINS(err, "'d': dtype I32 is not supported");
+    CHECK_CONTAINS(err, p);
+    CHECK_INT(st_expect(s, "missing.weight", 1, one, &t, err, sizeof err), ==, -DF_EMISSING);
+    CHECK_CONTAINS(err, "'missing.weight' not found");
+    CHECK_CONTAINS(err, p);
+    st_close(s);
+    st_close(NULL);
+
+    /* round to nearest even, NaN kept */
+    CHECK_INT(cpu_f32_to_bf16_one(1.0f + ldexpf(1, -8)), ==, 0x3f80);      /* tie -> even */
+    CHECK_INT(cpu_f32_to_bf16_one(1.0f + 3 * ldexpf(1, -8)), ==, 0x3f82);  /* tie -> even (up) */
+    CHECK(isnan(cpu_bf16_to_f32_one(cpu_f32_to_bf16_one(NAN))));
+}
+
+static void test_bad_files(void)
+{
+    const char *p;
+    const char *ok = "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
+
+    p = tpath("tiny.safetensors");
+    write_text(p, "abc");
+    expect_fail(p, -DF_ETRUNC, "shorter than the 8-byte header length");
+
+    p = tpath("truncated.safetensors");                  /* data block cut short */
+    write_st(p, ok, data, 10, -1);
+    expect_fail(p, -DF_ETRUNC, "tensor 'w': data_offsets [0, 16] run past the end");
+
+    p = tpath("hlen.safetensors");                       /* header length past the end */
+    write_st(p, ok, data, 16, 1 << 20);
+    expect_fail(p, -DF_ETRUNC, "header length 1048576 runs past the end");
+    write_st(p, ok, data, 16, (long long)1 << 62);
+    expect_fail(p, -DF_ETRUNC, "header length");
+
+    p = tpath("past.safetensors");                       /* offsets past the data block */
+    write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,32]}}", data, 20, -1);
+    expect_fail(p, -DF_ETRUNC, "tensor 'w': data_offsets [16, 32] run past the end of the data block (20 bytes)");
+
+    p = tpath("overlap.safetensors");
+    write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                "\"v\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", data, 20, -1);
+    expect_fail(p, -DF_EFORMAT, "tensors 'w' [0, 16) and 'v' [12, 20) overlap");
+
+    p = tpath("dtype.safetensors");
+    write_st(p, "{\"w\":{\"dtype\":\"Q4_K\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
+    expect_fail(p, -DF_EUNSUPPORTED, "tensor 'w': unknown dtype 'Q4_K'");
+
+    p = tpath("size.safetensors");                       /* shape disagrees with the byte span */
+    write_st(p, "{\"w\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
+    expect_fail(p, -DF_EFORMAT, "tensor 'w': shape [4] of BF16 needs 8 bytes, data_offsets span 16");
+
+    p = tpath("reversed.safetensors");
+    write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[16,0]}}", data, 16, -1);
+    expect_fail(p, -DF_EFORMAT, "reversed");
+
+    const char *bad_offsets[] = { "[0]", "[-4,12]", "[0.5,16]", "\"0,16\"", "[0,16,3]", "[0,1e300]" };
+    char hdr[256];
+    for (size_t i = 0; i < sizeof bad_offsets / sizeof *bad_offsets; i++) {
+        snprintf(hdr, sizeof hdr, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":%s}}", bad_offsets[i]);
+        write_st(p, hdr, data, 16, -1);
+        expect_fail(p, -DF_EFORMAT, "tensor 'w': data_offsets must be");
+    }
+    const char *bad_shapes[] = { "[-1]", "[2.5]", "[1,1,1,1,1,1,1,1,1]", "4", "[\"4\"]" };
+    for (size_t i = 0; i < sizeof bad_shapes / sizeof *bad_shapes; i++) {
+        snprintf(hdr, sizeof hdr, "{\"w\":{\"dtype\":\"F32\",\"shape\":%s,\"data_offsets\":[0,16]}}", bad_shapes[i]);
+        write_st(p, hdr, data, 16, -1);
+        expect_fail(p, -DF_EFORMAT, "tensor 'w': shape");
+    }
+    write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,16]}}",
+             data, 16, -1);
+    expect_fail(p, -DF_ERANGE, "tensor 'w': shape too large");
+
+    p = tpath("json.safetensors");
+    write_st(p, "{\"w\":{\"dtype\":\"F32\",", data, 16, -1);
+    expect_fail(p, -DF_EFORMAT, "header is not valid JSON");
+    write_st(p, "[1,2,3]", data, 0, -1);
+    expect_fail(p, -DF_EFORMAT, "header is not a JSON object");
+    write_st(p, "{\"w\":[1]}", data, 0, -1);
+    expect_fail(p, -DF_EFORMAT, "tensor 'w': header entry is not an object");
+    write_st(p, "{\"w\":{\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
+    expect_fail(p, -DF_EFORMAT, "tensor 'w': dtype missing");
+    write_st(p, "{\"__metadata__\":3}", data, 0, -1);
+    expect_fail(p, -DF_EFORMAT, "__metadata__");
+
+    p = tpath("dup.safetensors");
+    write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", data, 16, -1);
+    expect_fail(p, -DF_EFORMAT, "tensor 'w' appears twice");
+
+    char err[512];
+    struct st_set *s;
+    CHECK(st_open_file(&s, tpath("no-such-file"), err, sizeof err) == -ENOENT);
+    CHECK_CONTAINS(err, "no-such-file");
+}
+
+/* Header bytes flipped at random: always a clean error or a valid set, never a crash (run under ASan). */
+static void test_mutations(void)
+{
+    const char *hdr = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+                      "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]}}";
+    const char *p = tpath("mut.safetensors");
+    size_t hl = strlen(hdr);
+    char buf[512];
+    unsigned seed = 12345;
+    int opened = 0;
+    for (int it = 0; it < 3000; it++) {
+        memcpy(buf, hdr, hl + 1);
+        for (int k = 0; k < 1 + it % 3; k++) {
+            seed = seed * 1103515245u + 12345u;
+            size_t pos = (seed >> 8) % hl;
+            seed = seed * 1103515245u + 12345u;
+            const char alphabet[] = "0123456789[]{},:\"-.eE abFB";
+            buf[pos] = alphabet[(seed >> 8) % (sizeof alphabet - 1)];
+        }
+        write_st(p, buf, data, 22 + it % 5, -1);
+        struct st_set *s;
+        char err[512] = "";
+        if (st_open_file(&s, p, err, sizeof err) == 0) {
+            opened++;
+            for (size_t i = 0; i < st_count(s); i++) {
+                const struct st_tensor *t = st_at(s, i);
+                float tmp[64];
+                if (t->numel <= 64)
+                    st_read_f32(t, 0, t->numel, tmp);
+            }
+            st_close(s);
+        } else {
+            CHECK(err[0] != 0);
+        }
+    }
+    printf("mutations: %d of 3000 still valid\n", opened);
+}
+
+static void test_sharded(void)
+{
+    char d[1024], err[512] = "";
+    snprintf(d, sizeof d, "%s/shards", tmpdir);
+    CHECK(mkdir(d, 0700) == 0);
+    char p1[1100], p2[1100], idx[1100];
+    snprintf(p1, sizeof p1, "%s/m-1.safetensors", d);
+    snprintf(p2, sizeof p2, "%s/m-2.safetensors", d);
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", d);
+    write_st(p1, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8, -1);
+    write_st(p2, "{\"y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                 "\"z\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", data, 8, -1);
+    write_text(idx, "{\"metadata\":{},\"weight_map\":{\"x\":\"m-1.safetensors\",\"y\":\"m-2.safetensors\","
+                    "\"z\":\"m-2.safetensors\"}}");
+    struct st_set *s;
+    CHECK_OK(st_open_dir(&s, d, err, sizeof err));
+    CHECK_INT(st_count(s), ==, 3);
+    CHECK(st_find(s, "x") && strstr(st_find(s, "x")->file, "m-1"));
+    CHECK(st_find(s, "z") && strstr(st_find(s, "z")->file, "m-2"));
+    int64_t sh[1] = { 3 };
+    CHECK_INT(st_expect(s, "nope", 1, sh, NULL, err, sizeof err), ==, -DF_EMISSING);
+    CHECK_CONTAINS(err, "model.safetensors.index.json: tensor 'nope' not found");
+    st_close(s);
+
+    struct { const char *index; int code; const char *needle; } bad[] = {
+        { "{\"weight_map\":{\"x\":\"m-2.safetensors\"}}", -DF_EMISSING, "tensor 'x' is not in m-2.safetensors" },
+        { "{\"weight_map\":{\"x\":\"../m-1.safetensors\"}}", -DF_EFORMAT, "tensor 'x': file must be a plain file name" },
+        { "{\"weight_map\":{\"x\":\"gone.safetensors\"}}", -ENOENT, "gone.safetensors" },
+        { "{\"weight_map\":[]}", -DF_EFORMAT, "weight_map missing" },
+        { "{\"weight_map\":", -DF_EFORMAT, "not valid JSON" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        write_text(idx, bad[i].index);
+        s = (struct st_set *)1;
+        int r = st_open_dir(&s, d, err, sizeof err);
+        if (r != bad[i].code)
+            TEST_FAIL("index %zu: got %d, want %d: %s", i, r, bad[i].code, err);
+        CHECK(s == NULL);
+        CHECK_CONTAINS(err, bad[i].needle);
+        CHECK_CONTAINS(err, d);
+    }
+    /* the same tensor in two shards */
+    write_st(p2, "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8, -1);
+    write_text(idx, "{\"weight_map\":{\"x\":\"m-1.safetensors\",\"y\":\"m-2.safetensors\"}}");
+    CHECK_INT(st_open_dir(&s, d, err, sizeof err), ==, -DF_EFORMAT);
+    CHECK_CONTAINS(err, "tensor 'x' appears twice");
+
+    /* neither file */
+    char empty[1100];
+    snprintf(empty, sizeof empty, "%s/empty", tmpdir);
+    CHECK(mkdir(empty, 0700) == 0);
+    CHECK_INT(st_open_dir(&s, empty, err, sizeof err), ==, -DF_EMISSING);
+    CHECK_CONTAINS(err, empty);
+}
+
+int main(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "%s/st-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    CHECK(mkdir(tmpdir, 0700) == 0);
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (unsigned char)(i * 37 + 11);
+    test_valid();
+    test_bad_files();
+    test_mutations();
+    test_sharded();
+    printf("ok\n");
+    return 0;
+}
