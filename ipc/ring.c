@@ -196,9 +196,10 @@ static struct ring *handle_new(const char *name)
     return r;
 }
 
-static int handle_map(struct ring *r, int fd, size_t size, bool rdonly)
+static int handle_map(struct ring *r, int fd, size_t size, bool rdonly, bool populate)
 {
-    void *p = mmap(NULL, size, rdonly ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, size, rdonly ? PROT_READ : PROT_READ | PROT_WRITE,
+                   MAP_SHARED | (populate ? MAP_POPULATE : 0), fd, 0);
     if (p == MAP_FAILED)
         return -errno;
     r->base = p;
@@ -292,7 +293,7 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
                  name, (unsigned long long)g.total, avail, strerror(e));
         goto fail_unlink;
     }
-    if ((rc = handle_map(r, fd, g.total, false)) < 0) {
+    if ((rc = handle_map(r, fd, g.total, false, false)) < 0) {
         snprintf(err, errlen, "ring %s: mmap %llu bytes: %s", name, (unsigned long long)g.total, strerror(-rc));
         goto fail_unlink;
     }
@@ -448,7 +449,7 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
         rc = -ENOMEM;
         goto fail_close;
     }
-    if ((rc = handle_map(r, fd, hdr.total_size, rdonly)) < 0) {
+    if ((rc = handle_map(r, fd, hdr.total_size, rdonly, flags & RING_ATTACH_POPULATE)) < 0) {
         snprintf(err, errlen, "ring %s: mmap %llu bytes: %s", name, (unsigned long long)hdr.total_size, strerror(-rc));
         free(r);
         goto fail_close;

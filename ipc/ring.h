@@ -69,6 +69,7 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
 
 #define RING_ATTACH_ANY    1u   /* accept whatever layout is there (ring_layout() tells) */
 #define RING_ATTACH_RDONLY 2u   /* map read-only: stats and payload reads only (dflashctl) */
+#define RING_ATTACH_POPULATE 4u /* prefault the whole mapping now (MAP_POPULATE), not on first touch */
 
 /* Attach to an existing ring. Checks, in order: the object exists, is large enough to hold
  * a header, magic (-DF_EMAGIC: not a dflash ring), version (-DF_EVERSION), header
