@@ -39,6 +39,9 @@ CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCCFLAGS  := -O3 -g -std=c++17 -arch=sm_90 -I. -Xcompiler -Wall,-fno-strict-aliasing -MMD -MP
 ifeq ($(HAVE_CUDA),1)
   CFLAGS  += -DDFLASH_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  ifneq ($(wildcard model/target_cuda.cu),)
+    CFLAGS += -DDFLASH_HAVE_TARGET_CUDA=1   # target.c dispatches TARGET_BACKEND_CUDA
+  endif
   LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
   NCCL_OK := $(shell test -f /usr/include/nccl.h -o -f $(CUDA_HOME)/include/nccl.h && echo 1)
   ifeq ($(NCCL_OK),1)

@@ -1,4 +1,4 @@
-/* test_gpukern_swiglu.c: gk_swiglu (fused gate_up layout) and gk_add (residual) against fp64
+/* test_gpukern_swiglu.c: gk_swiglu (fused gate_up layout), gk_add (residual) and gk_add_bias against fp64
  * CPU references on fresh random data. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
@@ -48,11 +48,30 @@ static void test_add(void)
     free(ha); free(hb); free(a); free(b); free(out); free(out2); free(ref);
 }
 
+static void test_bias(void)
+{
+    const int rows = gk_rng_int(50, 500), cols = 8 * gk_rng_int(1, 300);
+    const long s = cols + 8 * gk_rng_int(0, 2);
+    float *x, *b;
+    uint16_t *hx = gk_rand_bf16((size_t)rows * s, 3.0f, 0.f, &x), *hb = gk_rand_bf16(cols, 1.0f, 0.5f, &b);
+    void *dx = gk_dev_upload(hx, (size_t)rows * s * 2), *db = gk_dev_upload(hb, cols * 2);
+    CHECK_INT(gk_add_bias(dx, s, db, rows, cols, 0), ==, 0);
+    float *out = gk_dev_download_f32(dx, (size_t)rows * s);
+    double *ref = malloc(sizeof(double) * rows * s);
+    for (long r = 0; r < rows; r++)
+        for (long c = 0; c < s; c++) ref[r * s + c] = x[r * s + c] + (c < cols ? b[c] : 0);
+    double e = gk_rel_err(out, s, ref, s, rows, s);  /* the padding columns stay untouched */
+    printf("add_bias rows %d cols %d: rel err %.2e\n", rows, cols, e);
+    CHECK(e < 4e-3);
+    cudaFree(dx); cudaFree(db);
+    free(hx); free(hb); free(x); free(b); free(out); free(ref);
+}
+
 int main(void)
 {
     gk_test_require_gpu();
     gk_rng_seed();
-    for (int i = 0; i < 3; i++) { test_swiglu(); test_add(); }
+    for (int i = 0; i < 3; i++) { test_swiglu(); test_add(); test_bias(); }
     CUDA_CHECK(cudaDeviceSynchronize());
     return 0;
 }
