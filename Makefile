@@ -15,7 +15,8 @@ ifeq ($(PKG_LIBS),)  # no .pc files (e.g. packages unpacked by tools/device-env.
   PKG_LIBS := -luv -lsystemd -linih -lcjson -lsqlite3 -lopenblas
 endif
 
-BUILD   := build$(if $(SAN),-$(SAN))
+comma   := ,
+BUILD   := build$(if $(SAN),-$(subst $(comma),-,$(SAN)))
 CFLAGS  := -std=c11 -D_GNU_SOURCE -O$(O) -g -Wall -Wextra -Wno-unused-parameter \
            -Wshadow -Wformat=2 -fno-strict-aliasing -pthread -MMD -MP -I. $(PKG_CFLAGS)
 LDLIBS  := $(PKG_LIBS) -lm -lpthread -lrt
@@ -23,7 +24,7 @@ LDLIBS  := $(PKG_LIBS) -lm -lpthread -lrt
 ifneq ($(SAN),)
   CFLAGS  += -fsanitize=$(SAN) -fno-omit-frame-pointer
   LDFLAGS += -fsanitize=$(SAN)
-  ifeq ($(SAN),undefined)
+  ifneq ($(findstring undefined,$(SAN)),)
     CFLAGS  += -fno-sanitize-recover=all
   endif
 endif
@@ -110,9 +111,10 @@ demo:
 
 # `make check`: what CI runs. Installs what is missing, builds, runs every test.
 check:
-	tools/install-deps.sh
-	$(MAKE) all
-	BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(T)
+	tools/check.sh
+
+print-build:
+	@echo $(BUILD)
 
 deps:
 	tools/install-deps.sh
@@ -127,7 +129,7 @@ install: $(BIN_PATHS)
 clean:
 	rm -rf build build-*
 
-.PHONY: all test check demo deps install clean
+.PHONY: all test check print-build demo deps install clean
 .SECONDARY:
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
