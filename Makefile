@@ -100,7 +100,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(LIB)
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-# `make test` builds then runs everything; T=pattern selects tests.
+# `make test` builds then runs everything; T=regex selects tests by name.
 test: all
 	BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(T)
 

@@ -21,7 +21,7 @@ for t in tests/test_*.sh; do [[ -f $t ]] && tests+=("$t"); done
 
 for t in "${tests[@]}"; do
   name=$(basename "$t"); name=${name%.sh}
-  [[ -n $filter && $name != *$filter* ]] && continue
+  [[ -n $filter && ! $name =~ $filter ]] && continue
   tmp=$(mktemp -d /tmp/dflash-test.XXXXXX)
   start=$(date +%s.%N)
   TMPDIR=$tmp DFLASH_TEST_TMP=$tmp timeout -k 10 "$TIMEOUT" "$PWD/$t" >"$logdir/$name.log" 2>&1

@@ -42,7 +42,7 @@ for ph in $phases; do
     asan)  run_phase asan SAN=address,undefined ;;
     # TSan does not follow memory shared between processes: the ring, collective and
     # coordinator have thread variants of their concurrent tests; those run here.
-    tsan)  run_phase tsan SAN=thread -- "${TSAN_TESTS:-_thread}" ;;
+    tsan)  run_phase tsan SAN=thread -- "${TSAN_TESTS:-_thread|coordinator|ledger}" ;;
   esac
 done
 echo "$total_p passed, $total_f failed, $total_s skipped"
