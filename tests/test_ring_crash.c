@@ -178,10 +178,17 @@ static void reap(int v)
     pids[v] = 0;
 }
 
+/* A failing CHECK exits: leave nothing behind in /dev/shm (children _exit, skipping this). */
+static void cleanup_shm(void)
+{
+    ring_unlink(g_name);
+}
+
 int main(void)
 {
     char err[256];
     snprintf(g_name, sizeof g_name, "/dflash-test-crash-%d", (int)getpid());
+    atexit(cleanup_shm);
     g_sh = mmap(NULL, sizeof *g_sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(g_sh != MAP_FAILED);
     struct ring *r = NULL;
