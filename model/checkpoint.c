@@ -1,0 +1,693 @@
+/* checkpoint.c: drafter checkpoint directories: config.json (DFlashDraftModel, Qwen3 fields),
+ * model.safetensors (bf16), optimizer.bin (fp32 master/moments + training position, checksummed). */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/cleanup.h"
+#include "common/err.h"
+#include "model/checkpoint.h"
+#include "model/cpu_ops.h"
+#include "model/optim.h"
+#include "model/safetensors.h"
+#include "model/st_writer.h"
+
+/* optimizer.bin: this header, then master[n], exp_avg[n], exp_avg_sq[n] (f32), then the FNV-1a
+ * 64 of every byte before it. Bump OPT_VERSION when the layout changes. */
+#define OPT_MAGIC "DFLOPT\0\1"
+#define OPT_VERSION 1
+struct opt_header {
+    char magic[8];
+    uint32_t version;
+    uint32_t header_size;
+    uint64_t n_params;
+    uint64_t layout_hash;
+    int64_t opt_step;
+    int64_t step;
+    uint64_t epoch;
+    uint64_t batch_in_epoch;
+    uint64_t seed;
+    uint64_t samples;
+    uint64_t tokens;
+    uint64_t reserved[5];
+};
+_Static_assert(sizeof(struct opt_header) == 128, "optimizer.bin header layout");
+
+#define FNV_INIT 0xcbf29ce484222325ull
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static uint64_t layout_hash(const struct drafter *d)
+{
+    uint64_t h = FNV_INIT;
+    for (int i = 0; i < d->n_tensors; i++) {
+        const struct drafter_tensor *t = &d->tensors[i];
+        h = fnv1a(h, t->name, strlen(t->name) + 1);
+        h = fnv1a(h, t->shape, sizeof t->shape);
+    }
+    return h;
+}
+
+/* ---- files ---- */
+
+static int write_all(int fd, const void *buf, size_t n, uint64_t *hash)
+{
+    const char *p = buf;
+    if (hash)
+        *hash = fnv1a(*hash, buf, n);
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int read_all(int fd, void *buf, size_t n)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            return -DF_ETRUNC;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int fsync_path(const char *path, int flags)
+{
+    _cleanup_close_ int fd = open(path, flags | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) < 0)
+        return -errno;
+    return 0;
+}
+
+static int write_text(const char *path, const char *text, char *err, size_t errlen)
+{
+    _cleanup_close_ int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int r = fd < 0 ? -errno : write_all(fd, text, strlen(text), NULL);
+    if (r == 0 && fsync(fd) < 0)
+        r = -errno;
+    if (r < 0)
+        snprintf(err, errlen, "%s: %s", path, strerror(-r));
+    return r;
+}
+
+/* ---- config.json ---- */
+
+static char *config_json(const struct drafter_config *c)
+{
+    cJSON *j = cJSON_CreateObject(), *a;
+    if (!j)
+        return NULL;
+    a = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(a, cJSON_CreateString("DFlashDraftModel"));
+    cJSON_AddStringToObject(j, "model_type", "qwen3");
+    cJSON_AddBoolToObject(j, "attention_bias", 0);
+    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    cJSON_AddNumberToObject(j, "block_size", c->block_size);
+    cJSON *df = cJSON_AddObjectToObject(j, "dflash_config");
+    cJSON_AddNumberToObject(df, "mask_token_id", c->mask_token_id);
+    a = cJSON_AddArrayToObject(df, "target_layer_ids");
+    for (int i = 0; i < c->n_target_ids; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(c->target_layer_ids[i]));
+    cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(j, "initializer_range", c->initializer_range);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->intermediate_size);
+    /* all full (non-causal, unwindowed) attention, as vLLM and SGLang read layer_types */
+    a = cJSON_AddArrayToObject(j, "layer_types");
+    for (int i = 0; i < c->num_layers; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateString("full_attention"));
+    cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_position_embeddings);
+    cJSON_AddNumberToObject(j, "max_window_layers", c->num_layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->num_heads);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->num_layers);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->num_kv_heads);
+    cJSON_AddNumberToObject(j, "num_target_layers", c->num_target_layers);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_norm_eps);
+    cJSON_AddNullToObject(j, "rope_scaling");
+    cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
+    cJSON_AddNullToObject(j, "sliding_window");
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", 0);
+    cJSON_AddStringToObject(j, "torch_dtype", "bfloat16");
+    cJSON_AddBoolToObject(j, "use_cache", 1);
+    cJSON_AddBoolToObject(j, "use_sliding_window", 0);
+    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    return s;
+}
+
+struct jctx {
+    const char *path;
+    char *err;
+    size_t errlen;
+};
+
+static const cJSON *jitem(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static int jint(const struct jctx *x, const cJSON *o, const char *key, int *out, bool required)
+{
+    const cJSON *v = jitem(o, key);
+    if (!v) {
+        if (!required)
+            return 0;
+        snprintf(x->err, x->errlen, "%s: %s: missing", x->path, key);
+        return -DF_EMISSING;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble) {
+        snprintf(x->err, x->errlen, "%s: %s: not an integer", x->path, key);
+        return -DF_EFORMAT;
+    }
+    *out = (int)v->valuedouble;
+    return 1;
+}
+
+static int jdouble(const struct jctx *x, const cJSON *o, const char *key, double *out, bool required)
+{
+    const cJSON *v = jitem(o, key);
+    if (!v) {
+        if (!required)
+            return 0;
+        snprintf(x->err, x->errlen, "%s: %s: missing", x->path, key);
+        return -DF_EMISSING;
+    }
+    if (!cJSON_IsNumber(v)) {
+        snprintf(x->err, x->errlen, "%s: %s: not a number", x->path, key);
+        return -DF_EFORMAT;
+    }
+    *out = v->valuedouble;
+    return 1;
+}
+
+int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_CONFIG);
+    struct jctx x = { path, err, errlen };
+    _cleanup_fclose_ FILE *f = fopen(path, "re");
+    if (!f) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-r));
+        return r == -ENOENT ? -DF_EMISSING : r;
+    }
+    char *text = NULL;
+    size_t cap = 0, len = 0;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 65536;
+            if (cap > (64u << 20)) {
+                free(text);
+                snprintf(err, errlen, "%s: too large", path);
+                return -DF_EFORMAT;
+            }
+            char *t = realloc(text, cap);
+            if (!t) {
+                free(text);
+                return -ENOMEM;
+            }
+            text = t;
+        }
+        size_t n = fread(text + len, 1, 4096, f);
+        len += n;
+        if (n < 4096)
+            break;
+    }
+    text[len] = 0;
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        snprintf(err, errlen, "%s: not a JSON object", path);
+        return -DF_EFORMAT;
+    }
+    int r = 0;
+    memset(c, 0, sizeof *c);
+    const cJSON *arch = jitem(j, "architectures"), *e;
+    bool ok = false;
+    cJSON_ArrayForEach(e, arch)
+        if (cJSON_IsString(e) && !strcmp(e->valuestring, "DFlashDraftModel"))
+            ok = true;
+    if (!ok) {
+        snprintf(err, errlen, "%s: architectures: not a DFlashDraftModel checkpoint", path);
+        r = -DF_EUNSUPPORTED;
+        goto out;
+    }
+    const cJSON *df = jitem(j, "dflash_config");
+    if (!df || !cJSON_IsObject(df)) {
+        snprintf(err, errlen, "%s: dflash_config: missing", path);
+        r = -DF_EMISSING;
+        goto out;
+    }
+    if ((r = jint(&x, j, "hidden_size", &c->hidden_size, true)) < 0 ||
+        (r = jint(&x, j, "num_hidden_layers", &c->num_layers, true)) < 0 ||
+        (r = jint(&x, j, "num_attention_heads", &c->num_heads, true)) < 0 ||
+        (r = jint(&x, j, "num_key_value_heads", &c->num_kv_heads, true)) < 0 ||
+        (r = jint(&x, j, "intermediate_size", &c->intermediate_size, true)) < 0 ||
+        (r = jint(&x, j, "vocab_size", &c->vocab_size, true)) < 0 ||
+        (r = jint(&x, j, "num_target_layers", &c->num_target_layers, true)) < 0 ||
+        (r = jint(&x, j, "max_position_embeddings", &c->max_position_embeddings, true)) < 0 ||
+        (r = jdouble(&x, j, "rms_norm_eps", &c->rms_norm_eps, true)) < 0)
+        goto out;
+    if (c->num_heads <= 0) {
+        snprintf(err, errlen, "%s: num_attention_heads: must be positive", path);
+        r = -DF_ERANGE;
+        goto out;
+    }
+    c->head_dim = c->hidden_size / c->num_heads;
+    c->initializer_range = 0.02;
+    if ((r = jint(&x, j, "head_dim", &c->head_dim, false)) < 0 ||
+        (r = jdouble(&x, j, "initializer_range", &c->initializer_range, false)) < 0)
+        goto out;
+    /* block_size: top level (current checkpoints) or inside dflash_config */
+    if ((r = jint(&x, df, "block_size", &c->block_size, false)) < 0)
+        goto out;
+    if (r == 0 && (r = jint(&x, j, "block_size", &c->block_size, true)) < 0)
+        goto out;
+    /* rope: hub `rope_theta` or transformers-5 `rope_parameters.rope_theta` */
+    const cJSON *rp = jitem(j, "rope_parameters");
+    if ((r = jdouble(&x, j, "rope_theta", &c->rope_theta, false)) < 0)
+        goto out;
+    if (r == 0 && (!rp || (r = jdouble(&x, rp, "rope_theta", &c->rope_theta, true)) < 0)) {
+        if (!rp) {
+            snprintf(err, errlen, "%s: rope_theta: missing", path);
+            r = -DF_EMISSING;
+        }
+        goto out;
+    }
+    x.path = path;
+    if ((r = jint(&x, df, "mask_token_id", &c->mask_token_id, true)) < 0) {
+        snprintf(err, errlen, "%s: dflash_config.mask_token_id: missing or not an integer", path);
+        goto out;
+    }
+    const cJSON *ids = jitem(df, "target_layer_ids");
+    int n = cJSON_GetArraySize(ids);
+    if (!cJSON_IsArray(ids) || n < 1 || n > DRAFTER_MAX_CTX_LAYERS) {
+        snprintf(err, errlen, "%s: dflash_config.target_layer_ids: missing or not 1..%d ids", path,
+                 DRAFTER_MAX_CTX_LAYERS);
+        r = -DF_EMISSING;
+        goto out;
+    }
+    c->n_target_ids = 0;
+    cJSON_ArrayForEach(e, ids) {
+        if (!cJSON_IsNumber(e)) {
+            snprintf(err, errlen, "%s: dflash_config.target_layer_ids: not integers", path);
+            r = -DF_EFORMAT;
+            goto out;
+        }
+        c->target_layer_ids[c->n_target_ids++] = (int)e->valuedouble;
+    }
+    char why[256];
+    r = drafter_config_validate(c, why, sizeof why);
+    if (r < 0)
+        snprintf(err, errlen, "%s: %s", path, why);
+out:
+    cJSON_Delete(j);
+    return r < 0 ? r : 0;
+}
+
+int ckpt_check_config(const struct drafter_config *s, const struct drafter_config *w, const char *path,
+                      char *err, size_t errlen)
+{
+#define SAME(field, name, what) do { if (s->field != w->field) { \
+        snprintf(err, errlen, "%s: %s %d does not match %s %d", path, name, (int)s->field, what, (int)w->field); \
+        return -DF_ELAYOUT; } } while (0)
+    const char *tgt = "this target's", *dr = "this drafter's";
+    SAME(hidden_size, "hidden_size", tgt);
+    SAME(vocab_size, "vocab_size", tgt);
+    SAME(num_target_layers, "num_target_layers", tgt);
+    SAME(n_target_ids, "number of dflash_config.target_layer_ids", tgt);
+    for (int i = 0; i < s->n_target_ids; i++)
+        if (s->target_layer_ids[i] != w->target_layer_ids[i]) {
+            snprintf(err, errlen, "%s: dflash_config.target_layer_ids[%d] = %d does not match the "
+                     "captured layer %d (checkpoint made for another target or capture?)", path, i,
+                     s->target_layer_ids[i], w->target_layer_ids[i]);
+            return -DF_ELAYOUT;
+        }
+    SAME(num_layers, "num_hidden_layers", dr);
+    SAME(num_heads, "num_attention_heads", dr);
+    SAME(num_kv_heads, "num_key_value_heads", dr);
+    SAME(head_dim, "head_dim", dr);
+    SAME(intermediate_size, "intermediate_size", dr);
+    SAME(block_size, "block_size", dr);
+    SAME(mask_token_id, "dflash_config.mask_token_id", dr);
+#undef SAME
+    return 0;
+}
+
+/* ---- write ---- */
+
+static int write_weights(const char *path, const struct drafter *d, char *err, size_t errlen)
+{
+    uint16_t *bf = malloc(d->n_params * sizeof *bf);
+    struct st_out *t = calloc((size_t)d->n_tensors, sizeof *t);
+    int r = -ENOMEM;
+    if (bf && t) {
+        cpu_f32_to_bf16(bf, d->params, d->n_params);
+        for (int i = 0; i < d->n_tensors; i++) {
+            const struct drafter_tensor *x = &d->tensors[i];
+            t[i] = (struct st_out){ .name = x->name, .dtype = ST_BF16, .ndim = x->ndim,
+                                    .shape = { x->shape[0], x->shape[1] }, .data = bf + x->offset };
+        }
+        static const char *const meta[] = { "format", "pt" };
+        r = st_write_file(path, t, (size_t)d->n_tensors, meta, 1, err, errlen);
+    }
+    free(bf);
+    free(t);
+    return r;
+}
+
+static int write_optimizer(const char *path, const struct drafter *d, const struct ckpt_train_state *ts,
+                           char *err, size_t errlen)
+{
+    struct opt_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, OPT_MAGIC, 8);
+    h.version = OPT_VERSION;
+    h.header_size = sizeof h;
+    h.n_params = d->n_params;
+    h.layout_hash = layout_hash(d);
+    h.opt_step = d->opt->step;
+    h.step = ts->step;
+    h.epoch = ts->epoch;
+    h.batch_in_epoch = ts->batch_in_epoch;
+    h.seed = ts->seed;
+    h.samples = ts->samples;
+    h.tokens = ts->tokens;
+    _cleanup_close_ int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-r));
+        return r;
+    }
+    uint64_t hash = FNV_INIT;
+    size_t nb = d->n_params * sizeof(float);
+    int r = write_all(fd, &h, sizeof h, &hash);
+    if (r == 0)
+        r = write_all(fd, d->params, nb, &hash);
+    if (r == 0)
+        r = write_all(fd, d->opt->m, nb, &hash);
+    if (r == 0)
+        r = write_all(fd, d->opt->v, nb, &hash);
+    if (r == 0)
+        r = write_all(fd, &hash, sizeof hash, NULL);
+    if (r == 0 && fsync(fd) < 0)
+        r = -errno;
+    if (r < 0)
+        snprintf(err, errlen, "%s: write: %s", path, strerror(-r));
+    return r;
+}
+
+int ckpt_write_files(const char *dir, const struct drafter *d, const struct ckpt_train_state *ts,
+                     char *err, size_t errlen)
+{
+    char path[4096];
+    _cleanup_free_ char *json = config_json(&d->cfg);
+    if (!json)
+        return -ENOMEM;
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_CONFIG);
+    int r = write_text(path, json, err, errlen);
+    if (r < 0)
+        return r;
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_WEIGHTS);
+    if ((r = write_weights(path, d, err, errlen)) < 0)
+        return r;
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_OPTIMIZER);
+    return write_optimizer(path, d, ts, err, errlen);
+}
+
+/* Remove a checkpoint directory: its regular files, then the directory. */
+static int remove_dir(const char *dir)
+{
+    DIR *dh = opendir(dir);
+    if (!dh)
+        return -errno;
+    struct dirent *e;
+    int r = 0;
+    while ((e = readdir(dh))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        if (unlinkat(dirfd(dh), e->d_name, 0) < 0 && r == 0)
+            r = -errno;
+    }
+    closedir(dh);
+    if (rmdir(dir) < 0 && r == 0)
+        r = -errno;
+    return r;
+}
+
+int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train_state *ts,
+              char *out_dir, size_t out_len, char *err, size_t errlen)
+{
+    char tmp[4096], final[4096], old[4096];
+    if (mkdir(root, 0755) < 0 && errno != EEXIST) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: mkdir: %s", root, strerror(-r));
+        return r;
+    }
+    snprintf(final, sizeof final, "%s/step-%010" PRId64, root, ts->step);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%010" PRId64 "-%d", root, ts->step, (int)getpid());
+    snprintf(old, sizeof old, "%s/.old-step-%010" PRId64 "-%d", root, ts->step, (int)getpid());
+    remove_dir(tmp);    /* a leftover of an earlier crash of a process with this pid */
+    if (mkdir(tmp, 0755) < 0) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: mkdir: %s", tmp, strerror(-r));
+        return r;
+    }
+    int r = ckpt_write_files(tmp, d, ts, err, errlen);
+    if (r == 0 && (r = fsync_path(tmp, O_RDONLY | O_DIRECTORY)) < 0)
+        snprintf(err, errlen, "%s: fsync: %s", tmp, strerror(-r));
+    if (r < 0) {
+        remove_dir(tmp);
+        return r;
+    }
+    bool replaced = false;
+    if (rename(tmp, final) < 0) {
+        if (errno != EEXIST && errno != ENOTEMPTY) {
+            r = -errno;
+            snprintf(err, errlen, "rename %s -> %s: %s", tmp, final, strerror(-r));
+            remove_dir(tmp);
+            return r;
+        }
+        /* a checkpoint of this step exists (a replay): swap it out, then drop it */
+        if (rename(final, old) < 0 || rename(tmp, final) < 0) {
+            r = -errno;
+            snprintf(err, errlen, "replace %s: %s", final, strerror(-r));
+            remove_dir(tmp);
+            return r;
+        }
+        replaced = true;
+    }
+    if ((r = fsync_path(root, O_RDONLY | O_DIRECTORY)) < 0) {
+        snprintf(err, errlen, "%s: fsync: %s", root, strerror(-r));
+        return r;
+    }
+    if (replaced)
+        remove_dir(old);
+    if (out_dir)
+        snprintf(out_dir, out_len, "%s", final);
+    return 0;
+}
+
+int ckpt_latest(const char *root, char *dir, size_t dir_len, int64_t *step)
+{
+    DIR *dh = opendir(root);
+    if (!dh)
+        return errno == ENOENT ? -ENOENT : -errno;
+    int64_t best = -1;
+    struct dirent *e;
+    while ((e = readdir(dh))) {
+        const char *n = e->d_name;
+        if (strncmp(n, "step-", 5) || !n[5])
+            continue;
+        char *end;
+        errno = 0;
+        long long s = strtoll(n + 5, &end, 10);
+        if (*end || errno || s < 0 || s <= best)
+            continue;
+        bool complete = true;
+        static const char *const files[] = { CKPT_CONFIG, CKPT_WEIGHTS, CKPT_OPTIMIZER };
+        for (int i = 0; i < 3 && complete; i++) {
+            char p[4096];
+            struct stat st;
+            snprintf(p, sizeof p, "%s/%s/%s", root, n, files[i]);
+            complete = stat(p, &st) == 0 && S_ISREG(st.st_mode);
+        }
+        if (complete)
+            best = s;
+    }
+    closedir(dh);
+    if (best < 0)
+        return -ENOENT;
+    snprintf(dir, dir_len, "%s/step-%010" PRId64, root, best);
+    if (step)
+        *step = best;
+    return 0;
+}
+
+/* ---- load ---- */
+
+/* Read and verify optimizer.bin into master/m/v (n_params floats each) and *hout; applies nothing. */
+static int load_optimizer(const char *path, const struct drafter *d, struct opt_header *hout,
+                          float *master, float *m, float *v, char *err, size_t errlen)
+{
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-r));
+        return r == -ENOENT ? -DF_EMISSING : r;
+    }
+    struct opt_header h;
+    int r = read_all(fd, &h, sizeof h);
+    if (r < 0) {
+        snprintf(err, errlen, "%s: header: %s", path, r == -DF_ETRUNC ? "file too short" : strerror(-r));
+        return r;
+    }
+    if (memcmp(h.magic, OPT_MAGIC, 8)) {
+        snprintf(err, errlen, "%s: not a dflash optimizer state", path);
+        return -DF_EMAGIC;
+    }
+    if (h.version != OPT_VERSION || h.header_size != sizeof h) {
+        snprintf(err, errlen, "%s: version %u, this build reads %d", path, h.version, OPT_VERSION);
+        return -DF_EVERSION;
+    }
+    if (h.n_params != d->n_params || h.layout_hash != layout_hash(d)) {
+        snprintf(err, errlen, "%s: parameter layout (%" PRIu64 " params) does not match this drafter (%zu)",
+                 path, h.n_params, d->n_params);
+        return -DF_ELAYOUT;
+    }
+    size_t nb = d->n_params * sizeof(float);
+    uint64_t hash = fnv1a(FNV_INIT, &h, sizeof h), want;
+    r = read_all(fd, master, nb);
+    if (r == 0)
+        r = read_all(fd, m, nb);
+    if (r == 0)
+        r = read_all(fd, v, nb);
+    if (r == 0)
+        r = read_all(fd, &want, sizeof want);
+    if (r < 0) {
+        snprintf(err, errlen, "%s: %s", path, r == -DF_ETRUNC ? "file too short" : strerror(-r));
+        return r;
+    }
+    char extra;
+    if (read(fd, &extra, 1) != 0) {
+        snprintf(err, errlen, "%s: trailing bytes", path);
+        return -DF_EFORMAT;
+    }
+    hash = fnv1a(hash, master, nb);
+    hash = fnv1a(hash, m, nb);
+    hash = fnv1a(hash, v, nb);
+    if (hash != want) {
+        snprintf(err, errlen, "%s: checksum mismatch (corrupt file)", path);
+        return -DF_ECHECKSUM;
+    }
+    *hout = h;
+    return 0;
+}
+
+int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, bool require_optimizer,
+              char *err, size_t errlen)
+{
+    struct drafter_config saved;
+    char path[4096];
+    int r = ckpt_read_config(dir, &saved, err, errlen);
+    if (r < 0)
+        return r;
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_CONFIG);
+    if ((r = ckpt_check_config(&saved, &d->cfg, path, err, errlen)) < 0)
+        return r;
+
+    struct st_set *st = NULL;
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_WEIGHTS);
+    if ((r = st_open_file(&st, path, err, errlen)) < 0)
+        return r;
+    size_t nb = d->n_params * sizeof(float) + 1;
+    float *w = malloc(nb), *master = malloc(nb), *m = malloc(nb), *v = malloc(nb);
+    if (!w || !master || !m || !v) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (int i = 0; i < d->n_tensors; i++) {
+        const struct drafter_tensor *t = &d->tensors[i];
+        const struct st_tensor *x;
+        if ((r = st_expect(st, t->name, t->ndim, t->shape, &x, err, errlen)) < 0)
+            goto out;
+        if ((r = st_read_f32(x, 0, (int64_t)t->numel, w + t->offset)) < 0) {
+            snprintf(err, errlen, "%s: %s: %s", path, t->name, err_str(r));
+            goto out;
+        }
+    }
+    struct opt_header h;
+    memset(&h, 0, sizeof h);
+    snprintf(path, sizeof path, "%s/%s", dir, CKPT_OPTIMIZER);
+    r = load_optimizer(path, d, &h, master, m, v, err, errlen);
+    if (r == -DF_EMISSING && !require_optimizer) {
+        /* weights only: bf16 values, fresh optimizer */
+        memcpy(d->params, w, d->n_params * sizeof(float));
+        memset(d->opt->m, 0, d->n_params * sizeof(float));
+        memset(d->opt->v, 0, d->n_params * sizeof(float));
+        d->opt->step = 0;
+        if (ts)
+            memset(ts, 0, sizeof *ts);
+        r = 0;
+        goto out;
+    }
+    if (r < 0)
+        goto out;
+    /* the master weights must be the ones model.safetensors was rounded from */
+    for (size_t i = 0; i < d->n_params; i++)
+        if (cpu_bf16_to_f32_one(cpu_f32_to_bf16_one(master[i])) != w[i] &&
+            !(master[i] != master[i] && w[i] != w[i])) {
+            snprintf(err, errlen, "%s: master weights do not belong to %s (element %zu)", path,
+                     CKPT_WEIGHTS, i);
+            r = -DF_ECHECKSUM;
+            goto out;
+        }
+    memcpy(d->params, master, d->n_params * sizeof(float));
+    memcpy(d->opt->m, m, d->n_params * sizeof(float));
+    memcpy(d->opt->v, v, d->n_params * sizeof(float));
+    d->opt->step = h.opt_step;
+    if (ts)
+        *ts = (struct ckpt_train_state){ .step = h.step, .epoch = h.epoch,
+                                         .batch_in_epoch = h.batch_in_epoch, .seed = h.seed,
+                                         .samples = h.samples, .tokens = h.tokens };
+out:
+    free(w);
+    free(master);
+    free(m);
+    free(v);
+    st_close(st);
+    return r;
+}

@@ -1,0 +1,54 @@
+/* checkpoint.h: drafter checkpoints. A directory SGLang and vLLM load as a DFlash drafter
+ * (config.json + model.safetensors, bf16) plus optimizer.bin (fp32 master weights, AdamW moments,
+ * training position) beside it. Written to a temp dir, fsync'd, renamed. */
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "model/drafter.h"
+
+#define CKPT_CONFIG "config.json"
+#define CKPT_WEIGHTS "model.safetensors"
+#define CKPT_OPTIMIZER "optimizer.bin"
+
+/* Where training stands; with the optimizer state it makes a resumed run continue exactly. */
+struct ckpt_train_state {
+    int64_t step;               /* optimizer steps done (= the drafter's) */
+    uint64_t epoch;
+    uint64_t batch_in_epoch;    /* batches of this epoch already trained */
+    uint64_t seed;              /* anchor / init seed: anchors are keyed by (seed, epoch, batch, rank) */
+    uint64_t samples;           /* sequences trained so far */
+    uint64_t tokens;            /* tokens trained so far */
+};
+
+/* Write the checkpoint of `d` as <root>/step-<step, 10 digits>: config.json, model.safetensors,
+ * optimizer.bin, each fsync'd in <root>/.tmp-step-...-<pid>, the dir fsync'd, renamed into place
+ * (replacing an older one of the same step), <root> fsync'd. out_dir (optional) gets the path. */
+int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train_state *ts,
+              char *out_dir, size_t out_len, char *err, size_t errlen);
+
+/* Write the three files into an existing directory `dir` (no temp/rename): the building block of
+ * ckpt_save, also for exporting weights elsewhere. */
+int ckpt_write_files(const char *dir, const struct drafter *d, const struct ckpt_train_state *ts,
+                     char *err, size_t errlen);
+
+/* Newest complete checkpoint under root (highest step-N holding all three files).
+ * Returns 0 and fills dir/step, -ENOENT when there is none. */
+int ckpt_latest(const char *root, char *dir, size_t dir_len, int64_t *step);
+
+/* Read <dir>/config.json into *c. Missing / mistyped fields: -DF_EMISSING / -DF_EFORMAT, one line
+ * naming the file and field. */
+int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_t errlen);
+
+/* Is a saved config usable for the drafter `want`? Differences in the target (hidden size,
+ * vocabulary, target layers and ids) or in the drafter's shape give -DF_ELAYOUT and one line. */
+int ckpt_check_config(const struct drafter_config *saved, const struct drafter_config *want,
+                      const char *path, char *err, size_t errlen);
+
+/* Load <dir> into `d` (made for the same config): config.json is checked against d->cfg, every
+ * tensor of model.safetensors by name and shape. With optimizer.bin (layout hash and checksum
+ * checked) the fp32 master weights, moments, step and *ts are restored exactly; without it
+ * (require_optimizer false) the bf16 weights are loaded, the optimizer starts fresh and *ts is
+ * zeroed. */
+int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, bool require_optimizer,
+              char *err, size_t errlen);

@@ -1,0 +1,273 @@
+/* test_checkpoint.c: drafter checkpoints: config.json fields and tensor names as SGLang / vLLM
+ * read them, save -> load -> continue equals training straight through (bitwise), latest-checkpoint
+ * discovery, and clear errors for a missing tensor, a wrong shape, another target's config, a
+ * corrupt optimizer state and a missing config. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "model/checkpoint.h"
+#include "model/cpu_ops.h"
+#include "model/optim.h"
+#include "model/safetensors.h"
+#include "model/st_writer.h"
+#include "tests/test_drafter_fixture.h"
+
+static const struct drafter_train_opts OPTS = {
+    .lr = 3e-3, .min_lr_ratio = 0.1, .warmup_steps = 2, .total_steps = 10, .weight_decay = 0.01,
+    .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .grad_clip = 1.0,
+};
+
+static void train(struct drafter *d, struct fixture *f, int from, int to)
+{
+    for (int s = from; s < to; s++) {
+        struct obj_rng_key key = { 42, 0, (uint64_t)s, 0 };
+        struct drafter_metrics m;
+        struct drafter_step_info info;
+        CHECK_OK(drafter_train_step(d, &f->batch, 2, 7.0, &key, &OPTS, &m, &info));
+        CHECK_INT(info.step, ==, s + 1);
+    }
+}
+
+static void same_state(const struct drafter *a, const struct drafter *b)
+{
+    CHECK_INT(a->n_params, ==, b->n_params);
+    CHECK(!memcmp(a->params, b->params, a->n_params * sizeof(float)));
+    CHECK(!memcmp(a->opt->m, b->opt->m, a->n_params * sizeof(float)));
+    CHECK(!memcmp(a->opt->v, b->opt->v, a->n_params * sizeof(float)));
+    CHECK_INT(a->opt->step, ==, b->opt->step);
+}
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    CHECK(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+static int jint(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(v))
+        TEST_FAIL("config.json: %s missing", k);
+    return (int)v->valuedouble;
+}
+
+/* Write model.safetensors of d into dir, leaving out tensor `skip` or giving `bad` a wrong shape. */
+static void write_weights_variant(const char *dir, const struct drafter *d, const char *skip, const char *bad)
+{
+    char path[1024], err[256];
+    uint16_t *bf = malloc(d->n_params * sizeof *bf);
+    cpu_f32_to_bf16(bf, d->params, d->n_params);
+    struct st_out t[64];
+    size_t n = 0;
+    for (int i = 0; i < d->n_tensors; i++) {
+        const struct drafter_tensor *x = &d->tensors[i];
+        if (skip && !strcmp(x->name, skip))
+            continue;
+        t[n] = (struct st_out){ .name = x->name, .dtype = ST_BF16, .ndim = x->ndim,
+                                .shape = { x->shape[0], x->shape[1] }, .data = bf + x->offset };
+        if (bad && !strcmp(x->name, bad))
+            t[n].shape[0] -= 1;
+        n++;
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_write_file(path, t, n, NULL, 0, err, sizeof err) < 0)
+        TEST_FAIL("%s", err);
+    free(bf);
+}
+
+static void expect_load_error(const char *dir, struct drafter *d, const char *needle)
+{
+    char err[512] = "";
+    struct ckpt_train_state ts;
+    int r = ckpt_load(dir, d, &ts, true, err, sizeof err);
+    if (r >= 0)
+        TEST_FAIL("loading %s succeeded; expected an error about %s", dir, needle);
+    printf("expected error: %s\n", err);
+    CHECK_CONTAINS(err, needle);
+}
+
+int main(void)
+{
+    const char *tmp = getenv("DFLASH_TEST_TMP");
+    char root[512], dir[1024], path[1200], err[512] = "";
+    snprintf(root, sizeof root, "%s/ckpt-%d", tmp ? tmp : "/tmp", (int)getpid());
+
+    int lens[3] = { 14, 11, 9 }, prompt[3] = { 3, 0, 4 };
+    struct fixture f;
+    fixture_init(&f, 21, 3, lens, prompt);
+    struct drafter *a = fixture_drafter(&f, 64);
+    train(a, &f, 0, 4);
+    struct ckpt_train_state ts = { .step = 4, .epoch = 0, .batch_in_epoch = 4, .seed = 42,
+                                   .samples = 12, .tokens = 136 };
+    if (ckpt_save(root, a, &ts, dir, sizeof dir, err, sizeof err) < 0)
+        TEST_FAIL("ckpt_save: %s", err);
+    printf("saved %s\n", dir);
+
+    /* config.json as SGLang / vLLM read it */
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cJSON *j = cJSON_Parse(read_text(path));
+    CHECK(j);
+    const cJSON *arch = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    CHECK(cJSON_GetArraySize(arch) == 1);
+    CHECK_STR(cJSON_GetArrayItem(arch, 0)->valuestring, "DFlashDraftModel");
+    CHECK_STR(cJSON_GetObjectItemCaseSensitive(j, "model_type")->valuestring, "qwen3");
+    CHECK_STR(cJSON_GetObjectItemCaseSensitive(j, "torch_dtype")->valuestring, "bfloat16");
+    CHECK_STR(cJSON_GetObjectItemCaseSensitive(j, "hidden_act")->valuestring, "silu");
+    CHECK(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings")));
+    CHECK_INT(jint(j, "block_size"), ==, f.cfg.block_size);
+    CHECK_INT(jint(j, "num_target_layers"), ==, f.cfg.num_target_layers);
+    CHECK_INT(jint(j, "hidden_size"), ==, f.cfg.hidden_size);
+    CHECK_INT(jint(j, "num_hidden_layers"), ==, f.cfg.num_layers);
+    CHECK_INT(jint(j, "num_attention_heads"), ==, f.cfg.num_heads);
+    CHECK_INT(jint(j, "num_key_value_heads"), ==, f.cfg.num_kv_heads);
+    CHECK_INT(jint(j, "head_dim"), ==, f.cfg.head_dim);
+    CHECK_INT(jint(j, "intermediate_size"), ==, f.cfg.intermediate_size);
+    CHECK_INT(jint(j, "vocab_size"), ==, f.cfg.vocab_size);
+    CHECK_INT(jint(j, "max_position_embeddings"), ==, f.cfg.max_position_embeddings);
+    CHECK_NEAR(cJSON_GetObjectItemCaseSensitive(j, "rms_norm_eps")->valuedouble, 1e-6, 0);
+    CHECK_NEAR(cJSON_GetObjectItemCaseSensitive(j, "rope_theta")->valuedouble, 10000.0, 0);
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    CHECK_INT(cJSON_GetArraySize(lt), ==, f.cfg.num_layers);
+    CHECK_STR(cJSON_GetArrayItem(lt, 0)->valuestring, "full_attention");
+    const cJSON *df = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
+    CHECK_INT(jint(df, "mask_token_id"), ==, f.cfg.mask_token_id);
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(df, "target_layer_ids");
+    CHECK_INT(cJSON_GetArraySize(ids), ==, 3);
+    for (int i = 0; i < 3; i++)
+        CHECK_INT(cJSON_GetArrayItem(ids, i)->valuedouble, ==, f.cfg.target_layer_ids[i]);
+    cJSON_Delete(j);
+
+    /* tensor names: exactly the DFlash set, bf16, with their shapes and values */
+    struct st_set *st = NULL;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (st_open_file(&st, path, err, sizeof err) < 0)
+        TEST_FAIL("%s", err);
+    static const char *const per_layer[] = {
+        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+        "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+        "input_layernorm.weight", "post_attention_layernorm.weight",
+    };
+    size_t expected = 3 + 11 * (size_t)f.cfg.num_layers;
+    CHECK_INT(st_count(st), ==, expected);
+    CHECK(st_find(st, "fc.weight") && st_find(st, "hidden_norm.weight") && st_find(st, "norm.weight"));
+    for (int l = 0; l < f.cfg.num_layers; l++)
+        for (size_t k = 0; k < sizeof per_layer / sizeof *per_layer; k++) {
+            char name[128];
+            snprintf(name, sizeof name, "layers.%d.%s", l, per_layer[k]);
+            if (!st_find(st, name))
+                TEST_FAIL("model.safetensors lacks %s", name);
+        }
+    for (int i = 0; i < a->n_tensors; i++) {
+        const struct drafter_tensor *t = &a->tensors[i];
+        const struct st_tensor *x = st_find(st, t->name);
+        CHECK(x && x->dtype == ST_BF16 && x->ndim == t->ndim && x->shape[0] == t->shape[0]);
+        if (t->ndim == 2)
+            CHECK_INT(x->shape[1], ==, t->shape[1]);
+        uint16_t v;
+        memcpy(&v, (const char *)x->data + 2 * (t->numel - 1), 2);
+        CHECK_INT(v, ==, cpu_f32_to_bf16_one(a->params[t->offset + t->numel - 1]));
+    }
+    st_close(st);
+
+    /* save, load into a differently initialised drafter, continue == straight through */
+    struct fixture g;
+    fixture_init(&g, 21, 3, lens, prompt);
+    struct drafter *b = NULL;
+    CHECK_OK(drafter_create(&b, &g.cfg, g.embed, g.lm_head, g.n_tokens + 8, 64, 999, err, sizeof err));
+    struct ckpt_train_state ts2;
+    if (ckpt_load(dir, b, &ts2, true, err, sizeof err) < 0)
+        TEST_FAIL("ckpt_load: %s", err);
+    CHECK(!memcmp(&ts, &ts2, sizeof ts));
+    same_state(a, b);
+    train(b, &g, 4, 8);
+    struct drafter *c = fixture_drafter(&f, 64);
+    train(c, &f, 0, 8);
+    same_state(b, c);
+    printf("save at 4, load, 4 more == 8 straight: bitwise\n");
+
+    /* latest: the newest complete step-N; incomplete and temp dirs are ignored */
+    ts2.step = 8;
+    CHECK_OK(ckpt_save(root, b, &ts2, NULL, 0, err, sizeof err));
+    CHECK_OK(ckpt_save(root, b, &ts2, NULL, 0, err, sizeof err));   /* same step again: replaced */
+    snprintf(path, sizeof path, "%s/step-0000000099", root);
+    CHECK_OK(mkdir(path, 0755));
+    snprintf(path, sizeof path, "%s/.tmp-step-0000000100-1", root);
+    CHECK_OK(mkdir(path, 0755));
+    char latest[1024];
+    int64_t lstep = -1;
+    CHECK_OK(ckpt_latest(root, latest, sizeof latest, &lstep));
+    CHECK_INT(lstep, ==, 8);
+    CHECK_CONTAINS(latest, "step-0000000008");
+    snprintf(path, sizeof path, "%s/nothing-here", root);
+    CHECK_INT(ckpt_latest(path, latest, sizeof latest, &lstep), ==, -ENOENT);
+
+    /* bad inputs */
+    char bad[1024];
+    snprintf(bad, sizeof bad, "%s/bad", root);
+    CHECK_OK(mkdir(bad, 0755));
+    CHECK_OK(ckpt_write_files(bad, a, &ts, err, sizeof err));
+    write_weights_variant(bad, a, "layers.1.mlp.up_proj.weight", NULL);
+    expect_load_error(bad, b, "layers.1.mlp.up_proj.weight");
+    write_weights_variant(bad, a, NULL, "layers.0.self_attn.k_norm.weight");
+    expect_load_error(bad, b, "layers.0.self_attn.k_norm.weight");
+
+    CHECK_OK(ckpt_write_files(bad, a, &ts, err, sizeof err));
+    snprintf(path, sizeof path, "%s/optimizer.bin", bad);
+    FILE *fp = fopen(path, "r+b");
+    CHECK(fp);
+    fseek(fp, 4096, SEEK_SET);
+    int ch = fgetc(fp);
+    fseek(fp, 4096, SEEK_SET);
+    fputc(ch ^ 0x10, fp);
+    fclose(fp);
+    expect_load_error(bad, b, "checksum");
+
+    /* weights only (no optimizer state): bf16 values, fresh optimizer */
+    CHECK_OK(unlink(path));
+    expect_load_error(bad, b, "optimizer.bin");
+    struct ckpt_train_state ts3;
+    CHECK_OK(ckpt_load(bad, b, &ts3, false, err, sizeof err));
+    CHECK_INT(b->opt->step, ==, 0);
+    CHECK_INT(ts3.step, ==, 0);
+    for (size_t i = 0; i < b->n_params; i++)
+        CHECK(b->params[i] == cpu_bf16_to_f32_one(cpu_f32_to_bf16_one(a->params[i])));
+
+    /* another target: a different capture or hidden size */
+    struct drafter_config other = f.cfg;
+    other.target_layer_ids[1] = 4;
+    struct drafter *o = NULL;
+    CHECK_OK(drafter_create(&o, &other, f.embed, f.lm_head, 64, 16, 1, err, sizeof err));
+    expect_load_error(dir, o, "target_layer_ids");
+    drafter_free(o);
+    other = f.cfg;
+    other.hidden_size = 32;
+    other.vocab_size = 90;
+    other.mask_token_id = 89;
+    CHECK_OK(drafter_create(&o, &other, f.embed, f.lm_head, 64, 16, 1, err, sizeof err));
+    expect_load_error(dir, o, "hidden_size 48 does not match this target's 32");
+    drafter_free(o);
+
+    /* config.json missing / not a DFlash drafter */
+    snprintf(path, sizeof path, "%s/config.json", bad);
+    FILE *cf = fopen(path, "w");
+    CHECK(cf);
+    fputs("{\"architectures\": [\"Qwen3ForCausalLM\"], \"hidden_size\": 48}", cf);
+    fclose(cf);
+    expect_load_error(bad, b, "DFlashDraftModel");
+    CHECK_OK(unlink(path));
+    expect_load_error(bad, b, "config.json");
+
+    drafter_free(a);
+    drafter_free(b);
+    drafter_free(c);
+    fixture_done(&f);
+    fixture_done(&g);
+    return 0;
+}
