@@ -1,6 +1,7 @@
 /* test_gpukern_attention.c: gk_attention_prefill (tensor-core and simple kernels) against an
  * fp64 CPU reference on fresh random packed batches: GQA, sequence lengths around the 64-token
- * tiles, q/k/v as views into one fused QKV buffer. `--bench` times a 16K-token batch. */
+ * tiles, q/k/v as views into one fused QKV buffer. `--bench` times a 16K-token batch;
+ * GK_TEST_QUICK=1 runs a few small cases only (for compute-sanitizer). */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "gpukern/attention.h"
@@ -121,6 +122,13 @@ int main(int argc, char **argv)
     const int edge[] = {1, 63, 64, 65, 127, 128, 129, 2, 200};
     const int ne = sizeof(edge) / sizeof(edge[0]);
     int lens[16];
+    if (getenv("GK_TEST_QUICK")) {  /* small cases, for compute-sanitizer runs */
+        one(128, 4, 2, GK_ATTN_MMA, edge, ne);
+        one(64, 2, 1, GK_ATTN_MMA, edge, 6);
+        one(128, 2, 1, GK_ATTN_SIMPLE, edge, 6);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        return 0;
+    }
     for (int impl = GK_ATTN_SIMPLE; impl <= GK_ATTN_MMA; impl++) {
         one(128, 8, 2, impl, edge, ne);
         one(64, 4, 4, impl, edge, ne);
