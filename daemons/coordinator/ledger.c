@@ -273,11 +273,11 @@ int ledger_train_add(struct ledger *l, uint64_t batch, uint64_t gen, uint64_t st
     return run(l, s);
 }
 
-int ledger_train_rollback(struct ledger *l, uint64_t gen, uint64_t after_step)
+int ledger_train_rollback(struct ledger *l, uint64_t gen, int64_t after_step)
 {
     sqlite3_stmt *s = l->st[ST_TRAIN_RB];
     sqlite3_bind_int64(s, 1, (sqlite3_int64)gen);
-    sqlite3_bind_int64(s, 2, (sqlite3_int64)after_step);
+    sqlite3_bind_int64(s, 2, after_step);
     return run(l, s);
 }
 

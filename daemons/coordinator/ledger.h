@@ -51,7 +51,7 @@ int ledger_batch_foreach(struct ledger *l, int (*fn)(void *ctx, const struct led
 /* Training log: one row per TRAINED report; rolled_back marks steps discarded by a group restart. */
 int ledger_train_add(struct ledger *l, uint64_t batch, uint64_t gen, uint64_t step, uint32_t rank, int rolled_back);
 /* Mark the log rows of generation gen with step > after_step rolled back. */
-int ledger_train_rollback(struct ledger *l, uint64_t gen, uint64_t after_step);
+int ledger_train_rollback(struct ledger *l, uint64_t gen, int64_t after_step);
 
 int ledger_checkpoint_add(struct ledger *l, uint64_t gen, uint64_t step, const char *dir);
 /* Generation bookkeeping: limit = last step of gen kept in the lineage (-1: none). */

@@ -1,0 +1,172 @@
+/* coord.h: coordinator-d internals shared by its modules: the cluster state (batches,
+ * members, drafter group), the libuv server, the ring and the ledger. */
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+#include "common/config.h"
+#include "common/daemon.h"
+#include "common/dataset.h"
+#include "daemons/coordinator/ledger.h"
+#include "daemons/coordinator/sched.h"
+#include "ipc/proto.h"
+
+struct ring;
+struct member;
+
+struct batch {
+    struct ledger_batch row;        /* the durable part; written through on every change */
+    struct member *holder;          /* LEASED to this live connection; NULL = detached */
+    uint64_t detached_until_ms;     /* LEASED + detached: re-queue after this (mono) */
+};
+
+struct epoch_state {
+    int built;
+    uint32_t loaded;                /* rows read back from the ledger */
+    struct sched_epoch s;
+    struct batch *b;                /* [s.n_batches] */
+};
+
+struct member {
+    uv_pipe_t pipe;                 /* first: the handle's address is the member's */
+    struct coord *co;
+    struct member *prev, *next;
+    uint64_t id;
+    int role;                       /* enum proto_role, 0 before HELLO */
+    int device;
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    uint64_t token;                 /* owner token (pid + start time) checked against the kernel */
+    char name[PROTO_NAME_MAX];
+    bool closing;
+    uint64_t connected_ms, last_seen_ms;    /* mono */
+    struct proto_heartbeat hb;
+    bool have_hb;
+    uint32_t want;                  /* targets: leases asked for, not yet granted */
+    uint32_t leases;                /* targets: leases held */
+    uint64_t published, trained;    /* events counted for status */
+    bool joined;                    /* drafters: JOIN_GROUP received, waiting or in the group */
+    int rank;                       /* in the active group, else -1 */
+    uint8_t *rx;
+    size_t rx_len, rx_cap;
+    uint8_t *tx;                    /* encoded frames held until the ledger commit */
+    size_t tx_len, tx_cap;
+};
+
+/* A member that left, kept for `dflashctl daemons` (alive = false). */
+struct departed {
+    int role, device;
+    pid_t pid;
+    char name[PROTO_NAME_MAX];
+    char reason[96];
+    uint64_t left_wall_ms;
+    struct proto_heartbeat hb;
+};
+#define COORD_DEPARTED_MAX 32
+
+struct error_rec {
+    uint64_t wall_ms;
+    int role, device, fatal, code;
+    pid_t pid;
+    char message[PROTO_TEXT_MAX];
+};
+#define COORD_ERRORS_KEPT 64
+
+struct dgroup {
+    uint64_t gen;                   /* latest generation formed (0 = none yet) */
+    bool active;
+    uint32_t world;
+    struct member **rank_member;    /* [world]: NULL when that rank is detached */
+    uint64_t *rank_token;           /* [world] */
+    uint64_t rank_deadline_ms;      /* some rank detached: fail the group after this */
+    uint8_t id[PROTO_NCCL_ID_BYTES];
+    char coll_name[PROTO_NAME_MAX];
+    /* latest durable checkpoint (the lineage head) */
+    uint64_t ckpt_gen, ckpt_step;
+    char ckpt_dir[PROTO_PATH_MAX];
+    /* kept steps of ended generations: step <= limit is in the lineage (-1: none) */
+    uint64_t *lim_gen;
+    int64_t *lim_step;
+    size_t n_lim;
+};
+
+struct coord {
+    struct daemon d;
+    const struct dflash_cfg *cfg;
+    uv_loop_t *loop;
+    uv_pipe_t server;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t tick;
+    uv_check_t flush_check;
+    char socket_path[108];
+    char ring_name[PROTO_NAME_MAX];
+    char ledger_path[CFG_STR_MAX + 64];
+    gid_t allowed_gid;              /* cluster.group, or (gid_t)-1 */
+    uid_t self_uid;
+
+    struct dataset ds;
+    uint32_t *lengths;              /* per sample, before truncation */
+    struct sched_params sp;
+    uint32_t epochs;
+    struct epoch_state *ep;         /* [epochs] */
+    uint64_t counts[BATCH_NSTATES];
+    uint64_t total_batches;         /* over built epochs */
+    /* pending batch ids: a min-heap with lazy deletion (state checked on pop) */
+    uint64_t *heap;
+    size_t heap_len, heap_cap;
+
+    struct ring *ring;
+    struct ledger *ledger;
+
+    struct member *members;         /* connected peers (any role, after accept) */
+    uint64_t next_member_id;
+    struct departed departed[COORD_DEPARTED_MAX];
+    size_t n_departed, departed_next;
+
+    struct dgroup grp;
+
+    int state;                      /* enum proto_cluster_state */
+    char reason[PROTO_TEXT_MAX];    /* why paused / draining / failed */
+    bool fatal;                     /* draining because of a fatal error: end FAILED */
+    bool recovering;                /* restarted from a ledger: waiting for peers */
+    uint64_t recovery_until_ms;
+    uint64_t stopped_ms;            /* when STOPPED/FAILED was entered */
+    int exit_code;
+    bool ring_created;
+
+    struct error_rec errors[COORD_ERRORS_KEPT];
+    uint64_t n_errors, n_fatal;
+    uint64_t duplicates;            /* duplicate publications / trainings seen */
+    uint64_t requeues;              /* leases that went back to the queue */
+    uint64_t start_wall_ms, start_mono_ms;
+    uint64_t last_status_ms;
+};
+
+/* coord_server.c */
+int coord_server_start(struct coord *co, char *err, size_t errlen);
+void coord_server_close(struct coord *co);
+/* Queue a message to m; it is written after the next ledger commit. */
+int coord_send(struct member *m, const struct proto_msg *msg);
+/* Refuse (REFUSE frame, then close) with a logged reason. */
+void coord_refuse(struct member *m, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void coord_close_member(struct member *m, const char *reason);
+/* Commit the ledger, then write every queued frame. Exits the process if the commit fails. */
+void coord_flush(struct coord *co);
+
+/* coord_cluster.c */
+int coord_cluster_init(struct coord *co, char *err, size_t errlen);   /* dataset, schedule, ledger recovery */
+void coord_cluster_done(struct coord *co);
+void coord_handle(struct member *m, const struct proto_msg *msg);
+void coord_member_gone(struct member *m, const char *reason);
+void coord_tick(struct coord *co);                  /* timeouts, recovery, completion */
+void coord_signal_stop(struct coord *co, int hard);
+void coord_set_state(struct coord *co, int state, const char *reason);
+struct batch *coord_batch(struct coord *co, uint64_t id);
+int coord_ring_open(struct coord *co, char *err, size_t errlen);       /* coord_ring.c */
+void coord_ring_reconcile(struct coord *co);        /* after (re)attach: adopt READY slots */
+
+/* coord_json.c: the answer to QUERY (malloc'd JSON text). */
+char *coord_json(struct coord *co, int what, uint32_t limit);
+char *coord_json_result(struct coord *co, int ok, const char *error);

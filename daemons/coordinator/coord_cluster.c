@@ -1,0 +1,1129 @@
+/* coord_cluster.c: what the coordinator does with each message: leases, publications,
+ * the drafter group and its generations, checkpoints, errors, control, recovery, timeouts. */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include "common/err.h"
+#include "common/log.h"
+#include "common/proc.h"
+#include "common/timeutil.h"
+#include "daemons/coordinator/coord.h"
+#include "ipc/ring.h"
+
+#define BID "%" PRIu64 ":%" PRIu32     /* batch shown as epoch:index */
+#define BARGS(id) (uint64_t)sched_batch_epoch(id), sched_batch_index(id)
+
+static uint32_t next_epoch(const struct coord *co)
+{
+    uint32_t e = 0;
+    while (e < co->epochs && co->ep[e].built)
+        e++;
+    return e;
+}
+
+struct batch *coord_batch(struct coord *co, uint64_t id)
+{
+    uint32_t e = sched_batch_epoch(id), i = sched_batch_index(id);
+    if (e >= co->epochs || !co->ep[e].built || i >= co->ep[e].s.n_batches)
+        return NULL;
+    return &co->ep[e].b[i];
+}
+
+/* ---- pending heap (min by id: requeued batches of early epochs go first) ---- */
+
+static void heap_push(struct coord *co, uint64_t id)
+{
+    if (co->heap_len == co->heap_cap) {
+        size_t cap = co->heap_cap ? co->heap_cap * 2 : 1024;
+        uint64_t *h = realloc(co->heap, cap * sizeof *h);
+        if (!h) {
+            log_error(-ENOMEM, "pending queue");
+            exit(DAEMON_EX_FAILURE);
+        }
+        co->heap = h;
+        co->heap_cap = cap;
+    }
+    size_t i = co->heap_len++;
+    while (i && co->heap[(i - 1) / 2] > id) {
+        co->heap[i] = co->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    co->heap[i] = id;
+}
+
+static uint64_t heap_pop(struct coord *co)
+{
+    uint64_t top = co->heap[0], last = co->heap[--co->heap_len];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= co->heap_len)
+            break;
+        if (c + 1 < co->heap_len && co->heap[c + 1] < co->heap[c])
+            c++;
+        if (co->heap[c] >= last)
+            break;
+        co->heap[i] = co->heap[c];
+        i = c;
+    }
+    if (co->heap_len)
+        co->heap[i] = last;
+    return top;
+}
+
+/* ---- batch state (memory and ledger move together) ---- */
+
+static void batch_set(struct coord *co, struct batch *b, int state)
+{
+    co->counts[b->row.state]--;
+    co->counts[state]++;
+    b->row.state = state;
+    b->row.updated_ms = wall_ms();
+    if (state != BATCH_LEASED) {
+        b->holder = NULL;
+        b->detached_until_ms = 0;
+        b->row.owner = 0;
+    }
+    if (state != BATCH_PUBLISHED)
+        b->row.slot = -1;
+    int r = ledger_batch_update(co->ledger, &b->row);
+    if (r < 0) {
+        log_error(r, "ledger update of batch " BID, BARGS(b->row.id));
+        exit(DAEMON_EX_FAILURE);
+    }
+}
+
+static void requeue(struct coord *co, struct batch *b, const char *why)
+{
+    log_info("batch " BID " back to the queue: %s", BARGS(b->row.id), why);
+    batch_set(co, b, BATCH_PENDING);
+    heap_push(co, b->row.id);
+    co->requeues++;
+}
+
+static int build_epoch(struct coord *co, uint32_t e, int insert, char *err, size_t errlen)
+{
+    struct epoch_state *ep = &co->ep[e];
+    int r = sched_build(co->lengths, (uint32_t)co->ds.n_samples, &co->sp, e, &ep->s, err, errlen);
+    if (r < 0)
+        return r;
+    ep->b = calloc(ep->s.n_batches, sizeof *ep->b);
+    if (!ep->b)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < ep->s.n_batches; i++) {
+        struct ledger_batch *row = &ep->b[i].row;
+        *row = (struct ledger_batch){ .id = sched_batch_id(e, i), .epoch = e, .idx = i,
+                                      .n_samples = ep->s.first[i + 1] - ep->s.first[i], .n_tokens = ep->s.tokens[i],
+                                      .state = BATCH_PENDING, .slot = -1, .updated_ms = wall_ms() };
+        if (insert) {
+            if ((r = ledger_batch_insert(co->ledger, row)) < 0) {
+                snprintf(err, errlen, "%s: cannot record epoch %u", co->ledger_path, e);
+                return r;
+            }
+            heap_push(co, row->id);
+            co->counts[BATCH_PENDING]++;
+        }
+    }
+    ep->built = 1;
+    co->total_batches += ep->s.n_batches;
+    if (insert)
+        log_notice("epoch %u scheduled: %u batches", e, ep->s.n_batches);
+    return 0;
+}
+
+/* Next pending batch, building the next epoch when the queue runs dry. */
+static struct batch *next_pending(struct coord *co)
+{
+    for (;;) {
+        while (co->heap_len) {
+            struct batch *b = coord_batch(co, heap_pop(co));
+            if (b && b->row.state == BATCH_PENDING)
+                return b;
+        }
+        uint32_t e = next_epoch(co);
+        if (e >= co->epochs)
+            return NULL;
+        char err[256];
+        int r = build_epoch(co, e, 1, err, sizeof err);
+        if (r < 0) {
+            log_error(r, "schedule of epoch %u: %s", e, err);
+            exit(DAEMON_EX_FAILURE);
+        }
+    }
+}
+
+/* ---- ring lookups ---- */
+
+static struct ring_slot_stat *slot_snapshot(struct coord *co)
+{
+    static struct ring_slot_stat *slots;
+    static uint32_t n;
+    const struct ring_layout *lay = ring_layout(co->ring);
+    if (n != lay->nslots) {
+        free(slots);
+        n = lay->nslots;
+        slots = calloc(n, sizeof *slots);
+    }
+    struct ring_stats st;
+    if (!slots || ring_stats(co->ring, &st, slots) < 0)
+        return NULL;
+    return slots;
+}
+
+/* The slot that holds batch id as a delivered payload (READY or READING), or -1. */
+static int slot_holding(struct coord *co, const struct ring_slot_stat *s, uint64_t id)
+{
+    if (!s)
+        return -1;
+    uint32_t n = ring_layout(co->ring)->nslots;
+    for (uint32_t i = 0; i < n; i++)
+        if ((s[i].state == RING_READY || s[i].state == RING_READING) && s[i].batch_id == id)
+            return (int)i;
+    return -1;
+}
+
+/* A lease whose holder is gone: if the batch reached the ring anyway (READY before the
+ * PUBLISHED message got out), it is published; else it goes back to the queue. */
+static void lease_lost(struct coord *co, struct batch *b, const struct ring_slot_stat *s, const char *why)
+{
+    int slot = slot_holding(co, s, b->row.id);
+    if (slot >= 0) {
+        log_info("batch " BID " found READY in slot %d after its target left: published", BARGS(b->row.id), slot);
+        b->row.slot = slot;
+        batch_set(co, b, BATCH_PUBLISHED);
+        return;
+    }
+    requeue(co, b, why);
+}
+
+/* ---- sending ---- */
+
+static void push_control(struct member *m, int cmd, const char *reason)
+{
+    struct proto_msg msg = { .type = PROTO_CONTROL };
+    msg.control.cmd = (uint32_t)cmd;
+    proto_strset(msg.control.reason, sizeof msg.control.reason, reason);
+    coord_send(m, &msg);
+}
+
+static void send_ack(struct member *m, uint64_t seq, int status)
+{
+    struct proto_msg msg = { .type = PROTO_ACK, .ack = { seq, status, 0 } };
+    coord_send(m, &msg);
+}
+
+static void send_grant(struct coord *co, struct member *m, struct batch *b, int regrant)
+{
+    const struct sched_epoch *s = &co->ep[b->row.epoch].s;
+    struct proto_msg msg = { .type = PROTO_LEASE_GRANT };
+    msg.grant = (struct proto_lease_grant){ .batch_id = b->row.id, .epoch = b->row.epoch,
+                                            .flags = regrant ? PROTO_GRANT_REGRANT : 0, .n_samples = b->row.n_samples,
+                                            .n_tokens = b->row.n_tokens, .max_seq_len = co->sp.max_seq_len };
+    msg.samples = s->samples + s->first[b->row.idx];
+    coord_send(m, &msg);
+}
+
+static void grant_leases(struct coord *co)
+{
+    if (co->state != PROTO_STATE_RUNNING || co->recovering)
+        return;
+    int progress = 1;
+    while (progress) {
+        progress = 0;
+        for (struct member *m = co->members; m; m = m->next) {
+            if (m->closing || m->role != PROTO_ROLE_TARGET || !m->want)
+                continue;
+            struct batch *b = next_pending(co);
+            if (!b)
+                return;
+            b->holder = m;
+            b->row.owner = m->token;
+            b->row.leases++;
+            batch_set(co, b, BATCH_LEASED);
+            b->holder = m;
+            b->row.owner = m->token;
+            m->leases++;
+            m->want--;
+            send_grant(co, m, b, 0);
+            progress = 1;
+        }
+    }
+}
+
+/* ---- state ---- */
+
+static const int state_push[PROTO_STATE_MAX] = {
+    [PROTO_STATE_RUNNING] = PROTO_CTL_RESUME, [PROTO_STATE_PAUSED] = PROTO_CTL_PAUSE,
+    [PROTO_STATE_DRAINING] = PROTO_CTL_DRAIN, [PROTO_STATE_STOPPED] = PROTO_CTL_STOP,
+    [PROTO_STATE_FAILED] = PROTO_CTL_STOP,
+};
+
+void coord_set_state(struct coord *co, int state, const char *reason)
+{
+    if (co->state == state)
+        return;
+    int old = co->state;
+    co->state = state;
+    snprintf(co->reason, sizeof co->reason, "%s", reason ? reason : "");
+    if (state == PROTO_STATE_FAILED)
+        log_error(0, "cluster %s -> %s: %s", proto_state_name(old), proto_state_name(state), co->reason);
+    else
+        log_notice("cluster %s -> %s%s%s", proto_state_name(old), proto_state_name(state), co->reason[0] ? ": " : "",
+                   co->reason);
+    int cmd = state_push[state];
+    if (cmd && !(old == PROTO_STATE_STARTING && state == PROTO_STATE_RUNNING))
+        for (struct member *m = co->members; m; m = m->next)
+            if (m->role == PROTO_ROLE_TARGET || m->role == PROTO_ROLE_DRAFTER)
+                push_control(m, cmd, co->reason);
+    if (state == PROTO_STATE_STOPPED || state == PROTO_STATE_FAILED)
+        co->stopped_ms = mono_ms();
+    ledger_meta_set(co->ledger, "state", proto_state_name(state));
+    ledger_meta_set(co->ledger, "reason", co->reason);
+    daemon_notify_status(&co->d, "%s%s%s", proto_state_name(state), co->reason[0] ? ": " : "", co->reason);
+    grant_leases(co);
+}
+
+/* ---- drafter group ---- */
+
+static void save_group(struct coord *co)
+{
+    char toks[4096] = "";
+    size_t n = 0;
+    for (uint32_t r = 0; r < co->grp.world && n < sizeof toks - 32; r++)
+        n += (size_t)snprintf(toks + n, sizeof toks - n, "%s%" PRIu64, r ? "," : "", co->grp.rank_token[r]);
+    ledger_meta_set_u64(co->ledger, "group_gen", co->grp.gen);
+    ledger_meta_set_u64(co->ledger, "group_active", co->grp.active);
+    ledger_meta_set(co->ledger, "group_tokens", toks);
+}
+
+static void add_limit(struct coord *co, uint64_t gen, int64_t limit)
+{
+    struct dgroup *g = &co->grp;
+    uint64_t *lg = realloc(g->lim_gen, (g->n_lim + 1) * sizeof *lg);
+    int64_t *ls = realloc(g->lim_step, (g->n_lim + 1) * sizeof *ls);
+    if (lg)
+        g->lim_gen = lg;
+    if (ls)
+        g->lim_step = ls;
+    if (!lg || !ls) {
+        log_error(-ENOMEM, "generation table");
+        exit(DAEMON_EX_FAILURE);
+    }
+    g->lim_gen[g->n_lim] = gen;
+    g->lim_step[g->n_lim++] = limit;
+}
+
+/* Last step of an ended generation that is in the lineage; -1 none; -2 unknown gen. */
+static int64_t gen_limit(const struct coord *co, uint64_t gen)
+{
+    for (size_t i = 0; i < co->grp.n_lim; i++)
+        if (co->grp.lim_gen[i] == gen)
+            return co->grp.lim_step[i];
+    return -2;
+}
+
+static void send_group(struct coord *co, struct member *m)
+{
+    struct proto_msg msg = { .type = PROTO_GROUP };
+    msg.group.generation = co->grp.gen;
+    msg.group.rank = (uint32_t)m->rank;
+    msg.group.world_size = co->grp.world;
+    msg.group.ckpt_step = co->grp.ckpt_step;
+    memcpy(msg.group.group_id, co->grp.id, sizeof co->grp.id);
+    proto_strset(msg.group.coll_name, sizeof msg.group.coll_name, co->grp.coll_name);
+    proto_strset(msg.group.ckpt_dir, sizeof msg.group.ckpt_dir, co->grp.ckpt_dir);
+    coord_send(m, &msg);
+}
+
+static int by_device(const void *a, const void *b)
+{
+    const struct member *x = *(struct member *const *)a, *y = *(struct member *const *)b;
+    return x->device != y->device ? (x->device < y->device ? -1 : 1) : (x->id < y->id ? -1 : x->id > y->id);
+}
+
+static void try_form_group(struct coord *co)
+{
+    struct dgroup *g = &co->grp;
+    if (g->active)
+        return;
+    struct member *cand[1024];
+    uint32_t n = 0;
+    for (struct member *m = co->members; m && n < 1024; m = m->next)
+        if (!m->closing && m->role == PROTO_ROLE_DRAFTER && m->joined && m->rank < 0)
+            cand[n++] = m;
+    if (n < g->world)
+        return;
+    qsort(cand, n, sizeof *cand, by_device);
+    g->gen++;
+    g->active = true;
+    g->rank_deadline_ms = 0;
+    if (getrandom(g->id, sizeof g->id, 0) != (ssize_t)sizeof g->id)
+        for (size_t i = 0; i < sizeof g->id; i++)
+            g->id[i] = (uint8_t)(mono_ns() >> (i % 8));
+    for (uint32_t r = 0; r < g->world; r++) {
+        g->rank_member[r] = cand[r];
+        g->rank_token[r] = cand[r]->token;
+        cand[r]->rank = (int)r;
+    }
+    save_group(co);
+    log_notice("drafter group generation %" PRIu64 " formed: %u ranks, from checkpoint %s", g->gen, g->world,
+               g->ckpt_dir[0] ? g->ckpt_dir : "(none: fresh start)");
+    for (uint32_t r = 0; r < g->world; r++)
+        send_group(co, g->rank_member[r]);
+}
+
+/* A drafter of the running generation is gone: every rank restarts from the checkpoint. */
+static void group_fail(struct coord *co, const char *why)
+{
+    struct dgroup *g = &co->grp;
+    if (!g->active)
+        return;
+    g->active = false;
+    int64_t limit = g->ckpt_gen == g->gen && g->ckpt_dir[0] ? (int64_t)g->ckpt_step : -1;
+    add_limit(co, g->gen, limit);
+    ledger_generation_set(co->ledger, g->gen, limit);
+    ledger_train_rollback(co->ledger, g->gen, limit);
+    log_warn(0, "drafter group generation %" PRIu64 " ends (%s): restarting from %s", g->gen, why,
+             g->ckpt_dir[0] ? g->ckpt_dir : "scratch");
+    const struct ring_slot_stat *s = slot_snapshot(co);
+    uint64_t rolled = 0, lost = 0;
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+            struct batch *b = &co->ep[e].b[i];
+            if (b->row.state == BATCH_TRAINED) {
+                requeue(co, b, "trained after the last checkpoint of a failed drafter group");
+                rolled++;
+            } else if (b->row.state == BATCH_PUBLISHED && slot_holding(co, s, b->row.id) < 0) {
+                /* consumed by a drafter of the dead generation without a TRAINED report */
+                requeue(co, b, "its slot was consumed by the failed drafter group");
+                lost++;
+            }
+        }
+    struct proto_msg msg = { .type = PROTO_RESTART };
+    msg.restart.generation = g->gen + 1;
+    msg.restart.ckpt_step = g->ckpt_step;
+    proto_strset(msg.restart.ckpt_dir, sizeof msg.restart.ckpt_dir, g->ckpt_dir);
+    for (uint32_t r = 0; r < g->world; r++) {
+        struct member *m = g->rank_member[r];
+        g->rank_member[r] = NULL;
+        if (!m)
+            continue;
+        m->rank = -1;
+        m->joined = false;
+        coord_send(m, &msg);
+    }
+    log_notice("rollback: %" PRIu64 " trained and %" PRIu64 " consumed batches back to the queue", rolled, lost);
+    save_group(co);
+    try_form_group(co);
+    grant_leases(co);
+}
+
+/* ---- errors ---- */
+
+static void record_error(struct coord *co, const struct member *m, int fatal, int code, const char *text)
+{
+    struct error_rec *e = &co->errors[co->n_errors % COORD_ERRORS_KEPT];
+    *e = (struct error_rec){ .wall_ms = wall_ms(), .role = m ? m->role : 0, .device = m ? m->device : -1,
+                             .fatal = fatal, .code = code, .pid = m ? m->pid : 0 };
+    snprintf(e->message, sizeof e->message, "%s", text);
+    co->n_errors++;
+    co->n_fatal += fatal != 0;
+    ledger_error_add(co->ledger, e->wall_ms, m ? proto_role_name((unsigned)m->role) : "coordinator", e->device,
+                     (int)e->pid, fatal, code, text);
+}
+
+/* ---- message handlers ---- */
+
+static void on_hello(struct coord *co, struct member *m, const struct proto_hello *h)
+{
+    if (h->role != PROTO_ROLE_CTL) {
+        uint64_t ticks = 0;
+        int r = proc_start_time(m->pid, &ticks);
+        if (r < 0 || h->pid != (uint32_t)m->pid || h->start_ticks != ticks || h->token != proc_token_make(m->pid, ticks)) {
+            coord_refuse(m, -DF_EPEER, "HELLO says pid %u start %" PRIu64 ", the socket peer is pid %d start %" PRIu64
+                         " (another pid namespace?)", h->pid, h->start_ticks, (int)m->pid, ticks);
+            return;
+        }
+        for (struct member *o = co->members; o; o = o->next)
+            if (o != m && !o->closing && o->role && o->token == h->token) {
+                coord_refuse(m, -EBUSY, "this process is already connected as member %" PRIu64, o->id);
+                return;
+            }
+        m->token = h->token;
+    }
+    m->role = (int)h->role;
+    m->device = h->device;
+    snprintf(m->name, sizeof m->name, "%s", h->name[0] ? h->name : proto_role_name(h->role));
+    if (m->role != PROTO_ROLE_CTL)
+        log_notice("%s (pid %d) registered as member %" PRIu64, m->name, (int)m->pid, m->id);
+
+    /* Leases this process held before its connection (or the coordinator) went away. */
+    struct batch *regrant[PROTO_MAX_LEASE_REQUEST];
+    uint32_t n_regrant = 0;
+    if (m->role == PROTO_ROLE_TARGET)
+        for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+            for (uint32_t i = 0; i < co->ep[e].s.n_batches && n_regrant < PROTO_MAX_LEASE_REQUEST; i++) {
+                struct batch *b = &co->ep[e].b[i];
+                if (b->row.state == BATCH_LEASED && !b->holder && b->row.owner == m->token) {
+                    b->holder = m;
+                    b->detached_until_ms = 0;
+                    m->leases++;
+                    regrant[n_regrant++] = b;
+                }
+            }
+    struct proto_msg w = { .type = PROTO_WELCOME };
+    w.welcome = (struct proto_welcome){ .member_id = m->id, .heartbeat_ms = (uint32_t)co->cfg->coordinator.heartbeat_ms,
+                                        .dead_after_ms = (uint32_t)co->cfg->coordinator.dead_after_ms,
+                                        .cluster_state = (uint32_t)co->state, .n_regrants = n_regrant,
+                                        .ring_slots = (uint32_t)co->cfg->ring.slots,
+                                        .world_size = (uint32_t)co->cfg->drafter.world_size,
+                                        .max_seq_len = co->sp.max_seq_len, .epochs = co->epochs };
+    proto_strset(w.welcome.ring_name, sizeof w.welcome.ring_name, co->ring_name);
+    proto_strset(w.welcome.dataset_path, sizeof w.welcome.dataset_path, co->cfg->data.path);
+    coord_send(m, &w);
+    for (uint32_t i = 0; i < n_regrant; i++)
+        send_grant(co, m, regrant[i], 1);
+    if (n_regrant)
+        log_notice("%s reconnected: %u leases kept", m->name, n_regrant);
+
+    if (m->role == PROTO_ROLE_DRAFTER && h->group_generation) {
+        struct dgroup *g = &co->grp;
+        uint32_t r = h->group_rank;
+        if (g->active && h->group_generation == g->gen && r < g->world && g->rank_token[r] == m->token &&
+            !g->rank_member[r]) {
+            g->rank_member[r] = m;
+            m->rank = (int)r;
+            m->joined = true;
+            int missing = 0;
+            for (uint32_t k = 0; k < g->world; k++)
+                missing += !g->rank_member[k];
+            if (!missing)
+                g->rank_deadline_ms = 0;
+            log_notice("%s rejoined group generation %" PRIu64 " as rank %u", m->name, g->gen, r);
+        } else {
+            struct proto_msg msg = { .type = PROTO_RESTART };
+            msg.restart.generation = g->gen + 1;
+            msg.restart.ckpt_step = g->ckpt_step;
+            proto_strset(msg.restart.ckpt_dir, sizeof msg.restart.ckpt_dir, g->ckpt_dir);
+            coord_send(m, &msg);
+        }
+    }
+    int cmd = state_push[co->state];
+    if (m->role != PROTO_ROLE_CTL && cmd && co->state != PROTO_STATE_RUNNING)
+        push_control(m, cmd, co->reason);
+}
+
+static void on_published(struct coord *co, struct member *m, const struct proto_published *p)
+{
+    struct batch *b = coord_batch(co, p->batch_id);
+    if (!b || p->slot >= (uint32_t)co->cfg->ring.slots) {
+        log_warn(0, "%s published unknown batch %" PRIu64 " / slot %u", m->name, p->batch_id, p->slot);
+        send_ack(m, p->seq, -DF_ERANGE);
+        return;
+    }
+    int st = b->row.state;
+    if (st >= BATCH_PUBLISHED) {
+        if (st == BATCH_PUBLISHED && b->row.slot == (int32_t)p->slot) {
+            send_ack(m, p->seq, 0);     /* a replay after a reconnect */
+            return;
+        }
+        co->duplicates++;
+        log_warn(0, "%s published batch " BID " in slot %u, but it is already %s: duplicate", m->name,
+                 BARGS(b->row.id), p->slot, batch_state_name(st));
+        send_ack(m, p->seq, -DF_ESTATE);
+        return;
+    }
+    if (st == BATCH_LEASED && b->holder && b->holder != m) {
+        struct member *other = b->holder;
+        other->leases--;
+        struct proto_msg rv = { .type = PROTO_LEASE_REVOKE, .batch.batch_id = b->row.id };
+        coord_send(other, &rv);
+    } else if (st == BATCH_LEASED && b->holder == m) {
+        m->leases--;
+    }
+    b->row.slot = (int32_t)p->slot;
+    batch_set(co, b, BATCH_PUBLISHED);
+    m->published++;
+    send_ack(m, p->seq, 0);
+}
+
+static void on_trained(struct coord *co, struct member *m, const struct proto_trained *t)
+{
+    struct batch *b = coord_batch(co, t->batch_id);
+    struct dgroup *g = &co->grp;
+    if (!b) {
+        send_ack(m, t->seq, -DF_ERANGE);
+        return;
+    }
+    int kept, ckpt;
+    if (g->active && t->generation == g->gen) {
+        kept = 1;
+        ckpt = g->ckpt_gen == t->generation && g->ckpt_dir[0] && t->step <= g->ckpt_step;
+    } else {
+        int64_t lim = gen_limit(co, t->generation);
+        kept = lim >= 0 && (int64_t)t->step <= lim;
+        ckpt = kept;
+    }
+    if (!kept) {
+        ledger_train_add(co->ledger, b->row.id, t->generation, t->step, t->rank, 1);
+        if (b->row.state == BATCH_PUBLISHED && slot_holding(co, slot_snapshot(co), b->row.id) < 0)
+            requeue(co, b, "trained by a drafter generation that was rolled back");
+        send_ack(m, t->seq, 0);
+        return;
+    }
+    if (b->row.state >= BATCH_TRAINED) {
+        if (b->row.gen == t->generation && b->row.step == t->step) {
+            send_ack(m, t->seq, 0);     /* replay */
+            return;
+        }
+        co->duplicates++;
+        log_error(0, "batch " BID " trained again (gen %" PRIu64 " step %" PRIu64 ", before gen %" PRIu64 " step %" PRIu64 ")",
+                  BARGS(b->row.id), t->generation, t->step, b->row.gen, b->row.step);
+        ledger_train_add(co->ledger, b->row.id, t->generation, t->step, t->rank, 0);
+        send_ack(m, t->seq, -DF_ESTATE);
+        return;
+    }
+    if (b->row.state == BATCH_LEASED && b->holder)
+        b->holder->leases--;
+    b->row.gen = t->generation;
+    b->row.step = t->step;
+    batch_set(co, b, ckpt ? BATCH_CHECKPOINTED : BATCH_TRAINED);
+    ledger_train_add(co->ledger, b->row.id, t->generation, t->step, t->rank, 0);
+    m->trained++;
+    send_ack(m, t->seq, 0);
+}
+
+static void on_checkpointed(struct coord *co, struct member *m, const struct proto_checkpointed *c)
+{
+    struct dgroup *g = &co->grp;
+    if (!g->active || c->generation != g->gen) {
+        log_warn(0, "%s: checkpoint %s of generation %" PRIu64 " ignored: not in the lineage (generation %" PRIu64 "%s)",
+                 m->name, c->dir, c->generation, g->gen, g->active ? "" : ", restarting");
+        send_ack(m, c->seq, -DF_ESTATE);
+        return;
+    }
+    if (g->ckpt_gen == c->generation && g->ckpt_dir[0] && c->step < g->ckpt_step) {
+        send_ack(m, c->seq, 0);         /* an older one, replayed */
+        return;
+    }
+    g->ckpt_gen = c->generation;
+    g->ckpt_step = c->step;
+    snprintf(g->ckpt_dir, sizeof g->ckpt_dir, "%s", c->dir);
+    ledger_checkpoint_add(co->ledger, c->generation, c->step, c->dir);
+    ledger_meta_set_u64(co->ledger, "ckpt_gen", g->ckpt_gen);
+    ledger_meta_set_u64(co->ledger, "ckpt_step", g->ckpt_step);
+    ledger_meta_set(co->ledger, "ckpt_dir", g->ckpt_dir);
+    uint64_t n = 0;
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+            struct batch *b = &co->ep[e].b[i];
+            if (b->row.state == BATCH_TRAINED && b->row.gen == c->generation && b->row.step <= c->step) {
+                batch_set(co, b, BATCH_CHECKPOINTED);
+                n++;
+            }
+        }
+    log_notice("checkpoint %s (generation %" PRIu64 " step %" PRIu64 ") is durable: %" PRIu64 " batches done", c->dir,
+               c->generation, c->step, n);
+    send_ack(m, c->seq, 0);
+}
+
+static void on_error(struct coord *co, struct member *m, const struct proto_error *e)
+{
+    record_error(co, m, (int)e->fatal, e->code, e->message);
+    char reason[PROTO_TEXT_MAX + 80];
+    snprintf(reason, sizeof reason, "%s: %s", m->name, e->message);
+    if (e->fatal) {
+        log_error(0, "fatal error from %s (pid %d): %s (%s)", m->name, (int)m->pid, e->message, err_str(e->code));
+        if (co->state < PROTO_STATE_DRAINING) {
+            co->fatal = true;
+            coord_set_state(co, PROTO_STATE_DRAINING, reason);
+        }
+    } else if (e->code == -DF_ENAN) {
+        log_error(0, "%s reports a non-finite value: %s: pausing the cluster", m->name, e->message);
+        if (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING)
+            coord_set_state(co, PROTO_STATE_PAUSED, reason);
+    } else {
+        log_warn(0, "error from %s (pid %d): %s (%s)", m->name, (int)m->pid, e->message, err_str(e->code));
+    }
+}
+
+static void reply(struct member *m, int status, char *json)
+{
+    struct proto_msg msg = { .type = PROTO_REPLY };
+    msg.reply.status = status;
+    msg.reply.json_len = json ? (uint32_t)strlen(json) : 0;
+    msg.json = json;
+    if (coord_send(m, &msg) < 0) {
+        char *small = coord_json_result(m->co, 0, "reply too large");
+        msg.reply.status = -E2BIG;
+        msg.reply.json_len = (uint32_t)strlen(small);
+        msg.json = small;
+        coord_send(m, &msg);
+        free(small);
+    }
+    free(json);
+}
+
+static void on_control(struct coord *co, struct member *m, const struct proto_control *c)
+{
+    char reason[PROTO_TEXT_MAX + 200];
+    snprintf(reason, sizeof reason, "%s by %s (pid %d, uid %d)%s%s", proto_control_name(c->cmd), m->name, (int)m->pid,
+             (int)m->uid, c->reason[0] ? ": " : "", c->reason);
+    const char *refused = NULL;
+    switch (c->cmd) {
+    case PROTO_CTL_PAUSE:
+        if (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING)
+            coord_set_state(co, PROTO_STATE_PAUSED, reason);
+        else if (co->state != PROTO_STATE_PAUSED)
+            refused = "only a running cluster can pause";
+        break;
+    case PROTO_CTL_RESUME:
+        if (co->state == PROTO_STATE_PAUSED)
+            coord_set_state(co, PROTO_STATE_RUNNING, "");
+        else if (co->state != PROTO_STATE_RUNNING)
+            refused = "only a paused cluster can resume";
+        break;
+    case PROTO_CTL_DRAIN:
+        if (co->state < PROTO_STATE_DRAINING)
+            coord_set_state(co, PROTO_STATE_DRAINING, reason);
+        break;
+    case PROTO_CTL_STOP:
+        if (co->state < PROTO_STATE_STOPPED)
+            coord_set_state(co, PROTO_STATE_STOPPED, reason);
+        break;
+    }
+    char why[160];
+    if (refused)
+        snprintf(why, sizeof why, "%s (state is %s)", refused, proto_state_name((unsigned)co->state));
+    reply(m, refused ? -DF_ESTATE : 0, coord_json_result(co, !refused, refused ? why : NULL));
+}
+
+void coord_handle(struct member *m, const struct proto_msg *msg)
+{
+    struct coord *co = m->co;
+    if (msg->type == PROTO_HELLO) {
+        if (m->role) {
+            coord_refuse(m, -DF_EPEER, "second HELLO");
+            return;
+        }
+        on_hello(co, m, &msg->hello);
+        return;
+    }
+    int role = m->role;
+    switch (msg->type) {
+    case PROTO_HEARTBEAT:
+        m->hb = msg->heartbeat;
+        m->have_hb = true;
+        return;
+    case PROTO_LEASE_REQUEST:
+        if (role != PROTO_ROLE_TARGET)
+            break;
+        m->want += msg->lease_request.n;
+        if (m->want > 4 * PROTO_MAX_LEASE_REQUEST)
+            m->want = 4 * PROTO_MAX_LEASE_REQUEST;
+        grant_leases(co);
+        return;
+    case PROTO_LEASE_RETURN: {
+        if (role != PROTO_ROLE_TARGET)
+            break;
+        struct batch *b = coord_batch(co, msg->batch.batch_id);
+        if (b && b->row.state == BATCH_LEASED && b->holder == m) {
+            m->leases--;
+            requeue(co, b, "returned by its target");
+            grant_leases(co);
+        }
+        return;
+    }
+    case PROTO_PUBLISHED:
+        if (role != PROTO_ROLE_TARGET)
+            break;
+        on_published(co, m, &msg->published);
+        return;
+    case PROTO_JOIN_GROUP:
+        if (role != PROTO_ROLE_DRAFTER)
+            break;
+        if (m->rank >= 0 && co->grp.active) {
+            send_group(co, m);
+            return;
+        }
+        m->joined = true;
+        try_form_group(co);
+        return;
+    case PROTO_TRAINED:
+        if (role != PROTO_ROLE_DRAFTER)
+            break;
+        on_trained(co, m, &msg->trained);
+        return;
+    case PROTO_CHECKPOINTED:
+        if (role != PROTO_ROLE_DRAFTER)
+            break;
+        on_checkpointed(co, m, &msg->checkpointed);
+        return;
+    case PROTO_ERROR:
+        on_error(co, m, &msg->error);
+        return;
+    case PROTO_CONTROL:
+        on_control(co, m, &msg->control);
+        return;
+    case PROTO_QUERY:
+        reply(m, 0, coord_json(co, (int)msg->query.what, msg->query.limit));
+        return;
+    default:
+        break;
+    }
+    coord_refuse(m, -DF_EPEER, "%s is not a message a %s may send", proto_type_name(msg->type),
+                 proto_role_name((unsigned)role));
+}
+
+/* ---- departures and timeouts ---- */
+
+void coord_member_gone(struct member *m, const char *reason)
+{
+    struct coord *co = m->co;
+    if (m->role == PROTO_ROLE_CTL)
+        return;
+    int alive = proc_token_alive(m->token);   /* 1 alive, 0 dead, <0 unknown: treat as alive */
+    char why[160];
+    snprintf(why, sizeof why, "%s (pid %d) %s", m->name, (int)m->pid, alive == 0 ? "died" : reason);
+    struct ring_reclaim rc = { 0 };
+    if (alive == 0)
+        ring_reclaim_owner(co->ring, m->token, &rc);
+    if (rc.writing_freed || rc.reading_requeued)
+        log_notice("reclaimed the slots of %s: %u WRITING freed, %u READING back to READY", m->name, rc.writing_freed,
+                   rc.reading_requeued);
+    if (m->role == PROTO_ROLE_TARGET && m->leases) {
+        const struct ring_slot_stat *s = alive == 0 ? slot_snapshot(co) : NULL;
+        for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+            for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+                struct batch *b = &co->ep[e].b[i];
+                if (b->row.state != BATCH_LEASED || b->holder != m)
+                    continue;
+                b->holder = NULL;
+                if (alive == 0) {
+                    lease_lost(co, b, s, why);
+                } else {
+                    /* Alive but disconnected: its leases wait for it to reconnect. */
+                    b->detached_until_ms = mono_ms() + (uint64_t)co->cfg->coordinator.dead_after_ms;
+                }
+            }
+        m->leases = 0;
+    }
+    if (m->role == PROTO_ROLE_DRAFTER && m->rank >= 0 && co->grp.active) {
+        co->grp.rank_member[m->rank] = NULL;
+        if (alive == 0)
+            group_fail(co, why);
+        else if (!co->grp.rank_deadline_ms)
+            co->grp.rank_deadline_ms = mono_ms() + (uint64_t)co->cfg->coordinator.dead_after_ms;
+    }
+    m->rank = -1;
+    m->joined = false;
+    m->want = 0;
+    grant_leases(co);
+}
+
+static void end_recovery(struct coord *co)
+{
+    co->recovering = false;
+    const struct ring_slot_stat *s = slot_snapshot(co);
+    uint64_t lost = 0;
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+            struct batch *b = &co->ep[e].b[i];
+            if (b->row.state == BATCH_PUBLISHED && slot_holding(co, s, b->row.id) < 0) {
+                requeue(co, b, "its slot no longer holds it after the coordinator restart");
+                lost++;
+            }
+        }
+    struct dgroup *g = &co->grp;
+    if (g->active)
+        for (uint32_t r = 0; r < g->world; r++)
+            if (!g->rank_member[r]) {
+                group_fail(co, "a drafter did not come back after the coordinator restart");
+                break;
+            }
+    log_notice("recovery done: %" PRIu64 " publications lost while the coordinator was down", lost);
+    if (co->state == PROTO_STATE_STARTING)
+        coord_set_state(co, PROTO_STATE_RUNNING, "");
+    grant_leases(co);
+}
+
+static void check_done(struct coord *co)
+{
+    uint64_t *c = co->counts;
+    bool all_built = next_epoch(co) >= co->epochs;
+    if (co->state == PROTO_STATE_RUNNING && all_built && !c[BATCH_PENDING] && !c[BATCH_LEASED] && !c[BATCH_PUBLISHED]) {
+        if (c[BATCH_TRAINED])
+            coord_set_state(co, PROTO_STATE_DRAINING, "every batch trained: final checkpoint");
+        else
+            coord_set_state(co, PROTO_STATE_STOPPED, "run complete: every batch checkpointed");
+    }
+    if (co->state == PROTO_STATE_DRAINING && !c[BATCH_LEASED] && !c[BATCH_TRAINED]) {
+        if (co->fatal)
+            coord_set_state(co, PROTO_STATE_FAILED, co->reason);
+        else
+            coord_set_state(co, PROTO_STATE_STOPPED,
+                            all_built && c[BATCH_CHECKPOINTED] == co->total_batches ? "run complete: every batch checkpointed"
+                                                                                    : "drained");
+    }
+}
+
+void coord_tick(struct coord *co)
+{
+    uint64_t now = mono_ms();
+    uint64_t dead_after = (uint64_t)co->cfg->coordinator.dead_after_ms;
+    if (co->recovering && now >= co->recovery_until_ms)
+        end_recovery(co);
+    for (struct member *m = co->members, *next; m; m = next) {
+        next = m->next;
+        if (m->role && m->role != PROTO_ROLE_CTL && now - m->last_seen_ms > dead_after) {
+            char why[64];
+            snprintf(why, sizeof why, "no heartbeat for %" PRIu64 " ms", now - m->last_seen_ms);
+            coord_close_member(m, why);
+        }
+    }
+    if (!co->recovering) {
+        const struct ring_slot_stat *s = NULL;
+        for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+            for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+                struct batch *b = &co->ep[e].b[i];
+                if (b->row.state == BATCH_LEASED && !b->holder && b->detached_until_ms && now >= b->detached_until_ms) {
+                    if (!s)
+                        s = slot_snapshot(co);
+                    lease_lost(co, b, s, "its target did not come back in time");
+                }
+            }
+        if (co->grp.active && co->grp.rank_deadline_ms && now >= co->grp.rank_deadline_ms)
+            group_fail(co, "a drafter stayed disconnected");
+    }
+    static uint64_t last_reclaim;
+    if (now - last_reclaim > 2000) {
+        struct ring_reclaim rc = { 0 };
+        ring_reclaim_dead(co->ring, &rc);
+        if (rc.writing_freed || rc.reading_requeued)
+            log_notice("reclaimed slots of dead processes: %u WRITING freed, %u READING requeued", rc.writing_freed,
+                       rc.reading_requeued);
+        last_reclaim = now;
+    }
+    grant_leases(co);
+    if (!co->recovering)
+        check_done(co);
+    if (now - co->last_status_ms > 5000) {
+        co->last_status_ms = now;
+        uint64_t *c = co->counts;
+        daemon_notify_status(&co->d, "%s%s%s: %" PRIu64 "/%" PRIu64 " batches done, %" PRIu64 " leased, %" PRIu64
+                             " published, %" PRIu64 " errors", proto_state_name((unsigned)co->state),
+                             co->reason[0] ? " " : "", co->reason, c[BATCH_CHECKPOINTED], co->total_batches,
+                             c[BATCH_LEASED], c[BATCH_PUBLISHED], co->n_errors);
+    }
+}
+
+void coord_signal_stop(struct coord *co, int hard)
+{
+    if (hard || co->state >= PROTO_STATE_DRAINING)
+        coord_set_state(co, co->fatal ? PROTO_STATE_FAILED : PROTO_STATE_STOPPED, "stop signal");
+    else
+        coord_set_state(co, PROTO_STATE_DRAINING, "stop signal: draining");
+}
+
+/* ---- start: dataset, schedule, ledger recovery ---- */
+
+struct load_ctx {
+    struct coord *co;
+    char *err;
+    size_t errlen;
+    uint64_t rows;
+};
+
+static int load_row(void *ctx, const struct ledger_batch *row)
+{
+    struct load_ctx *c = ctx;
+    struct coord *co = c->co;
+    if (row->epoch >= co->epochs) {
+        snprintf(c->err, c->errlen, "%s: has epoch %u but data.epochs = %u", co->ledger_path, row->epoch, co->epochs);
+        return -DF_ELAYOUT;
+    }
+    if (!co->ep[row->epoch].built) {
+        int r = build_epoch(co, row->epoch, 0, c->err, c->errlen);
+        if (r < 0)
+            return r;
+    }
+    struct epoch_state *ep = &co->ep[row->epoch];
+    if (row->idx >= ep->s.n_batches || row->n_samples != ep->b[row->idx].row.n_samples ||
+        row->n_tokens != ep->b[row->idx].row.n_tokens || row->id != sched_batch_id(row->epoch, row->idx)) {
+        snprintf(c->err, c->errlen, "%s: batch %u:%u does not match the schedule rebuilt from the dataset",
+                 co->ledger_path, row->epoch, row->idx);
+        return -DF_ELAYOUT;
+    }
+    ep->b[row->idx].row = *row;
+    ep->loaded++;
+    co->counts[row->state]++;
+    if (row->state == BATCH_PENDING)
+        heap_push(co, row->id);
+    c->rows++;
+    return 0;
+}
+
+static int load_gen(void *ctx, uint64_t gen, int64_t limit)
+{
+    add_limit(ctx, gen, limit);
+    return 0;
+}
+
+int coord_cluster_init(struct coord *co, char *err, size_t errlen)
+{
+    const struct dflash_cfg *cfg = co->cfg;
+    int r = dataset_open(&co->ds, cfg->data.path, 0, err, errlen);
+    if (r < 0)
+        return r;
+    if (co->ds.n_samples > UINT32_MAX) {
+        snprintf(err, errlen, "%s: more than 2^32 samples", cfg->data.path);
+        return -DF_ERANGE;
+    }
+    co->lengths = malloc(co->ds.n_samples * 4);
+    if (!co->lengths)
+        return -ENOMEM;
+    for (uint64_t i = 0; i < co->ds.n_samples; i++)
+        co->lengths[i] = dataset_sample_len(&co->ds, i);
+    co->sp = (struct sched_params){ .seed = (uint64_t)cfg->data.seed, .token_budget = (uint32_t)cfg->data.token_budget,
+                                    .max_seq_len = (uint32_t)cfg->data.max_seq_len,
+                                    .bucket_width = (uint32_t)cfg->data.bucket_width,
+                                    .max_seqs = (uint32_t)cfg->ring.max_seqs };
+    if ((r = sched_check(&co->sp, err, errlen)) < 0)
+        return r;
+    if (cfg->data.token_budget > cfg->ring.max_tokens) {
+        snprintf(err, errlen, "data.token_budget (%lld) is larger than ring.max_tokens (%lld): a batch would not fit a slot",
+                 (long long)cfg->data.token_budget, (long long)cfg->ring.max_tokens);
+        return -EINVAL;
+    }
+    co->epochs = (uint32_t)cfg->data.epochs;
+    co->ep = calloc(co->epochs, sizeof *co->ep);
+    co->grp.world = (uint32_t)cfg->drafter.world_size;
+    co->grp.rank_member = calloc(co->grp.world, sizeof *co->grp.rank_member);
+    co->grp.rank_token = calloc(co->grp.world, sizeof *co->grp.rank_token);
+    if (!co->ep || !co->grp.rank_member || !co->grp.rank_token)
+        return -ENOMEM;
+    if (snprintf(co->grp.coll_name, sizeof co->grp.coll_name, "/dflash-%s-coll", cfg->cluster.name) >=
+        (int)sizeof co->grp.coll_name) {
+        snprintf(err, errlen, "cluster.name '%s' is too long", cfg->cluster.name);
+        return -EINVAL;
+    }
+
+    if ((r = ledger_open(&co->ledger, co->ledger_path, err, errlen)) < 0)
+        return r;
+    char fp[32], old[64];
+    snprintf(fp, sizeof fp, "%016" PRIx64, sched_fingerprint(co->lengths, (uint32_t)co->ds.n_samples, &co->sp));
+    r = ledger_meta_get(co->ledger, "fingerprint", old, sizeof old);
+    if (r < 0) {
+        snprintf(err, errlen, "%s: cannot read", co->ledger_path);
+        return r;
+    }
+    if (r == 0) {
+        ledger_meta_set(co->ledger, "fingerprint", fp);
+        ledger_meta_set(co->ledger, "dataset", cfg->data.path);
+        ledger_meta_set_u64(co->ledger, "created_ms", wall_ms());
+    } else if (strcmp(old, fp)) {
+        snprintf(err, errlen, "%s was written for another dataset or schedule (fingerprint %s, now %s): "
+                 "move it away to start a new run", co->ledger_path, old, fp);
+        return -DF_ELAYOUT;
+    }
+    struct load_ctx lc = { co, err, errlen, 0 };
+    if ((r = ledger_batch_foreach(co->ledger, load_row, &lc)) < 0)
+        return r;
+    for (uint32_t e = 0; e < co->epochs; e++) {
+        if (co->ep[e].built && co->ep[e].loaded != co->ep[e].s.n_batches) {
+            snprintf(err, errlen, "%s: epoch %u has %u of its %u batches", co->ledger_path, e, co->ep[e].loaded,
+                     co->ep[e].s.n_batches);
+            return -DF_ELAYOUT;
+        }
+        if (co->ep[e].built && e && !co->ep[e - 1].built) {
+            snprintf(err, errlen, "%s: epoch %u present but epoch %u missing", co->ledger_path, e, e - 1);
+            return -DF_ELAYOUT;
+        }
+    }
+    ledger_generation_foreach(co->ledger, load_gen, co);
+    uint64_t v;
+    if (ledger_meta_get_u64(co->ledger, "group_gen", &v) == 1)
+        co->grp.gen = v;
+    if (ledger_meta_get_u64(co->ledger, "group_active", &v) == 1)
+        co->grp.active = v != 0;
+    char toks[4096];
+    if (ledger_meta_get(co->ledger, "group_tokens", toks, sizeof toks) == 1) {
+        char *p = toks;
+        for (uint32_t k = 0; k < co->grp.world && *p; k++) {
+            co->grp.rank_token[k] = strtoull(p, &p, 10);
+            if (*p == ',')
+                p++;
+        }
+    }
+    if (ledger_meta_get_u64(co->ledger, "ckpt_gen", &v) == 1)
+        co->grp.ckpt_gen = v;
+    if (ledger_meta_get_u64(co->ledger, "ckpt_step", &v) == 1)
+        co->grp.ckpt_step = v;
+    ledger_meta_get(co->ledger, "ckpt_dir", co->grp.ckpt_dir, sizeof co->grp.ckpt_dir);
+
+    co->state = PROTO_STATE_STARTING;
+    if (!lc.rows && (r = build_epoch(co, 0, 1, err, errlen)) < 0)
+        return r;
+    if (lc.rows) {
+        co->recovering = true;
+        co->recovery_until_ms = mono_ms() + (uint64_t)cfg->coordinator.recovery_ms;
+        if (co->grp.active)
+            co->grp.rank_deadline_ms = co->recovery_until_ms;
+        log_notice("resuming from %s: %" PRIu64 " batches (%" PRIu64 " done, %" PRIu64 " leased, %" PRIu64
+                   " published, %" PRIu64 " trained), group generation %" PRIu64 ", checkpoint %s", co->ledger_path,
+                   lc.rows, co->counts[BATCH_CHECKPOINTED], co->counts[BATCH_LEASED], co->counts[BATCH_PUBLISHED],
+                   co->counts[BATCH_TRAINED], co->grp.gen, co->grp.ckpt_dir[0] ? co->grp.ckpt_dir : "(none)");
+    }
+    return ledger_commit(co->ledger, err, errlen);
+}
+
+/* After the ring is open: a fresh ring lost every publication; a re-attached one may hold
+ * batches whose PUBLISHED never arrived. Leases of dead owners go back now. */
+void coord_ring_reconcile(struct coord *co)
+{
+    const struct ring_slot_stat *s = co->ring_created ? NULL : slot_snapshot(co);
+    uint64_t adopted = 0, lost = 0, dead = 0;
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+            struct batch *b = &co->ep[e].b[i];
+            int slot = slot_holding(co, s, b->row.id);
+            if (b->row.state == BATCH_PUBLISHED && co->ring_created) {
+                requeue(co, b, "the ring was recreated");
+                lost++;
+            } else if ((b->row.state == BATCH_PENDING || b->row.state == BATCH_LEASED) && slot >= 0) {
+                b->row.slot = slot;
+                batch_set(co, b, BATCH_PUBLISHED);
+                adopted++;
+            } else if (b->row.state == BATCH_LEASED) {
+                b->detached_until_ms = co->recovery_until_ms;
+                if (proc_token_alive(b->row.owner) == 0) {
+                    requeue(co, b, "its target died while the coordinator was down");
+                    dead++;
+                }
+            }
+        }
+    if (adopted || lost || dead)
+        log_notice("ring vs ledger: %" PRIu64 " READY batches adopted, %" PRIu64 " publications lost, %" PRIu64
+                   " leases of dead targets re-queued", adopted, lost, dead);
+}
+
+void coord_cluster_done(struct coord *co)
+{
+    for (uint32_t e = 0; co->ep && e < co->epochs; e++) {
+        sched_epoch_done(&co->ep[e].s);
+        free(co->ep[e].b);
+    }
+    free(co->ep);
+    free(co->heap);
+    free(co->lengths);
+    free(co->grp.rank_member);
+    free(co->grp.rank_token);
+    free(co->grp.lim_gen);
+    free(co->grp.lim_step);
+    dataset_close(&co->ds);
+    ledger_close(co->ledger);
+}

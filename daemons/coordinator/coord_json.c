@@ -1,0 +1,324 @@
+/* coord_json.c: the JSON documents dflashctl reads (status, ring, daemons, batches, errors).
+ * Keys are an interface: dflashctl, `make demo` and the tests read them. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "common/timeutil.h"
+#include "daemons/coordinator/coord.h"
+#include "ipc/ring.h"
+
+static void add_timings(cJSON *o, int role, const struct proto_heartbeat *hb)
+{
+    if (role == PROTO_ROLE_TARGET) {
+        cJSON_AddNumberToObject(o, "forward_ms", hb->forward_ms);
+        cJSON_AddNumberToObject(o, "wait_ms", hb->wait_ms);
+        cJSON_AddNumberToObject(o, "write_ms", hb->write_ms);
+        cJSON_AddNumberToObject(o, "tokens_per_s", hb->tokens_per_s);
+        cJSON_AddNumberToObject(o, "batches_done", (double)hb->batches_done);
+    } else if (role == PROTO_ROLE_DRAFTER) {
+        cJSON_AddNumberToObject(o, "step", (double)hb->step);
+        cJSON_AddNumberToObject(o, "loss", hb->loss);   /* NaN prints as null */
+        cJSON_AddNumberToObject(o, "accuracy", hb->accuracy);
+        cJSON_AddNumberToObject(o, "accept_len", hb->accept_len);
+        cJSON_AddNumberToObject(o, "grad_norm", hb->grad_norm);
+        cJSON_AddNumberToObject(o, "lr", hb->lr);
+        cJSON_AddNumberToObject(o, "tokens_per_s", hb->tokens_per_s);
+        cJSON_AddNumberToObject(o, "idle_frac", hb->idle_frac);
+        cJSON_AddNumberToObject(o, "step_ms", hb->step_ms);
+        cJSON_AddNumberToObject(o, "batches_done", (double)hb->batches_done);
+    }
+}
+
+static cJSON *daemons_json(struct coord *co)
+{
+    cJSON *a = cJSON_CreateArray();
+    uint64_t now = mono_ms();
+    for (struct member *m = co->members; m; m = m->next) {
+        if (!m->role || m->role == PROTO_ROLE_CTL || m->closing)
+            continue;
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "id", (double)m->id);
+        cJSON_AddStringToObject(o, "role", proto_role_name((unsigned)m->role));
+        cJSON_AddNumberToObject(o, "gpu", m->device);
+        cJSON_AddNumberToObject(o, "pid", m->pid);
+        cJSON_AddStringToObject(o, "name", m->name);
+        cJSON_AddBoolToObject(o, "alive", 1);
+        cJSON_AddStringToObject(o, "state", m->have_hb ? proto_state_name(m->hb.state) : "starting");
+        cJSON_AddNumberToObject(o, "connected_s", (double)(now - m->connected_ms) / 1000.0);
+        cJSON_AddNumberToObject(o, "heartbeat_age_ms", (double)(now - m->last_seen_ms));
+        if (m->role == PROTO_ROLE_TARGET) {
+            cJSON_AddNumberToObject(o, "leases", m->leases);
+            cJSON_AddNumberToObject(o, "published", (double)m->published);
+        } else {
+            cJSON_AddNumberToObject(o, "rank", m->rank);
+            cJSON_AddNumberToObject(o, "trained", (double)m->trained);
+        }
+        add_timings(o, m->role, &m->hb);
+        cJSON_AddItemToArray(a, o);
+    }
+    for (size_t k = 0; k < co->n_departed; k++) {
+        const struct departed *d = &co->departed[(co->departed_next + COORD_DEPARTED_MAX - 1 - k) % COORD_DEPARTED_MAX];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "role", proto_role_name((unsigned)d->role));
+        cJSON_AddNumberToObject(o, "gpu", d->device);
+        cJSON_AddNumberToObject(o, "pid", d->pid);
+        cJSON_AddStringToObject(o, "name", d->name);
+        cJSON_AddBoolToObject(o, "alive", 0);
+        cJSON_AddStringToObject(o, "left_reason", d->reason);
+        cJSON_AddNumberToObject(o, "left_wall_ms", (double)d->left_wall_ms);
+        add_timings(o, d->role, &d->hb);
+        cJSON_AddItemToArray(a, o);
+    }
+    return a;
+}
+
+static cJSON *ring_json(struct coord *co, int slots)
+{
+    cJSON *o = cJSON_CreateObject();
+    const struct ring_layout *lay = ring_layout(co->ring);
+    struct ring_slot_stat *ss = slots ? calloc(lay->nslots, sizeof *ss) : NULL;
+    struct ring_stats st;
+    ring_stats(co->ring, &st, ss);
+    cJSON_AddStringToObject(o, "name", co->ring_name);
+    cJSON_AddNumberToObject(o, "slots", st.nslots);
+    cJSON_AddNumberToObject(o, "free", st.count[RING_FREE]);
+    cJSON_AddNumberToObject(o, "writing", st.count[RING_WRITING]);
+    cJSON_AddNumberToObject(o, "ready", st.count[RING_READY]);
+    cJSON_AddNumberToObject(o, "reading", st.count[RING_READING]);
+    cJSON_AddNumberToObject(o, "stuck_writing", st.stuck_writing);
+    cJSON_AddNumberToObject(o, "published", (double)st.published);
+    cJSON_AddNumberToObject(o, "consumed", (double)st.consumed);
+    cJSON_AddNumberToObject(o, "aborted", (double)st.aborted);
+    cJSON_AddNumberToObject(o, "reclaimed_writing", (double)st.reclaimed_writing);
+    cJSON_AddNumberToObject(o, "reclaimed_reading", (double)st.reclaimed_reading);
+    cJSON_AddNumberToObject(o, "writers_waiting", st.writers_waiting);
+    cJSON_AddNumberToObject(o, "readers_waiting", st.readers_waiting);
+    cJSON_AddNumberToObject(o, "max_tokens", lay->max_tokens);
+    cJSON_AddNumberToObject(o, "hidden", lay->hidden);
+    cJSON_AddNumberToObject(o, "layers", lay->n_layers);
+    if (ss) {
+        cJSON *a = cJSON_AddArrayToObject(o, "slot_list");
+        for (uint32_t i = 0; i < lay->nslots; i++) {
+            cJSON *s = cJSON_CreateObject();
+            cJSON_AddNumberToObject(s, "slot", i);
+            cJSON_AddStringToObject(s, "state", ring_state_name(ss[i].state));
+            cJSON_AddNumberToObject(s, "pid", ss[i].pid);
+            cJSON_AddNumberToObject(s, "owner", (double)ss[i].owner);
+            cJSON_AddNumberToObject(s, "seq", (double)ss[i].seq);
+            cJSON_AddNumberToObject(s, "batch", (double)ss[i].batch_id);
+            cJSON_AddNumberToObject(s, "epoch", sched_batch_epoch(ss[i].batch_id));
+            cJSON_AddNumberToObject(s, "index", sched_batch_index(ss[i].batch_id));
+            cJSON_AddNumberToObject(s, "tokens", ss[i].n_tokens);
+            cJSON_AddNumberToObject(s, "age_ms", (double)ss[i].age_ms);
+            cJSON_AddBoolToObject(s, "stuck", ss[i].stuck);
+            cJSON_AddItemToArray(a, s);
+        }
+        free(ss);
+    }
+    return o;
+}
+
+static cJSON *counts_json(struct coord *co)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "total", (double)co->total_batches);
+    for (int s = 0; s < BATCH_NSTATES; s++)
+        cJSON_AddNumberToObject(o, batch_state_name(s), (double)co->counts[s]);
+    cJSON_AddNumberToObject(o, "requeued", (double)co->requeues);
+    cJSON_AddNumberToObject(o, "duplicates", (double)co->duplicates);
+    return o;
+}
+
+static cJSON *epoch_json(struct coord *co)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *per = cJSON_CreateArray();
+    uint32_t current = co->epochs, scheduled = 0;
+    for (uint32_t e = 0; e < co->epochs; e++) {
+        if (!co->ep[e].built) {
+            if (current == co->epochs)
+                current = e;
+            continue;
+        }
+        scheduled++;
+        uint64_t done = 0;
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++)
+            done += co->ep[e].b[i].row.state == BATCH_CHECKPOINTED;
+        if (done < co->ep[e].s.n_batches && current == co->epochs)
+            current = e;
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "epoch", e);
+        cJSON_AddNumberToObject(x, "batches", co->ep[e].s.n_batches);
+        cJSON_AddNumberToObject(x, "checkpointed", (double)done);
+        cJSON_AddItemToArray(per, x);
+    }
+    /* Epochs not yet scheduled count with the size of the first one. */
+    uint64_t est_total = co->total_batches;
+    if (scheduled && scheduled < co->epochs)
+        est_total += (uint64_t)(co->epochs - scheduled) * co->ep[0].s.n_batches;
+    cJSON_AddNumberToObject(o, "epochs", co->epochs);
+    cJSON_AddNumberToObject(o, "current", current < co->epochs ? current : co->epochs - 1);
+    cJSON_AddNumberToObject(o, "scheduled", scheduled);
+    cJSON_AddNumberToObject(o, "done_batches", (double)co->counts[BATCH_CHECKPOINTED]);
+    cJSON_AddNumberToObject(o, "total_batches", (double)est_total);
+    cJSON_AddNumberToObject(o, "progress", est_total ? (double)co->counts[BATCH_CHECKPOINTED] / (double)est_total : 0);
+    cJSON_AddItemToObject(o, "per_epoch", per);
+    return o;
+}
+
+static cJSON *group_json(struct coord *co)
+{
+    struct dgroup *g = &co->grp;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "generation", (double)g->gen);
+    cJSON_AddBoolToObject(o, "active", g->active);
+    cJSON_AddNumberToObject(o, "world_size", g->world);
+    uint32_t present = 0;
+    for (uint32_t r = 0; r < g->world; r++)
+        present += g->active && g->rank_member[r];
+    cJSON_AddNumberToObject(o, "ranks_connected", present);
+    cJSON *ck = cJSON_AddObjectToObject(o, "checkpoint");
+    cJSON_AddNumberToObject(ck, "generation", (double)g->ckpt_gen);
+    cJSON_AddNumberToObject(ck, "step", (double)g->ckpt_step);
+    cJSON_AddStringToObject(ck, "dir", g->ckpt_dir);
+    return o;
+}
+
+/* Metrics of the drafter that is furthest along (rank 0 normally). */
+static cJSON *drafter_json(struct coord *co)
+{
+    const struct member *best = NULL;
+    for (const struct member *m = co->members; m; m = m->next)
+        if (m->role == PROTO_ROLE_DRAFTER && m->have_hb && !m->closing &&
+            (!best || m->hb.step > best->hb.step || (m->hb.step == best->hb.step && m->rank == 0)))
+            best = m;
+    cJSON *o = cJSON_CreateObject();
+    if (best) {
+        cJSON_AddNumberToObject(o, "rank", best->rank);
+        add_timings(o, PROTO_ROLE_DRAFTER, &best->hb);
+    }
+    double tps = 0;
+    for (const struct member *m = co->members; m; m = m->next)
+        if (m->role == PROTO_ROLE_TARGET && !m->closing)
+            tps += m->hb.tokens_per_s;
+    cJSON_AddNumberToObject(o, "target_tokens_per_s", tps);
+    return o;
+}
+
+static cJSON *error_json(const struct error_rec *e)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "wall_ms", (double)e->wall_ms);
+    cJSON_AddStringToObject(o, "role", e->role ? proto_role_name((unsigned)e->role) : "coordinator");
+    cJSON_AddNumberToObject(o, "gpu", e->device);
+    cJSON_AddNumberToObject(o, "pid", e->pid);
+    cJSON_AddBoolToObject(o, "fatal", e->fatal);
+    cJSON_AddNumberToObject(o, "code", e->code);
+    cJSON_AddStringToObject(o, "message", e->message);
+    return o;
+}
+
+static cJSON *errors_json(struct coord *co, uint32_t limit)
+{
+    cJSON *a = cJSON_CreateArray();
+    uint64_t n = co->n_errors < COORD_ERRORS_KEPT ? co->n_errors : COORD_ERRORS_KEPT;
+    for (uint64_t k = 0; k < n && k < limit; k++)
+        cJSON_AddItemToArray(a, error_json(&co->errors[(co->n_errors - 1 - k) % COORD_ERRORS_KEPT]));
+    return a;
+}
+
+static cJSON *batches_json(struct coord *co, uint32_t limit)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "batches", counts_json(co));
+    cJSON_AddItemToObject(o, "epoch", epoch_json(co));
+    cJSON *a = cJSON_AddArrayToObject(o, "in_flight");
+    uint32_t n = 0;
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches && n < limit; i++) {
+            const struct batch *b = &co->ep[e].b[i];
+            int st = b->row.state;
+            if (st != BATCH_LEASED && st != BATCH_PUBLISHED && st != BATCH_TRAINED)
+                continue;
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddNumberToObject(x, "id", (double)b->row.id);
+            cJSON_AddNumberToObject(x, "epoch", e);
+            cJSON_AddNumberToObject(x, "index", i);
+            cJSON_AddStringToObject(x, "state", batch_state_name(st));
+            cJSON_AddNumberToObject(x, "samples", b->row.n_samples);
+            cJSON_AddNumberToObject(x, "tokens", b->row.n_tokens);
+            cJSON_AddNumberToObject(x, "leases", b->row.leases);
+            cJSON_AddNumberToObject(x, "holder_pid", b->holder ? b->holder->pid : 0);
+            cJSON_AddNumberToObject(x, "slot", b->row.slot);
+            cJSON_AddNumberToObject(x, "generation", (double)b->row.gen);
+            cJSON_AddNumberToObject(x, "step", (double)b->row.step);
+            cJSON_AddItemToArray(a, x);
+            n++;
+        }
+    return o;
+}
+
+static char *finish(cJSON *o)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+char *coord_json_result(struct coord *co, int ok, const char *error)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddBoolToObject(o, "ok", ok);
+    cJSON_AddStringToObject(o, "state", proto_state_name((unsigned)co->state));
+    cJSON_AddStringToObject(o, "reason", co->reason);
+    if (error)
+        cJSON_AddStringToObject(o, "error", error);
+    return finish(o);
+}
+
+char *coord_json(struct coord *co, int what, uint32_t limit)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!limit)
+        limit = 100;
+    switch (what) {
+    case PROTO_Q_STATUS:
+        cJSON_AddStringToObject(o, "state", proto_state_name((unsigned)co->state));
+        cJSON_AddStringToObject(o, "reason", co->reason);
+        cJSON_AddStringToObject(o, "cluster", co->cfg->cluster.name);
+        cJSON_AddNumberToObject(o, "pid", getpid());
+        cJSON_AddNumberToObject(o, "uptime_s", (double)(mono_ms() - co->start_mono_ms) / 1000.0);
+        cJSON_AddBoolToObject(o, "recovering", co->recovering);
+        cJSON_AddStringToObject(o, "ledger", co->ledger_path);
+        cJSON_AddItemToObject(o, "epoch", epoch_json(co));
+        cJSON_AddItemToObject(o, "daemons", daemons_json(co));
+        cJSON_AddItemToObject(o, "ring", ring_json(co, 0));
+        cJSON_AddItemToObject(o, "batches", counts_json(co));
+        cJSON_AddItemToObject(o, "group", group_json(co));
+        cJSON_AddItemToObject(o, "drafter", drafter_json(co));
+        cJSON_AddItemToObject(o, "errors", errors_json(co, 10));
+        cJSON_AddNumberToObject(o, "error_count", (double)co->n_errors);
+        cJSON_AddNumberToObject(o, "fatal_count", (double)co->n_fatal);
+        break;
+    case PROTO_Q_RING:
+        cJSON_Delete(o);
+        o = ring_json(co, 1);
+        break;
+    case PROTO_Q_DAEMONS:
+        cJSON_AddItemToObject(o, "daemons", daemons_json(co));
+        break;
+    case PROTO_Q_BATCHES:
+        cJSON_Delete(o);
+        o = batches_json(co, limit);
+        break;
+    case PROTO_Q_ERRORS:
+        cJSON_AddItemToObject(o, "errors", errors_json(co, limit));
+        cJSON_AddNumberToObject(o, "count", (double)co->n_errors);
+        cJSON_AddNumberToObject(o, "fatal", (double)co->n_fatal);
+        break;
+    }
+    return finish(o);
+}

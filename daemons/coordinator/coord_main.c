@@ -1,0 +1,214 @@
+/* coord_main.c: coordinator-d: config, dataset + ledger recovery, ring, control socket,
+ * then the libuv loop; READY only once all of them are up; a clean stop leaves nothing behind. */
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "daemons/coordinator/coord.h"
+#include "ipc/ring.h"
+
+static struct coord g_co;
+
+static void on_signal(uv_signal_t *h, int sig)
+{
+    struct coord *co = h->data;
+    static int count;
+    count++;
+    log_notice("%s received%s", strsignal(sig), count > 1 ? " again: stopping now" : "");
+    coord_signal_stop(co, count > 1);
+    coord_flush(co);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    struct coord *co = t->data;
+    daemon_watchdog(&co->d);
+    coord_tick(co);
+    coord_flush(co);
+    if (co->state == PROTO_STATE_STOPPED || co->state == PROTO_STATE_FAILED) {
+        int daemons = 0;
+        for (struct member *m = co->members; m; m = m->next)
+            daemons += m->role == PROTO_ROLE_TARGET || m->role == PROTO_ROLE_DRAFTER;
+        /* Give daemons the STOP and dflashctl a last look, then leave. */
+        if (!daemons || mono_ms() - co->stopped_ms > (uint64_t)co->cfg->coordinator.dead_after_ms)
+            uv_stop(co->loop);
+    }
+}
+
+/* Clean stop: nothing stays half-done in the ledger once the ring is gone. */
+static void finalize_ledger(struct coord *co)
+{
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+            struct batch *b = &co->ep[e].b[i];
+            int st = b->row.state;
+            if (st == BATCH_LEASED || st == BATCH_PUBLISHED || st == BATCH_TRAINED) {
+                co->counts[st]--;
+                co->counts[BATCH_PENDING]++;
+                b->row.state = BATCH_PENDING;
+                b->row.owner = 0;
+                b->row.slot = -1;
+                b->row.updated_ms = wall_ms();
+                ledger_batch_update(co->ledger, &b->row);
+            }
+        }
+    if (co->grp.active) {
+        int64_t limit = co->grp.ckpt_gen == co->grp.gen && co->grp.ckpt_dir[0] ? (int64_t)co->grp.ckpt_step : -1;
+        ledger_generation_set(co->ledger, co->grp.gen, limit);
+        ledger_train_rollback(co->ledger, co->grp.gen, limit);
+        ledger_meta_set_u64(co->ledger, "group_active", 0);
+    }
+    char err[512];
+    if (ledger_commit(co->ledger, err, sizeof err) < 0)
+        log_error(0, "%s", err);
+}
+
+static void close_walk(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    struct coord *co = &g_co;
+    char err[1024];
+    int r = daemon_parse_args(&co->d, "coordinator-d", "coordinator", 0, argc, argv, stdout, err, sizeof err);
+    if (r == 1)
+        return 0;
+    log_init("coordinator-d", LOG_LVL_INFO);
+    if (r < 0) {
+        log_error(0, "%s", err);
+        return DAEMON_EX_USAGE;
+    }
+    if ((r = daemon_load_config(&co->d, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        return DAEMON_EX_CONFIG;
+    }
+    co->cfg = &co->d.cfg;
+    const struct dflash_cfg *cfg = co->cfg;
+    enum log_level lvl;
+    if (log_level_parse(cfg->cluster.log_level, &lvl) < 0) {
+        daemon_key_error(&co->d, "cluster", "log_level", err, sizeof err, "'%s' is not a log level", cfg->cluster.log_level);
+        log_error(0, "%s", err);
+        return DAEMON_EX_CONFIG;
+    }
+    log_set_level(lvl);
+    if (cfg->cluster.tcp_listen[0]) {
+        daemon_key_error(&co->d, "cluster", "tcp_listen", err, sizeof err, "the TCP listener is not implemented yet");
+        log_error(0, "%s", err);
+        return DAEMON_EX_CONFIG;
+    }
+    daemon_print_config(&co->d, stdout);
+    int too_long = 0;
+    if (cfg->cluster.socket[0])
+        too_long |= snprintf(co->socket_path, sizeof co->socket_path, "%s", cfg->cluster.socket) >= (int)sizeof co->socket_path;
+    else
+        too_long |= snprintf(co->socket_path, sizeof co->socket_path, "%s/%s.sock", cfg->cluster.runtime_dir,
+                             cfg->cluster.name) >= (int)sizeof co->socket_path;
+    too_long |= snprintf(co->ring_name, sizeof co->ring_name, "/dflash-%s", cfg->cluster.name) >= (int)sizeof co->ring_name - 8;
+    if (cfg->coordinator.ledger[0])
+        too_long |= snprintf(co->ledger_path, sizeof co->ledger_path, "%s", cfg->coordinator.ledger) >= (int)sizeof co->ledger_path;
+    else
+        too_long |= snprintf(co->ledger_path, sizeof co->ledger_path, "%s/%s-ledger.db", cfg->cluster.state_dir,
+                             cfg->cluster.name) >= (int)sizeof co->ledger_path;
+    if (too_long) {
+        log_error(0, "cluster.name, the socket path (at most %zu bytes) or the ledger path is too long",
+                  sizeof co->socket_path - 1);
+        return DAEMON_EX_CONFIG;
+    }
+    if (co->d.check_only)
+        return 0;
+
+    daemon_notify_init(&co->d);
+    co->start_wall_ms = wall_ms();
+    co->start_mono_ms = mono_ms();
+    co->next_member_id = 1;
+    co->exit_code = DAEMON_EX_FAILURE;
+    signal(SIGPIPE, SIG_IGN);
+    if ((r = daemon_lock(&co->d, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        return DAEMON_EX_FAILURE;
+    }
+    if (mkdir(cfg->cluster.state_dir, 0750) < 0 && errno != EEXIST)
+        log_warn(-errno, "state_dir %s", cfg->cluster.state_dir);
+
+    daemon_notify_status(&co->d, "checking the dataset and the ledger");
+    if ((r = coord_cluster_init(co, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        coord_cluster_done(co);
+        daemon_done(&co->d);
+        return r == -ENOMEM || r == -EIO ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
+    }
+    co->loop = uv_default_loop();
+    /* The server first: it resolves cluster.group, which the ring's mode needs. */
+    daemon_notify_status(&co->d, "opening the control socket");
+    if ((r = coord_server_start(co, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        goto out;
+    }
+    daemon_notify_status(&co->d, "opening the ring");
+    if ((r = coord_ring_open(co, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        co->exit_code = r == -DF_ELAYOUT || r == -EINVAL ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
+        goto out;
+    }
+    coord_ring_reconcile(co);
+    if ((r = ledger_commit(co->ledger, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        goto out;
+    }
+
+    uv_signal_init(co->loop, &co->sigterm);
+    uv_signal_init(co->loop, &co->sigint);
+    co->sigterm.data = co->sigint.data = co;
+    uv_signal_start(&co->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&co->sigint, on_signal, SIGINT);
+    uv_timer_init(co->loop, &co->tick);
+    co->tick.data = co;
+    uint64_t period = (uint64_t)cfg->coordinator.heartbeat_ms / 2;
+    if (period > 250)
+        period = 250;
+    if (period < 5)
+        period = 5;
+    if (co->d.watchdog_usec && co->d.watchdog_usec / 4000 < period)
+        period = co->d.watchdog_usec / 4000 ? co->d.watchdog_usec / 4000 : 1;
+    uv_timer_start(&co->tick, on_tick, period, period);
+
+    if (!co->recovering)
+        coord_set_state(co, PROTO_STATE_RUNNING, "");
+    coord_flush(co);
+    log_notice("ready: socket %s, ring %s, ledger %s, %" PRIu64 " samples, %u epochs", co->socket_path, co->ring_name,
+               co->ledger_path, co->ds.n_samples, co->epochs);
+    daemon_notify_ready(&co->d, "%s: socket %s, ring %s", proto_state_name((unsigned)co->state), co->socket_path,
+                        co->ring_name);
+    uv_run(co->loop, UV_RUN_DEFAULT);
+
+    daemon_notify_stopping(&co->d, "%s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
+    bool clean = co->state == PROTO_STATE_STOPPED || co->state == PROTO_STATE_FAILED;
+    if (clean)
+        finalize_ledger(co);
+    co->exit_code = co->state == PROTO_STATE_FAILED ? DAEMON_EX_CONFIG : DAEMON_EX_OK;
+    log_notice("exiting: %s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
+out:
+    coord_server_close(co);
+    uv_walk(co->loop, close_walk, NULL);
+    uv_run(co->loop, UV_RUN_DEFAULT);
+    uv_loop_close(co->loop);
+    if (co->ring) {
+        ring_detach(co->ring);
+        if (co->exit_code == DAEMON_EX_OK || co->state == PROTO_STATE_FAILED)
+            ring_unlink(co->ring_name);
+    }
+    coord_cluster_done(co);
+    daemon_done(&co->d);
+    return co->exit_code;
+}

@@ -1,0 +1,144 @@
+/* coord_ring.c: the ring's layout from the config (and the model's config.json), create
+ * or re-attach at start, and reconciling READY slots with the ledger after a restart. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "common/log.h"
+#include "daemons/coordinator/coord.h"
+#include "ipc/ring.h"
+
+/* hidden_size and num_hidden_layers of <model>/config.json. */
+static int model_dims(const char *dir, int *hidden, int *layers, char *err, size_t errlen)
+{
+    char path[CFG_STR_MAX + 16];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -errno;
+    }
+    static char text[1 << 20];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    cJSON *j = cJSON_Parse(text);
+    if (!j) {
+        snprintf(err, errlen, "%s: not valid JSON", path);
+        return -DF_EFORMAT;
+    }
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "hidden_size");
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "num_hidden_layers");
+    int r = 0;
+    if (!cJSON_IsNumber(h) || !cJSON_IsNumber(l) || h->valueint < 1 || l->valueint < 1) {
+        snprintf(err, errlen, "%s: hidden_size / num_hidden_layers missing or not positive", path);
+        r = -DF_EMISSING;
+    } else {
+        *hidden = h->valueint;
+        *layers = l->valueint;
+    }
+    cJSON_Delete(j);
+    return r;
+}
+
+/* The layout every target and drafter must agree on (they compute it the same way). */
+static int ring_layout_from_cfg(const struct dflash_cfg *cfg, struct ring_layout *lay, char *err, size_t errlen)
+{
+    memset(lay, 0, sizeof *lay);
+    int hidden = (int)cfg->coordinator.ring_hidden, n_layers = 0;
+    if (cfg->model.path[0]) {
+        int h = 0;
+        int r = model_dims(cfg->model.path, &h, &n_layers, err, errlen);
+        if (r < 0)
+            return r;
+        if (!hidden)
+            hidden = h;
+    } else if (!hidden) {
+        snprintf(err, errlen, "model.path is empty and coordinator.ring_hidden is 0: cannot size the ring");
+        return -EINVAL;
+    }
+    int ids[RING_MAX_LAYERS];
+    int n = 0;
+    if (cfg->model.capture_layers[0]) {
+        n = cfg_parse_int_list(cfg->model.capture_layers, ids, RING_MAX_LAYERS);
+        if (n <= 0) {
+            snprintf(err, errlen, "model.capture_layers: '%s' is not a list of layer ids", cfg->model.capture_layers);
+            return -EINVAL;
+        }
+    } else if (n_layers) {
+        /* DFlash build_target_layer_ids; Python round() = ties to even = nearbyint. */
+        int k = (int)cfg->model.draft_layers;
+        if (k == 1) {
+            ids[n++] = n_layers / 2;
+        } else {
+            for (int i = 0; i < k && n < RING_MAX_LAYERS; i++)
+                ids[n++] = (int)nearbyint(1.0 + (double)i * (n_layers - 4) / (double)(k - 1));
+        }
+    } else {
+        snprintf(err, errlen, "model.capture_layers is empty and there is no model.path to derive it from");
+        return -EINVAL;
+    }
+    lay->nslots = (uint32_t)cfg->ring.slots;
+    lay->hidden = (uint32_t)hidden;
+    lay->n_layers = (uint32_t)n;
+    for (int i = 0; i < n; i++)
+        lay->layer_ids[i] = (uint32_t)ids[i];
+    lay->dtype = RING_DTYPE_BF16;
+    lay->max_tokens = (uint32_t)cfg->ring.max_tokens;
+    lay->max_seqs = (uint32_t)cfg->ring.max_seqs;
+    return 0;
+}
+
+int coord_ring_open(struct coord *co, char *err, size_t errlen)
+{
+    struct ring_layout lay;
+    int r = ring_layout_from_cfg(co->cfg, &lay, err, errlen);
+    if (r < 0)
+        return r;
+    char why[512];
+    for (int attempt = 0; attempt < 50; attempt++) {
+        r = ring_attach(&co->ring, co->ring_name, &lay, 0, why, sizeof why);
+        if (r != -EAGAIN)
+            break;
+        usleep(20000);
+    }
+    if (r == 0) {
+        struct ring_reclaim rc = { 0 };
+        ring_reclaim_dead(co->ring, &rc);
+        log_notice("re-attached ring %s (%u slots); slots of dead owners: %u WRITING freed, %u READING requeued",
+                   co->ring_name, lay.nslots, rc.writing_freed, rc.reading_requeued);
+        co->ring_created = false;
+        return 0;
+    }
+    unsigned flags = 0;
+    if (r != -ENOENT) {
+        /* An incompatible ring: replace it only if it holds nothing. */
+        struct ring *old = NULL;
+        char why2[512];
+        if (ring_attach(&old, co->ring_name, NULL, RING_ATTACH_ANY | RING_ATTACH_RDONLY, why2, sizeof why2) == 0) {
+            struct ring_stats st;
+            ring_stats(old, &st, NULL);
+            ring_detach(old);
+            if (st.count[RING_FREE] != st.nslots) {
+                snprintf(err, errlen, "ring %s exists, is not compatible (%s) and holds %u non-free slots: stop its users"
+                         " or remove /dev/shm%s", co->ring_name, why, st.nslots - st.count[RING_FREE], co->ring_name);
+                return -DF_ELAYOUT;
+            }
+        }
+        log_warn(0, "replacing incompatible ring %s: %s", co->ring_name, why);
+        flags = RING_CREATE_REPLACE;
+    }
+    struct ring_create_opts opts = { .mode = 0660, .gid = co->allowed_gid == (gid_t)-1 ? -1 : (int)co->allowed_gid,
+                                     .stuck_writing_ms = (uint32_t)co->cfg->ring.stuck_writing_ms, .flags = flags };
+    r = ring_create(&co->ring, co->ring_name, &lay, &opts, err, errlen);
+    if (r < 0)
+        return r;
+    co->ring_created = true;
+    log_notice("created ring %s: %u slots of %u tokens, hidden %u x %u layers", co->ring_name, lay.nslots,
+               lay.max_tokens, lay.hidden, lay.n_layers);
+    return 0;
+}

@@ -1,0 +1,368 @@
+/* coord_server.c: the control socket on libuv: accept + SO_PEERCRED check, framing,
+ * per-member output held until the ledger commit, member close and free (close cb only). */
+#include <errno.h>
+#include <grp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "daemons/coordinator/coord.h"
+
+struct write_req {
+    uv_write_t req;
+    uint8_t *buf;
+};
+
+static void on_write(uv_write_t *req, int status)
+{
+    struct write_req *w = (struct write_req *)req;
+    struct member *m = req->handle->data;
+    free(w->buf);
+    free(w);
+    if (status < 0 && status != UV_ECANCELED && m && !m->closing)
+        coord_close_member(m, "write failed");
+}
+
+/* Hand buf (malloc'd, len bytes) to libuv; it is freed when written. */
+static int write_now(struct member *m, uint8_t *buf, size_t len)
+{
+    struct write_req *w = malloc(sizeof *w);
+    if (!w) {
+        free(buf);
+        return -ENOMEM;
+    }
+    w->buf = buf;
+    uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+    int r = uv_write(&w->req, (uv_stream_t *)&m->pipe, &b, 1, on_write);
+    if (r < 0) {
+        free(buf);
+        free(w);
+    }
+    return r;
+}
+
+int coord_send(struct member *m, const struct proto_msg *msg)
+{
+    if (m->closing)
+        return 0;
+    int64_t n = proto_encoded_size(msg);
+    if (n < 0)
+        return (int)n;
+    if (m->tx_cap - m->tx_len < (size_t)n) {
+        size_t cap = m->tx_cap ? m->tx_cap : 4096;
+        while (cap - m->tx_len < (size_t)n)
+            cap *= 2;
+        uint8_t *p = realloc(m->tx, cap);
+        if (!p)
+            return -ENOMEM;
+        m->tx = p;
+        m->tx_cap = cap;
+    }
+    char err[256];
+    n = proto_encode(msg, m->tx + m->tx_len, m->tx_cap - m->tx_len, err, sizeof err);
+    if (n < 0) {
+        log_error((int)n, "encode %s for %s: %s", proto_type_name(msg->type), m->name, err);
+        return (int)n;
+    }
+    m->tx_len += (size_t)n;
+    return 0;
+}
+
+void coord_flush(struct coord *co)
+{
+    char err[512];
+    if (ledger_dirty(co->ledger)) {
+        int r = ledger_commit(co->ledger, err, sizeof err);
+        if (r < 0) {
+            /* Memory and disk now disagree: only a restart from the ledger is safe. */
+            log_error(r, "ledger commit failed, exiting to restart from the durable state: %s", err);
+            exit(DAEMON_EX_FAILURE);
+        }
+    }
+    for (struct member *m = co->members; m; m = m->next) {
+        if (!m->tx_len || m->closing)
+            continue;
+        uint8_t *buf = m->tx;
+        size_t len = m->tx_len;
+        m->tx = NULL;
+        m->tx_len = m->tx_cap = 0;
+        if (write_now(m, buf, len) < 0)
+            coord_close_member(m, "write failed");
+    }
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    struct member *m = (struct member *)h;
+    free(m->rx);
+    free(m->tx);
+    free(m);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    uv_close((uv_handle_t *)req->handle, on_closed);
+    free(req);
+}
+
+static void remember_departed(struct coord *co, const struct member *m, const char *reason)
+{
+    if (!m->role || m->role == PROTO_ROLE_CTL)
+        return;
+    struct departed *d = &co->departed[co->departed_next];
+    co->departed_next = (co->departed_next + 1) % COORD_DEPARTED_MAX;
+    if (co->n_departed < COORD_DEPARTED_MAX)
+        co->n_departed++;
+    *d = (struct departed){ .role = m->role, .device = m->device, .pid = m->pid, .left_wall_ms = wall_ms(), .hb = m->hb };
+    snprintf(d->name, sizeof d->name, "%s", m->name);
+    snprintf(d->reason, sizeof d->reason, "%s", reason);
+}
+
+void coord_close_member(struct member *m, const char *reason)
+{
+    if (m->closing)
+        return;
+    struct coord *co = m->co;
+    if (m->role && m->role != PROTO_ROLE_CTL)
+        log_notice("%s (pid %d, member %llu) left: %s", m->name, (int)m->pid, (unsigned long long)m->id, reason);
+    else
+        log_debug("peer %llu (pid %d) closed: %s", (unsigned long long)m->id, (int)m->pid, reason);
+    m->closing = true;
+    uv_read_stop((uv_stream_t *)&m->pipe);
+    if (m->role)
+        coord_member_gone(m, reason);
+    remember_departed(co, m, reason);
+    if (m->prev)
+        m->prev->next = m->next;
+    else
+        co->members = m->next;
+    if (m->next)
+        m->next->prev = m->prev;
+    m->prev = m->next = NULL;
+    /* Frames not yet committed are dropped; a REFUSE already handed to libuv goes out
+     * before the shutdown completes. */
+    uv_shutdown_t *req = malloc(sizeof *req);
+    if (!req || uv_shutdown(req, (uv_stream_t *)&m->pipe, on_shutdown) < 0) {
+        free(req);
+        uv_close((uv_handle_t *)&m->pipe, on_closed);
+    }
+}
+
+void coord_refuse(struct member *m, int code, const char *fmt, ...)
+{
+    struct proto_msg msg = { .type = PROTO_REFUSE };
+    char text[PROTO_TEXT_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    msg.refuse.code = code;
+    msg.refuse.server_version = PROTO_VERSION;
+    proto_strset(msg.refuse.message, sizeof msg.refuse.message, text);
+    log_warn(0, "refused peer (pid %d uid %d gid %d): %s", (int)m->pid, (int)m->uid, (int)m->gid, text);
+    size_t n = sizeof(struct proto_hdr) + sizeof(struct proto_refuse);
+    uint8_t *buf = malloc(n);
+    if (buf && proto_encode(&msg, buf, n, NULL, 0) > 0)
+        write_now(m, buf, n);
+    else
+        free(buf);
+    coord_close_member(m, "refused");
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    struct member *m = (struct member *)h;
+    size_t want = suggested < 65536 ? 65536 : suggested;
+    if (m->rx_cap - m->rx_len < want) {
+        size_t cap = m->rx_cap ? m->rx_cap : 65536;
+        while (cap - m->rx_len < want && cap < PROTO_MAX_FRAME + 65536)
+            cap *= 2;
+        if (cap > m->rx_cap) {
+            uint8_t *p = realloc(m->rx, cap);
+            if (p) {
+                m->rx = p;
+                m->rx_cap = cap;
+            }
+        }
+    }
+    *buf = uv_buf_init((char *)m->rx + m->rx_len, (unsigned)(m->rx_cap - m->rx_len));
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
+{
+    struct member *m = (struct member *)s;
+    (void)buf;
+    if (nread < 0) {
+        coord_close_member(m, nread == UV_EOF ? "hung up" : uv_strerror((int)nread));
+        return;
+    }
+    m->rx_len += (size_t)nread;
+    m->last_seen_ms = mono_ms();
+    size_t off = 0;
+    while (!m->closing) {
+        char err[256];
+        int64_t n = proto_frame_size(m->rx + off, m->rx_len - off, err, sizeof err);
+        if (n == 0 || (n > 0 && (size_t)n > m->rx_len - off))
+            break;
+        struct proto_msg msg;
+        int r = n < 0 ? (int)n : proto_decode(m->rx + off, (size_t)n, &msg, err, sizeof err);
+        if (r < 0) {
+            if (r == -DF_EVERSION)
+                coord_refuse(m, r, "%s; this coordinator speaks protocol version %u", err, PROTO_VERSION);
+            else
+                coord_refuse(m, r, "bad frame: %s", err);
+            return;
+        }
+        if (!m->role && msg.type != PROTO_HELLO) {
+            coord_refuse(m, -DF_EPEER, "first message must be HELLO, got %s", proto_type_name(msg.type));
+            return;
+        }
+        coord_handle(m, &msg);
+        off += (size_t)n;
+    }
+    if (m->closing)
+        return;
+    memmove(m->rx, m->rx + off, m->rx_len - off);
+    m->rx_len -= off;
+    if (m->rx_len == m->rx_cap) /* cannot happen: frames are capped below the buffer */
+        coord_refuse(m, -E2BIG, "frame larger than the buffer");
+}
+
+/* Does the peer belong to the allowed group (primary or supplementary)? */
+static bool in_group(pid_t pid, gid_t gid, gid_t allowed)
+{
+    if (gid == allowed)
+        return true;
+    char path[64], line[4096];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "Groups:", 7))
+            continue;
+        char *p = line + 7, *end;
+        for (;;) {
+            unsigned long g = strtoul(p, &end, 10);
+            if (end == p)
+                break;
+            if ((gid_t)g == allowed)
+                found = true;
+            p = end;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    struct coord *co = server->data;
+    if (status < 0) {
+        log_warn(status == UV_EMFILE ? -EMFILE : 0, "accept: %s", uv_strerror(status));
+        return;
+    }
+    struct member *m = calloc(1, sizeof *m);
+    if (!m)
+        return;
+    m->co = co;
+    m->rank = -1;
+    m->device = -1;
+    uv_pipe_init(co->loop, &m->pipe, 0);
+    m->pipe.data = m;
+    if (uv_accept(server, (uv_stream_t *)&m->pipe) < 0) {
+        uv_close((uv_handle_t *)&m->pipe, on_closed);
+        return;
+    }
+    m->id = co->next_member_id++;
+    m->connected_ms = m->last_seen_ms = mono_ms();
+    snprintf(m->name, sizeof m->name, "peer-%llu", (unsigned long long)m->id);
+    m->next = co->members;
+    if (co->members)
+        co->members->prev = m;
+    co->members = m;
+
+    uv_os_fd_t fd;
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (uv_fileno((uv_handle_t *)&m->pipe, &fd) < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+        coord_refuse(m, -DF_EPEER, "cannot read the peer's credentials");
+        return;
+    }
+    m->pid = cred.pid;
+    m->uid = cred.uid;
+    m->gid = cred.gid;
+    bool ok = cred.uid == 0 || cred.uid == co->self_uid ||
+              (co->allowed_gid != (gid_t)-1 && in_group(cred.pid, cred.gid, co->allowed_gid));
+    if (!ok) {
+        coord_refuse(m, -EACCES, "uid %d gid %d is not allowed on %s (allowed: root, uid %d%s%s)", (int)cred.uid,
+                     (int)cred.gid, co->socket_path, (int)co->self_uid, co->cfg->cluster.group[0] ? ", group " : "",
+                     co->cfg->cluster.group);
+        return;
+    }
+    uv_read_start((uv_stream_t *)&m->pipe, on_alloc, on_read);
+}
+
+static void on_check(uv_check_t *h)
+{
+    coord_flush(h->data);
+}
+
+int coord_server_start(struct coord *co, char *err, size_t errlen)
+{
+    co->allowed_gid = (gid_t)-1;
+    co->self_uid = getuid();
+    if (co->cfg->cluster.group[0]) {
+        struct group *g = getgrnam(co->cfg->cluster.group);
+        if (!g) {
+            snprintf(err, errlen, "cluster.group: no such group '%s'", co->cfg->cluster.group);
+            return -ENOENT;
+        }
+        co->allowed_gid = g->gr_gid;
+    }
+    /* The lock (daemon_lock) says no other coordinator runs: a socket file left here is stale. */
+    unlink(co->socket_path);
+    int r = uv_pipe_init(co->loop, &co->server, 0);
+    if (r < 0)
+        goto fail;
+    co->server.data = co;
+    mode_t old = umask(0117);   /* the socket is born 0660, never briefly wider */
+    r = uv_pipe_bind(&co->server, co->socket_path);
+    umask(old);
+    if (r < 0)
+        goto fail;
+    if (chmod(co->socket_path, 0660) < 0 ||
+        (co->allowed_gid != (gid_t)-1 && chown(co->socket_path, (uid_t)-1, co->allowed_gid) < 0)) {
+        r = uv_translate_sys_error(errno);
+        goto fail;
+    }
+    r = uv_listen((uv_stream_t *)&co->server, 128, on_connection);
+    if (r < 0)
+        goto fail;
+    uv_check_init(co->loop, &co->flush_check);
+    co->flush_check.data = co;
+    uv_check_start(&co->flush_check, on_check);
+    return 0;
+fail:
+    snprintf(err, errlen, "control socket %s: %s", co->socket_path, uv_strerror(r));
+    return -EIO;
+}
+
+void coord_server_close(struct coord *co)
+{
+    while (co->members)
+        coord_close_member(co->members, "coordinator stopping");
+    if (!uv_is_closing((uv_handle_t *)&co->server))
+        uv_close((uv_handle_t *)&co->server, NULL);
+    uv_check_stop(&co->flush_check);
+    uv_close((uv_handle_t *)&co->flush_check, NULL);
+    unlink(co->socket_path);
+}

@@ -1,0 +1,308 @@
+/* dflashctl: command-line client of the coordinator's control socket.
+ * Read commands print a table or, with --json, the coordinator's JSON document. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "common/config.h"
+#include "ipc/client.h"
+
+#define EX_OK 0
+#define EX_FAIL 1
+#define EX_USAGE 64
+
+struct ctx {
+    struct client *c;
+    int json;
+    uint32_t limit;
+    const char *socket;
+};
+
+static double num(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+static const char *str(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static const cJSON *obj(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+
+/* Ask, and either print the JSON as-is or hand the parsed document to show(). */
+static int query(struct ctx *x, enum proto_query_what what, void (*show)(const cJSON *))
+{
+    char *json = NULL, err[512];
+    int status = 0;
+    int r = client_query(x->c, what, x->limit, &json, &status, err, sizeof err);
+    if (r < 0) {
+        fprintf(stderr, "dflashctl: %s\n", err);
+        return EX_FAIL;
+    }
+    if (x->json) {
+        puts(json);
+    } else {
+        cJSON *doc = cJSON_Parse(json);
+        if (!doc) {
+            fprintf(stderr, "dflashctl: the coordinator sent malformed JSON\n");
+            free(json);
+            return EX_FAIL;
+        }
+        show(doc);
+        cJSON_Delete(doc);
+    }
+    free(json);
+    return status < 0 ? EX_FAIL : EX_OK;
+}
+
+static void show_daemon_rows(const cJSON *daemons)
+{
+    printf("%-8s %4s %8s %-5s %-9s %s\n", "ROLE", "GPU", "PID", "ALIVE", "STATE", "DETAIL");
+    const cJSON *d;
+    cJSON_ArrayForEach(d, daemons) {
+        int alive = cJSON_IsTrue(obj(d, "alive"));
+        char detail[256];
+        if (!alive)
+            snprintf(detail, sizeof detail, "left: %s", str(d, "left_reason"));
+        else if (!strcmp(str(d, "role"), "target"))
+            snprintf(detail, sizeof detail, "leases %.0f, published %.0f, fwd %.1f ms, wait %.1f ms, write %.1f ms, %.0f tok/s",
+                     num(d, "leases"), num(d, "published"), num(d, "forward_ms"), num(d, "wait_ms"), num(d, "write_ms"),
+                     num(d, "tokens_per_s"));
+        else
+            snprintf(detail, sizeof detail, "rank %.0f, step %.0f, loss %.4g, acc %.3f, %.0f tok/s, idle %.0f%%",
+                     num(d, "rank"), num(d, "step"), num(d, "loss"), num(d, "accuracy"), num(d, "tokens_per_s"),
+                     100 * num(d, "idle_frac"));
+        printf("%-8s %4.0f %8.0f %-5s %-9s %s\n", str(d, "role"), num(d, "gpu"), num(d, "pid"), alive ? "yes" : "no",
+               alive ? str(d, "state") : "-", detail);
+    }
+}
+
+static void show_counts(const cJSON *b)
+{
+    printf("batches: %.0f total: pending %.0f, leased %.0f, published %.0f, trained %.0f, checkpointed %.0f"
+           " (re-queued %.0f, duplicates %.0f)\n", num(b, "total"), num(b, "pending"), num(b, "leased"),
+           num(b, "published"), num(b, "trained"), num(b, "checkpointed"), num(b, "requeued"), num(b, "duplicates"));
+}
+
+static void show_errors_rows(const cJSON *errors)
+{
+    const cJSON *e;
+    cJSON_ArrayForEach(e, errors) {
+        time_t t = (time_t)(num(e, "wall_ms") / 1000);
+        char when[32];
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
+        printf("  %s %s@%.0f pid %.0f %s%s\n", when, str(e, "role"), num(e, "gpu"), num(e, "pid"),
+               cJSON_IsTrue(obj(e, "fatal")) ? "FATAL: " : "", str(e, "message"));
+    }
+}
+
+static void show_status(const cJSON *s)
+{
+    const cJSON *ep = obj(s, "epoch"), *ring = obj(s, "ring"), *g = obj(s, "group"), *dr = obj(s, "drafter");
+    printf("state: %s%s%s   cluster %s, up %.1f s%s\n", str(s, "state"), *str(s, "reason") ? " (" : "",
+           str(s, "reason"), str(s, "cluster"), num(s, "uptime_s"), cJSON_IsTrue(obj(s, "recovering")) ? ", recovering" : "");
+    printf("epoch %.0f of %.0f: %.1f%% done (%.0f of %.0f batches checkpointed)\n", num(ep, "current") + 1,
+           num(ep, "epochs"), 100 * num(ep, "progress"), num(ep, "done_batches"), num(ep, "total_batches"));
+    show_counts(obj(s, "batches"));
+    printf("ring %s: %.0f slots: free %.0f, writing %.0f, ready %.0f, reading %.0f (stuck %.0f)\n", str(ring, "name"),
+           num(ring, "slots"), num(ring, "free"), num(ring, "writing"), num(ring, "ready"), num(ring, "reading"),
+           num(ring, "stuck_writing"));
+    const cJSON *ck = obj(g, "checkpoint");
+    printf("drafter group: generation %.0f, %s, %.0f/%.0f ranks; checkpoint %s (step %.0f)\n", num(g, "generation"),
+           cJSON_IsTrue(obj(g, "active")) ? "running" : "not formed", num(g, "ranks_connected"), num(g, "world_size"),
+           *str(ck, "dir") ? str(ck, "dir") : "none", num(ck, "step"));
+    if (!isnan(num(dr, "step")))
+        printf("training: step %.0f, loss %.4g, accuracy %.3f, accept %.2f, grad norm %.3g, lr %.3g, %.0f tok/s;"
+               " targets %.0f tok/s\n", num(dr, "step"), num(dr, "loss"), num(dr, "accuracy"), num(dr, "accept_len"),
+               num(dr, "grad_norm"), num(dr, "lr"), num(dr, "tokens_per_s"), num(dr, "target_tokens_per_s"));
+    show_daemon_rows(obj(s, "daemons"));
+    printf("errors: %.0f (%.0f fatal)\n", num(s, "error_count"), num(s, "fatal_count"));
+    show_errors_rows(obj(s, "errors"));
+}
+
+static void show_ring(const cJSON *r)
+{
+    printf("ring %s: %.0f slots of %.0f tokens (hidden %.0f x %.0f layers): free %.0f, writing %.0f, ready %.0f, reading %.0f\n",
+           str(r, "name"), num(r, "slots"), num(r, "max_tokens"), num(r, "hidden"), num(r, "layers"), num(r, "free"),
+           num(r, "writing"), num(r, "ready"), num(r, "reading"));
+    printf("%5s %-8s %8s %10s %12s %8s %10s\n", "SLOT", "STATE", "OWNER", "SEQ", "BATCH", "TOKENS", "AGE");
+    const cJSON *s;
+    cJSON_ArrayForEach(s, obj(r, "slot_list")) {
+        char batch[32] = "-", owner[16] = "-";
+        if (num(s, "seq") > 0 || strcmp(str(s, "state"), "FREE"))
+            snprintf(batch, sizeof batch, "%.0f:%.0f", num(s, "epoch"), num(s, "index"));
+        if (num(s, "pid") > 0)
+            snprintf(owner, sizeof owner, "%.0f", num(s, "pid"));
+        printf("%5.0f %-8s %8s %10.0f %12s %8.0f %8.1f s%s\n", num(s, "slot"), str(s, "state"), owner, num(s, "seq"),
+               batch, num(s, "tokens"), num(s, "age_ms") / 1000, cJSON_IsTrue(obj(s, "stuck")) ? " STUCK" : "");
+    }
+}
+
+static void show_daemons(const cJSON *d) { show_daemon_rows(obj(d, "daemons")); }
+
+static void show_batches(const cJSON *b)
+{
+    show_counts(obj(b, "batches"));
+    const cJSON *e;
+    cJSON_ArrayForEach(e, obj(obj(b, "epoch"), "per_epoch"))
+        printf("epoch %.0f: %.0f of %.0f batches checkpointed\n", num(e, "epoch"), num(e, "checkpointed"),
+               num(e, "batches"));
+    printf("%-12s %-12s %7s %7s %6s %6s %8s %6s %8s\n", "BATCH", "STATE", "SAMPLES", "TOKENS", "LEASES", "SLOT", "HOLDER",
+           "GEN", "STEP");
+    cJSON_ArrayForEach(e, obj(b, "in_flight")) {
+        char id[32];
+        snprintf(id, sizeof id, "%.0f:%.0f", num(e, "epoch"), num(e, "index"));
+        printf("%-12s %-12s %7.0f %7.0f %6.0f %6.0f %8.0f %6.0f %8.0f\n", id, str(e, "state"), num(e, "samples"),
+               num(e, "tokens"), num(e, "leases"), num(e, "slot"), num(e, "holder_pid"), num(e, "generation"),
+               num(e, "step"));
+    }
+}
+
+static void show_errors(const cJSON *e)
+{
+    printf("errors: %.0f (%.0f fatal)\n", num(e, "count"), num(e, "fatal"));
+    show_errors_rows(obj(e, "errors"));
+}
+
+static int cmd_status(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_STATUS, show_status); }
+static int cmd_ring(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_RING, show_ring); }
+static int cmd_daemons(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_DAEMONS, show_daemons); }
+static int cmd_batches(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_BATCHES, show_batches); }
+static int cmd_errors(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_ERRORS, show_errors); }
+
+static int control(struct ctx *x, enum proto_control_cmd cmd, int argc, char **argv)
+{
+    char reason[PROTO_TEXT_MAX] = "";
+    size_t n = 0;
+    for (int i = 0; i < argc && n < sizeof reason - 1; i++)
+        n += (size_t)snprintf(reason + n, sizeof reason - n, "%s%s", i ? " " : "", argv[i]);
+    char *json = NULL, err[512];
+    int status = 0;
+    if (client_control(x->c, cmd, reason, &json, &status, err, sizeof err) < 0) {
+        fprintf(stderr, "dflashctl: %s\n", err);
+        return EX_FAIL;
+    }
+    cJSON *doc = cJSON_Parse(json);
+    if (x->json)
+        puts(json);
+    else if (status < 0)
+        fprintf(stderr, "dflashctl: %s: %s\n", proto_control_name(cmd), str(doc, "error"));
+    else
+        printf("%s: cluster is %s\n", proto_control_name(cmd), str(doc, "state"));
+    cJSON_Delete(doc);
+    free(json);
+    return status < 0 ? EX_FAIL : EX_OK;
+}
+
+static int cmd_pause(struct ctx *x, int argc, char **argv) { return control(x, PROTO_CTL_PAUSE, argc, argv); }
+static int cmd_resume(struct ctx *x, int argc, char **argv) { return control(x, PROTO_CTL_RESUME, argc, argv); }
+static int cmd_drain(struct ctx *x, int argc, char **argv) { return control(x, PROTO_CTL_DRAIN, argc, argv); }
+static int cmd_stop(struct ctx *x, int argc, char **argv) { return control(x, PROTO_CTL_STOP, argc, argv); }
+
+static const struct cmd_entry {
+    const char *name;
+    const char *usage;
+    int min_args, max_args;
+    int (*fn)(struct ctx *, int, char **);
+} commands[] = {
+    { "status", "cluster state, progress, ring, daemons, errors", 0, 0, cmd_status },
+    { "ring", "every ring slot: state, owner, seq, batch, tokens, age", 0, 0, cmd_ring },
+    { "daemons", "registered daemons with their timings", 0, 0, cmd_daemons },
+    { "batches", "batch counts per state and epoch, batches in flight", 0, 0, cmd_batches },
+    { "errors", "errors reported by the daemons", 0, 0, cmd_errors },
+    { "pause", "[REASON]: stop leasing, pause targets and drafters", 0, 64, cmd_pause },
+    { "resume", "continue after a pause", 0, 64, cmd_resume },
+    { "drain", "[REASON]: finish in-flight work, final checkpoint, stop", 0, 64, cmd_drain },
+    { "stop", "[REASON]: stop every daemon now", 0, 64, cmd_stop },
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dflashctl [-s SOCKET | -c CONFIG] [--json] [-n LIMIT] COMMAND [ARGS]\n"
+               "  -s SOCKET  the coordinator's control socket\n"
+               "  -c CONFIG  take the socket from this dflash.ini (default /etc/dflash/dflash.ini when it exists)\n"
+               "  --json     print the coordinator's JSON document (read commands)\n"
+               "  -n LIMIT   rows for batches / errors (default 100)\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].usage);
+}
+
+int main(int argc, char **argv)
+{
+    struct ctx x = { .limit = 100 };
+    const char *config = NULL;
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--json")) {
+            x.json = 1;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return EX_OK;
+        } else if ((!strcmp(a, "-s") || !strcmp(a, "-c") || !strcmp(a, "-n")) && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (a[1] == 's')
+                x.socket = v;
+            else if (a[1] == 'c')
+                config = v;
+            else
+                x.limit = (uint32_t)strtoul(v, NULL, 10);
+        } else {
+            fprintf(stderr, "dflashctl: unknown option '%s'\n", a);
+            usage(stderr);
+            return EX_USAGE;
+        }
+    }
+    if (i >= argc) {
+        usage(stderr);
+        return EX_USAGE;
+    }
+    const struct cmd_entry *ce = NULL;
+    for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++)
+        if (!strcmp(argv[i], commands[k].name))
+            ce = &commands[k];
+    if (!ce) {
+        fprintf(stderr, "dflashctl: unknown command '%s'\n", argv[i]);
+        usage(stderr);
+        return EX_USAGE;
+    }
+    int nargs = argc - i - 1;
+    if (nargs < ce->min_args || nargs > ce->max_args) {
+        fprintf(stderr, "dflashctl: %s: wrong number of arguments (%s)\n", ce->name, ce->usage);
+        return EX_USAGE;
+    }
+
+    char path[CFG_STR_MAX + 80];
+    if (!x.socket) {
+        static struct dflash_cfg cfg;
+        char err[512];
+        if (!config && access("/etc/dflash/dflash.ini", R_OK) == 0)
+            config = "/etc/dflash/dflash.ini";
+        if (cfg_load(&cfg, config, err, sizeof err) < 0) {
+            fprintf(stderr, "dflashctl: %s\n", err);
+            return EX_FAIL;
+        }
+        if (cfg.cluster.socket[0])
+            snprintf(path, sizeof path, "%s", cfg.cluster.socket);
+        else
+            snprintf(path, sizeof path, "%s/%s.sock", cfg.cluster.runtime_dir, cfg.cluster.name);
+        x.socket = path;
+    }
+    struct client_opts o = { .socket_path = x.socket, .role = PROTO_ROLE_CTL, .device = -1, .name = "dflashctl",
+                             .reply_timeout_ms = 10000 };
+    char err[512];
+    if (client_open(&x.c, &o, err, sizeof err) < 0) {
+        fprintf(stderr, "dflashctl: %s\n", err);
+        return EX_FAIL;
+    }
+    int rc = ce->fn(&x, nargs, argv + i + 1);
+    client_free(x.c);
+    return rc;
+}

@@ -1,0 +1,736 @@
+/* client.c: the blocking control-socket client: handshake, heartbeats, at-least-once
+ * events with replay after reconnect, lease bookkeeping, pushed-message queue. */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "common/proc.h"
+#include "common/timeutil.h"
+#include "ipc/client.h"
+
+#define FAIL(code, ...) do { if (err && errlen) snprintf(err, errlen, __VA_ARGS__); return (code); } while (0)
+#define RETURNED_MAX 4096
+
+struct queued {
+    struct proto_msg m;
+};
+
+struct outbox_ent {
+    struct proto_msg m;         /* PUBLISHED / TRAINED / CHECKPOINTED, seq set */
+};
+
+struct client {
+    struct client_opts o;
+    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    char name[PROTO_NAME_MAX];
+    int fd;
+    uint64_t token, start_ticks;
+    pid_t pid;
+    struct proto_welcome welcome;
+
+    uint8_t *rx;
+    size_t rx_len, rx_cap;
+
+    struct queued *q;           /* pushed messages for the daemon, FIFO */
+    size_t q_head, q_len, q_cap;
+    char *json;                 /* last REPLY text handed out */
+
+    struct client_lease *leases;
+    size_t n_leases, cap_leases;
+    uint32_t want;              /* leases asked for and not granted yet */
+    uint64_t returned[RETURNED_MAX];
+    size_t n_returned;
+
+    struct outbox_ent *out;
+    size_t n_out, cap_out;
+    uint64_t next_seq;
+
+    struct proto_heartbeat hb;
+    uint64_t last_hb_ms;
+
+    uint64_t group_gen;         /* 0 = not in a group */
+    uint32_t group_rank;
+    int join_pending;           /* JOIN_GROUP sent, GROUP not yet received */
+    uint64_t next_reconnect_ms;
+    struct client_stats st;
+};
+
+/* ---- small containers ---- */
+
+static int q_push(struct client *c, const struct proto_msg *m)
+{
+    if (c->q_len == c->q_cap) {
+        size_t cap = c->q_cap ? c->q_cap * 2 : 16;
+        struct queued *q = malloc(cap * sizeof *q);
+        if (!q)
+            return -ENOMEM;
+        for (size_t i = 0; i < c->q_len; i++)
+            q[i] = c->q[(c->q_head + i) % c->q_cap];
+        free(c->q);
+        c->q = q;
+        c->q_cap = cap;
+        c->q_head = 0;
+    }
+    c->q[(c->q_head + c->q_len) % c->q_cap].m = *m;
+    c->q_len++;
+    return 0;
+}
+
+/* Drop a queued, undelivered GRANT for batch; 1 if one was there. */
+static int q_drop_grant(struct client *c, uint64_t batch)
+{
+    for (size_t i = 0; i < c->q_len; i++) {
+        struct proto_msg *m = &c->q[(c->q_head + i) % c->q_cap].m;
+        if (m->type == PROTO_LEASE_GRANT && m->grant.batch_id == batch) {
+            for (size_t k = i; k + 1 < c->q_len; k++)
+                c->q[(c->q_head + k) % c->q_cap] = c->q[(c->q_head + k + 1) % c->q_cap];
+            c->q_len--;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static struct client_lease *lease_get(const struct client *c, uint64_t batch)
+{
+    for (size_t i = 0; i < c->n_leases; i++)
+        if (c->leases[i].batch_id == batch)
+            return &c->leases[i];
+    return NULL;
+}
+
+static void lease_drop(struct client *c, uint64_t batch)
+{
+    struct client_lease *l = lease_get(c, batch);
+    if (!l)
+        return;
+    free(l->samples);
+    *l = c->leases[--c->n_leases];
+}
+
+static struct client_lease *lease_add(struct client *c, const struct proto_msg *m)
+{
+    if (c->n_leases == c->cap_leases) {
+        size_t cap = c->cap_leases ? c->cap_leases * 2 : 8;
+        void *p = realloc(c->leases, cap * sizeof *c->leases);
+        if (!p)
+            return NULL;
+        c->leases = p;
+        c->cap_leases = cap;
+    }
+    uint32_t *s = malloc((size_t)m->grant.n_samples * 4);
+    if (!s)
+        return NULL;
+    memcpy(s, m->samples, (size_t)m->grant.n_samples * 4);
+    struct client_lease *l = &c->leases[c->n_leases++];
+    *l = (struct client_lease){ m->grant.batch_id, m->grant.epoch, m->grant.n_samples, m->grant.n_tokens,
+                                m->grant.max_seq_len, s };
+    return l;
+}
+
+static int was_returned(const struct client *c, uint64_t batch)
+{
+    for (size_t i = 0; i < c->n_returned; i++)
+        if (c->returned[i] == batch)
+            return 1;
+    return 0;
+}
+
+static int outbox_has_publish(const struct client *c, uint64_t batch)
+{
+    for (size_t i = 0; i < c->n_out; i++)
+        if (c->out[i].m.type == PROTO_PUBLISHED && c->out[i].m.published.batch_id == batch)
+            return 1;
+    return 0;
+}
+
+/* ---- socket I/O ---- */
+
+static void disconnect(struct client *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    c->rx_len = 0;
+    c->next_reconnect_ms = mono_ms() + (uint64_t)c->o.reconnect_ms;
+}
+
+static int send_msg(struct client *c, const struct proto_msg *m)
+{
+    if (c->fd < 0)
+        return -ENOTCONN;
+    uint8_t buf[1024];
+    int64_t n = proto_encode(m, buf, sizeof buf, NULL, 0);
+    if (n < 0)
+        return (int)n;
+    size_t off = 0;
+    while (off < (size_t)n) {
+        ssize_t k = send(c->fd, buf + off, (size_t)n - off, MSG_NOSIGNAL);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            int r = -errno;
+            disconnect(c);
+            return r;
+        }
+        off += (size_t)k;
+    }
+    return 0;
+}
+
+/* Wait up to timeout_ms for bytes and append them to rx. 1 = got bytes, 0 = timeout,
+ * <0 = connection lost (disconnected). */
+static int rx_fill(struct client *c, int timeout_ms)
+{
+    if (c->fd < 0)
+        return -ENOTCONN;
+    struct pollfd p = { .fd = c->fd, .events = POLLIN };
+    int r = poll(&p, 1, timeout_ms);
+    if (r < 0)
+        return errno == EINTR ? 0 : -errno;
+    if (r == 0)
+        return 0;
+    if (c->rx_cap - c->rx_len < 65536) {
+        size_t cap = c->rx_cap ? c->rx_cap * 2 : 131072;
+        if (cap > PROTO_MAX_FRAME + 65536)
+            cap = PROTO_MAX_FRAME + 65536;
+        if (cap > c->rx_cap) {
+            void *b = realloc(c->rx, cap);
+            if (!b)
+                return -ENOMEM;
+            c->rx = b;
+            c->rx_cap = cap;
+        }
+    }
+    ssize_t k = recv(c->fd, c->rx + c->rx_len, c->rx_cap - c->rx_len, MSG_DONTWAIT);
+    if (k > 0) {
+        c->rx_len += (size_t)k;
+        return 1;
+    }
+    if (k < 0 && (errno == EAGAIN || errno == EINTR))
+        return 0;
+    disconnect(c);
+    return -EPIPE;
+}
+
+/* Decode the first complete frame in rx into *m (pointers into rx). Returns its size,
+ * 0 if incomplete, <0 on a bad frame (connection dropped). Consume with rx_consume. */
+static int64_t rx_peek(struct client *c, struct proto_msg *m, char *err, size_t errlen)
+{
+    int64_t n = proto_frame_size(c->rx, c->rx_len, err, errlen);
+    if (n == 0 || (n > 0 && (size_t)n > c->rx_len))
+        return 0;
+    int r = n < 0 ? (int)n : proto_decode(c->rx, (size_t)n, m, err, errlen);
+    if (r < 0) {
+        disconnect(c);
+        return r;
+    }
+    return n;
+}
+
+static void rx_consume(struct client *c, int64_t n)
+{
+    memmove(c->rx, c->rx + n, c->rx_len - (size_t)n);
+    c->rx_len -= (size_t)n;
+}
+
+/* Wait for one frame (any type) until deadline; *m valid until rx_consume. */
+static int64_t rx_wait(struct client *c, uint64_t deadline_ms, struct proto_msg *m, char *err, size_t errlen)
+{
+    for (;;) {
+        int64_t n = rx_peek(c, m, err, errlen);
+        if (n != 0)
+            return n;
+        uint64_t now = mono_ms();
+        if (now >= deadline_ms)
+            FAIL(-DF_ETIMEOUT, "no answer from the coordinator within %d ms", c->o.reply_timeout_ms);
+        int r = rx_fill(c, (int)(deadline_ms - now));
+        if (r < 0)
+            FAIL(r, "connection to %s lost: %s", c->socket_path, err_str(r));
+    }
+}
+
+/* Frames the daemon never sees are handled here; others are queued. */
+static int handle_frame(struct client *c, const struct proto_msg *m, char *err, size_t errlen)
+{
+    struct proto_msg cp = *m;
+    switch (m->type) {
+    case PROTO_ACK:
+        for (size_t i = 0; i < c->n_out; i++) {
+            uint64_t seq = c->out[i].m.published.seq;   /* seq is the first field of every event */
+            if (seq == m->ack.seq) {
+                c->out[i] = c->out[--c->n_out];
+                c->st.events_acked++;
+                break;
+            }
+        }
+        if (m->ack.status) {
+            c->st.nacks++;
+            c->st.last_nack_status = m->ack.status;
+        }
+        return 0;
+    case PROTO_LEASE_GRANT: {
+        if (lease_get(c, m->grant.batch_id))
+            return 0;
+        struct client_lease *l = lease_add(c, m);
+        if (!l)
+            return -ENOMEM;
+        if (c->want)
+            c->want--;
+        cp.samples = l->samples;
+        return q_push(c, &cp);
+    }
+    case PROTO_LEASE_REVOKE:
+        if (!lease_get(c, m->batch.batch_id))
+            return 0;
+        int queued_grant = q_drop_grant(c, m->batch.batch_id);
+        lease_drop(c, m->batch.batch_id);
+        return queued_grant ? 0 : q_push(c, &cp);
+    case PROTO_GROUP:
+        c->group_gen = m->group.generation;
+        c->group_rank = m->group.rank;
+        c->join_pending = 0;
+        return q_push(c, &cp);
+    case PROTO_RESTART:
+        c->group_gen = 0;
+        c->group_rank = PROTO_NONE32;
+        return q_push(c, &cp);
+    case PROTO_CONTROL:
+        return q_push(c, &cp);
+    case PROTO_REFUSE:
+        disconnect(c);
+        FAIL(-DF_EPEER, "refused by the coordinator: %s", m->refuse.message);
+    case PROTO_REPLY:
+        return 0;   /* only client_request waits for these */
+    default:
+        disconnect(c);
+        FAIL(-DF_EPEER, "unexpected %s from the coordinator", proto_type_name(m->type));
+    }
+}
+
+/* connect + HELLO + WELCOME + regrants + replay. 0, or <0 (disconnected again). */
+static int handshake(struct client *c, int first, char *err, size_t errlen)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        FAIL(-errno, "socket: %s", strerror(errno));
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    memcpy(sa.sun_path, c->socket_path, sizeof sa.sun_path);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        int r = -errno;
+        close(fd);
+        FAIL(r, "cannot connect to %s: %s", c->socket_path, strerror(-r));
+    }
+    struct timeval tv = { c->o.reply_timeout_ms / 1000, (c->o.reply_timeout_ms % 1000) * 1000 };
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    c->fd = fd;
+    c->rx_len = 0;
+
+    struct proto_msg m = { .type = PROTO_HELLO };
+    m.hello = (struct proto_hello){ .role = c->o.role, .device = c->o.device, .pid = (uint32_t)c->pid,
+                                    .group_rank = c->group_gen ? c->group_rank : PROTO_NONE32,
+                                    .start_ticks = c->start_ticks, .token = c->token,
+                                    .group_generation = c->group_gen };
+    proto_strset(m.hello.name, sizeof m.hello.name, c->name);
+    int r = send_msg(c, &m);
+    if (r < 0)
+        FAIL(r, "cannot send HELLO to %s: %s", c->socket_path, err_str(r));
+    uint64_t deadline = mono_ms() + (uint64_t)c->o.reply_timeout_ms;
+    struct proto_msg in;
+    int64_t n = rx_wait(c, deadline, &in, err, errlen);
+    if (n < 0) {
+        disconnect(c);
+        return (int)n;
+    }
+    if (in.type == PROTO_REFUSE) {
+        disconnect(c);
+        FAIL(-DF_EPEER, "refused by the coordinator: %s", in.refuse.message);
+    }
+    if (in.type != PROTO_WELCOME) {
+        disconnect(c);
+        FAIL(-DF_EPEER, "coordinator answered HELLO with %s", proto_type_name(in.type));
+    }
+    c->welcome = in.welcome;
+    rx_consume(c, n);
+
+    /* Re-granted leases: what the coordinator still counts as ours. */
+    uint64_t *kept = calloc(c->welcome.n_regrants + 1, 8);
+    if (!kept) {
+        disconnect(c);
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < c->welcome.n_regrants; i++) {
+        if ((n = rx_wait(c, deadline, &in, err, errlen)) < 0) {
+            free(kept);
+            disconnect(c);
+            return (int)n;
+        }
+        if (in.type != PROTO_LEASE_GRANT) {
+            free(kept);
+            disconnect(c);
+            FAIL(-DF_EPEER, "expected %u re-granted leases, got %s", c->welcome.n_regrants, proto_type_name(in.type));
+        }
+        kept[i] = in.grant.batch_id;
+        uint64_t b = in.grant.batch_id;
+        if (was_returned(c, b)) {
+            struct proto_msg ret = { .type = PROTO_LEASE_RETURN, .batch.batch_id = b };
+            send_msg(c, &ret);
+        } else if (!lease_get(c, b) && !outbox_has_publish(c, b)) {
+            /* Granted before the connection broke but never received: take it now. */
+            r = handle_frame(c, &in, err, errlen);
+            if (r < 0) {
+                free(kept);
+                return r;
+            }
+        }
+        rx_consume(c, n);
+    }
+    for (size_t i = 0; i < c->n_leases;) {
+        uint64_t b = c->leases[i].batch_id;
+        int found = 0;
+        for (uint32_t k = 0; k < c->welcome.n_regrants && !found; k++)
+            found = kept[k] == b;
+        if (found || first) {
+            i++;
+            continue;
+        }
+        struct proto_msg rv = { .type = PROTO_LEASE_REVOKE, .batch.batch_id = b };
+        handle_frame(c, &rv, NULL, 0);  /* drops the lease, tells the daemon */
+    }
+    free(kept);
+    c->n_returned = 0;
+
+    for (size_t i = 0; i < c->n_out; i++) {
+        if ((r = send_msg(c, &c->out[i].m)) < 0)
+            FAIL(r, "replay to %s: %s", c->socket_path, err_str(r));
+        c->st.events_replayed++;
+    }
+    if (c->want) {
+        struct proto_msg lr = { .type = PROTO_LEASE_REQUEST, .lease_request.n = c->want };
+        if ((r = send_msg(c, &lr)) < 0)
+            return r;
+    }
+    if (c->join_pending) {
+        struct proto_msg j = { .type = PROTO_JOIN_GROUP };
+        if ((r = send_msg(c, &j)) < 0)
+            return r;
+    }
+    c->last_hb_ms = 0;
+    if (!first) {
+        c->st.reconnects++;
+        struct proto_msg w = { .type = PROTO_WELCOME, .welcome = c->welcome };
+        q_push(c, &w);
+    }
+    return 0;
+}
+
+static int maybe_reconnect(struct client *c, char *err, size_t errlen)
+{
+    if (c->fd >= 0)
+        return 0;
+    uint64_t now = mono_ms();
+    if (now < c->next_reconnect_ms)
+        return -ENOTCONN;
+    c->next_reconnect_ms = now + (uint64_t)c->o.reconnect_ms;
+    char why[256];
+    int r = handshake(c, 0, why, sizeof why);
+    if (r == -DF_EPEER)
+        FAIL(r, "%s", why);  /* refused: the daemon must stop, not spin */
+    return r;
+}
+
+static void heartbeat_due(struct client *c)
+{
+    uint64_t now = mono_ms();
+    if (c->fd >= 0 && c->welcome.heartbeat_ms && now - c->last_hb_ms >= c->welcome.heartbeat_ms)
+        client_heartbeat_now(c);
+}
+
+/* ---- public ---- */
+
+int client_open(struct client **out, const struct client_opts *o, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!o->socket_path || !*o->socket_path)
+        FAIL(-EINVAL, "no control socket path");
+    if (strlen(o->socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+        FAIL(-ENAMETOOLONG, "%s: socket path too long", o->socket_path);
+    struct client *c = calloc(1, sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    c->o = *o;
+    if (!c->o.reply_timeout_ms)
+        c->o.reply_timeout_ms = 5000;
+    if (!c->o.reconnect_ms)
+        c->o.reconnect_ms = 100;
+    c->fd = -1;
+    c->group_rank = PROTO_NONE32;
+    c->next_seq = 1;
+    snprintf(c->socket_path, sizeof c->socket_path, "%s", o->socket_path);
+    if (o->name)
+        snprintf(c->name, sizeof c->name, "%s", o->name);
+    else
+        snprintf(c->name, sizeof c->name, "%s@%d", proto_role_name(o->role), o->device);
+    c->pid = getpid();
+    int r = proc_start_time(c->pid, &c->start_ticks);
+    if (r == 0)
+        r = proc_self_token(&c->token);
+    if (r < 0) {
+        free(c);
+        FAIL(r, "cannot read this process's start time: %s", err_str(r));
+    }
+    uint64_t deadline = mono_ms() + (uint64_t)(o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 0);
+    for (;;) {
+        r = handshake(c, 1, err, errlen);
+        if (r == 0)
+            break;
+        int retry = (r == -ENOENT || r == -ECONNREFUSED || r == -EAGAIN) && mono_ms() < deadline;
+        if (!retry) {
+            client_free(c);
+            return r;
+        }
+        usleep(20000);
+    }
+    *out = c;
+    return 0;
+}
+
+void client_free(struct client *c)
+{
+    if (!c)
+        return;
+    if (c->fd >= 0)
+        close(c->fd);
+    for (size_t i = 0; i < c->n_leases; i++)
+        free(c->leases[i].samples);
+    free(c->leases);
+    free(c->out);
+    free(c->q);
+    free(c->rx);
+    free(c->json);
+    free(c);
+}
+
+const struct proto_welcome *client_welcome(const struct client *c) { return &c->welcome; }
+int client_connected(const struct client *c) { return c->fd >= 0; }
+int client_fd(const struct client *c) { return c->fd; }
+
+void client_get_stats(const struct client *c, struct client_stats *st)
+{
+    *st = c->st;
+    st->outbox = (uint32_t)c->n_out;
+    st->leases_held = (uint32_t)c->n_leases;
+    st->leases_wanted = c->want;
+}
+
+void client_set_heartbeat(struct client *c, const struct proto_heartbeat *hb) { c->hb = *hb; }
+
+int client_heartbeat_now(struct client *c)
+{
+    struct proto_msg m = { .type = PROTO_HEARTBEAT, .heartbeat = c->hb };
+    m.heartbeat.leases_held = (uint32_t)c->n_leases;
+    if (m.heartbeat.state >= PROTO_STATE_MAX)
+        m.heartbeat.state = PROTO_STATE_RUNNING;
+    c->last_hb_ms = mono_ms();
+    int r = send_msg(c, &m);
+    return r == -ENOTCONN ? 0 : r;
+}
+
+/* Send now, or leave for the reconnect; never an error for a lost connection. */
+static int send_soft(struct client *c, const struct proto_msg *m)
+{
+    maybe_reconnect(c, NULL, 0);
+    heartbeat_due(c);
+    int r = send_msg(c, m);
+    return r == -ENOTCONN || r == -EPIPE || r == -ECONNRESET ? 0 : r;
+}
+
+static int send_event(struct client *c, struct proto_msg *m)
+{
+    if (c->n_out == c->cap_out) {
+        size_t cap = c->cap_out ? c->cap_out * 2 : 32;
+        void *p = realloc(c->out, cap * sizeof *c->out);
+        if (!p)
+            return -ENOMEM;
+        c->out = p;
+        c->cap_out = cap;
+    }
+    m->published.seq = c->next_seq++;   /* seq is the first field of every event struct */
+    c->out[c->n_out++].m = *m;
+    c->st.events_sent++;
+    return send_soft(c, m);
+}
+
+int client_lease_request(struct client *c, uint32_t n)
+{
+    if (n == 0 || n > PROTO_MAX_LEASE_REQUEST)
+        return -EINVAL;
+    c->want += n;
+    struct proto_msg m = { .type = PROTO_LEASE_REQUEST, .lease_request.n = n };
+    return send_soft(c, &m);
+}
+
+int client_lease_return(struct client *c, uint64_t batch)
+{
+    if (!lease_get(c, batch))
+        return -ENOENT;
+    lease_drop(c, batch);
+    if (c->n_returned < RETURNED_MAX)
+        c->returned[c->n_returned++] = batch;
+    struct proto_msg m = { .type = PROTO_LEASE_RETURN, .batch.batch_id = batch };
+    return send_soft(c, &m);
+}
+
+int client_published(struct client *c, uint64_t batch, uint32_t slot, uint32_t n_tokens)
+{
+    lease_drop(c, batch);
+    struct proto_msg m = { .type = PROTO_PUBLISHED };
+    m.published = (struct proto_published){ 0, batch, slot, n_tokens };
+    return send_event(c, &m);
+}
+
+int client_join_group(struct client *c)
+{
+    c->join_pending = 1;
+    c->group_gen = 0;
+    struct proto_msg m = { .type = PROTO_JOIN_GROUP };
+    return send_soft(c, &m);
+}
+
+int client_trained(struct client *c, uint64_t batch, uint64_t step, uint32_t rank, uint64_t generation)
+{
+    struct proto_msg m = { .type = PROTO_TRAINED };
+    m.trained = (struct proto_trained){ 0, batch, step, generation, rank, 0 };
+    return send_event(c, &m);
+}
+
+int client_checkpointed(struct client *c, uint64_t step, uint64_t generation, const char *dir)
+{
+    if (!dir || !*dir || strlen(dir) >= PROTO_PATH_MAX)
+        return -EINVAL;
+    struct proto_msg m = { .type = PROTO_CHECKPOINTED };
+    m.checkpointed.step = step;
+    m.checkpointed.generation = generation;
+    proto_strset(m.checkpointed.dir, sizeof m.checkpointed.dir, dir);
+    return send_event(c, &m);
+}
+
+int client_error(struct client *c, int fatal, int code, const char *fmt, ...)
+{
+    struct proto_msg m = { .type = PROTO_ERROR };
+    m.error.fatal = fatal ? 1 : 0;
+    m.error.code = code;
+    char text[PROTO_TEXT_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    proto_strset(m.error.message, sizeof m.error.message, text);
+    return send_soft(c, &m);
+}
+
+const struct client_lease *client_lease_find(const struct client *c, uint64_t batch) { return lease_get(c, batch); }
+int client_lease_held(const struct client *c, uint64_t batch) { return lease_get(c, batch) != NULL; }
+uint32_t client_leases_held(const struct client *c) { return (uint32_t)c->n_leases; }
+
+int client_poll(struct client *c, int timeout_ms, struct proto_msg *msg, char *err, size_t errlen)
+{
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : mono_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        int r = maybe_reconnect(c, err, errlen);
+        if (r == -DF_EPEER)
+            return r;
+        heartbeat_due(c);
+        /* Handle every complete frame already received. */
+        while (c->fd >= 0) {
+            struct proto_msg in;
+            int64_t n = rx_peek(c, &in, err, errlen);
+            if (n == 0)
+                break;
+            if (n < 0)
+                break;      /* bad frame: dropped the connection; reconnect later */
+            r = handle_frame(c, &in, err, errlen);
+            if (c->fd >= 0)
+                rx_consume(c, n);
+            if (r == -DF_EPEER || r == -ENOMEM)
+                return r;
+        }
+        if (c->q_len) {
+            *msg = c->q[c->q_head].m;
+            c->q_head = (c->q_head + 1) % c->q_cap;
+            c->q_len--;
+            return 1;
+        }
+        uint64_t now = mono_ms();
+        if (now >= deadline)
+            return 0;
+        uint64_t wait = deadline - now;
+        if (c->fd >= 0 && c->welcome.heartbeat_ms) {
+            uint64_t next_hb = c->last_hb_ms + c->welcome.heartbeat_ms;
+            wait = next_hb <= now ? 0 : (next_hb - now < wait ? next_hb - now : wait);
+        }
+        if (c->fd >= 0) {
+            rx_fill(c, (int)(wait > 60000 ? 60000 : wait));
+        } else {
+            uint64_t until = c->next_reconnect_ms > now ? c->next_reconnect_ms - now : 0;
+            if (until > wait)
+                until = wait;
+            poll(NULL, 0, (int)until);
+        }
+    }
+}
+
+static int request(struct client *c, const struct proto_msg *m, char **json, int *status, char *err, size_t errlen)
+{
+    *json = NULL;
+    if (c->fd < 0 && maybe_reconnect(c, err, errlen) < 0)
+        FAIL(-ENOTCONN, "not connected to %s", c->socket_path);
+    int r = send_msg(c, m);
+    if (r < 0)
+        FAIL(r, "send to %s: %s", c->socket_path, err_str(r));
+    uint64_t deadline = mono_ms() + (uint64_t)c->o.reply_timeout_ms;
+    for (;;) {
+        struct proto_msg in;
+        int64_t n = rx_wait(c, deadline, &in, err, errlen);
+        if (n < 0)
+            return (int)n;
+        if (in.type == PROTO_REPLY) {
+            char *j = malloc((size_t)in.reply.json_len + 1);
+            if (!j)
+                return -ENOMEM;
+            memcpy(j, in.json, in.reply.json_len);
+            j[in.reply.json_len] = 0;
+            *json = j;
+            *status = in.reply.status;
+            rx_consume(c, n);
+            return 0;
+        }
+        r = handle_frame(c, &in, err, errlen);
+        if (c->fd >= 0)
+            rx_consume(c, n);
+        if (r < 0)
+            return r;
+    }
+}
+
+int client_query(struct client *c, enum proto_query_what what, uint32_t limit, char **json, int *status,
+                 char *err, size_t errlen)
+{
+    struct proto_msg m = { .type = PROTO_QUERY, .query = { (uint32_t)what, limit } };
+    return request(c, &m, json, status, err, errlen);
+}
+
+int client_control(struct client *c, enum proto_control_cmd cmd, const char *reason, char **json, int *status,
+                   char *err, size_t errlen)
+{
+    struct proto_msg m = { .type = PROTO_CONTROL };
+    m.control.cmd = (uint32_t)cmd;
+    proto_strset(m.control.reason, sizeof m.control.reason, reason);
+    return request(c, &m, json, status, err, errlen);
+}

@@ -1,0 +1,101 @@
+/* client.h: blocking client of the coordinator's control socket, used by target-d,
+ * drafter-d and dflashctl: handshake, events with at-least-once delivery, pushed messages. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "ipc/proto.h"
+
+/*
+ * Model: one socket, no threads. The daemon calls client_poll() from its work loop
+ * (as often as it can; every call also sends the heartbeat when due) and gets pushed
+ * messages one at a time: LEASE_GRANT, LEASE_REVOKE, GROUP, RESTART, CONTROL, and
+ * WELCOME after a reconnect (so it can re-apply the cluster state, e.g. paused).
+ *
+ * Connection loss (coordinator restarted): the client reconnects by itself, at most
+ * every reconnect_ms, inside client_poll and the send calls, which never block on it.
+ * After a reconnect it says HELLO with the same owner token (and drafter group rank and
+ * generation), reconciles leases (a held lease the coordinator did not re-grant is
+ * dropped and reported to the daemon as a LEASE_REVOKE), sends again every event the
+ * old coordinator did not ACK (PUBLISHED, TRAINED, CHECKPOINTED), and asks again for
+ * leases still wanted. Events are therefore delivered at least once; the coordinator
+ * applies them idempotently.
+ *
+ * Targets: lease a batch with client_lease_request(); grants arrive as LEASE_GRANT
+ * whose samples stay valid (client-owned) until the lease is published or returned.
+ * Before marking a slot READY, check client_lease_held() (a revoked lease must not be
+ * published: abort the slot instead); then ring_publish, then client_published().
+ * Drafters: client_join_group(), then wait for GROUP with client_poll(). GROUP.ckpt_dir
+ * is the checkpoint to load: never a newer one found on disk (it is not in the lineage).
+ * On RESTART: abort the step (ring_requeue the slot being read), reload RESTART.ckpt_dir,
+ * client_join_group() again.
+ */
+
+struct client;
+
+struct client_opts {
+    const char *socket_path;
+    enum proto_role role;
+    int device;                 /* GPU / worker index; -1 for dflashctl */
+    const char *name;           /* shown by dflashctl; NULL = "<role>@<device>" */
+    int connect_timeout_ms;     /* client_open keeps trying this long (0 = one attempt) */
+    int reply_timeout_ms;       /* wait for WELCOME / REPLY (0 = 5000) */
+    int reconnect_ms;           /* between reconnect attempts (0 = 100) */
+};
+
+struct client_lease {
+    uint64_t batch_id;
+    uint32_t epoch;
+    uint32_t n_samples;
+    uint32_t n_tokens;
+    uint32_t max_seq_len;
+    uint32_t *samples;          /* dataset sample indices */
+};
+
+struct client_stats {
+    uint64_t reconnects;
+    uint64_t events_sent, events_acked, events_replayed;
+    uint64_t nacks;             /* ACKs with a non-zero status */
+    int32_t last_nack_status;
+    uint32_t outbox;            /* events not yet acknowledged */
+    uint32_t leases_held, leases_wanted;
+};
+
+/* Connect, HELLO, WELCOME. -DF_EPEER when refused (err carries the coordinator's
+ * reason), -ECONNREFUSED/-ENOENT/-EACCES when the socket cannot be reached. */
+int client_open(struct client **out, const struct client_opts *o, char *err, size_t errlen);
+void client_free(struct client *c);         /* NULL is fine */
+
+const struct proto_welcome *client_welcome(const struct client *c);
+int client_connected(const struct client *c);
+int client_fd(const struct client *c);      /* -1 while disconnected */
+void client_get_stats(const struct client *c, struct client_stats *st);
+
+/* Sending. All return 0 (sent, or queued while disconnected) or <0. */
+void client_set_heartbeat(struct client *c, const struct proto_heartbeat *hb);  /* sent every period */
+int client_heartbeat_now(struct client *c);
+int client_lease_request(struct client *c, uint32_t n);
+int client_lease_return(struct client *c, uint64_t batch_id);
+int client_published(struct client *c, uint64_t batch_id, uint32_t slot, uint32_t n_tokens);
+int client_join_group(struct client *c);
+int client_trained(struct client *c, uint64_t batch_id, uint64_t step, uint32_t rank, uint64_t generation);
+int client_checkpointed(struct client *c, uint64_t step, uint64_t generation, const char *dir);
+int client_error(struct client *c, int fatal, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Leases currently held (granted, not published/returned/revoked). */
+const struct client_lease *client_lease_find(const struct client *c, uint64_t batch_id);
+int client_lease_held(const struct client *c, uint64_t batch_id);
+uint32_t client_leases_held(const struct client *c);
+
+/* Wait up to timeout_ms (-1 = forever) for one pushed message. Returns 1 and *msg,
+ * 0 on timeout, or <0: -DF_EPEER (refused after a reconnect, err says why). Pointers
+ * in *msg (grant samples: until the lease ends; json) stay valid at least until the
+ * next client call. While disconnected it keeps trying to reconnect and returns 0. */
+int client_poll(struct client *c, int timeout_ms, struct proto_msg *msg, char *err, size_t errlen);
+
+/* Request/reply (dflashctl). *json is malloc'd NUL-terminated JSON text; *status is the
+ * coordinator's status (0 ok, <0 refused, then the JSON has "error"). Pushed messages
+ * arriving meanwhile are kept for client_poll. */
+int client_query(struct client *c, enum proto_query_what what, uint32_t limit, char **json, int *status,
+                 char *err, size_t errlen);
+int client_control(struct client *c, enum proto_control_cmd cmd, const char *reason, char **json, int *status,
+                   char *err, size_t errlen);
