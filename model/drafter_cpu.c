@@ -550,20 +550,26 @@ static void head_ce(struct drafter *d, const struct dims *z, struct drafter_metr
                     mx = lg[j];
                     arg = j;
                 }
+            float lab_logit = lg[lab];
             double sum = 0.0;
-            for (int j = 0; j < z->V; j++)
-                sum += exp((double)lg[j] - mx);
+            for (int j = 0; j < z->V; j++) {
+                float e = expf(lg[j] - mx);
+                lg[j] = e;
+                sum += e;
+            }
             double lse = mx + log(sum);
             double wi = ws->w[row];
-            double ce = lse - lg[lab];
+            double ce = lse - lab_logit;
             m->loss_sum += wi * ce;
             if (block_loss)
                 block_loss[row / z->bs] += wi * ce;
             ws->hit[row] = arg == lab;
             m->correct += arg == lab;
             if (backward) {
+                /* d(w * CE)/d logits = w * (softmax - onehot) */
+                float scale = (float)(wi / sum);
                 for (int j = 0; j < z->V; j++)
-                    lg[j] = (float)(wi * exp((double)lg[j] - lse));
+                    lg[j] *= scale;
                 lg[lab] -= (float)wi;
             }
         }
