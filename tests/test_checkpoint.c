@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "model/checkpoint.h"
+#include "model/hfconfig.h"
 #include "model/cpu_ops.h"
 #include "model/optim.h"
 #include "model/safetensors.h"
@@ -263,6 +264,52 @@ int main(void)
     expect_load_error(bad, b, "DFlashDraftModel");
     CHECK_OK(unlink(path));
     expect_load_error(bad, b, "config.json");
+
+    /* a new drafter from the target's config, a layer initialised from a target layer's tensors */
+    struct hf_config hc = { .arch = HF_ARCH_QWEN3, .hidden_size = 48, .num_layers = 8, .num_heads = 4,
+                            .num_kv_heads = 2, .head_dim = 16, .intermediate_size = 80, .vocab_size = 97,
+                            .max_position_embeddings = 4096, .rms_eps = 1e-6, .rope = { .theta = 1e4 } };
+    struct drafter_config nc;
+    int tids[3] = { 1, 3, 5 };
+    CHECK_OK(drafter_config_from_target(&nc, &hc, 2, tids, 3, 4, -1, 0, 0, 0, 0, err, sizeof err));
+    CHECK_INT(nc.mask_token_id, ==, 96);
+    CHECK_INT(nc.num_target_layers, ==, 8);
+    CHECK_INT(nc.head_dim, ==, 16);
+    CHECK_NEAR(nc.rope_theta, 1e4, 0);
+    CHECK(!memcmp(&nc, &f.cfg, sizeof nc));      /* the fixture is exactly this drafter */
+    CHECK_INT(drafter_config_from_target(&nc, &hc, 2, tids, 3, 4, -1, 3, 0, 0, 0, err, sizeof err), <, 0);
+    CHECK_CONTAINS(err, "num_key_value_heads");
+
+    struct st_out src[11];
+    char names[11][96];
+    int n_src = 0;
+    for (int i = 0; i < a->n_tensors; i++) {
+        const struct drafter_tensor *t = &a->tensors[i];
+        if (strncmp(t->name, "layers.0.", 9))
+            continue;
+        snprintf(names[n_src], sizeof names[n_src], "model.layers.6.%s", t->name + 9);
+        src[n_src] = (struct st_out){ .name = names[n_src], .dtype = ST_F32, .ndim = t->ndim,
+                                      .shape = { t->shape[0], t->shape[1] }, .data = a->params + t->offset };
+        n_src++;
+    }
+    CHECK_INT(n_src, ==, 11);
+    snprintf(path, sizeof path, "%s/target-layers.safetensors", root);
+    CHECK_OK(st_write_file(path, src, (size_t)n_src, NULL, 0, err, sizeof err));
+    struct st_set *tl = NULL;
+    CHECK_OK(st_open_file(&tl, path, err, sizeof err));
+    CHECK_OK(drafter_init_layer_from(b, 1, tl, "model.layers.6.", err, sizeof err));
+    for (int i = 0; i < a->n_tensors; i++) {
+        const struct drafter_tensor *t = &a->tensors[i];
+        if (strncmp(t->name, "layers.0.", 9))
+            continue;
+        char dst[96];
+        snprintf(dst, sizeof dst, "layers.1.%s", t->name + 9);
+        const struct drafter_tensor *u = drafter_find_tensor(b, dst);
+        CHECK(u && !memcmp(b->params + u->offset, a->params + t->offset, t->numel * sizeof(float)));
+    }
+    CHECK_INT(drafter_init_layer_from(b, 1, tl, "model.layers.5.", err, sizeof err), <, 0);
+    CHECK_CONTAINS(err, "model.layers.5.input_layernorm.weight");
+    st_close(tl);
 
     drafter_free(a);
     drafter_free(b);
