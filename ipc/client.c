@@ -642,6 +642,7 @@ uint32_t client_leases_held(const struct client *c) { return (uint32_t)c->n_leas
 int client_poll(struct client *c, int timeout_ms, struct proto_msg *msg, char *err, size_t errlen)
 {
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : mono_ms() + (uint64_t)timeout_ms;
+    int drained = 0;
     for (;;) {
         int r = maybe_reconnect(c, err, errlen);
         if (r == -DF_EPEER)
@@ -668,8 +669,15 @@ int client_poll(struct client *c, int timeout_ms, struct proto_msg *msg, char *e
             return 1;
         }
         uint64_t now = mono_ms();
-        if (now >= deadline)
+        if (now >= deadline) {
+            /* Even a zero timeout reads what has arrived (pushes, ACKs). */
+            if (c->fd >= 0 && !drained) {
+                drained = 1;
+                if (rx_fill(c, 0) > 0)
+                    continue;
+            }
             return 0;
+        }
         uint64_t wait = deadline - now;
         if (c->fd >= 0 && c->welcome.heartbeat_ms) {
             uint64_t next_hb = c->last_hb_ms + c->welcome.heartbeat_ms;

@@ -86,8 +86,9 @@ static void batch_set(struct coord *co, struct batch *b, int state)
     if (state != BATCH_LEASED) {
         b->holder = NULL;
         b->detached_until_ms = 0;
-        b->row.owner = 0;
     }
+    if (state == BATCH_PENDING)
+        b->row.owner = 0;   /* else: the lease holder, then the publisher (replays are recognised by it) */
     if (state != BATCH_PUBLISHED)
         b->row.slot = -1;
     int r = ledger_batch_update(co->ledger, &b->row);
@@ -527,8 +528,9 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
     }
     int st = b->row.state;
     if (st >= BATCH_PUBLISHED) {
-        if (st == BATCH_PUBLISHED && b->row.slot == (int32_t)p->slot) {
-            send_ack(m, p->seq, 0);     /* a replay after a reconnect */
+        if (b->row.owner == m->token && (st != BATCH_PUBLISHED || b->row.slot == (int32_t)p->slot)) {
+            /* a replay after a reconnect, or TRAINED overtook it (both came from one lease) */
+            send_ack(m, p->seq, 0);
             return;
         }
         co->duplicates++;
@@ -546,6 +548,7 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
         m->leases--;
     }
     b->row.slot = (int32_t)p->slot;
+    b->row.owner = m->token;
     batch_set(co, b, BATCH_PUBLISHED);
     m->published++;
     send_ack(m, p->seq, 0);
@@ -812,7 +815,7 @@ void coord_member_gone(struct member *m, const char *reason)
             }
         m->leases = 0;
     }
-    if (m->role == PROTO_ROLE_DRAFTER && m->rank >= 0 && co->grp.active) {
+    if (m->role == PROTO_ROLE_DRAFTER && m->rank >= 0 && co->grp.active && co->state < PROTO_STATE_STOPPED) {
         co->grp.rank_member[m->rank] = NULL;
         if (alive == 0)
             group_fail(co, why);
@@ -885,20 +888,34 @@ void coord_tick(struct coord *co)
             coord_close_member(m, why);
         }
     }
-    if (!co->recovering) {
-        const struct ring_slot_stat *s = NULL;
-        for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
-            for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
-                struct batch *b = &co->ep[e].b[i];
-                if (b->row.state == BATCH_LEASED && !b->holder && b->detached_until_ms && now >= b->detached_until_ms) {
-                    if (!s)
-                        s = slot_snapshot(co);
-                    lease_lost(co, b, s, "its target did not come back in time");
-                }
+    /* Detached owners: a socket hang-up can arrive while the process is still in exit(),
+     * so liveness is checked again here; a dead owner is handled at once. */
+    const struct ring_slot_stat *s = NULL;
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+            struct batch *b = &co->ep[e].b[i];
+            if (b->row.state != BATCH_LEASED || b->holder)
+                continue;
+            int dead = proc_token_alive(b->row.owner) == 0;
+            if (!dead && (co->recovering || !b->detached_until_ms || now < b->detached_until_ms))
+                continue;
+            if (dead) {
+                struct ring_reclaim rc = { 0 };
+                ring_reclaim_owner(co->ring, b->row.owner, &rc);
+                s = NULL;
             }
-        if (co->grp.active && co->grp.rank_deadline_ms && now >= co->grp.rank_deadline_ms)
-            group_fail(co, "a drafter stayed disconnected");
-    }
+            if (!s)
+                s = slot_snapshot(co);
+            lease_lost(co, b, s, dead ? "its target died" : "its target did not come back in time");
+        }
+    struct dgroup *g = &co->grp;
+    for (uint32_t r = 0; g->active && co->state < PROTO_STATE_STOPPED && r < g->world; r++)
+        if (!g->rank_member[r] && g->rank_token[r] && proc_token_alive(g->rank_token[r]) == 0) {
+            ring_reclaim_owner(co->ring, g->rank_token[r], NULL);
+            group_fail(co, "a drafter died");
+        }
+    if (!co->recovering && g->active && g->rank_deadline_ms && now >= g->rank_deadline_ms)
+        group_fail(co, "a drafter stayed disconnected");
     static uint64_t last_reclaim;
     if (now - last_reclaim > 2000) {
         struct ring_reclaim rc = { 0 };

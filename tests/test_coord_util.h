@@ -1,0 +1,394 @@
+/* test_coord_util.h: helpers of the coordinator tests: a private cluster dir + config, a
+ * dataset, the coordinator as a real process, status queries, and protocol-speaking peers
+ * (a fake target and a fake drafter built on ipc/client.h and ipc/ring.h). */
+#pragma once
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "common/dataset.h"
+#include "common/err.h"
+#include "common/timeutil.h"
+#include "ipc/client.h"
+#include "ipc/ring.h"
+#include "tests/test.h"
+
+struct tcluster {
+    char dir[200];
+    char name[32];
+    char ini[400];
+    char sock[400];
+    char ledger[400];
+    char ring[96];
+    char data[400];
+    pid_t coord;
+};
+
+static struct tcluster TC;
+
+static void tc_sleep_ms(int ms)
+{
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+/* Dataset of n samples with lengths in [lo, hi]. */
+static void tc_dataset(const char *path, int n, uint32_t lo, uint32_t hi, uint32_t vocab)
+{
+    char err[512];
+    struct dataset_writer *w;
+    CHECK_OK(dataset_writer_open(&w, path, vocab, err, sizeof err));
+    uint32_t *tok = malloc(hi * 4);
+    uint8_t *mask = malloc(hi);
+    uint64_t x = 7;
+    for (int i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t len = lo + (uint32_t)((x >> 33) % (hi - lo + 1));
+        for (uint32_t t = 0; t < len; t++) {
+            tok[t] = (uint32_t)(i + t) % vocab;
+            mask[t] = t > len / 3;
+        }
+        CHECK_OK(dataset_writer_add(w, tok, mask, len, err, sizeof err));
+    }
+    CHECK_OK(dataset_writer_finish(w, err, sizeof err));
+    dataset_writer_free(w);
+    free(tok);
+    free(mask);
+}
+
+/* A cluster dir under $TMPDIR with its config; extra = more INI lines (sections included). */
+static void tc_setup(const char *extra_cluster, const char *extra)
+{
+    const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(TC.dir, sizeof TC.dir, "%s", t);
+    snprintf(TC.name, sizeof TC.name, "tc%d", (int)getpid());
+    snprintf(TC.ini, sizeof TC.ini, "%s/dflash.ini", TC.dir);
+    snprintf(TC.sock, sizeof TC.sock, "%s/%s.sock", TC.dir, TC.name);
+    snprintf(TC.ledger, sizeof TC.ledger, "%s/%s-ledger.db", TC.dir, TC.name);
+    snprintf(TC.ring, sizeof TC.ring, "/dflash-%s", TC.name);
+    snprintf(TC.data, sizeof TC.data, "%s/data.bin", TC.dir);
+    FILE *f = fopen(TC.ini, "w");
+    CHECK(f);
+    fprintf(f, "[cluster]\nname = %s\nruntime_dir = %s\nstate_dir = %s\nlog_level = info\n%s\n"
+               "[ring]\nslots = 6\nmax_tokens = 512\nmax_seqs = 64\n"
+               "[model]\ncapture_layers = 1,2\n"
+               "[coordinator]\nring_hidden = 8\nheartbeat_ms = 50\ndead_after_ms = 3000\nrecovery_ms = 600\n"
+               "[data]\npath = %s\ntoken_budget = 512\nmax_seq_len = 256\nbucket_width = 32\n%s",
+            TC.name, TC.dir, TC.dir, extra_cluster ? extra_cluster : "", TC.data, extra ? extra : "");
+    fclose(f);
+}
+
+static const char *tc_bin(const char *name)
+{
+    static char p[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    const char *b = getenv("DFLASH_BUILD");
+    snprintf(p[k], sizeof p[k], "%s/%s", b ? b : "build", name);
+    return p[k];
+}
+
+static pid_t tc_spawn(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Connect as dflashctl would; waits up to timeout_ms for the socket. */
+static struct client *tc_ctl(int timeout_ms)
+{
+    struct client_opts o = { .socket_path = TC.sock, .role = PROTO_ROLE_CTL, .device = -1, .name = "test",
+                             .connect_timeout_ms = timeout_ms };
+    struct client *c = NULL;
+    char err[512];
+    if (client_open(&c, &o, err, sizeof err) < 0)
+        return NULL;
+    return c;
+}
+
+static void tc_start_coord(void)
+{
+    char log[400];
+    snprintf(log, sizeof log, "%s/coordinator.log", TC.dir);
+    char *argv[] = { (char *)tc_bin("bin/coordinator-d"), "-c", TC.ini, NULL };
+    TC.coord = tc_spawn(argv, log);
+    struct client *c = tc_ctl(20000);   /* readiness = the socket answers */
+    if (!c) {
+        char cmd[500];
+        snprintf(cmd, sizeof cmd, "tail -20 %s >&2", log);
+        if (system(cmd)) {}
+        TEST_FAIL("coordinator did not come up");
+    }
+    client_free(c);
+}
+
+/* The status document (caller cJSON_Delete's it), or NULL when the coordinator is down. */
+static cJSON *tc_query(enum proto_query_what what)
+{
+    struct client *c = tc_ctl(0);
+    if (!c)
+        return NULL;
+    char *json = NULL, err[256];
+    int status;
+    cJSON *doc = NULL;
+    if (client_query(c, what, 1000, &json, &status, err, sizeof err) == 0)
+        doc = cJSON_Parse(json);
+    free(json);
+    client_free(c);
+    return doc;
+}
+
+static double tc_num(const cJSON *o, const char *path)
+{
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", path);
+    const cJSON *cur = o;
+    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, "."))
+        cur = cJSON_GetObjectItemCaseSensitive(cur, tok);
+    return cJSON_IsNumber(cur) ? cur->valuedouble : -1;
+}
+
+static double tc_status_num(const char *path)
+{
+    cJSON *s = tc_query(PROTO_Q_STATUS);
+    double v = s ? tc_num(s, path) : -1;
+    cJSON_Delete(s);
+    return v;
+}
+
+/* Wait until status.<path> >= value (timeout fails the test). */
+static void tc_wait_num(const char *path, double value, int timeout_ms)
+{
+    uint64_t end = mono_ms() + (uint64_t)timeout_ms;
+    double v = -1;
+    while (mono_ms() < end) {
+        v = tc_status_num(path);
+        if (v >= value)
+            return;
+        tc_sleep_ms(50);
+    }
+    TEST_FAIL("status.%s stayed at %g, wanted >= %g", path, v, value);
+}
+
+static void tc_kill(pid_t pid)
+{
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+}
+
+/* ---- peers (run in forked children) ---- */
+
+struct tc_shared {
+    _Atomic uint64_t step[64];      /* drafter group step counter per generation (lockstep stand-in) */
+    _Atomic uint64_t published, trained;
+};
+static struct tc_shared *TS;
+
+static void tc_shared_init(void)
+{
+    TS = mmap(NULL, sizeof *TS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(TS != MAP_FAILED);
+    memset(TS, 0, sizeof *TS);
+}
+
+static struct client *peer_connect(enum proto_role role, int device)
+{
+    struct client_opts o = { .socket_path = TC.sock, .role = role, .device = device, .connect_timeout_ms = 20000 };
+    struct client *c;
+    char err[512];
+    if (client_open(&c, &o, err, sizeof err) < 0) {
+        fprintf(stderr, "peer %d: %s\n", device, err);
+        _exit(3);
+    }
+    return c;
+}
+
+static struct ring *peer_ring(void)
+{
+    struct ring *r = NULL;
+    char err[512];
+    for (int i = 0; i < 200 && ring_attach(&r, TC.ring, NULL, RING_ATTACH_ANY, err, sizeof err) < 0; i++)
+        tc_sleep_ms(20);
+    if (!r) {
+        fprintf(stderr, "peer: ring: %s\n", err);
+        _exit(4);
+    }
+    return r;
+}
+
+/* Fake target: leases -> fill a slot from the dataset -> publish. work_ms per batch. */
+static void peer_target(int device, int work_ms)
+{
+    struct client *c = peer_connect(PROTO_ROLE_TARGET, device);
+    struct ring *r = peer_ring();
+    struct dataset ds;
+    char err[512];
+    if (dataset_open(&ds, TC.data, DATASET_OPEN_NO_CHECKSUM, err, sizeof err) < 0)
+        _exit(5);
+    int paused = 0, draining = 0;
+    for (;;) {
+        struct proto_msg m;
+        int got = client_poll(c, 10, &m, err, sizeof err);
+        if (got < 0)
+            _exit(6);
+        if (got && m.type == PROTO_CONTROL) {
+            if (m.control.cmd == PROTO_CTL_STOP)
+                _exit(0);
+            paused = m.control.cmd == PROTO_CTL_PAUSE;
+            draining |= m.control.cmd == PROTO_CTL_DRAIN;
+        }
+        if (got && m.type == PROTO_WELCOME) {
+            paused = m.welcome.cluster_state == PROTO_STATE_PAUSED;
+            draining = m.welcome.cluster_state >= PROTO_STATE_DRAINING;
+        }
+        struct client_stats st;
+        client_get_stats(c, &st);
+        if (!paused && !draining && st.leases_held + st.leases_wanted < 2)
+            client_lease_request(c, 1);
+        if (!got || m.type != PROTO_LEASE_GRANT)
+            continue;
+        uint64_t id = m.grant.batch_id;
+        if (draining) {
+            client_lease_return(c, id);
+            continue;
+        }
+        tc_sleep_ms(work_ms);  /* "forward" */
+        unsigned slot;
+        int rr;
+        while ((rr = ring_claim_write(r, 20, &slot)) == -DF_ETIMEOUT)
+            client_poll(c, 0, &m, err, sizeof err);  /* keep heartbeats going while the ring is full */
+        if (rr < 0)
+            _exit(7);
+        struct ring_payload *p = ring_slot_header(r, slot);
+        int32_t *cu = ring_slot_cu_seqlens(r, slot);
+        uint32_t *tok = ring_slot_tokens(r, slot);
+        const struct client_lease *l = client_lease_find(c, id);
+        uint32_t n = 0;
+        cu[0] = 0;
+        for (uint32_t i = 0; l && i < l->n_samples; i++) {
+            uint32_t s = l->samples[i], len = dataset_sample_len(&ds, s);
+            if (len > l->max_seq_len)
+                len = l->max_seq_len;
+            memcpy(tok + n, dataset_sample_tokens(&ds, s), len * 4);
+            n += len;
+            cu[i + 1] = (int32_t)n;
+        }
+        p->batch_id = id;
+        p->epoch = m.grant.epoch;
+        p->n_seqs = l ? l->n_samples : 0;
+        p->n_tokens = n;
+        if (!l || !client_lease_held(c, id) || n != m.grant.n_tokens) {
+            ring_abort_write(r, slot);
+            continue;
+        }
+        if (ring_publish(r, slot) < 0)
+            _exit(8);
+        client_published(c, id, slot, n);
+        atomic_fetch_add(&TS->published, 1);
+    }
+}
+
+/* Fake drafter: group, then claim READY slots, "train", report; rank 0 checkpoints. */
+static void peer_drafter(int device, int work_ms, int ckpt_every)
+{
+    struct client *c = peer_connect(PROTO_ROLE_DRAFTER, device);
+    struct ring *r = peer_ring();
+    char err[512], dir[400];
+    client_join_group(c);
+    int in_group = 0, rank = -1, paused = 0, draining = 0;
+    uint64_t gen = 0, last_ckpt = 0;
+    for (;;) {
+        struct proto_msg m;
+        int got = client_poll(c, in_group && !paused ? 0 : 10, &m, err, sizeof err);
+        if (got < 0)
+            _exit(6);
+        if (got && m.type == PROTO_GROUP) {
+            in_group = 1;
+            rank = (int)m.group.rank;
+            gen = m.group.generation;
+            uint64_t zero = 0;
+            atomic_compare_exchange_strong(&TS->step[gen % 64], &zero, m.group.ckpt_step);
+            last_ckpt = m.group.ckpt_step;
+        } else if (got && m.type == PROTO_RESTART) {
+            in_group = 0;
+            client_join_group(c);
+        } else if (got && m.type == PROTO_CONTROL) {
+            if (m.control.cmd == PROTO_CTL_STOP)
+                _exit(0);
+            paused = m.control.cmd == PROTO_CTL_PAUSE;
+            if (m.control.cmd == PROTO_CTL_DRAIN)
+                draining = 1;
+        } else if (got && m.type == PROTO_WELCOME) {
+            paused = m.welcome.cluster_state == PROTO_STATE_PAUSED;
+        }
+        if (!in_group || paused)
+            continue;
+        if (draining) {
+            if (rank == 0 && draining == 1) {
+                uint64_t s = atomic_load(&TS->step[gen % 64]);
+                snprintf(dir, sizeof dir, "%s/ckpt-g%llu-s%llu", TC.dir, (unsigned long long)gen, (unsigned long long)s);
+                client_checkpointed(c, s, gen, dir);
+            }
+            draining = 2;
+            continue;
+        }
+        unsigned slot;
+        if (ring_claim_read(r, NULL, 20, &slot) < 0)
+            continue;
+        uint64_t id = ring_slot_header(r, slot)->batch_id;
+        tc_sleep_ms(work_ms);
+        if (ring_release(r, slot) < 0)
+            continue;
+        uint64_t step = atomic_fetch_add(&TS->step[gen % 64], 1) + 1;
+        client_trained(c, id, step, (uint32_t)rank, gen);
+        atomic_fetch_add(&TS->trained, 1);
+        if (rank == 0 && step - last_ckpt >= (uint64_t)ckpt_every) {
+            snprintf(dir, sizeof dir, "%s/ckpt-g%llu-s%llu", TC.dir, (unsigned long long)gen, (unsigned long long)step);
+            client_checkpointed(c, step, gen, dir);
+            last_ckpt = step;
+        }
+    }
+}
+
+static pid_t tc_fork_target(int device, int work_ms, const char *stop_at)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        if (stop_at)
+            setenv("DFLASH_RING_STOP_AT", stop_at, 1);
+        peer_target(device, work_ms);
+        _exit(0);
+    }
+    return pid;
+}
+
+static pid_t tc_fork_drafter(int device, int work_ms, int ckpt_every)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        peer_drafter(device, work_ms, ckpt_every);
+        _exit(0);
+    }
+    return pid;
+}
