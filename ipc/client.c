@@ -338,9 +338,24 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
                                     .start_ticks = c->start_ticks, .token = c->token,
                                     .group_generation = c->group_gen };
     proto_strset(m.hello.name, sizeof m.hello.name, c->name);
-    int r = send_msg(c, &m);
-    if (r < 0)
+    uint8_t hello[sizeof(struct proto_hdr) + sizeof(struct proto_hello)];
+    int r = (int)proto_encode(&m, hello, sizeof hello, err, errlen);
+    if (r < 0) {
+        disconnect(c);
+        return r;
+    }
+    if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello) {
+        r = -errno;
+        /* Refused on accept (e.g. SO_PEERCRED): the reason is still readable. */
+        uint8_t buf[1024];
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        ssize_t k = poll(&p, 1, 1000) > 0 ? recv(fd, buf, sizeof buf, MSG_DONTWAIT) : -1;
+        struct proto_msg in;
+        disconnect(c);
+        if (k > 0 && proto_decode(buf, (size_t)k, &in, NULL, 0) == 0 && in.type == PROTO_REFUSE)
+            FAIL(-DF_EPEER, "refused by the coordinator: %s", in.refuse.message);
         FAIL(r, "cannot send HELLO to %s: %s", c->socket_path, err_str(r));
+    }
     uint64_t deadline = mono_ms() + (uint64_t)c->o.reply_timeout_ms;
     struct proto_msg in;
     int64_t n = rx_wait(c, deadline, &in, err, errlen);

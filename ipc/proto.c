@@ -184,7 +184,7 @@ int64_t proto_frame_size(const void *buf, size_t len, char *err, size_t errlen)
     if (h.magic != PROTO_MAGIC)
         FAIL(-DF_EMAGIC, "bad frame magic 0x%08x (not a dflash peer?)", h.magic);
     if (h.len > PROTO_MAX_FRAME - sizeof h)
-        FAIL(-E2BIG, "frame of %u payload bytes exceeds the %u byte maximum", h.len, PROTO_MAX_FRAME);
+        FAIL(-E2BIG, "frame of %zu+%u bytes exceeds the %u byte maximum", sizeof h, h.len, PROTO_MAX_FRAME);
     return (int64_t)sizeof h + h.len;
 }
 
@@ -200,7 +200,7 @@ int proto_decode(const void *buf, size_t len, struct proto_msg *m, char *err, si
     if (h.magic != PROTO_MAGIC)
         FAIL(-DF_EMAGIC, "bad frame magic 0x%08x (not a dflash peer?)", h.magic);
     if (h.len > PROTO_MAX_FRAME - sizeof h)
-        FAIL(-E2BIG, "frame of %u payload bytes exceeds the %u byte maximum", h.len, PROTO_MAX_FRAME);
+        FAIL(-E2BIG, "frame of %zu+%u bytes exceeds the %u byte maximum", sizeof h, h.len, PROTO_MAX_FRAME);
     if (len < sizeof h + h.len)
         FAIL(-DF_ETRUNC, "truncated frame: %zu of %zu bytes", len, sizeof h + h.len);
     if (len > sizeof h + h.len)

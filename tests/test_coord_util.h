@@ -32,7 +32,7 @@ struct tcluster {
 
 static struct tcluster TC;
 
-static void tc_sleep_ms(int ms)
+static __attribute__((unused)) void tc_sleep_ms(int ms)
 {
     struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
     while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
@@ -40,7 +40,7 @@ static void tc_sleep_ms(int ms)
 }
 
 /* Dataset of n samples with lengths in [lo, hi]. */
-static void tc_dataset(const char *path, int n, uint32_t lo, uint32_t hi, uint32_t vocab)
+static __attribute__((unused)) void tc_dataset(const char *path, int n, uint32_t lo, uint32_t hi, uint32_t vocab)
 {
     char err[512];
     struct dataset_writer *w;
@@ -64,7 +64,7 @@ static void tc_dataset(const char *path, int n, uint32_t lo, uint32_t hi, uint32
 }
 
 /* A cluster dir under $TMPDIR with its config; extra = more INI lines (sections included). */
-static void tc_setup(const char *extra_cluster, const char *extra)
+static __attribute__((unused)) void tc_setup(const char *extra_cluster, const char *extra)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(TC.dir, sizeof TC.dir, "%s", t);
@@ -85,7 +85,7 @@ static void tc_setup(const char *extra_cluster, const char *extra)
     fclose(f);
 }
 
-static const char *tc_bin(const char *name)
+static __attribute__((unused)) const char *tc_bin(const char *name)
 {
     static char p[4][512];
     static int k;
@@ -95,7 +95,7 @@ static const char *tc_bin(const char *name)
     return p[k];
 }
 
-static pid_t tc_spawn(char *const argv[], const char *log)
+static __attribute__((unused)) pid_t tc_spawn(char *const argv[], const char *log)
 {
     pid_t pid = fork();
     CHECK(pid >= 0);
@@ -112,7 +112,7 @@ static pid_t tc_spawn(char *const argv[], const char *log)
 }
 
 /* Connect as dflashctl would; waits up to timeout_ms for the socket. */
-static struct client *tc_ctl(int timeout_ms)
+static __attribute__((unused)) struct client *tc_ctl(int timeout_ms)
 {
     struct client_opts o = { .socket_path = TC.sock, .role = PROTO_ROLE_CTL, .device = -1, .name = "test",
                              .connect_timeout_ms = timeout_ms };
@@ -123,7 +123,7 @@ static struct client *tc_ctl(int timeout_ms)
     return c;
 }
 
-static void tc_start_coord(void)
+static __attribute__((unused)) void tc_start_coord(void)
 {
     char log[400];
     snprintf(log, sizeof log, "%s/coordinator.log", TC.dir);
@@ -140,7 +140,7 @@ static void tc_start_coord(void)
 }
 
 /* The status document (caller cJSON_Delete's it), or NULL when the coordinator is down. */
-static cJSON *tc_query(enum proto_query_what what)
+static __attribute__((unused)) cJSON *tc_query(enum proto_query_what what)
 {
     struct client *c = tc_ctl(0);
     if (!c)
@@ -155,7 +155,7 @@ static cJSON *tc_query(enum proto_query_what what)
     return doc;
 }
 
-static double tc_num(const cJSON *o, const char *path)
+static __attribute__((unused)) double tc_num(const cJSON *o, const char *path)
 {
     char buf[128];
     snprintf(buf, sizeof buf, "%s", path);
@@ -165,7 +165,7 @@ static double tc_num(const cJSON *o, const char *path)
     return cJSON_IsNumber(cur) ? cur->valuedouble : -1;
 }
 
-static double tc_status_num(const char *path)
+static __attribute__((unused)) double tc_status_num(const char *path)
 {
     cJSON *s = tc_query(PROTO_Q_STATUS);
     double v = s ? tc_num(s, path) : -1;
@@ -174,7 +174,7 @@ static double tc_status_num(const char *path)
 }
 
 /* Wait until status.<path> >= value (timeout fails the test). */
-static void tc_wait_num(const char *path, double value, int timeout_ms)
+static __attribute__((unused)) void tc_wait_num(const char *path, double value, int timeout_ms)
 {
     uint64_t end = mono_ms() + (uint64_t)timeout_ms;
     double v = -1;
@@ -187,7 +187,7 @@ static void tc_wait_num(const char *path, double value, int timeout_ms)
     TEST_FAIL("status.%s stayed at %g, wanted >= %g", path, v, value);
 }
 
-static void tc_kill(pid_t pid)
+static __attribute__((unused)) void tc_kill(pid_t pid)
 {
     if (pid > 0) {
         kill(pid, SIGKILL);
@@ -203,14 +203,14 @@ struct tc_shared {
 };
 static struct tc_shared *TS;
 
-static void tc_shared_init(void)
+static __attribute__((unused)) void tc_shared_init(void)
 {
     TS = mmap(NULL, sizeof *TS, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     CHECK(TS != MAP_FAILED);
     memset(TS, 0, sizeof *TS);
 }
 
-static struct client *peer_connect(enum proto_role role, int device)
+static __attribute__((unused)) struct client *peer_connect(enum proto_role role, int device)
 {
     struct client_opts o = { .socket_path = TC.sock, .role = role, .device = device, .connect_timeout_ms = 20000 };
     struct client *c;
@@ -222,7 +222,7 @@ static struct client *peer_connect(enum proto_role role, int device)
     return c;
 }
 
-static struct ring *peer_ring(void)
+static __attribute__((unused)) struct ring *peer_ring(void)
 {
     struct ring *r = NULL;
     char err[512];
@@ -236,7 +236,7 @@ static struct ring *peer_ring(void)
 }
 
 /* Fake target: leases -> fill a slot from the dataset -> publish. work_ms per batch. */
-static void peer_target(int device, int work_ms)
+static __attribute__((unused)) void peer_target(int device, int work_ms)
 {
     struct client *c = peer_connect(PROTO_ROLE_TARGET, device);
     struct ring *r = peer_ring();
@@ -308,7 +308,7 @@ static void peer_target(int device, int work_ms)
 }
 
 /* Fake drafter: group, then claim READY slots, "train", report; rank 0 checkpoints. */
-static void peer_drafter(int device, int work_ms, int ckpt_every)
+static __attribute__((unused)) void peer_drafter(int device, int work_ms, int ckpt_every)
 {
     struct client *c = peer_connect(PROTO_ROLE_DRAFTER, device);
     struct ring *r = peer_ring();
@@ -369,7 +369,7 @@ static void peer_drafter(int device, int work_ms, int ckpt_every)
     }
 }
 
-static pid_t tc_fork_target(int device, int work_ms, const char *stop_at)
+static __attribute__((unused)) pid_t tc_fork_target(int device, int work_ms, const char *stop_at)
 {
     pid_t pid = fork();
     CHECK(pid >= 0);
@@ -382,7 +382,7 @@ static pid_t tc_fork_target(int device, int work_ms, const char *stop_at)
     return pid;
 }
 
-static pid_t tc_fork_drafter(int device, int work_ms, int ckpt_every)
+static __attribute__((unused)) pid_t tc_fork_drafter(int device, int work_ms, int ckpt_every)
 {
     pid_t pid = fork();
     CHECK(pid >= 0);
