@@ -138,7 +138,8 @@ static int cmd_build(const char *out, uint32_t vocab, char **inputs, int n_input
                 goto done;
             }
             if (dataset_writer_add(w, b.tok, b.mask, (uint32_t)n, err, sizeof err) < 0) {
-                fprintf(stderr, "dflash-data: %s:%ld: %s\n", name, lineno, err);
+                size_t skip = strncmp(err, out, strlen(out)) ? 0 : strlen(out) + 2;  /* "<out>: " */
+                fprintf(stderr, "dflash-data: %s:%ld: %s\n", name, lineno, err + (skip < strlen(err) ? skip : 0));
                 if (in != stdin)
                     fclose(in);
                 goto done;

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# test_dataset_tool.sh: dflash-data builds a dataset from JSONL, dump gives the same samples
+# back, and bad input names file:line and the reason.
+set -u
+B=${DFLASH_BUILD:-build}
+T=${TMPDIR:-/tmp}
+D=$B/bin/dflash-data
+fail() { echo "FAIL: $*" >&2; exit 1; }
+printf '%s\n' '{"input_ids":[1,2,3],"loss_mask":[0,1,1]}' '' '{"input_ids":[7,8]}' > "$T/in.jsonl"
+"$D" build -o "$T/a.bin" -v 10 "$T/in.jsonl" || fail "build"
+"$D" verify "$T/a.bin" | grep -q ok || fail "verify"
+"$D" info --json "$T/a.bin" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["samples"]==2 and d["tokens"]==5 and d["masked_tokens"]==4 and d["vocab_size"]==10, d' || fail "info"
+"$D" dump "$T/a.bin" > "$T/out.jsonl"
+[[ "$(sed -n 1p "$T/out.jsonl")" == '{"input_ids":[1,2,3],"loss_mask":[0,1,1]}' ]] || fail "dump line 1"
+[[ "$(sed -n 2p "$T/out.jsonl")" == '{"input_ids":[7,8],"loss_mask":[1,1]}' ]] || fail "dump line 2"
+"$D" build -o "$T/b.bin" < "$T/out.jsonl" >/dev/null || fail "build from stdin"
+"$D" info "$T/b.bin" | grep -q "vocab 9" || fail "vocab = max id + 1"
+
+expect_err() {  # input, needle, extra args
+  printf '%s\n' "$1" > "$T/bad.jsonl"
+  if "$D" build -o "$T/bad.bin" $3 "$T/bad.jsonl" 2>"$T/err.txt"; then fail "accepted: $1"; fi
+  grep -q "$T/bad.jsonl:1: $2" "$T/err.txt" || fail "message for '$1': $(cat "$T/err.txt")"
+  [[ ! -e $T/bad.bin ]] || fail "left a half-written file"
+}
+expect_err '{"input_ids":[1,2,99]}' "sample 0: token 2: id 99 >= vocab size 10" "-v 10"
+expect_err '{"input_ids":[1,2],"loss_mask":[1]}' "loss_mask: not an array of the same length" ""
+expect_err '{"input_ids":[1,2],"loss_mask":[1,5]}' "loss_mask\[1\]: not 0 or 1" ""
+expect_err '{"input_ids":[]}' "input_ids: empty" ""
+expect_err '{"input_ids":[1,-3]}' "input_ids\[1\]: not a token id" ""
+expect_err 'not json' "not valid JSON" ""
+"$D" synth -o "$T/s.bin" -n 50 -v 64 --min-len 4 --max-len 32 >/dev/null || fail "synth"
+"$D" verify "$T/s.bin" >/dev/null || fail "synth output does not verify"
+head -c 1000 "$T/s.bin" > "$T/cut.bin"
+if "$D" verify "$T/cut.bin" 2>"$T/err.txt"; then fail "truncated file verified"; fi
+grep -q "$T/cut.bin: truncated" "$T/err.txt" || fail "truncated message: $(cat "$T/err.txt")"
+echo "dflash-data ok"
