@@ -1,0 +1,570 @@
+/* target_main.c: target-d: leases batches from the coordinator, runs the frozen target's
+ * forward with capture straight into a ring slot, publishes it; one per device index. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/daemon.h"
+#include "common/dataset.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "ipc/client.h"
+#include "ipc/proto.h"
+#include "ipc/ring.h"
+#include "model/hfconfig.h"
+#include "model/target.h"
+
+#define QUEUE_MAX 128   /* > target.prefetch max (64) + regrants */
+
+struct tgt {
+    struct daemon d;
+    const struct dflash_cfg *cfg;
+    struct hf_config hf;
+    int ids[TARGET_MAX_CAPTURE];
+    int n_ids;
+    enum target_backend backend;
+
+    struct target *model;
+    struct client *cl;
+    struct ring *ring;
+    struct dataset ds;
+    char sock[108];
+
+    int state;                      /* cluster state as last pushed (enum proto_cluster_state) */
+    int draining;                   /* DRAIN received or stop signal: finish, return, leave */
+    int stop_now;                   /* STOP received: leave at once */
+    uint64_t queue[QUEUE_MAX];      /* granted leases in grant order */
+    int qlen;
+
+    /* statistics for heartbeats */
+    uint64_t batches, tokens;
+    double forward_ms, wait_ms, write_ms, tokens_per_s;
+    uint64_t start_ms;
+};
+
+/* ---- configuration ------------------------------------------------------------------- */
+
+/* Capture ids: model.capture_layers, else the DFlash default for model.draft_layers. */
+static int capture_ids(const struct daemon *d, const struct hf_config *hf, int *ids, char *err, size_t errlen)
+{
+    const struct dflash_cfg *cfg = &d->cfg;
+    int n;
+    if (cfg->model.capture_layers[0]) {
+        n = cfg_parse_int_list(cfg->model.capture_layers, ids, TARGET_MAX_CAPTURE);
+        if (n <= 0)
+            return daemon_key_error(d, "model", "capture_layers", err, errlen, "'%s' is not a list of layer ids",
+                                    cfg->model.capture_layers);
+    } else {
+        n = target_default_layer_ids(hf->num_layers, (int)cfg->model.draft_layers, ids);
+        if (n < 0)
+            return daemon_key_error(d, "model", "draft_layers", err, errlen,
+                                    "no default capture layers for %lld draft layers over %d target layers",
+                                    (long long)cfg->model.draft_layers, hf->num_layers);
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= hf->num_layers)
+            return daemon_key_error(d, "model", "capture_layers", err, errlen,
+                                    "layer id %d: the target has %d layers", ids[i], hf->num_layers);
+    return n;
+}
+
+/* Everything that can be checked before touching the cluster; errors are config errors. */
+static int check_config(struct tgt *t, char *err, size_t errlen)
+{
+    const struct dflash_cfg *cfg = t->cfg;
+    struct daemon *d = &t->d;
+    if (!strcmp(cfg->target.backend, "cpu"))
+        t->backend = TARGET_BACKEND_CPU;
+    else if (!strcmp(cfg->target.backend, "cuda")) {
+#ifdef DFLASH_HAVE_TARGET_CUDA
+        t->backend = TARGET_BACKEND_CUDA;
+#else
+        return daemon_key_error(d, "target", "backend", err, errlen, "cuda: this build has no CUDA target backend");
+#endif
+    } else
+        return daemon_key_error(d, "target", "backend", err, errlen, "'%s': expected cpu or cuda", cfg->target.backend);
+    if (!cfg->model.path[0])
+        return daemon_key_error(d, "model", "path", err, errlen, "empty: the target model dir is required");
+    struct stat st;
+    if (stat(cfg->model.path, &st) < 0 || !S_ISDIR(st.st_mode))
+        return daemon_key_error(d, "model", "path", err, errlen, "%s: %s", cfg->model.path,
+                                errno ? strerror(errno) : "not a directory");
+    char why[512];
+    if (hf_config_load(cfg->model.path, &t->hf, why, sizeof why) < 0)
+        return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
+    int n = capture_ids(d, &t->hf, t->ids, err, errlen);
+    if (n < 0)
+        return n;
+    t->n_ids = n;
+    if (daemon_socket_path(d, t->sock, sizeof t->sock) < 0)
+        return daemon_key_error(d, "cluster", cfg->cluster.socket[0] ? "socket" : "runtime_dir", err, errlen,
+                                "the control socket path is longer than a unix socket address allows");
+    return 0;
+}
+
+/* ---- cluster ------------------------------------------------------------------------- */
+
+/* The ring must carry exactly what this model captures. */
+static int check_ring_layout(struct tgt *t, char *err, size_t errlen)
+{
+    const struct ring_layout *l = ring_layout(t->ring);
+    if (l->hidden != (uint32_t)t->hf.hidden_size || l->n_layers != (uint32_t)t->n_ids || l->dtype != RING_DTYPE_BF16) {
+        snprintf(err, errlen, "ring %s holds hidden %u x %u layers, this target captures hidden %d x %d layers (%s)",
+                 ring_name(t->ring), l->hidden, l->n_layers, t->hf.hidden_size, t->n_ids, t->cfg->model.path);
+        return -DF_ELAYOUT;
+    }
+    for (int i = 0; i < t->n_ids; i++)
+        if (l->layer_ids[i] != (uint32_t)t->ids[i]) {
+            snprintf(err, errlen, "ring %s captured layer %d is %u, this target's is %d", ring_name(t->ring), i,
+                     l->layer_ids[i], t->ids[i]);
+            return -DF_ELAYOUT;
+        }
+    return 0;
+}
+
+static void queue_remove(struct tgt *t, uint64_t id)
+{
+    for (int i = 0; i < t->qlen; i++)
+        if (t->queue[i] == id) {
+            memmove(&t->queue[i], &t->queue[i + 1], (size_t)(t->qlen - i - 1) * sizeof t->queue[0]);
+            t->qlen--;
+            return;
+        }
+}
+
+static void queue_add(struct tgt *t, uint64_t id)
+{
+    for (int i = 0; i < t->qlen; i++)
+        if (t->queue[i] == id)
+            return;
+    if (t->qlen < QUEUE_MAX)
+        t->queue[t->qlen++] = id;
+    else
+        client_lease_return(t->cl, id);
+}
+
+/* Give back every lease not started yet (drain, stop). */
+static void return_leases(struct tgt *t)
+{
+    for (int i = 0; i < t->qlen; i++)
+        client_lease_return(t->cl, t->queue[i]);
+    if (t->qlen)
+        log_info("returned %d unstarted lease%s", t->qlen, t->qlen == 1 ? "" : "s");
+    t->qlen = 0;
+}
+
+static void set_heartbeat(struct tgt *t)
+{
+    struct proto_heartbeat hb = {
+        .state = (uint32_t)t->state,
+        .leases_held = client_leases_held(t->cl),
+        .batches_done = t->batches,
+        .forward_ms = t->forward_ms,
+        .wait_ms = t->wait_ms,
+        .write_ms = t->write_ms,
+        .tokens_per_s = t->tokens_per_s,
+    };
+    client_set_heartbeat(t->cl, &hb);
+}
+
+static void handle_msg(struct tgt *t, const struct proto_msg *m)
+{
+    switch (m->type) {
+    case PROTO_LEASE_GRANT:
+        if (t->draining)
+            client_lease_return(t->cl, m->grant.batch_id);
+        else
+            queue_add(t, m->grant.batch_id);
+        break;
+    case PROTO_LEASE_REVOKE:
+        queue_remove(t, m->batch.batch_id);
+        log_info("lease of batch %" PRIu64 " revoked", m->batch.batch_id);
+        break;
+    case PROTO_WELCOME:
+        /* Reconnected (coordinator restart): leases not re-granted were revoked already. */
+        t->state = (int)m->welcome.cluster_state;
+        log_notice("reconnected to the coordinator (member %" PRIu64 ", cluster %s)", m->welcome.member_id,
+                   proto_state_name(m->welcome.cluster_state));
+        break;
+    case PROTO_CONTROL:
+        log_notice("%s%s%s", proto_control_name(m->control.cmd), m->control.reason[0] ? ": " : "", m->control.reason);
+        switch (m->control.cmd) {
+        case PROTO_CTL_PAUSE:
+            t->state = PROTO_STATE_PAUSED;
+            daemon_notify_status(&t->d, "paused: %s", m->control.reason);
+            break;
+        case PROTO_CTL_RESUME:
+            t->state = PROTO_STATE_RUNNING;
+            daemon_notify_status(&t->d, "running");
+            break;
+        case PROTO_CTL_DRAIN:
+            t->state = PROTO_STATE_DRAINING;
+            t->draining = 1;
+            break;
+        case PROTO_CTL_STOP:
+            t->state = PROTO_STATE_STOPPED;
+            t->stop_now = 1;
+            break;
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+/* Handle every message already there, or wait up to timeout_ms for the first one. */
+static int pump(struct tgt *t, int timeout_ms)
+{
+    char err[512];
+    struct proto_msg m;
+    int r;
+    daemon_watchdog(&t->d);
+    set_heartbeat(t);
+    while ((r = client_poll(t->cl, timeout_ms, &m, err, sizeof err)) > 0) {
+        handle_msg(t, &m);
+        timeout_ms = 0;
+    }
+    daemon_watchdog(&t->d);
+    if (r < 0) {
+        log_error(r, "coordinator: %s", err);
+        return r;
+    }
+    if (daemon_stop_requested() && !t->draining) {
+        log_notice("%s: finishing the batch in flight, returning the others", strsignal(daemon_last_signal()));
+        t->draining = 1;
+    }
+    return 0;
+}
+
+/* Pack the lease's samples (truncated to the grant's max_seq_len) into the slot. */
+static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char *err, size_t errlen)
+{
+    const struct ring_layout *lay = ring_layout(t->ring);
+    if (l->n_samples > lay->max_seqs || l->n_tokens > lay->max_tokens) {
+        snprintf(err, errlen, "batch %" PRIu64 ": %u samples / %u tokens exceed the ring slot (%u / %u): "
+                 "data.token_budget must not exceed ring.max_tokens", l->batch_id, l->n_samples, l->n_tokens,
+                 lay->max_seqs, lay->max_tokens);
+        return -DF_ERANGE;
+    }
+    int32_t *cu = ring_slot_cu_seqlens(t->ring, slot);
+    uint32_t *tok = ring_slot_tokens(t->ring, slot);
+    uint8_t *mask = ring_slot_loss_mask(t->ring, slot);
+    uint32_t n = 0;
+    cu[0] = 0;
+    for (uint32_t i = 0; i < l->n_samples; i++) {
+        uint64_t s = l->samples[i];
+        if (s >= t->ds.n_samples) {
+            snprintf(err, errlen, "batch %" PRIu64 ": sample %" PRIu64 " is beyond the dataset (%" PRIu64 " samples)",
+                     l->batch_id, s, t->ds.n_samples);
+            return -DF_ERANGE;
+        }
+        uint32_t len = dataset_sample_len(&t->ds, s);
+        if (l->max_seq_len && len > l->max_seq_len)
+            len = l->max_seq_len;
+        if (n + len > lay->max_tokens) {
+            snprintf(err, errlen, "batch %" PRIu64 ": more tokens than the grant says (%u)", l->batch_id, l->n_tokens);
+            return -DF_ERANGE;
+        }
+        memcpy(tok + n, dataset_sample_tokens(&t->ds, s), (size_t)len * 4);
+        memcpy(mask + n, dataset_sample_mask(&t->ds, s), len);
+        n += len;
+        cu[i + 1] = (int32_t)n;
+    }
+    struct ring_payload *p = ring_slot_header(t->ring, slot);
+    p->batch_id = l->batch_id;
+    p->epoch = l->epoch;
+    p->n_seqs = l->n_samples;
+    p->n_tokens = n;
+    p->flags = 0;
+    p->checksum = 0;
+    return 0;
+}
+
+/* NaN in the captured states of one batch (target.debug_nan_batch), to test detection. */
+static void poison(struct tgt *t, unsigned slot, uint32_t n_tokens)
+{
+    uint16_t *h = ring_slot_hidden(t->ring, slot);
+    size_t row = ring_hidden_pitch(t->ring) / 2;
+    for (uint32_t i = 0; i < n_tokens; i += 7)
+        h[(size_t)i * row + i % row] = 0x7fc0;  /* bf16 quiet NaN */
+}
+
+/* One lease: slot, pack, forward into the slot, publish. 0 done (or dropped), <0 fatal. */
+static int run_batch(struct tgt *t, uint64_t batch_id)
+{
+    char err[512];
+    uint64_t t0 = mono_ns();
+    unsigned slot;
+    int r;
+    for (;;) {
+        /* Wait for a FREE slot in short slices: heartbeats and the watchdog go on meanwhile. */
+        r = ring_claim_write(t->ring, (int)daemon_wait_slice_ms(&t->d, 100), &slot);
+        if (r == 0)
+            break;
+        if (r != -DF_ETIMEOUT && r != -EINTR) {
+            log_error(r, "ring_claim_write");
+            return r;
+        }
+        if ((r = pump(t, 0)) < 0)
+            return r;
+        if (t->stop_now || !client_lease_held(t->cl, batch_id))
+            return 0;
+        if (t->draining) {
+            /* Not started: nothing is lost by handing it back. */
+            return_leases(t);
+            return 0;
+        }
+    }
+    uint64_t t1 = mono_ns();
+    const struct client_lease *l = client_lease_find(t->cl, batch_id);
+    if (!l) {
+        ring_abort_write(t->ring, slot);
+        queue_remove(t, batch_id);
+        return 0;
+    }
+    if ((r = pack(t, l, slot, err, sizeof err)) < 0) {
+        ring_abort_write(t->ring, slot);
+        log_error(r, "%s", err);
+        client_error(t->cl, 1, r, "%s", err);
+        return r;
+    }
+    struct ring_payload *p = ring_slot_header(t->ring, slot);
+    uint64_t t2 = mono_ns();
+    r = target_forward(t->model, ring_slot_tokens(t->ring, slot), ring_slot_cu_seqlens(t->ring, slot), (int)p->n_seqs,
+                       (int)p->n_tokens, ring_slot_hidden(t->ring, slot), OUT_BF16, ring_hidden_pitch(t->ring));
+    uint64_t t3 = mono_ns();
+    if (r < 0) {
+        ring_abort_write(t->ring, slot);
+        log_error(r, "target_forward of batch %" PRIu64, batch_id);
+        client_error(t->cl, 0, r, "target_forward of batch %" PRIu64 ": %s", batch_id, err_str(r));
+        return r;
+    }
+    if (t->cfg->target.debug_nan_batch >= 0 && batch_id == (uint64_t)t->cfg->target.debug_nan_batch) {
+        log_warn(0, "debug: poisoning batch %" PRIu64 " with NaN (target.debug_nan_batch)", batch_id);
+        poison(t, slot, p->n_tokens);
+    }
+    /* The lease may have been revoked while the forward ran: never deliver it then. */
+    uint32_t n_tokens = p->n_tokens;
+    queue_remove(t, batch_id);
+    if (!client_lease_held(t->cl, batch_id)) {
+        ring_abort_write(t->ring, slot);
+        log_info("batch %" PRIu64 " was revoked during its forward: dropped", batch_id);
+        return 0;
+    }
+    r = ring_publish(t->ring, slot);
+    if (r == -DF_ESTATE) {
+        /* The coordinator reclaimed the slot (it thought this process dead): hand back. */
+        log_warn(r, "slot %u of batch %" PRIu64 " was reclaimed before publish", slot, batch_id);
+        client_lease_return(t->cl, batch_id);
+        return 0;
+    }
+    if (r < 0) {
+        ring_abort_write(t->ring, slot);
+        log_error(r, "ring_publish of batch %" PRIu64, batch_id);
+        return r;
+    }
+    client_published(t->cl, batch_id, slot, n_tokens);
+    uint64_t t4 = mono_ns();
+    t->batches++;
+    t->tokens += n_tokens;
+    t->wait_ms = (double)(t1 - t0) / 1e6;
+    t->forward_ms = (double)(t3 - t2) / 1e6;
+    t->write_ms = (double)((t2 - t1) + (t4 - t3)) / 1e6;
+    double rate = n_tokens / ((double)(t4 - t0) / 1e9 + 1e-9);
+    t->tokens_per_s = t->batches == 1 ? rate : 0.8 * t->tokens_per_s + 0.2 * rate;
+    log_debug("batch %" PRIu64 ": %u tokens in slot %u: wait %.1f ms, forward %.1f ms, write %.2f ms", batch_id,
+              n_tokens, slot, t->wait_ms, t->forward_ms, t->write_ms);
+    return 0;
+}
+
+/* Connect, retrying while the coordinator is not up yet; the watchdog keeps being fed. */
+static int connect_coordinator(struct tgt *t, char *err, size_t errlen)
+{
+    char name[PROTO_NAME_MAX];
+    snprintf(name, sizeof name, "%s", t->d.ident);
+    struct client_opts o = { .socket_path = t->sock, .role = PROTO_ROLE_TARGET, .device = t->d.index, .name = name,
+                             .connect_timeout_ms = 0, .reply_timeout_ms = 10000, .reconnect_ms = 200 };
+    uint64_t deadline = mono_ms() + 5ull * (uint64_t)t->cfg->coordinator.dead_after_ms + 30000;
+    int r, warned = 0;
+    for (;;) {
+        r = client_open(&t->cl, &o, err, errlen);
+        if (r == 0 || (r != -ENOENT && r != -ECONNREFUSED && r != -EAGAIN))
+            return r;
+        if (mono_ms() > deadline || daemon_stop_requested())
+            return r;
+        if (!warned++)
+            log_info("waiting for the coordinator at %s", t->sock);
+        daemon_watchdog(&t->d);
+        usleep(200000);
+    }
+}
+
+static int attach(struct tgt *t, char *err, size_t errlen)
+{
+    const struct proto_welcome *w = client_welcome(t->cl);
+    int r;
+    for (int i = 0; i < 100; i++) {
+        r = ring_attach(&t->ring, w->ring_name, NULL, RING_ATTACH_ANY, err, errlen);
+        if (r != -EAGAIN)
+            break;
+        usleep(20000);
+    }
+    if (r < 0)
+        return r;
+    if ((r = check_ring_layout(t, err, errlen)) < 0)
+        return r;
+    r = dataset_open(&t->ds, w->dataset_path, DATASET_OPEN_NO_CHECKSUM, err, errlen);
+    if (r < 0)
+        return r;
+    if (t->ds.vocab_size > (uint32_t)t->hf.vocab_size) {
+        snprintf(err, errlen, "%s: vocabulary %u is larger than the target's (%d, %s)", w->dataset_path,
+                 t->ds.vocab_size, t->hf.vocab_size, t->cfg->model.path);
+        return -DF_ELAYOUT;
+    }
+    t->state = (int)w->cluster_state;
+    return 0;
+}
+
+static int want_leases(struct tgt *t)
+{
+    struct client_stats st;
+    client_get_stats(t->cl, &st);
+    int64_t need = t->cfg->target.prefetch - (int64_t)st.leases_held - (int64_t)st.leases_wanted;
+    if (need > 0)
+        return client_lease_request(t->cl, (uint32_t)need);
+    return 0;
+}
+
+/* Wait (bounded) until the coordinator acknowledged every PUBLISHED event. */
+static void flush_events(struct tgt *t, uint64_t ms)
+{
+    uint64_t deadline = mono_ms() + ms;
+    struct client_stats st;
+    for (;;) {
+        client_get_stats(t->cl, &st);
+        if (!st.outbox || mono_ms() > deadline || daemon_stop_requested() > 1)
+            return;
+        struct proto_msg m;
+        char err[256];
+        if (client_poll(t->cl, 50, &m, err, sizeof err) < 0)
+            return;
+        daemon_watchdog(&t->d);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static struct tgt tg;
+    struct tgt *t = &tg;
+    char err[1024];
+    int r = daemon_parse_args(&t->d, "target-d", "target", 1, argc, argv, stdout, err, sizeof err);
+    if (r == 1)
+        return DAEMON_EX_OK;
+    log_init("target-d", LOG_LVL_INFO);
+    if (r < 0) {
+        log_error(0, "%s", err);
+        return DAEMON_EX_USAGE;
+    }
+    log_init(t->d.ident, LOG_LVL_INFO);
+    if ((r = daemon_load_config(&t->d, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        return DAEMON_EX_CONFIG;
+    }
+    t->cfg = &t->d.cfg;
+    enum log_level lvl;
+    if (log_level_parse(t->cfg->cluster.log_level, &lvl) < 0) {
+        daemon_key_error(&t->d, "cluster", "log_level", err, sizeof err, "'%s' is not a log level",
+                         t->cfg->cluster.log_level);
+        log_error(0, "%s", err);
+        return DAEMON_EX_CONFIG;
+    }
+    log_set_level(lvl);
+    daemon_print_config(&t->d, stdout);
+    if ((r = check_config(t, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        return DAEMON_EX_CONFIG;
+    }
+    if (t->d.check_only)
+        return DAEMON_EX_OK;
+
+    int code = DAEMON_EX_FAILURE;
+    daemon_signals_init();
+    daemon_notify_init(&t->d);
+    t->start_ms = mono_ms();
+    if ((r = daemon_lock(&t->d, err, sizeof err)) < 0) {
+        log_error(r, "%s", err);
+        goto out;
+    }
+    daemon_notify_status(&t->d, "loading %s", t->cfg->model.path);
+    daemon_notify_extend(&t->d, 600000);
+    if (t->backend == TARGET_BACKEND_CPU)
+        target_cpu_set_threads((int)t->cfg->target.threads);
+    r = target_open(&t->model, t->cfg->model.path, t->ids, t->n_ids, t->backend, t->d.index,
+                    (int)t->cfg->ring.max_tokens, err, sizeof err);
+    if (r < 0) {
+        log_error(r, "%s", err);
+        /* A model that does not load will not load after a restart either. */
+        code = r == -ENOMEM || r == -DF_ECUDA ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
+        goto out;
+    }
+    log_info("model %s: %s, %d layers, hidden %d, capturing %d layer%s", t->cfg->model.path, t->hf.arch_name,
+             t->hf.num_layers, t->hf.hidden_size, t->n_ids, t->n_ids == 1 ? "" : "s");
+    daemon_notify_status(&t->d, "connecting to the coordinator at %s", t->sock);
+    if ((r = connect_coordinator(t, err, sizeof err)) < 0) {
+        log_error(r, "coordinator %s: %s", t->sock, err);
+        goto out;
+    }
+    if ((r = attach(t, err, sizeof err)) < 0) {
+        log_error(r, "%s", err);
+        client_error(t->cl, 1, r, "%s: %s", t->d.ident, err);
+        flush_events(t, 2000);
+        code = r == -DF_ELAYOUT ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
+        goto out;
+    }
+    log_notice("ready: ring %s (%u slots), dataset %s (%" PRIu64 " samples), cluster %s", ring_name(t->ring),
+               ring_layout(t->ring)->nslots, t->ds.path, t->ds.n_samples, proto_state_name((unsigned)t->state));
+    daemon_notify_ready(&t->d, "%s: ring %s", proto_state_name((unsigned)t->state), ring_name(t->ring));
+
+    uint64_t last_status = 0;
+    while (!t->stop_now) {
+        if ((r = pump(t, 0)) < 0)
+            goto out;
+        if (t->draining) {
+            return_leases(t);
+            break;
+        }
+        int running = t->state == PROTO_STATE_RUNNING || t->state == PROTO_STATE_STARTING;
+        if (running && (r = want_leases(t)) < 0) {
+            log_error(r, "lease request");
+            goto out;
+        }
+        if (running && t->qlen) {
+            if ((r = run_batch(t, t->queue[0])) < 0)
+                goto out;
+        } else if ((r = pump(t, (int)daemon_wait_slice_ms(&t->d, 250))) < 0) {
+            goto out;
+        }
+        if (mono_ms() - last_status > 2000) {
+            last_status = mono_ms();
+            daemon_notify_status(&t->d, "%s: %" PRIu64 " batches, %.0f tok/s, forward %.1f ms, slot wait %.1f ms",
+                                 proto_state_name((unsigned)t->state), t->batches, t->tokens_per_s, t->forward_ms,
+                                 t->wait_ms);
+        }
+    }
+    daemon_notify_stopping(&t->d, "%s after %" PRIu64 " batches", t->stop_now ? "stopped" : "drained", t->batches);
+    flush_events(t, 3000);
+    log_notice("%s after %" PRIu64 " batches (%" PRIu64 " tokens)", t->stop_now ? "stopped" : "drained", t->batches,
+               t->tokens);
+    code = DAEMON_EX_OK;
+out:
+    client_free(t->cl);
+    ring_detach(t->ring);
+    dataset_close(&t->ds);
+    target_close(t->model);
+    daemon_done(&t->d);
+    return code;
+}
