@@ -84,6 +84,8 @@ struct cfg_drafter {
     int64_t threads;
     int64_t devices;
     int64_t debug_nan_step;     /* make the loss NaN at this step (-1 = off) */
+    int64_t collective_timeout_ms; /* a peer silent this long in an all-reduce fails the group */
+    int64_t keep_checkpoints;   /* newest checkpoints kept on disk (0 = all) */
 };
 
 struct dflash_cfg {

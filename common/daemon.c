@@ -196,6 +196,15 @@ int daemon_key_error(const struct daemon *d, const char *section, const char *ke
     return -EINVAL;
 }
 
+int daemon_socket_path(const struct daemon *d, char *buf, size_t len)
+{
+    const struct cfg_cluster *c = &d->cfg.cluster;
+    size_t cap = len < 108 ? len : 108;
+    int n = c->socket[0] ? snprintf(buf, cap, "%s", c->socket)
+                         : snprintf(buf, cap, "%s/%s.sock", c->runtime_dir, c->name);
+    return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
+}
+
 void daemon_print_config(const struct daemon *d, FILE *f)
 {
     fprintf(f, "# %s effective configuration (file %s, %d override%s)\n", d->ident,

@@ -56,6 +56,10 @@ int daemon_key_error(const struct daemon *d, const char *section, const char *ke
                      char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
+/* The control socket path: cluster.socket, or <runtime_dir>/<name>.sock. -ENAMETOOLONG when it
+ * does not fit a unix socket address (108 bytes). */
+int daemon_socket_path(const struct daemon *d, char *buf, size_t len);
+
 /* Print the effective configuration: a header line then every key as "section.key = value". */
 void daemon_print_config(const struct daemon *d, FILE *f);
 
