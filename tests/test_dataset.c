@@ -12,9 +12,11 @@ static char dir[400];
 
 static const char *tmp(const char *name)
 {
-    char p[512];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    return strdup(p);  /* a few per test: never freed */
+    static char pool[32][512];
+    static int k;
+    CHECK(k < 32);
+    snprintf(pool[k], sizeof pool[k], "%s/%s", dir, name);
+    return pool[k++];
 }
 
 static void write_set(const char *path, uint32_t vocab, int n, uint32_t bad_id_at)

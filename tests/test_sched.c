@@ -103,6 +103,7 @@ int main(void)
     check_epoch(&d, ones, 1000, &r);
 
     /* A sample could not fit a batch: refused with the reason. */
+    sched_epoch_done(&d);
     struct sched_params bad = p;
     bad.max_seq_len = 10000;
     CHECK(sched_build(len, N, &bad, 0, &d, err, sizeof err) < 0);
