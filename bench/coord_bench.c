@@ -1,6 +1,8 @@
 /* coord_bench.c: coordinator-d round trips: LEASE_REQUEST -> LEASE_GRANT (ledger commit
  * included: WAL + fsync), PUBLISHED -> ACK, and the latency of a `dflashctl status`
  * (connect + HELLO + QUERY + JSON). Usage: coord_bench [SECONDS_EACH] (TMPDIR = state dir). */
+#include <sys/socket.h>
+#include "daemons/coordinator/ledger.c"
 #include "tests/test_coord_util.h"
 
 static void cleanup(void)
@@ -86,5 +88,46 @@ int main(int argc, char **argv)
         lat[n++] = (double)(mono_ns() - t0) / 1e3;
     }
     report("status (connect+query)", lat, n, secs);
+
+    /* References in the same run: a bare unix-socket round trip between two processes,
+     * and one durable SQLite commit (WAL, synchronous=FULL) on the same file system. */
+    int sv[2];
+    CHECK_OK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv));
+    pid_t echo = fork();
+    if (echo == 0) {
+        char b[64];
+        close(sv[0]);
+        while (read(sv[1], b, sizeof b) > 0)
+            if (write(sv[1], b, 32) != 32)
+                break;
+        _exit(0);
+    }
+    close(sv[1]);
+    n = 0;
+    end = mono_ns() + (uint64_t)(secs * 1e9);
+    char b[64] = { 0 };
+    while (mono_ns() < end && n < (1 << 20)) {
+        uint64_t t0 = mono_ns();
+        CHECK_INT(write(sv[0], b, 32), ==, 32);
+        CHECK_INT(read(sv[0], b, sizeof b), ==, 32);
+        lat[n++] = (double)(mono_ns() - t0) / 1e3;
+    }
+    close(sv[0]);
+    waitpid(echo, NULL, 0);
+    report("ref: socket round trip", lat, n, secs);
+    char path[512];
+    snprintf(path, sizeof path, "%s/ref.db", TC.dir);
+    struct ledger *l;
+    CHECK_OK(ledger_open(&l, path, err, sizeof err));
+    n = 0;
+    end = mono_ns() + (uint64_t)(secs * 1e9);
+    while (mono_ns() < end && n < (1 << 20)) {
+        uint64_t t0 = mono_ns();
+        CHECK_OK(ledger_meta_set_u64(l, "k", (uint64_t)n));
+        CHECK_OK(ledger_commit(l, err, sizeof err));
+        lat[n++] = (double)(mono_ns() - t0) / 1e3;
+    }
+    ledger_close(l);
+    report("ref: one durable commit", lat, n, secs);
     return 0;
 }
