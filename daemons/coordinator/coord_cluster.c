@@ -268,8 +268,10 @@ void coord_set_state(struct coord *co, int state, const char *reason)
     if (co->state == state)
         return;
     int old = co->state;
+    char why[sizeof co->reason];
+    snprintf(why, sizeof why, "%s", reason ? reason : "");  /* reason may be co->reason itself */
     co->state = state;
-    snprintf(co->reason, sizeof co->reason, "%s", reason ? reason : "");
+    memcpy(co->reason, why, sizeof why);
     if (state == PROTO_STATE_FAILED)
         log_error(0, "cluster %s -> %s: %s", proto_state_name(old), proto_state_name(state), co->reason);
     else

@@ -1,0 +1,90 @@
+/* test_coordinator_errors.c: error reports are recorded, shown and acted on: non-fatal is
+ * counted, NaN pauses the cluster (PAUSE pushed, reason in status) until resumed, fatal
+ * drains and stops the cluster with the reason (state failed, exit 78). */
+#include "tests/test_coord_util.h"
+
+static void cleanup(void)
+{
+    tc_kill(TC.coord);
+    ring_unlink(TC.ring);
+}
+
+static int control(enum proto_control_cmd cmd)
+{
+    struct client *c = tc_ctl(1000);
+    CHECK(c);
+    char *json = NULL, err[256];
+    int status = -1;
+    CHECK_OK(client_control(c, cmd, "test", &json, &status, err, sizeof err));
+    free(json);
+    client_free(c);
+    return status;
+}
+
+static char *state(void)
+{
+    static char s[64];
+    cJSON *doc = tc_query(PROTO_Q_STATUS);
+    snprintf(s, sizeof s, "%s", doc ? cJSON_GetObjectItem(doc, "state")->valuestring : "down");
+    cJSON_Delete(doc);
+    return s;
+}
+
+/* Next CONTROL pushed to this daemon (other pushes skipped). */
+static int next_control(struct client *c)
+{
+    struct proto_msg m;
+    char err[256];
+    uint64_t end = mono_ms() + 5000;
+    while (mono_ms() < end)
+        if (client_poll(c, 100, &m, err, sizeof err) == 1 && m.type == PROTO_CONTROL)
+            return (int)m.control.cmd;
+    return -1;
+}
+
+int main(void)
+{
+    atexit(cleanup);
+    tc_setup(NULL, NULL);
+    tc_dataset(TC.data, 100, 8, 100, 500);
+    tc_start_coord();
+    struct client_opts o = { .socket_path = TC.sock, .role = PROTO_ROLE_DRAFTER, .device = 3 };
+    struct client *d;
+    char err[512];
+    CHECK_OK(client_open(&d, &o, err, sizeof err));
+
+    CHECK_OK(client_error(d, 0, -EIO, "checkpoint dir slow"));
+    tc_wait_num("error_count", 1, 3000);
+    CHECK_STR(state(), "running");
+
+    CHECK_OK(client_error(d, 0, -DF_ENAN, "loss is nan at step 12"));
+    CHECK_INT(next_control(d), ==, PROTO_CTL_PAUSE);
+    CHECK_STR(state(), "paused");
+    cJSON *s = tc_query(PROTO_Q_STATUS);
+    CHECK_CONTAINS(cJSON_GetObjectItem(s, "reason")->valuestring, "loss is nan at step 12");
+    cJSON_Delete(s);
+    s = tc_query(PROTO_Q_ERRORS);
+    CHECK_INT(tc_num(s, "count"), ==, 2);
+    CHECK_CONTAINS(cJSON_PrintUnformatted(s), "checkpoint dir slow");
+    cJSON_Delete(s);
+
+    CHECK_INT(control(PROTO_CTL_RESUME), ==, 0);
+    CHECK_INT(next_control(d), ==, PROTO_CTL_RESUME);
+    CHECK_STR(state(), "running");
+
+    CHECK_OK(client_error(d, 1, -DF_ELAYOUT, "target layout differs from the ring"));
+    CHECK_INT(next_control(d), ==, PROTO_CTL_DRAIN);
+    CHECK_INT(next_control(d), ==, PROTO_CTL_STOP);
+    client_free(d);
+    int st;
+    CHECK_INT(waitpid(TC.coord, &st, 0), ==, TC.coord);
+    TC.coord = 0;
+    CHECK(WIFEXITED(st));
+    CHECK_INT(WEXITSTATUS(st), ==, 78);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "grep -q 'cluster draining -> failed: drafter@3: target layout differs' '%s/coordinator.log'",
+             TC.dir);
+    CHECK_INT(system(cmd), ==, 0);
+    printf("errors ok\n");
+    return 0;
+}
