@@ -1,0 +1,868 @@
+/* drafter_main.c: drafter-d: joins the drafter group, takes READY ring slots, trains the DFlash
+ * drafter data-parallel over the group, reports every step, rank 0 writes the checkpoints. */
+#include <cblas.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/daemon.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/timeutil.h"
+#include "ipc/client.h"
+#include "ipc/collective.h"
+#include "ipc/proto.h"
+#include "ipc/ring.h"
+#include "model/checkpoint.h"
+#include "model/drafter.h"
+#include "model/hfconfig.h"
+#include "model/objective.h"
+#include "model/target.h"
+
+/* The small per-step all-reduce: who had a batch, who wants to stop, the metric sums. */
+enum { SM_HAVE, SM_STOP, SM_SEQS, SM_NAN, SM_METRICS, SM_N = SM_METRICS + DRAFTER_METRICS_N };
+
+struct dft {
+    struct daemon d;
+    const struct dflash_cfg *cfg;
+    struct hf_config hf;
+    int ids[DRAFTER_MAX_CTX_LAYERS];
+    int n_ids;
+    struct drafter_config dc;
+    struct drafter_train_opts topt;
+    struct ring_pick pick;
+    char sock[108];
+    char ckpt_root[CFG_STR_MAX + 32];
+
+    float *embed, *lm_head;
+    struct drafter *dr;
+    struct obj_block *blocks;
+    int32_t *work;
+    int max_blocks;
+
+    struct client *cl;
+    struct ring *ring;
+    struct coll *coll;
+    FILE *metrics;
+    int metrics_rank;
+
+    /* group */
+    int joined;                 /* JOIN_GROUP sent, waiting for GROUP */
+    int have_group;             /* a GROUP message is waiting to be applied */
+    struct proto_group grp;
+    int in_group;
+    int await_restart;          /* left the group's collective: wait for RESTART before joining */
+    uint64_t generation;
+    int rank, world;
+    char loaded[PROTO_PATH_MAX];/* checkpoint the weights came from ("" = fresh init) */
+    int dirty;                  /* stepped since `loaded` */
+
+    /* cluster */
+    int state;
+    int draining;
+    int stop_now;               /* STOP pushed */
+    int stop_vote;              /* stop signal: leave after this step, with a checkpoint */
+    int poisoned;               /* a non-finite loss was seen: never checkpoint from here */
+
+    /* training position */
+    struct ckpt_train_state ts;
+    uint64_t unsaved;           /* batches (group-wide) trained since the last checkpoint */
+    int64_t saved_step;
+    uint64_t total_steps_hint;
+
+    /* statistics */
+    uint64_t batches;           /* trained by this rank */
+    double loss, accuracy, accept_len, grad_norm, lr, tokens_per_s, idle_frac, step_ms;
+    uint64_t last_step_end_ns;
+};
+
+static double now_s(void) { return (double)wall_ms() / 1000.0; }
+
+/* ---- configuration --------------------------------------------------------------------- */
+
+static int check_config(struct dft *f, char *err, size_t errlen)
+{
+    const struct dflash_cfg *cfg = f->cfg;
+    struct daemon *d = &f->d;
+    char why[512];
+    if (strcmp(cfg->drafter.backend, "cpu")) {
+        if (!strcmp(cfg->drafter.backend, "cuda"))
+            return daemon_key_error(d, "drafter", "backend", err, errlen, "cuda: the drafter has no CUDA backend yet");
+        return daemon_key_error(d, "drafter", "backend", err, errlen, "'%s': expected cpu or cuda", cfg->drafter.backend);
+    }
+    if (!strcmp(cfg->drafter.pick, "oldest"))
+        f->pick.policy = RING_PICK_OLDEST;
+    else if (!strcmp(cfg->drafter.pick, "random"))
+        f->pick.policy = RING_PICK_RANDOM;
+    else
+        return daemon_key_error(d, "drafter", "pick", err, errlen, "'%s': expected oldest or random", cfg->drafter.pick);
+    f->pick.min_ready = (uint32_t)cfg->drafter.min_ready;
+    f->pick.ready_timeout_ms = (int)cfg->drafter.ready_timeout_ms;
+    if (!cfg->model.path[0])
+        return daemon_key_error(d, "model", "path", err, errlen, "empty: the target model dir is required");
+    struct stat st;
+    if (stat(cfg->model.path, &st) < 0 || !S_ISDIR(st.st_mode))
+        return daemon_key_error(d, "model", "path", err, errlen, "%s: %s", cfg->model.path,
+                                errno ? strerror(errno) : "not a directory");
+    if (hf_config_load(cfg->model.path, &f->hf, why, sizeof why) < 0)
+        return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
+    int n;
+    if (cfg->model.capture_layers[0]) {
+        n = cfg_parse_int_list(cfg->model.capture_layers, f->ids, DRAFTER_MAX_CTX_LAYERS);
+        if (n <= 0)
+            return daemon_key_error(d, "model", "capture_layers", err, errlen, "'%s' is not a list of layer ids",
+                                    cfg->model.capture_layers);
+    } else {
+        n = target_default_layer_ids(f->hf.num_layers, (int)cfg->model.draft_layers, f->ids);
+        if (n < 0)
+            return daemon_key_error(d, "model", "draft_layers", err, errlen,
+                                    "no default capture layers for %lld draft layers over %d target layers",
+                                    (long long)cfg->model.draft_layers, f->hf.num_layers);
+    }
+    f->n_ids = n;
+    int r = drafter_config_from_target(&f->dc, &f->hf, (int)cfg->model.draft_layers, f->ids, n,
+                                       (int)cfg->drafter.block_size, (int)cfg->drafter.mask_token_id,
+                                       (int)cfg->drafter.num_heads, (int)cfg->drafter.num_kv_heads,
+                                       (int)cfg->drafter.head_dim, (int)cfg->drafter.intermediate_size, why, sizeof why);
+    if (r >= 0)
+        r = drafter_config_validate(&f->dc, why, sizeof why);
+    if (r < 0)
+        return daemon_key_error(d, "drafter", "block_size", err, errlen, "drafter shape: %s", why);
+    if (daemon_socket_path(d, f->sock, sizeof f->sock) < 0)
+        return daemon_key_error(d, "cluster", cfg->cluster.socket[0] ? "socket" : "runtime_dir", err, errlen,
+                                "the control socket path is longer than a unix socket address allows");
+    if (cfg->drafter.checkpoint_dir[0])
+        snprintf(f->ckpt_root, sizeof f->ckpt_root, "%s", cfg->drafter.checkpoint_dir);
+    else
+        snprintf(f->ckpt_root, sizeof f->ckpt_root, "%s/checkpoints", cfg->cluster.state_dir);
+    f->topt = (struct drafter_train_opts){ .lr = cfg->drafter.lr, .min_lr_ratio = cfg->drafter.min_lr_ratio,
+                                           .warmup_steps = cfg->drafter.warmup_steps,
+                                           .total_steps = cfg->drafter.total_steps,
+                                           .weight_decay = cfg->drafter.weight_decay, .beta1 = cfg->drafter.beta1,
+                                           .beta2 = cfg->drafter.beta2, .eps = cfg->drafter.adam_eps,
+                                           .grad_clip = cfg->drafter.grad_clip };
+    return 0;
+}
+
+/* ---- model ------------------------------------------------------------------------------ */
+
+static int make_drafter(struct dft *f, char *err, size_t errlen)
+{
+    drafter_free(f->dr);
+    f->dr = NULL;
+    const struct ring_layout *l = ring_layout(f->ring);
+    return drafter_create(&f->dr, &f->dc, f->embed, f->lm_head, (int)l->max_tokens, f->max_blocks,
+                          (uint64_t)f->cfg->drafter.seed, err, errlen);
+}
+
+/* Weights for a new group: the group's checkpoint, or a fresh init (same seed on every rank). */
+static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen)
+{
+    if (!f->dirty && f->dr && !strcmp(dir, f->loaded))
+        return 0;
+    int r = make_drafter(f, err, errlen);
+    if (r < 0)
+        return r;
+    memset(&f->ts, 0, sizeof f->ts);
+    f->ts.seed = (uint64_t)f->cfg->drafter.seed;
+    if (dir[0]) {
+        r = ckpt_load(dir, f->dr, &f->ts, true, err, errlen);
+        if (r < 0)
+            return r;
+        log_notice("loaded checkpoint %s (step %" PRId64 ", epoch %" PRIu64 ")", dir, f->ts.step, f->ts.epoch);
+    } else {
+        log_notice("starting from a fresh drafter (seed %lld)", (long long)f->cfg->drafter.seed);
+    }
+    snprintf(f->loaded, sizeof f->loaded, "%s", dir);
+    f->dirty = 0;
+    f->saved_step = drafter_step_count(f->dr);
+    f->unsaved = 0;
+    return 0;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------ */
+
+static int is_step_dir(const char *name)
+{
+    if (strncmp(name, "step-", 5))
+        return 0;
+    for (const char *p = name + 5; *p; p++)
+        if (*p < '0' || *p > '9')
+            return 0;
+    return strlen(name) == 15;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Keep the newest drafter.keep_checkpoints step-N directories (names sort by step). */
+static void prune_checkpoints(struct dft *f)
+{
+    int keep = (int)f->cfg->drafter.keep_checkpoints;
+    if (keep <= 0)
+        return;
+    DIR *dir = opendir(f->ckpt_root);
+    if (!dir)
+        return;
+    char *names[4096];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) && n < 4096)
+        if (is_step_dir(e->d_name))
+            names[n++] = strdup(e->d_name);
+    closedir(dir);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 0; i < n - keep; i++) {
+        char path[CFG_STR_MAX + 64];
+        snprintf(path, sizeof path, "%s/%s", f->ckpt_root, names[i]);
+        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            DIR *sub = fdopendir(dfd);
+            struct dirent *s;
+            while (sub && (s = readdir(sub)))
+                if (s->d_name[0] != '.')
+                    unlinkat(dfd, s->d_name, 0);
+            if (sub)
+                closedir(sub);
+            else
+                close(dfd);
+        }
+        if (rmdir(path) == 0)
+            log_info("removed old checkpoint %s", path);
+    }
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+}
+
+/* Rank 0: write a checkpoint of the current step and report it. Every rank: reset the count. */
+static int checkpoint(struct dft *f, const char *why)
+{
+    if (f->poisoned) {
+        log_warn(0, "no checkpoint (%s): a non-finite loss was seen in this state", why);
+        return 0;
+    }
+    int64_t step = drafter_step_count(f->dr);
+    if (f->rank == 0 && (step != f->saved_step || f->unsaved)) {
+        char dir[PROTO_PATH_MAX], err[1024];
+        uint64_t t0 = mono_ns();
+        daemon_notify_status(&f->d, "writing checkpoint of step %" PRId64, step);
+        f->ts.step = step;
+        if (mkdir(f->ckpt_root, 0750) < 0 && errno != EEXIST) {
+            int r = -errno;
+            log_error(r, "checkpoint dir %s", f->ckpt_root);
+            client_error(f->cl, 0, r, "checkpoint dir %s: %s", f->ckpt_root, err_str(r));
+            return r;
+        }
+        int r = ckpt_save(f->ckpt_root, f->dr, &f->ts, dir, sizeof dir, err, sizeof err);
+        if (r < 0) {
+            /* The previous checkpoint stays the lineage head; training state is kept. */
+            log_error(r, "checkpoint: %s", err);
+            client_error(f->cl, 0, r, "checkpoint of step %" PRId64 ": %s", step, err);
+            return r;
+        }
+        client_checkpointed(f->cl, (uint64_t)step, f->generation, dir);
+        log_notice("checkpoint %s (%s, %.0f ms)", dir, why, (double)(mono_ns() - t0) / 1e6);
+        prune_checkpoints(f);
+    }
+    f->saved_step = step;
+    f->unsaved = 0;
+    return 0;
+}
+
+/* ---- coordinator ----------------------------------------------------------------------- */
+
+static void set_heartbeat(struct dft *f)
+{
+    struct proto_heartbeat hb = {
+        .state = (uint32_t)f->state,
+        .batches_done = f->batches,
+        .step = f->dr ? (uint64_t)drafter_step_count(f->dr) : 0,
+        .tokens_per_s = f->tokens_per_s,
+        .loss = f->loss,
+        .accuracy = f->accuracy,
+        .accept_len = f->accept_len,
+        .grad_norm = f->grad_norm,
+        .lr = f->lr,
+        .idle_frac = f->idle_frac,
+        .step_ms = f->step_ms,
+    };
+    client_set_heartbeat(f->cl, &hb);
+}
+
+static void leave_group(struct dft *f)
+{
+    coll_close(f->coll);
+    f->coll = NULL;
+    f->in_group = 0;
+    f->joined = 0;
+}
+
+static void handle_msg(struct dft *f, const struct proto_msg *m)
+{
+    switch (m->type) {
+    case PROTO_GROUP:
+        f->grp = m->group;
+        f->have_group = 1;
+        break;
+    case PROTO_RESTART:
+        log_notice("drafter group restarts as generation %" PRIu64 " from %s", m->restart.generation,
+                   m->restart.ckpt_dir[0] ? m->restart.ckpt_dir : "scratch");
+        leave_group(f);
+        f->have_group = 0;
+        f->await_restart = 0;
+        break;
+    case PROTO_WELCOME:
+        f->state = (int)m->welcome.cluster_state;
+        log_notice("reconnected to the coordinator (cluster %s)", proto_state_name(m->welcome.cluster_state));
+        break;
+    case PROTO_CONTROL:
+        log_notice("%s%s%s", proto_control_name(m->control.cmd), m->control.reason[0] ? ": " : "", m->control.reason);
+        switch (m->control.cmd) {
+        case PROTO_CTL_PAUSE:
+            f->state = PROTO_STATE_PAUSED;
+            daemon_notify_status(&f->d, "paused: %s", m->control.reason);
+            break;
+        case PROTO_CTL_RESUME:
+            f->state = PROTO_STATE_RUNNING;
+            f->poisoned = 0;    /* the operator removed the cause */
+            break;
+        case PROTO_CTL_DRAIN:
+            f->state = PROTO_STATE_DRAINING;
+            f->draining = 1;
+            break;
+        case PROTO_CTL_STOP:
+            f->state = PROTO_STATE_STOPPED;
+            f->stop_now = 1;
+            break;
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+static int pump(struct dft *f, int timeout_ms)
+{
+    char err[512];
+    struct proto_msg m;
+    int r;
+    daemon_watchdog(&f->d);
+    set_heartbeat(f);
+    while ((r = client_poll(f->cl, timeout_ms, &m, err, sizeof err)) > 0) {
+        handle_msg(f, &m);
+        timeout_ms = 0;
+    }
+    daemon_watchdog(&f->d);
+    if (r < 0) {
+        log_error(r, "coordinator: %s", err);
+        return r;
+    }
+    if (daemon_stop_requested() && !f->stop_vote) {
+        log_notice("%s: finishing this step, then a final checkpoint", strsignal(daemon_last_signal()));
+        f->stop_vote = 1;
+    }
+    return 0;
+}
+
+static void flush_events(struct dft *f, uint64_t ms)
+{
+    uint64_t deadline = mono_ms() + ms;
+    struct client_stats st;
+    for (;;) {
+        client_get_stats(f->cl, &st);
+        if (!st.outbox || mono_ms() > deadline || daemon_stop_requested() > 1)
+            return;
+        struct proto_msg m;
+        char err[256];
+        if (client_poll(f->cl, 50, &m, err, sizeof err) < 0)
+            return;
+        daemon_watchdog(&f->d);
+    }
+}
+
+/* total_steps = 0: the cosine horizon is the run's batches over the group. */
+static void derive_total_steps(struct dft *f)
+{
+    if (f->cfg->drafter.total_steps)
+        return;
+    char *json = NULL, err[256];
+    int status = 0;
+    if (client_query(f->cl, PROTO_Q_STATUS, 0, &json, &status, err, sizeof err) < 0 || status < 0) {
+        free(json);
+        return;
+    }
+    const char *p = strstr(json, "\"total_batches\":");
+    if (p) {
+        double total = strtod(p + 16, NULL);
+        if (total > 0)
+            f->total_steps_hint = (uint64_t)total;
+    }
+    free(json);
+}
+
+/* Apply a GROUP: weights from its checkpoint, the collective of its generation. */
+static int enter_group(struct dft *f, char *err, size_t errlen)
+{
+    const struct proto_group *g = &f->grp;
+    f->have_group = 0;
+    int r = load_weights(f, g->ckpt_dir, err, errlen);
+    if (r < 0)
+        return r;
+    f->generation = g->generation;
+    f->rank = (int)g->rank;
+    f->world = (int)g->world_size;
+    if (f->world > 1) {
+        int64_t to = f->cfg->drafter.collective_timeout_ms;
+        /* A stalled peer must fail the group before the watchdog kills a healthy rank. */
+        if (f->d.watchdog_usec && (int64_t)(f->d.watchdog_usec / 2000) < to)
+            to = (int64_t)(f->d.watchdog_usec / 2000);
+        struct coll_opts o = { .generation = g->generation, .mode = 0600 };
+        daemon_watchdog(&f->d);
+        r = coll_open(&f->coll, g->coll_name, f->rank, f->world, (int)to, &o, err, errlen);
+        daemon_watchdog(&f->d);
+        if (r < 0)
+            return r;
+    }
+    if (f->total_steps_hint && !f->cfg->drafter.total_steps)
+        f->topt.total_steps = (int64_t)((f->total_steps_hint + (uint64_t)f->world - 1) / (uint64_t)f->world);
+    f->in_group = 1;
+    if (!f->metrics || f->metrics_rank != f->rank) {
+        char path[CFG_STR_MAX + 64];
+        if (f->cfg->drafter.metrics_path[0])
+            snprintf(path, sizeof path, "%s", f->cfg->drafter.metrics_path);
+        else
+            snprintf(path, sizeof path, "%s/metrics-rank%d.jsonl", f->cfg->cluster.state_dir, f->rank);
+        if (f->metrics)
+            fclose(f->metrics);
+        f->metrics = fopen(path, "ae");
+        if (!f->metrics)
+            log_warn(-errno, "metrics file %s", path);
+        f->metrics_rank = f->rank;
+    }
+    log_notice("in drafter group generation %" PRIu64 ": rank %d of %d, step %" PRId64 ", lr horizon %" PRId64
+               " steps", f->generation, f->rank, f->world, drafter_step_count(f->dr), f->topt.total_steps);
+    daemon_notify_status(&f->d, "training: rank %d of %d, generation %" PRIu64, f->rank, f->world, f->generation);
+    return 0;
+}
+
+/* ---- one step ---------------------------------------------------------------------------- */
+
+static void metrics_to_floats(const struct drafter_metrics *m, float *out)
+{
+    const double *v = (const double *)m;
+    for (int i = 0; i < DRAFTER_METRICS_N; i++)
+        out[i] = (float)v[i];
+}
+
+static void floats_to_metrics(const float *in, struct drafter_metrics *m)
+{
+    double *v = (double *)m;
+    for (int i = 0; i < DRAFTER_METRICS_N; i++)
+        v[i] = in[i];
+}
+
+/* Train on the slot's batch: gradients into dr->grads, metric sums into *m. The slot is
+ * released as soon as its data has been read. Returns 1 trained, 0 nothing usable, <0 fatal. */
+static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m, uint64_t *batch_id,
+                        uint32_t *n_seqs)
+{
+    const struct ring_payload *p = ring_slot_header(f->ring, slot);
+    struct obj_batch b = {
+        .tokens = ring_slot_tokens(f->ring, slot),
+        .loss_mask = ring_slot_loss_mask(f->ring, slot),
+        .cu_seqlens = ring_slot_cu_seqlens(f->ring, slot),
+        .n_seqs = (int)p->n_seqs,
+        .n_tokens = (int)p->n_tokens,
+        .hidden_bf16 = ring_slot_hidden(f->ring, slot),
+        .hidden_pitch = ring_hidden_pitch(f->ring) / 2,
+    };
+    char err[512];
+    *batch_id = p->batch_id;
+    *n_seqs = p->n_seqs;
+    uint32_t epoch = p->epoch;
+    int r = obj_batch_check(&b, f->dc.vocab_size, err, sizeof err);
+    if (r < 0 || b.n_tokens > f->dr->max_tokens) {
+        log_error(r, "slot %u, batch %" PRIu64 ": %s", slot, *batch_id, r < 0 ? err : "too many tokens");
+        client_error(f->cl, 0, r < 0 ? r : -DF_ERANGE, "slot %u batch %" PRIu64 ": %s", slot, *batch_id,
+                     r < 0 ? err : "too many tokens");
+        ring_release(f->ring, slot);
+        return 0;
+    }
+    struct obj_rng_key key = { .seed = (uint64_t)f->cfg->drafter.seed, .epoch = epoch, .batch_id = *batch_id,
+                               .rank = (uint32_t)f->rank };
+    int nb = obj_sample_anchors(&b, (int)f->cfg->drafter.num_anchors, &key, f->blocks, f->max_blocks, f->work);
+    if (nb < 0) {
+        ring_release(f->ring, slot);
+        log_error(nb, "anchors of batch %" PRIu64, *batch_id);
+        return nb;
+    }
+    if (nb > 0) {
+        r = drafter_forward_backward(f->dr, &b, f->blocks, nb, f->cfg->drafter.gamma, m);
+    } else {
+        memset(f->dr->grads, 0, f->dr->n_params * sizeof(float));
+        memset(m, 0, sizeof *m);
+        m->tokens = b.n_tokens;
+        r = 0;
+    }
+    int rel = ring_release(f->ring, slot);
+    if (r < 0) {
+        log_error(r, "forward/backward of batch %" PRIu64, *batch_id);
+        return r;
+    }
+    if (rel == -DF_ESTATE) {
+        /* Reclaimed while we read it (we were taken for dead): it is delivered again. */
+        log_warn(rel, "slot %u of batch %" PRIu64 " was reclaimed during the step: not counted", slot, *batch_id);
+        return 0;
+    }
+    f->ts.epoch = epoch;
+    return 1;
+}
+
+/* Group failure seen in a collective: wait for the coordinator's RESTART (a peer died) or STOP;
+ * without either the group cannot continue and this process exits to be restarted. */
+static int group_broken(struct dft *f, int code)
+{
+    log_warn(code, "drafter group generation %" PRIu64 ": collective failed", f->generation);
+    leave_group(f);
+    f->await_restart = 1;
+    uint64_t deadline = mono_ms() + 2ull * (uint64_t)f->cfg->coordinator.dead_after_ms + 2000;
+    while (mono_ms() < deadline) {
+        int r = pump(f, (int)daemon_wait_slice_ms(&f->d, 200));
+        if (r < 0)
+            return r;
+        if (!f->await_restart || f->stop_now)
+            return 0;
+    }
+    client_error(f->cl, 0, code, "drafter group generation %" PRIu64 " collective failed and was not restarted",
+                 f->generation);
+    return code;
+}
+
+static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const struct drafter_step_info *info,
+                          uint64_t batch_id, int have)
+{
+    if (!f->metrics)
+        return;
+    fprintf(f->metrics,
+            "{\"time\":%.3f,\"rank\":%d,\"generation\":%" PRIu64 ",\"step\":%" PRId64 ",\"epoch\":%" PRIu64
+            ",\"batch\":%" PRId64 ",\"loss\":%.6g,\"accuracy\":%.6g,\"accept_len\":%.6g,\"grad_norm\":%.6g"
+            ",\"lr\":%.6g,\"tokens\":%.0f,\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"idle_frac\":%.3f}\n",
+            now_s(), f->rank, f->generation, info->step, f->ts.epoch, have ? (int64_t)batch_id : (int64_t)-1,
+            drafter_metrics_loss(gm), drafter_metrics_accuracy(gm), drafter_metrics_accept_len(gm), info->grad_norm,
+            info->lr, gm->tokens, f->tokens_per_s, f->step_ms, f->idle_frac);
+    fflush(f->metrics);
+}
+
+/* One iteration of the group: maybe a batch, the small all-reduce, maybe a step. */
+static int iterate(struct dft *f)
+{
+    uint64_t t0 = mono_ns();
+    int consuming = f->state == PROTO_STATE_RUNNING || f->state == PROTO_STATE_DRAINING ||
+                    f->state == PROTO_STATE_STARTING;
+    unsigned slot;
+    int have = 0, r;
+    uint64_t batch_id = 0;
+    uint32_t n_seqs = 0;
+    struct drafter_metrics m = { 0 };
+    int slice = (int)daemon_wait_slice_ms(&f->d, 200);
+    if (consuming && !f->stop_vote) {
+        r = ring_claim_read(f->ring, &f->pick, slice, &slot);
+        if (r == 0) {
+            have = consume_slot(f, slot, &m, &batch_id, &n_seqs);
+            if (have < 0)
+                return have;
+        } else if (r != -DF_ETIMEOUT && r != -EINTR) {
+            log_error(r, "ring_claim_read");
+            return r;
+        }
+    } else if (!f->stop_vote) {
+        usleep((useconds_t)slice * 1000);   /* paused: keep the group in step, slowly */
+    }
+    uint64_t t1 = mono_ns();
+    if (have && f->cfg->drafter.debug_nan_step >= 0 && drafter_step_count(f->dr) + 1 == f->cfg->drafter.debug_nan_step) {
+        log_warn(0, "debug: making the loss of step %" PRId64 " NaN (drafter.debug_nan_step)",
+                 drafter_step_count(f->dr) + 1);
+        m.loss_sum = NAN;
+    }
+    if (!have)
+        memset(f->dr->grads, 0, f->dr->n_params * sizeof(float));
+    float sm[SM_N] = { 0 };
+    sm[SM_HAVE] = (float)have;
+    sm[SM_STOP] = (float)f->stop_vote;
+    sm[SM_SEQS] = (float)n_seqs;
+    sm[SM_NAN] = have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum)) ? 1.0f : 0.0f;
+    metrics_to_floats(&m, sm + SM_METRICS);
+    if (f->coll && (r = coll_allreduce_sum(f->coll, sm, SM_N)) < 0)
+        return group_broken(f, r);
+    struct drafter_metrics gm;
+    floats_to_metrics(sm + SM_METRICS, &gm);
+    int ghave = (int)sm[SM_HAVE], gstop = sm[SM_STOP] > 0;
+    struct drafter_step_info info = { .step = drafter_step_count(f->dr) };
+    if (ghave > 0 && sm[SM_NAN] > 0) {
+        /* Every rank skips the same step; the weights stay as they were. */
+        f->poisoned = 1;
+        if (have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum))) {
+            log_error(-DF_ENAN, "batch %" PRIu64 ": the loss is not finite: step skipped, cluster pausing", batch_id);
+            client_error(f->cl, 0, -DF_ENAN, "%s: batch %" PRIu64 " at step %" PRId64 ": loss is not finite",
+                         f->d.ident, batch_id, drafter_step_count(f->dr) + 1);
+        }
+    } else if (ghave > 0) {
+        if (f->coll && (r = coll_allreduce_sum(f->coll, f->dr->grads, f->dr->n_params)) < 0)
+            return group_broken(f, r);
+        r = drafter_optimizer_step(f->dr, gm.weight_sum, &f->topt, &info);
+        if (r == -DF_ENAN) {
+            f->poisoned = 1;
+            log_error(r, "gradient norm is not finite at step %" PRId64 ": step skipped", info.step + 1);
+            if (f->rank == 0)
+                client_error(f->cl, 0, -DF_ENAN, "%s: gradient norm not finite at step %" PRId64, f->d.ident,
+                             info.step + 1);
+        } else if (r < 0 && r != -DF_ERANGE) {
+            log_error(r, "optimizer step");
+            return r;
+        } else {
+            /* -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
+            uint64_t t2 = mono_ns();
+            f->dirty = 1;
+            f->unsaved += (uint64_t)ghave;
+            f->ts.batch_in_epoch += (uint64_t)ghave;
+            f->ts.samples += (uint64_t)sm[SM_SEQS];
+            f->ts.tokens += (uint64_t)gm.tokens;
+            if (have) {
+                f->batches++;
+                client_trained(f->cl, batch_id, (uint64_t)drafter_step_count(f->dr), (uint32_t)f->rank, f->generation);
+            }
+            double step_s = (double)(t2 - t0) / 1e9;
+            double busy = (double)(t2 - t1) / 1e9;
+            f->step_ms = busy * 1e3;
+            f->loss = drafter_metrics_loss(&gm);
+            f->accuracy = drafter_metrics_accuracy(&gm);
+            f->accept_len = drafter_metrics_accept_len(&gm);
+            if (r == 0) {
+                f->grad_norm = info.grad_norm;
+                f->lr = info.lr;
+            }
+            double rate = gm.tokens / (step_s + 1e-9);
+            f->tokens_per_s = f->tokens_per_s ? 0.8 * f->tokens_per_s + 0.2 * rate : rate;
+            write_metrics(f, &gm, &info, batch_id, have);
+        }
+    }
+    uint64_t t3 = mono_ns();
+    if (f->last_step_end_ns) {
+        double idle = ghave > 0 ? (double)(t1 - t0) / (double)(t3 - t0 + 1) : 1.0;
+        f->idle_frac = 0.9 * f->idle_frac + 0.1 * idle;
+    }
+    f->last_step_end_ns = t3;
+
+    int64_t step = drafter_step_count(f->dr);
+    if (gstop)
+        checkpoint(f, "a rank is stopping");
+    else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
+        checkpoint(f, "periodic");
+    else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step))
+        checkpoint(f, "draining");
+    if (gstop && !f->stop_vote) {
+        /* A peer leaves: the coordinator will restart the group from that checkpoint. */
+        log_notice("a peer of generation %" PRIu64 " is stopping: waiting for the group to restart", f->generation);
+        leave_group(f);
+        f->await_restart = 1;
+    }
+    return 0;
+}
+
+/* ---- start ------------------------------------------------------------------------------ */
+
+static int connect_coordinator(struct dft *f, char *err, size_t errlen)
+{
+    char name[PROTO_NAME_MAX];
+    snprintf(name, sizeof name, "%s", f->d.ident);
+    struct client_opts o = { .socket_path = f->sock, .role = PROTO_ROLE_DRAFTER, .device = f->d.index, .name = name,
+                             .connect_timeout_ms = 0, .reply_timeout_ms = 10000, .reconnect_ms = 200 };
+    uint64_t deadline = mono_ms() + 5ull * (uint64_t)f->cfg->coordinator.dead_after_ms + 30000;
+    int r, warned = 0;
+    for (;;) {
+        r = client_open(&f->cl, &o, err, errlen);
+        if (r == 0 || (r != -ENOENT && r != -ECONNREFUSED && r != -EAGAIN))
+            return r;
+        if (mono_ms() > deadline || daemon_stop_requested())
+            return r;
+        if (!warned++)
+            log_info("waiting for the coordinator at %s", f->sock);
+        daemon_watchdog(&f->d);
+        usleep(200000);
+    }
+}
+
+static int attach_ring(struct dft *f, char *err, size_t errlen)
+{
+    const struct proto_welcome *w = client_welcome(f->cl);
+    int r;
+    for (int i = 0; i < 100; i++) {
+        r = ring_attach(&f->ring, w->ring_name, NULL, RING_ATTACH_ANY, err, errlen);
+        if (r != -EAGAIN)
+            break;
+        usleep(20000);
+    }
+    if (r < 0)
+        return r;
+    const struct ring_layout *l = ring_layout(f->ring);
+    if (l->hidden != (uint32_t)f->dc.hidden_size || l->n_layers != (uint32_t)f->n_ids || l->dtype != RING_DTYPE_BF16) {
+        snprintf(err, errlen, "ring %s holds hidden %u x %u layers, this drafter expects hidden %d x %d layers",
+                 w->ring_name, l->hidden, l->n_layers, f->dc.hidden_size, f->n_ids);
+        return -DF_ELAYOUT;
+    }
+    for (int i = 0; i < f->n_ids; i++)
+        if (l->layer_ids[i] != (uint32_t)f->ids[i]) {
+            snprintf(err, errlen, "ring %s captured layer %d is %u, the drafter's is %d", w->ring_name, i,
+                     l->layer_ids[i], f->ids[i]);
+            return -DF_ELAYOUT;
+        }
+    f->max_blocks = drafter_max_blocks_for((int)l->max_tokens, (int)l->max_seqs, (int)f->cfg->drafter.num_anchors);
+    f->blocks = calloc((size_t)f->max_blocks, sizeof *f->blocks);
+    f->work = calloc(l->max_tokens, sizeof *f->work);
+    if (!f->blocks || !f->work) {
+        snprintf(err, errlen, "out of memory for %d blocks", f->max_blocks);
+        return -ENOMEM;
+    }
+    f->state = (int)w->cluster_state;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static struct dft df;
+    struct dft *f = &df;
+    char err[1024];
+    int r = daemon_parse_args(&f->d, "drafter-d", "drafter", 1, argc, argv, stdout, err, sizeof err);
+    if (r == 1)
+        return DAEMON_EX_OK;
+    log_init("drafter-d", LOG_LVL_INFO);
+    if (r < 0) {
+        log_error(0, "%s", err);
+        return DAEMON_EX_USAGE;
+    }
+    log_init(f->d.ident, LOG_LVL_INFO);
+    if ((r = daemon_load_config(&f->d, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        return DAEMON_EX_CONFIG;
+    }
+    f->cfg = &f->d.cfg;
+    enum log_level lvl;
+    if (log_level_parse(f->cfg->cluster.log_level, &lvl) < 0) {
+        daemon_key_error(&f->d, "cluster", "log_level", err, sizeof err, "'%s' is not a log level",
+                         f->cfg->cluster.log_level);
+        log_error(0, "%s", err);
+        return DAEMON_EX_CONFIG;
+    }
+    log_set_level(lvl);
+    daemon_print_config(&f->d, stdout);
+    if ((r = check_config(f, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        return DAEMON_EX_CONFIG;
+    }
+    if (f->d.check_only)
+        return DAEMON_EX_OK;
+
+    int code = DAEMON_EX_FAILURE;
+    daemon_signals_init();
+    daemon_notify_init(&f->d);
+    f->rank = -1;
+    f->metrics_rank = -1;
+    openblas_set_num_threads((int)f->cfg->drafter.threads);
+    if ((r = daemon_lock(&f->d, err, sizeof err)) < 0) {
+        log_error(r, "%s", err);
+        goto out;
+    }
+    daemon_notify_status(&f->d, "loading the target's embedding and LM head from %s", f->cfg->model.path);
+    daemon_notify_extend(&f->d, 600000);
+    int vocab = 0, hidden = 0;
+    if ((r = target_load_head(f->cfg->model.path, &f->embed, &f->lm_head, &vocab, &hidden, err, sizeof err)) < 0) {
+        log_error(r, "%s", err);
+        code = r == -ENOMEM ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
+        goto out;
+    }
+    daemon_notify_status(&f->d, "connecting to the coordinator at %s", f->sock);
+    if ((r = connect_coordinator(f, err, sizeof err)) < 0) {
+        log_error(r, "coordinator %s: %s", f->sock, err);
+        goto out;
+    }
+    if ((r = attach_ring(f, err, sizeof err)) < 0) {
+        log_error(r, "%s", err);
+        client_error(f->cl, 1, r, "%s: %s", f->d.ident, err);
+        flush_events(f, 2000);
+        code = r == -DF_ELAYOUT ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
+        goto out;
+    }
+    if ((r = make_drafter(f, err, sizeof err)) < 0) {
+        log_error(r, "drafter: %s", err);
+        goto out;
+    }
+    derive_total_steps(f);
+    log_notice("ready: drafter %d layers, %zu parameters, block %d, ring %s, cluster %s", f->dc.num_layers,
+               f->dr->n_params, f->dc.block_size, ring_name(f->ring), proto_state_name((unsigned)f->state));
+    daemon_notify_ready(&f->d, "waiting for the drafter group");
+
+    uint64_t last_status = 0;
+    for (;;) {
+        if ((r = pump(f, 0)) < 0)
+            goto out;
+        if (f->stop_now)
+            break;
+        if (f->have_group) {
+            if ((r = enter_group(f, err, sizeof err)) < 0) {
+                log_error(r, "joining generation %" PRIu64 ": %s", f->grp.generation, err);
+                client_error(f->cl, 0, r, "%s: joining generation %" PRIu64 ": %s", f->d.ident, f->grp.generation, err);
+                flush_events(f, 2000);
+                goto out;
+            }
+        }
+        if (!f->in_group) {
+            if (f->stop_vote)
+                break;  /* between generations: the lineage head is the last checkpoint */
+            if (!f->joined && !f->await_restart) {
+                client_join_group(f->cl);
+                f->joined = 1;
+                daemon_notify_status(&f->d, "waiting for the drafter group (%u ranks)",
+                                     client_welcome(f->cl)->world_size);
+            }
+            if ((r = pump(f, (int)daemon_wait_slice_ms(&f->d, 250))) < 0)
+                goto out;
+            continue;
+        }
+        int stopping = f->stop_vote;
+        if ((r = iterate(f)) < 0)
+            goto out;
+        if (stopping)
+            break;
+        if (mono_ms() - last_status > 2000) {
+            last_status = mono_ms();
+            daemon_notify_status(&f->d, "%s: step %" PRId64 ", loss %.4f, accept %.2f, %.0f tok/s, rank %d/%d",
+                                 proto_state_name((unsigned)f->state), drafter_step_count(f->dr), f->loss,
+                                 f->accept_len, f->tokens_per_s, f->rank, f->world);
+        }
+    }
+    if (f->stop_now && f->in_group)
+        checkpoint(f, "stop");
+    daemon_notify_stopping(&f->d, "leaving at step %" PRId64, f->dr ? drafter_step_count(f->dr) : 0);
+    flush_events(f, 5000);
+    log_notice("leaving at step %" PRId64 " after %" PRIu64 " batches", f->dr ? drafter_step_count(f->dr) : 0,
+               f->batches);
+    code = DAEMON_EX_OK;
+out:
+    coll_close(f->coll);
+    if (f->metrics)
+        fclose(f->metrics);
+    client_free(f->cl);
+    ring_detach(f->ring);
+    drafter_free(f->dr);
+    free(f->blocks);
+    free(f->work);
+    if (f->embed)
+        target_free_head(f->embed, f->lm_head);
+    daemon_done(&f->d);
+    return code;
+}
