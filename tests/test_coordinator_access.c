@@ -110,7 +110,7 @@ int main(void)
     expect_refused(&h, sizeof h, 0, "exceeds");
 
     /* Wrong version: a clear answer naming both versions. */
-    uint8_t frame[512];
+    uint8_t frame[512] __attribute__((aligned(8)));
     struct proto_msg m = { .type = PROTO_HELLO };
     m.hello.role = PROTO_ROLE_TARGET;
     m.hello.pid = (uint32_t)getpid();

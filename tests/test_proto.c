@@ -5,7 +5,7 @@
 #include "ipc/proto.h"
 #include "tests/test.h"
 
-static uint8_t buf[PROTO_MAX_FRAME + 64];
+static uint8_t buf[PROTO_MAX_FRAME + 64] __attribute__((aligned(8)));
 
 /* Encode, decode, re-encode: same bytes, same fields. Returns the frame size. */
 static int64_t roundtrip(const struct proto_msg *m, struct proto_msg *out)
@@ -258,14 +258,20 @@ int main(void)
     proto_strset(m.hello.name, sizeof m.hello.name, "x");
     n = proto_encode(&m, buf, sizeof buf, err, sizeof err);
     CHECK(n > 0);
-    struct proto_hello *hp = (struct proto_hello *)(buf + sizeof *h);
-    memset(hp->name, 'A', sizeof hp->name);
+    /* The payload sits at offset 12: patch it through an aligned copy. */
+    struct proto_hello hp;
+    uint8_t *payload = buf + sizeof *h;
+    memcpy(&hp, payload, sizeof hp);
+    memset(hp.name, 'A', sizeof hp.name);
+    memcpy(payload, &hp, sizeof hp);
     expect_reject(buf, (size_t)n, -DF_EFORMAT, "name is not a NUL-terminated string");
-    proto_strset(hp->name, sizeof hp->name, "x");
-    hp->name[10] = 'z';
+    proto_strset(hp.name, sizeof hp.name, "x");
+    hp.name[10] = 'z';
+    memcpy(payload, &hp, sizeof hp);
     expect_reject(buf, (size_t)n, -DF_EFORMAT, "name is not a NUL-terminated string");
-    hp->name[10] = 0;
-    hp->role = 9;
+    hp.name[10] = 0;
+    hp.role = 9;
+    memcpy(payload, &hp, sizeof hp);
     expect_reject(buf, (size_t)n, -DF_EFORMAT, "bad role 9");
 
     /* Grants: sample count must match the payload. */
@@ -275,7 +281,8 @@ int main(void)
     m.samples = samples;
     n = proto_encode(&m, buf, sizeof buf, err, sizeof err);
     CHECK(n > 0);
-    ((struct proto_lease_grant *)(buf + sizeof *h))->n_samples = 4;
+    uint32_t four = 4;
+    memcpy(buf + sizeof *h + offsetof(struct proto_lease_grant, n_samples), &four, 4);
     expect_reject(buf, (size_t)n, -DF_EFORMAT, "4 samples need");
     m.grant.n_samples = PROTO_MAX_SAMPLES + 1;
     CHECK(proto_encode(&m, buf, sizeof buf, err, sizeof err) < 0);
