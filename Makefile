@@ -113,6 +113,11 @@ demo:
 check:
 	tools/check.sh
 
+# `make fuzz`: every libFuzzer target of tests/fuzz/ for FUZZ_SECONDS each (clang, ASan+UBSan).
+FUZZ_SECONDS ?= 60
+fuzz:
+	FUZZ_SECONDS=$(FUZZ_SECONDS) tools/fuzz.sh
+
 print-build:
 	@echo $(BUILD)
 
@@ -129,7 +134,7 @@ install: $(BIN_PATHS)
 clean:
 	rm -rf build build-*
 
-.PHONY: all test check print-build demo deps install clean
+.PHONY: all test check fuzz print-build demo deps install clean
 .SECONDARY:
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
