@@ -1,0 +1,35 @@
+/* adamw.h: the optimizer half of a training step on the GPU: global gradient norm (deterministic),
+ * clipping coefficient, AdamW on fp32 master weights with a bf16 copy for the forward, and the
+ * fp32 -> bf16 cast. Everything stays on the device: no host sync is needed between the calls. */
+#pragma once
+#include <stddef.h>
+#include "gpukern/gk.h"
+
+/* A run of the flat parameter buffer and whether weight decay applies to it. */
+typedef struct gk_adamw_seg {
+    uint64_t offset, n;
+    int32_t decay;
+    int32_t pad;
+} gk_adamw_seg;
+
+/* Doubles of scratch gk_grad_clip needs. */
+#define GK_GRAD_CLIP_WORK 1024
+
+/* out (device, 3 floats): out[0] = norm = sqrt(sum g^2) * scale (the norm of the scaled gradient),
+ * out[1] = the factor the step applies to g: scale * (clip > 0 && norm > clip ? clip / (norm + 1e-6)
+ * : 1), out[2] = 1 when the norm is finite, else 0. work: GK_GRAD_CLIP_WORK doubles (device). */
+GK_API int gk_grad_clip(const float *g, size_t n, float scale, float clip, double *work, float *out,
+                        cudaStream_t stream);
+
+/* One AdamW update (torch.optim.AdamW: decoupled decay w *= 1 - lr*wd on decay segments, then
+ * w -= step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps), step_size = lr / (1 - beta1^t),
+ * inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t)) with gradient g * gscale[1]; nothing at all is changed when
+ * gscale[2] == 0 (non-finite norm). seg (device, n_seg, sorted, covering [0, n)). w_bf16 (optional)
+ * receives bf16(w). gscale: gk_grad_clip's out. */
+GK_API int gk_adamw(float *w, const float *g, float *m, float *v, void *w_bf16, size_t n,
+                    const gk_adamw_seg *seg, int n_seg, const float *gscale, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, float step_size, float inv_sqrt_bc2,
+                    cudaStream_t stream);
+
+/* dst[i] = bf16(src[i]) (round to nearest even). */
+GK_API int gk_f32_to_bf16(const float *src, void *dst, size_t n, cudaStream_t stream);
