@@ -11,7 +11,7 @@ enum { GEMM_CACHE = 64 };
 struct gemm_key {
     int ta, tb, M, N, K;
     long lda, ldb, ldc, ldd;
-    int has_c, align_a, align_b, align_c, align_d;
+    int has_c, align_a, align_b, align_c, align_d, cd_f32;
 };
 
 struct gemm_plan {
@@ -96,6 +96,7 @@ static int plan_make(gk_gemm *g, const struct gemm_key *k, struct gemm_plan *p)
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
+    const cudaDataType_t cd = k->cd_f32 ? CUDA_R_32F : CUDA_R_16BF;
     LT(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
     LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
@@ -103,8 +104,8 @@ static int plan_make(gk_gemm *g, const struct gemm_key *k, struct gemm_plan *p)
                                   opa == CUBLAS_OP_N ? kk : m, k->ldb));
     LT(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, opb == CUBLAS_OP_N ? kk : n,
                                   opb == CUBLAS_OP_N ? n : kk, k->lda));
-    LT(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, m, n, k->has_c ? k->ldc : k->ldd));
-    LT(cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_16BF, m, n, k->ldd));
+    LT(cublasLtMatrixLayoutCreate(&p->lc, cd, m, n, k->has_c ? k->ldc : k->ldd));
+    LT(cublasLtMatrixLayoutCreate(&p->ld, cd, m, n, k->ldd));
     LT(cublasLtMatmulPreferenceCreate(&pref));
     {
         uint64_t ws = g->ws_bytes;
@@ -137,6 +138,13 @@ extern "C" int gk_gemm_bf16(gk_gemm *g, cudaStream_t stream, int trans_a, int tr
                             int K, float alpha, const void *A, long lda, const void *B, long ldb,
                             float beta, const void *C, long ldc, void *D, long ldd)
 {
+    return gk_gemm_bf16_cd(g, stream, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, D, ldd, 0);
+}
+
+extern "C" int gk_gemm_bf16_cd(gk_gemm *g, cudaStream_t stream, int trans_a, int trans_b, int M, int N, int K,
+                          float alpha, const void *A, long lda, const void *B, long ldb, float beta,
+                          const void *C, long ldc, void *D, long ldd, int cd_f32)
+{
     if (!g || M < 0 || N < 0 || K <= 0 || !A || !B || !D) return -EINVAL;
     if (lda < (trans_a ? M : K) || ldb < (trans_b ? K : N) || ldd < N) return -EINVAL;
     int has_c = beta != 0.0f;
@@ -145,7 +153,7 @@ extern "C" int gk_gemm_bf16(gk_gemm *g, cudaStream_t stream, int trans_a, int tr
     struct gemm_key k;
     memset(&k, 0, sizeof(k));
     k.ta = !!trans_a; k.tb = !!trans_b; k.M = M; k.N = N; k.K = K;
-    k.lda = lda; k.ldb = ldb; k.ldc = has_c ? ldc : 0; k.ldd = ldd; k.has_c = has_c;
+    k.lda = lda; k.ldb = ldb; k.ldc = has_c ? ldc : 0; k.ldd = ldd; k.has_c = has_c; k.cd_f32 = !!cd_f32;
     k.align_a = ptr_align(A); k.align_b = ptr_align(B);
     k.align_c = has_c ? ptr_align(C) : ptr_align(D); k.align_d = ptr_align(D);
     struct gemm_plan *p = NULL;

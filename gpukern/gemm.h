@@ -20,10 +20,23 @@ GK_API int gk_gemm_bf16(gk_gemm *g, cudaStream_t stream, int trans_a, int trans_
                         float alpha, const void *A, long lda, const void *B, long ldb, float beta,
                         const void *C, long ldc, void *D, long ldd);
 
+/* Same with C and D in fp32 when cd_f32 (A and B stay bf16): e.g. an fp32 residual stream
+ * updated in place by a bf16 GEMM. */
+GK_API int gk_gemm_bf16_cd(gk_gemm *g, cudaStream_t stream, int trans_a, int trans_b, int M, int N, int K,
+                      float alpha, const void *A, long lda, const void *B, long ldb, float beta,
+                      const void *C, long ldc, void *D, long ldd, int cd_f32);
+
 /* Linear layer with HF weight layout: Y[T,N] = X[T,K] W[N,K]^T (+ R[T,N] when R != NULL;
  * R may equal Y, which turns the layer into an in-place residual update). */
 static inline int gk_linear(gk_gemm *g, cudaStream_t stream, int T, int N, int K, const void *X, long ldx,
                             const void *W, const void *R, long ldr, void *Y, long ldy)
 {
     return gk_gemm_bf16(g, stream, 0, 1, T, N, K, 1.0f, X, ldx, W, K, R ? 1.0f : 0.0f, R, ldr, Y, ldy);
+}
+
+/* Linear layer into an fp32 output: Y[T,N] (float) = X W^T (+ R, float; R may equal Y). */
+static inline int gk_linear_f32out(gk_gemm *g, cudaStream_t stream, int T, int N, int K, const void *X, long ldx,
+                                   const void *W, const float *R, long ldr, float *Y, long ldy)
+{
+    return gk_gemm_bf16_cd(g, stream, 0, 1, T, N, K, 1.0f, X, ldx, W, K, R ? 1.0f : 0.0f, R, ldr, Y, ldy, 1);
 }

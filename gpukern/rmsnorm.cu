@@ -45,6 +45,45 @@ __global__ void rmsnorm_kernel(const bf16x8 *x, const bf16x8 *b, bf16x8 *sum, lo
     }
 }
 
+/* fp32 input rows (the fp32 residual stream), bf16 output; vecs = H / 8. */
+__global__ void rmsnorm_f32_kernel(const float4 *x, long x_stride4, const bf16x8 *w, bf16x8 *out,
+                                   long out_stride_vec, int rows, int vecs, float eps)
+{
+    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= rows) return;
+    int lane = threadIdx.x & 31;
+    const float4 *xr = x + (long)r * x_stride4;
+    bf16x8 *orow = out + (long)r * out_stride_vec;
+    float ss = 0.f;
+    for (int i = lane; i < vecs; i += 32) {
+        float4 a = xr[2 * i], b = xr[2 * i + 1];
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x + b.y * b.y + b.z * b.z + b.w * b.w;
+    }
+    ss = warp_sum(ss);
+    float inv = rsqrtf(ss / (float)(vecs * 8) + eps);
+    for (int i = lane; i < vecs; i += 32) {
+        float4 a = xr[2 * i], b = xr[2 * i + 1];
+        float f[8] = { a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w }, g[8];
+        bf16x8_to_f32(w[i], g);
+        for (int j = 0; j < 8; j++) f[j] = f[j] * inv * g[j];
+        orow[i] = f32_to_bf16x8(f);
+    }
+}
+
+extern "C" int gk_rmsnorm_f32(const float *x, long x_stride, const void *w, void *out, long out_stride,
+                              int rows, int H, float eps, cudaStream_t stream)
+{
+    if (rows < 0 || H <= 0 || H % 8 || x_stride < H || x_stride % 4 || ((uintptr_t)x & 15) ||
+        out_stride < H || !gk_vec_ok(out, out_stride) || !gk_vec_ok(w, 0))
+        return -EINVAL;
+    if (rows == 0) return 0;
+    const int warps = 4;
+    rmsnorm_f32_kernel<<<gk_blocks(rows, warps), warps * 32, 0, stream>>>(
+        (const float4 *)x, x_stride / 4, (const bf16x8 *)w, (bf16x8 *)out, out_stride / 8, rows, H / 8, eps);
+    GK_LAUNCH_CHECK();
+    return 0;
+}
+
 static int launch(const void *x, const void *b, void *sum, long stride, const void *w, void *out,
                   long out_stride, int rows, int heads, int width, float eps, cudaStream_t stream)
 {

@@ -16,3 +16,7 @@ GK_API int gk_rmsnorm_heads(void *x, long stride, int n_tokens, int n_heads, int
  * with one row stride for a, b, sum and another for out. */
 GK_API int gk_add_rmsnorm(const void *a, const void *b, void *sum, long stride, const void *w,
                           void *out, long out_stride, int rows, int H, float eps, cudaStream_t stream);
+
+/* fp32 rows in (an fp32 residual stream; x_stride % 4 == 0, 16-byte aligned), bf16 rows out. */
+GK_API int gk_rmsnorm_f32(const float *x, long x_stride, const void *w, void *out, long out_stride,
+                          int rows, int H, float eps, cudaStream_t stream);

@@ -1,5 +1,5 @@
-/* target_cuda.cu: the CUDA backend of the target model (bf16 weights, fp32 accumulation, gpukern
- * kernels, cuBLASLt GEMMs) and the double-buffered capture pipeline of target_cuda.h. */
+/* target_cuda.cu: the CUDA backend of the target model (bf16 weights and activations, fp32 accumulation
+ * and residual stream, gpukern kernels, cuBLASLt GEMMs) and the double-buffered capture pipeline of target_cuda.h. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -40,7 +40,8 @@ struct cuda_model {
 
     /* scratch, [max_tokens, ...] */
     int32_t *tokens, *cu, *pos;
-    bf16_t *x, *xn, *qkv, *attn, *gu, *act;
+    float *x;                   /* the residual stream, kept in fp32 (see forward_enqueue) */
+    bf16_t *xn, *qkv, *attn, *gu, *act;
     bf16_t *cap[2];             /* capture sets: [n_ids][max_tokens][H] each; set 1 made by the pipeline */
     float *f32_out;             /* [max_tokens, H], made by the first OUT_F32 forward */
     cudaEvent_t set_free[2];    /* recorded after the last copy that read a capture set */
@@ -290,7 +291,7 @@ static int cuda_open(struct target *m, char *err, size_t errlen)
     if ((r = dev_alloc((void **)&c->tokens, T * 4, "token ids", m, err, errlen)) < 0 ||
         (r = dev_alloc((void **)&c->cu, (T + 1) * 4, "cu_seqlens", m, err, errlen)) < 0 ||
         (r = dev_alloc((void **)&c->pos, T * 4, "positions", m, err, errlen)) < 0 ||
-        (r = dev_alloc((void **)&c->x, T * H * 2, "the residual stream", m, err, errlen)) < 0 ||
+        (r = dev_alloc((void **)&c->x, T * H * 4, "the residual stream", m, err, errlen)) < 0 ||
         (r = dev_alloc((void **)&c->xn, T * H * 2, "the normed stream", m, err, errlen)) < 0 ||
         (r = dev_alloc((void **)&c->qkv, T * QKVD * 2, "q/k/v", m, err, errlen)) < 0 ||
         (r = dev_alloc((void **)&c->attn, T * NH * D * 2, "attention output", m, err, errlen)) < 0 ||
@@ -319,7 +320,11 @@ static int capture_index(const struct target *m, int l)
 }
 
 /* The forward of one batch on c->compute into capture set `set`; c->tokens and c->cu already
- * hold the batch (enqueued earlier on the same stream). Only launches, never synchronises. */
+ * hold the batch (enqueued earlier on the same stream). Only launches, never synchronises.
+ * Weights, GEMM inputs and every activation are bf16; the residual stream is fp32: the o_proj and
+ * down GEMMs add into it in place (fp32 C = D), so the residual adds never round to bf16. On the
+ * tiny fp32 golden Llama this halves the error against transformers' fp32 forward; a captured
+ * layer costs one fp32 -> bf16 pass into its capture buffer (the final norm writes there directly). */
 static int forward_enqueue(struct target *m, int set, int n_seqs, int T, int max_seqlen)
 {
     struct cuda_model *c = (struct cuda_model *)m->impl;
@@ -332,11 +337,10 @@ static int forward_enqueue(struct target *m, int set, int n_seqs, int T, int max
     bf16_t *cap = c->cap[set];
 
     TRY(gk_positions(c->cu, n_seqs, c->pos, T, s));
-    TRY(gk_embed(c->embed, cf->vocab_size, H, c->tokens, T, c->x, H, s));
-    bf16_t *h = c->x;       /* the residual stream: c->x, or the capture buffer of the last layer */
+    TRY(gk_embed_f32(c->embed, cf->vocab_size, H, c->tokens, T, c->x, H, s));
     for (int l = 0; l < c->n_layers; l++) {
         const struct cuda_layer *y = &c->layers[l];
-        TRY(gk_rmsnorm(h, H, y->in_norm, c->xn, H, T, H, eps, s));
+        TRY(gk_rmsnorm_f32(c->x, H, y->in_norm, c->xn, H, T, H, eps, s));
         TRY(gk_linear(c->gemm, s, T, QKVD, H, c->xn, H, y->wqkv, NULL, 0, c->qkv, QKVD));
         if (y->bqkv)
             TRY(gk_add_bias(c->qkv, QKVD, y->bqkv, T, QKVD, s));
@@ -344,31 +348,30 @@ static int forward_enqueue(struct target *m, int set, int n_seqs, int T, int max
         TRY(gk_rope(c->qkv + QD, QKVD, T, NKV, D, c->pos, c->inv_freq, y->k_norm, eps, s));
         TRY(gk_attention_prefill(c->qkv, QKVD, c->qkv + QD, QKVD, c->qkv + QD + NKV * D, QKVD, c->attn, QD,
                                  c->cu, n_seqs, max_seqlen, NH, NKV, D, scale, GK_ATTN_AUTO, s));
-        /* x = h + o_proj(attn): the residual add rides in the GEMM (beta = 1) */
-        TRY(gk_linear(c->gemm, s, T, H, QD, c->attn, QD, y->wo, h, H, c->x, H));
+        TRY(gk_linear_f32out(c->gemm, s, T, H, QD, c->attn, QD, y->wo, c->x, H, c->x, H));   /* x += o_proj */
         if (y->bo)
-            TRY(gk_add_bias(c->x, H, y->bo, T, H, s));
-        TRY(gk_rmsnorm(c->x, H, y->post_norm, c->xn, H, T, H, eps, s));
+            TRY(gk_add_bias_f32(c->x, H, y->bo, T, H, s));
+        TRY(gk_rmsnorm_f32(c->x, H, y->post_norm, c->xn, H, T, H, eps, s));
         TRY(gk_linear(c->gemm, s, T, 2 * FF, H, c->xn, H, y->wgu, NULL, 0, c->gu, 2 * FF));
         if (y->bgu)
             TRY(gk_add_bias(c->gu, 2 * FF, y->bgu, T, 2 * FF, s));
         TRY(gk_swiglu(c->gu, c->gu + FF, 2 * FF, c->act, FF, T, FF, s));
-        /* A captured layer writes its output straight into its capture buffer (C != D in the
-         * GEMM), which then serves as the residual stream of the next layer: no extra copy. */
-        int k = capture_index(m, l);
-        bool last_normed = l == cf->num_layers - 1;
-        bf16_t *out = (k >= 0 && !last_normed) ? cap + (size_t)k * plane : c->x;
-        TRY(gk_linear(c->gemm, s, T, H, FF, c->act, FF, y->wdown, c->x, H, out, H));
+        TRY(gk_linear_f32out(c->gemm, s, T, H, FF, c->act, FF, y->wdown, c->x, H, c->x, H));  /* x += mlp */
         if (y->bdown)
-            TRY(gk_add_bias(out, H, y->bdown, T, H, s));
-        if (k >= 0 && last_normed)
-            TRY(gk_rmsnorm(c->x, H, c->final_norm, cap + (size_t)k * plane, H, T, H, eps, s));
-        for (int k2 = k + 1; k >= 0 && k2 < m->n_ids; k2++)    /* the same layer captured twice */
+            TRY(gk_add_bias_f32(c->x, H, y->bdown, T, H, s));
+        int k = capture_index(m, l);
+        if (k < 0)
+            continue;
+        bf16_t *dst = cap + (size_t)k * plane;
+        if (l == cf->num_layers - 1)    /* HF's last hidden state is after the final norm */
+            TRY(gk_rmsnorm_f32(c->x, H, c->final_norm, dst, H, T, H, eps, s));
+        else
+            TRY(gk_convert_f32_bf16(c->x, H, dst, H, T, H, s));
+        for (int k2 = k + 1; k2 < m->n_ids; k2++)    /* the same layer captured twice */
             if (m->layer_ids[k2] == l &&
-                cudaMemcpyAsync(cap + (size_t)k2 * plane, cap + (size_t)k * plane, (size_t)T * H * 2,
-                                cudaMemcpyDeviceToDevice, s) != cudaSuccess)
+                cudaMemcpyAsync(cap + (size_t)k2 * plane, dst, (size_t)T * H * 2, cudaMemcpyDeviceToDevice, s) !=
+                    cudaSuccess)
                 return -DF_ECUDA;
-        h = out;
     }
     return 0;
 }

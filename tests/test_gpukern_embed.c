@@ -1,4 +1,4 @@
-/* test_gpukern_embed.c: gk_embed against a CPU gather on fresh random data
+/* test_gpukern_embed.c: gk_embed and gk_embed_f32 against a CPU gather on fresh random data
  * (strided output, out-of-range ids give zero rows, shape checks). */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
@@ -26,6 +26,20 @@ int main(void)
             if (out[(size_t)t * ostride + c] != want)
                 TEST_FAIL("token %d col %d: %g vs %g", t, c, out[(size_t)t * ostride + c], want);
         }
+    /* fp32 output (an fp32 residual stream) */
+    float *df = NULL;
+    CUDA_CHECK(cudaMalloc((void **)&df, sizeof(float) * T * ostride));
+    CUDA_CHECK(cudaMemset(df, 0xff, sizeof(float) * T * ostride));
+    CHECK_INT(gk_embed_f32(dt, vocab, H, dtok, T, df, ostride, 0), ==, 0);
+    float *of = malloc(sizeof(float) * T * ostride);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(of, df, sizeof(float) * T * ostride, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < H; c++)
+            if (of[(size_t)t * ostride + c] != out[(size_t)t * ostride + c])
+                TEST_FAIL("f32 token %d col %d: %g vs %g", t, c, of[(size_t)t * ostride + c], out[(size_t)t * ostride + c]);
+    cudaFree(df);
+    free(of);
     CHECK_INT(gk_embed(dt, vocab, H + 4, dtok, T, dout, ostride, 0), ==, -EINVAL);
     CHECK_INT(gk_embed(dt, vocab, H, dtok, T, (char *)dout + 2, ostride, 0), ==, -EINVAL);
     CHECK_INT(gk_embed(dt, vocab, H, dtok, 0, dout, ostride, 0), ==, 0);

@@ -1,5 +1,6 @@
 /* test_gpukern_gemm.c: gk_gemm_bf16 (all transpose combinations, strides, unaligned operands,
- * beta with C == D and C != D) and gk_linear against an fp64 CPU product on fresh random data. */
+ * beta with C == D and C != D), gk_linear and gk_linear_f32out (fp32 C/D) against an fp64 CPU
+ * product on fresh random data. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "gpukern/gemm.h"
@@ -56,6 +57,32 @@ int main(void)
     /* linear layer shapes of a target (T x K) . (N x K)^T, with the residual fused in place */
     one(g, 0, 1, gk_rng_int(500, 1100), 1024, 1024, 1, 1, 0);
     one(g, 0, 1, gk_rng_int(500, 1100), 3072, 1024, 0, 0, 0);
+    /* fp32 C/D (an fp32 residual stream updated in place) */
+    {
+        const int T = gk_rng_int(100, 600), N = 8 * gk_rng_int(8, 64), K = 8 * gk_rng_int(8, 64);
+        float *x, *w;
+        uint16_t *hx = gk_rand_bf16((size_t)T * K, 1.0f, 0.f, &x), *hw = gk_rand_bf16((size_t)N * K, 1.0f, 0.f, &w);
+        float *rr = malloc(sizeof(float) * T * N);
+        for (long i = 0; i < (long)T * N; i++) rr[i] = gk_rng_uniform() * 8.0f;
+        void *dx = gk_dev_upload(hx, (size_t)T * K * 2), *dw = gk_dev_upload(hw, (size_t)N * K * 2);
+        float *dr = gk_dev_upload(rr, sizeof(float) * T * N);
+        CHECK_INT(gk_linear_f32out(g, 0, T, N, K, dx, K, dw, dr, N, dr, N), ==, 0);
+        float *o = malloc(sizeof(float) * T * N);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemcpy(o, dr, sizeof(float) * T * N, cudaMemcpyDeviceToHost));
+        double *ref = malloc(sizeof(double) * T * N);
+        for (int i = 0; i < T; i++)
+            for (int j = 0; j < N; j++) {
+                double s = rr[(long)i * N + j];
+                for (int k = 0; k < K; k++) s += (double)x[(long)i * K + k] * w[(long)j * K + k];
+                ref[(long)i * N + j] = s;
+            }
+        double e = gk_rel_err(o, N, ref, N, T, N);
+        printf("gemm fp32 C/D in place T %d N %d K %d: rel err %.2e\n", T, N, K, e);
+        CHECK(e < 1e-5);  /* no bf16 rounding of the output: fp32 accumulation only */
+        cudaFree(dx); cudaFree(dw); cudaFree(dr);
+        free(hx); free(hw); free(x); free(w); free(rr); free(o); free(ref);
+    }
     /* repeated shape: served from the plan cache */
     one(g, 0, 1, 256, 512, 256, 0, 0, 0);
     one(g, 0, 1, 256, 512, 256, 0, 0, 0);

@@ -1,4 +1,4 @@
-/* test_gpukern_rmsnorm.c: gk_rmsnorm, gk_rmsnorm_heads and gk_add_rmsnorm against fp64 CPU
+/* test_gpukern_rmsnorm.c: gk_rmsnorm, gk_rmsnorm_heads, gk_add_rmsnorm, gk_rmsnorm_f32 against fp64 CPU
  * references on fresh random data (strided rows, in-place, shape checks). */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
@@ -89,11 +89,33 @@ static void test_add(void)
     free(ha); free(hb); free(hw); free(a); free(b); free(w); free(sum); free(out); free(rsum); free(ref); free(fsum);
 }
 
+static void test_f32(void)
+{
+    const int rows = gk_rng_int(100, 700), H = 8 * gk_rng_int(1, 600);
+    const long xs = H + 4 * gk_rng_int(0, 3), os = H + 8 * gk_rng_int(0, 3);
+    const float eps = 1e-6f;
+    float *x = malloc(sizeof(float) * rows * xs), *w;
+    for (long i = 0; i < (long)rows * xs; i++) x[i] = gk_rng_uniform() * 5.0f + 0.3f;
+    uint16_t *hw = gk_rand_bf16(H, 1.0f, 1.0f, &w);
+    float *dx = gk_dev_upload(x, sizeof(float) * rows * xs);
+    void *dw = gk_dev_upload(hw, H * 2), *dout = gk_dev_poisoned((size_t)rows * os);
+    CHECK_INT(gk_rmsnorm_f32(dx, xs, dw, dout, os, rows, H, eps, 0), ==, 0);
+    float *out = gk_dev_download_f32(dout, (size_t)rows * os);
+    double *ref = malloc(sizeof(double) * rows * H);
+    ref_norm(x, xs, w, ref, H, rows, H, eps);
+    double e = gk_rel_err(out, os, ref, H, rows, H);
+    printf("rmsnorm_f32 rows %d H %d: rel err %.2e\n", rows, H, e);
+    CHECK(e < 4e-3);
+    CHECK_INT(gk_rmsnorm_f32(dx + 1, xs, dw, dout, os, rows, H, eps, 0), ==, -EINVAL);
+    cudaFree(dx); cudaFree(dw); cudaFree(dout);
+    free(x); free(hw); free(w); free(out); free(ref);
+}
+
 int main(void)
 {
     gk_test_require_gpu();
     gk_rng_seed();
-    for (int i = 0; i < 3; i++) { test_plain(); test_heads(); test_add(); }
+    for (int i = 0; i < 3; i++) { test_plain(); test_heads(); test_add(); test_f32(); }
     CUDA_CHECK(cudaDeviceSynchronize());
     return 0;
 }

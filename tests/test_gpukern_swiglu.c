@@ -1,4 +1,5 @@
-/* test_gpukern_swiglu.c: gk_swiglu (fused gate_up layout), gk_add (residual) and gk_add_bias against fp64
+/* test_gpukern_swiglu.c: gk_swiglu (fused gate_up layout), gk_add (residual), gk_add_bias(_f32) and
+ * gk_convert_f32_bf16 against fp64
  * CPU references on fresh random data. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
@@ -67,11 +68,37 @@ static void test_bias(void)
     free(hx); free(hb); free(x); free(b); free(out); free(ref);
 }
 
+/* gk_add_bias_f32 on fp32 rows, then gk_convert_f32_bf16 of the result into a strided bf16 block */
+static void test_f32_stream(void)
+{
+    const int rows = gk_rng_int(50, 500), cols = 8 * gk_rng_int(1, 300);
+    const long s = cols + 4 * gk_rng_int(0, 3), ds = cols + 8 * gk_rng_int(0, 2);
+    float *x = malloc(sizeof(float) * rows * s), *b;
+    for (long i = 0; i < (long)rows * s; i++) x[i] = gk_rng_uniform() * 3.0f;
+    uint16_t *hb = gk_rand_bf16(cols, 1.0f, 0.5f, &b);
+    float *dx = gk_dev_upload(x, sizeof(float) * rows * s);
+    void *db = gk_dev_upload(hb, cols * 2), *dd = gk_dev_poisoned((size_t)rows * ds);
+    CHECK_INT(gk_add_bias_f32(dx, s, db, rows, cols, 0), ==, 0);
+    CHECK_INT(gk_convert_f32_bf16(dx, s, dd, ds, rows, cols, 0), ==, 0);
+    float *xo = malloc(sizeof(float) * rows * s);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(xo, dx, sizeof(float) * rows * s, cudaMemcpyDeviceToHost));
+    float *out = gk_dev_download_f32(dd, (size_t)rows * ds);
+    double *ref = malloc(sizeof(double) * rows * s);
+    for (long r = 0; r < rows; r++)
+        for (long c = 0; c < s; c++) ref[r * s + c] = (double)x[r * s + c] + (c < cols ? b[c] : 0);
+    double e1 = gk_rel_err(xo, s, ref, s, rows, s), e2 = gk_rel_err(out, ds, ref, s, rows, cols);
+    printf("add_bias_f32 rows %d cols %d: rel err %.2e; to bf16 %.2e\n", rows, cols, e1, e2);
+    CHECK(e1 < 1e-6 && e2 < 4e-3);
+    cudaFree(dx); cudaFree(db); cudaFree(dd);
+    free(x); free(hb); free(b); free(xo); free(out); free(ref);
+}
+
 int main(void)
 {
     gk_test_require_gpu();
     gk_rng_seed();
-    for (int i = 0; i < 3; i++) { test_swiglu(); test_add(); test_bias(); }
+    for (int i = 0; i < 3; i++) { test_swiglu(); test_add(); test_bias(); test_f32_stream(); }
     CUDA_CHECK(cudaDeviceSynchronize());
     return 0;
 }

@@ -12,7 +12,8 @@
 #                      DIR/batches.txt (packed batches of ~16K tokens from sequences of 512..3072),
 #                      then the reference timing (c): transformers forward per sequence with
 #                      output_hidden_states=True, the captured layers concatenated and copied into
-#                      pinned CPU memory, for all 36 layers and again truncated to max(ids)+1 layers.
+#                      pinned CPU memory, for all 36 layers and again truncated to max(ids)+1 layers;
+#                      each after an untimed pass over every batch (cuBLAS sees every shape first).
 #                      Prints "RESULT key value" lines; bench/target_bench measures (a) and (b).
 import argparse
 import json
@@ -122,7 +123,8 @@ def bench(args):
     os.makedirs(args.out, exist_ok=True)
     if not args.no_save:
         t0 = time.time()
-        cfg.save_pretrained(args.out)
+        model.config.architectures = ["Qwen3ForCausalLM"]
+        model.config.save_pretrained(args.out)
         keep = {"model.embed_tokens.weight", "model.norm.weight"}
         sd = {k: v for k, v in model.state_dict().items()
               if k in keep or (k.startswith("model.layers.") and int(k.split(".")[2]) <= last)}
@@ -168,7 +170,7 @@ def bench(args):
                     pinned[off:off + l].copy_(cat, non_blocking=True)
                     off += l
                 torch.cuda.synchronize()
-            for i in range(args.warmup):
+            for i in range(len(batches)):     # warm pass: every sequence shape seen once
                 one(i)
             t = time.perf_counter()
             for i in range(args.warmup, len(batches)):
