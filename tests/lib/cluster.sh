@@ -1,0 +1,223 @@
+# cluster.sh: helpers for tests (and the demo) that run a dflash cluster of real processes on
+# the CPU backend: a tiny random target model, a structured dataset, a private config, runtime
+# and state dir, start/stop of daemons by pid, and polling of `dflashctl status --json`.
+# Source it, then:
+#   cl_init DIR [SAMPLES]     model + dataset + DIR/dflash.ini (cluster name unique per process)
+#   cl_ini_add 'section.key=value'...  set keys in DIR/dflash.ini (before starting)
+#   cl_start NAME ARGS...     start BIN/ARGS[0] with the rest, log to DIR/NAME.log, remember its pid
+#   cl_pid NAME / cl_alive NAME / cl_kill NAME SIG / cl_wait_exit NAME SECS (exit code in CL_RC)
+#   cl_status                 DIR/status.json from dflashctl (returns non-zero when unreachable)
+#   cl_json 'PYEXPR'          evaluate a Python expression over s = status.json and print it
+#   cl_wait 'PYEXPR' SECS     poll the status until the expression is true
+#   cl_ring_hold / cl_ring_states NSLOTS   keep the ring open (fd 9), print every slot's state
+#   cl_sql 'SQL'              query the ledger with sqlite3
+#   cl_cleanup                kill what is left, remove the ring / collective shm objects
+# Needs: python3, sqlite3; DFLASH_BUILD (the build dir) and DFLASH_SRC (the source tree).
+
+CL_SRC=${DFLASH_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+CL_BIN=${DFLASH_BUILD:-$CL_SRC/build}/bin
+CL_DIR= CL_NAME= CL_INI= CL_SOCK=
+declare -A CL_PIDS=()
+
+cl_log() { printf '[%6.1fs] %s\n' "$(echo "$(date +%s.%N) - ${CL_T0:-0}" | bc)" "$*"; }
+
+cl_init() {
+  CL_DIR=$1
+  local samples=${2:-400}
+  CL_T0=$(date +%s.%N)
+  CL_NAME=t$$x$RANDOM
+  CL_INI=$CL_DIR/dflash.ini
+  CL_SOCK=$CL_DIR/run/$CL_NAME.sock
+  mkdir -p "$CL_DIR/run" "$CL_DIR/state"
+  local b
+  for b in coordinator-d target-d drafter-d dflashctl dflash-data; do
+    [[ -x $CL_BIN/$b ]] || { echo "missing $CL_BIN/$b (build first)"; return 1; }
+  done
+  python3 "$CL_SRC/tools/mkmodel.py" "$CL_DIR/model" >/dev/null || return 1
+  python3 "$CL_SRC/tools/mkdata.py" -n "$samples" -o "$CL_DIR/data.jsonl" || return 1
+  "$CL_BIN/dflash-data" build -o "$CL_DIR/data.bin" -v 256 "$CL_DIR/data.jsonl" >/dev/null || return 1
+  cat >"$CL_INI" <<EOF
+# test cluster $CL_NAME
+[cluster]
+name = $CL_NAME
+runtime_dir = $CL_DIR/run
+state_dir = $CL_DIR/state
+log_level = info
+
+[ring]
+slots = 4
+max_tokens = 512
+max_seqs = 32
+
+[model]
+path = $CL_DIR/model
+capture_layers = 1,2
+draft_layers = 1
+
+[data]
+path = $CL_DIR/data.bin
+token_budget = 256
+max_seq_len = 128
+bucket_width = 32
+epochs = 1
+
+[coordinator]
+heartbeat_ms = 200
+dead_after_ms = 3000
+recovery_ms = 1000
+
+[target]
+prefetch = 2
+devices = 4
+
+[drafter]
+world_size = 1
+block_size = 4
+num_anchors = 16
+lr = 3e-3
+warmup_steps = 10
+checkpoint_every = 25
+ready_timeout_ms = 100
+devices = 4
+keep_checkpoints = 0
+EOF
+}
+
+# Set section.key=value in the ini (the key must already be there, in its section).
+cl_ini_add() {
+  local kv sec key val
+  for kv in "$@"; do
+    sec=${kv%%.*}; key=${kv#*.}; key=${key%%=*}; val=${kv#*=}
+    python3 - "$CL_INI" "$sec" "$key" "$val" <<'EOF'
+import sys
+path, sec, key, val = sys.argv[1:]
+lines = open(path).read().split("\n")
+cur, done = None, False
+for i, l in enumerate(lines):
+    s = l.strip()
+    if s.startswith("["):
+        if cur == sec and not done:
+            lines.insert(i, "%s = %s" % (key, val)); done = True; break
+        cur = s.strip("[]")
+    elif cur == sec and s.split("=")[0].strip() == key:
+        lines[i] = "%s = %s" % (key, val); done = True; break
+if not done:
+    if cur != sec:
+        lines.append("[%s]" % sec)
+    lines.append("%s = %s" % (key, val))
+open(path, "w").write("\n".join(lines))
+EOF
+  done
+}
+
+cl_start() {
+  local name=$1; shift
+  local bin=$1; shift
+  "$CL_BIN/$bin" "$@" >>"$CL_DIR/$name.log" 2>&1 &
+  CL_PIDS[$name]=$!
+}
+
+cl_pid() { echo "${CL_PIDS[$1]:-}"; }
+cl_alive() { local p=${CL_PIDS[$1]:-}; [[ -n $p ]] && kill -0 "$p" 2>/dev/null; }
+cl_kill() { local p=${CL_PIDS[$1]:-}; [[ -n $p ]] && kill -"$2" "$p" 2>/dev/null; }
+
+# Wait for NAME to exit (at most SECS); sets CL_RC to its exit code, or "timeout".
+# (Not in $(...): only the shell that started a process can wait for it.)
+cl_wait_exit() {
+  local name=$1 secs=$2 p=${CL_PIDS[$1]:-} i
+  CL_RC=none
+  [[ -n $p ]] || return 1
+  for ((i = 0; i < secs * 10; i++)); do
+    kill -0 "$p" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$p" 2>/dev/null; then CL_RC=timeout; return 1; fi
+  wait "$p"
+  CL_RC=$?
+  unset "CL_PIDS[$name]"
+  [[ $CL_RC == 0 ]]
+}
+
+cl_status() {
+  "$CL_BIN/dflashctl" -s "$CL_SOCK" --json status >"$CL_DIR/status.json.tmp" 2>/dev/null &&
+    mv "$CL_DIR/status.json.tmp" "$CL_DIR/status.json"
+}
+
+cl_json() {
+  python3 - "$CL_DIR/status.json" "$1" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+def drafters(): return [d for d in s["daemons"] if d["role"] == "drafter" and d.get("alive", True)]
+def targets(): return [d for d in s["daemons"] if d["role"] == "target" and d.get("alive", True)]
+def step(): return max([d.get("step", 0) for d in drafters()] or [0])
+print(eval(sys.argv[2]))
+EOF
+}
+
+# cl_wait EXPR SECS [NAME]: gives up early when process NAME (e.g. coord) has exited.
+cl_wait() {
+  local expr=$1 secs=$2 watch=${3:-} i v
+  for ((i = 0; i < secs * 10; i++)); do
+    if [[ -n $watch ]] && ! cl_alive "$watch"; then
+      echo "$watch exited while waiting for: $expr"
+      return 1
+    fi
+    if cl_status; then
+      v=$(cl_json "$expr" 2>/dev/null)
+      [[ $v == True ]] && return 0
+    fi
+    sleep 0.1
+  done
+  echo "timeout after ${secs}s waiting for: $expr"
+  [[ -f $CL_DIR/status.json ]] && python3 -m json.tool "$CL_DIR/status.json" | head -60
+  return 1
+}
+
+# Keep the ring's shm object open (fd 9) so its slots can be read after the coordinator
+# unlinked it; cl_ring_states prints each slot's state. Layout (ipc/ring.h): 64-byte slot
+# control blocks from offset 4096, the 64-bit control word first, state in its low 2 bits.
+cl_ring_hold() {
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [[ -e /dev/shm/dflash-$CL_NAME ]] && { exec 9</dev/shm/dflash-"$CL_NAME"; return 0; }
+    sleep 0.1
+  done
+  return 1
+}
+
+cl_ring_states() {
+  python3 - "$1" <<'EOF2'
+import os, struct, sys
+names = ["FREE", "WRITING", "READY", "READING"]
+words = [struct.unpack("<Q", os.pread(9, 8, 4096 + 64 * i))[0] for i in range(int(sys.argv[1]))]
+print(" ".join(names[w & 3] for w in words))
+EOF2
+}
+
+cl_sql() { sqlite3 -batch -noheader "$CL_DIR/state/$CL_NAME-ledger.db" "$1"; }
+
+cl_cleanup() {
+  local n p
+  for n in "${!CL_PIDS[@]}"; do
+    p=${CL_PIDS[$n]}
+    kill -CONT "$p" 2>/dev/null
+    kill -TERM "$p" 2>/dev/null
+  done
+  sleep 0.5
+  for n in "${!CL_PIDS[@]}"; do
+    p=${CL_PIDS[$n]}
+    kill -0 "$p" 2>/dev/null && kill -KILL "$p" 2>/dev/null
+  done
+  CL_PIDS=()
+  [[ -n $CL_NAME ]] && rm -f /dev/shm/dflash-"$CL_NAME" /dev/shm/dflash-"$CL_NAME"-* 2>/dev/null
+  return 0
+}
+
+# Print the tail of every daemon log (on failure).
+cl_logs() {
+  local f
+  for f in "$CL_DIR"/*.log; do
+    echo "---- $f"
+    grep -v '^[a-z_]*\.[a-z_]* = \|^#' "$f" | tail -n "${1:-15}"
+  done
+}

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# test_cluster.sh: the cluster end to end on the CPU backend, plain processes: coordinator +
+# 2 targets + 2 data-parallel drafters train a tiny model for one epoch, in two runs:
+#  1. train part of the epoch, `dflashctl drain`: every daemon exits 0 after a final
+#     checkpoint, the ledger is consistent, nothing is left in /dev/shm;
+#  2. start everything again: the drafters load that checkpoint back and continue from its
+#     step, the epoch completes.
+# Then: the loss fell, every batch of the epoch was trained exactly once and is checkpointed,
+# the ring ends with every slot FREE, no shm object or socket remains.
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib/cluster.sh
+T=${DFLASH_TEST_TMP:-$(mktemp -d)}
+trap 'cl_cleanup' EXIT
+fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+
+cl_init "$T/c" 6000 || exit 1
+cl_ini_add drafter.world_size=2 drafter.checkpoint_every=40
+D=$CL_DIR
+
+start_all() {
+  cl_start coord coordinator-d -c "$CL_INI"
+  cl_wait 's["state"] in ("running", "starting")' 30 coord || fail "coordinator did not come up"
+  for i in 0 1; do
+    cl_start target$i target-d -c "$CL_INI" -i $i
+    cl_start drafter$i drafter-d -c "$CL_INI" -i $i
+  done
+}
+
+expect_all_exit_0() {
+  local n
+  for n in target0 target1 drafter0 drafter1 ${CL_PIDS[coord]:+coord}; do
+    cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"
+  done
+}
+
+# ---- run 1: part of the epoch, then drain -------------------------------------------------
+start_all
+total=$(cl_json 's["batches"]["total"]')
+cl_log "run 1: $total batches in the epoch"
+cl_wait 's["group"]["active"] and s["batches"]["checkpointed"] + s["batches"]["trained"] >= '$((total / 4)) 120 ||
+  fail "no training progress"
+cl_log "draining at $(cl_json 's["batches"]')"
+"$CL_BIN/dflashctl" -s "$CL_SOCK" drain || fail "dflashctl drain"
+expect_all_exit_0
+cl_log "run 1 drained; ledger: $(cl_sql 'SELECT state, count(*) FROM batches GROUP BY state' | tr '\n' ' ')"
+# Only pending (0) and checkpointed (4) remain after a clean drain.
+[[ $(cl_sql 'SELECT count(*) FROM batches WHERE state NOT IN (0, 4)') == 0 ]] || fail "ledger not consistent after drain"
+done1=$(cl_sql 'SELECT count(*) FROM batches WHERE state = 4')
+((done1 > 0 && done1 < total)) || fail "run 1 checkpointed $done1 of $total batches"
+ck1=$(cl_sql 'SELECT step FROM checkpoints ORDER BY gen DESC, step DESC LIMIT 1')
+[[ -n $ck1 ]] || fail "no checkpoint recorded"
+ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left after drain: $(ls /dev/shm | grep "dflash-$CL_NAME")"
+[[ -e $CL_SOCK ]] && fail "socket left after drain"
+
+# ---- run 2: load the checkpoint back, finish the epoch --------------------------------------
+start_all
+cl_ring_hold || fail "no ring"
+cl_wait_exit coord 600 || fail "coordinator exited with '$CL_RC'"
+expect_all_exit_0
+grep -q "loaded checkpoint .*step-$(printf %010d "$ck1")" "$D"/drafter0.log || fail "drafter 0 did not load the step $ck1 checkpoint"
+grep -q "loaded checkpoint .*step-$(printf %010d "$ck1")" "$D"/drafter1.log || fail "drafter 1 did not load the step $ck1 checkpoint"
+states=$(cl_ring_states 4)
+[[ $states == "FREE FREE FREE FREE" ]] || fail "ring at the end: $states"
+cl_log "run 2 done"
+
+# ---- the ledger: every batch trained exactly once, in the checkpoint lineage ----------------
+n=$(cl_sql 'SELECT count(*) FROM batches')
+[[ $n == "$total" ]] || fail "ledger has $n batches, epoch has $total"
+[[ $(cl_sql 'SELECT count(*) FROM batches WHERE state != 4') == 0 ]] || fail "not every batch is checkpointed"
+once=$(cl_sql 'SELECT count(*) FROM batches b WHERE (SELECT count(*) FROM trains t WHERE t.batch = b.id AND t.rolled_back = 0) = 1')
+[[ $once == "$total" ]] || fail "$once of $total batches trained exactly once: $(cl_sql 'SELECT batch, count(*) FROM trains WHERE rolled_back = 0 GROUP BY batch HAVING count(*) != 1 LIMIT 5')"
+# The run-1 batches were not trained again in run 2 (their training rows are all of generation 1).
+[[ $(cl_sql 'SELECT count(*) FROM trains WHERE rolled_back = 0 AND gen = 1') == "$done1" ]] || fail "run-1 batches were trained again"
+ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left at the end"
+[[ -e $CL_SOCK ]] && fail "socket left at the end"
+
+# ---- metrics: steps continue from the checkpoint; the loss falls ---------------------------
+python3 - "$D/state/metrics-rank0.jsonl" "$ck1" <<'EOF' || fail "metrics"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ck = int(sys.argv[2])
+gens = sorted({r["generation"] for r in rows})
+run2 = [r for r in rows if r["generation"] == gens[-1]]
+assert len(gens) == 2, gens
+assert run2[0]["step"] == ck + 1, ("run 2 starts at step", run2[0]["step"], "checkpoint", ck)
+steps = [r["step"] for r in run2]
+assert steps == sorted(steps) and len(set(steps)) == len(steps), "steps not increasing"
+loss = [r["loss"] for r in rows]
+k = max(5, len(loss) // 10)
+first, last = sum(loss[:k]) / k, sum(loss[-k:]) / k
+acc = [r["accept_len"] for r in rows]
+print("steps %d, loss %.3f -> %.3f, accept_len %.2f -> %.2f" % (len(rows), first, last, sum(acc[:k]) / k, sum(acc[-k:]) / k))
+assert last < 0.8 * first, "loss did not fall"
+EOF
+echo "ok: $total batches, run 1 checkpointed $done1 at step $ck1"
