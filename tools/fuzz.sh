@@ -55,7 +55,8 @@ CFLAGS="-std=c11 -D_GNU_SOURCE -O1 -g -fno-omit-frame-pointer -Wall -Wextra -Wno
 LIBS="$PKG_LIBS -lm -lpthread -lrt"
 
 # The library, instrumented for coverage (fuzzer-no-link) and built by the Makefile.
-if ! make -s BUILD="$B" CC="$CLANG -fsanitize=fuzzer-no-link${NOSAN:+ -fno-sanitize=$NOSAN}" SAN=address,undefined NOCUDA=1 \
+if ! make -s BUILD="$B" CC="$CLANG -fsanitize=fuzzer-no-link" \
+     SAN="address,undefined${NOSAN:+ -fno-sanitize=$NOSAN}" NOCUDA=1 \
      "$B/libdflash.a" >"$F/build.log" 2>&1; then
   tail -n 30 "$F/build.log"
   echo "FAIL fuzz: library build failed (log: $F/build.log)"
@@ -117,8 +118,8 @@ for t in "${targets[@]}"; do
   took=$(( $(date +%s) - start ))
   rm -f "/dev/shm/dflash-fuzz-ring-$pid"
   rm -rf "${tmp:?}"/*
-  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -n 1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | grep -o '[0-9]*')
+  runs=$(grep -ao 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -n 1)
+  cov=$(grep -ao 'cov: [0-9]*' "$log" | tail -n 1 | grep -o '[0-9]*')
   found=$(( $(ls "$art" | wc -l) - before ))
   if [[ $rc -eq 0 && $found -eq 0 ]]; then
     result=ok
@@ -128,7 +129,7 @@ for t in "${targets[@]}"; do
     failed+=("$t")
     echo "FAIL  fuzz_$t: rc=$rc after ${took}s, ${runs:-?} runs; new artifacts in $art:"
     ls -t "$art" | head -n 5 | sed 's/^/      /'
-    grep -m 3 -E 'ERROR: |runtime error|fuzz invariant' "$log" | sed 's/^/      | /'
+    grep -a -m 3 -E 'ERROR: |runtime error|fuzz invariant' "$log" | sed 's/^/      | /'
     echo "      keep it: cp $art<file> tests/fuzz/regress/$t/ (log: $log)"
   fi
   printf '%s %s %s %s %s\n' "$(date -u +%FT%TZ)" "$t" "$took" "${runs:-0}" "$result" >>"$F/time.log"
