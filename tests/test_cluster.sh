@@ -76,7 +76,7 @@ ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left at the end"
 [[ -e $CL_SOCK ]] && fail "socket left at the end"
 
 # ---- metrics: steps continue from the checkpoint; the loss falls ---------------------------
-python3 - "$D/state/metrics-rank0.jsonl" "$ck1" <<'EOF' || fail "metrics"
+"$CL_PY" - "$D/state/metrics-rank0.jsonl" "$ck1" <<'EOF' || fail "metrics"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 ck = int(sys.argv[2])

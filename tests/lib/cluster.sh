@@ -17,6 +17,8 @@
 CL_SRC=${DFLASH_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 CL_BIN=${DFLASH_BUILD:-$CL_SRC/build}/bin
 CL_DIR= CL_NAME= CL_INI= CL_SOCK=
+# The system interpreter: a version-manager shim in PATH can take seconds to start.
+CL_PY=$(command -v /usr/bin/python3 || command -v python3)
 declare -A CL_PIDS=()
 
 cl_log() { printf '[%6.1fs] %s\n' "$(echo "$(date +%s.%N) - ${CL_T0:-0}" | bc)" "$*"; }
@@ -33,8 +35,8 @@ cl_init() {
   for b in coordinator-d target-d drafter-d dflashctl dflash-data; do
     [[ -x $CL_BIN/$b ]] || { echo "missing $CL_BIN/$b (build first)"; return 1; }
   done
-  python3 "$CL_SRC/tools/mkmodel.py" "$CL_DIR/model" >/dev/null || return 1
-  python3 "$CL_SRC/tools/mkdata.py" -n "$samples" -o "$CL_DIR/data.jsonl" || return 1
+  "$CL_PY" "$CL_SRC/tools/mkmodel.py" "$CL_DIR/model" >/dev/null || return 1
+  "$CL_PY" "$CL_SRC/tools/mkdata.py" -n "$samples" -o "$CL_DIR/data.jsonl" || return 1
   "$CL_BIN/dflash-data" build -o "$CL_DIR/data.bin" -v 256 "$CL_DIR/data.jsonl" >/dev/null || return 1
   cat >"$CL_INI" <<EOF
 # test cluster $CL_NAME
@@ -88,7 +90,7 @@ cl_ini_add() {
   local kv sec key val
   for kv in "$@"; do
     sec=${kv%%.*}; key=${kv#*.}; key=${key%%=*}; val=${kv#*=}
-    python3 - "$CL_INI" "$sec" "$key" "$val" <<'EOF'
+    "$CL_PY" - "$CL_INI" "$sec" "$key" "$val" <<'EOF'
 import sys
 path, sec, key, val = sys.argv[1:]
 lines = open(path).read().split("\n")
@@ -144,7 +146,7 @@ cl_status() {
 }
 
 cl_json() {
-  python3 - "$CL_DIR/status.json" "$1" <<'EOF'
+  "$CL_PY" - "$CL_DIR/status.json" "$1" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
 def drafters(): return [d for d in s["daemons"] if d["role"] == "drafter" and d.get("alive", True)]
@@ -155,22 +157,45 @@ EOF
 }
 
 # cl_wait EXPR SECS [NAME]: gives up early when process NAME (e.g. coord) has exited.
+# One Python process polls (every 50 ms) so waiting costs little CPU on a busy machine.
 cl_wait() {
-  local expr=$1 secs=$2 watch=${3:-} i v
-  for ((i = 0; i < secs * 10; i++)); do
-    if [[ -n $watch ]] && ! cl_alive "$watch"; then
-      echo "$watch exited while waiting for: $expr"
-      return 1
-    fi
-    if cl_status; then
-      v=$(cl_json "$expr" 2>/dev/null)
-      [[ $v == True ]] && return 0
-    fi
-    sleep 0.1
-  done
-  echo "timeout after ${secs}s waiting for: $expr"
-  [[ -f $CL_DIR/status.json ]] && python3 -m json.tool "$CL_DIR/status.json" | head -60
-  return 1
+  local watch=${3:-} wpid=0
+  [[ -n $watch ]] && wpid=${CL_PIDS[$watch]:-0}
+  "$CL_PY" - "$CL_BIN/dflashctl" "$CL_SOCK" "$CL_DIR/status.json" "$1" "$2" "$wpid" <<'EOF2'
+import json, os, subprocess, sys, time
+ctl, sock, out, expr, secs, wpid = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]), int(sys.argv[6])
+def drafters(): return [d for d in s["daemons"] if d["role"] == "drafter" and d.get("alive", True)]
+def targets(): return [d for d in s["daemons"] if d["role"] == "target" and d.get("alive", True)]
+def step(): return max([d.get("step", 0) for d in drafters()] or [0])
+end, s = time.time() + secs, None
+while time.time() < end:
+    if wpid:
+        try:
+            os.kill(wpid, 0)
+            st = open("/proc/%d/stat" % wpid).read().split(")")[-1].split()[0]
+            if st == "Z":
+                raise ProcessLookupError
+        except ProcessLookupError:
+            print("pid %d exited while waiting for: %s" % (wpid, expr)); sys.exit(1)
+    p = subprocess.run([ctl, "-s", sock, "--json", "status"], capture_output=True, text=True)
+    if p.returncode == 0:
+        try:
+            s = json.loads(p.stdout)
+        except ValueError:
+            s = None
+        if s is not None:
+            open(out, "w").write(p.stdout)
+            try:
+                if eval(expr):
+                    sys.exit(0)
+            except (KeyError, IndexError, TypeError):
+                pass
+    time.sleep(0.05)
+print("timeout after %gs waiting for: %s" % (secs, expr))
+if s is not None:
+    print(json.dumps({k: s[k] for k in ("state", "batches", "ring", "daemons") if k in s}, indent=1)[:3000])
+sys.exit(1)
+EOF2
 }
 
 # Keep the ring's shm object open (fd 9) so its slots can be read after the coordinator
@@ -186,7 +211,7 @@ cl_ring_hold() {
 }
 
 cl_ring_states() {
-  python3 - "$1" <<'EOF2'
+  "$CL_PY" - "$1" <<'EOF2'
 import os, struct, sys
 names = ["FREE", "WRITING", "READY", "READING"]
 words = [struct.unpack("<Q", os.pread(9, 8, 4096 + 64 * i))[0] for i in range(int(sys.argv[1]))]
