@@ -1,0 +1,840 @@
+/* drafter_cuda.cu: the drafter's training step on one GPU: bf16 activations and weight copies,
+ * fp32 master weights / gradients / moments, gpukern kernels and cuBLAS GEMMs on one stream.
+ * The pass mirrors drafter_cpu.c; q/k/v and gate/up are adjacent in the parameter layout, so
+ * each is one GEMM (and one weight-gradient GEMM) here. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+#include "common/err.h"
+#include "gpukern/adamw.h"
+#include "gpukern/cuda_check.h"
+#include "gpukern/dflash_attn.h"
+#include "gpukern/embed.h"
+#include "gpukern/gemm.h"
+#include "gpukern/gemmx.h"
+#include "gpukern/lmhead_ce.h"
+#include "gpukern/norm_bwd.h"
+#include "gpukern/rmsnorm.h"
+#include "gpukern/rope.h"
+#include "gpukern/swiglu.h"
+#include "gpukern/swiglu_bwd.h"
+#include "model/drafter_cuda.h"
+extern "C" {
+#include "model/optim.h"
+}
+
+typedef uint16_t bf16_t;
+
+#define STAGE_BYTES ((size_t)8 << 20)   /* pinned staging for fp32 -> bf16 feature conversion */
+
+/* Activations of one layer kept for the backward (Q block rows, T context rows). */
+struct cu_layer_act {
+    bf16_t *qkv;        /* [Q, qd + 2kvd]: q, k, v projections before norm/rope */
+    bf16_t *qp, *kbp;   /* normed + rotated block queries [Q, qd] and keys [Q, kvd] */
+    bf16_t *kvc;        /* [T, 2kvd]: context k, v projections */
+    bf16_t *kcp;        /* normed + rotated context keys [T, kvd] */
+    bf16_t *o;          /* attention output [Q, qd] */
+    float *lse;         /* [Q, nh] */
+    bf16_t *h1;         /* X + attention [Q, H] */
+    bf16_t *gu;         /* [Q, 2I] gate | up */
+};
+
+/* What the host builds per batch; one pinned region mirrored on the device, one H2D copy. */
+struct cu_meta {
+    int32_t *cu, *tok_q, *pos_q, *label, *rows, *qlist;
+    float *w;
+    gk_dflash_block *blk;
+    gk_dflash_ktile *tiles;
+};
+
+struct drafter_cuda {
+    struct drafter_config cfg;
+    int n_tensors, L;
+    struct drafter_tensor *tensors;
+    struct drafter_layer_off *layer;
+    size_t off_fc, off_hidden_norm, off_norm, n_params;
+    int max_tokens, max_blocks, max_tiles, chunk_rows;
+    int H, nh, nkv, hd, qd, kvd, qkvd, I, V, LcH, bs;
+    float eps;
+
+    int device;
+    cudaStream_t stream;
+    gk_gemm *gemm;
+    gk_gemmx *gx;
+
+    void *state_mem;            /* params | grads | m | v (fp32), then the bf16 weight copy */
+    float *params, *grads, *m, *v;
+    bf16_t *wb;
+    gk_adamw_seg *segs;
+    int n_seg;
+    bf16_t *embed, *lm_head;
+    void *frozen_mem;           /* owned copy of embed / lm_head, or NULL */
+    float *inv_freq;
+
+    void *act_mem;              /* activations and backward scratch */
+    bf16_t *hs, *cpre, *cx, **X, *fo, *nrm, *z, *dgu, *dxb, *dh1b, *dout, *dqkvb, *dkvc, *dcpre;
+    float *row_loss, *dx, *dh1, *tmp_h, *delta, *dqf, *dkbf, *dkcf, *dcx;
+    uint8_t *hit;
+    struct cu_layer_act *la;
+    void *head_work;
+    int32_t *pos_ctx;
+    double *d_metrics, *d_block_loss, *norm_work;
+    float *d_clip;
+
+    void *meta_dev, *meta_host;
+    size_t meta_bytes;
+    struct cu_meta md, mh;      /* device / host views of the region */
+    double *h_metrics, *h_block_loss;
+    float *h_clip;
+    uint16_t *stage;            /* pinned */
+
+    struct obj_block *sample_blocks;    /* host scratch of train_step */
+    int32_t *sample_work;
+    int64_t step;
+};
+
+__attribute__((format(printf, 4, 5)))
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+#define TRY(x) do { int r_ = (x); if (r_ < 0) return r_; } while (0)
+#define CU(x) do { if ((x) != cudaSuccess) return -DF_ECUDA; } while (0)
+
+/* ---- arenas ---- */
+
+struct carver {
+    char *base;                 /* NULL on the sizing pass */
+    size_t off;
+};
+
+static void *carve(struct carver *c, size_t bytes)
+{
+    void *p = c->base ? c->base + c->off : NULL;
+    c->off += (bytes + 255) & ~(size_t)255;
+    return p;
+}
+
+#define CARVE(c, ptr, n) ((ptr) = (decltype(ptr))carve((c), (size_t)(n) * sizeof(*(ptr))))
+
+static void layout_acts(struct drafter_cuda *dc, struct carver *c)
+{
+    size_t T = (size_t)dc->max_tokens, Q = (size_t)dc->max_blocks * dc->bs, H = dc->H;
+    size_t qd = dc->qd, kvd = dc->kvd, qkvd = dc->qkvd, I = dc->I, nh = dc->nh;
+    CARVE(c, dc->hs, T * dc->LcH);
+    CARVE(c, dc->cpre, T * H);
+    CARVE(c, dc->cx, T * H);
+    for (int l = 0; l <= dc->L; l++) {
+        bf16_t *x;
+        CARVE(c, x, Q * H);
+        if (c->base) dc->X[l] = x;
+    }
+    for (int l = 0; l < dc->L; l++) {
+        struct cu_layer_act tmp, *a = c->base ? &dc->la[l] : &tmp;
+        CARVE(c, a->qkv, Q * qkvd);
+        CARVE(c, a->qp, Q * qd);
+        CARVE(c, a->kbp, Q * kvd);
+        CARVE(c, a->kvc, T * 2 * kvd);
+        CARVE(c, a->kcp, T * kvd);
+        CARVE(c, a->o, Q * qd);
+        CARVE(c, a->lse, Q * nh);
+        CARVE(c, a->h1, Q * H);
+        CARVE(c, a->gu, Q * 2 * I);
+    }
+    CARVE(c, dc->fo, Q * H);
+    CARVE(c, dc->nrm, Q * H);
+    CARVE(c, dc->z, Q * I);
+    CARVE(c, dc->dgu, Q * 2 * I);
+    CARVE(c, dc->dxb, Q * H);
+    CARVE(c, dc->dh1b, Q * H);
+    CARVE(c, dc->dout, Q * qd);
+    CARVE(c, dc->dqkvb, Q * qkvd);
+    CARVE(c, dc->dkvc, T * 2 * kvd);
+    CARVE(c, dc->dcpre, T * H);
+    CARVE(c, dc->row_loss, Q);
+    CARVE(c, dc->hit, Q);
+    CARVE(c, dc->dx, Q * H);
+    CARVE(c, dc->dh1, Q * H);
+    CARVE(c, dc->tmp_h, Q * H);
+    CARVE(c, dc->delta, Q * nh);
+    CARVE(c, dc->dqf, Q * qd);
+    CARVE(c, dc->dkbf, Q * kvd);
+    CARVE(c, dc->dkcf, T * kvd);
+    CARVE(c, dc->dcx, T * H);
+    CARVE(c, dc->pos_ctx, T);
+    CARVE(c, dc->d_metrics, 4);
+    CARVE(c, dc->d_block_loss, dc->max_blocks);
+    CARVE(c, dc->norm_work, GK_GRAD_CLIP_WORK);
+    CARVE(c, dc->d_clip, 4);
+    CARVE(c, dc->inv_freq, dc->hd / 2);
+    CARVE(c, dc->segs, dc->n_seg);
+    dc->head_work = carve(c, gk_lmhead_ce_work_bytes(dc->chunk_rows, dc->H, dc->V));
+}
+
+static void layout_meta(struct cu_meta *m, struct carver *c, const struct drafter_cuda *dc);
+
+/* The pinned host region: the metadata mirror, then metrics and the feature staging area. */
+static void layout_host(struct drafter_cuda *dc, struct carver *c)
+{
+    layout_meta(&dc->mh, c, dc);
+    CARVE(c, dc->h_metrics, 4);
+    CARVE(c, dc->h_clip, 4);
+    CARVE(c, dc->h_block_loss, dc->max_blocks);
+    CARVE(c, dc->stage, STAGE_BYTES / 2);
+}
+
+static void layout_meta(struct cu_meta *m, struct carver *c, const struct drafter_cuda *dc)
+{
+    size_t T = (size_t)dc->max_tokens, Q = (size_t)dc->max_blocks * dc->bs, B = dc->max_blocks;
+    CARVE(c, m->cu, T + 1);
+    CARVE(c, m->tok_q, Q);
+    CARVE(c, m->pos_q, Q);
+    CARVE(c, m->label, Q);
+    CARVE(c, m->rows, Q);
+    CARVE(c, m->w, Q);
+    CARVE(c, m->blk, B);
+    CARVE(c, m->qlist, B);
+    CARVE(c, m->tiles, dc->max_tiles);
+}
+
+/* ---- create / free ---- */
+
+extern "C" void drafter_cuda_free(struct drafter_cuda *dc)
+{
+    if (!dc)
+        return;
+    if (dc->stream) {
+        cudaSetDevice(dc->device);
+        cudaStreamSynchronize(dc->stream);
+    }
+    gk_gemm_free(dc->gemm);
+    gk_gemmx_free(dc->gx);
+    if (dc->state_mem) cudaFree(dc->state_mem);
+    if (dc->frozen_mem) cudaFree(dc->frozen_mem);
+    if (dc->act_mem) cudaFree(dc->act_mem);
+    if (dc->meta_dev) cudaFree(dc->meta_dev);
+    if (dc->meta_host) cudaFreeHost(dc->meta_host);
+    if (dc->stream) cudaStreamDestroy(dc->stream);
+    free(dc->tensors);
+    free(dc->layer);
+    free(dc->X);
+    free(dc->la);
+    free(dc->sample_blocks);
+    free(dc->sample_work);
+    free(dc);
+}
+
+static bool same_layout(const struct drafter_cuda *dc, const struct drafter *d)
+{
+    if (d->n_params != dc->n_params || d->n_tensors != dc->n_tensors)
+        return false;
+    for (int i = 0; i < d->n_tensors; i++)
+        if (d->tensors[i].offset != dc->tensors[i].offset || d->tensors[i].numel != dc->tensors[i].numel)
+            return false;
+    return true;
+}
+
+/* fp32 host array -> bf16 device array, through a temporary host buffer. */
+static int upload_bf16(bf16_t *dst, const float *src, size_t n)
+{
+    const size_t chunk = (size_t)1 << 22;
+    uint16_t *tmp = (uint16_t *)malloc((n < chunk ? n : chunk) * 2 + 2);
+    if (!tmp)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i += chunk) {
+        size_t k = n - i < chunk ? n - i : chunk;
+        for (size_t j = 0; j < k; j++)
+            tmp[j] = gk_f32_to_bf16(src[i + j]);
+        if (cudaMemcpy(dst + i, tmp, k * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
+            free(tmp);
+            return -DF_ECUDA;
+        }
+    }
+    free(tmp);
+    return 0;
+}
+
+extern "C" int drafter_cuda_load_from_host(struct drafter_cuda *dc, const struct drafter *d)
+{
+    if (!same_layout(dc, d))
+        return -DF_ELAYOUT;
+    size_t bytes = dc->n_params * sizeof(float);
+    CU(cudaSetDevice(dc->device));
+    CU(cudaStreamSynchronize(dc->stream));
+    CU(cudaMemcpy(dc->params, d->params, bytes, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dc->m, d->opt->m, bytes, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dc->v, d->opt->v, bytes, cudaMemcpyHostToDevice));
+    TRY(gk_f32_to_bf16(dc->params, dc->wb, dc->n_params, dc->stream));
+    CU(cudaStreamSynchronize(dc->stream));
+    dc->step = d->opt->step;
+    return 0;
+}
+
+extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct drafter *host, int max_tokens,
+                                   int max_blocks, const struct drafter_cuda_opts *opts, char *err,
+                                   size_t errlen)
+{
+    *out = NULL;
+    const struct drafter_config *k = &host->cfg;
+    struct drafter_cuda_opts def;
+    memset(&def, 0, sizeof def);
+    if (!opts)
+        opts = &def;
+    int hd = k->head_dim;
+    if (k->hidden_size % 8 || k->intermediate_size % 8 ||
+        (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256) || k->block_size > GK_DFLASH_KEY_TILE)
+        return fail(err, errlen, -DF_EUNSUPPORTED,
+                    "drafter_cuda: hidden_size %d and intermediate_size %d must be multiples of 8, "
+                    "head_dim %d one of 16/32/64/128/256, block_size %d <= %d", k->hidden_size,
+                    k->intermediate_size, hd, k->block_size, GK_DFLASH_KEY_TILE);
+    if (max_tokens < 2 || max_blocks < 1)
+        return fail(err, errlen, -DF_ERANGE, "drafter_cuda: max_tokens %d / max_blocks %d too small",
+                    max_tokens, max_blocks);
+    if ((!opts->embed_bf16 && !host->embed) || (!opts->lm_head_bf16 && !host->lm_head))
+        return fail(err, errlen, -EINVAL, "drafter_cuda: the target's embedding and LM head are required");
+
+    struct drafter_cuda *dc = (struct drafter_cuda *)calloc(1, sizeof *dc);
+    if (!dc)
+        return -ENOMEM;
+    int r = -ENOMEM;
+    dc->cfg = *k;
+    dc->L = k->num_layers;
+    dc->n_tensors = host->n_tensors;
+    dc->n_params = host->n_params;
+    dc->off_fc = host->off_fc;
+    dc->off_hidden_norm = host->off_hidden_norm;
+    dc->off_norm = host->off_norm;
+    dc->max_tokens = max_tokens;
+    dc->max_blocks = max_blocks;
+    dc->max_tiles = gk_dflash_max_tiles(max_tokens, max_blocks);
+    dc->chunk_rows = opts->head_chunk_rows > 0 ? opts->head_chunk_rows : 1024;
+    dc->H = k->hidden_size;
+    dc->nh = k->num_heads;
+    dc->nkv = k->num_kv_heads;
+    dc->hd = hd;
+    dc->qd = dc->nh * hd;
+    dc->kvd = dc->nkv * hd;
+    dc->qkvd = dc->qd + 2 * dc->kvd;
+    dc->I = k->intermediate_size;
+    dc->V = k->vocab_size;
+    dc->LcH = k->n_target_ids * k->hidden_size;
+    dc->bs = k->block_size;
+    dc->eps = (float)k->rms_norm_eps;
+    dc->device = opts->device;
+    dc->n_seg = host->n_tensors;
+    dc->tensors = (struct drafter_tensor *)malloc((size_t)host->n_tensors * sizeof *dc->tensors);
+    dc->layer = (struct drafter_layer_off *)malloc((size_t)dc->L * sizeof *dc->layer);
+    dc->X = (bf16_t **)calloc((size_t)dc->L + 1, sizeof *dc->X);
+    dc->la = (struct cu_layer_act *)calloc((size_t)dc->L, sizeof *dc->la);
+    dc->sample_blocks = (struct obj_block *)malloc((size_t)max_blocks * sizeof *dc->sample_blocks);
+    dc->sample_work = (int32_t *)malloc((size_t)max_tokens * sizeof *dc->sample_work);
+    if (!dc->tensors || !dc->layer || !dc->X || !dc->la || !dc->sample_blocks || !dc->sample_work)
+        goto fail;
+    memcpy(dc->tensors, host->tensors, (size_t)host->n_tensors * sizeof *dc->tensors);
+    memcpy(dc->layer, host->layer, (size_t)dc->L * sizeof *dc->layer);
+    /* q|k|v and gate|up must be adjacent for the fused GEMMs (drafter.c lays them out so) */
+    for (int l = 0; l < dc->L; l++) {
+        const struct drafter_layer_off *o = &dc->layer[l];
+        size_t H = (size_t)dc->H;
+        if (o->k != o->q + (size_t)dc->qd * H || o->v != o->k + (size_t)dc->kvd * H ||
+            o->up != o->gate + (size_t)dc->I * H) {
+            r = fail(err, errlen, -DF_ELAYOUT, "drafter_cuda: layer %d: q/k/v or gate/up not adjacent", l);
+            goto fail;
+        }
+    }
+
+    if (cudaSetDevice(dc->device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&dc->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        dc->stream = NULL;
+        r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: device %d: %s", dc->device,
+                 cudaGetErrorString(cudaGetLastError()));
+        goto fail;
+    }
+    if ((r = gk_gemm_create(&dc->gemm, 0, err, errlen)) < 0 || (r = gk_gemmx_create(&dc->gx, err, errlen)) < 0)
+        goto fail;
+
+    {
+        size_t n = dc->n_params, state = 4 * n * sizeof(float) + n * 2 + 256;
+        if (cudaMalloc(&dc->state_mem, state) != cudaSuccess) {
+            dc->state_mem = NULL;
+            r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for parameters, gradients and moments",
+                     state);
+            goto fail;
+        }
+        dc->params = (float *)dc->state_mem;
+        dc->grads = dc->params + n;
+        dc->m = dc->grads + n;
+        dc->v = dc->m + n;
+        dc->wb = (bf16_t *)(dc->v + n);
+    }
+    {
+        size_t VH = (size_t)dc->V * dc->H;
+        bool tied = host->embed == host->lm_head;
+        size_t need = (opts->embed_bf16 ? 0 : VH) + (opts->lm_head_bf16 || (tied && !opts->embed_bf16) ? 0 : VH);
+        if (need) {
+            if (cudaMalloc(&dc->frozen_mem, need * 2) != cudaSuccess) {
+                dc->frozen_mem = NULL;
+                r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for the embedding / LM head", need * 2);
+                goto fail;
+            }
+        }
+        bf16_t *p = (bf16_t *)dc->frozen_mem;
+        if (opts->embed_bf16) {
+            dc->embed = (bf16_t *)opts->embed_bf16;
+        } else {
+            dc->embed = p;
+            p += VH;
+            if ((r = upload_bf16(dc->embed, host->embed, VH)) < 0)
+                goto fail_cuda;
+        }
+        if (opts->lm_head_bf16) {
+            dc->lm_head = (bf16_t *)opts->lm_head_bf16;
+        } else if (tied && !opts->embed_bf16) {
+            dc->lm_head = dc->embed;
+        } else {
+            dc->lm_head = p;
+            if ((r = upload_bf16(dc->lm_head, host->lm_head, VH)) < 0)
+                goto fail_cuda;
+        }
+    }
+    {
+        struct carver c = { NULL, 0 };
+        layout_acts(dc, &c);
+        if (cudaMalloc(&dc->act_mem, c.off) != cudaSuccess) {
+            dc->act_mem = NULL;
+            r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for activations (%d tokens, %d blocks)",
+                     c.off, max_tokens, max_blocks);
+            goto fail;
+        }
+        c = (struct carver){ (char *)dc->act_mem, 0 };
+        layout_acts(dc, &c);
+        struct carver cm = { NULL, 0 };
+        layout_meta(&dc->md, &cm, dc);
+        dc->meta_bytes = cm.off;
+        struct carver ch = { NULL, 0 };
+        layout_host(dc, &ch);
+        if (cudaMalloc(&dc->meta_dev, cm.off) != cudaSuccess) {
+            dc->meta_dev = NULL;
+            r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for batch metadata", cm.off);
+            goto fail;
+        }
+        if (cudaMallocHost(&dc->meta_host, ch.off) != cudaSuccess) {
+            dc->meta_host = NULL;
+            r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMallocHost(%zu) for batch staging", ch.off);
+            goto fail;
+        }
+        cm = (struct carver){ (char *)dc->meta_dev, 0 };
+        layout_meta(&dc->md, &cm, dc);
+        ch = (struct carver){ (char *)dc->meta_host, 0 };
+        layout_host(dc, &ch);
+    }
+    {
+        gk_adamw_seg *seg = (gk_adamw_seg *)calloc((size_t)dc->n_seg, sizeof *seg);
+        float *inv = (float *)malloc((size_t)(hd / 2) * sizeof(float));
+        if (!seg || !inv) {
+            free(seg);
+            free(inv);
+            r = -ENOMEM;
+            goto fail;
+        }
+        for (int i = 0; i < dc->n_seg; i++)
+            seg[i] = gk_adamw_seg{ dc->tensors[i].offset, dc->tensors[i].numel, dc->tensors[i].decay, 0 };
+        gk_rope_inv_freq(inv, hd, k->rope_theta, NULL);
+        bool ok = cudaMemcpy(dc->segs, seg, (size_t)dc->n_seg * sizeof *seg, cudaMemcpyHostToDevice) == cudaSuccess &&
+                  cudaMemcpy(dc->inv_freq, inv, (size_t)(hd / 2) * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess;
+        free(seg);
+        free(inv);
+        if (!ok)
+            goto fail_cuda;
+    }
+    if ((r = drafter_cuda_load_from_host(dc, host)) < 0) {
+        if (r != -DF_ECUDA)
+            fail(err, errlen, r, "drafter_cuda: the host drafter's layout does not match");
+        goto fail_cuda;
+    }
+    *out = dc;
+    return 0;
+fail_cuda:
+    if (r >= 0 || (r == -DF_ECUDA && err && !err[0]))
+        r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: uploading the drafter: %s",
+                 cudaGetErrorString(cudaGetLastError()));
+fail:
+    if (r == -ENOMEM && err && !err[0])
+        fail(err, errlen, r, "drafter_cuda: out of memory");
+    drafter_cuda_free(dc);
+    return r;
+}
+
+/* ---- the pass ---- */
+
+static int gemm(struct drafter_cuda *dc, int ta, int tb, int M, int N, int K, const void *A, long lda,
+                const void *B, long ldb, float beta, void *D, int d_type, long ldd)
+{
+    return gk_gemmx_gemm(dc->gx, dc->stream, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, D, d_type, ldd);
+}
+
+static int copy_cols(struct drafter_cuda *dc, bf16_t *dst, long dst_ld, const bf16_t *src, long src_ld,
+                     long cols, long rows)
+{
+    if (rows == 0)
+        return 0;
+    CU(cudaMemcpy2DAsync(dst, dst_ld * 2, src, src_ld * 2, cols * 2, rows, cudaMemcpyDeviceToDevice, dc->stream));
+    return 0;
+}
+
+/* Labels, weights, block inputs, the attention plan: built on the host, one H2D. Also the
+ * host-side metrics (weight sum, supervised rows). Returns the number of scored rows. */
+static int stage_batch(struct drafter_cuda *dc, const struct obj_batch *b, const struct obj_block *blk,
+                       int nb, double gamma, struct drafter_metrics *m, int *n_tiles)
+{
+    const int bs = dc->bs, Q = nb * bs;
+    struct cu_meta *h = &dc->mh;
+    memcpy(h->cu, b->cu_seqlens, (size_t)(b->n_seqs + 1) * sizeof(int32_t));
+    for (int i = 0; i < nb; i++) {
+        int a = blk[i].anchor, start = b->cu_seqlens[blk[i].seq];
+        for (int j = 0; j < bs; j++) {
+            int r = i * bs + j;
+            h->tok_q[r] = j == 0 ? (int32_t)b->tokens[a] : dc->cfg.mask_token_id;
+            h->pos_q[r] = a - start + j;
+        }
+        obj_block_targets(b, &blk[i], bs, gamma, h->label + (size_t)i * bs, h->w + (size_t)i * bs);
+        h->blk[i] = gk_dflash_block{ start, a };
+    }
+    int R = 0;
+    double wsum = 0.0;
+    for (int r = 0; r < Q; r++)
+        if (h->w[r] > 0.0f) {
+            h->rows[R++] = r;
+            wsum += h->w[r];
+        }
+    m->weight_sum = wsum;
+    m->supervised = R;
+    int nt = gk_dflash_plan(h->blk, nb, bs, b->n_tokens, h->qlist, h->tiles, dc->max_tiles);
+    if (nt < 0)
+        return -DF_ERANGE;
+    *n_tiles = nt;
+    CU(cudaMemcpyAsync(dc->meta_dev, dc->meta_host, dc->meta_bytes, cudaMemcpyHostToDevice, dc->stream));
+    return R;
+}
+
+/* The features as bf16 [T, LcH] on the device. */
+static int stage_hidden(struct drafter_cuda *dc, const struct obj_batch *b)
+{
+    const size_t T = (size_t)b->n_tokens, LcH = (size_t)dc->LcH;
+    const size_t pitch = b->hidden_pitch ? b->hidden_pitch : LcH;
+    if (b->hidden_bf16) {
+        CU(cudaMemcpy2DAsync(dc->hs, LcH * 2, b->hidden_bf16, pitch * 2, LcH * 2, T, cudaMemcpyDefault, dc->stream));
+        return 0;
+    }
+    size_t rows_per = STAGE_BYTES / 2 / LcH;
+    if (rows_per < 1)
+        return -DF_ERANGE;
+    for (size_t t0 = 0; t0 < T; t0 += rows_per) {
+        size_t n = T - t0 < rows_per ? T - t0 : rows_per;
+        CU(cudaStreamSynchronize(dc->stream));  /* the staging area's last copy is done */
+        for (size_t t = 0; t < n; t++) {
+            const float *src = b->hidden_f32 + (t0 + t) * pitch;
+            uint16_t *dst = dc->stage + t * LcH;
+            for (size_t j = 0; j < LcH; j++)
+                dst[j] = gk_f32_to_bf16(src[j]);
+        }
+        CU(cudaMemcpyAsync(dc->hs + t0 * LcH, dc->stage, n * LcH * 2, cudaMemcpyHostToDevice, dc->stream));
+    }
+    return 0;
+}
+
+static gk_dflash_attn attn_args(struct drafter_cuda *dc, const struct cu_layer_act *a, int nb)
+{
+    gk_dflash_attn x;
+    memset(&x, 0, sizeof x);
+    x.n_blocks = nb;
+    x.block_size = dc->bs;
+    x.n_heads = dc->nh;
+    x.n_kv_heads = dc->nkv;
+    x.head_dim = dc->hd;
+    x.scale = 1.0f / sqrtf((float)dc->hd);
+    x.blocks = dc->md.blk;
+    x.q = a->qp;                    x.q_stride = dc->qd;
+    x.kc = a->kcp;                  x.kc_stride = dc->kvd;
+    x.vc = a->kvc + dc->kvd;        x.vc_stride = 2 * dc->kvd;
+    x.kb = a->kbp;                  x.kb_stride = dc->kvd;
+    x.vb = a->qkv + dc->qd + dc->kvd; x.vb_stride = dc->qkvd;
+    x.o = a->o;                     x.o_stride = dc->qd;
+    x.lse = a->lse;
+    return x;
+}
+
+#define WB(off) (dc->wb + (off))
+#define GR(off) (dc->grads + (off))
+
+static int layer_fwd(struct drafter_cuda *dc, int l, int T, int nb)
+{
+    const int Q = nb * dc->bs, H = dc->H, I = dc->I, qd = dc->qd, kvd = dc->kvd, qkvd = dc->qkvd;
+    const struct drafter_layer_off *o = &dc->layer[l];
+    struct cu_layer_act *a = &dc->la[l];
+    cudaStream_t s = dc->stream;
+    /* context keys/values from hidden_norm(fc(features)) */
+    TRY(gk_linear(dc->gemm, s, T, 2 * kvd, H, dc->cx, H, WB(o->k), NULL, 0, a->kvc, 2 * kvd));
+    TRY(copy_cols(dc, a->kcp, kvd, a->kvc, 2 * kvd, kvd, T));
+    TRY(gk_rope(a->kcp, kvd, T, dc->nkv, dc->hd, dc->pos_ctx, dc->inv_freq, WB(o->k_norm), dc->eps, s));
+    /* block queries / keys / values */
+    TRY(gk_rmsnorm(dc->X[l], H, WB(o->input_norm), dc->nrm, H, Q, H, dc->eps, s));
+    TRY(gk_linear(dc->gemm, s, Q, qkvd, H, dc->nrm, H, WB(o->q), NULL, 0, a->qkv, qkvd));
+    TRY(copy_cols(dc, a->qp, qd, a->qkv, qkvd, qd, Q));
+    TRY(gk_rope(a->qp, qd, Q, dc->nh, dc->hd, dc->md.pos_q, dc->inv_freq, WB(o->q_norm), dc->eps, s));
+    TRY(copy_cols(dc, a->kbp, kvd, a->qkv + qd, qkvd, kvd, Q));
+    TRY(gk_rope(a->kbp, kvd, Q, dc->nkv, dc->hd, dc->md.pos_q, dc->inv_freq, WB(o->k_norm), dc->eps, s));
+    gk_dflash_attn at = attn_args(dc, a, nb);
+    TRY(gk_dflash_attn_fwd(&at, s));
+    TRY(gk_linear(dc->gemm, s, Q, H, qd, a->o, qd, WB(o->o), dc->X[l], H, a->h1, H));
+    /* MLP */
+    TRY(gk_rmsnorm(a->h1, H, WB(o->post_norm), dc->nrm, H, Q, H, dc->eps, s));
+    TRY(gk_linear(dc->gemm, s, Q, 2 * I, H, dc->nrm, H, WB(o->gate), NULL, 0, a->gu, 2 * I));
+    TRY(gk_swiglu(a->gu, a->gu + I, 2 * I, dc->z, I, Q, I, s));
+    TRY(gk_linear(dc->gemm, s, Q, H, I, dc->z, I, WB(o->down), a->h1, H, dc->X[l + 1], H));
+    return 0;
+}
+
+/* In: dc->dx / dc->dxb = dLoss/dX[l+1]. Out: the same for X[l]; parameter grads and dc->dcx accumulated. */
+static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
+{
+    const int Q = nb * dc->bs, H = dc->H, I = dc->I, qd = dc->qd, kvd = dc->kvd, qkvd = dc->qkvd;
+    const struct drafter_layer_off *o = &dc->layer[l];
+    struct cu_layer_act *a = &dc->la[l];
+    cudaStream_t s = dc->stream;
+
+    /* MLP: X' = H1 + down(silu(gate(Bn)) * up(Bn)); Bn and Z recomputed */
+    TRY(gk_rmsnorm(a->h1, H, WB(o->post_norm), dc->nrm, H, Q, H, dc->eps, s));
+    TRY(gk_swiglu(a->gu, a->gu + I, 2 * I, dc->z, I, Q, I, s));
+    TRY(gemm(dc, 1, 0, H, I, Q, dc->dxb, H, dc->z, I, 1.0f, GR(o->down), GK_F32, I));
+    TRY(gemm(dc, 0, 0, Q, I, H, dc->dxb, H, WB(o->down), I, 0.0f, dc->z, GK_BF16, I));     /* dZ */
+    TRY(gk_swiglu_bwd(dc->z, I, a->gu, a->gu + I, 2 * I, dc->dgu, dc->dgu + I, 2 * I, Q, I, s));
+    TRY(gemm(dc, 1, 0, 2 * I, H, Q, dc->dgu, 2 * I, dc->nrm, H, 1.0f, GR(o->gate), GK_F32, H));
+    TRY(gemm(dc, 0, 0, Q, H, 2 * I, dc->dgu, 2 * I, WB(o->gate), H, 0.0f, dc->tmp_h, GK_F32, H));
+    TRY(gk_rmsnorm_bwd(dc->tmp_h, H, a->h1, H, WB(o->post_norm), dc->dx, H, dc->dh1, H, dc->dh1b, H,
+                       GR(o->post_norm), Q, H, dc->eps, s));
+
+    /* attention output projection: H1 = X + O Wo^T */
+    TRY(gemm(dc, 1, 0, H, qd, Q, dc->dh1b, H, a->o, qd, 1.0f, GR(o->o), GK_F32, qd));
+    TRY(gemm(dc, 0, 0, Q, qd, H, dc->dh1b, H, WB(o->o), qd, 0.0f, dc->dout, GK_BF16, qd));
+
+    gk_dflash_attn at = attn_args(dc, a, nb);
+    gk_dflash_attn_grad g;
+    memset(&g, 0, sizeof g);
+    g.dout = dc->dout;              g.dout_stride = qd;
+    g.delta = dc->delta;
+    g.dq = dc->dqf;                 g.dq_stride = qd;
+    g.dkc = dc->dkcf;               g.dkc_stride = kvd;
+    g.dvc = dc->dkvc + kvd;         g.dvc_stride = 2 * kvd;
+    g.dkb = dc->dkbf;               g.dkb_stride = kvd;
+    g.dvb = dc->dqkvb + qd + kvd;   g.dvb_stride = qkvd;
+    g.n_ctx = T;
+    g.qlist = dc->md.qlist;
+    g.tiles = dc->md.tiles;
+    g.n_tiles = n_tiles;
+    TRY(gk_dflash_attn_bwd(&at, &g, s));
+
+    /* back through rope and the q/k norms into the raw projections */
+    TRY(gk_qknorm_rope_bwd(dc->dqf, qd, a->qkv, qkvd, dc->dqkvb, qkvd, WB(o->q_norm), GR(o->q_norm), Q,
+                           dc->nh, dc->hd, dc->md.pos_q, dc->inv_freq, dc->eps, s));
+    TRY(gk_qknorm_rope_bwd(dc->dkbf, kvd, a->qkv + qd, qkvd, dc->dqkvb + qd, qkvd, WB(o->k_norm),
+                           GR(o->k_norm), Q, dc->nkv, dc->hd, dc->md.pos_q, dc->inv_freq, dc->eps, s));
+    TRY(gk_qknorm_rope_bwd(dc->dkcf, kvd, a->kvc, 2 * kvd, dc->dkvc, 2 * kvd, WB(o->k_norm), GR(o->k_norm),
+                           T, dc->nkv, dc->hd, dc->pos_ctx, dc->inv_freq, dc->eps, s));
+
+    /* projections: block rows read input_layernorm(X) (recomputed), context rows read cx */
+    TRY(gk_rmsnorm(dc->X[l], H, WB(o->input_norm), dc->nrm, H, Q, H, dc->eps, s));
+    TRY(gemm(dc, 1, 0, qkvd, H, Q, dc->dqkvb, qkvd, dc->nrm, H, 1.0f, GR(o->q), GK_F32, H));
+    TRY(gemm(dc, 1, 0, 2 * kvd, H, T, dc->dkvc, 2 * kvd, dc->cx, H, 1.0f, GR(o->k), GK_F32, H));
+    TRY(gemm(dc, 0, 0, Q, H, qkvd, dc->dqkvb, qkvd, WB(o->q), H, 0.0f, dc->tmp_h, GK_F32, H));
+    TRY(gemm(dc, 0, 0, T, H, 2 * kvd, dc->dkvc, 2 * kvd, WB(o->k), H, 1.0f, dc->dcx, GK_F32, H));
+    TRY(gk_rmsnorm_bwd(dc->tmp_h, H, dc->X[l], H, WB(o->input_norm), dc->dh1, H, dc->dx, H, dc->dxb, H,
+                       GR(o->input_norm), Q, H, dc->eps, s));
+    return 0;
+}
+
+static int run_pass(struct drafter_cuda *dc, const struct obj_batch *b, const struct obj_block *blk, int nb,
+                    double gamma, struct drafter_metrics *m, double *block_loss, int backward)
+{
+    struct drafter_metrics tmp;
+    if (!m)
+        m = &tmp;
+    memset(m, 0, sizeof *m);
+    if (b->n_tokens < 1 || b->n_tokens > dc->max_tokens || nb < 0 || nb > dc->max_blocks ||
+        b->n_seqs < 1 || b->n_seqs > dc->max_tokens || (!b->hidden_bf16 == !b->hidden_f32))
+        return -DF_ERANGE;
+    for (int i = 0; i < nb; i++) {
+        int s = blk[i].seq;
+        if (s < 0 || s >= b->n_seqs || blk[i].anchor < b->cu_seqlens[s] ||
+            blk[i].anchor >= b->cu_seqlens[s + 1])
+            return -DF_ERANGE;
+    }
+    CU(cudaSetDevice(dc->device));
+    const int T = b->n_tokens, Q = nb * dc->bs, H = dc->H;
+    cudaStream_t s = dc->stream;
+    CU(cudaStreamSynchronize(s));   /* an earlier failed pass may still read the pinned staging */
+    m->blocks = nb;
+    m->tokens = T;
+    if (block_loss)
+        memset(block_loss, 0, (size_t)nb * sizeof *block_loss);
+    if (nb == 0) {      /* nothing supervised: every gradient is zero */
+        if (backward) {
+            CU(cudaMemsetAsync(dc->grads, 0, dc->n_params * sizeof(float), s));
+            CU(cudaStreamSynchronize(s));
+        }
+        return 0;
+    }
+    int n_tiles = 0;
+    int R = stage_batch(dc, b, blk, nb, gamma, m, &n_tiles);
+    if (R < 0)
+        return R;
+    TRY(stage_hidden(dc, b));
+    TRY(gk_positions(dc->md.cu, b->n_seqs, dc->pos_ctx, T, s));
+
+    TRY(gk_linear(dc->gemm, s, T, H, dc->LcH, dc->hs, dc->LcH, WB(dc->off_fc), NULL, 0, dc->cpre, H));
+    TRY(gk_rmsnorm(dc->cpre, H, WB(dc->off_hidden_norm), dc->cx, H, T, H, dc->eps, s));
+    TRY(gk_embed(dc->embed, dc->V, H, dc->md.tok_q, Q, dc->X[0], H, s));
+    for (int l = 0; l < dc->L; l++)
+        TRY(layer_fwd(dc, l, T, nb));
+    TRY(gk_rmsnorm(dc->X[dc->L], H, WB(dc->off_norm), dc->fo, H, Q, H, dc->eps, s));
+    TRY(gk_lmhead_ce(dc->gx, s, dc->fo, Q, H, dc->lm_head, dc->V, dc->md.rows, R, dc->md.label, dc->md.w,
+                     dc->chunk_rows, dc->head_work, dc->row_loss, dc->hit, backward ? dc->tmp_h : NULL));
+    TRY(gk_block_metrics(dc->row_loss, dc->hit, dc->md.w, nb, dc->bs, dc->d_metrics,
+                         block_loss ? dc->d_block_loss : NULL, s));
+    CU(cudaMemcpyAsync(dc->h_metrics, dc->d_metrics, 4 * sizeof(double), cudaMemcpyDeviceToHost, s));
+    if (block_loss)
+        CU(cudaMemcpyAsync(dc->h_block_loss, dc->d_block_loss, (size_t)nb * sizeof(double),
+                           cudaMemcpyDeviceToHost, s));
+
+    if (backward) {
+        CU(cudaMemsetAsync(dc->grads, 0, dc->n_params * sizeof(float), s));
+        TRY(gk_rmsnorm_bwd(dc->tmp_h, H, dc->X[dc->L], H, WB(dc->off_norm), NULL, 0, dc->dx, H, dc->dxb, H,
+                           GR(dc->off_norm), Q, H, dc->eps, s));
+        CU(cudaMemsetAsync(dc->dcx, 0, (size_t)T * H * sizeof(float), s));
+        for (int l = dc->L - 1; l >= 0; l--)
+            TRY(layer_bwd(dc, l, T, nb, n_tiles));
+        TRY(gk_rmsnorm_bwd(dc->dcx, H, dc->cpre, H, WB(dc->off_hidden_norm), NULL, 0, NULL, 0, dc->dcpre, H,
+                           GR(dc->off_hidden_norm), T, H, dc->eps, s));
+        TRY(gemm(dc, 1, 0, H, dc->LcH, T, dc->dcpre, H, dc->hs, dc->LcH, 1.0f, GR(dc->off_fc), GK_F32, dc->LcH));
+    }
+    CU(cudaStreamSynchronize(s));
+    m->loss_sum = dc->h_metrics[0];
+    m->correct = dc->h_metrics[1];
+    m->accept_sum = dc->h_metrics[2];
+    m->accept_blocks = dc->h_metrics[3];
+    if (block_loss)
+        memcpy(block_loss, dc->h_block_loss, (size_t)nb * sizeof *block_loss);
+    return 0;
+}
+
+extern "C" int drafter_cuda_forward_backward(struct drafter_cuda *dc, const struct obj_batch *b,
+                                             const struct obj_block *blocks, int n_blocks, double gamma,
+                                             struct drafter_metrics *m)
+{
+    return run_pass(dc, b, blocks, n_blocks, gamma, m, NULL, 1);
+}
+
+extern "C" int drafter_cuda_forward(struct drafter_cuda *dc, const struct obj_batch *b,
+                                    const struct obj_block *blocks, int n_blocks, double gamma,
+                                    struct drafter_metrics *m, double *block_loss)
+{
+    return run_pass(dc, b, blocks, n_blocks, gamma, m, block_loss, 0);
+}
+
+extern "C" int drafter_cuda_optimizer_step(struct drafter_cuda *dc, double global_weight_sum,
+                                           const struct drafter_train_opts *o, struct drafter_step_info *info)
+{
+    struct drafter_step_info tmp;
+    if (!info)
+        info = &tmp;
+    memset(info, 0, sizeof *info);
+    info->step = dc->step;
+    if (!(global_weight_sum > 0))
+        return -DF_ERANGE;      /* nothing supervised anywhere: no step */
+    CU(cudaSetDevice(dc->device));
+    cudaStream_t s = dc->stream;
+    TRY(gk_grad_clip(dc->grads, dc->n_params, (float)(1.0 / global_weight_sum), (float)o->grad_clip,
+                     dc->norm_work, dc->d_clip, s));
+    double lr = optim_lr(o->lr, o->min_lr_ratio, o->warmup_steps, o->total_steps, dc->step);
+    double t = (double)(dc->step + 1);
+    double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
+    TRY(gk_adamw(dc->params, dc->grads, dc->m, dc->v, dc->wb, dc->n_params, dc->segs, dc->n_seg, dc->d_clip,
+                 (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay,
+                 (float)(lr / bc1), (float)(1.0 / sqrt(bc2)), s));
+    CU(cudaMemcpyAsync(dc->h_clip, dc->d_clip, 3 * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CU(cudaStreamSynchronize(s));
+    info->grad_norm = dc->h_clip[0];
+    if (dc->h_clip[2] == 0.0f)
+        return -DF_ENAN;        /* the update kernel changed nothing */
+    info->lr = lr;
+    info->step = ++dc->step;
+    return 0;
+}
+
+extern "C" int drafter_cuda_train_step(struct drafter_cuda *dc, const struct obj_batch *b, int num_anchors,
+                                       double gamma, const struct obj_rng_key *key,
+                                       const struct drafter_train_opts *o, struct drafter_metrics *m,
+                                       struct drafter_step_info *info)
+{
+    if (b->n_tokens > dc->max_tokens)
+        return -DF_ERANGE;
+    int n = obj_sample_anchors(b, num_anchors, key, dc->sample_blocks, dc->max_blocks, dc->sample_work);
+    if (n < 0)
+        return n;
+    struct drafter_metrics tmp;
+    if (!m)
+        m = &tmp;
+    TRY(drafter_cuda_forward_backward(dc, b, dc->sample_blocks, n, gamma, m));
+    return drafter_cuda_optimizer_step(dc, m->weight_sum, o, info);
+}
+
+extern "C" float *drafter_cuda_grads(struct drafter_cuda *dc, size_t *n_params)
+{
+    if (n_params)
+        *n_params = dc->n_params;
+    return dc->grads;
+}
+
+extern "C" void *drafter_cuda_stream(struct drafter_cuda *dc) { return (void *)dc->stream; }
+
+extern "C" int64_t drafter_cuda_step_count(const struct drafter_cuda *dc) { return dc->step; }
+
+static int download(struct drafter_cuda *dc, float *host, const float *dev)
+{
+    CU(cudaSetDevice(dc->device));
+    CU(cudaStreamSynchronize(dc->stream));
+    CU(cudaMemcpy(host, dev, dc->n_params * sizeof(float), cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+extern "C" int drafter_cuda_download_grads(struct drafter_cuda *dc, float *host)
+{
+    return download(dc, host, dc->grads);
+}
+
+extern "C" int drafter_cuda_download_params(struct drafter_cuda *dc, float *host)
+{
+    return download(dc, host, dc->params);
+}
+
+extern "C" int drafter_cuda_sync_to_host(struct drafter_cuda *dc, struct drafter *d)
+{
+    if (!same_layout(dc, d))
+        return -DF_ELAYOUT;
+    TRY(download(dc, d->params, dc->params));
+    TRY(download(dc, d->opt->m, dc->m));
+    TRY(download(dc, d->opt->v, dc->v));
+    d->opt->step = dc->step;
+    return 0;
+}

@@ -1,0 +1,69 @@
+/* drafter_cuda.h: the CUDA backend of the DFlash drafter: drafter.h's training step (forward,
+ * hand-written backward, the objective, AdamW) in bf16 with fp32 accumulation. fp32 master
+ * weights, gradients and AdamW moments live in flat device buffers with the CPU layout. */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {    /* drafter.h and objective.h are C headers without their own guards */
+#endif
+#include "model/drafter.h"
+
+struct drafter_cuda;
+
+struct drafter_cuda_opts {
+    int device;                 /* CUDA device ordinal */
+    int head_chunk_rows;        /* LM head + CE rows per chunk (chunk x V fp32 logits); 0 = 1024 */
+    /* Optional: the target's frozen embedding / LM head [V, H] bf16, already on `device` (not
+     * owned, kept alive by the caller). NULL: converted from the host drafter's fp32 arrays. */
+    const void *embed_bf16;
+    const void *lm_head_bf16;
+};
+
+/* A CUDA twin of `host` (its config, tensor layout, parameters, optimizer moments and step are
+ * copied; `host` is not kept) for batches of up to max_tokens tokens and max_blocks blocks. All
+ * device memory is taken here. Needs hidden_size, intermediate_size % 8 == 0, head_dim in
+ * {16, 32, 64, 128, 256}, block_size <= 64. opts may be NULL (device 0, defaults). */
+int drafter_cuda_create(struct drafter_cuda **out, const struct drafter *host, int max_tokens,
+                        int max_blocks, const struct drafter_cuda_opts *opts, char *err, size_t errlen);
+void drafter_cuda_free(struct drafter_cuda *dc);    /* accepts NULL */
+
+/* As drafter_forward_backward / drafter_forward: same batch (host arrays; hidden_bf16 may also
+ * be device memory), same blocks, same metrics; gradients of sum(w*CE) into the device gradient
+ * buffer (overwritten). Each call waits for its own GPU work before returning the metrics. */
+int drafter_cuda_forward_backward(struct drafter_cuda *dc, const struct obj_batch *b,
+                                  const struct obj_block *blocks, int n_blocks, double gamma,
+                                  struct drafter_metrics *m);
+int drafter_cuda_forward(struct drafter_cuda *dc, const struct obj_batch *b,
+                         const struct obj_block *blocks, int n_blocks, double gamma,
+                         struct drafter_metrics *m, double *block_loss);
+
+/* As drafter_optimizer_step: scale by 1/global_weight_sum, clip by global norm, AdamW; the
+ * clipping factor never leaves the device. A non-finite norm changes nothing and returns -DF_ENAN. */
+int drafter_cuda_optimizer_step(struct drafter_cuda *dc, double global_weight_sum,
+                                const struct drafter_train_opts *o, struct drafter_step_info *info);
+
+/* As drafter_train_step (anchors from the key, forward_backward, optimizer step). */
+int drafter_cuda_train_step(struct drafter_cuda *dc, const struct obj_batch *b, int num_anchors,
+                            double gamma, const struct obj_rng_key *key,
+                            const struct drafter_train_opts *o, struct drafter_metrics *m,
+                            struct drafter_step_info *info);
+
+/* The device gradient buffer (n_params floats, drafter.h layout): what the data-parallel group
+ * all-reduces between forward_backward and optimizer_step. The stream is a cudaStream_t. */
+float *drafter_cuda_grads(struct drafter_cuda *dc, size_t *n_params);
+void *drafter_cuda_stream(struct drafter_cuda *dc);
+int64_t drafter_cuda_step_count(const struct drafter_cuda *dc);
+
+/* Copies for tests and checkpoints (they wait for the device). */
+int drafter_cuda_download_grads(struct drafter_cuda *dc, float *host);
+int drafter_cuda_download_params(struct drafter_cuda *dc, float *host);
+/* Parameters, AdamW moments and step into `d` (same config) so ckpt_save can write it. */
+int drafter_cuda_sync_to_host(struct drafter_cuda *dc, struct drafter *d);
+/* The reverse, e.g. after ckpt_load into `d`. */
+int drafter_cuda_load_from_host(struct drafter_cuda *dc, const struct drafter *d);
+
+#ifdef __cplusplus
+}
+#endif
