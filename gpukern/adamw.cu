@@ -111,7 +111,7 @@ extern "C" int gk_adamw(float *w, const float *g, float *m, float *v, void *w_bf
     return 0;
 }
 
-extern "C" int gk_f32_to_bf16(const float *src, void *dst, size_t n, cudaStream_t stream)
+extern "C" int gk_cast_f32_bf16(const float *src, void *dst, size_t n, cudaStream_t stream)
 {
     if (n && (!src || !dst)) return -EINVAL;
     if (n == 0) return 0;

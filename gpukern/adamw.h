@@ -32,4 +32,4 @@ GK_API int gk_adamw(float *w, const float *g, float *m, float *v, void *w_bf16, 
                     cudaStream_t stream);
 
 /* dst[i] = bf16(src[i]) (round to nearest even). */
-GK_API int gk_f32_to_bf16(const float *src, void *dst, size_t n, cudaStream_t stream);
+GK_API int gk_cast_f32_bf16(const float *src, void *dst, size_t n, cudaStream_t stream);

@@ -275,7 +275,7 @@ extern "C" int drafter_cuda_load_from_host(struct drafter_cuda *dc, const struct
     CU(cudaMemcpy(dc->params, d->params, bytes, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dc->m, d->opt->m, bytes, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dc->v, d->opt->v, bytes, cudaMemcpyHostToDevice));
-    TRY(gk_f32_to_bf16(dc->params, dc->wb, dc->n_params, dc->stream));
+    TRY(gk_cast_f32_bf16(dc->params, dc->wb, dc->n_params, dc->stream));
     CU(cudaStreamSynchronize(dc->stream));
     dc->step = d->opt->step;
     return 0;

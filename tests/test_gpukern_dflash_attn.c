@@ -1,0 +1,257 @@
+/* test_gpukern_dflash_attn.c: DFlash block attention forward and backward against an fp64 CPU
+ * reference on fresh random data (several sequences, unsorted blocks, contexts of many key tiles,
+ * GQA, head_dim 16/64/128); the backward's key-tile plan checked on the host (runs without a GPU). */
+#include "tests/test_gpukern.h"
+#ifdef DFLASH_HAVE_CUDA
+#include "gpukern/dflash_attn.h"
+
+struct problem {
+    int n_seqs, T, nb, bs, nh, nkv, hd;
+    int32_t cu[9];
+    gk_dflash_block *blk;
+};
+
+/* Random sequences and anchors (blocks shuffled, so the plan must group them itself). */
+static void make_problem(struct problem *p, int n_seqs, int max_len, int bs)
+{
+    p->n_seqs = n_seqs;
+    p->bs = bs;
+    p->cu[0] = 0;
+    for (int s = 0; s < n_seqs; s++)
+        p->cu[s + 1] = p->cu[s] + gk_rng_int(1, max_len);
+    p->T = p->cu[n_seqs];
+    p->blk = malloc(sizeof *p->blk * (size_t)p->T);
+    p->nb = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        int len = p->cu[s + 1] - p->cu[s], k = gk_rng_int(0, len < 12 ? len : 12);
+        for (int i = 0; i < k; i++)
+            p->blk[p->nb++] = (gk_dflash_block){ p->cu[s], p->cu[s] + gk_rng_int(0, len - 1) };
+    }
+    for (int i = p->nb - 1; i > 0; i--) {
+        int j = gk_rng_int(0, i);
+        gk_dflash_block t = p->blk[i]; p->blk[i] = p->blk[j]; p->blk[j] = t;
+    }
+}
+
+/* Every (block, context key it sees) pair lies in exactly one tile listing that block; every
+ * block's own keys in exactly one tile. */
+static void check_plan(const struct problem *p, const int32_t *qlist, const gk_dflash_ktile *tiles, int nt)
+{
+    int *seen = calloc((size_t)p->nb * (p->T + 1), sizeof *seen);
+    CHECK(seen);
+    for (int t = 0; t < nt; t++) {
+        const gk_dflash_ktile *k = &tiles[t];
+        if (k->key0 < 0) {
+            int b = -1 - k->key0;
+            CHECK(b < p->nb && k->n_keys == p->bs && k->q0 == b && k->q1 == b + 1);
+            seen[(size_t)b * (p->T + 1) + p->T]++;
+            continue;
+        }
+        CHECK(k->n_keys >= 1 && k->n_keys <= GK_DFLASH_KEY_TILE && k->q0 <= k->q1 && k->q1 <= p->nb);
+        for (int q = k->q0; q < k->q1; q++) {
+            int b = qlist[q];
+            CHECK(k->key0 >= p->blk[b].ctx0);
+            for (int j = k->key0; j < k->key0 + k->n_keys; j++)
+                if (j < p->blk[b].ctx_end)
+                    seen[(size_t)b * (p->T + 1) + j]++;
+        }
+    }
+    for (int b = 0; b < p->nb; b++) {
+        CHECK_INT(seen[(size_t)b * (p->T + 1) + p->T], ==, 1);
+        for (int j = 0; j < p->T; j++) {
+            int want = j >= p->blk[b].ctx0 && j < p->blk[b].ctx_end;
+            if (seen[(size_t)b * (p->T + 1) + j] != want)
+                TEST_FAIL("block %d key %d covered %d times (want %d)", b, j, seen[(size_t)b * (p->T + 1) + j], want);
+        }
+    }
+    free(seen);
+}
+
+static void plan_tests(void)
+{
+    for (int it = 0; it < 50; it++) {
+        struct problem p;
+        make_problem(&p, gk_rng_int(1, 8), gk_rng_int(1, 400), gk_rng_int(1, 16));
+        int max = gk_dflash_max_tiles(p.T, p.nb);
+        int32_t *ql = malloc(sizeof *ql * (size_t)(p.nb + 1));
+        gk_dflash_ktile *tiles = malloc(sizeof *tiles * (size_t)max);
+        int nt = gk_dflash_plan(p.blk, p.nb, p.bs, p.T, ql, tiles, max);
+        CHECK(nt >= p.nb);
+        check_plan(&p, ql, tiles, nt);
+        free(ql);
+        free(tiles);
+        free(p.blk);
+    }
+    /* overlapping sequences are refused */
+    gk_dflash_block bad[2] = { { 0, 10 }, { 5, 12 } };
+    int32_t ql[2];
+    gk_dflash_ktile tl[16];
+    CHECK_INT(gk_dflash_plan(bad, 2, 4, 20, ql, tl, 16), ==, -EINVAL);
+    printf("plan: 50 random batches covered exactly once\n");
+}
+
+/* fp64 reference of one block/head: scores over [context keys, own keys] */
+static void reference(const struct problem *p, const float *q, long qs, const float *kc, const float *vc,
+                      const float *kb, const float *vb, long kvs, const float *dout, long ds, double *o,
+                      double *lse, double *dq, double *dkc, double *dvc, double *dkb, double *dvb)
+{
+    int grp = p->nh / p->nkv, hd = p->hd, qd = p->nh * hd, kvd = p->nkv * hd;
+    double scale = 1.0 / sqrt((double)hd);
+    memset(dkc, 0, sizeof(double) * p->T * kvd);
+    memset(dvc, 0, sizeof(double) * p->T * kvd);
+    memset(dkb, 0, sizeof(double) * p->nb * p->bs * kvd);
+    memset(dvb, 0, sizeof(double) * p->nb * p->bs * kvd);
+    int maxk = p->T + p->bs;
+    double *pr = malloc(sizeof(double) * maxk), *dp = malloc(sizeof(double) * maxk);
+    for (int b = 0; b < p->nb; b++)
+        for (int i = 0; i < p->bs; i++)
+            for (int h = 0; h < p->nh; h++) {
+                int g = h / grp, r = b * p->bs + i, c0 = p->blk[b].ctx0, nc = p->blk[b].ctx_end - c0, nk = nc + p->bs;
+                const float *qr = q + (long)r * qs + h * hd, *dor = dout + (long)r * ds + h * hd;
+#define KROW(j) ((j) < nc ? kc + (long)(c0 + (j)) * kvs + g * hd : kb + (long)(b * p->bs + (j) - nc) * kvs + g * hd)
+#define VROW(j) ((j) < nc ? vc + (long)(c0 + (j)) * kvs + g * hd : vb + (long)(b * p->bs + (j) - nc) * kvs + g * hd)
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j < nk; j++) {
+                    const float *kr = KROW(j);
+                    double s = 0;
+                    for (int e = 0; e < hd; e++) s += (double)qr[e] * kr[e];
+                    pr[j] = s * scale;
+                    mx = fmax(mx, pr[j]);
+                }
+                for (int j = 0; j < nk; j++) sum += exp(pr[j] - mx);
+                lse[(long)r * p->nh + h] = mx + log(sum);
+                double *orow = o + (long)r * qd + h * hd;
+                for (int e = 0; e < hd; e++) orow[e] = 0;
+                for (int j = 0; j < nk; j++) {
+                    pr[j] = exp(pr[j] - mx) / sum;
+                    const float *vr = VROW(j);
+                    for (int e = 0; e < hd; e++) orow[e] += pr[j] * vr[e];
+                }
+                double delta = 0;
+                for (int e = 0; e < hd; e++) delta += orow[e] * dor[e];
+                double *dqr = dq + (long)r * qd + h * hd;
+                for (int e = 0; e < hd; e++) dqr[e] = 0;
+                for (int j = 0; j < nk; j++) {
+                    const float *vr = VROW(j), *kr = KROW(j);
+                    double d = 0;
+                    for (int e = 0; e < hd; e++) d += (double)dor[e] * vr[e];
+                    double dsj = pr[j] * (d - delta);
+                    double *dkr = j < nc ? dkc + (long)(c0 + j) * kvd + g * hd : dkb + (long)(b * p->bs + j - nc) * kvd + g * hd;
+                    double *dvr = j < nc ? dvc + (long)(c0 + j) * kvd + g * hd : dvb + (long)(b * p->bs + j - nc) * kvd + g * hd;
+                    for (int e = 0; e < hd; e++) {
+                        dqr[e] += dsj * kr[e] * scale;
+                        dkr[e] += dsj * qr[e] * scale;
+                        dvr[e] += pr[j] * dor[e];
+                    }
+                }
+            }
+    free(pr);
+    free(dp);
+}
+
+static float *download_f32_raw(const float *d, size_t n)
+{
+    float *h = malloc(n * sizeof *h);
+    CHECK(h);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(h, d, n * sizeof *h, cudaMemcpyDeviceToHost));
+    return h;
+}
+
+static void attn_case(int hd, int nh, int nkv, int bs)
+{
+    struct problem p;
+    make_problem(&p, gk_rng_int(1, 5), gk_rng_int(20, 300), bs);
+    p.nh = nh;
+    p.nkv = nkv;
+    p.hd = hd;
+    if (p.nb == 0) p.blk[p.nb++] = (gk_dflash_block){ 0, p.cu[1] - 1 };
+    int Q = p.nb * bs, qd = nh * hd, kvd = nkv * hd;
+    long qs = qd + 8 * gk_rng_int(0, 2), kvs = kvd + 8 * gk_rng_int(0, 2);
+    float *q, *kc, *vc, *kb, *vb, *dout;
+    uint16_t *hq = gk_rand_bf16((size_t)Q * qs, 2.0f, 0.f, &q);
+    uint16_t *hkc = gk_rand_bf16((size_t)p.T * kvs, 2.0f, 0.f, &kc), *hvc = gk_rand_bf16((size_t)p.T * kvs, 1.0f, 0.f, &vc);
+    uint16_t *hkb = gk_rand_bf16((size_t)Q * kvs, 2.0f, 0.f, &kb), *hvb = gk_rand_bf16((size_t)Q * kvs, 1.0f, 0.f, &vb);
+    uint16_t *hdo = gk_rand_bf16((size_t)Q * qs, 1.0f, 0.f, &dout);
+    void *dq_ = gk_dev_upload(hq, (size_t)Q * qs * 2), *dkc_ = gk_dev_upload(hkc, (size_t)p.T * kvs * 2);
+    void *dvc_ = gk_dev_upload(hvc, (size_t)p.T * kvs * 2), *dkb_ = gk_dev_upload(hkb, (size_t)Q * kvs * 2);
+    void *dvb_ = gk_dev_upload(hvb, (size_t)Q * kvs * 2), *ddo = gk_dev_upload(hdo, (size_t)Q * qs * 2);
+    void *dblk = gk_dev_upload(p.blk, sizeof *p.blk * (size_t)p.nb);
+    void *dout_o = gk_dev_poisoned((size_t)Q * qd);
+    float *dlse, *ddelta, *gdq, *gdkc, *gdkb;
+    CUDA_CHECK(cudaMalloc((void **)&dlse, sizeof(float) * Q * nh));
+    CUDA_CHECK(cudaMalloc((void **)&ddelta, sizeof(float) * Q * nh));
+    CUDA_CHECK(cudaMalloc((void **)&gdq, sizeof(float) * Q * qd));
+    CUDA_CHECK(cudaMalloc((void **)&gdkc, sizeof(float) * p.T * kvd));
+    CUDA_CHECK(cudaMalloc((void **)&gdkb, sizeof(float) * Q * kvd));
+    CUDA_CHECK(cudaMemset(gdkc, 0xff, sizeof(float) * p.T * kvd));     /* NaN: unwritten rows show */
+    void *gdvc = gk_dev_poisoned((size_t)p.T * kvd), *gdvb = gk_dev_poisoned((size_t)Q * kvd);
+
+    gk_dflash_attn a = { .n_blocks = p.nb, .block_size = bs, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
+                         .scale = 1.0f / sqrtf((float)hd), .blocks = dblk, .q = dq_, .q_stride = qs,
+                         .kc = dkc_, .kc_stride = kvs, .vc = dvc_, .vc_stride = kvs, .kb = dkb_, .kb_stride = kvs,
+                         .vb = dvb_, .vb_stride = kvs, .o = dout_o, .o_stride = qd, .lse = dlse };
+    double t0 = gk_now();
+    CHECK_INT(gk_dflash_attn_fwd(&a, 0), ==, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    double t1 = gk_now();
+
+    int max = gk_dflash_max_tiles(p.T, p.nb);
+    int32_t *ql = malloc(sizeof *ql * (size_t)p.nb);
+    gk_dflash_ktile *tiles = malloc(sizeof *tiles * (size_t)max);
+    int nt = gk_dflash_plan(p.blk, p.nb, bs, p.T, ql, tiles, max);
+    CHECK(nt > 0);
+    void *dql = gk_dev_upload(ql, sizeof *ql * (size_t)p.nb), *dtl = gk_dev_upload(tiles, sizeof *tiles * (size_t)nt);
+    gk_dflash_attn_grad g = { .dout = ddo, .dout_stride = qs, .delta = ddelta, .dq = gdq, .dq_stride = qd,
+                              .dkc = gdkc, .dkc_stride = kvd, .dvc = gdvc, .dvc_stride = kvd, .dkb = gdkb,
+                              .dkb_stride = kvd, .dvb = gdvb, .dvb_stride = kvd, .n_ctx = p.T, .qlist = dql,
+                              .tiles = dtl, .n_tiles = nt };
+    CHECK_INT(gk_dflash_attn_bwd(&a, &g, 0), ==, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    double t2 = gk_now();
+
+    size_t nq = (size_t)Q * qd, nkc = (size_t)p.T * kvd, nkb = (size_t)Q * kvd;
+    double *ro = malloc(8 * nq), *rl = malloc(8 * (size_t)Q * nh), *rdq = malloc(8 * nq);
+    double *rdkc = malloc(8 * nkc), *rdvc = malloc(8 * nkc), *rdkb = malloc(8 * nkb), *rdvb = malloc(8 * nkb);
+    reference(&p, q, qs, kc, vc, kb, vb, kvs, dout, qs, ro, rl, rdq, rdkc, rdvc, rdkb, rdvb);
+    float *o = gk_dev_download_f32(dout_o, nq), *lse = download_f32_raw(dlse, (size_t)Q * nh);
+    float *gq = download_f32_raw(gdq, nq), *gkc = download_f32_raw(gdkc, nkc), *gkb = download_f32_raw(gdkb, nkb);
+    float *gvc = gk_dev_download_f32(gdvc, nkc), *gvb = gk_dev_download_f32(gdvb, nkb);
+    double eo = gk_rel_err(o, qd, ro, qd, Q, qd), el = gk_rel_err(lse, nh, rl, nh, Q, nh);
+    double eq = gk_rel_err(gq, qd, rdq, qd, Q, qd), ekc = gk_rel_err(gkc, kvd, rdkc, kvd, p.T, kvd);
+    double evc = gk_rel_err(gvc, kvd, rdvc, kvd, p.T, kvd), ekb = gk_rel_err(gkb, kvd, rdkb, kvd, Q, kvd);
+    double evb = gk_rel_err(gvb, kvd, rdvb, kvd, Q, kvd);
+    printf("hd %3d heads %d/%d bs %2d blocks %3d T %4d tiles %4d | rel err o %.1e lse %.1e dq %.1e dkc %.1e "
+           "dvc %.1e dkb %.1e dvb %.1e | fwd %.2f ms bwd %.2f ms\n", hd, nh, nkv, bs, p.nb, p.T, nt, eo, el, eq,
+           ekc, evc, ekb, evb, (t1 - t0) * 1e3, (t2 - t1) * 1e3);
+    CHECK(eo < 1e-2 && el < 1e-4 && eq < 1e-3 && ekc < 1e-3 && ekb < 1e-3 && evc < 1e-2 && evb < 1e-2);
+
+    cudaFree(dq_); cudaFree(dkc_); cudaFree(dvc_); cudaFree(dkb_); cudaFree(dvb_); cudaFree(ddo); cudaFree(dblk);
+    cudaFree(dout_o); cudaFree(dlse); cudaFree(ddelta); cudaFree(gdq); cudaFree(gdkc); cudaFree(gdkb);
+    cudaFree(gdvc); cudaFree(gdvb); cudaFree(dql); cudaFree(dtl);
+    free(hq); free(hkc); free(hvc); free(hkb); free(hvb); free(hdo);
+    free(q); free(kc); free(vc); free(kb); free(vb); free(dout);
+    free(ro); free(rl); free(rdq); free(rdkc); free(rdvc); free(rdkb); free(rdvb);
+    free(o); free(lse); free(gq); free(gkc); free(gkb); free(gvc); free(gvb);
+    free(ql); free(tiles); free(p.blk);
+}
+
+int main(void)
+{
+    gk_rng_seed();
+    plan_tests();
+    gk_test_require_gpu();
+    attn_case(16, 4, 2, 4);
+    attn_case(16, 2, 2, 16);
+    attn_case(64, 8, 2, 16);
+    attn_case(128, 4, 1, 16);
+    attn_case(128, 32, 8, 16);
+    attn_case(32, 6, 3, 7);
+    attn_case(256, 2, 1, 8);
+    gk_dflash_attn bad = { .n_blocks = 1, .block_size = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 48 };
+    CHECK_INT(gk_dflash_attn_fwd(&bad, 0), ==, -EINVAL);
+    return 0;
+}
+#else
+int main(void) { SKIP("built without CUDA"); }
+#endif
