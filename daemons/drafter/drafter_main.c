@@ -787,7 +787,7 @@ int main(int argc, char **argv)
     }
     daemon_notify_status(&f->d, "connecting to the coordinator at %s", f->sock);
     if ((r = connect_coordinator(f, err, sizeof err)) < 0) {
-        log_error(r, "coordinator %s: %s", f->sock, err);
+        log_error(0, "coordinator %s: %s", f->sock, err);
         goto out;
     }
     if ((r = attach_ring(f, err, sizeof err)) < 0) {

@@ -515,7 +515,7 @@ int main(int argc, char **argv)
              t->hf.num_layers, t->hf.hidden_size, t->n_ids, t->n_ids == 1 ? "" : "s");
     daemon_notify_status(&t->d, "connecting to the coordinator at %s", t->sock);
     if ((r = connect_coordinator(t, err, sizeof err)) < 0) {
-        log_error(r, "coordinator %s: %s", t->sock, err);
+        log_error(0, "coordinator %s: %s", t->sock, err);
         goto out;
     }
     if ((r = attach(t, err, sizeof err)) < 0) {

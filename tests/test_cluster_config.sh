@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# test_cluster_config.sh: the daemons' configuration handling.
+#  - the effective configuration each daemon prints (with -t, and at a real start) is exactly
+#    the shipped defaults (etc/dflash.ini) overridden by the file and then by -o;
+#  - a bad configuration (unknown key, wrong type, device index out of range, model dir
+#    missing, bad enum value) exits 78 (EX_CONFIG, which the units do not restart) with
+#    "file:line: section.key: reason".
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib/cluster.sh
+T=${DFLASH_TEST_TMP:-$(mktemp -d)}
+trap 'cl_cleanup' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+cl_init "$T/c" 50 || exit 1
+cl_ini_add ring.slots=6 target.threads=1 drafter.gamma=3.5 drafter.pick=random cluster.log_level=notice
+
+# Expected = shipped defaults, then the file, then -o overrides; compared as typed values.
+check_print() {
+  local out=$1; shift
+  "$CL_PY" - "$DFLASH_SRC/etc/dflash.ini" "$CL_INI" "$out" "$@" <<'EOF'
+import sys
+def parse(path):
+    d, sec = {}, None
+    for line in open(path):
+        s = line.strip()
+        if not s or s[0] in "#;":
+            continue
+        if s.startswith("["):
+            sec = s.strip("[]").strip(); continue
+        k, _, v = s.partition("=")
+        d[sec + "." + k.strip()] = v.strip()
+    return d
+want = parse(sys.argv[1])
+want.update(parse(sys.argv[2]))
+for o in sys.argv[4:]:
+    k, _, v = o.partition("=")
+    want[k] = v
+got = {}
+for line in open(sys.argv[3]):
+    if " = " in line and not line.startswith(("#", "<")):
+        k, _, v = line.rstrip("\n").partition(" = ")
+        got[k] = v
+def same(a, b):
+    if a == b:
+        return True
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return False
+bad = [(k, want[k], got.get(k)) for k in want if not same(want[k], got.get(k, "<missing>"))]
+extra = [k for k in got if k not in want]
+if bad or extra or len(got) < 50:
+    print("printed config differs:", bad[:10], "extra:", extra[:10], "keys:", len(got))
+    sys.exit(1)
+EOF
+}
+
+for d in "coordinator-d" "target-d -i 1" "drafter-d -i 2"; do
+  set -- $d
+  bin=$1; shift
+  "$CL_BIN/$bin" -c "$CL_INI" "$@" -o target.prefetch=3 -t >"$T/print.txt" 2>&1 || fail "$bin -t: $(cat "$T/print.txt")"
+  check_print "$T/print.txt" target.prefetch=3 || fail "$bin printed config"
+done
+# At a real start the daemon prints the same (target-d waits for a coordinator meanwhile).
+cl_start tgt target-d -c "$CL_INI" -i 0 -o target.prefetch=3
+for ((i = 0; i < 100; i++)); do grep -q "waiting for the coordinator" "$CL_DIR/tgt.log" && break; sleep 0.1; done
+cl_kill tgt TERM
+cl_wait_exit tgt 10
+check_print "$CL_DIR/tgt.log" target.prefetch=3 || fail "target-d start printed config"
+echo "printed configuration matches the file"
+
+# bad CONFIG_TEXT_SED EXPECTED_MESSAGE DAEMON ARGS...: the daemon exits 78 with that message.
+bad() {
+  local edit=$1 msg=$2; shift 2
+  local ini=$T/bad.ini
+  sed "$edit" "$CL_INI" >"$ini"
+  local bin=$1; shift
+  "$CL_BIN/$bin" -c "$ini" "$@" -t >"$T/bad.out" 2>&1
+  local rc=$?
+  [[ $rc == 78 ]] || fail "$bin ($edit): exit $rc, expected 78: $(tail -3 "$T/bad.out")"
+  grep -qF -- "$msg" "$T/bad.out" || fail "$bin ($edit): no '$msg' in: $(grep -v ' = ' "$T/bad.out" | tail -3)"
+  echo "$bin: $(grep -F -- "$msg" "$T/bad.out" | head -1)"
+}
+line() { grep -n "^$1 =" "$CL_INI" | head -1 | cut -d: -f1; }
+
+for d in "target-d -i 0" "drafter-d -i 0" "coordinator-d"; do
+  set -- $d
+  l=$(line heartbeat_ms)
+  bad "/^heartbeat_ms =/a bogus_key = 1" "$T/bad.ini:$((l + 1)): coordinator.bogus_key: unknown key" "$@"
+  bad "s/^heartbeat_ms = .*/heartbeat_ms = fast/" "$T/bad.ini:$l: coordinator.heartbeat_ms: not an integer" "$@"
+  bad "s/^slots = .*/slots = 1/" "$T/bad.ini:$(line slots): ring.slots: 1 out of range" "$@"
+done
+bad2() { local e=$1 m=$2; shift 2; bad "$e" "$T/bad.ini:$m" "$@"; }
+l=$(grep -n "^\[target\]" "$CL_INI" | cut -d: -f1)
+bad2 "s/^prefetch = .*/prefetch = two/" "$(line prefetch): target.prefetch: not an integer" target-d -i 0
+bad2 "/^\[target\]/a nonsense = 1" "$((l + 1)): target.nonsense: unknown key" target-d -i 0
+bad2 "s|^devices = 4|devices = 4|" "$(grep -n '^devices' "$CL_INI" | head -1 | cut -d: -f1): target.devices: instance index -i 4 out of range [0, 4)" target-d -i 4
+bad2 "s|^devices = 4|devices = 4|" "$(grep -n '^devices' "$CL_INI" | tail -1 | cut -d: -f1): drafter.devices: instance index -i 7 out of range [0, 4)" drafter-d -i 7
+bad2 "s|^path = .*/model$|path = $T/no-such-model|" "$(grep -n "^path = .*/model$" "$CL_INI" | cut -d: -f1): model.path: $T/no-such-model: No such file or directory" target-d -i 0
+bad2 "s|^path = .*/model$|path = $T/no-such-model|" "$(grep -n "^path = .*/model$" "$CL_INI" | cut -d: -f1): model.path: $T/no-such-model: No such file or directory" drafter-d -i 0
+bad2 "s|^path = .*/model$|path = $T|" "$(grep -n "^path = .*/model$" "$CL_INI" | cut -d: -f1): model.path:" target-d -i 0
+l=$(grep -n "^\[target\]" "$CL_INI" | cut -d: -f1)
+bad2 "/^\[target\]/a backend = tpu" "$((l + 1)): target.backend: 'tpu': expected cpu or cuda" target-d -i 0
+bad2 "s/^pick = .*/pick = newest/" "$(line pick): drafter.pick: 'newest': expected oldest or random" drafter-d -i 0
+bad2 "s/^log_level = .*/log_level = loud/" "$(line log_level): cluster.log_level: 'loud' is not a log level" target-d -i 0
+# A key given with -o is blamed on the override.
+"$CL_BIN/target-d" -c "$CL_INI" -i 0 -o target.backend=tpu -t >"$T/o.out" 2>&1
+[[ $? == 78 ]] && grep -q "override target.backend: 'tpu'" "$T/o.out" || fail "override error: $(tail -2 "$T/o.out")"
+# A missing config file is a config error too.
+"$CL_BIN/drafter-d" -c "$T/nope.ini" -i 0 >"$T/o.out" 2>&1
+[[ $? == 78 ]] && grep -q "$T/nope.ini: cannot open" "$T/o.out" || fail "missing file: $(tail -2 "$T/o.out")"
+echo ok
