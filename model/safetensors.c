@@ -267,6 +267,8 @@ static int cmp_tensor(const void *a, const void *b)
 
 static int finish(struct st_set *s, char *err, size_t errlen)
 {
+    if (!s->n)
+        return 0;   /* a header with no tensors: nothing to sort (and tensors is NULL) */
     qsort(s->tensors, s->n, sizeof *s->tensors, cmp_tensor);
     for (size_t i = 1; i < s->n; i++)
         if (!strcmp(s->tensors[i].name, s->tensors[i - 1].name))

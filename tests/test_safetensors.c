@@ -123,6 +123,18 @@ static void test_valid(void)
     st_close(s);
     st_close(NULL);
 
+    /* a header without tensors is a valid (empty) file; an empty sharded index an empty set */
+    const char *none = tpath("none.safetensors");
+    write_st(none, "{\"__metadata__\":{\"format\":\"pt\"}}", NULL, 0, -1);
+    CHECK_OK(st_open_file(&s, none, err, sizeof err));
+    CHECK_INT(st_count(s), ==, 0);
+    CHECK(st_find(s, "a") == NULL && st_at(s, 0) == NULL);
+    st_close(s);
+    write_st(none, "{}", NULL, 0, -1);
+    CHECK_OK(st_open_file(&s, none, err, sizeof err));
+    CHECK_INT(st_count(s), ==, 0);
+    st_close(s);
+
     /* round to nearest even, NaN kept */
     CHECK_INT(cpu_f32_to_bf16_one(1.0f + ldexpf(1, -8)), ==, 0x3f80);      /* tie -> even */
     CHECK_INT(cpu_f32_to_bf16_one(1.0f + 3 * ldexpf(1, -8)), ==, 0x3f82);  /* tie -> even (up) */
@@ -293,6 +305,12 @@ static void test_sharded(void)
     write_text(idx, "{\"weight_map\":{\"x\":\"m-1.safetensors\",\"y\":\"m-2.safetensors\"}}");
     CHECK_INT(st_open_dir(&s, d, err, sizeof err), ==, -DF_EFORMAT);
     CHECK_CONTAINS(err, "tensor 'x' appears twice");
+
+    /* an index that maps nothing */
+    write_text(idx, "{\"weight_map\":{}}");
+    CHECK_OK(st_open_dir(&s, d, err, sizeof err));
+    CHECK_INT(st_count(s), ==, 0);
+    st_close(s);
 
     /* neither file */
     char empty[1100];
