@@ -23,10 +23,10 @@ for t in "${tests[@]}"; do
   name=$(basename "$t"); name=${name%.sh}
   [[ -n $filter && ! $name =~ $filter ]] && continue
   tmp=$(mktemp -d /tmp/dflash-test.XXXXXX)
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   TMPDIR=$tmp DFLASH_TEST_TMP=$tmp timeout -k 10 "$TIMEOUT" "$PWD/$t" >"$logdir/$name.log" 2>&1
   rc=$?
-  secs=$(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)")
+  ms=$(( ($(date +%s%N) - start) / 1000000 )); secs=$((ms / 1000)).$(( (ms % 1000) / 100 ))
   rm -rf "$tmp"
   case $rc in
     0)  pass=$((pass+1)); echo "PASS  $name (${secs}s)";;
