@@ -374,12 +374,10 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
     c->welcome = in.welcome;
     rx_consume(c, n);
 
-    /* Re-granted leases: what the coordinator still counts as ours. */
-    uint64_t *kept = calloc(c->welcome.n_regrants + 1, 8);
-    if (!kept) {
-        disconnect(c);
-        return -ENOMEM;
-    }
+    /* Re-granted leases: what the coordinator still counts as ours. The list grows with the
+     * frames that really arrive: n_regrants is the peer's word and sizes nothing by itself. */
+    uint64_t *kept = NULL;
+    size_t cap_kept = 0;
     for (uint32_t i = 0; i < c->welcome.n_regrants; i++) {
         if ((n = rx_wait(c, deadline, &in, err, errlen)) < 0) {
             free(kept);
@@ -390,6 +388,17 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
             free(kept);
             disconnect(c);
             FAIL(-DF_EPEER, "expected %u re-granted leases, got %s", c->welcome.n_regrants, proto_type_name(in.type));
+        }
+        if (i == cap_kept) {
+            size_t cap = cap_kept ? 2 * cap_kept : 64;
+            uint64_t *k = realloc(kept, cap * sizeof *k);
+            if (!k) {
+                free(kept);
+                disconnect(c);
+                return -ENOMEM;
+            }
+            kept = k;
+            cap_kept = cap;
         }
         kept[i] = in.grant.batch_id;
         uint64_t b = in.grant.batch_id;

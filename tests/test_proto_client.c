@@ -1,0 +1,154 @@
+/* test_proto_client.c: the client library against a scripted coordinator (a forked child that
+ * speaks the protocol frame by frame), for answers a real coordinator never gives. */
+#include <errno.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "ipc/client.h"
+#include "tests/test.h"
+
+static char g_sock[108];
+
+static int listen_at(const char *path)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHECK(fd >= 0);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    unlink(path);
+    CHECK(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    CHECK(listen(fd, 4) == 0);
+    return fd;
+}
+
+static void send_frame(int fd, const struct proto_msg *m)
+{
+    uint8_t buf[4096];
+    char err[256];
+    int64_t n = proto_encode(m, buf, sizeof buf, err, sizeof err);
+    if (n < 0) {
+        fprintf(stderr, "server: encode: %s\n", err);
+        _exit(3);
+    }
+    if (write(fd, buf, (size_t)n) != n)
+        _exit(4);
+}
+
+/* Read the client's HELLO (one frame of a known size). */
+static void read_hello(int fd)
+{
+    uint8_t buf[sizeof(struct proto_hdr) + sizeof(struct proto_hello)];
+    size_t got = 0;
+    while (got < sizeof buf) {
+        ssize_t k = read(fd, buf + got, sizeof buf - got);
+        if (k <= 0)
+            _exit(5);
+        got += (size_t)k;
+    }
+    struct proto_msg m;
+    if (proto_decode(buf, sizeof buf, &m, NULL, 0) < 0 || m.type != PROTO_HELLO)
+        _exit(6);
+}
+
+/* Serve one connection: WELCOME claiming `announced` re-grants, then `sent` grants, then
+ * either close (hang_up) or wait for the client to close. */
+static pid_t serve(int lfd, uint32_t announced, uint32_t sent, int hang_up)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid)
+        return pid;
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        _exit(2);
+    read_hello(fd);
+    struct proto_msg w = { .type = PROTO_WELCOME };
+    w.welcome.member_id = 1;
+    w.welcome.heartbeat_ms = 10000;
+    w.welcome.dead_after_ms = 60000;
+    w.welcome.cluster_state = PROTO_STATE_RUNNING;
+    w.welcome.n_regrants = announced;
+    send_frame(fd, &w);
+    for (uint32_t i = 0; i < sent; i++) {
+        uint32_t sample = i;
+        struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = &sample };
+        g.grant = (struct proto_lease_grant){ .batch_id = 100 + i, .flags = PROTO_GRANT_REGRANT, .n_samples = 1,
+                                              .n_tokens = 5, .max_seq_len = 64 };
+        send_frame(fd, &g);
+    }
+    if (!hang_up) {
+        char c;
+        while (read(fd, &c, 1) > 0)
+            ;
+    }
+    close(fd);
+    _exit(0);
+}
+
+static int reap(pid_t pid)
+{
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static struct client_opts opts(void)
+{
+    return (struct client_opts){ .socket_path = g_sock, .role = PROTO_ROLE_TARGET, .device = 0,
+                                 .reply_timeout_ms = 3000, .reconnect_ms = 50 };
+}
+
+/* A WELCOME announcing more re-grants than ever arrive (here: 2^32-1, the count a 32-bit
+ * "+1" wraps to 0) must not size anything: the client takes what arrives, then fails cleanly
+ * when the connection ends short. */
+static void test_regrant_count_is_not_trusted(int lfd)
+{
+    pid_t srv = serve(lfd, UINT32_MAX, 64, 1);
+    struct client *c = (struct client *)1;
+    struct client_opts o = opts();
+    char err[512] = "";
+    int r = client_open(&c, &o, err, sizeof err);
+    CHECK_INT(r, <, 0);
+    CHECK(c == NULL);
+    CHECK(!strchr(err, '\n'));
+    printf("huge n_regrants: %d (%s): %s\n", r, err_str(r), err);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
+/* The regular case: announced re-grants arrive and are handed to the daemon as grants. */
+static void test_regrants_delivered(int lfd)
+{
+    pid_t srv = serve(lfd, 3, 3, 0);
+    struct client *c = NULL;
+    struct client_opts o = opts();
+    char err[512] = "";
+    CHECK_OK(client_open(&c, &o, err, sizeof err));
+    CHECK_INT(client_leases_held(c), ==, 3);
+    struct proto_msg m;
+    for (int i = 0; i < 3; i++) {
+        CHECK_INT(client_poll(c, 1000, &m, err, sizeof err), ==, 1);
+        CHECK_INT(m.type, ==, PROTO_LEASE_GRANT);
+        CHECK_INT(m.grant.batch_id, ==, 100 + i);
+        CHECK_INT(proto_grant_sample(&m, 0), ==, i);
+    }
+    CHECK(client_lease_held(c, 102));
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
+int main(void)
+{
+    const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(g_sock, sizeof g_sock, "%s/pc-%d.sock", t, (int)getpid());
+    signal(SIGPIPE, SIG_IGN);
+    int lfd = listen_at(g_sock);
+    test_regrants_delivered(lfd);
+    test_regrant_count_is_not_trusted(lfd);
+    close(lfd);
+    unlink(g_sock);
+    printf("ok\n");
+    return 0;
+}
