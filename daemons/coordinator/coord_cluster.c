@@ -592,8 +592,13 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
         send_ack(m, t->seq, -DF_ESTATE);
         return;
     }
-    if (b->row.state == BATCH_LEASED && b->holder)
+    if (b->row.state == BATCH_LEASED && b->holder) {
+        /* Trained before it was (re-)published, e.g. a TRAINED that was in flight when a group
+         * restart re-queued the batch: the target leasing it again must not publish it twice. */
+        struct proto_msg rv = { .type = PROTO_LEASE_REVOKE, .batch.batch_id = b->row.id };
         b->holder->leases--;
+        coord_send(b->holder, &rv);
+    }
     b->row.gen = t->generation;
     b->row.step = t->step;
     batch_set(co, b, ckpt ? BATCH_CHECKPOINTED : BATCH_TRAINED);
