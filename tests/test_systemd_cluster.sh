@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# test_systemd_cluster.sh: the shipped units under a real systemd (PID 1 of private
+# namespaces, tests/lib/sysns.sh): dflash.target with 2 targets + 1 drafter on the CPU backend.
+#  - a bad config (device index out of range) fails with 78 and is not restarted;
+#  - target 0 SIGKILLed 5 times: systemd restarts it each time, the drafter's step counter
+#    keeps increasing while it is down;
+#  - target 1 SIGSTOPped: the watchdog kills and restarts it;
+#  - `systemctl stop dflash.target`: every unit exits 0, final checkpoint, ledger consistent;
+#  - `systemctl start dflash.target` again: resumes from the ledger and the checkpoint, the run
+#    completes: every batch trained exactly once, no slot leaked, nothing left in /dev/shm.
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib/sysns.sh
+. tests/lib/cluster.sh
+T=${DFLASH_TEST_TMP:-$(mktemp -d)}
+sysns_init "$T/ns"
+cleanup() { sysns_shutdown; cl_cleanup; }
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  sysns_ctl status --no-pager dflash-coordinator dflash-target@0 dflash-target@1 dflash-drafter@0 2>&1 | tail -40
+  cl_logs 15
+  grep -i "dflash" "$T/ns/console.log" | tail -20
+  exit 1
+}
+KILLS=${KILLS:-5}
+
+cl_init "$T/c" 6000 || exit 1
+cl_ini_add drafter.checkpoint_every=50 data.epochs=4
+
+# The shipped units, with the build dir as @BINDIR@, plus test drop-ins: no default
+# dependencies (nothing else boots in the namespace), this test's config and directory,
+# a short watchdog for the targets, logs to files (no journald in there).
+U=$T/units
+mkdir -p "$U/dflash.target.wants"
+for f in systemd/*.service systemd/*.target; do
+  sed "s|@BINDIR@|$CL_BIN|g" "$f" >"$U/$(basename "$f")"
+done
+dropin() {  # dropin UNIT LOGNAME [extra Service lines]
+  mkdir -p "$U/$1.d"
+  cat >"$U/$1.d/test.conf" <<EOF
+[Unit]
+DefaultDependencies=no
+[Service]
+Environment=DFLASH_CONFIG=$CL_INI
+ReadWritePaths=$T
+PrivateTmp=no
+StandardOutput=append:$CL_DIR/$2.log
+StandardError=inherit
+$3
+EOF
+}
+dropin dflash-coordinator.service coord ""
+dropin dflash-target@.service target%i "WatchdogSec=3s
+RestartSec=1500ms"
+dropin dflash-drafter@.service drafter%i ""
+mkdir -p "$U/dflash.target.d"
+printf '[Unit]\nDefaultDependencies=no\n' >"$U/dflash.target.d/test.conf"
+for u in dflash-target@0 dflash-target@1 dflash-drafter@0; do
+  ln -s "../$(echo $u | sed 's/@[0-9]*/@/').service" "$U/dflash.target.wants/$u.service"
+done
+for f in "$U"/*; do sysns_unit "$f"; done
+sysns_boot || fail "systemd did not boot"
+
+# ---- a config error is not restarted --------------------------------------------------------
+sysns_ctl start dflash-target@9.service 2>/dev/null
+sleep 2.5
+[[ $(sysns_prop dflash-target@9.service ExecMainStatus) == 78 ]] || fail "target@9 status $(sysns_prop dflash-target@9.service ExecMainStatus)"
+[[ $(sysns_prop dflash-target@9.service ActiveState) == failed ]] || fail "target@9 not failed"
+[[ $(sysns_prop dflash-target@9.service NRestarts) == 0 ]] || fail "target@9 was restarted"
+grep -q "dflash.ini:[0-9]*: target.devices: instance index -i 9 out of range" "$CL_DIR/target9.log" || fail "target@9 message"
+cl_log "config error: exit 78, not restarted"
+sysns_ctl reset-failed dflash-target@9.service
+
+# ---- start the cluster ------------------------------------------------------------------------
+sysns_ctl start dflash.target || fail "start dflash.target"
+for u in dflash-coordinator dflash-target@0 dflash-target@1 dflash-drafter@0; do
+  [[ $(sysns_prop $u.service ActiveState) == active ]] || fail "$u not active"
+done
+cl_ring_hold || fail "no ring"
+total=$(cl_json 's["epoch"]["total_batches"]' 2>/dev/null || true)
+cl_wait 'step() >= 20 and len(targets()) == 2' 120 || fail "no training"
+total=$(cl_json 's["epoch"]["total_batches"]')
+cl_log "training under systemd: about $total batches"
+
+# ---- SIGKILL target 0, KILLS times ----------------------------------------------------------------
+for ((k = 1; k <= KILLS; k++)); do
+  cl_wait '[t for t in targets() if t["gpu"] == 0 and t.get("published", 0) >= 3]' 60 || fail "target 0 not publishing"
+  pid=$(sysns_prop dflash-target@0.service MainPID)
+  n0=$(sysns_prop dflash-target@0.service NRestarts)
+  s0=$(cl_json 'step()')
+  sysns_nsenter kill -KILL "$pid"
+  cl_wait 'step() >= '$((s0 + 5))' and not [t for t in targets() if t["gpu"] == 0]' 30 ||
+    fail "drafter did not step while target 0 was down (kill $k)"
+  s1=$(cl_json 'step()')
+  sysns_wait_prop dflash-target@0.service NRestarts $((n0 + 1)) 20 || fail "target 0 not restarted (kill $k)"
+  sysns_wait_prop dflash-target@0.service ActiveState active 20 || fail "target 0 not active again (kill $k)"
+  cl_log "kill $k: pid $pid, drafter step $s0 -> $s1 while down, restarted as $(sysns_prop dflash-target@0.service MainPID)"
+done
+
+# ---- SIGSTOP target 1: the watchdog restarts it ------------------------------------------------
+n1=$(sysns_prop dflash-target@1.service NRestarts)
+pid=$(sysns_prop dflash-target@1.service MainPID)
+sysns_nsenter kill -STOP "$pid"
+sysns_wait_prop dflash-target@1.service NRestarts $((n1 + 1)) 30 || fail "no watchdog restart"
+sysns_wait_prop dflash-target@1.service ActiveState active 20 || fail "target 1 not active after the watchdog"
+grep -q "dflash-target@1.service: Watchdog timeout" "$T/ns/console.log" || fail "no watchdog timeout logged"
+cl_log "SIGSTOP: watchdog restarted target 1"
+cl_wait '[t for t in targets() if t["gpu"] == 1 and t.get("published", 0) >= 1]' 60 || fail "target 1 not publishing again"
+
+# ---- graceful stop of the whole cluster ---------------------------------------------------------
+cl_status
+done_before=$(cl_json 's["batches"]["checkpointed"]')
+((done_before < total)) || fail "the run ended before the stop test ($done_before of $total)"
+sysns_ctl stop dflash.target || fail "stop dflash.target"
+for u in dflash-coordinator dflash-target@0 dflash-target@1 dflash-drafter@0; do
+  # The target itself stops first (the units are ordered before it): wait for each unit.
+  sysns_wait_prop $u.service ActiveState inactive 120 || fail "$u: $(sysns_prop $u.service ActiveState) after stop"
+  [[ $(sysns_prop $u.service ExecMainStatus) == 0 ]] || fail "$u exited $(sysns_prop $u.service ExecMainStatus) on stop"
+done
+[[ $(cl_sql 'SELECT count(*) FROM batches WHERE state NOT IN (0, 4)') == 0 ]] || fail "ledger not consistent after stop"
+grep -q "checkpoint .*a rank is stopping" "$CL_DIR/drafter0.log" || fail "no final checkpoint on stop"
+# Batches the targets finished after the drafter left may sit READY in the (now unlinked)
+# ring: the ledger has them pending again, so they are published again after the restart.
+exec 9<&-
+ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left after stop"
+cl_log "stopped cleanly: $(cl_sql 'SELECT state, count(*) FROM batches GROUP BY state' | tr '\n' ' ')"
+
+# ---- start again: the run completes -----------------------------------------------------------
+sysns_ctl start dflash.target || fail "restart dflash.target"
+cl_ring_hold || fail "no ring after restart"
+sysns_wait_prop dflash-coordinator.service ActiveState inactive 300 || fail "run did not complete"
+for u in dflash-coordinator dflash-target@0 dflash-target@1 dflash-drafter@0; do
+  sysns_wait_prop $u.service ActiveState inactive 30 || fail "$u still running at the end"
+  [[ $(sysns_prop $u.service ExecMainStatus) == 0 ]] || fail "$u exited $(sysns_prop $u.service ExecMainStatus) at the end"
+done
+grep -q "loaded checkpoint" "$CL_DIR/drafter0.log" || fail "the drafter did not resume from its checkpoint"
+# Each epoch packs its own shuffle, so the batch count is known only once all are built.
+[[ $(cl_sql 'SELECT count(DISTINCT epoch) FROM batches') == 4 ]] || fail "ledger does not hold 4 epochs"
+total=$(cl_sql 'SELECT count(*) FROM batches')
+[[ $(cl_sql 'SELECT count(*) FROM batches WHERE state != 4') == 0 ]] || fail "not every batch checkpointed"
+once=$(cl_sql 'SELECT count(*) FROM batches b WHERE (SELECT count(*) FROM trains t WHERE t.batch = b.id AND t.rolled_back = 0) = 1')
+[[ $once == "$total" ]] || fail "$once of $total batches trained exactly once"
+states=$(cl_ring_states 4)
+[[ $states == "FREE FREE FREE FREE" ]] || fail "ring at the end: $states"
+ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left at the end"
+echo "ok: $KILLS kills + 1 watchdog restart, stop/start, $total batches each trained once"
