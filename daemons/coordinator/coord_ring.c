@@ -1,8 +1,7 @@
 /* coord_ring.c: the ring's layout from the config (and the model's config.json), create
  * or re-attach at start, and reconciling READY slots with the ledger after a restart. */
-#include <cjson/cJSON.h>
 #include <errno.h>
-#include <math.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,39 +10,8 @@
 #include "common/log.h"
 #include "daemons/coordinator/coord.h"
 #include "ipc/ring.h"
-
-/* hidden_size and num_hidden_layers of <model>/config.json. */
-static int model_dims(const char *dir, int *hidden, int *layers, char *err, size_t errlen)
-{
-    char path[CFG_STR_MAX + 16];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return -errno;
-    }
-    static char text[1 << 20];
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = 0;
-    cJSON *j = cJSON_Parse(text);
-    if (!j) {
-        snprintf(err, errlen, "%s: not valid JSON", path);
-        return -DF_EFORMAT;
-    }
-    const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "hidden_size");
-    const cJSON *l = cJSON_GetObjectItemCaseSensitive(j, "num_hidden_layers");
-    int r = 0;
-    if (!cJSON_IsNumber(h) || !cJSON_IsNumber(l) || h->valueint < 1 || l->valueint < 1) {
-        snprintf(err, errlen, "%s: hidden_size / num_hidden_layers missing or not positive", path);
-        r = -DF_EMISSING;
-    } else {
-        *hidden = h->valueint;
-        *layers = l->valueint;
-    }
-    cJSON_Delete(j);
-    return r;
-}
+#include "model/hfconfig.h"
+#include "model/target.h"
 
 /* The layout every target and drafter must agree on (they compute it the same way). */
 static int ring_layout_from_cfg(const struct dflash_cfg *cfg, struct ring_layout *lay, char *err, size_t errlen)
@@ -51,12 +19,14 @@ static int ring_layout_from_cfg(const struct dflash_cfg *cfg, struct ring_layout
     memset(lay, 0, sizeof *lay);
     int hidden = (int)cfg->coordinator.ring_hidden, n_layers = 0;
     if (cfg->model.path[0]) {
-        int h = 0;
-        int r = model_dims(cfg->model.path, &h, &n_layers, err, errlen);
+        /* the same reading of config.json as target-d and drafter-d */
+        struct hf_config hf;
+        int r = hf_config_load(cfg->model.path, &hf, err, errlen);
         if (r < 0)
             return r;
+        n_layers = hf.num_layers;
         if (!hidden)
-            hidden = h;
+            hidden = hf.hidden_size;
     } else if (!hidden) {
         snprintf(err, errlen, "model.path is empty and coordinator.ring_hidden is 0: cannot size the ring");
         return -EINVAL;
@@ -70,18 +40,23 @@ static int ring_layout_from_cfg(const struct dflash_cfg *cfg, struct ring_layout
             return -EINVAL;
         }
     } else if (n_layers) {
-        /* DFlash build_target_layer_ids; Python round() = ties to even = nearbyint. */
-        int k = (int)cfg->model.draft_layers;
-        if (k == 1) {
-            ids[n++] = n_layers / 2;
-        } else {
-            for (int i = 0; i < k && n < RING_MAX_LAYERS; i++)
-                ids[n++] = (int)nearbyint(1.0 + (double)i * (n_layers - 4) / (double)(k - 1));
+        n = target_default_layer_ids(n_layers, (int)cfg->model.draft_layers, ids);
+        if (n < 0) {
+            snprintf(err, errlen, "model.draft_layers: no DFlash default capture ids for %lld drafter layers over "
+                     "the %d layers of %s/config.json: set model.capture_layers", (long long)cfg->model.draft_layers,
+                     n_layers, cfg->model.path);
+            return -EINVAL;
         }
     } else {
         snprintf(err, errlen, "model.capture_layers is empty and there is no model.path to derive it from");
         return -EINVAL;
     }
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || (n_layers && ids[i] >= n_layers)) {
+            snprintf(err, errlen, "model.capture_layers: layer id %d is out of range [0, %d)", ids[i],
+                     n_layers ? n_layers : INT_MAX);
+            return -EINVAL;
+        }
     lay->nslots = (uint32_t)cfg->ring.slots;
     lay->hidden = (uint32_t)hidden;
     lay->n_layers = (uint32_t)n;
