@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# test_units.sh: the systemd units. `make install DESTDIR= PREFIX=` puts binaries, units (with
+# @BINDIR@ replaced) and /etc/dflash/dflash.ini in place; every unit (and a template instance)
+# passes `systemd-analyze verify` without a single warning; the properties the cluster relies
+# on are there (Type=notify, watchdog, restart on failure but not on a config error, ordering,
+# /dev/shm and devices left shared).
+set -u
+cd "$(dirname "$0")/.."
+T=${DFLASH_TEST_TMP:-$(mktemp -d)}
+BIN=${DFLASH_BUILD:-build}/bin
+fail() { echo "FAIL: $*"; exit 1; }
+command -v systemd-analyze >/dev/null || { echo "SKIP: systemd-analyze missing"; exit 77; }
+BINS="coordinator-d target-d drafter-d dflashctl dflash-data"
+for b in $BINS; do [[ -x $BIN/$b ]] || fail "$BIN/$b not built"; done
+
+# make install into a DESTDIR (the binaries copied first so make has nothing to rebuild).
+mkdir -p "$T/bins"
+for b in $BINS; do cp "$BIN/$b" "$T/bins/"; done
+make -s install DESTDIR="$T/root" PREFIX=/opt/dflash BIN_PATHS="$(for b in $BINS; do printf '%s ' "$T/bins/$b"; done)" ||
+  fail "make install"
+for b in $BINS; do [[ -x $T/root/opt/dflash/bin/$b ]] || fail "install: bin/$b missing"; done
+[[ -f $T/root/etc/dflash/dflash.ini ]] || fail "install: /etc/dflash/dflash.ini missing"
+cmp -s etc/dflash.ini "$T/root/etc/dflash/dflash.ini" ||
+  fail "install: dflash.ini differs"
+UNITS="dflash-coordinator.service dflash-target@.service dflash-drafter@.service dflash.target"
+for u in $UNITS; do
+  f=$T/root/opt/dflash/lib/systemd/system/$u
+  [[ -f $f ]] || fail "install: unit $u missing"
+  grep -q '@BINDIR@' "$f" && fail "install: $u still has @BINDIR@"
+  cmp -s <(sed 's|@BINDIR@|/opt/dflash/bin|g' "systemd/$u") "$f" || fail "install: $u is not the substituted source"
+done
+echo "make install: binaries, units, config in place"
+
+# systemd-analyze verify needs the ExecStart binaries: point @BINDIR@ at the build.
+mkdir -p "$T/u"
+abs=$(cd "$BIN" && pwd)
+for u in $UNITS; do sed "s|@BINDIR@|$abs|g" "systemd/$u" >"$T/u/$u"; done
+(cd "$T/u" && systemd-analyze verify --man=no ./dflash.target ./dflash-coordinator.service \
+  ./dflash-target@0.service ./dflash-drafter@3.service) >"$T/verify.log" 2>&1
+rc=$?
+[[ $rc == 0 && ! -s $T/verify.log ]] || fail "systemd-analyze verify (rc $rc): $(cat "$T/verify.log")"
+echo "systemd-analyze verify: clean"
+
+# What the cluster relies on.
+prop() { grep -E "^$2=" "systemd/$1" | tail -1 | cut -d= -f2-; }
+ex_config=$(sed -n 's/^#define DAEMON_EX_CONFIG *\([0-9]*\).*/\1/p' common/daemon.h)
+[[ -n $ex_config ]] || fail "DAEMON_EX_CONFIG not found"
+for u in dflash-coordinator.service dflash-target@.service dflash-drafter@.service; do
+  [[ $(prop $u Type) == notify ]] || fail "$u: Type"
+  [[ -n $(prop $u WatchdogSec) ]] || fail "$u: WatchdogSec"
+  [[ $(prop $u Restart) == on-failure ]] || fail "$u: Restart"
+  [[ $(prop $u RestartPreventExitStatus) == "$ex_config" ]] || fail "$u: RestartPreventExitStatus != $ex_config"
+  [[ $(prop $u PartOf) == dflash.target ]] || fail "$u: PartOf"
+  [[ $(prop $u NoNewPrivileges) == yes ]] || fail "$u: NoNewPrivileges"
+  [[ $(prop $u ProtectSystem) == strict ]] || fail "$u: ProtectSystem"
+  [[ $(prop $u RuntimeDirectory) == dflash && $(prop $u StateDirectory) == dflash ]] || fail "$u: directories"
+  [[ $(prop $u RuntimeDirectoryPreserve) == yes ]] || fail "$u: RuntimeDirectoryPreserve"
+  [[ $(prop $u RestrictAddressFamilies) == "AF_UNIX AF_INET AF_INET6 AF_NETLINK" ]] || fail "$u: RestrictAddressFamilies"
+  # The ring in /dev/shm and /dev/nvidia* must stay visible and shared between the units.
+  grep -Eq '^(PrivateIPC|PrivateDevices|DevicePolicy|MemoryDenyWriteExecute|InaccessiblePaths)=' "systemd/$u" &&
+    fail "$u: an option that hides /dev/shm or breaks CUDA"
+  grep -q '^WantedBy=dflash.target' "systemd/$u" || fail "$u: WantedBy"
+done
+for u in dflash-target@.service dflash-drafter@.service; do
+  [[ $(prop $u After) == dflash-coordinator.service ]] || fail "$u: After"
+  grep -q '^ExecStart=@BINDIR@/[a-z-]* -c ${DFLASH_CONFIG} -i %i$' "systemd/$u" || fail "$u: ExecStart"
+done
+grep -q '^Wants=dflash-coordinator.service' systemd/dflash.target || fail "dflash.target: Wants"
+echo ok
