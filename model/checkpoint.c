@@ -5,6 +5,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +180,13 @@ static const cJSON *jitem(const cJSON *o, const char *key)
     return v && !cJSON_IsNull(v) ? v : NULL;
 }
 
+/* A JSON number that is an int exactly (checked before any cast: out of range is UB). */
+static bool json_is_int(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && v->valuedouble >= INT_MIN && v->valuedouble <= INT_MAX &&
+           v->valuedouble == floor(v->valuedouble);
+}
+
 static int jint(const struct jctx *x, const cJSON *o, const char *key, int *out, bool required)
 {
     const cJSON *v = jitem(o, key);
@@ -187,7 +196,7 @@ static int jint(const struct jctx *x, const cJSON *o, const char *key, int *out,
         snprintf(x->err, x->errlen, "%s: %s: missing", x->path, key);
         return -DF_EMISSING;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble) {
+    if (!json_is_int(v)) {
         snprintf(x->err, x->errlen, "%s: %s: not an integer", x->path, key);
         return -DF_EFORMAT;
     }
@@ -322,7 +331,7 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
     }
     c->n_target_ids = 0;
     cJSON_ArrayForEach(e, ids) {
-        if (!cJSON_IsNumber(e)) {
+        if (!json_is_int(e)) {
             snprintf(err, errlen, "%s: dflash_config.target_layer_ids: not integers", path);
             r = -DF_EFORMAT;
             goto out;

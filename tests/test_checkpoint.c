@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "common/err.h"
 #include "model/checkpoint.h"
 #include "model/hfconfig.h"
 #include "model/cpu_ops.h"
@@ -143,6 +144,39 @@ int main(void)
     for (int i = 0; i < 3; i++)
         CHECK_INT(cJSON_GetArrayItem(ids, i)->valuedouble, ==, f.cfg.target_layer_ids[i]);
     cJSON_Delete(j);
+
+    /* numbers that are not exact ints are refused, never truncated (1.5 -> 1) or cast out of range */
+    static const struct { const char *key; double v; } bad_num[] = {
+        { "target_layer_ids", 1.5 }, { "target_layer_ids", 3e9 }, { "hidden_size", 1e30 },
+        { "block_size", 16.25 },
+    };
+    char bdir[1100], bpath[1200];
+    snprintf(bdir, sizeof bdir, "%s/badcfg", root);
+    snprintf(bpath, sizeof bpath, "%s/config.json", bdir);
+    CHECK(mkdir(bdir, 0755) == 0);
+    for (size_t i = 0; i < sizeof bad_num / sizeof *bad_num; i++) {
+        cJSON *k = cJSON_Parse(read_text(path));
+        CHECK(k);
+        if (!strcmp(bad_num[i].key, "target_layer_ids")) {
+            cJSON *kids = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(k, "dflash_config"),
+                                                           "target_layer_ids");
+            CHECK(cJSON_ReplaceItemInArray(kids, 0, cJSON_CreateNumber(bad_num[i].v)));
+        } else {
+            CHECK(cJSON_ReplaceItemInObjectCaseSensitive(k, bad_num[i].key, cJSON_CreateNumber(bad_num[i].v)));
+        }
+        char *text = cJSON_Print(k);
+        FILE *bf = fopen(bpath, "w");
+        CHECK(bf && fputs(text, bf) >= 0);
+        fclose(bf);
+        free(text);
+        cJSON_Delete(k);
+        struct drafter_config bc;
+        int r = ckpt_read_config(bdir, &bc, err, sizeof err);
+        if (r != -DF_EFORMAT)
+            TEST_FAIL("%s = %g: got %d (%s), want -DF_EFORMAT", bad_num[i].key, bad_num[i].v, r, err);
+        CHECK_CONTAINS(err, bad_num[i].key);
+        CHECK_CONTAINS(err, bpath);
+    }
 
     /* tensor names: exactly the DFlash set, bf16, with their shapes and values */
     struct st_set *st = NULL;
