@@ -91,6 +91,8 @@ k = max(5, len(loss) // 10)
 first, last = sum(loss[:k]) / k, sum(loss[-k:]) / k
 acc = [r["accept_len"] for r in rows]
 print("steps %d, loss %.3f -> %.3f, accept_len %.2f -> %.2f" % (len(rows), first, last, sum(acc[:k]) / k, sum(acc[-k:]) / k))
-assert last < 0.8 * first, "loss did not fall"
+# ln(256) = 5.55 at the start; the structure in the data is worth well over half a nat here.
+assert last < first - 0.5, "loss did not fall"
+assert sum(acc[-k:]) > sum(acc[:k]), "accepted length did not grow"
 EOF
 echo "ok: $total batches, run 1 checkpointed $done1 at step $ck1"
