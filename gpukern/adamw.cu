@@ -26,8 +26,10 @@ __global__ void __launch_bounds__(SQ_THREADS) sumsq_kernel(const float *g, size_
     if (threadIdx.x == 0) partial[blockIdx.x] = red[0];
 }
 
+/* scale: the host's, or (wsum != NULL) 1 / wsum[0] from the device; loss (optional) must be finite. */
 __global__ void __launch_bounds__(SQ_THREADS) clip_kernel(const double *partial, int n_partial, float scale,
-                                                          float clip, float *out)
+                                                          const double *wsum, const double *loss, float clip,
+                                                          float *out)
 {
     __shared__ double red[SQ_THREADS];
     double s = 0.0;
@@ -39,11 +41,17 @@ __global__ void __launch_bounds__(SQ_THREADS) clip_kernel(const double *partial,
         __syncthreads();
     }
     if (threadIdx.x) return;
+    bool ok = true;
+    if (wsum) {
+        ok = wsum[0] > 0.0 && (!loss || isfinite(loss[0]));
+        scale = wsum[0] > 0.0 ? (float)(1.0 / wsum[0]) : 0.f;
+        out[3] = wsum[0] > 0.0 ? 1.f : 0.f;
+    }
     double norm = sqrt(red[0]) * (double)scale;
     double f = clip > 0 && norm > clip ? (double)clip / (norm + 1e-6) : 1.0;
     out[0] = (float)norm;
     out[1] = (float)(scale * f);
-    out[2] = isfinite(norm) ? 1.f : 0.f;
+    out[2] = ok && isfinite(norm) ? 1.f : 0.f;
 }
 
 __global__ void adamw_kernel(float *w, const float *g, float *m, float *v, bf16 *wb, size_t n,
@@ -92,7 +100,18 @@ extern "C" int gk_grad_clip(const float *g, size_t n, float scale, float clip, d
     /* the grid does not depend on n: the same partial sums, in the same order, every time */
     sumsq_kernel<<<GK_GRAD_CLIP_WORK, SQ_THREADS, 0, stream>>>(g, n, work);
     GK_LAUNCH_CHECK();
-    clip_kernel<<<1, SQ_THREADS, 0, stream>>>(work, GK_GRAD_CLIP_WORK, scale, clip, out);
+    clip_kernel<<<1, SQ_THREADS, 0, stream>>>(work, GK_GRAD_CLIP_WORK, scale, nullptr, nullptr, clip, out);
+    GK_LAUNCH_CHECK();
+    return 0;
+}
+
+extern "C" int gk_grad_clip_dev(const float *g, size_t n, const double *wsum, const double *loss, float clip,
+                                double *work, float *out, cudaStream_t stream)
+{
+    if ((n && !g) || !wsum || !work || !out) return -EINVAL;
+    sumsq_kernel<<<GK_GRAD_CLIP_WORK, SQ_THREADS, 0, stream>>>(g, n, work);
+    GK_LAUNCH_CHECK();
+    clip_kernel<<<1, SQ_THREADS, 0, stream>>>(work, GK_GRAD_CLIP_WORK, 0.f, wsum, loss, clip, out);
     GK_LAUNCH_CHECK();
     return 0;
 }

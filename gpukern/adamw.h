@@ -21,6 +21,13 @@ typedef struct gk_adamw_seg {
 GK_API int gk_grad_clip(const float *g, size_t n, float scale, float clip, double *work, float *out,
                         cudaStream_t stream);
 
+/* As gk_grad_clip with the scale 1 / wsum[0] read on the device (e.g. the all-reduced loss weight
+ * sum, so no host round trip sits between the all-reduce and the step). out gets 4 floats: out[2]
+ * is 0 (no step) also when wsum[0] <= 0 or loss (optional, device) is not finite; out[3] = 1 when
+ * wsum[0] > 0, else 0 (nothing supervised). */
+GK_API int gk_grad_clip_dev(const float *g, size_t n, const double *wsum, const double *loss, float clip,
+                            double *work, float *out, cudaStream_t stream);
+
 /* One AdamW update (torch.optim.AdamW: decoupled decay w *= 1 - lr*wd on decay segments, then
  * w -= step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps), step_size = lr / (1 - beta1^t),
  * inv_sqrt_bc2 = 1 / sqrt(1 - beta2^t)) with gradient g * gscale[1]; nothing at all is changed when

@@ -30,6 +30,10 @@ extern "C" {
 typedef uint16_t bf16_t;
 
 #define STAGE_BYTES ((size_t)8 << 20)   /* pinned staging for fp32 -> bf16 feature conversion */
+#define RES_DEPTH 4                     /* optimizer-step results in flight before one must be read */
+
+static_assert(sizeof(struct drafter_metrics) == DRAFTER_METRICS_N * sizeof(double),
+              "drafter_metrics is the all-reduced vector of doubles");
 
 /* Activations of one layer kept for the backward (Q block rows, T context rows). */
 struct cu_layer_act {
@@ -45,6 +49,7 @@ struct cu_layer_act {
 
 /* What the host builds per batch; one pinned region mirrored on the device, one H2D copy. */
 struct cu_meta {
+    double *mbase;      /* [DRAFTER_METRICS_N]: the metrics the host knows (weight sum, counts) */
     int32_t *cu, *tok_q, *pos_q, *label, *rows, *qlist;
     float *w;
     gk_dflash_block *blk;
@@ -91,11 +96,27 @@ struct drafter_cuda {
     double *h_metrics, *h_block_loss;
     float *h_clip;
     uint16_t *stage;            /* pinned */
+    double *d_mvec;             /* [DRAFTER_METRICS_N] metric sums of the last pass (all-reduced in place) */
+
+    /* results of asynchronous optimizer steps: pinned copies behind events, read a step later */
+    struct cu_result { double metrics[DRAFTER_METRICS_N]; float clip[4]; } *h_res;
+    struct {
+        int state;              /* RES_EMPTY, RES_PENDING (event not yet seen), RES_DONE (retired, unread) */
+        uint64_t seq;
+        double lr;
+        int64_t step;           /* optimizer steps applied after it (set when retired) */
+        int rc;                 /* 0, -DF_ENAN (skipped, non-finite), -DF_ERANGE (nothing supervised) */
+    } res[RES_DEPTH];
+    cudaEvent_t ev_res[RES_DEPTH], ev_meta, ev_input;
+    uint64_t res_next, res_read;    /* sequence numbers: next to enqueue, next to read */
+    int n_pending;
 
     struct obj_block *sample_blocks;    /* host scratch of train_step */
     int32_t *sample_work;
-    int64_t step;
+    int64_t applied;            /* optimizer steps known to be applied */
 };
+
+enum { RES_EMPTY = 0, RES_PENDING, RES_DONE };
 
 __attribute__((format(printf, 4, 5)))
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -174,6 +195,7 @@ static void layout_acts(struct drafter_cuda *dc, struct carver *c)
     CARVE(c, dc->dcx, T * H);
     CARVE(c, dc->pos_ctx, T);
     CARVE(c, dc->d_metrics, 4);
+    CARVE(c, dc->d_mvec, DRAFTER_METRICS_N);
     CARVE(c, dc->d_block_loss, dc->max_blocks);
     CARVE(c, dc->norm_work, GK_GRAD_CLIP_WORK);
     CARVE(c, dc->d_clip, 4);
@@ -188,8 +210,9 @@ static void layout_meta(struct cu_meta *m, struct carver *c, const struct drafte
 static void layout_host(struct drafter_cuda *dc, struct carver *c)
 {
     layout_meta(&dc->mh, c, dc);
-    CARVE(c, dc->h_metrics, 4);
+    CARVE(c, dc->h_metrics, DRAFTER_METRICS_N);
     CARVE(c, dc->h_clip, 4);
+    CARVE(c, dc->h_res, RES_DEPTH);
     CARVE(c, dc->h_block_loss, dc->max_blocks);
     CARVE(c, dc->stage, STAGE_BYTES / 2);
 }
@@ -197,6 +220,7 @@ static void layout_host(struct drafter_cuda *dc, struct carver *c)
 static void layout_meta(struct cu_meta *m, struct carver *c, const struct drafter_cuda *dc)
 {
     size_t T = (size_t)dc->max_tokens, Q = (size_t)dc->max_blocks * dc->bs, B = dc->max_blocks;
+    CARVE(c, m->mbase, DRAFTER_METRICS_N);
     CARVE(c, m->cu, T + 1);
     CARVE(c, m->tok_q, Q);
     CARVE(c, m->pos_q, Q);
@@ -225,6 +249,10 @@ extern "C" void drafter_cuda_free(struct drafter_cuda *dc)
     if (dc->act_mem) cudaFree(dc->act_mem);
     if (dc->meta_dev) cudaFree(dc->meta_dev);
     if (dc->meta_host) cudaFreeHost(dc->meta_host);
+    for (int i = 0; i < RES_DEPTH; i++)
+        if (dc->ev_res[i]) cudaEventDestroy(dc->ev_res[i]);
+    if (dc->ev_meta) cudaEventDestroy(dc->ev_meta);
+    if (dc->ev_input) cudaEventDestroy(dc->ev_input);
     if (dc->stream) cudaStreamDestroy(dc->stream);
     free(dc->tensors);
     free(dc->layer);
@@ -272,12 +300,17 @@ extern "C" int drafter_cuda_load_from_host(struct drafter_cuda *dc, const struct
     size_t bytes = dc->n_params * sizeof(float);
     CU(cudaSetDevice(dc->device));
     CU(cudaStreamSynchronize(dc->stream));
+    /* results of steps taken from the old state no longer describe this one */
+    for (int i = 0; i < RES_DEPTH; i++)
+        dc->res[i].state = RES_EMPTY;
+    dc->res_read = dc->res_next;
+    dc->n_pending = 0;
     CU(cudaMemcpy(dc->params, d->params, bytes, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dc->m, d->opt->m, bytes, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dc->v, d->opt->v, bytes, cudaMemcpyHostToDevice));
     TRY(gk_cast_f32_bf16(dc->params, dc->wb, dc->n_params, dc->stream));
     CU(cudaStreamSynchronize(dc->stream));
-    dc->step = d->opt->step;
+    dc->applied = d->opt->step;
     return 0;
 }
 
@@ -363,6 +396,14 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     }
     if ((r = gk_gemm_create(&dc->gemm, 0, err, errlen)) < 0 || (r = gk_gemmx_create(&dc->gx, err, errlen)) < 0)
         goto fail;
+    {
+        bool ok = cudaEventCreateWithFlags(&dc->ev_meta, cudaEventDisableTiming) == cudaSuccess &&
+                  cudaEventCreateWithFlags(&dc->ev_input, cudaEventDisableTiming) == cudaSuccess;
+        for (int i = 0; ok && i < RES_DEPTH; i++)
+            ok = cudaEventCreateWithFlags(&dc->ev_res[i], cudaEventDisableTiming) == cudaSuccess;
+        if (!ok)
+            goto fail_cuda;
+    }
 
     {
         size_t n = dc->n_params, state = 4 * n * sizeof(float) + n * 2 + 256;
@@ -494,12 +535,14 @@ static int copy_cols(struct drafter_cuda *dc, bf16_t *dst, long dst_ld, const bf
 }
 
 /* Labels, weights, block inputs, the attention plan: built on the host, one H2D. Also the
- * host-side metrics (weight sum, supervised rows). Returns the number of scored rows. */
+ * metrics the host knows (weight sum, supervised rows, blocks, tokens). Returns the number of
+ * scored rows. */
 static int stage_batch(struct drafter_cuda *dc, const struct obj_batch *b, const struct obj_block *blk,
-                       int nb, double gamma, struct drafter_metrics *m, int *n_tiles)
+                       int nb, double gamma, int *n_tiles)
 {
     const int bs = dc->bs, Q = nb * bs;
     struct cu_meta *h = &dc->mh;
+    CU(cudaEventSynchronize(dc->ev_meta));      /* the last pass's copy of the pinned mirror is done */
     memcpy(h->cu, b->cu_seqlens, (size_t)(b->n_seqs + 1) * sizeof(int32_t));
     for (int i = 0; i < nb; i++) {
         int a = blk[i].anchor, start = b->cu_seqlens[blk[i].seq];
@@ -518,14 +561,36 @@ static int stage_batch(struct drafter_cuda *dc, const struct obj_batch *b, const
             h->rows[R++] = r;
             wsum += h->w[r];
         }
-    m->weight_sum = wsum;
-    m->supervised = R;
+    struct drafter_metrics base;
+    memset(&base, 0, sizeof base);
+    base.weight_sum = wsum;
+    base.supervised = R;
+    base.blocks = nb;
+    base.tokens = b->n_tokens;
+    memcpy(h->mbase, &base, sizeof base);
     int nt = gk_dflash_plan(h->blk, nb, bs, b->n_tokens, h->qlist, h->tiles, dc->max_tiles);
     if (nt < 0)
         return -DF_ERANGE;
     *n_tiles = nt;
     CU(cudaMemcpyAsync(dc->meta_dev, dc->meta_host, dc->meta_bytes, cudaMemcpyHostToDevice, dc->stream));
+    CU(cudaEventRecord(dc->ev_meta, dc->stream));
     return R;
+}
+
+/* The pass's metric vector: the host's counts with the device's loss / hit / acceptance sums. */
+static __global__ void metrics_vec_kernel(const double *base, const double *dev4, double *out)
+{
+    int i = threadIdx.x;
+    if (i >= DRAFTER_METRICS_N)
+        return;
+    double v = base[i];
+    if (dev4) {
+        if (i == 0) v = dev4[0];        /* loss_sum */
+        else if (i == 2) v = dev4[1];   /* correct */
+        else if (i == 4) v = dev4[2];   /* accept_sum */
+        else if (i == 5) v = dev4[3];   /* accept_blocks */
+    }
+    out[i] = v;
 }
 
 /* The features as bf16 [T, LcH] on the device. */
@@ -664,13 +729,12 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
     return 0;
 }
 
-static int run_pass(struct drafter_cuda *dc, const struct obj_batch *b, const struct obj_block *blk, int nb,
-                    double gamma, struct drafter_metrics *m, double *block_loss, int backward)
+/* Enqueue one pass on the stream: metrics into d_mvec, gradients (backward) into the gradient
+ * buffer. No host wait except for the pinned mirror of the previous pass (long done in a loop)
+ * and the f32 feature conversion. */
+static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, const struct obj_block *blk, int nb,
+                        double gamma, int backward, int block_loss)
 {
-    struct drafter_metrics tmp;
-    if (!m)
-        m = &tmp;
-    memset(m, 0, sizeof *m);
     if (b->n_tokens < 1 || b->n_tokens > dc->max_tokens || nb < 0 || nb > dc->max_blocks ||
         b->n_seqs < 1 || b->n_seqs > dc->max_tokens || (!b->hidden_bf16 == !b->hidden_f32))
         return -DF_ERANGE;
@@ -683,23 +747,20 @@ static int run_pass(struct drafter_cuda *dc, const struct obj_batch *b, const st
     CU(cudaSetDevice(dc->device));
     const int T = b->n_tokens, Q = nb * dc->bs, H = dc->H;
     cudaStream_t s = dc->stream;
-    CU(cudaStreamSynchronize(s));   /* an earlier failed pass may still read the pinned staging */
-    m->blocks = nb;
-    m->tokens = T;
-    if (block_loss)
-        memset(block_loss, 0, (size_t)nb * sizeof *block_loss);
-    if (nb == 0) {      /* nothing supervised: every gradient is zero */
-        if (backward) {
-            CU(cudaMemsetAsync(dc->grads, 0, dc->n_params * sizeof(float), s));
-            CU(cudaStreamSynchronize(s));
-        }
-        return 0;
-    }
     int n_tiles = 0;
-    int R = stage_batch(dc, b, blk, nb, gamma, m, &n_tiles);
+    int R = stage_batch(dc, b, blk, nb, gamma, &n_tiles);
     if (R < 0)
         return R;
+    if (nb == 0) {      /* nothing supervised: no feature is read, every gradient is zero */
+        CU(cudaEventRecord(dc->ev_input, s));
+        metrics_vec_kernel<<<1, 32, 0, s>>>(dc->md.mbase, NULL, dc->d_mvec);
+        CU(cudaGetLastError());
+        if (backward)
+            CU(cudaMemsetAsync(dc->grads, 0, dc->n_params * sizeof(float), s));
+        return 0;
+    }
     TRY(stage_hidden(dc, b));
+    CU(cudaEventRecord(dc->ev_input, s));
     TRY(gk_positions(dc->md.cu, b->n_seqs, dc->pos_ctx, T, s));
 
     TRY(gk_linear(dc->gemm, s, T, H, dc->LcH, dc->hs, dc->LcH, WB(dc->off_fc), NULL, 0, dc->cpre, H));
@@ -712,10 +773,8 @@ static int run_pass(struct drafter_cuda *dc, const struct obj_batch *b, const st
                      dc->chunk_rows, dc->head_work, dc->row_loss, dc->hit, backward ? dc->tmp_h : NULL));
     TRY(gk_block_metrics(dc->row_loss, dc->hit, dc->md.w, nb, dc->bs, dc->d_metrics,
                          block_loss ? dc->d_block_loss : NULL, s));
-    CU(cudaMemcpyAsync(dc->h_metrics, dc->d_metrics, 4 * sizeof(double), cudaMemcpyDeviceToHost, s));
-    if (block_loss)
-        CU(cudaMemcpyAsync(dc->h_block_loss, dc->d_block_loss, (size_t)nb * sizeof(double),
-                           cudaMemcpyDeviceToHost, s));
+    metrics_vec_kernel<<<1, 32, 0, s>>>(dc->md.mbase, dc->d_metrics, dc->d_mvec);
+    CU(cudaGetLastError());
 
     if (backward) {
         CU(cudaMemsetAsync(dc->grads, 0, dc->n_params * sizeof(float), s));
@@ -728,12 +787,28 @@ static int run_pass(struct drafter_cuda *dc, const struct obj_batch *b, const st
                            GR(dc->off_hidden_norm), T, H, dc->eps, s));
         TRY(gemm(dc, 1, 0, H, dc->LcH, T, dc->dcpre, H, dc->hs, dc->LcH, 1.0f, GR(dc->off_fc), GK_F32, dc->LcH));
     }
+    return 0;
+}
+
+/* The pass with the host waiting for its metrics. */
+static int run_pass(struct drafter_cuda *dc, const struct obj_batch *b, const struct obj_block *blk, int nb,
+                    double gamma, struct drafter_metrics *m, double *block_loss, int backward)
+{
+    struct drafter_metrics tmp;
+    if (!m)
+        m = &tmp;
+    memset(m, 0, sizeof *m);
+    if (block_loss && nb > 0)
+        memset(block_loss, 0, (size_t)nb * sizeof *block_loss);
+    TRY(enqueue_pass(dc, b, blk, nb, gamma, backward, block_loss != NULL));
+    cudaStream_t s = dc->stream;
+    CU(cudaMemcpyAsync(dc->h_metrics, dc->d_mvec, sizeof *m, cudaMemcpyDeviceToHost, s));
+    if (block_loss && nb > 0)
+        CU(cudaMemcpyAsync(dc->h_block_loss, dc->d_block_loss, (size_t)nb * sizeof(double),
+                           cudaMemcpyDeviceToHost, s));
     CU(cudaStreamSynchronize(s));
-    m->loss_sum = dc->h_metrics[0];
-    m->correct = dc->h_metrics[1];
-    m->accept_sum = dc->h_metrics[2];
-    m->accept_blocks = dc->h_metrics[3];
-    if (block_loss)
+    memcpy(m, dc->h_metrics, sizeof *m);
+    if (block_loss && nb > 0)
         memcpy(block_loss, dc->h_block_loss, (size_t)nb * sizeof *block_loss);
     return 0;
 }
@@ -752,6 +827,19 @@ extern "C" int drafter_cuda_forward(struct drafter_cuda *dc, const struct obj_ba
     return run_pass(dc, b, blocks, n_blocks, gamma, m, block_loss, 0);
 }
 
+/* AdamW of step t0 + 1 (warmup/cosine lr of step t0) with gk_grad_clip's factor from d_clip. */
+static int enqueue_adamw(struct drafter_cuda *dc, const struct drafter_train_opts *o, int64_t t0, double *lr_out)
+{
+    double lr = optim_lr(o->lr, o->min_lr_ratio, o->warmup_steps, o->total_steps, t0);
+    double t = (double)(t0 + 1);
+    double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
+    TRY(gk_adamw(dc->params, dc->grads, dc->m, dc->v, dc->wb, dc->n_params, dc->segs, dc->n_seg, dc->d_clip,
+                 (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay,
+                 (float)(lr / bc1), (float)(1.0 / sqrt(bc2)), dc->stream));
+    *lr_out = lr;
+    return 0;
+}
+
 extern "C" int drafter_cuda_optimizer_step(struct drafter_cuda *dc, double global_weight_sum,
                                            const struct drafter_train_opts *o, struct drafter_step_info *info)
 {
@@ -759,27 +847,112 @@ extern "C" int drafter_cuda_optimizer_step(struct drafter_cuda *dc, double globa
     if (!info)
         info = &tmp;
     memset(info, 0, sizeof *info);
-    info->step = dc->step;
+    info->step = dc->applied;
+    if (dc->n_pending)
+        return -DF_ESTATE;      /* asynchronous steps not yet retired: their count is not known */
     if (!(global_weight_sum > 0))
         return -DF_ERANGE;      /* nothing supervised anywhere: no step */
     CU(cudaSetDevice(dc->device));
     cudaStream_t s = dc->stream;
     TRY(gk_grad_clip(dc->grads, dc->n_params, (float)(1.0 / global_weight_sum), (float)o->grad_clip,
                      dc->norm_work, dc->d_clip, s));
-    double lr = optim_lr(o->lr, o->min_lr_ratio, o->warmup_steps, o->total_steps, dc->step);
-    double t = (double)(dc->step + 1);
-    double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
-    TRY(gk_adamw(dc->params, dc->grads, dc->m, dc->v, dc->wb, dc->n_params, dc->segs, dc->n_seg, dc->d_clip,
-                 (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay,
-                 (float)(lr / bc1), (float)(1.0 / sqrt(bc2)), s));
+    double lr = 0;
+    TRY(enqueue_adamw(dc, o, dc->applied, &lr));
     CU(cudaMemcpyAsync(dc->h_clip, dc->d_clip, 3 * sizeof(float), cudaMemcpyDeviceToHost, s));
     CU(cudaStreamSynchronize(s));
     info->grad_norm = dc->h_clip[0];
     if (dc->h_clip[2] == 0.0f)
         return -DF_ENAN;        /* the update kernel changed nothing */
     info->lr = lr;
-    info->step = ++dc->step;
+    info->step = ++dc->applied;
     return 0;
+}
+
+extern "C" int drafter_cuda_forward_backward_async(struct drafter_cuda *dc, const struct obj_batch *b,
+                                                   const struct obj_block *blocks, int n_blocks, double gamma)
+{
+    return enqueue_pass(dc, b, blocks, n_blocks, gamma, 1, 0);
+}
+
+extern "C" double *drafter_cuda_metrics_dev(struct drafter_cuda *dc) { return dc->d_mvec; }
+
+extern "C" void *drafter_cuda_input_event(struct drafter_cuda *dc) { return (void *)dc->ev_input; }
+
+extern "C" int drafter_cuda_optimizer_step_async(struct drafter_cuda *dc, const struct drafter_train_opts *o)
+{
+    int slot = (int)(dc->res_next % RES_DEPTH);
+    if (dc->res[slot].state != RES_EMPTY)
+        return -DF_ESTATE;      /* RES_DEPTH results are waiting to be read */
+    CU(cudaSetDevice(dc->device));
+    cudaStream_t s = dc->stream;
+    TRY(gk_grad_clip_dev(dc->grads, dc->n_params, dc->d_mvec + 1, dc->d_mvec, (float)o->grad_clip,
+                         dc->norm_work, dc->d_clip, s));
+    double lr = 0;
+    TRY(enqueue_adamw(dc, o, dc->applied + dc->n_pending, &lr));
+    CU(cudaMemcpyAsync(dc->h_res[slot].metrics, dc->d_mvec, sizeof dc->h_res[slot].metrics,
+                       cudaMemcpyDeviceToHost, s));
+    CU(cudaMemcpyAsync(dc->h_res[slot].clip, dc->d_clip, sizeof dc->h_res[slot].clip, cudaMemcpyDeviceToHost, s));
+    CU(cudaEventRecord(dc->ev_res[slot], s));
+    dc->res[slot].state = RES_PENDING;
+    dc->res[slot].seq = dc->res_next++;
+    dc->res[slot].lr = lr;
+    dc->res[slot].step = 0;
+    dc->res[slot].rc = 0;
+    dc->n_pending++;
+    return 0;
+}
+
+/* The oldest pending result, its event complete: count the step if it was applied. */
+static void retire(struct drafter_cuda *dc, int slot)
+{
+    const float *c = dc->h_res[slot].clip;
+    dc->res[slot].rc = c[2] != 0.0f ? 0 : c[3] == 0.0f ? -DF_ERANGE : -DF_ENAN;
+    if (dc->res[slot].rc == 0)
+        dc->applied++;
+    dc->res[slot].step = dc->applied;
+    dc->res[slot].state = RES_DONE;
+    dc->n_pending--;
+}
+
+/* Retire every pending result (the stream has been synchronised). */
+static void retire_all(struct drafter_cuda *dc)
+{
+    for (uint64_t q = dc->res_read; q < dc->res_next; q++) {
+        int slot = (int)(q % RES_DEPTH);
+        if (dc->res[slot].state == RES_PENDING)
+            retire(dc, slot);
+    }
+}
+
+extern "C" void *drafter_cuda_result_event(struct drafter_cuda *dc)
+{
+    return dc->res_read == dc->res_next ? NULL : (void *)dc->ev_res[dc->res_read % RES_DEPTH];
+}
+
+extern "C" int drafter_cuda_step_result(struct drafter_cuda *dc, int wait, struct drafter_metrics *m,
+                                        struct drafter_step_info *info)
+{
+    if (dc->res_read == dc->res_next)
+        return -ENOENT;
+    int slot = (int)(dc->res_read % RES_DEPTH);
+    if (dc->res[slot].state == RES_PENDING) {
+        cudaError_t e = wait ? cudaEventSynchronize(dc->ev_res[slot]) : cudaEventQuery(dc->ev_res[slot]);
+        if (e == cudaErrorNotReady)
+            return -EAGAIN;
+        CU(e);
+        retire(dc, slot);
+    }
+    if (m)
+        memcpy(m, dc->h_res[slot].metrics, sizeof *m);
+    if (info) {
+        info->lr = dc->res[slot].lr;
+        info->grad_norm = dc->h_res[slot].clip[0];
+        info->step = dc->res[slot].step;
+    }
+    int rc = dc->res[slot].rc;
+    dc->res[slot].state = RES_EMPTY;
+    dc->res_read++;
+    return rc;
 }
 
 extern "C" int drafter_cuda_train_step(struct drafter_cuda *dc, const struct obj_batch *b, int num_anchors,
@@ -808,7 +981,7 @@ extern "C" float *drafter_cuda_grads(struct drafter_cuda *dc, size_t *n_params)
 
 extern "C" void *drafter_cuda_stream(struct drafter_cuda *dc) { return (void *)dc->stream; }
 
-extern "C" int64_t drafter_cuda_step_count(const struct drafter_cuda *dc) { return dc->step; }
+extern "C" int64_t drafter_cuda_step_count(const struct drafter_cuda *dc) { return dc->applied + dc->n_pending; }
 
 static int download(struct drafter_cuda *dc, float *host, const float *dev)
 {
@@ -832,9 +1005,12 @@ extern "C" int drafter_cuda_sync_to_host(struct drafter_cuda *dc, struct drafter
 {
     if (!same_layout(dc, d))
         return -DF_ELAYOUT;
+    CU(cudaSetDevice(dc->device));
+    CU(cudaStreamSynchronize(dc->stream));
+    retire_all(dc);     /* the step count of the state written out is exact */
     TRY(download(dc, d->params, dc->params));
     TRY(download(dc, d->opt->m, dc->m));
     TRY(download(dc, d->opt->v, dc->v));
-    d->opt->step = dc->step;
+    d->opt->step = dc->applied;
     return 0;
 }

@@ -40,7 +40,8 @@ int drafter_cuda_forward(struct drafter_cuda *dc, const struct obj_batch *b,
                          struct drafter_metrics *m, double *block_loss);
 
 /* As drafter_optimizer_step: scale by 1/global_weight_sum, clip by global norm, AdamW; the
- * clipping factor never leaves the device. A non-finite norm changes nothing and returns -DF_ENAN. */
+ * clipping factor never leaves the device. A non-finite norm changes nothing and returns -DF_ENAN.
+ * Waits for the device; -DF_ESTATE while asynchronous steps are in flight. */
 int drafter_cuda_optimizer_step(struct drafter_cuda *dc, double global_weight_sum,
                                 const struct drafter_train_opts *o, struct drafter_step_info *info);
 
@@ -50,18 +51,50 @@ int drafter_cuda_train_step(struct drafter_cuda *dc, const struct obj_batch *b, 
                             const struct drafter_train_opts *o, struct drafter_metrics *m,
                             struct drafter_step_info *info);
 
+/* ---- the data-parallel step without per-step host waits ----
+ *
+ * 1. drafter_cuda_forward_backward_async(): enqueue the pass on the drafter's stream: gradients of
+ *    sum(w*CE) into the gradient buffer, the metric sums into drafter_cuda_metrics_dev()
+ *    (DRAFTER_METRICS_N doubles, struct drafter_metrics order). When it returns, the batch's host
+ *    arrays may be reused, except hidden_bf16, which may be reused (a ring slot released) once
+ *    drafter_cuda_input_event() has completed.
+ * 2. the group sums the gradient buffer and the metric vector on the same stream, in one call
+ *    (nccl_coll_allreduce_sum); alone it does nothing.
+ * 3. drafter_cuda_optimizer_step_async(): scale by 1 / the (summed) weight sum read on the device,
+ *    clip, AdamW; a non-finite loss or norm, or no weight at all, leaves the state untouched. The
+ *    step's metrics and norm are copied to pinned memory behind an event.
+ * 4. drafter_cuda_step_result(): the results of the oldest step not yet read, typically one step
+ *    later: 0, -DF_ENAN (not finite: skipped, nothing changed), -DF_ERANGE (nothing supervised:
+ *    skipped), -EAGAIN (wait = 0 and not done), -ENOENT (none in flight), -DF_ECUDA. Up to 4
+ *    results may be in flight; a fifth optimizer_step_async returns -DF_ESTATE.
+ * The lr and bias correction of a step count the steps still in flight as applied; after a
+ * skipped step, at most the steps enqueued before its result was read used a count one too high.
+ */
+int drafter_cuda_forward_backward_async(struct drafter_cuda *dc, const struct obj_batch *b,
+                                        const struct obj_block *blocks, int n_blocks, double gamma);
+double *drafter_cuda_metrics_dev(struct drafter_cuda *dc);
+void *drafter_cuda_input_event(struct drafter_cuda *dc);       /* cudaEvent_t */
+int drafter_cuda_optimizer_step_async(struct drafter_cuda *dc, const struct drafter_train_opts *o);
+int drafter_cuda_step_result(struct drafter_cuda *dc, int wait, struct drafter_metrics *m,
+                             struct drafter_step_info *info);
+/* The event of the oldest unread result (cudaEvent_t), or NULL: for a bounded wait such as
+ * nccl_coll_wait() before drafter_cuda_step_result(dc, 0, ...). */
+void *drafter_cuda_result_event(struct drafter_cuda *dc);
+
 /* The device gradient buffer (n_params floats, drafter.h layout): what the data-parallel group
  * all-reduces between forward_backward and optimizer_step. The stream is a cudaStream_t. */
 float *drafter_cuda_grads(struct drafter_cuda *dc, size_t *n_params);
 void *drafter_cuda_stream(struct drafter_cuda *dc);
+/* Optimizer steps applied, counting those still in flight as applied. */
 int64_t drafter_cuda_step_count(const struct drafter_cuda *dc);
 
 /* Copies for tests and checkpoints (they wait for the device). */
 int drafter_cuda_download_grads(struct drafter_cuda *dc, float *host);
 int drafter_cuda_download_params(struct drafter_cuda *dc, float *host);
-/* Parameters, AdamW moments and step into `d` (same config) so ckpt_save can write it. */
+/* Parameters, AdamW moments and step into `d` (same config) so ckpt_save can write it; waits for
+ * the steps in flight (their results stay readable) so the step count is exact. */
 int drafter_cuda_sync_to_host(struct drafter_cuda *dc, struct drafter *d);
-/* The reverse, e.g. after ckpt_load into `d`. */
+/* The reverse, e.g. after ckpt_load into `d`; unread step results are dropped. */
 int drafter_cuda_load_from_host(struct drafter_cuda *dc, const struct drafter *d);
 
 #ifdef __cplusplus

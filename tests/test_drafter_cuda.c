@@ -1,7 +1,8 @@
 /* test_drafter_cuda.c: the CUDA drafter against the CPU reference: loss (1e-2 relative) and every
  * gradient (cosine >= 0.999) on the golden batch, a longer random batch (many key tiles) and a
  * head_dim 128 drafter; the optimizer step on identical gradients; a few training steps side by
- * side; parameters and moments round-tripped through the host drafter. */
+ * side, and the asynchronous step API (results read a step later) against the synchronous one;
+ * parameters and moments round-tripped through the host drafter. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "model/drafter_cuda.h"
@@ -270,6 +271,7 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
     int nb = obj_sample_anchors(&f.batch, num_anchors, &key, blk, max_blocks, work);
     CHECK(nb > 0);
     struct drafter_cuda *dc = make_cuda(d, f.n_tokens + 8, max_blocks, chunk);
+    struct drafter_cuda *da = make_cuda(d, f.n_tokens + 8, max_blocks, chunk);  /* the asynchronous twin */
     compare_step(name, d, dc, &f.batch, blk, nb);
 
     /* train side by side on this batch: the losses follow each other and fall */
@@ -277,11 +279,31 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
                                     .weight_decay = 0.01, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8,
                                     .grad_clip = 1.0 };
     double first = 0, last = 0;
+    struct drafter_metrics prev_m = { 0 };
+    struct drafter_step_info prev_i = { 0 };
     for (int s = 0; s < train_steps; s++) {
-        struct drafter_metrics mc, mg;
-        struct drafter_step_info ic, ig;
+        struct drafter_metrics mc, mg, ma;
+        struct drafter_step_info ic, ig, ia;
         CHECK_OK(drafter_train_step(d, &f.batch, num_anchors, GAMMA, &key, &o, &mc, &ic));
         CHECK_OK(drafter_cuda_train_step(dc, &f.batch, num_anchors, GAMMA, &key, &o, &mg, &ig));
+        /* the same step enqueued without waiting; its results read one step later */
+        int na = obj_sample_anchors(&f.batch, num_anchors, &key, blk, max_blocks, work);
+        CHECK(na == nb);
+        CHECK_OK(drafter_cuda_forward_backward_async(da, &f.batch, blk, na, GAMMA));
+        CHECK_OK(drafter_cuda_optimizer_step_async(da, &o));
+        CHECK_INT(drafter_cuda_step_count(da), ==, s + 1);
+        if (s > 0) {
+            CHECK(drafter_cuda_result_event(da) != NULL);
+            CHECK_OK(drafter_cuda_step_result(da, 1, &ma, &ia));
+            CHECK_NEAR(ma.loss_sum, prev_m.loss_sum, 1e-9 * fabs(prev_m.loss_sum));
+            CHECK_NEAR(ma.weight_sum, prev_m.weight_sum, 0);
+            CHECK_NEAR(ma.tokens, prev_m.tokens, 0);
+            CHECK_NEAR(ia.grad_norm, prev_i.grad_norm, 1e-6 * prev_i.grad_norm);
+            CHECK_NEAR(ia.lr, prev_i.lr, 1e-12);
+            CHECK_INT(ia.step, ==, prev_i.step);
+        }
+        prev_m = mg;
+        prev_i = ig;
         double lc = drafter_metrics_loss(&mc), lg = drafter_metrics_loss(&mg);
         printf("  %s train step %d: loss cpu %.5f cuda %.5f, grad norm %.4g / %.4g\n", name, s, lc, lg,
                ic.grad_norm, ig.grad_norm);
@@ -293,6 +315,38 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
     }
     if (train_steps > 1)
         CHECK(last < first);
+    if (train_steps > 0) {
+        struct drafter_metrics ma;
+        struct drafter_step_info ia;
+        CHECK_OK(drafter_cuda_step_result(da, 1, &ma, &ia));
+        CHECK_INT(ia.step, ==, prev_i.step);
+        CHECK_NEAR(ma.loss_sum, prev_m.loss_sum, 1e-9 * fabs(prev_m.loss_sum));
+        CHECK_INT(drafter_cuda_step_result(da, 0, NULL, NULL), ==, -ENOENT);
+        size_t np = d->n_params;
+        float *pc = malloc(np * sizeof *pc), *pa = malloc(np * sizeof *pa);
+        CHECK(pc && pa);
+        CHECK_OK(drafter_cuda_download_params(dc, pc));
+        CHECK_OK(drafter_cuda_download_params(da, pa));
+        double dmax = 0;
+        for (size_t i = 0; i < np; i++)
+            dmax = fmax(dmax, fabs((double)pc[i] - pa[i]));
+        printf("  %s async twin after %d steps: max |param diff| %.3g\n", name, train_steps, dmax);
+        CHECK(dmax <= 1e-6);
+        free(pc);
+        free(pa);
+    }
+    /* nothing supervised: the asynchronous step is skipped and says so */
+    {
+        int64_t before = drafter_cuda_step_count(da);
+        struct drafter_metrics ma;
+        CHECK_OK(drafter_cuda_forward_backward_async(da, &f.batch, blk, 0, GAMMA));
+        CHECK_OK(drafter_cuda_optimizer_step_async(da, &o));
+        CHECK_INT(drafter_cuda_step_result(da, 1, &ma, NULL), ==, -DF_ERANGE);
+        CHECK_INT(drafter_cuda_step_count(da), ==, before);
+        CHECK_NEAR(ma.tokens, f.n_tokens, 0);
+        CHECK_NEAR(ma.weight_sum, 0, 0);
+    }
+    drafter_cuda_free(da);
     drafter_cuda_free(dc);
     drafter_free(d);
     free(blk);

@@ -1,4 +1,4 @@
-/* test_gpukern_adamw.c: gradient norm / clip factor, AdamW (against model/optim.c, the CPU
+/* test_gpukern_adamw.c: gradient norm / clip factor (host or device scale), AdamW (against model/optim.c, the CPU
  * optimizer) with decay and no-decay segments over several steps, the NaN guard, the bf16 cast. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
@@ -61,6 +61,31 @@ int main(void)
     CHECK_INT(gk_grad_clip(dg, n, scale, (float)(norm * 2), work, dclip, 0), ==, 0);
     CUDA_CHECK(cudaMemcpy(clip_out, dclip, 12, cudaMemcpyDeviceToHost));
     CHECK_NEAR(clip_out[1], scale, 1e-7);
+
+    /* the same with the scale from a device weight sum; a non-finite loss or no weight: no step */
+    {
+        double hd[2] = { 1.0 / scale, 2.5 }, *dd;
+        float c4[4];
+        CUDA_CHECK(cudaMalloc((void **)&dd, sizeof hd));
+        CUDA_CHECK(cudaMemcpy(dd, hd, sizeof hd, cudaMemcpyHostToDevice));
+        CHECK_INT(gk_grad_clip_dev(dg, n, dd, dd + 1, (float)(norm / 2), work, dclip, 0), ==, 0);
+        CUDA_CHECK(cudaMemcpy(c4, dclip, 16, cudaMemcpyDeviceToHost));
+        CHECK_NEAR(c4[0], norm, 1e-6 * norm);
+        CHECK_NEAR(c4[1], scale * (norm / 2) / (norm + 1e-6), 1e-6 * scale);
+        CHECK(c4[2] == 1.f && c4[3] == 1.f);
+        hd[1] = NAN;
+        CUDA_CHECK(cudaMemcpy(dd, hd, sizeof hd, cudaMemcpyHostToDevice));
+        CHECK_INT(gk_grad_clip_dev(dg, n, dd, dd + 1, 0.0f, work, dclip, 0), ==, 0);
+        CUDA_CHECK(cudaMemcpy(c4, dclip, 16, cudaMemcpyDeviceToHost));
+        CHECK(c4[2] == 0.f && c4[3] == 1.f);
+        hd[0] = 0.0;
+        hd[1] = 0.0;
+        CUDA_CHECK(cudaMemcpy(dd, hd, sizeof hd, cudaMemcpyHostToDevice));
+        CHECK_INT(gk_grad_clip_dev(dg, n, dd, NULL, 0.0f, work, dclip, 0), ==, 0);
+        CUDA_CHECK(cudaMemcpy(c4, dclip, 16, cudaMemcpyDeviceToHost));
+        CHECK(c4[2] == 0.f && c4[3] == 0.f);
+        cudaFree(dd);
+    }
 
     /* AdamW steps with unscaled gradients (scale 1, no clip), as optim_adamw takes them */
     const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
