@@ -42,3 +42,12 @@ static inline const char *test_srcdir(void)
     const char *s = getenv("DFLASH_SRC");
     return s ? s : ".";
 }
+
+/* Sanitizer builds run several times slower: tests stretch their timeouts by
+ * $DFLASH_TEST_TIME_SCALE (tools/check.sh sets it for the sanitizer phases). */
+static inline int test_time_scale(void)
+{
+    const char *s = getenv("DFLASH_TEST_TIME_SCALE");
+    int v = s ? atoi(s) : 1;
+    return v >= 1 ? v : 1;
+}

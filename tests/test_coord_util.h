@@ -176,7 +176,7 @@ static __attribute__((unused)) double tc_status_num(const char *path)
 /* Wait until status.<path> >= value (timeout fails the test). */
 static __attribute__((unused)) void tc_wait_num(const char *path, double value, int timeout_ms)
 {
-    uint64_t end = mono_ms() + (uint64_t)timeout_ms;
+    uint64_t end = mono_ms() + (uint64_t)timeout_ms * (uint64_t)test_time_scale();
     double v = -1;
     while (mono_ms() < end) {
         v = tc_status_num(path);
@@ -266,7 +266,8 @@ static __attribute__((unused)) void peer_target(int device, int work_ms)
             client_lease_request(c, 1);
         if (!got || m.type != PROTO_LEASE_GRANT)
             continue;
-        uint64_t id = m.grant.batch_id;
+        const uint64_t id = m.grant.batch_id;
+        const uint32_t epoch = m.grant.epoch, want_tokens = m.grant.n_tokens;
         if (draining) {
             client_lease_return(c, id);
             continue;
@@ -274,8 +275,17 @@ static __attribute__((unused)) void peer_target(int device, int work_ms)
         tc_sleep_ms(work_ms);  /* "forward" */
         unsigned slot;
         int rr;
-        while ((rr = ring_claim_write(r, 20, &slot)) == -DF_ETIMEOUT)
-            client_poll(c, 0, &m, err, sizeof err);  /* keep heartbeats going while the ring is full */
+        while ((rr = ring_claim_write(r, 20, &slot)) == -DF_ETIMEOUT) {
+            /* Keep heartbeats going while the ring is full. A grant arriving meanwhile cannot be
+             * served now: hand it back rather than drop it (a dropped grant stays held forever). */
+            struct proto_msg m2;
+            if (client_poll(c, 0, &m2, err, sizeof err) == 1) {
+                if (m2.type == PROTO_LEASE_GRANT)
+                    client_lease_return(c, m2.grant.batch_id);
+                else if (m2.type == PROTO_CONTROL && m2.control.cmd == PROTO_CTL_STOP)
+                    _exit(0);
+            }
+        }
         if (rr < 0)
             _exit(7);
         struct ring_payload *p = ring_slot_header(r, slot);
@@ -293,10 +303,10 @@ static __attribute__((unused)) void peer_target(int device, int work_ms)
             cu[i + 1] = (int32_t)n;
         }
         p->batch_id = id;
-        p->epoch = m.grant.epoch;
+        p->epoch = epoch;
         p->n_seqs = l ? l->n_samples : 0;
         p->n_tokens = n;
-        if (!l || !client_lease_held(c, id) || n != m.grant.n_tokens) {
+        if (!l || !client_lease_held(c, id) || n != want_tokens) {
             ring_abort_write(r, slot);
             continue;
         }

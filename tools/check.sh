@@ -23,8 +23,9 @@ run_phase() { # name, make args..., -- run.sh filter
     total_f=$((total_f + 1))
     return
   fi
-  local out log=/tmp/dflash-check-$name.log
-  BUILD=$build tests/run.sh "$filter" | tee "$log"
+  local out log=/tmp/dflash-check-$name.log scale=1
+  [[ $name != plain ]] && scale=${DFLASH_SAN_TIME_SCALE:-5}
+  BUILD=$build DFLASH_TEST_TIME_SCALE=$scale tests/run.sh "$filter" | tee "$log"
   out=$(tail -n 1 "$log")
   if [[ $out =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed,\ ([0-9]+)\ skipped$ ]]; then
     total_p=$((total_p + BASH_REMATCH[1])); total_f=$((total_f + BASH_REMATCH[2])); total_s=$((total_s + BASH_REMATCH[3]))
