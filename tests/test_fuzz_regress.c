@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include "tests/test.h"
+#include "tests/fuzz/fuzz_ckpt.c"
 #include "tests/fuzz/fuzz_config.c"
 #include "tests/fuzz/fuzz_dataset.c"
 #include "tests/fuzz/fuzz_hfconfig.c"
@@ -17,6 +18,7 @@ static const struct {
     const char *name;
     int (*fn)(const uint8_t *, size_t);
 } targets[] = {
+    { "ckpt", fuzz_ckpt },
     { "config", fuzz_config },
     { "dataset", fuzz_dataset },
     { "hfconfig", fuzz_hfconfig },

@@ -7,11 +7,12 @@
 #   tools/fuzz.sh --seeds                     rewrite tests/fuzz/corpus/*/seed-* from the writers
 # Findings land in build-fuzz/fuzz/artifacts/<target>/; copy one to tests/fuzz/regress/<target>/
 # and tests/test_fuzz_regress replays it in every build. Runs append to build-fuzz/fuzz/time.log.
+# FUZZ_ARGS: more libFuzzer flags, e.g. "-fork=1 -ignore_crashes=1" to go on after a finding.
 # FUZZ_NO_SANITIZE=check[,check] (e.g. nonnull-attribute) turns UBSan checks off, in a build dir
 # of its own, to fuzz on past a reported finding that is not fixed yet.
 set -u
 cd "$(dirname "$0")/.."
-TARGETS_ALL=(config dataset hfconfig proto ring safetensors st_index)
+TARGETS_ALL=(ckpt config dataset hfconfig proto ring safetensors st_index)
 NOSAN=${FUZZ_NO_SANITIZE:-}
 B=${FUZZ_BUILD:-build-fuzz${NOSAN:+-no-${NOSAN//,/-}}}
 F=$B/fuzz
@@ -72,7 +73,7 @@ newer() { # out, inputs...: true when out is missing or older than any input
 
 deps=(tests/fuzz/fuzz.h tests/fuzz/fuzz_st.h "$B/libdflash.a")
 if [[ $mode == seeds ]]; then
-  if newer "$F/make_seeds" tests/fuzz/make_seeds.c tests/fuzz/fuzz_ring.c "${deps[@]}"; then
+  if newer "$F/make_seeds" tests/fuzz/make_seeds.c tests/fuzz/fuzz_ring.c tests/fuzz/fuzz_ckpt.c "${deps[@]}"; then
     "$CLANG" $CFLAGS $SAN -fsanitize=fuzzer-no-link tests/fuzz/make_seeds.c "$B/libdflash.a" $LIBS \
       -o "$F/make_seeds" || exit 1
   fi
@@ -111,7 +112,7 @@ for t in "${targets[@]}"; do
   start=$(date +%s)
   # The first corpus dir collects what the run finds; the repo's seeds are only read.
   TMPDIR=$PWD/$tmp "$F/fuzz_$t" -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$art" "$work" "${seeds[@]}" >"$log" 2>&1 &
+    -print_final_stats=1 -artifact_prefix="$art" ${FUZZ_ARGS:-} "$work" "${seeds[@]}" >"$log" 2>&1 &
   pid=$!
   wait $pid
   rc=$?

@@ -6,6 +6,7 @@
 #include "common/dataset.h"
 #include "ipc/proto.h"
 #include "model/st_writer.h"
+#include "tests/fuzz/fuzz_ckpt.c"
 #include "tests/fuzz/fuzz_ring.c"
 
 static const char *out_root;
@@ -277,6 +278,21 @@ static void seeds_proto(void)
     put("proto", "stream-all-types", stream, slen);
 }
 
+/* The tiny drafter's checkpoint files, each behind the byte that makes fuzz_ckpt replace it. */
+static void seeds_ckpt(void)
+{
+    static const char *const names[] = { "config.json", "optimizer.bin", "model.safetensors" };
+    if (ckpt_fuzz_setup() < 0)
+        die("ckpt", "cannot make the tiny drafter's checkpoint");
+    for (int i = 0; i < 3; i++) {
+        uint8_t *b = malloc(1 + ckpt_fuzz.good_len[i]);
+        b[0] = (uint8_t)i;
+        memcpy(b + 1, ckpt_fuzz.good[i], ckpt_fuzz.good_len[i]);
+        put("ckpt", names[i], b, 1 + ckpt_fuzz.good_len[i]);
+        free(b);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3) {
@@ -292,5 +308,6 @@ int main(int argc, char **argv)
     seeds_hfconfig(argv[1]);
     seeds_ring();
     seeds_proto();
+    seeds_ckpt();
     return 0;
 }
