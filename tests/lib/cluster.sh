@@ -19,6 +19,9 @@ CL_BIN=${DFLASH_BUILD:-$CL_SRC/build}/bin
 CL_DIR= CL_NAME= CL_INI= CL_SOCK=
 # The system interpreter: a version-manager shim in PATH can take seconds to start.
 CL_PY=$(command -v /usr/bin/python3 || command -v python3)
+# Sanitizer phases run slower: every timeout here is multiplied by this (tools/check.sh sets it).
+CL_SCALE=${DFLASH_TEST_TIME_SCALE:-1}
+cl_scaled() { awk -v s="$1" -v k="$CL_SCALE" 'BEGIN { printf "%d", s * k + 0.5 }'; }
 declare -A CL_PIDS=()
 
 cl_log() { printf '[%6.1fs] %s\n' "$(echo "$(date +%s.%N) - ${CL_T0:-0}" | bc)" "$*"; }
@@ -126,7 +129,8 @@ cl_kill() { local p=${CL_PIDS[$1]:-}; [[ -n $p ]] && kill -"$2" "$p" 2>/dev/null
 # Wait for NAME to exit (at most SECS); sets CL_RC to its exit code, or "timeout".
 # (Not in $(...): only the shell that started a process can wait for it.)
 cl_wait_exit() {
-  local name=$1 secs=$2 p=${CL_PIDS[$1]:-} i
+  local name=$1 secs p=${CL_PIDS[$1]:-} i
+  secs=$(cl_scaled "$2")
   CL_RC=none
   [[ -n $p ]] || return 1
   for ((i = 0; i < secs * 10; i++)); do
@@ -161,7 +165,7 @@ EOF
 cl_wait() {
   local watch=${3:-} wpid=0
   [[ -n $watch ]] && wpid=${CL_PIDS[$watch]:-0}
-  "$CL_PY" - "$CL_BIN/dflashctl" "$CL_SOCK" "$CL_DIR/status.json" "$1" "$2" "$wpid" <<'EOF2'
+  "$CL_PY" - "$CL_BIN/dflashctl" "$CL_SOCK" "$CL_DIR/status.json" "$1" "$(cl_scaled "$2")" "$wpid" <<'EOF2'
 import json, os, subprocess, sys, time
 ctl, sock, out, expr, secs, wpid = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]), int(sys.argv[6])
 def drafters(): return [d for d in s["daemons"] if d["role"] == "drafter" and d.get("alive", True)]

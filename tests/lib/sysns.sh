@@ -114,6 +114,7 @@ sysns_prop() { sysns_ctl show -P "$2" "$1"; }
 
 sysns_wait_prop() {
   local unit=$1 prop=$2 want=$3 secs=$4 i v
+  secs=$(awk -v s="$secs" -v k="${DFLASH_TEST_TIME_SCALE:-1}" 'BEGIN { printf "%d", s * k + 0.5 }')
   for ((i = 0; i < secs * 10; i++)); do
     v=$(sysns_prop "$unit" "$prop" 2>/dev/null)
     [[ $v == "$want" ]] && return 0
