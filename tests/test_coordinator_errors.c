@@ -65,7 +65,9 @@ int main(void)
     cJSON_Delete(s);
     s = tc_query(PROTO_Q_ERRORS);
     CHECK_INT(tc_num(s, "count"), ==, 2);
-    CHECK_CONTAINS(cJSON_PrintUnformatted(s), "checkpoint dir slow");
+    char *text = cJSON_PrintUnformatted(s);
+    CHECK_CONTAINS(text, "checkpoint dir slow");
+    free(text);
     cJSON_Delete(s);
 
     CHECK_INT(control(PROTO_CTL_RESUME), ==, 0);
