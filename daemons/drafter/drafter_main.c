@@ -107,9 +107,10 @@ static int check_config(struct dft *f, char *err, size_t errlen)
     if (!cfg->model.path[0])
         return daemon_key_error(d, "model", "path", err, errlen, "empty: the target model dir is required");
     struct stat st;
-    if (stat(cfg->model.path, &st) < 0 || !S_ISDIR(st.st_mode))
-        return daemon_key_error(d, "model", "path", err, errlen, "%s: %s", cfg->model.path,
-                                errno ? strerror(errno) : "not a directory");
+    if (stat(cfg->model.path, &st) < 0)
+        return daemon_key_error(d, "model", "path", err, errlen, "%s: %s", cfg->model.path, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return daemon_key_error(d, "model", "path", err, errlen, "%s: not a directory", cfg->model.path);
     if (hf_config_load(cfg->model.path, &f->hf, why, sizeof why) < 0)
         return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
     int n;
@@ -519,6 +520,8 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
         log_warn(rel, "slot %u of batch %" PRIu64 " was reclaimed during the step: not counted", slot, *batch_id);
         return 0;
     }
+    if (epoch != f->ts.epoch)
+        f->ts.batch_in_epoch = 0;
     f->ts.epoch = epoch;
     return 1;
 }

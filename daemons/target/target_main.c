@@ -90,9 +90,10 @@ static int check_config(struct tgt *t, char *err, size_t errlen)
     if (!cfg->model.path[0])
         return daemon_key_error(d, "model", "path", err, errlen, "empty: the target model dir is required");
     struct stat st;
-    if (stat(cfg->model.path, &st) < 0 || !S_ISDIR(st.st_mode))
-        return daemon_key_error(d, "model", "path", err, errlen, "%s: %s", cfg->model.path,
-                                errno ? strerror(errno) : "not a directory");
+    if (stat(cfg->model.path, &st) < 0)
+        return daemon_key_error(d, "model", "path", err, errlen, "%s: %s", cfg->model.path, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return daemon_key_error(d, "model", "path", err, errlen, "%s: not a directory", cfg->model.path);
     char why[512];
     if (hf_config_load(cfg->model.path, &t->hf, why, sizeof why) < 0)
         return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
