@@ -510,8 +510,12 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
             remove_dir(tmp);
             return r;
         }
-        /* a checkpoint of this step exists (a replay): swap it out, then drop it */
-        if (rename(final, old) < 0 || rename(tmp, final) < 0) {
+        /* A checkpoint of this step exists (a replay): swap the two in one step, so a crash
+         * never leaves step-N missing (the coordinator may already hold it as durable). */
+        if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+            snprintf(old, sizeof old, "%s", tmp);
+        } else if ((errno != EINVAL && errno != ENOSYS) || rename(final, old) < 0 || rename(tmp, final) < 0) {
+            /* (the two renames only where the file system cannot exchange) */
             r = -errno;
             snprintf(err, errlen, "replace %s: %s", final, strerror(-r));
             remove_dir(tmp);
