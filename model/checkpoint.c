@@ -213,8 +213,8 @@ static int jdouble(const struct jctx *x, const cJSON *o, const char *key, double
         snprintf(x->err, x->errlen, "%s: %s: missing", x->path, key);
         return -DF_EMISSING;
     }
-    if (!cJSON_IsNumber(v)) {
-        snprintf(x->err, x->errlen, "%s: %s: not a number", x->path, key);
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        snprintf(x->err, x->errlen, "%s: %s: not a finite number", x->path, key);
         return -DF_EFORMAT;
     }
     *out = v->valuedouble;

@@ -146,9 +146,9 @@ int main(void)
     cJSON_Delete(j);
 
     /* numbers that are not exact ints are refused, never truncated (1.5 -> 1) or cast out of range */
-    static const struct { const char *key; double v; } bad_num[] = {
-        { "target_layer_ids", 1.5 }, { "target_layer_ids", 3e9 }, { "hidden_size", 1e30 },
-        { "block_size", 16.25 },
+    static const struct { const char *key; double v; const char *raw; } bad_num[] = {
+        { "target_layer_ids", 1.5, NULL }, { "target_layer_ids", 3e9, NULL }, { "hidden_size", 1e30, NULL },
+        { "block_size", 16.25, NULL }, { "rope_theta", 0, "1e999" }, { "rms_norm_eps", 0, "-1e400" },
     };
     char bdir[1100], bpath[1200];
     snprintf(bdir, sizeof bdir, "%s/badcfg", root);
@@ -162,7 +162,8 @@ int main(void)
                                                            "target_layer_ids");
             CHECK(cJSON_ReplaceItemInArray(kids, 0, cJSON_CreateNumber(bad_num[i].v)));
         } else {
-            CHECK(cJSON_ReplaceItemInObjectCaseSensitive(k, bad_num[i].key, cJSON_CreateNumber(bad_num[i].v)));
+            cJSON *nv = bad_num[i].raw ? cJSON_CreateRaw(bad_num[i].raw) : cJSON_CreateNumber(bad_num[i].v);
+            CHECK(cJSON_ReplaceItemInObjectCaseSensitive(k, bad_num[i].key, nv));
         }
         char *text = cJSON_Print(k);
         FILE *bf = fopen(bpath, "w");
