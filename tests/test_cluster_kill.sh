@@ -2,7 +2,10 @@
 # test_cluster_kill.sh: a target crashing without systemd. Coordinator + 2 targets + 1 drafter
 # as plain processes; target 0 is SIGKILLed 5 times during training and restarted by this test
 # only after the drafter's step counter moved on while it was down (target 1 keeps feeding).
-# At the end no batch is lost or trained twice (the ledger), no slot leaked (the ring ends FREE).
+# Then `dflashctl drain`: every daemon exits 0, no batch is lost or trained twice (the ledger:
+# only pending and checkpointed batches, each checkpointed one trained exactly once), no slot is
+# left WRITING or READING. The run is long (many epochs) so timing does not depend on the
+# machine's speed; completing a run is covered by test_cluster.sh.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -12,16 +15,15 @@ fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
 KILLS=${KILLS:-5}
 
 cl_init "$T/c" 6000 || exit 1
-cl_ini_add drafter.checkpoint_every=50
+cl_ini_add drafter.checkpoint_every=50 data.epochs=50
 cl_start coord coordinator-d -c "$CL_INI"
 cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
 cl_ring_hold || fail "no ring"
-total=$(cl_json 's["epoch"]["total_batches"]')
 cl_start target0 target-d -c "$CL_INI" -i 0
 cl_start target1 target-d -c "$CL_INI" -i 1
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait 'step() >= 20 and len(targets()) == 2' 120 coord || fail "no training"
-cl_log "training: $total batches"
+cl_log "training"
 
 for ((k = 1; k <= KILLS; k++)); do
   # Kill it while it works (it has published since it started).
@@ -38,19 +40,19 @@ for ((k = 1; k <= KILLS; k++)); do
   cl_start target0 target-d -c "$CL_INI" -i 0
 done
 
-cl_wait_exit coord 600 || fail "coordinator exited with '$CL_RC'"
-for n in target0 target1 drafter0; do cl_wait_exit $n 30 || fail "$n exited with '$CL_RC'"; done
-cl_log "run complete"
+"$CL_BIN/dflashctl" -s "$CL_SOCK" drain || fail "dflashctl drain"
+for n in target0 target1 drafter0 coord; do cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"; done
+cl_log "drained: $(cl_sql 'SELECT state, count(*) FROM batches GROUP BY state' | tr '\n' ' ')"
 
-[[ $(cl_sql 'SELECT count(*) FROM batches') == "$total" ]] || fail "ledger has $(cl_sql 'SELECT count(*) FROM batches') batches, expected $total"
-[[ $(cl_sql 'SELECT count(*) FROM batches WHERE state != 4') == 0 ]] || fail "not every batch is checkpointed"
-once=$(cl_sql 'SELECT count(*) FROM batches b WHERE (SELECT count(*) FROM trains t WHERE t.batch = b.id AND t.rolled_back = 0) = 1')
-[[ $once == "$total" ]] || fail "$once of $total batches trained exactly once"
+[[ $(cl_sql 'SELECT count(*) FROM batches WHERE state NOT IN (0, 4)') == 0 ]] || fail "ledger not consistent after the drain"
+[[ $(cl_sql 'SELECT count(*) FROM batches b WHERE (SELECT count(*) FROM trains t WHERE t.batch = b.id AND t.rolled_back = 0) != (b.state = 4)') == 0 ]] ||
+  fail "a batch lost or trained twice"
+done=$(cl_sql 'SELECT count(*) FROM batches WHERE state = 4')
 requeued=$(cl_sql 'SELECT count(*) FROM batches WHERE leases > 1')
 ((requeued > 0)) || fail "no lease of a killed target was ever re-granted"
 states=$(cl_ring_states 4)
-[[ $states == "FREE FREE FREE FREE" ]] || fail "ring at the end: $states"
-n_deaths=$(grep -c "target-d@0 .* died\|target-d@0 (pid [0-9]*, member [0-9]*) left" "$CL_DIR/coord.log")
+[[ $states != *WRITING* && $states != *READING* ]] || fail "slot leaked: $states"
+n_deaths=$(grep -c "target-d@0 (pid [0-9]*, member [0-9]*) left" "$CL_DIR/coord.log")
 ((n_deaths >= KILLS)) || fail "the coordinator saw $n_deaths departures of target 0"
 ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left at the end"
-echo "ok: $KILLS kills, $total batches each trained once, $requeued re-leased"
+echo "ok: $KILLS kills, $done batches each trained once, $requeued re-leased"
