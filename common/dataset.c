@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "common/dataset.h"
 #include "common/err.h"
+#include "common/fileio.h"
 
 #define P1 0x9e3779b185ebca87ull
 #define P2 0xc2b2ae3d27d4eb4full
@@ -270,22 +271,6 @@ int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t 
     return 0;
 }
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    while (n) {
-        ssize_t k = write(fd, b, n);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        b += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 int dataset_writer_add(struct dataset_writer *w, const uint32_t *tokens, const uint8_t *mask, uint32_t n,
                        char *err, size_t errlen)
 {
@@ -309,7 +294,7 @@ int dataset_writer_add(struct dataset_writer *w, const uint32_t *tokens, const u
         w->index = p;
         w->cap = cap;
     }
-    int r = write_all(w->fd, tokens, 4ull * n);
+    int r = fileio_write_all(w->fd, tokens, 4ull * n);
     if (r == 0 && fwrite(mask, 1, n, w->maskf) != n)
         r = -EIO;
     if (r < 0) {
@@ -360,7 +345,7 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
     uint8_t buf[1 << 16];
     size_t k;
     while ((k = fread(buf, 1, sizeof buf, w->maskf)) > 0) {
-        if ((r = write_all(w->fd, buf, k)) < 0)
+        if ((r = fileio_write_all(w->fd, buf, k)) < 0)
             goto io_fail;
         dataset_hash_update(&s, buf, k);
     }
@@ -369,7 +354,7 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
         goto io_fail;
     }
     size_t pad = (size_t)(h.index_off - h.mask_off - w->n_tokens);
-    if ((r = write_all(w->fd, zeros, pad)) < 0 || (r = write_all(w->fd, w->index, 16 * w->n_samples)) < 0)
+    if ((r = fileio_write_all(w->fd, zeros, pad)) < 0 || (r = fileio_write_all(w->fd, w->index, 16 * w->n_samples)) < 0)
         goto io_fail;
     dataset_hash_update(&s, zeros, pad);
     dataset_hash_update(&s, w->index, 16 * w->n_samples);

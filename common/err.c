@@ -1,5 +1,7 @@
 /* err.c: messages for dflash error codes.
  * -errno values map to glibc's descriptions, DF_E* to the table below. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include "common/err.h"
 
@@ -30,4 +32,15 @@ const char *err_str(int r)
         return df_msgs[r - DF_EBASE];
     const char *s = strerrordesc_np(r);
     return s ? s : "unknown error";
+}
+
+int df_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return code;
 }

@@ -1,6 +1,7 @@
 /* err.h: error codes used across dflash libraries.
  * Library calls return 0 or a negative code: -errno, or one of DF_E* below. */
 #pragma once
+#include <stddef.h>
 
 enum {
     DF_EBASE = 10000,
@@ -25,3 +26,7 @@ enum {
 
 /* Message for a negative (or positive) error code; never NULL, thread-safe. */
 const char *err_str(int r);
+
+/* Fill err (when err && errlen) with the printf-style message and return code: the
+ * `return df_fail(err, errlen, -DF_EFORMAT, "%s: ...", path, ...)` of library errors. */
+int df_fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));

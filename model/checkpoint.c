@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include "common/cleanup.h"
 #include "common/err.h"
+#include "common/fileio.h"
 #include "model/checkpoint.h"
 #include "model/cpu_ops.h"
 #include "model/optim.h"
@@ -66,40 +67,12 @@ static uint64_t layout_hash(const struct drafter *d)
 
 /* ---- files ---- */
 
-static int write_all(int fd, const void *buf, size_t n, uint64_t *hash)
+/* Write and fold the bytes into the running checksum (hash may be NULL). */
+static int write_hashed(int fd, const void *buf, size_t n, uint64_t *hash)
 {
-    const char *p = buf;
     if (hash)
         *hash = fnv1a(*hash, buf, n);
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int read_all(int fd, void *buf, size_t n)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = read(fd, p, n);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        if (r == 0)
-            return -DF_ETRUNC;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
+    return fileio_write_all(fd, buf, n);
 }
 
 static int fsync_path(const char *path, int flags)
@@ -113,7 +86,7 @@ static int fsync_path(const char *path, int flags)
 static int write_text(const char *path, const char *text, char *err, size_t errlen)
 {
     _cleanup_close_ int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    int r = fd < 0 ? -errno : write_all(fd, text, strlen(text), NULL);
+    int r = fd < 0 ? -errno : fileio_write_all(fd, text, strlen(text));
     if (r == 0 && fsync(fd) < 0)
         r = -errno;
     if (r < 0)
@@ -423,15 +396,15 @@ static int write_optimizer(const char *path, const struct drafter *d, const stru
     }
     uint64_t hash = FNV_INIT;
     size_t nb = d->n_params * sizeof(float);
-    int r = write_all(fd, &h, sizeof h, &hash);
+    int r = write_hashed(fd, &h, sizeof h, &hash);
     if (r == 0)
-        r = write_all(fd, d->params, nb, &hash);
+        r = write_hashed(fd, d->params, nb, &hash);
     if (r == 0)
-        r = write_all(fd, d->opt->m, nb, &hash);
+        r = write_hashed(fd, d->opt->m, nb, &hash);
     if (r == 0)
-        r = write_all(fd, d->opt->v, nb, &hash);
+        r = write_hashed(fd, d->opt->v, nb, &hash);
     if (r == 0)
-        r = write_all(fd, &hash, sizeof hash, NULL);
+        r = fileio_write_all(fd, &hash, sizeof hash);
     if (r == 0 && fsync(fd) < 0)
         r = -errno;
     if (r < 0)
@@ -583,7 +556,7 @@ static int load_optimizer(const char *path, const struct drafter *d, struct opt_
         return r == -ENOENT ? -DF_EMISSING : r;
     }
     struct opt_header h;
-    int r = read_all(fd, &h, sizeof h);
+    int r = fileio_read_all(fd, &h, sizeof h);
     if (r < 0) {
         snprintf(err, errlen, "%s: header: %s", path, r == -DF_ETRUNC ? "file too short" : strerror(-r));
         return r;
@@ -603,13 +576,13 @@ static int load_optimizer(const char *path, const struct drafter *d, struct opt_
     }
     size_t nb = d->n_params * sizeof(float);
     uint64_t hash = fnv1a(FNV_INIT, &h, sizeof h), want;
-    r = read_all(fd, master, nb);
+    r = fileio_read_all(fd, master, nb);
     if (r == 0)
-        r = read_all(fd, m, nb);
+        r = fileio_read_all(fd, m, nb);
     if (r == 0)
-        r = read_all(fd, v, nb);
+        r = fileio_read_all(fd, v, nb);
     if (r == 0)
-        r = read_all(fd, &want, sizeof want);
+        r = fileio_read_all(fd, &want, sizeof want);
     if (r < 0) {
         snprintf(err, errlen, "%s: %s", path, r == -DF_ETRUNC ? "file too short" : strerror(-r));
         return r;

@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,18 +52,6 @@ size_t st_dtype_size(enum st_dtype d)
     return (unsigned)d < ST_NDTYPES ? dtypes[d].size : 0;
 }
 
-__attribute__((format(printf, 4, 5)))
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 static int json_u64(const cJSON *v, uint64_t *out)
 {
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > ST_EXACT_MAX ||
@@ -104,21 +91,21 @@ static int parse_entry(const cJSON *e, const char *path, const unsigned char *da
 {
     const char *name = e->string;
     if (!cJSON_IsObject(e))
-        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': header entry is not an object", path, name);
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': header entry is not an object", path, name);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
     if (!cJSON_IsString(dt))
-        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': dtype missing or not a string", path, name);
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': dtype missing or not a string", path, name);
     int d;
     for (d = 0; d < ST_NDTYPES; d++)
         if (!strcmp(dt->valuestring, dtypes[d].name))
             break;
     if (d == ST_NDTYPES)
-        return fail(err, errlen, -DF_EUNSUPPORTED, "%s: tensor '%s': unknown dtype '%.32s'", path, name,
+        return df_fail(err, errlen, -DF_EUNSUPPORTED, "%s: tensor '%s': unknown dtype '%.32s'", path, name,
                     dt->valuestring);
     if (!cJSON_IsArray(sh) || cJSON_GetArraySize(sh) > ST_MAX_DIMS)
-        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': shape missing, not a list or over %d dims",
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': shape missing, not a list or over %d dims",
                     path, name, ST_MAX_DIMS);
     memset(t, 0, sizeof *t);
     t->dtype = (enum st_dtype)d;
@@ -127,28 +114,28 @@ static int parse_entry(const cJSON *e, const char *path, const unsigned char *da
     cJSON_ArrayForEach(dim, sh) {
         uint64_t v;
         if (json_u64(dim, &v) < 0 || v > (uint64_t)INT64_MAX)
-            return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': shape has a bad dimension", path, name);
+            return df_fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': shape has a bad dimension", path, name);
         if (v && (uint64_t)t->numel > (uint64_t)INT64_MAX / 8 / v)
-            return fail(err, errlen, -DF_ERANGE, "%s: tensor '%s': shape too large", path, name);
+            return df_fail(err, errlen, -DF_ERANGE, "%s: tensor '%s': shape too large", path, name);
         t->shape[t->ndim++] = (int64_t)v;
         t->numel *= (int64_t)v;
     }
     if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2 ||
         json_u64(cJSON_GetArrayItem(off, 0), begin) < 0 || json_u64(cJSON_GetArrayItem(off, 1), end) < 0)
-        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': data_offsets must be two non-negative integers",
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': data_offsets must be two non-negative integers",
                     path, name);
     if (*begin > *end)
-        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] are reversed", path, name,
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu] are reversed", path, name,
                     (unsigned long long)*begin, (unsigned long long)*end);
     if (*end > data_len)
-        return fail(err, errlen, -DF_ETRUNC,
+        return df_fail(err, errlen, -DF_ETRUNC,
                     "%s: tensor '%s': data_offsets [%llu, %llu] run past the end of the data block (%llu bytes)",
                     path, name, (unsigned long long)*begin, (unsigned long long)*end, (unsigned long long)data_len);
     uint64_t need = (uint64_t)t->numel * dtypes[d].size;
     if (need != *end - *begin) {
         char s[160];
         shape_str(s, sizeof s, t->ndim, t->shape);
-        return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': shape %s of %s needs %llu bytes, data_offsets span %llu",
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s': shape %s of %s needs %llu bytes, data_offsets span %llu",
                     path, name, s, dtypes[d].name, (unsigned long long)need, (unsigned long long)(*end - *begin));
     }
     t->data = data + *begin;
@@ -181,19 +168,19 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
 
     _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+        return df_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
     struct stat stt;
     if (fstat(fd, &stt) < 0)
-        return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+        return df_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
     if (!S_ISREG(stt.st_mode))
-        return fail(err, errlen, -DF_EFORMAT, "%s: not a regular file", path);
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: not a regular file", path);
     if (stt.st_size < 8)
-        return fail(err, errlen, -DF_ETRUNC, "%s: %lld bytes, shorter than the 8-byte header length", path,
+        return df_fail(err, errlen, -DF_ETRUNC, "%s: %lld bytes, shorter than the 8-byte header length", path,
                     (long long)stt.st_size);
     f->size = (size_t)stt.st_size;
     void *map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED)
-        return fail(err, errlen, -errno, "%s: mmap: %s", path, strerror(errno));
+        return df_fail(err, errlen, -errno, "%s: mmap: %s", path, strerror(errno));
     f->map = map;
 
     const unsigned char *base = map;
@@ -201,18 +188,18 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
     for (int i = 7; i >= 0; i--)
         hlen = (hlen << 8) | base[i];
     if (hlen > f->size - 8)
-        return fail(err, errlen, -DF_ETRUNC, "%s: header length %llu runs past the end of the file (%zu bytes)",
+        return df_fail(err, errlen, -DF_ETRUNC, "%s: header length %llu runs past the end of the file (%zu bytes)",
                     path, (unsigned long long)hlen, f->size);
     if (hlen > ST_HEADER_MAX)
-        return fail(err, errlen, -DF_ERANGE, "%s: header length %llu is over the %u-byte limit", path,
+        return df_fail(err, errlen, -DF_ERANGE, "%s: header length %llu is over the %u-byte limit", path,
                     (unsigned long long)hlen, ST_HEADER_MAX);
     if (hlen < 2 || base[8] != '{')
-        return fail(err, errlen, -DF_EFORMAT, "%s: header is not a JSON object", path);
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: header is not a JSON object", path);
 
     cJSON *root = cJSON_ParseWithLength((const char *)base + 8, (size_t)hlen);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return fail(err, errlen, -DF_EFORMAT, "%s: header is not valid JSON", path);
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: header is not valid JSON", path);
     }
     const unsigned char *data = base + 8 + hlen;
     const uint64_t data_len = f->size - 8 - hlen;
@@ -226,7 +213,7 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
     cJSON_ArrayForEach(e, root) {
         if (!strcmp(e->string, "__metadata__")) {
             if (!cJSON_IsObject(e)) {
-                r = fail(err, errlen, -DF_EFORMAT, "%s: __metadata__ is not an object", path);
+                r = df_fail(err, errlen, -DF_EFORMAT, "%s: __metadata__ is not an object", path);
                 break;
             }
             continue;
@@ -249,7 +236,7 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
         qsort(spans, nspan, sizeof *spans, cmp_span);
         for (int i = 1; i < nspan; i++)
             if (spans[i].begin < spans[i - 1].end) {
-                r = fail(err, errlen, -DF_EFORMAT, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
+                r = df_fail(err, errlen, -DF_EFORMAT, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
                          path, spans[i - 1].name, (unsigned long long)spans[i - 1].begin,
                          (unsigned long long)spans[i - 1].end, spans[i].name,
                          (unsigned long long)spans[i].begin, (unsigned long long)spans[i].end);
@@ -272,7 +259,7 @@ static int finish(struct st_set *s, char *err, size_t errlen)
     qsort(s->tensors, s->n, sizeof *s->tensors, cmp_tensor);
     for (size_t i = 1; i < s->n; i++)
         if (!strcmp(s->tensors[i].name, s->tensors[i - 1].name))
-            return fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s' appears twice (also in %s)", s->tensors[i].file,
+            return df_fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s' appears twice (also in %s)", s->tensors[i].file,
                         s->tensors[i].name, s->tensors[i - 1].file);
     return 0;
 }
@@ -325,12 +312,12 @@ static int read_text(const char *path, size_t max, char **out, char *err, size_t
 {
     _cleanup_fclose_ FILE *f = fopen(path, "rb");
     if (!f)
-        return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+        return df_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) < 0)
-        return fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+        return df_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
     if ((uint64_t)st.st_size > max)
-        return fail(err, errlen, -DF_ERANGE, "%s: %lld bytes is too large", path, (long long)st.st_size);
+        return df_fail(err, errlen, -DF_ERANGE, "%s: %lld bytes is too large", path, (long long)st.st_size);
     char *buf = malloc((size_t)st.st_size + 1);
     if (!buf)
         return -ENOMEM;
@@ -356,13 +343,13 @@ static int open_index(struct st_set *s, const char *dir, const char *index, char
     const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
     if (!root || !cJSON_IsObject(map)) {
         cJSON_Delete(root);
-        return fail(err, errlen, -DF_EFORMAT, "%s: %s", index, root ? "weight_map missing or not an object"
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: %s", index, root ? "weight_map missing or not an object"
                                                                     : "not valid JSON");
     }
     const cJSON *e;
     cJSON_ArrayForEach(e, map) {
         if (!cJSON_IsString(e) || !plain_file_name(e->valuestring)) {
-            r = fail(err, errlen, -DF_EFORMAT, "%s: weight_map: tensor '%s': file must be a plain file name", index,
+            r = df_fail(err, errlen, -DF_EFORMAT, "%s: weight_map: tensor '%s': file must be a plain file name", index,
                      e->string);
             goto out;
         }
@@ -380,7 +367,7 @@ static int open_index(struct st_set *s, const char *dir, const char *index, char
         const struct st_tensor *t = st_find(s, e->string);
         const char *slash = t ? strrchr(t->file, '/') : NULL;
         if (!t || strcmp(slash ? slash + 1 : t->file, e->valuestring)) {
-            r = fail(err, errlen, -DF_EMISSING, "%s: weight_map: tensor '%s' is not in %s", index, e->string,
+            r = df_fail(err, errlen, -DF_EMISSING, "%s: weight_map: tensor '%s' is not in %s", index, e->string,
                      e->valuestring);
             goto out;
         }
@@ -398,7 +385,7 @@ int st_open_dir(struct st_set **out, const char *dir, char *err, size_t errlen)
     snprintf(single, sizeof single, "%s/model.safetensors", dir);
     if (access(index, F_OK) != 0) {
         if (access(single, F_OK) != 0)
-            return fail(err, errlen, -DF_EMISSING, "%s: neither model.safetensors nor model.safetensors.index.json",
+            return df_fail(err, errlen, -DF_EMISSING, "%s: neither model.safetensors nor model.safetensors.index.json",
                         dir);
         return st_open_file(out, single, err, errlen);
     }
@@ -440,9 +427,9 @@ int st_expect(const struct st_set *s, const char *name, int ndim, const int64_t 
 {
     const struct st_tensor *t = st_find(s, name);
     if (!t)
-        return fail(err, errlen, -DF_EMISSING, "%s: tensor '%s' not found", s->source, name);
+        return df_fail(err, errlen, -DF_EMISSING, "%s: tensor '%s' not found", s->source, name);
     if (t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F32)
-        return fail(err, errlen, -DF_EUNSUPPORTED, "%s: tensor '%s': dtype %s is not supported (BF16, F16, F32)",
+        return df_fail(err, errlen, -DF_EUNSUPPORTED, "%s: tensor '%s': dtype %s is not supported (BF16, F16, F32)",
                     t->file, name, st_dtype_name(t->dtype));
     bool same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++)
@@ -451,7 +438,7 @@ int st_expect(const struct st_set *s, const char *name, int ndim, const int64_t 
         char got[160], want[160];
         shape_str(got, sizeof got, t->ndim, t->shape);
         shape_str(want, sizeof want, ndim, shape);
-        return fail(err, errlen, -DF_ESHAPE, "%s: tensor '%s': shape %s does not match config.json (expected %s)",
+        return df_fail(err, errlen, -DF_ESHAPE, "%s: tensor '%s': shape %s does not match config.json (expected %s)",
                     t->file, name, got, want);
     }
     if (out)

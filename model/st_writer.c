@@ -9,23 +9,8 @@
 #include <unistd.h>
 #include "common/cleanup.h"
 #include "common/err.h"
+#include "common/fileio.h"
 #include "model/st_writer.h"
-
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 int st_write_file(const char *path, const struct st_out *t, size_t n, const char *const *meta,
                   size_t n_meta, char *err, size_t errlen)
@@ -100,12 +85,12 @@ int st_write_file(const char *path, const struct st_out *t, size_t n, const char
         snprintf(err, errlen, "%s: open: %s", path, strerror(-r));
         return r;
     }
-    r = write_all(fd, hdr, 8 + padded);
+    r = fileio_write_all(fd, hdr, 8 + padded);
     for (size_t i = 0; r == 0 && i < n; i++) {
         uint64_t numel = 1;
         for (int k = 0; k < t[i].ndim; k++)
             numel *= (uint64_t)t[i].shape[k];
-        r = write_all(fd, t[i].data, numel * st_dtype_size(t[i].dtype));
+        r = fileio_write_all(fd, t[i].data, numel * st_dtype_size(t[i].dtype));
     }
     if (r == 0 && fsync(fd) < 0)
         r = -errno;

@@ -2,7 +2,6 @@
  * checked weight lookup, dispatch to the CPU or CUDA backend, and the embedding/LM-head loader. */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,18 +23,6 @@ const char *const target_wt_suffix[TW_COUNT] = {
     [TW_GATE_BIAS] = "mlp.gate_proj.bias",    [TW_UP_BIAS] = "mlp.up_proj.bias",
     [TW_DOWN_BIAS] = "mlp.down_proj.bias",
 };
-
-__attribute__((format(printf, 4, 5)))
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 int target_default_layer_ids(int num_target_layers, int num_draft_layers, int *out)
 {
@@ -116,19 +103,19 @@ int target_open(struct target **out, const char *model_dir, const int *layer_ids
 {
     *out = NULL;
     if (n_ids < 1 || n_ids > TARGET_MAX_CAPTURE)
-        return fail(err, errlen, -DF_ERANGE, "%s: layer_ids: %d ids, expected 1..%d", model_dir, n_ids,
+        return df_fail(err, errlen, -DF_ERANGE, "%s: layer_ids: %d ids, expected 1..%d", model_dir, n_ids,
                     TARGET_MAX_CAPTURE);
     if (max_tokens < 1 || max_tokens > TARGET_MAX_TOKENS)
-        return fail(err, errlen, -DF_ERANGE, "%s: max_tokens %d is out of range [1, %d]", model_dir, max_tokens,
+        return df_fail(err, errlen, -DF_ERANGE, "%s: max_tokens %d is out of range [1, %d]", model_dir, max_tokens,
                     TARGET_MAX_TOKENS);
     const struct target_backend_ops *ops = backend_ops(backend);
     if (!ops)
-        return fail(err, errlen, -DF_EUNSUPPORTED, "%s: backend %d is not built into this program", model_dir,
+        return df_fail(err, errlen, -DF_EUNSUPPORTED, "%s: backend %d is not built into this program", model_dir,
                     (int)backend);
 
     struct target *m = calloc(1, sizeof *m);
     if (!m)
-        return fail(err, errlen, -ENOMEM, "%s: out of memory", model_dir);
+        return df_fail(err, errlen, -ENOMEM, "%s: out of memory", model_dir);
     int r = hf_config_load(model_dir, &m->cfg, err, errlen);
     if (r < 0)
         goto fail_free;
@@ -136,7 +123,7 @@ int target_open(struct target **out, const char *model_dir, const int *layer_ids
     m->last_layer = -1;
     for (int i = 0; i < n_ids; i++) {
         if (layer_ids[i] < 0 || layer_ids[i] >= m->cfg.num_layers) {
-            r = fail(err, errlen, -DF_ERANGE, "%s/config.json: layer_ids: id %d is out of range [0, %d)",
+            r = df_fail(err, errlen, -DF_ERANGE, "%s/config.json: layer_ids: id %d is out of range [0, %d)",
                      model_dir, layer_ids[i], m->cfg.num_layers);
             goto fail_free;
         }
@@ -237,7 +224,7 @@ int target_load_head(const char *model_dir, float **embed, float **lm_head, int 
             goto out;
     }
     if ((r = st_load_f32(te, embed)) < 0 || (th != te && (r = st_load_f32(th, lm_head)) < 0)) {
-        r = fail(err, errlen, r, "%s: loading embed_tokens / lm_head: %s", model_dir, strerror(ENOMEM));
+        r = df_fail(err, errlen, r, "%s: loading embed_tokens / lm_head: %s", model_dir, strerror(ENOMEM));
         free(*embed);
         *embed = NULL;
         goto out;
