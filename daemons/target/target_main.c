@@ -17,6 +17,9 @@
 #include "ipc/ring.h"
 #include "model/hfconfig.h"
 #include "model/target.h"
+#ifdef DFLASH_HAVE_TARGET_CUDA
+#include "model/target_cuda.h"
+#endif
 
 #define QUEUE_MAX 128   /* > target.prefetch max (64) + regrants */
 
@@ -33,6 +36,7 @@ struct tgt {
     struct ring *ring;
     struct dataset ds;
     char sock[108];
+    int ring_pinned;                /* CUDA: the ring mapping is registered for DMA */
 
     int state;                      /* cluster state as last pushed (enum proto_cluster_state) */
     int draining;                   /* DRAIN received or stop signal: finish, return, leave */
@@ -526,6 +530,15 @@ int main(int argc, char **argv)
         code = r == -DF_ELAYOUT ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
         goto out;
     }
+#ifdef DFLASH_HAVE_TARGET_CUDA
+    if (t->backend == TARGET_BACKEND_CUDA) {
+        /* Pinned: the capture copies go straight into the slot at PCIe speed. */
+        if ((r = target_cuda_host_register(ring_base(t->ring), ring_map_size(t->ring), err, sizeof err)) < 0)
+            log_warn(r, "%s: copies into the ring stay pageable (slower)", err);
+        else
+            t->ring_pinned = 1;
+    }
+#endif
     log_notice("ready: ring %s (%u slots), dataset %s (%" PRIu64 " samples), cluster %s", ring_name(t->ring),
                ring_layout(t->ring)->nslots, t->ds.path, t->ds.n_samples, proto_state_name((unsigned)t->state));
     daemon_notify_ready(&t->d, "%s: ring %s", proto_state_name((unsigned)t->state), ring_name(t->ring));
@@ -563,6 +576,10 @@ int main(int argc, char **argv)
     code = DAEMON_EX_OK;
 out:
     client_free(t->cl);
+#ifdef DFLASH_HAVE_TARGET_CUDA
+    if (t->ring_pinned)
+        target_cuda_host_unregister(ring_base(t->ring));
+#endif
     ring_detach(t->ring);
     dataset_close(&t->ds);
     target_close(t->model);
