@@ -194,44 +194,27 @@ struct obj_block *drafter_cpu_block_buf(struct drafter *d, int32_t **work)
 
 /* ---- building blocks ---- */
 
+/* Row-major C[M,N] = alpha * op(A) @ op(B) + beta * C. K == 0 adds nothing: C is zeroed when
+ * beta == 0 and left as it is otherwise (BLAS does not take K == 0 everywhere). */
+static void gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float *A,
+                 int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    if (M <= 0 || N <= 0)
+        return;
+    if (K <= 0) {
+        if (beta == 0.0f)
+            for (int i = 0; i < M; i++)
+                memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 /* C[M,N] = alpha * A[M,K] @ B[N,K]^T + beta * C */
-static void gemm_nt(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                    float beta, float *C, int ldc)
-{
-    if (M <= 0 || N <= 0)
-        return;
-    if (K <= 0) {
-        if (beta == 0.0f)
-            for (int i = 0; i < M; i++)
-                memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
+#define gemm_nt(...) gemm(CblasNoTrans, CblasTrans, __VA_ARGS__)
 /* C[M,N] = alpha * A[M,K] @ B[K,N] + beta * C */
-static void gemm_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                    float beta, float *C, int ldc)
-{
-    if (M <= 0 || N <= 0)
-        return;
-    if (K <= 0) {
-        if (beta == 0.0f)
-            for (int i = 0; i < M; i++)
-                memset(C + (size_t)i * ldc, 0, (size_t)N * sizeof(float));
-        return;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
+#define gemm_nn(...) gemm(CblasNoTrans, CblasNoTrans, __VA_ARGS__)
 /* C[M,N] = alpha * A[K,M]^T @ B[K,N] + beta * C (weight gradients: dW += dY^T @ X) */
-static void gemm_tn(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
-                    float beta, float *C, int ldc)
-{
-    if (M <= 0 || N <= 0 || K <= 0)
-        return;     /* only used with beta = 1: nothing to add */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
+#define gemm_tn(...) gemm(CblasTrans, CblasNoTrans, __VA_ARGS__)
 
 /* y = x / rms(x) * w per row (HF Qwen3RMSNorm order); keeps 1/rms for the backward. */
 static void rms_fwd(float *y, float *rinv, const float *x, const float *w, size_t rows, int width,
