@@ -2,7 +2,8 @@
  * 5-layer drafter of Qwen3-8B shape, 512 anchors of block 16 on one 3072-token sequence): step
  * time, tokens/s, model TFLOP/s and MFU; tools/bench_drafter_torch.py is the same-run reference.
  * Prints "RESULT key value" lines.
- * Usage: drafter_bench [-d device] [-l layers] [-s seq_len] [-n n_seqs] [-a anchors] [-w warmup] [-i iters] */
+ * Usage: drafter_bench [-d device] [-l layers] [-s seq_len] [-n n_seqs] [-a anchors] [-w warmup] [-i iters]
+ *                      [-A auto|simple]   (attention kernels: tensor cores where possible, or CUDA cores) */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -84,8 +85,8 @@ static double total(const struct flops *f) { return f->fc + f->proj + f->attn + 
 
 int main(int argc, char **argv)
 {
-    int device = 0, layers = 5, seq = 3072, n_seqs = 1, anchors = 512, warmup = 3, iters = 10, opt;
-    while ((opt = getopt(argc, argv, "d:l:s:n:a:w:i:")) != -1) {
+    int device = 0, layers = 5, seq = 3072, n_seqs = 1, anchors = 512, warmup = 3, iters = 10, attn = 0, opt;
+    while ((opt = getopt(argc, argv, "d:l:s:n:a:w:i:A:")) != -1) {
         switch (opt) {
         case 'd': device = atoi(optarg); break;
         case 'l': layers = atoi(optarg); break;
@@ -94,9 +95,10 @@ int main(int argc, char **argv)
         case 'a': anchors = atoi(optarg); break;
         case 'w': warmup = atoi(optarg); break;
         case 'i': iters = atoi(optarg); break;
+        case 'A': attn = !strcmp(optarg, "simple"); break;
         default:
             fprintf(stderr, "usage: %s [-d device] [-l layers] [-s seq_len] [-n n_seqs] [-a anchors] [-w warmup] "
-                    "[-i iters]\n", argv[0]);
+                    "[-i iters] [-A auto|simple]\n", argv[0]);
             return 2;
         }
     }
@@ -163,15 +165,17 @@ int main(int argc, char **argv)
     double t1 = mono_ns() / 1e9;
     struct drafter_cuda *dc = NULL;
     struct drafter_cuda_opts o = { .device = device, .head_chunk_rows = 0, .embed_bf16 = head_dev,
-                                   .lm_head_bf16 = head_dev };
+                                   .lm_head_bf16 = head_dev,
+                                   .attn_impl = attn };
     r = drafter_cuda_create(&dc, d, T, max_blocks, &o, err, sizeof err);
     if (r < 0)
         die("drafter_cuda_create", r, err);
     size_t free_b, total_b;
     CK(cudaMemGetInfo(&free_b, &total_b));
     double t2 = mono_ns() / 1e9;
-    printf("drafter: %d layers, %zu parameters (%.2f B); batch %d x %d tokens, %d anchors/seq, block %d\n",
-           layers, d->n_params, d->n_params / 1e9, n_seqs, seq, anchors, BS);
+    printf("drafter: %d layers, %zu parameters (%.2f B); batch %d x %d tokens, %d anchors/seq, block %d; "
+           "attention %s\n", layers, d->n_params, d->n_params / 1e9, n_seqs, seq, anchors, BS,
+           attn ? "CUDA cores" : "tensor cores");
     printf("setup: host drafter %.1f s, CUDA drafter %.1f s; GPU memory in use %.1f GiB of %.1f\n", t1 - t0,
            t2 - t1, (total_b - free_b) / 1073741824.0, total_b / 1073741824.0);
 

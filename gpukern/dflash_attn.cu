@@ -386,6 +386,459 @@ __global__ void __launch_bounds__(NT) bwd_kv_kernel(gk_dflash_attn a, gk_dflash_
     }
 }
 
+/* ---- tensor-core kernels (head_dim 64 / 128): mma.sync m16n8k16, bf16 in, fp32 accumulators ----
+ * The same CTAs as above (64 query rows of one block and kv head; 64 keys of a tile and kv head),
+ * four warps of 16 rows (or keys) each. P and dS are rounded to bf16 as mma operands, as in
+ * FlashAttention; scores, softmax statistics and every accumulator stay fp32. */
+
+constexpr int MB = 64, MW = 4, MPAD = 8;    /* rows per CTA (= keys per tile KT), warps, smem row pad */
+constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
+{
+    int n = valid ? 16 : 0;     /* 0: the 16 bytes are zero-filled, nothing is read */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+/* c[16x8] += a[16x16] b[16x8] */
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* nrows rows of a [*, HD + MPAD] smem tile from rowptr(r) (NULL: zeros), asynchronously. */
+template <int HD, typename F>
+__device__ __forceinline__ void cp_rows(bf16 *tile, int nrows, const void *any, F rowptr)
+{
+    constexpr int LDS = HD + MPAD, CH = HD / 8;
+    for (int c = threadIdx.x; c < nrows * CH; c += MW * 32) {
+        int r = c / CH, col = (c % CH) * 8;
+        const bf16 *src = rowptr(r);
+        cp_async16(smem_u32(tile + r * LDS + col), src ? (const void *)(src + col) : any, src != nullptr);
+    }
+}
+
+/* acc[16 x 8*NT8] += A[16 x 16] (a fragment) B^T: B rows [8*NT8 x 16] of a smem tile from column k0.
+ * Lane roles of ldmatrix: matrix mi = lane/8, row ri = lane%8. */
+template <int LDS, int NT8>
+__device__ __forceinline__ void mma_nt_step(float (*acc)[4], const uint32_t a[4], const bf16 *B, int k0, int mi, int ri)
+{
+#pragma unroll
+    for (int np = 0; np < NT8 / 2; np++) {
+        uint32_t b[4];
+        ldsm_x4(b, smem_u32(B + (np * 16 + ri + (mi >> 1) * 8) * LDS + k0 + (mi & 1) * 8));
+        mma16816(acc[2 * np], a, b[0], b[1]);
+        mma16816(acc[2 * np + 1], a, b[2], b[3]);
+    }
+}
+
+/* The A fragment of rows [16*w, 16*w + 16), columns [16*kk, 16*kk + 16) of a smem tile. */
+template <int LDS>
+__device__ __forceinline__ void ld_a(uint32_t a[4], const bf16 *tile, int w, int kk, int mi, int ri)
+{
+    ldsm_x4(a, smem_u32(tile + (w * 16 + ri + (mi & 1) * 8) * LDS + kk * 16 + (mi >> 1) * 8));
+}
+
+/* acc[16 x HD] += P[16 x 64] (accumulator layout, 8 n-tiles) X[64 x HD] (smem rows = the k dim). */
+template <int HD>
+__device__ __forceinline__ void mma_pv(float (*acc)[4], const float (*p)[4], const bf16 *X, int mi, int ri)
+{
+    constexpr int LDS = HD + MPAD;
+#pragma unroll
+    for (int kt = 0; kt < MB / 16; kt++) {
+        uint32_t pa[4] = { pack2(p[2 * kt][0], p[2 * kt][1]), pack2(p[2 * kt][2], p[2 * kt][3]),
+                           pack2(p[2 * kt + 1][0], p[2 * kt + 1][1]), pack2(p[2 * kt + 1][2], p[2 * kt + 1][3]) };
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            uint32_t b[4];
+            ldsm_x4_t(b, smem_u32(X + (kt * 16 + ri + (mi & 1) * 8) * LDS + dp * 16 + (mi >> 1) * 8));
+            mma16816(acc[2 * dp], pa, b[0], b[1]);
+            mma16816(acc[2 * dp + 1], pa, b[2], b[3]);
+        }
+    }
+}
+
+/* Query row x of the (block b, kv head g) group: block row b*bs + x/grp, head g*grp + x%grp. */
+__device__ __forceinline__ const bf16 *qrow_ptr(const void *base, long stride, int b, int bs, int grp, int g,
+                                                int hd, int x, int R)
+{
+    if (x >= R) return nullptr;
+    return (const bf16 *)base + ((long)b * bs + x / grp) * stride + (long)(g * grp + x % grp) * hd;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(MW * 32) fwd_mma(gk_dflash_attn a)
+{
+    constexpr int LDS = HD + MPAD;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sQ = (bf16 *)smem, *sK = sQ + MB * LDS, *sV = sK + 2 * MB * LDS;     /* K, V: two buffers each */
+    const int b = blockIdx.x, g = blockIdx.y, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+    const int r0 = blockIdx.z * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, ri = lane & 7;
+    const gk_dflash_block blk = a.blocks[b];
+    const int nk = blk.ctx_end - blk.ctx0 + bs, n_tiles = (nk + MB - 1) / MB;
+    const bf16 *kc = (const bf16 *)a.kc, *vc = (const bf16 *)a.vc, *kb = (const bf16 *)a.kb, *vb = (const bf16 *)a.vb;
+    const float sl2 = a.scale * LOG2E;
+
+    cp_rows<HD>(sQ, MB, a.q, [&](int r) { return qrow_ptr(a.q, a.q_stride, b, bs, grp, g, HD, r0 + r, R); });
+    cp_rows<HD>(sK, MB, a.q, [&](int j) { return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, j); });
+    cp_rows<HD>(sV, MB, a.q, [&](int j) { return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, j); });
+    cp_async_commit();
+
+    uint32_t qf[HD / 16][4];
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float mrow[2] = { -INFINITY, -INFINITY }, lrow[2] = { 0.f, 0.f };
+
+    for (int t = 0; t < n_tiles; t++) {
+        cp_async_wait_all();
+        __syncthreads();    /* tile t landed; everyone is done with tile t - 1's buffers */
+        if (t + 1 < n_tiles) {
+            const int t1 = (t + 1) * MB, nb_ = (t + 1) & 1;
+            cp_rows<HD>(sK + nb_ * MB * LDS, MB, a.q, [&](int j) {
+                return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, t1 + j); });
+            cp_rows<HD>(sV + nb_ * MB * LDS, MB, a.q, [&](int j) {
+                return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, t1 + j); });
+        }
+        cp_async_commit();
+        if (t == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) ld_a<LDS>(qf[kk], sQ, warp, kk, mi, ri);
+        }
+        const bf16 *tK = sK + (t & 1) * MB * LDS, *tV = sV + (t & 1) * MB * LDS;
+        float s[MB / 8][4];
+#pragma unroll
+        for (int i = 0; i < MB / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) mma_nt_step<LDS, MB / 8>(s, qf[kk], tK, kk * 16, mi, ri);
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = t * MB + nt * 8 + (lane & 3) * 2 + (e & 1);
+                s[nt][e] = key < nk ? s[nt][e] * sl2 : -INFINITY;
+            }
+        float corr[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float mx = mrow[hr];
+#pragma unroll
+            for (int nt = 0; nt < MB / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * hr], s[nt][2 * hr + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float base = mx == -INFINITY ? 0.f : mx;
+            corr[hr] = exp2f(mrow[hr] - base);
+            mrow[hr] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < MB / 8; nt++) {
+                s[nt][2 * hr] = exp2f(s[nt][2 * hr] - base);
+                s[nt][2 * hr + 1] = exp2f(s[nt][2 * hr + 1] - base);
+                sum += s[nt][2 * hr] + s[nt][2 * hr + 1];
+            }
+            lrow[hr] = lrow[hr] * corr[hr] + sum;
+        }
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            o[dt][0] *= corr[0]; o[dt][1] *= corr[0];
+            o[dt][2] *= corr[1]; o[dt][3] *= corr[1];
+        }
+        mma_pv<HD>(o, s, tV, mi, ri);
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float l = lrow[hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int x = r0 + warp * 16 + (lane >> 2) + hr * 8;
+        if (x >= R) continue;
+        const long qrow = (long)b * bs + x / grp;
+        const int h = g * grp + x % grp;
+        const float inv = 1.f / l;
+        bf16 *orow = (bf16 *)a.o + qrow * a.o_stride + (long)h * HD + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162 *)(orow + dt * 8) = __floats2bfloat162_rn(o[dt][2 * hr] * inv, o[dt][2 * hr + 1] * inv);
+        if ((lane & 3) == 0) a.lse[qrow * a.n_heads + h] = (mrow[hr] + log2f(l)) * LN2;
+    }
+}
+
+/* dQ query-major: S = Q K^T and dP = dO V^T per key tile, dS = P (dP - delta), dQ += dS K.
+ * Also writes delta = rowsum(dO o) for the key-major pass. */
+template <int HD>
+__global__ void __launch_bounds__(MW * 32) bwd_q_mma(gk_dflash_attn a, gk_dflash_attn_grad gr)
+{
+    constexpr int LDS = HD + MPAD;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sQ = (bf16 *)smem, *sD = sQ + MB * LDS, *sK = sD + MB * LDS, *sV = sK + 2 * MB * LDS;
+    float *lse_s = (float *)(sV + 2 * MB * LDS), *dl_s = lse_s + MB;
+    const int b = blockIdx.x, g = blockIdx.y, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+    const int r0 = blockIdx.z * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, ri = lane & 7;
+    const gk_dflash_block blk = a.blocks[b];
+    const int nk = blk.ctx_end - blk.ctx0 + bs, n_tiles = (nk + MB - 1) / MB;
+    const bf16 *kc = (const bf16 *)a.kc, *vc = (const bf16 *)a.vc, *kb = (const bf16 *)a.kb, *vb = (const bf16 *)a.vb;
+    const float sl2 = a.scale * LOG2E;
+
+    cp_rows<HD>(sQ, MB, a.q, [&](int r) { return qrow_ptr(a.q, a.q_stride, b, bs, grp, g, HD, r0 + r, R); });
+    cp_rows<HD>(sD, MB, a.q, [&](int r) { return qrow_ptr(gr.dout, gr.dout_stride, b, bs, grp, g, HD, r0 + r, R); });
+    cp_rows<HD>(sK, MB, a.q, [&](int j) { return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, j); });
+    cp_rows<HD>(sV, MB, a.q, [&](int j) { return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, j); });
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    {   /* delta of row tid/2 from two halves of its dims; lse into log2 units */
+        const int r = threadIdx.x >> 1, half = threadIdx.x & 1, x = r0 + r;
+        float d = 0.f;
+        const bf16 *orow = qrow_ptr(a.o, a.o_stride, b, bs, grp, g, HD, x, R);
+        if (orow) {
+            for (int c = half * (HD / 2); c < (half + 1) * (HD / 2); c += 8) {
+                float of[8], df[8];
+                bf16x8_to_f32(*(const bf16x8 *)(orow + c), of);
+                bf16x8_to_f32(*(const bf16x8 *)(sD + r * LDS + c), df);
+#pragma unroll
+                for (int e = 0; e < 8; e++) d += of[e] * df[e];
+            }
+        }
+        d += __shfl_xor_sync(0xffffffffu, d, 1);
+        if (half == 0) {
+            dl_s[r] = d;
+            float l2 = 0.f;
+            if (orow) {
+                const long i = ((long)b * bs + x / grp) * a.n_heads + g * grp + x % grp;
+                gr.delta[i] = d;
+                l2 = a.lse[i] * LOG2E;
+            }
+            lse_s[r] = l2;
+        }
+    }
+    __syncthreads();
+    uint32_t qf[HD / 16][4], df[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        ld_a<LDS>(qf[kk], sQ, warp, kk, mi, ri);
+        ld_a<LDS>(df[kk], sD, warp, kk, mi, ri);
+    }
+    const int row_a = warp * 16 + (lane >> 2);      /* this thread's rows: row_a, row_a + 8 */
+    const float lse2[2] = { lse_s[row_a], lse_s[row_a + 8] }, dl[2] = { dl_s[row_a], dl_s[row_a + 8] };
+    float acc[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+    for (int t = 0; t < n_tiles; t++) {
+        if (t > 0) {
+            cp_async_wait_all();
+            __syncthreads();
+        }
+        if (t + 1 < n_tiles) {
+            const int t1 = (t + 1) * MB, nb_ = (t + 1) & 1;
+            cp_rows<HD>(sK + nb_ * MB * LDS, MB, a.q, [&](int j) {
+                return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, t1 + j); });
+            cp_rows<HD>(sV + nb_ * MB * LDS, MB, a.q, [&](int j) {
+                return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, t1 + j); });
+        }
+        cp_async_commit();
+        const bf16 *tK = sK + (t & 1) * MB * LDS, *tV = sV + (t & 1) * MB * LDS;
+        float s[MB / 8][4], dp[MB / 8][4];
+#pragma unroll
+        for (int i = 0; i < MB / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            mma_nt_step<LDS, MB / 8>(s, qf[kk], tK, kk * 16, mi, ri);
+            mma_nt_step<LDS, MB / 8>(dp, df[kk], tV, kk * 16, mi, ri);
+        }
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = t * MB + nt * 8 + (lane & 3) * 2 + (e & 1), hr = e >> 1;
+                float p = key < nk ? exp2f(s[nt][e] * sl2 - lse2[hr]) : 0.f;
+                s[nt][e] = p * (dp[nt][e] - dl[hr]);
+            }
+        mma_pv<HD>(acc, s, tK, mi, ri);
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int x = r0 + row_a + hr * 8;
+        if (x >= R) continue;
+        const long qrow = (long)b * bs + x / grp;
+        float *dq = gr.dq + qrow * gr.dq_stride + (long)(g * grp + x % grp) * HD + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(float2 *)(dq + dt * 8) = make_float2(acc[dt][2 * hr] * a.scale, acc[dt][2 * hr + 1] * a.scale);
+    }
+}
+
+/* dK, dV key-major: per (key tile, kv head), for every block that sees the tile and 64 of its
+ * query rows at a time: S^T = K Q^T, dP^T = V dO^T, then dV += P^T dO, dK += dS^T Q. Warp w
+ * owns keys [16w, 16w + 16) of the tile. */
+template <int HD>
+__global__ void __launch_bounds__(MW * 32) bwd_kv_mma(gk_dflash_attn a, gk_dflash_attn_grad gr)
+{
+    constexpr int LDS = HD + MPAD;
+    extern __shared__ __align__(16) unsigned char smem[];
+    bf16 *sK = (bf16 *)smem, *sV = sK + MB * LDS, *sQ = sV + MB * LDS, *sD = sQ + MB * LDS;
+    float *lse_s = (float *)(sD + MB * LDS), *dl_s = lse_s + MB;
+    const gk_dflash_ktile tile = gr.tiles[blockIdx.x];
+    const int g = blockIdx.y, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, ri = lane & 7;
+    const bool self = tile.key0 < 0;
+    const int bself = -1 - tile.key0, n_keys = tile.n_keys;
+    const bf16 *kbase = self ? (const bf16 *)a.kb + (long)bself * bs * a.kb_stride
+                             : (const bf16 *)a.kc + (long)tile.key0 * a.kc_stride;
+    const bf16 *vbase = self ? (const bf16 *)a.vb + (long)bself * bs * a.vb_stride
+                             : (const bf16 *)a.vc + (long)tile.key0 * a.vc_stride;
+    const long ks = self ? a.kb_stride : a.kc_stride, vs = self ? a.vb_stride : a.vc_stride;
+    const float sl2 = a.scale * LOG2E;
+
+    cp_rows<HD>(sK, MB, a.q, [&](int j) -> const bf16 * { return j < n_keys ? kbase + j * ks + (long)g * HD : nullptr; });
+    cp_rows<HD>(sV, MB, a.q, [&](int j) -> const bf16 * { return j < n_keys ? vbase + j * vs + (long)g * HD : nullptr; });
+    float dk[HD / 8][4], dv[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
+    const int key_a = warp * 16 + (lane >> 2);      /* this thread's keys: key_a, key_a + 8 */
+
+    const int nq = self ? 1 : tile.q1 - tile.q0;
+    for (int qi = 0; qi < nq; qi++) {
+        const int b = self ? bself : gr.qlist[tile.q0 + qi];
+        const int ctx_end = a.blocks[b].ctx_end;
+        bool kvis[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            int k = key_a + hr * 8;
+            kvis[hr] = k < n_keys && (self || tile.key0 + k < ctx_end);
+        }
+        for (int r0 = 0; r0 < R; r0 += MB) {
+            __syncthreads();    /* the previous chunk's Q, dO, lse, delta are consumed */
+            cp_rows<HD>(sQ, MB, a.q, [&](int r) { return qrow_ptr(a.q, a.q_stride, b, bs, grp, g, HD, r0 + r, R); });
+            cp_rows<HD>(sD, MB, a.q, [&](int r) {
+                return qrow_ptr(gr.dout, gr.dout_stride, b, bs, grp, g, HD, r0 + r, R); });
+            cp_async_commit();
+            for (int r = threadIdx.x; r < MB; r += MW * 32) {
+                int x = r0 + r;
+                long i = x < R ? ((long)b * bs + x / grp) * a.n_heads + g * grp + x % grp : 0;
+                lse_s[r] = x < R ? a.lse[i] * LOG2E : 0.f;
+                dl_s[r] = x < R ? gr.delta[i] : 0.f;
+            }
+            cp_async_wait_all();
+            __syncthreads();
+            float st[MB / 8][4], dpt[MB / 8][4];
+#pragma unroll
+            for (int i = 0; i < MB / 8; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) st[i][e] = dpt[i][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t ka[4], va[4];
+                ld_a<LDS>(ka, sK, warp, kk, mi, ri);
+                ld_a<LDS>(va, sV, warp, kk, mi, ri);
+                mma_nt_step<LDS, MB / 8>(st, ka, sQ, kk * 16, mi, ri);
+                mma_nt_step<LDS, MB / 8>(dpt, va, sD, kk * 16, mi, ri);
+            }
+#pragma unroll
+            for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int col = nt * 8 + (lane & 3) * 2 + (e & 1), hr = e >> 1;
+                    const float p = kvis[hr] && r0 + col < R ? exp2f(st[nt][e] * sl2 - lse_s[col]) : 0.f;
+                    st[nt][e] = p;
+                    dpt[nt][e] = p * (dpt[nt][e] - dl_s[col]);
+                }
+            mma_pv<HD>(dv, st, sD, mi, ri);
+            mma_pv<HD>(dk, dpt, sQ, mi, ri);
+        }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int k = key_a + hr * 8;
+        if (k >= n_keys) continue;
+        const long krow = self ? (long)bself * bs + k : (long)tile.key0 + k;
+        float *dkp = (self ? gr.dkb + krow * gr.dkb_stride : gr.dkc + krow * gr.dkc_stride) + (long)g * HD + (lane & 3) * 2;
+        bf16 *dvp = (bf16 *)(self ? gr.dvb : gr.dvc) + krow * (self ? gr.dvb_stride : gr.dvc_stride) + (long)g * HD +
+                    (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            *(float2 *)(dkp + dt * 8) = make_float2(dk[dt][2 * hr] * a.scale, dk[dt][2 * hr + 1] * a.scale);
+            *(__nv_bfloat162 *)(dvp + dt * 8) = __floats2bfloat162_rn(dv[dt][2 * hr], dv[dt][2 * hr + 1]);
+        }
+    }
+}
+
+template <int HD> size_t fwd_mma_smem() { return (size_t)5 * MB * (HD + MPAD) * 2; }
+template <int HD> size_t bwd_q_mma_smem() { return (size_t)6 * MB * (HD + MPAD) * 2 + 2 * MB * 4; }
+template <int HD> size_t bwd_kv_mma_smem() { return (size_t)4 * MB * (HD + MPAD) * 2 + 2 * MB * 4; }
+
+template <int HD>
+int launch_fwd_mma(const gk_dflash_attn *a, cudaStream_t stream)
+{
+    size_t sm = fwd_mma_smem<HD>();
+    if (cudaFuncSetAttribute(fwd_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess)
+        return -DF_ECUDA;
+    int R = a->block_size * (a->n_heads / a->n_kv_heads);
+    dim3 grid((unsigned)a->n_blocks, (unsigned)a->n_kv_heads, (unsigned)((R + MB - 1) / MB));
+    fwd_mma<HD><<<grid, MW * 32, sm, stream>>>(*a);
+    GK_LAUNCH_CHECK();
+    return 0;
+}
+
+template <int HD>
+int launch_bwd_mma(const gk_dflash_attn *a, const gk_dflash_attn_grad *g, cudaStream_t stream)
+{
+    size_t sq = bwd_q_mma_smem<HD>(), skv = bwd_kv_mma_smem<HD>();
+    if (cudaFuncSetAttribute(bwd_q_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sq) != cudaSuccess ||
+        cudaFuncSetAttribute(bwd_kv_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv) != cudaSuccess)
+        return -DF_ECUDA;
+    int R = a->block_size * (a->n_heads / a->n_kv_heads);
+    long kvd = (long)a->n_kv_heads * HD;
+    if (g->n_ctx > 0) {
+        if (cudaMemset2DAsync(g->dkc, g->dkc_stride * 4, 0, kvd * 4, g->n_ctx, stream) != cudaSuccess ||
+            cudaMemset2DAsync(g->dvc, g->dvc_stride * 2, 0, kvd * 2, g->n_ctx, stream) != cudaSuccess)
+            return -DF_ECUDA;
+    }
+    dim3 grid((unsigned)a->n_blocks, (unsigned)a->n_kv_heads, (unsigned)((R + MB - 1) / MB));
+    bwd_q_mma<HD><<<grid, MW * 32, sq, stream>>>(*a, *g);
+    GK_LAUNCH_CHECK();
+    if (g->n_tiles > 0) {
+        bwd_kv_mma<HD><<<dim3((unsigned)g->n_tiles, (unsigned)a->n_kv_heads), MW * 32, skv, stream>>>(*a, *g);
+        GK_LAUNCH_CHECK();
+    }
+    return 0;
+}
+
+bool use_mma(const gk_dflash_attn *a)
+{
+    return a->impl != GK_DFLASH_SIMPLE && (a->head_dim == 64 || a->head_dim == 128);
+}
+
 template <int HD> size_t fwd_smem() { return (size_t)(QT + 2 * KT) * Geo<HD>::LD * 2 + (size_t)QT * (KT + 1) * 4; }
 template <int HD> size_t bwd_q_smem() { return (size_t)(2 * QT + 2 * KT) * Geo<HD>::LD * 2 + (size_t)QT * (KT + 1) * 4; }
 template <int HD> size_t bwd_kv_smem()
@@ -437,6 +890,8 @@ bool check_args(const gk_dflash_attn *a)
         a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads)
         return false;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256) return false;
+    if (a->impl < GK_DFLASH_AUTO || a->impl > GK_DFLASH_MMA || (a->impl == GK_DFLASH_MMA && hd != 64 && hd != 128))
+        return false;
     long qd = (long)a->n_heads * hd, kvd = (long)a->n_kv_heads * hd;
     if (a->q_stride < qd || a->o_stride < qd || a->kc_stride < kvd || a->vc_stride < kvd ||
         a->kb_stride < kvd || a->vb_stride < kvd)
@@ -452,6 +907,8 @@ extern "C" int gk_dflash_attn_fwd(const gk_dflash_attn *a, cudaStream_t stream)
 {
     if (!a || !check_args(a)) return -EINVAL;
     if (a->n_blocks == 0) return 0;
+    if (use_mma(a))
+        return a->head_dim == 128 ? launch_fwd_mma<128>(a, stream) : launch_fwd_mma<64>(a, stream);
     switch (a->head_dim) {
     case 16: return launch_fwd<16>(a, stream);
     case 32: return launch_fwd<32>(a, stream);
@@ -470,6 +927,9 @@ extern "C" int gk_dflash_attn_bwd(const gk_dflash_attn *a, const gk_dflash_attn_
         g->dvb_stride < kvd || g->dvc_stride % 2 || g->dvb_stride % 2 ||
         !gk_vec_ok(g->dout, g->dout_stride) || !g->dq || !g->dkc || !g->dvc || !g->dkb || !g->dvb)
         return -EINVAL;
+    if (use_mma(a) && (g->dq_stride % 2 || g->dkc_stride % 2 || g->dkb_stride % 2 || (uintptr_t)g->dq % 8 ||
+                       (uintptr_t)g->dkc % 8 || (uintptr_t)g->dkb % 8))
+        return -EINVAL;     /* the tensor-core kernels store float2 */
     if (a->n_blocks == 0) {
         if (g->n_ctx > 0 &&
             (cudaMemset2DAsync(g->dkc, g->dkc_stride * 4, 0, kvd * 4, g->n_ctx, stream) != cudaSuccess ||
@@ -477,6 +937,8 @@ extern "C" int gk_dflash_attn_bwd(const gk_dflash_attn *a, const gk_dflash_attn_
             return -DF_ECUDA;
         return 0;
     }
+    if (use_mma(a))
+        return a->head_dim == 128 ? launch_bwd_mma<128>(a, g, stream) : launch_bwd_mma<64>(a, g, stream);
     switch (a->head_dim) {
     case 16: return launch_bwd<16>(a, g, stream);
     case 32: return launch_bwd<32>(a, g, stream);

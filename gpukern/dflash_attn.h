@@ -29,7 +29,13 @@ typedef struct gk_dflash_attn {
     const void *vb; long vb_stride;
     void *o; long o_stride;                 /* forward output [n_blocks*bs, nh*hd] */
     float *lse;                             /* [n_blocks*bs, nh]: log-sum-exp of the scaled scores */
+    int impl;                               /* enum gk_dflash_impl; 0 (auto) when zero-initialised */
 } gk_dflash_attn;
+
+/* auto: tensor cores (mma.sync; P and dS rounded to bf16 as operands) for head_dim 64 and 128,
+ * else the CUDA-core kernels (fp32 throughout); simple: always the CUDA-core kernels; mma: the
+ * tensor-core kernels (head_dim 64 / 128 only). */
+enum gk_dflash_impl { GK_DFLASH_AUTO = 0, GK_DFLASH_SIMPLE = 1, GK_DFLASH_MMA = 2 };
 
 /* Supported head_dim: 16, 32, 64, 128, 256; every stride % 8 == 0 and 16-byte aligned bases. */
 GK_API int gk_dflash_attn_fwd(const gk_dflash_attn *a, cudaStream_t stream);

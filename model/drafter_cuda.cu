@@ -66,7 +66,7 @@ struct drafter_cuda {
     int H, nh, nkv, hd, qd, kvd, qkvd, I, V, LcH, bs;
     float eps;
 
-    int device;
+    int device, attn_impl;
     cudaStream_t stream;
     gk_gemm *gemm;
     gk_gemmx *gx;
@@ -365,6 +365,7 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     dc->bs = k->block_size;
     dc->eps = (float)k->rms_norm_eps;
     dc->device = opts->device;
+    dc->attn_impl = opts->attn_impl;
     dc->n_seg = host->n_tensors;
     dc->tensors = (struct drafter_tensor *)malloc((size_t)host->n_tensors * sizeof *dc->tensors);
     dc->layer = (struct drafter_layer_off *)malloc((size_t)dc->L * sizeof *dc->layer);
@@ -637,6 +638,7 @@ static gk_dflash_attn attn_args(struct drafter_cuda *dc, const struct cu_layer_a
     x.vb = a->qkv + dc->qd + dc->kvd; x.vb_stride = dc->qkvd;
     x.o = a->o;                     x.o_stride = dc->qd;
     x.lse = a->lse;
+    x.impl = dc->attn_impl;
     return x;
 }
 

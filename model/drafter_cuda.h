@@ -19,6 +19,8 @@ struct drafter_cuda_opts {
      * owned, kept alive by the caller). NULL: converted from the host drafter's fp32 arrays. */
     const void *embed_bf16;
     const void *lm_head_bf16;
+    int attn_impl;              /* enum gk_dflash_impl (gpukern/dflash_attn.h): 0 = auto (tensor cores
+                                   for head_dim 64/128), 1 = CUDA-core kernels */
 };
 
 /* A CUDA twin of `host` (its config, tensor layout, parameters, optimizer moments and step are

@@ -1,6 +1,7 @@
 /* test_gpukern_dflash_attn.c: DFlash block attention forward and backward against an fp64 CPU
  * reference on fresh random data (several sequences, unsorted blocks, contexts of many key tiles,
- * GQA, head_dim 16/64/128); the backward's key-tile plan checked on the host (runs without a GPU). */
+ * GQA, head_dim 16/32/64/128/256), the CUDA-core and the tensor-core kernels; the backward's key-tile
+ * plan checked on the host (runs without a GPU). --bench: speed of both at the drafter bench's shape. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "gpukern/dflash_attn.h"
@@ -160,7 +161,7 @@ static float *download_f32_raw(const float *d, size_t n)
     return h;
 }
 
-static void attn_case(int hd, int nh, int nkv, int bs)
+static void attn_case(int hd, int nh, int nkv, int bs, int impl)
 {
     struct problem p;
     make_problem(&p, gk_rng_int(1, 5), gk_rng_int(20, 300), bs);
@@ -192,7 +193,7 @@ static void attn_case(int hd, int nh, int nkv, int bs)
     gk_dflash_attn a = { .n_blocks = p.nb, .block_size = bs, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
                          .scale = 1.0f / sqrtf((float)hd), .blocks = dblk, .q = dq_, .q_stride = qs,
                          .kc = dkc_, .kc_stride = kvs, .vc = dvc_, .vc_stride = kvs, .kb = dkb_, .kb_stride = kvs,
-                         .vb = dvb_, .vb_stride = kvs, .o = dout_o, .o_stride = qd, .lse = dlse };
+                         .vb = dvb_, .vb_stride = kvs, .o = dout_o, .o_stride = qd, .lse = dlse, .impl = impl };
     double t0 = gk_now();
     CHECK_INT(gk_dflash_attn_fwd(&a, 0), ==, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -223,10 +224,13 @@ static void attn_case(int hd, int nh, int nkv, int bs)
     double eq = gk_rel_err(gq, qd, rdq, qd, Q, qd), ekc = gk_rel_err(gkc, kvd, rdkc, kvd, p.T, kvd);
     double evc = gk_rel_err(gvc, kvd, rdvc, kvd, p.T, kvd), ekb = gk_rel_err(gkb, kvd, rdkb, kvd, Q, kvd);
     double evb = gk_rel_err(gvb, kvd, rdvb, kvd, Q, kvd);
-    printf("hd %3d heads %d/%d bs %2d blocks %3d T %4d tiles %4d | rel err o %.1e lse %.1e dq %.1e dkc %.1e "
-           "dvc %.1e dkb %.1e dvb %.1e | fwd %.2f ms bwd %.2f ms\n", hd, nh, nkv, bs, p.nb, p.T, nt, eo, el, eq,
-           ekc, evc, ekb, evb, (t1 - t0) * 1e3, (t2 - t1) * 1e3);
-    CHECK(eo < 1e-2 && el < 1e-4 && eq < 5e-3 && ekc < 5e-3 && ekb < 5e-3 && evc < 1e-2 && evb < 1e-2);
+    int mma = impl == GK_DFLASH_MMA || (impl == GK_DFLASH_AUTO && (hd == 64 || hd == 128));
+    printf("%s hd %3d heads %d/%d bs %2d blocks %3d T %4d tiles %4d | rel err o %.1e lse %.1e dq %.1e dkc %.1e "
+           "dvc %.1e dkb %.1e dvb %.1e | fwd %.2f ms bwd %.2f ms\n", mma ? "mma   " : "simple", hd, nh, nkv, bs, p.nb,
+           p.T, nt, eo, el, eq, ekc, evc, ekb, evb, (t1 - t0) * 1e3, (t2 - t1) * 1e3);
+    /* the tensor-core kernels round P and dS to bf16 as mma operands (2^-9 relative each) */
+    double eg = mma ? 1e-2 : 5e-3;
+    CHECK(eo < 1e-2 && el < 1e-4 && eq < eg && ekc < eg && ekb < eg && evc < 1e-2 && evb < 1e-2);
 
     cudaFree(dq_); cudaFree(dkc_); cudaFree(dvc_); cudaFree(dkb_); cudaFree(dvb_); cudaFree(ddo); cudaFree(dblk);
     cudaFree(dout_o); cudaFree(dlse); cudaFree(ddelta); cudaFree(gdq); cudaFree(gdkc); cudaFree(gdkb);
@@ -238,20 +242,99 @@ static void attn_case(int hd, int nh, int nkv, int bs)
     free(ql); free(tiles); free(p.blk);
 }
 
-int main(void)
+/* Speed at the drafter bench's shape: one 3072-token sequence, 512 blocks of 16 anchored in its
+ * last 7/8, 32/8 heads of 128. TFLOP/s count QK^T and PV of the visible keys (x 2.5 for the
+ * backward, FlashAttention's convention: its recomputation of S is not counted). */
+static void bench(int impl)
+{
+    const int T = 3072, nb = 512, bs = 16, nh = 32, nkv = 8, hd = 128, Q = nb * bs, qd = nh * hd, kvd = nkv * hd;
+    gk_dflash_block *blk = malloc(sizeof *blk * nb);
+    double keys = 0;
+    CHECK(blk);
+    for (int i = 0; i < nb; i++) {
+        blk[i] = (gk_dflash_block){ 0, gk_rng_int(T / 8, T - 2) };
+        keys += blk[i].ctx_end + bs;
+    }
+    uint16_t *hq = gk_rand_bf16((size_t)Q * qd, 1.0f, 0.f, NULL), *hk = gk_rand_bf16((size_t)(T + Q) * kvd, 1.0f, 0.f, NULL);
+    void *dq_ = gk_dev_upload(hq, (size_t)Q * qd * 2), *dk_ = gk_dev_upload(hk, (size_t)(T + Q) * kvd * 2);
+    void *dv_ = gk_dev_upload(hk, (size_t)(T + Q) * kvd * 2), *ddo = gk_dev_upload(hq, (size_t)Q * qd * 2);
+    void *dblk = gk_dev_upload(blk, sizeof *blk * nb), *dout = gk_dev_poisoned((size_t)Q * qd);
+    float *dlse, *ddelta, *gdq, *gdk;
+    void *gdv = gk_dev_poisoned((size_t)(T + Q) * kvd);
+    CUDA_CHECK(cudaMalloc((void **)&dlse, sizeof(float) * Q * nh));
+    CUDA_CHECK(cudaMalloc((void **)&ddelta, sizeof(float) * Q * nh));
+    CUDA_CHECK(cudaMalloc((void **)&gdq, sizeof(float) * Q * qd));
+    CUDA_CHECK(cudaMalloc((void **)&gdk, sizeof(float) * (T + Q) * kvd));
+    const uint16_t *kb = (const uint16_t *)dk_ + (size_t)T * kvd, *vb = (const uint16_t *)dv_ + (size_t)T * kvd;
+    gk_dflash_attn a = { .n_blocks = nb, .block_size = bs, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
+                         .scale = 1.0f / sqrtf((float)hd), .blocks = dblk, .q = dq_, .q_stride = qd, .kc = dk_,
+                         .kc_stride = kvd, .vc = dv_, .vc_stride = kvd, .kb = kb, .kb_stride = kvd, .vb = vb,
+                         .vb_stride = kvd, .o = dout, .o_stride = qd, .lse = dlse, .impl = impl };
+    int max = gk_dflash_max_tiles(T, nb);
+    int32_t *ql = malloc(sizeof *ql * nb);
+    gk_dflash_ktile *tiles = malloc(sizeof *tiles * (size_t)max);
+    CHECK(ql && tiles);
+    int nt = gk_dflash_plan(blk, nb, bs, T, ql, tiles, max);
+    CHECK(nt > 0);
+    void *dql = gk_dev_upload(ql, sizeof *ql * nb), *dtl = gk_dev_upload(tiles, sizeof *tiles * (size_t)nt);
+    gk_dflash_attn_grad g = { .dout = ddo, .dout_stride = qd, .delta = ddelta, .dq = gdq, .dq_stride = qd,
+                              .dkc = gdk, .dkc_stride = kvd, .dvc = gdv, .dvc_stride = kvd,
+                              .dkb = gdk + (size_t)T * kvd, .dkb_stride = kvd,
+                              .dvb = (uint16_t *)gdv + (size_t)T * kvd, .dvb_stride = kvd, .n_ctx = T,
+                              .qlist = dql, .tiles = dtl, .n_tiles = nt };
+    cudaEvent_t e0, e1, e2;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaEventCreate(&e2));
+    float tf = 0, tb = 0;
+    for (int rep = 0; rep < 4; rep++) {     /* the first is a warm-up */
+        CUDA_CHECK(cudaEventRecord(e0, 0));
+        CHECK_INT(gk_dflash_attn_fwd(&a, 0), ==, 0);
+        CUDA_CHECK(cudaEventRecord(e1, 0));
+        CHECK_INT(gk_dflash_attn_bwd(&a, &g, 0), ==, 0);
+        CUDA_CHECK(cudaEventRecord(e2, 0));
+        CUDA_CHECK(cudaEventSynchronize(e2));
+        float f, b;
+        CUDA_CHECK(cudaEventElapsedTime(&f, e0, e1));
+        CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
+        if (rep) { tf += f / 3; tb += b / 3; }
+    }
+    double flop = 4.0 * bs * nh * hd * keys;
+    printf("BENCH dflash_attn %s: %d blocks, T %d, 32/8 heads x 128: fwd %.3f ms (%.0f TFLOP/s), bwd %.3f ms "
+           "(%.0f TFLOP/s)\n", impl == GK_DFLASH_MMA ? "mma" : "simple", nb, T, tf, flop / tf / 1e9, tb,
+           2.5 * flop / tb / 1e9);
+    cudaFree(dq_); cudaFree(dk_); cudaFree(dv_); cudaFree(ddo); cudaFree(dblk); cudaFree(dout); cudaFree(gdv);
+    cudaFree(dlse); cudaFree(ddelta); cudaFree(gdq); cudaFree(gdk); cudaFree(dql); cudaFree(dtl);
+    free(hq); free(hk); free(blk); free(ql); free(tiles);
+}
+
+int main(int argc, char **argv)
 {
     gk_rng_seed();
     plan_tests();
     gk_test_require_gpu();
-    attn_case(16, 4, 2, 4);
-    attn_case(16, 2, 2, 16);
-    attn_case(64, 8, 2, 16);
-    attn_case(128, 4, 1, 16);
-    attn_case(128, 32, 8, 16);
-    attn_case(32, 6, 3, 7);
-    attn_case(256, 2, 1, 8);
+    if (argc > 1 && !strcmp(argv[1], "--bench")) {
+        bench(GK_DFLASH_SIMPLE);
+        bench(GK_DFLASH_MMA);
+        return 0;
+    }
+    attn_case(16, 4, 2, 4, GK_DFLASH_AUTO);
+    attn_case(16, 2, 2, 16, GK_DFLASH_AUTO);
+    attn_case(32, 6, 3, 7, GK_DFLASH_AUTO);
+    attn_case(256, 2, 1, 8, GK_DFLASH_AUTO);
+    for (int impl = GK_DFLASH_SIMPLE; impl <= GK_DFLASH_MMA; impl++) {
+        attn_case(64, 8, 2, 16, impl);
+        attn_case(64, 2, 2, 5, impl);       /* 5 query rows per CTA: padding rows */
+        attn_case(128, 4, 1, 16, impl);
+        attn_case(128, 32, 8, 16, impl);
+        if (!getenv("GK_TEST_QUICK"))
+            attn_case(128, 16, 2, 16, impl);    /* 128 rows per (block, kv head): two row tiles */
+    }
     gk_dflash_attn bad = { .n_blocks = 1, .block_size = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 48 };
     CHECK_INT(gk_dflash_attn_fwd(&bad, 0), ==, -EINVAL);
+    gk_dflash_attn bad2 = { .n_blocks = 1, .block_size = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
+                            .impl = GK_DFLASH_MMA };
+    CHECK_INT(gk_dflash_attn_fwd(&bad2, 0), ==, -EINVAL);
     return 0;
 }
 #else
