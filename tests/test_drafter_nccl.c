@@ -237,7 +237,9 @@ static pid_t spawn(int (*fn)(int, int), int arg, int fd, int close_fd)
     if (p == 0) {
         if (close_fd >= 0)
             close(close_fd);
-        _exit(fn(arg, fd));
+        int rc = fn(arg, fd);
+        fflush(NULL);       /* _exit does not flush: the child's lines would be lost */
+        _exit(rc);
     }
     return p;
 }
@@ -401,6 +403,7 @@ int main(void)
     /* a join that never completes gives up within its timeout */
     pid_t tp = spawn(timeout_entry, 0, -1, -1);
     CHECK_INT(wait_all(&tp, 1, 60.0, "lone rank"), ==, 0);
+    printf("lone rank: join returned %d after %.2f s (timeout 3 s)\n", rep->timeout_rc, rep->timeout_s);
     CHECK_INT(rep->timeout_rc, ==, -DF_ETIMEOUT);
     CHECK(rep->timeout_s >= 2.5 && rep->timeout_s < 30.0);
 
