@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 tools/install-deps.sh || { echo "dependency install failed"; echo "0 passed, 1 failed"; exit 1; }
 jobs=$(nproc)
 total_p=0 total_f=0 total_s=0
-phases=${CHECK_PHASES:-"plain asan tsan"}
+phases=${CHECK_PHASES:-"plain asan tsan fuzz"}
 
 run_phase() { # name, make args..., -- run.sh filter
   local name=$1; shift
@@ -45,6 +45,9 @@ for ph in $phases; do
     # TSan does not follow memory shared between processes: the ring, collective and
     # coordinator have thread variants of their concurrent tests; those run here.
     tsan)  run_phase tsan SAN=thread -- "${TSAN_TESTS:-_thread|coordinator|ledger}" ;;
+    # Every libFuzzer target for a bounded time (tools/fuzz.sh --ci); one result.
+    fuzz)  echo "=== fuzz: tools/fuzz.sh --ci"
+           if tools/fuzz.sh --ci; then total_p=$((total_p + 1)); else total_f=$((total_f + 1)); fi ;;
   esac
 done
 echo "$total_p passed, $total_f failed, $total_s skipped"
