@@ -308,7 +308,7 @@ class Soak:
                              (len(self.kill_log), v.name, v.proc.pid, 100 * prog, s["state"] if s else "?"))
                     last_kill = now()
                     next_gap = self.rng.uniform(a.gap_min, a.gap_max)
-            time.sleep(0.15)
+            time.sleep(a.poll)
         self.finish(points)
 
     # ---- the end ------------------------------------------------------------------------------
@@ -413,6 +413,7 @@ def main():
     ap.add_argument("--w-drafter", type=float, default=0.35)
     ap.add_argument("--w-coord", type=float, default=0.25)
     ap.add_argument("--max-minutes", type=float, default=10)
+    ap.add_argument("--poll", type=float, default=0.15, help="seconds between status polls")
     ap.add_argument("--scale", type=float, default=float(os.environ.get("DFLASH_TEST_TIME_SCALE", "1")))
     a = ap.parse_args()
     s = Soak(a)

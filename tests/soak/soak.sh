@@ -19,7 +19,7 @@ case ${1:-} in --short|--long) mode=${1#--}; shift;; esac
 if [[ $mode == short ]]; then
   samples=5000 epochs=2 kills=12 extra=(--min-per-kind 2 --gap-min 0.5 --gap-max 2.5 --max-minutes 8)
 else
-  samples=4000 epochs=40 kills=130 extra=(--min-per-kind 20 --gap-min 6 --gap-max 20 --max-minutes 150)
+  samples=8000 epochs=150 kills=130 extra=(--min-per-kind 20 --gap-min 3 --gap-max 10 --max-minutes 150 --poll 0.3)
 fi
 seed=$(( $(date +%s) % 100000 ))
 dir=
