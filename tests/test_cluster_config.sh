@@ -107,6 +107,21 @@ bad2 "s/^log_level = .*/log_level = loud/" "$(line log_level): cluster.log_level
 # A key given with -o is blamed on the override.
 "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o target.backend=tpu -t >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "override target.backend: 'tpu'" "$T/o.out" || fail "override error: $(tail -2 "$T/o.out")"
+# backend = cuda: checked without touching a GPU (-t); a build without the backend says so (78).
+for d in target drafter; do
+  "$CL_BIN/$d-d" -c "$CL_INI" -i 0 -o $d.backend=cuda -t >"$T/o.out" 2>&1
+  rc=$?
+  if grep -q "override $d.backend: cuda: this build has no CUDA" "$T/o.out"; then
+    [[ $rc == 78 ]] || fail "$d-d backend=cuda without CUDA: exit $rc"
+  else
+    [[ $rc == 0 ]] || fail "$d-d backend=cuda: exit $rc: $(tail -2 "$T/o.out")"
+  fi
+done
+# A CUDA drafter group of more than one rank needs NCCL.
+"$CL_BIN/drafter-d" -c "$CL_INI" -i 0 -o drafter.backend=cuda -o drafter.world_size=2 -t >"$T/o.out" 2>&1
+rc=$?
+grep -q "this build has no NCCL\|this build has no CUDA" "$T/o.out" && { [[ $rc == 78 ]] || fail "no NCCL: exit $rc"; } ||
+  { [[ $rc == 0 ]] || fail "drafter-d cuda world 2: exit $rc: $(tail -2 "$T/o.out")"; }
 # A missing config file is a config error too.
 "$CL_BIN/drafter-d" -c "$T/nope.ini" -i 0 >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "$T/nope.ini: cannot open" "$T/o.out" || fail "missing file: $(tail -2 "$T/o.out")"

@@ -17,6 +17,7 @@
 #include "common/timeutil.h"
 #include "ipc/client.h"
 #include "ipc/collective.h"
+#include "ipc/nccl_coll.h"
 #include "ipc/proto.h"
 #include "ipc/ring.h"
 #include "model/checkpoint.h"
@@ -24,9 +25,25 @@
 #include "model/hfconfig.h"
 #include "model/objective.h"
 #include "model/target.h"
+#ifdef DFLASH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#include "daemons/drafter/slot_feed.h"
+#include "model/drafter_cuda.h"
+#endif
 
-/* The small per-step all-reduce: who had a batch, who wants to stop, the metric sums. */
+/* The small per-step all-reduce: who had a batch, who wants to stop, the metric sums. On the
+ * CUDA backend only the first three go through it (the metrics are summed on the GPUs). */
 enum { SM_HAVE, SM_STOP, SM_SEQS, SM_NAN, SM_METRICS, SM_N = SM_METRICS + DRAFTER_METRICS_N };
+
+/* CUDA: a step enqueued but whose result (read a step later) is not applied yet. */
+struct step_rec {
+    uint64_t batch_id;
+    uint32_t epoch;
+    int have;                   /* this rank's batch is in the step */
+    int ghave;                  /* batches in the step over the group */
+    uint32_t gseqs;             /* sequences in the step over the group */
+};
+#define STEPS_IN_FLIGHT 4       /* drafter_cuda keeps up to 4 unread results */
 
 struct dft {
     struct daemon d;
@@ -49,6 +66,17 @@ struct dft {
     struct client *cl;
     struct ring *ring;
     struct coll *coll;
+    int cuda;                   /* drafter.backend = cuda: device = the instance index */
+#ifdef DFLASH_HAVE_CUDA
+    struct drafter_cuda *gpu;   /* the training state; f->dr is its host twin for checkpoints */
+    struct feed *feed;
+    struct nccl_coll *nccl;     /* world > 1: gradients and metrics summed over NCCL */
+    cudaEvent_t gpu_done;       /* recorded after each enqueued step: the GPU has caught up */
+    struct step_rec fl[STEPS_IN_FLIGHT];
+    int fl_head, fl_n;
+    uint64_t last_result_ns;
+    int ring_pinned;
+#endif
     FILE *metrics;
     int metrics_rank;
 
@@ -69,6 +97,7 @@ struct dft {
     int stop_now;               /* STOP pushed */
     int stop_vote;              /* stop signal: leave after this step, with a checkpoint */
     int poisoned;               /* a non-finite loss was seen: never checkpoint from here */
+    int voted_out;              /* CUDA: this rank's stop vote went through: leave */
 
     /* training position */
     struct ckpt_train_state ts;
@@ -79,6 +108,7 @@ struct dft {
     /* statistics */
     uint64_t batches;           /* trained by this rank */
     double loss, accuracy, accept_len, grad_norm, lr, tokens_per_s, idle_frac, step_ms;
+    double idle_s;              /* total time waiting for slots with nothing to compute */
     uint64_t last_step_end_ns;
 };
 
@@ -91,9 +121,17 @@ static int check_config(struct dft *f, char *err, size_t errlen)
     const struct dflash_cfg *cfg = f->cfg;
     struct daemon *d = &f->d;
     char why[512];
-    if (strcmp(cfg->drafter.backend, "cpu")) {
-        if (!strcmp(cfg->drafter.backend, "cuda"))
-            return daemon_key_error(d, "drafter", "backend", err, errlen, "cuda: the drafter has no CUDA backend yet");
+    if (!strcmp(cfg->drafter.backend, "cuda")) {
+#ifdef DFLASH_HAVE_CUDA
+        f->cuda = 1;
+        if (cfg->drafter.world_size > 1 && !nccl_coll_available())
+            return daemon_key_error(d, "drafter", "backend", err, errlen,
+                                    "cuda with world_size %lld: this build has no NCCL",
+                                    (long long)cfg->drafter.world_size);
+#else
+        return daemon_key_error(d, "drafter", "backend", err, errlen, "cuda: this build has no CUDA drafter backend");
+#endif
+    } else if (strcmp(cfg->drafter.backend, "cpu")) {
         return daemon_key_error(d, "drafter", "backend", err, errlen, "'%s': expected cpu or cuda", cfg->drafter.backend);
     }
     if (!strcmp(cfg->drafter.pick, "oldest"))
@@ -153,20 +191,61 @@ static int check_config(struct dft *f, char *err, size_t errlen)
 
 /* ---- model ------------------------------------------------------------------------------ */
 
+/* The host drafter: the model itself on the CPU backend; on CUDA the twin that checkpoints are
+ * loaded into and saved from (it never runs a batch, so its activations are minimal). */
 static int make_drafter(struct dft *f, char *err, size_t errlen)
 {
     drafter_free(f->dr);
     f->dr = NULL;
     const struct ring_layout *l = ring_layout(f->ring);
-    return drafter_create(&f->dr, &f->dc, f->embed, f->lm_head, (int)l->max_tokens, f->max_blocks,
+    int max_tokens = f->cuda ? 2 : (int)l->max_tokens, max_blocks = f->cuda ? 1 : f->max_blocks;
+    return drafter_create(&f->dr, &f->dc, f->embed, f->lm_head, max_tokens, max_blocks,
                           (uint64_t)f->cfg->drafter.seed, err, errlen);
 }
+
+static int64_t step_count(const struct dft *f)
+{
+#ifdef DFLASH_HAVE_CUDA
+    if (f->gpu)
+        return drafter_cuda_step_count(f->gpu);
+#endif
+    return f->dr ? drafter_step_count(f->dr) : 0;
+}
+
+#ifdef DFLASH_HAVE_CUDA
+/* The device state from the host drafter (created on first use). */
+static int gpu_load(struct dft *f, char *err, size_t errlen)
+{
+    if (f->gpu) {
+        int r = drafter_cuda_load_from_host(f->gpu, f->dr);
+        if (r < 0)
+            snprintf(err, errlen, "loading the drafter onto GPU %d: %s", f->d.index, err_str(r));
+        return r;
+    }
+    const struct ring_layout *l = ring_layout(f->ring);
+    struct drafter_cuda_opts o = { .device = f->d.index };
+    int r = drafter_cuda_create(&f->gpu, f->dr, (int)l->max_tokens, f->max_blocks, &o, err, errlen);
+    if (r < 0)
+        return r;
+    if (cudaEventCreateWithFlags(&f->gpu_done, cudaEventDisableTiming) != cudaSuccess) {
+        f->gpu_done = NULL;
+        snprintf(err, errlen, "cudaEventCreate on GPU %d: %s", f->d.index, cudaGetErrorString(cudaGetLastError()));
+        return -DF_ECUDA;
+    }
+    return 0;
+}
+#endif
 
 /* Weights for a new group: the group's checkpoint, or a fresh init (same seed on every rank). */
 static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen)
 {
-    if (!f->dirty && f->dr && !strcmp(dir, f->loaded))
+    if (!f->dirty && f->dr && !strcmp(dir, f->loaded)) {
+#ifdef DFLASH_HAVE_CUDA
+        if (f->cuda && !f->gpu)
+            return gpu_load(f, err, errlen);
+#endif
         return 0;
+    }
     int r = make_drafter(f, err, errlen);
     if (r < 0)
         return r;
@@ -180,6 +259,10 @@ static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen
     } else {
         log_notice("starting from a fresh drafter (seed %lld)", (long long)f->cfg->drafter.seed);
     }
+#ifdef DFLASH_HAVE_CUDA
+    if (f->cuda && (r = gpu_load(f, err, errlen)) < 0)
+        return r;
+#endif
     snprintf(f->loaded, sizeof f->loaded, "%s", dir);
     f->dirty = 0;
     f->saved_step = drafter_step_count(f->dr);
@@ -240,18 +323,44 @@ static void prune_checkpoints(struct dft *f)
         free(names[i]);
 }
 
+#ifdef DFLASH_HAVE_CUDA
+static int gpu_settle(struct dft *f);
+#endif
+
 /* Rank 0: write a checkpoint of the current step and report it. Every rank: reset the count. */
 static int checkpoint(struct dft *f, const char *why)
 {
+#ifdef DFLASH_HAVE_CUDA
+    /* Every step's result first: a non-finite one must stop this checkpoint, and the steps
+     * count exactly. */
+    if (f->gpu) {
+        int r = gpu_settle(f);
+        if (r < 0) {
+            log_error(r, "no checkpoint (%s): the steps in flight did not complete", why);
+            return r;
+        }
+    }
+#endif
     if (f->poisoned) {
         log_warn(0, "no checkpoint (%s): a non-finite loss was seen in this state", why);
         return 0;
     }
-    int64_t step = drafter_step_count(f->dr);
+    int64_t step = step_count(f);
     if (f->rank == 0 && (step != f->saved_step || f->unsaved)) {
         char dir[PROTO_PATH_MAX], err[1024];
         uint64_t t0 = mono_ns();
         daemon_notify_status(&f->d, "writing checkpoint of step %" PRId64, step);
+#ifdef DFLASH_HAVE_CUDA
+        if (f->gpu) {
+            int r = drafter_cuda_sync_to_host(f->gpu, f->dr);
+            if (r < 0) {
+                log_error(r, "checkpoint: copying the state from the GPU");
+                client_error(f->cl, 0, r, "checkpoint of step %" PRId64 ": copying the state from the GPU: %s", step,
+                             err_str(r));
+                return r;
+            }
+        }
+#endif
         f->ts.step = step;
         if (mkdir(f->ckpt_root, 0750) < 0 && errno != EEXIST) {
             int r = -errno;
@@ -282,7 +391,7 @@ static void set_heartbeat(struct dft *f)
     struct proto_heartbeat hb = {
         .state = (uint32_t)f->state,
         .batches_done = f->batches,
-        .step = f->dr ? (uint64_t)drafter_step_count(f->dr) : 0,
+        .step = (uint64_t)step_count(f),
         .tokens_per_s = f->tokens_per_s,
         .loss = f->loss,
         .accuracy = f->accuracy,
@@ -295,12 +404,33 @@ static void set_heartbeat(struct dft *f)
     client_set_heartbeat(f->cl, &hb);
 }
 
-static void leave_group(struct dft *f)
+/* broken: the group failed, so a collective may never complete: abort rather than finish it. */
+static void leave_group_how(struct dft *f, int broken)
 {
+#ifdef DFLASH_HAVE_CUDA
+    if (f->nccl && broken)
+        nccl_coll_abort(f->nccl, -DF_EDEAD);
+    nccl_coll_close(f->nccl);
+    f->nccl = NULL;
+    /* Staged slots not yet released go back to READY for the next generation; steps in flight
+     * are forgotten (their batches were trained after the group's checkpoint: re-queued by the
+     * coordinator), the next GROUP reloads the weights. */
+    if (f->feed)
+        feed_drop_all(f->feed);
+    f->fl_n = 0;
+    f->fl_head = 0;
+    if (f->gpu && !broken)
+        cudaStreamSynchronize((cudaStream_t)drafter_cuda_stream(f->gpu));
+#endif
     coll_close(f->coll);
     f->coll = NULL;
     f->in_group = 0;
     f->joined = 0;
+}
+
+static void leave_group(struct dft *f)
+{
+    leave_group_how(f, 0);
 }
 
 static void handle_msg(struct dft *f, const struct proto_msg *m)
@@ -313,7 +443,7 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
     case PROTO_RESTART:
         log_notice("drafter group restarts as generation %" PRIu64 " from %s", m->restart.generation,
                    m->restart.ckpt_dir[0] ? m->restart.ckpt_dir : "scratch");
-        leave_group(f);
+        leave_group_how(f, 1);     /* a peer is gone: its collectives will not complete */
         f->have_group = 0;
         f->await_restart = 0;
         break;
@@ -406,6 +536,28 @@ static void derive_total_steps(struct dft *f)
     free(json);
 }
 
+#ifdef DFLASH_HAVE_CUDA
+/* The NCCL group of this generation. ncclGetUniqueId's rendezvous lives in the process that
+ * makes the id, so rank 0 makes it (the coordinator, which has no CUDA, cannot: the id bytes in
+ * GROUP are not used) and hands it to the others over the generation's shm collective. */
+static int open_nccl(struct dft *f, int timeout_ms, char *err, size_t errlen)
+{
+    uint8_t id[NCCL_COLL_ID_BYTES] = { 0 };
+    int r = 0;
+    if (f->rank == 0 && (r = nccl_coll_make_id(id, err, errlen)) < 0)
+        return r;
+    if ((r = coll_broadcast(f->coll, id, sizeof id, 0)) < 0) {
+        snprintf(err, errlen, "handing the NCCL id to the group: %s", err_str(r));
+        return r;
+    }
+    daemon_notify_status(&f->d, "joining the NCCL group of generation %" PRIu64, f->generation);
+    daemon_watchdog(&f->d);
+    r = nccl_coll_open(&f->nccl, id, f->rank, f->world, f->d.index, timeout_ms, err, errlen);
+    daemon_watchdog(&f->d);
+    return r;
+}
+#endif
+
 /* Apply a GROUP: weights from its checkpoint, the collective of its generation. */
 static int enter_group(struct dft *f, char *err, size_t errlen)
 {
@@ -428,7 +580,16 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
         daemon_watchdog(&f->d);
         if (r < 0)
             return r;
+#ifdef DFLASH_HAVE_CUDA
+        if (f->cuda && (r = open_nccl(f, (int)to, err, errlen)) < 0) {
+            coll_abort(f->coll, r);
+            coll_close(f->coll);
+            f->coll = NULL;
+            return r;
+        }
+#endif
     }
+    f->voted_out = 0;
     if (f->total_steps_hint && !f->cfg->drafter.total_steps)
         f->topt.total_steps = (int64_t)((f->total_steps_hint + (uint64_t)f->world - 1) / (uint64_t)f->world);
     f->in_group = 1;
@@ -446,7 +607,7 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
         f->metrics_rank = f->rank;
     }
     log_notice("in drafter group generation %" PRIu64 ": rank %d of %d, step %" PRId64 ", lr horizon %" PRId64
-               " steps", f->generation, f->rank, f->world, drafter_step_count(f->dr), f->topt.total_steps);
+               " steps", f->generation, f->rank, f->world, step_count(f), f->topt.total_steps);
     daemon_notify_status(&f->d, "training: rank %d of %d, generation %" PRIu64, f->rank, f->world, f->generation);
     return 0;
 }
@@ -531,7 +692,7 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
 static int group_broken(struct dft *f, int code)
 {
     log_warn(code, "drafter group generation %" PRIu64 ": collective failed", f->generation);
-    leave_group(f);
+    leave_group_how(f, 1);
     f->await_restart = 1;
     uint64_t deadline = mono_ms() + 2ull * (uint64_t)f->cfg->coordinator.dead_after_ms + 2000;
     while (mono_ms() < deadline) {
@@ -554,10 +715,11 @@ static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const
     fprintf(f->metrics,
             "{\"time\":%.3f,\"rank\":%d,\"generation\":%" PRIu64 ",\"step\":%" PRId64 ",\"epoch\":%" PRIu64
             ",\"batch\":%" PRId64 ",\"loss\":%.6g,\"accuracy\":%.6g,\"accept_len\":%.6g,\"grad_norm\":%.6g"
-            ",\"lr\":%.6g,\"tokens\":%.0f,\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"idle_frac\":%.3f}\n",
+            ",\"lr\":%.6g,\"tokens\":%.0f,\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"idle_frac\":%.3f"
+            ",\"samples\":%" PRIu64 ",\"idle_s\":%.3f}\n",
             now_s(), f->rank, f->generation, info->step, f->ts.epoch, have ? (int64_t)batch_id : (int64_t)-1,
             drafter_metrics_loss(gm), drafter_metrics_accuracy(gm), drafter_metrics_accept_len(gm), info->grad_norm,
-            info->lr, gm->tokens, f->tokens_per_s, f->step_ms, f->idle_frac);
+            info->lr, gm->tokens, f->tokens_per_s, f->step_ms, f->idle_frac, f->ts.samples, f->idle_s);
     fflush(f->metrics);
 }
 
@@ -658,6 +820,7 @@ static int iterate(struct dft *f)
     if (f->last_step_end_ns) {
         double idle = ghave > 0 ? (double)(t1 - t0) / (double)(t3 - t0 + 1) : 1.0;
         f->idle_frac = 0.9 * f->idle_frac + 0.1 * idle;
+        f->idle_s += ghave > 0 ? (double)(t1 - t0) / 1e9 : (double)(t3 - t0) / 1e9;
     }
     f->last_step_end_ns = t3;
 
@@ -676,6 +839,289 @@ static int iterate(struct dft *f)
     }
     return 0;
 }
+
+#ifdef DFLASH_HAVE_CUDA
+/* ---- one step on the CUDA backend ----------------------------------------------------------
+ *
+ * Per iteration: release the slots whose H2D has completed; stage up to FEED_DEPTH READY slots
+ * (H2D on the feed's copy stream, overlapping the step in flight); enqueue the step of the oldest
+ * staged batch; the small host all-reduce (who has a batch, who stops); gradients and metric
+ * sums summed over NCCL on the drafter's stream; AdamW; then read the result of the step before
+ * (metrics and norm were copied back behind an event): no per-step host sync on the step itself. */
+
+/* A step's result, read a step after it was enqueued: count its batches, report TRAINED. */
+static void apply_result(struct dft *f, const struct step_rec *rec, int rc, const struct drafter_metrics *gm,
+                         const struct drafter_step_info *info)
+{
+    if (rc == -DF_ENAN) {
+        /* Skipped on every rank (all see the same summed metrics); the weights are untouched. */
+        f->poisoned = 1;
+        log_error(rc, "step %" PRId64 ": loss sum %g / gradient norm %g not finite: step skipped, cluster pausing",
+                  info->step + 1, gm->loss_sum, info->grad_norm);
+        if (f->rank == 0)
+            client_error(f->cl, 0, -DF_ENAN, "%s: loss or gradient norm not finite at step %" PRId64 " (batch %" PRId64
+                         " of rank 0)", f->d.ident, info->step + 1, rec->have ? (int64_t)rec->batch_id : (int64_t)-1);
+        return;
+    }
+    /* 0, or -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
+    uint64_t now = mono_ns();
+    f->unsaved += (uint64_t)rec->ghave;
+    if (rec->have) {
+        if (rec->epoch != f->ts.epoch)
+            f->ts.batch_in_epoch = 0;
+        f->ts.epoch = rec->epoch;
+    }
+    f->ts.batch_in_epoch += (uint64_t)rec->ghave;
+    f->ts.samples += rec->gseqs;
+    f->ts.tokens += (uint64_t)gm->tokens;
+    if (rec->have) {
+        f->batches++;
+        client_trained(f->cl, rec->batch_id, (uint64_t)info->step, (uint32_t)f->rank, f->generation);
+    }
+    /* Steps are pipelined: their rate is from result to result. */
+    double dt = f->last_result_ns ? (double)(now - f->last_result_ns) / 1e9 : 0;
+    f->last_result_ns = now;
+    f->loss = drafter_metrics_loss(gm);
+    f->accuracy = drafter_metrics_accuracy(gm);
+    f->accept_len = drafter_metrics_accept_len(gm);
+    if (rc == 0) {
+        f->grad_norm = info->grad_norm;
+        f->lr = info->lr;
+    }
+    if (dt > 0) {
+        f->step_ms = dt * 1e3;
+        double rate = gm->tokens / dt;
+        f->tokens_per_s = f->tokens_per_s ? 0.8 * f->tokens_per_s + 0.2 * rate : rate;
+    }
+    write_metrics(f, gm, info, rec->batch_id, rec->have);
+}
+
+/* Release the staged slots whose H2D is done (wait: first wait for those copies). */
+static int release_slots(struct dft *f, int wait)
+{
+    int r = feed_release_done(f->feed, wait);
+    if (r < 0)
+        log_error(r, "copy of a slot to GPU %d", f->d.index);
+    else if (r > 0)
+        log_warn(-DF_ESTATE, "%d staged batch%s lost: the slot was reclaimed during its copy (redelivered)", r,
+                 r == 1 ? "" : "es");
+    return r < 0 ? r : 0;
+}
+
+/* Read results until at most `keep` steps are in flight. 0; -DF_EDEAD-like codes from the NCCL
+ * wait (*group_failed set); -DF_ECUDA. */
+static int gpu_results(struct dft *f, int keep, int *group_failed)
+{
+    *group_failed = 0;
+    while (f->fl_n > keep) {
+        int r;
+        /* The staged copies finish long before the step: their slots go back to the targets
+         * now rather than after the wait (unbounded host waits only without a group to hang on). */
+        if ((r = release_slots(f, !f->nccl)) < 0)
+            return r;
+        if (f->nccl && (r = nccl_coll_wait(f->nccl, drafter_cuda_result_event(f->gpu))) < 0) {
+            *group_failed = 1;
+            return r;
+        }
+        struct drafter_metrics gm;
+        struct drafter_step_info info;
+        r = drafter_cuda_step_result(f->gpu, 1, &gm, &info);
+        if (r < 0 && r != -DF_ENAN && r != -DF_ERANGE) {
+            log_error(r, "reading the result of a step");
+            return r;
+        }
+        struct step_rec rec = f->fl[f->fl_head];
+        f->fl_head = (f->fl_head + 1) % STEPS_IN_FLIGHT;
+        f->fl_n--;
+        apply_result(f, &rec, r, &gm, &info);
+    }
+    return 0;
+}
+
+/* Every step's result read (before a checkpoint). */
+static int gpu_settle(struct dft *f)
+{
+    int failed;
+    return gpu_results(f, 0, &failed);
+}
+
+/* Wait up to slice_ms for a READY slot. The part of the wait during which the GPU had nothing
+ * left to do is the drafter's idle time (*idle_ns). */
+static int wait_slot(struct dft *f, int slice_ms, unsigned *slot, uint64_t *idle_ns)
+{
+    uint64_t end = mono_ns() + (uint64_t)slice_ms * 1000000ull;
+    for (;;) {
+        uint64_t now = mono_ns();
+        if (now >= end)
+            return -DF_ETIMEOUT;
+        int busy = f->fl_n > 0 && cudaEventQuery(f->gpu_done) == cudaErrorNotReady;
+        int ms = busy ? 1 : (int)((end - now + 999999) / 1000000);
+        int r = ring_claim_read(f->ring, &f->pick, ms, slot);
+        if (!busy)
+            *idle_ns += mono_ns() - now;
+        if (r != -DF_ETIMEOUT)
+            return r;
+    }
+}
+
+/* Claim READY slots into the feed until it is full; waits (a slice) only when nothing is staged. */
+static int fill_feed(struct dft *f, uint64_t *idle_ns)
+{
+    while (feed_count(f->feed) < FEED_DEPTH) {
+        unsigned slot;
+        int r = feed_count(f->feed) ? ring_claim_read(f->ring, &f->pick, 0, &slot)
+                                    : wait_slot(f, (int)daemon_wait_slice_ms(&f->d, 200), &slot, idle_ns);
+        if (r == -DF_ETIMEOUT || r == -EINTR)
+            return 0;
+        if (r < 0) {
+            log_error(r, "ring_claim_read");
+            return r;
+        }
+        uint64_t id = ring_slot_header(f->ring, slot)->batch_id;
+        r = feed_stage(f->feed, slot);
+        if (r == -DF_ERANGE) {
+            log_error(r, "slot %u, batch %" PRIu64 ": header out of the ring's bounds", slot, id);
+            client_error(f->cl, 0, r, "slot %u batch %" PRIu64 ": header out of the ring's bounds", slot, id);
+            continue;
+        }
+        if (r < 0) {
+            log_error(r, "copy of slot %u to GPU %d", slot, f->d.index);
+            return r;
+        }
+    }
+    return 0;
+}
+
+/* Enqueue the forward/backward of the oldest staged batch. 1 enqueued, 0 nothing usable, <0. */
+static int enqueue_batch(struct dft *f, uint64_t *batch_id, uint32_t *epoch, uint32_t *n_seqs)
+{
+    int lost, rc;
+    struct feed_batch *fb;
+    while ((fb = feed_front(f->feed, &lost, &rc)) || lost) {
+        if (lost)
+            log_warn(-DF_ESTATE, "%d staged batch%s lost: the slot was reclaimed during its copy (redelivered)", lost,
+                     lost == 1 ? "" : "es");
+        if (!fb)
+            break;
+        char err[512];
+        int r = obj_batch_check(&fb->b, f->dc.vocab_size, err, sizeof err);
+        if (r < 0) {
+            log_error(r, "slot %u, batch %" PRIu64 ": %s", fb->slot, fb->batch_id, err);
+            client_error(f->cl, 0, r, "slot %u batch %" PRIu64 ": %s", fb->slot, fb->batch_id, err);
+            feed_consumed(f->feed, NULL);
+            continue;
+        }
+        struct obj_rng_key key = { .seed = (uint64_t)f->cfg->drafter.seed, .epoch = fb->epoch,
+                                   .batch_id = fb->batch_id, .rank = (uint32_t)f->rank };
+        int nb = obj_sample_anchors(&fb->b, (int)f->cfg->drafter.num_anchors, &key, f->blocks, f->max_blocks, f->work);
+        if (nb < 0) {
+            log_error(nb, "anchors of batch %" PRIu64, fb->batch_id);
+            return nb;
+        }
+        r = drafter_cuda_forward_backward_async(f->gpu, &fb->b, f->blocks, nb, f->cfg->drafter.gamma);
+        if (r < 0) {
+            log_error(r, "forward/backward of batch %" PRIu64, fb->batch_id);
+            return r;
+        }
+        if (f->cfg->drafter.debug_nan_step >= 0 && step_count(f) + 1 == f->cfg->drafter.debug_nan_step) {
+            static const double nan_loss = NAN;
+            log_warn(0, "debug: making the loss of step %" PRId64 " NaN (drafter.debug_nan_step)", step_count(f) + 1);
+            if (cudaMemcpyAsync(drafter_cuda_metrics_dev(f->gpu), &nan_loss, sizeof nan_loss, cudaMemcpyHostToDevice,
+                                (cudaStream_t)drafter_cuda_stream(f->gpu)) != cudaSuccess)
+                return -DF_ECUDA;
+        }
+        *batch_id = fb->batch_id;
+        *epoch = fb->epoch;
+        *n_seqs = (uint32_t)fb->b.n_seqs;
+        if ((r = feed_consumed(f->feed, drafter_cuda_input_event(f->gpu))) < 0)
+            return r;
+        return 1;
+    }
+    return rc;
+}
+
+static int iterate_cuda(struct dft *f)
+{
+    uint64_t t0 = mono_ns(), idle_ns = 0;
+    int consuming = f->state == PROTO_STATE_RUNNING || f->state == PROTO_STATE_DRAINING ||
+                    f->state == PROTO_STATE_STARTING;
+    int r, failed;
+    if ((r = release_slots(f, 0)) < 0)
+        return r;
+    if (consuming && !f->stop_vote) {
+        if ((r = fill_feed(f, &idle_ns)) < 0)
+            return r;
+    } else if (!f->stop_vote || !feed_count(f->feed)) {
+        /* paused (or stopping with nothing staged): keep the group in step, slowly */
+        if ((r = gpu_results(f, 0, &failed)) < 0)
+            return failed ? group_broken(f, r) : r;
+        if (!f->stop_vote) {
+            uint64_t w = mono_ns();
+            usleep((useconds_t)daemon_wait_slice_ms(&f->d, 200) * 1000);
+            idle_ns += mono_ns() - w;
+        }
+    }
+    uint64_t batch_id = 0;
+    uint32_t epoch = 0, n_seqs = 0;
+    int have = 0;
+    /* Staged batches are trained even after a stop vote: their slots are already released. */
+    if ((consuming || f->stop_vote) && (have = enqueue_batch(f, &batch_id, &epoch, &n_seqs)) < 0)
+        return have;
+    float sm[3] = { (float)have, f->stop_vote && !feed_count(f->feed) ? 1.0f : 0.0f, (float)n_seqs };
+    if (f->coll && (r = coll_allreduce_sum(f->coll, sm, 3)) < 0)
+        return group_broken(f, r);
+    int ghave = (int)sm[SM_HAVE], gstop = sm[SM_STOP] > 0;
+    if (ghave > 0) {
+        cudaStream_t s = (cudaStream_t)drafter_cuda_stream(f->gpu);
+        size_t n;
+        float *g = drafter_cuda_grads(f->gpu, &n);
+        double *mv = drafter_cuda_metrics_dev(f->gpu);
+        if (!have && (cudaMemsetAsync(g, 0, n * sizeof *g, s) != cudaSuccess ||
+                      cudaMemsetAsync(mv, 0, DRAFTER_METRICS_N * sizeof *mv, s) != cudaSuccess))
+            return -DF_ECUDA;   /* this rank adds nothing to the sums */
+        if (f->nccl && (r = nccl_coll_allreduce_sum(f->nccl, g, n, mv, DRAFTER_METRICS_N, s)) < 0)
+            return group_broken(f, r);
+        if (f->fl_n == STEPS_IN_FLIGHT && (r = gpu_results(f, STEPS_IN_FLIGHT - 1, &failed)) < 0)
+            return failed ? group_broken(f, r) : r;
+        if ((r = drafter_cuda_optimizer_step_async(f->gpu, &f->topt)) < 0) {
+            log_error(r, "optimizer step");
+            return r;
+        }
+        if (cudaEventRecord(f->gpu_done, s) != cudaSuccess)
+            return -DF_ECUDA;
+        f->fl[(f->fl_head + f->fl_n) % STEPS_IN_FLIGHT] =
+            (struct step_rec){ .batch_id = batch_id, .epoch = epoch, .have = have, .ghave = ghave,
+                               .gseqs = (uint32_t)sm[SM_SEQS] };
+        f->fl_n++;
+        f->dirty = 1;
+    }
+    /* One step stays in flight while the group keeps stepping; none when it stops. */
+    if ((r = gpu_results(f, ghave > 0 ? 1 : 0, &failed)) < 0)
+        return failed ? group_broken(f, r) : r;
+    uint64_t t3 = mono_ns();
+    if (f->last_step_end_ns) {
+        f->idle_frac = 0.9 * f->idle_frac + 0.1 * (double)idle_ns / (double)(t3 - t0 + 1);
+        f->idle_s += (double)idle_ns / 1e9;
+    }
+    f->last_step_end_ns = t3;
+
+    int64_t step = step_count(f);
+    if (gstop)
+        checkpoint(f, "a rank is stopping");
+    else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
+        checkpoint(f, "periodic");
+    else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step))
+        checkpoint(f, "draining");
+    if (gstop && f->stop_vote)
+        f->voted_out = 1;
+    else if (gstop) {
+        log_notice("a peer of generation %" PRIu64 " is stopping: waiting for the group to restart", f->generation);
+        leave_group(f);
+        f->await_restart = 1;
+    }
+    return 0;
+}
+#endif
 
 /* ---- start ------------------------------------------------------------------------------ */
 
@@ -804,9 +1250,23 @@ int main(int argc, char **argv)
         log_error(r, "drafter: %s", err);
         goto out;
     }
+#ifdef DFLASH_HAVE_CUDA
+    if (f->cuda) {
+        daemon_notify_status(&f->d, "setting up the drafter on GPU %d", f->d.index);
+        if ((r = gpu_load(f, err, sizeof err)) < 0 ||
+            (r = feed_create(&f->feed, f->ring, f->d.index, &f->ring_pinned, err, sizeof err)) < 0) {
+            log_error(r, "GPU %d: %s", f->d.index, err);
+            goto out;
+        }
+        if (!f->ring_pinned)
+            log_warn(0, "cudaHostRegister of ring %s failed: copies out of it stay pageable (slower)",
+                     ring_name(f->ring));
+    }
+#endif
     derive_total_steps(f);
-    log_notice("ready: drafter %d layers, %zu parameters, block %d, ring %s, cluster %s", f->dc.num_layers,
-               f->dr->n_params, f->dc.block_size, ring_name(f->ring), proto_state_name((unsigned)f->state));
+    log_notice("ready: drafter %d layers, %zu parameters, block %d, ring %s, cluster %s, backend %s", f->dc.num_layers,
+               f->dr->n_params, f->dc.block_size, ring_name(f->ring), proto_state_name((unsigned)f->state),
+               f->cuda ? "cuda" : "cpu");
     daemon_notify_ready(&f->d, "waiting for the drafter group");
 
     uint64_t last_status = 0;
@@ -837,6 +1297,14 @@ int main(int argc, char **argv)
             continue;
         }
         int stopping = f->stop_vote;
+#ifdef DFLASH_HAVE_CUDA
+        if (f->gpu) {
+            /* A stop vote goes through once the staged batches are trained. */
+            if ((r = iterate_cuda(f)) < 0)
+                goto out;
+            stopping = f->voted_out;
+        } else
+#endif
         if ((r = iterate(f)) < 0)
             goto out;
         if (stopping)
@@ -844,18 +1312,27 @@ int main(int argc, char **argv)
         if (mono_ms() - last_status > 2000) {
             last_status = mono_ms();
             daemon_notify_status(&f->d, "%s: step %" PRId64 ", loss %.4f, accept %.2f, %.0f tok/s, rank %d/%d",
-                                 proto_state_name((unsigned)f->state), drafter_step_count(f->dr), f->loss,
+                                 proto_state_name((unsigned)f->state), step_count(f), f->loss,
                                  f->accept_len, f->tokens_per_s, f->rank, f->world);
         }
     }
     if (f->stop_now && f->in_group)
         checkpoint(f, "stop");
-    daemon_notify_stopping(&f->d, "leaving at step %" PRId64, f->dr ? drafter_step_count(f->dr) : 0);
+    daemon_notify_stopping(&f->d, "leaving at step %" PRId64, step_count(f));
     flush_events(f, 5000);
-    log_notice("leaving at step %" PRId64 " after %" PRIu64 " batches", f->dr ? drafter_step_count(f->dr) : 0,
-               f->batches);
+    log_notice("leaving at step %" PRId64 " after %" PRIu64 " batches, %.1f s idle waiting for slots", step_count(f),
+               f->batches, f->idle_s);
     code = DAEMON_EX_OK;
 out:
+#ifdef DFLASH_HAVE_CUDA
+    if (code != DAEMON_EX_OK && f->nccl)
+        nccl_coll_abort(f->nccl, -DF_EDEAD);
+    nccl_coll_close(f->nccl);
+    feed_free(f->feed);     /* staged slots still held go back to READY */
+    if (f->gpu_done)
+        cudaEventDestroy(f->gpu_done);
+    drafter_cuda_free(f->gpu);
+#endif
     coll_close(f->coll);
     if (f->metrics)
         fclose(f->metrics);

@@ -37,6 +37,21 @@ struct tgt {
     struct dataset ds;
     char sock[108];
     int ring_pinned;                /* CUDA: the ring mapping is registered for DMA */
+#ifdef DFLASH_HAVE_TARGET_CUDA
+    /* CUDA: the double-buffered pipeline; a batch is published from its completion callback. */
+    struct target_pipe *pipe;
+    struct inflight {
+        struct tgt *t;
+        int used;
+        unsigned slot;
+        uint64_t batch_id;
+        uint32_t n_tokens;
+        uint64_t t_claimed, t_submitted;   /* mono_ns */
+        double wait_ms;
+    } inflight[TARGET_PIPE_DEPTH + 1];
+    int pipe_error;                 /* a batch failed on the GPU: leave, systemd restarts */
+    uint64_t last_publish_ns;
+#endif
 
     int state;                      /* cluster state as last pushed (enum proto_cluster_state) */
     int draining;                   /* DRAIN received or stop signal: finish, return, leave */
@@ -298,22 +313,49 @@ static void poison(struct tgt *t, unsigned slot, uint32_t n_tokens)
         h[(size_t)i * row + i % row] = 0x7fc0;  /* bf16 quiet NaN */
 }
 
-/* One lease: slot, pack, forward into the slot, publish. 0 done (or dropped), <0 fatal. */
-static int run_batch(struct tgt *t, uint64_t batch_id)
+#ifdef DFLASH_HAVE_TARGET_CUDA
+/* Run the completion callbacks of the batches whose copies have landed (never blocks). */
+static int poll_pipe(struct tgt *t)
 {
-    char err[512];
-    uint64_t t0 = mono_ns();
-    unsigned slot;
+    if (!t->pipe)
+        return 0;
+    int r = target_pipe_poll(t->pipe);
+    if (r < 0 && !t->pipe_error) {
+        log_error(r, "the CUDA pipeline failed");
+        t->pipe_error = r;
+    }
+    return t->pipe_error;
+}
+#endif
+
+static int pipe_pending(const struct tgt *t)
+{
+#ifdef DFLASH_HAVE_TARGET_CUDA
+    if (t->pipe)
+        return target_pipe_pending(t->pipe);
+#endif
+    return 0;
+}
+
+/* Wait for a FREE slot for the lease, in short slices: heartbeats, the watchdog and (CUDA) the
+ * publishing of finished batches go on meanwhile. 1 and *slot, 0 (lease gone, stop, drain), <0. */
+static int claim_slot(struct tgt *t, uint64_t batch_id, unsigned *slot)
+{
     int r;
     for (;;) {
-        /* Wait for a FREE slot in short slices: heartbeats and the watchdog go on meanwhile. */
-        r = ring_claim_write(t->ring, (int)daemon_wait_slice_ms(&t->d, 100), &slot);
+        /* With batches in the pipeline, come back often to publish them as they complete. */
+        int ms = pipe_pending(t) ? 1 : (int)daemon_wait_slice_ms(&t->d, 100);
+        r = ring_claim_write(t->ring, ms, slot);
         if (r == 0)
-            break;
+            return 1;
         if (r != -DF_ETIMEOUT && r != -EINTR) {
             log_error(r, "ring_claim_write");
             return r;
         }
+#ifdef DFLASH_HAVE_TARGET_CUDA
+        if ((r = poll_pipe(t)) < 0)
+            return r;
+#endif
         if ((r = pump(t, 0)) < 0)
             return r;
         if (t->stop_now || !client_lease_held(t->cl, batch_id))
@@ -324,43 +366,42 @@ static int run_batch(struct tgt *t, uint64_t batch_id)
             return 0;
         }
     }
-    uint64_t t1 = mono_ns();
+}
+
+/* The claimed slot's lease and packed inputs. 1 packed, 0 lease gone (slot aborted), <0 fatal. */
+static int pack_lease(struct tgt *t, uint64_t batch_id, unsigned slot)
+{
+    char err[512];
     const struct client_lease *l = client_lease_find(t->cl, batch_id);
     if (!l) {
         ring_abort_write(t->ring, slot);
         queue_remove(t, batch_id);
         return 0;
     }
-    if ((r = pack(t, l, slot, err, sizeof err)) < 0) {
+    int r = pack(t, l, slot, err, sizeof err);
+    if (r < 0) {
         ring_abort_write(t->ring, slot);
         log_error(r, "%s", err);
         client_error(t->cl, 1, r, "%s", err);
         return r;
     }
-    struct ring_payload *p = ring_slot_header(t->ring, slot);
-    uint64_t t2 = mono_ns();
-    r = target_forward(t->model, ring_slot_tokens(t->ring, slot), ring_slot_cu_seqlens(t->ring, slot), (int)p->n_seqs,
-                       (int)p->n_tokens, ring_slot_hidden(t->ring, slot), OUT_BF16, ring_hidden_pitch(t->ring));
-    uint64_t t3 = mono_ns();
-    if (r < 0) {
-        ring_abort_write(t->ring, slot);
-        log_error(r, "target_forward of batch %" PRIu64, batch_id);
-        client_error(t->cl, 0, r, "target_forward of batch %" PRIu64 ": %s", batch_id, err_str(r));
-        return r;
-    }
+    return 1;
+}
+
+/* The forward is done and the states are in the slot: deliver it unless the lease was revoked
+ * meanwhile (or the slot reclaimed). 1 published, 0 dropped, <0 fatal. */
+static int publish(struct tgt *t, uint64_t batch_id, unsigned slot, uint32_t n_tokens)
+{
     if (t->cfg->target.debug_nan_batch >= 0 && batch_id == (uint64_t)t->cfg->target.debug_nan_batch) {
         log_warn(0, "debug: poisoning batch %" PRIu64 " with NaN (target.debug_nan_batch)", batch_id);
-        poison(t, slot, p->n_tokens);
+        poison(t, slot, n_tokens);
     }
-    /* The lease may have been revoked while the forward ran: never deliver it then. */
-    uint32_t n_tokens = p->n_tokens;
-    queue_remove(t, batch_id);
     if (!client_lease_held(t->cl, batch_id)) {
         ring_abort_write(t->ring, slot);
         log_info("batch %" PRIu64 " was revoked during its forward: dropped", batch_id);
         return 0;
     }
-    r = ring_publish(t->ring, slot);
+    int r = ring_publish(t->ring, slot);
     if (r == -DF_ESTATE) {
         /* The coordinator reclaimed the slot (it thought this process dead): hand back. */
         log_warn(r, "slot %u of batch %" PRIu64 " was reclaimed before publish", slot, batch_id);
@@ -373,6 +414,36 @@ static int run_batch(struct tgt *t, uint64_t batch_id)
         return r;
     }
     client_published(t->cl, batch_id, slot, n_tokens);
+    return 1;
+}
+
+/* One lease on the CPU backend: slot, pack, forward into the slot, publish. 0 done (or
+ * dropped), <0 fatal. */
+static int run_batch(struct tgt *t, uint64_t batch_id)
+{
+    uint64_t t0 = mono_ns();
+    unsigned slot;
+    int r = claim_slot(t, batch_id, &slot);
+    if (r <= 0)
+        return r;
+    uint64_t t1 = mono_ns();
+    if ((r = pack_lease(t, batch_id, slot)) <= 0)
+        return r;
+    struct ring_payload *p = ring_slot_header(t->ring, slot);
+    uint64_t t2 = mono_ns();
+    r = target_forward(t->model, ring_slot_tokens(t->ring, slot), ring_slot_cu_seqlens(t->ring, slot), (int)p->n_seqs,
+                       (int)p->n_tokens, ring_slot_hidden(t->ring, slot), OUT_BF16, ring_hidden_pitch(t->ring));
+    uint64_t t3 = mono_ns();
+    if (r < 0) {
+        ring_abort_write(t->ring, slot);
+        log_error(r, "target_forward of batch %" PRIu64, batch_id);
+        client_error(t->cl, 0, r, "target_forward of batch %" PRIu64 ": %s", batch_id, err_str(r));
+        return r;
+    }
+    uint32_t n_tokens = p->n_tokens;
+    queue_remove(t, batch_id);
+    if ((r = publish(t, batch_id, slot, n_tokens)) <= 0)
+        return r;
     uint64_t t4 = mono_ns();
     t->batches++;
     t->tokens += n_tokens;
@@ -385,6 +456,80 @@ static int run_batch(struct tgt *t, uint64_t batch_id)
               n_tokens, slot, t->wait_ms, t->forward_ms, t->write_ms);
     return 0;
 }
+
+#ifdef DFLASH_HAVE_TARGET_CUDA
+/* Completion of one pipelined batch (from target_pipe_poll/_drain/_submit on this thread): its
+ * capture copies have landed in the slot, publish it. */
+static void on_copied(void *ctx, int status)
+{
+    struct inflight *f = ctx;
+    struct tgt *t = f->t;
+    f->used = 0;
+    if (status < 0) {
+        ring_abort_write(t->ring, f->slot);
+        log_error(status, "batch %" PRIu64 " failed on the GPU", f->batch_id);
+        if (!t->pipe_error)
+            t->pipe_error = status;
+        return;
+    }
+    int r = publish(t, f->batch_id, f->slot, f->n_tokens);
+    if (r < 0 && !t->pipe_error)
+        t->pipe_error = r;
+    if (r <= 0)
+        return;
+    uint64_t now = mono_ns();
+    t->batches++;
+    t->tokens += f->n_tokens;
+    t->wait_ms = f->wait_ms;
+    t->forward_ms = target_pipe_last_forward_ms(t->pipe);
+    t->write_ms = (double)(now - f->t_submitted) / 1e6;     /* submit to publish: forward + copy */
+    /* Throughput from publish to publish: the pipeline overlaps batches, so their own spans overlap too. */
+    double span = (double)(now - (t->last_publish_ns ? t->last_publish_ns : f->t_claimed)) / 1e9;
+    double rate = f->n_tokens / (span + 1e-9);
+    t->tokens_per_s = t->batches == 1 ? rate : 0.8 * t->tokens_per_s + 0.2 * rate;
+    t->last_publish_ns = now;
+    log_debug("batch %" PRIu64 ": %u tokens in slot %u: wait %.1f ms, GPU forward %.1f ms, submit to publish %.1f ms",
+              f->batch_id, f->n_tokens, f->slot, t->wait_ms, t->forward_ms, t->write_ms);
+}
+
+/* One lease on the CUDA backend: slot, pack, enqueue forward + pitched copies straight into
+ * the slot; the slot is published by on_copied when the copies are done, while the next
+ * batch's forward already runs. 0 enqueued (or dropped), <0 fatal. */
+static int submit_batch(struct tgt *t, uint64_t batch_id)
+{
+    uint64_t t0 = mono_ns();
+    unsigned slot;
+    int r = claim_slot(t, batch_id, &slot);
+    if (r <= 0)
+        return r;
+    uint64_t t1 = mono_ns();
+    if ((r = pack_lease(t, batch_id, slot)) <= 0)
+        return r;
+    struct inflight *f = NULL;
+    for (size_t i = 0; i < sizeof t->inflight / sizeof t->inflight[0] && !f; i++)
+        if (!t->inflight[i].used)
+            f = &t->inflight[i];
+    if (!f) {   /* cannot happen: the pipeline holds at most TARGET_PIPE_DEPTH batches */
+        ring_abort_write(t->ring, slot);
+        return -DF_ESTATE;
+    }
+    const struct ring_payload *p = ring_slot_header(t->ring, slot);
+    *f = (struct inflight){ .t = t, .used = 1, .slot = slot, .batch_id = batch_id, .n_tokens = p->n_tokens,
+                            .t_claimed = t1, .t_submitted = mono_ns(), .wait_ms = (double)(t1 - t0) / 1e6 };
+    r = target_pipe_submit(t->pipe, ring_slot_tokens(t->ring, slot), ring_slot_cu_seqlens(t->ring, slot),
+                           (int)p->n_seqs, (int)p->n_tokens, ring_slot_hidden(t->ring, slot),
+                           ring_hidden_pitch(t->ring), on_copied, f);
+    if (r < 0) {
+        f->used = 0;
+        ring_abort_write(t->ring, slot);
+        log_error(r, "target_pipe_submit of batch %" PRIu64, batch_id);
+        client_error(t->cl, 0, r, "forward of batch %" PRIu64 ": %s", batch_id, err_str(r));
+        return r;
+    }
+    queue_remove(t, batch_id);
+    return poll_pipe(t);
+}
+#endif
 
 /* Connect, retrying while the coordinator is not up yet; the watchdog keeps being fed. */
 static int connect_coordinator(struct tgt *t, char *err, size_t errlen)
@@ -537,6 +682,11 @@ int main(int argc, char **argv)
             log_warn(r, "%s: copies into the ring stay pageable (slower)", err);
         else
             t->ring_pinned = 1;
+        /* Forward of batch k+1 overlapping the copies of batch k into its slot. */
+        if ((r = target_pipe_create(&t->pipe, t->model, err, sizeof err)) < 0) {
+            log_error(r, "%s", err);
+            goto out;
+        }
     }
 #endif
     log_notice("ready: ring %s (%u slots), dataset %s (%" PRIu64 " samples), cluster %s", ring_name(t->ring),
@@ -545,6 +695,10 @@ int main(int argc, char **argv)
 
     uint64_t last_status = 0;
     while (!t->stop_now) {
+#ifdef DFLASH_HAVE_TARGET_CUDA
+        if (poll_pipe(t) < 0)
+            goto out;
+#endif
         if ((r = pump(t, 0)) < 0)
             goto out;
         if (t->draining) {
@@ -557,9 +711,15 @@ int main(int argc, char **argv)
             goto out;
         }
         if (running && t->qlen) {
+#ifdef DFLASH_HAVE_TARGET_CUDA
+            if (t->pipe) {
+                if ((r = submit_batch(t, t->queue[0])) < 0)
+                    goto out;
+            } else
+#endif
             if ((r = run_batch(t, t->queue[0])) < 0)
                 goto out;
-        } else if ((r = pump(t, (int)daemon_wait_slice_ms(&t->d, 250))) < 0) {
+        } else if ((r = pump(t, pipe_pending(t) ? 1 : (int)daemon_wait_slice_ms(&t->d, 250))) < 0) {
             goto out;
         }
         if (mono_ms() - last_status > 2000) {
@@ -569,12 +729,22 @@ int main(int argc, char **argv)
                                  t->wait_ms);
         }
     }
+#ifdef DFLASH_HAVE_TARGET_CUDA
+    /* The batches still in the pipeline are finished and published (or dropped if revoked). */
+    if (t->pipe && target_pipe_drain(t->pipe) < 0 && !t->pipe_error)
+        t->pipe_error = -DF_ECUDA;
+    if (t->pipe_error)
+        goto out;
+#endif
     daemon_notify_stopping(&t->d, "%s after %" PRIu64 " batches", t->stop_now ? "stopped" : "drained", t->batches);
     flush_events(t, 3000);
     log_notice("%s after %" PRIu64 " batches (%" PRIu64 " tokens)", t->stop_now ? "stopped" : "drained", t->batches,
                t->tokens);
     code = DAEMON_EX_OK;
 out:
+#ifdef DFLASH_HAVE_TARGET_CUDA
+    target_pipe_free(t->pipe);      /* its last callbacks still talk to the coordinator */
+#endif
     client_free(t->cl);
 #ifdef DFLASH_HAVE_TARGET_CUDA
     if (t->ring_pinned)

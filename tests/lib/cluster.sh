@@ -2,7 +2,8 @@
 # the CPU backend: a tiny random target model, a structured dataset, a private config, runtime
 # and state dir, start/stop of daemons by pid, and polling of `dflashctl status --json`.
 # Source it, then:
-#   cl_init DIR [SAMPLES]     model + dataset + DIR/dflash.ini (cluster name unique per process)
+#   cl_init DIR [SAMPLES]     model + dataset + DIR/dflash.ini (cluster name unique per process);
+#                             CL_VOCAB, CL_MKMODEL_ARGS, CL_MKDATA_ARGS change the model and data
 #   cl_ini_add 'section.key=value'...  set keys in DIR/dflash.ini (before starting)
 #   cl_start NAME ARGS...     start BIN/ARGS[0] with the rest, log to DIR/NAME.log, remember its pid
 #   cl_pid NAME / cl_alive NAME / cl_kill NAME SIG / cl_wait_exit NAME SECS (exit code in CL_RC)
@@ -38,9 +39,12 @@ cl_init() {
   for b in coordinator-d target-d drafter-d dflashctl dflash-data; do
     [[ -x $CL_BIN/$b ]] || { echo "missing $CL_BIN/$b (build first)"; return 1; }
   done
-  "$CL_PY" "$CL_SRC/tools/mkmodel.py" "$CL_DIR/model" >/dev/null || return 1
-  "$CL_PY" "$CL_SRC/tools/mkdata.py" -n "$samples" -o "$CL_DIR/data.jsonl" || return 1
-  "$CL_BIN/dflash-data" build -o "$CL_DIR/data.bin" -v 256 "$CL_DIR/data.jsonl" >/dev/null || return 1
+  local vocab=${CL_VOCAB:-256}
+  # shellcheck disable=SC2086  # the *_ARGS are word lists
+  "$CL_PY" "$CL_SRC/tools/mkmodel.py" "$CL_DIR/model" --vocab "$vocab" ${CL_MKMODEL_ARGS:-} >/dev/null || return 1
+  # shellcheck disable=SC2086
+  "$CL_PY" "$CL_SRC/tools/mkdata.py" -n "$samples" --vocab "$vocab" ${CL_MKDATA_ARGS:-} -o "$CL_DIR/data.jsonl" || return 1
+  "$CL_BIN/dflash-data" build -o "$CL_DIR/data.bin" -v "$vocab" "$CL_DIR/data.jsonl" >/dev/null || return 1
   cat >"$CL_INI" <<EOF
 # test cluster $CL_NAME
 [cluster]

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# test_gpu_cluster.sh: the cluster on the CUDA backends, plain processes, two GPUs (skips with
+# exit 77 without them or without a CUDA build). Small random Qwen3 target (hidden 256, 4 layers,
+# vocab 2048). Phases (GPU_PHASES, default "kill dp nan"), each a fresh cluster:
+#  kill: coordinator + target-d@0 (GPU 0) + drafter-d@1 (GPU 1); the target is SIGKILLed twice
+#        mid-run and restarted by this test; the drafter process keeps training throughout (it
+#        steps on what the ring holds while the target is down); drain: every daemon exits 0, no
+#        batch lost or trained twice, no slot left WRITING/READING, every loss finite, loss falls.
+#  dp:   two drafters (GPUs 0 and 1, NCCL group of 2) + one target: both ranks see the same summed
+#        metrics at every step (the NCCL all-reduce), drain cleanly.
+#  nan:  drafter.debug_nan_step poisons one step's loss: the step is skipped, the error reaches
+#        the coordinator, the cluster pauses, no checkpoint is written from then on.
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib/cluster.sh
+T=${DFLASH_TEST_TMP:-$(mktemp -d)}
+trap 'cl_cleanup' EXIT
+fail() { echo "FAIL: $*"; cl_logs 25; exit 1; }
+export NCCL_NVLS_ENABLE=0
+
+n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+((n_gpu >= 2)) || { echo "SKIP: ${n_gpu:-0} GPU(s), two are needed"; exit 77; }
+[[ -x $CL_BIN/target-d ]] || { echo "missing $CL_BIN/target-d (build first)"; exit 1; }
+PHASES=${GPU_PHASES:-kill dp nan}
+
+# A fresh cluster dir for one phase, CUDA on both sides.
+gpu_init() {
+  cl_cleanup
+  CL_VOCAB=2048 CL_MKMODEL_ARGS="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --layers 4" \
+    CL_MKDATA_ARGS="--min-len 64 --max-len 512" cl_init "$T/$1" 4000 || exit 1
+  cl_ini_add target.backend=cuda drafter.backend=cuda ring.slots=8 ring.max_tokens=4096 ring.max_seqs=64 \
+    data.token_budget=4096 data.max_seq_len=512 data.bucket_width=64 data.epochs=100 target.prefetch=3 \
+    drafter.block_size=8 drafter.num_anchors=64 drafter.warmup_steps=20 drafter.lr=2e-3 drafter.checkpoint_every=100 \
+    drafter.keep_checkpoints=0 drafter.devices=2 target.devices=2
+  if ! "$CL_BIN/target-d" -c "$CL_INI" -i 0 -t >/dev/null 2>&1 || ! "$CL_BIN/drafter-d" -c "$CL_INI" -i 1 -t >/dev/null 2>&1; then
+    echo "SKIP: this build has no CUDA target/drafter backend"
+    exit 77
+  fi
+}
+
+# Drain, every process exits 0, the ledger and the ring are consistent.
+drain_and_check() {
+  local n
+  "$CL_BIN/dflashctl" -s "$CL_SOCK" drain || fail "dflashctl drain"
+  for n in "$@" coord; do cl_wait_exit "$n" 60 || fail "$n exited with '$CL_RC'"; done
+  [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state NOT IN (0, 4)') == 0 ]] || fail "ledger not consistent after the drain"
+  [[ $(cl_sql 'SELECT count(*) FROM batches b WHERE (SELECT count(*) FROM trains t WHERE t.batch = b.id AND t.rolled_back = 0) != (b.state = 4)') == 0 ]] ||
+    fail "a batch lost or trained twice"
+  local states
+  states=$(cl_ring_states 8)
+  [[ $states != *WRITING* && $states != *READING* ]] || fail "slot leaked: $states"
+  ! ls /dev/shm | grep -q "dflash-$CL_NAME" || fail "shm objects left at the end"
+}
+
+# Every loss finite; with `falls`, the last tenth below the first tenth.
+check_metrics() {
+  "$CL_PY" - "$1" "${2:-}" <<'EOF' || fail "metrics of $1"
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert rows, "no metrics"
+bad = [r["step"] for r in rows if r["loss"] is None or not math.isfinite(r["loss"])]
+assert not bad, ("non-finite loss at steps", bad[:5])
+loss = [r["loss"] for r in rows]
+k = max(5, len(loss) // 10)
+first, last = sum(loss[:k]) / k, sum(loss[-k:]) / k
+print("%s: %d steps, loss %.3f -> %.3f, accept_len %.2f -> %.2f" % (sys.argv[1].split("/")[-1], len(rows), first, last,
+      sum(r["accept_len"] for r in rows[:k]) / k, sum(r["accept_len"] for r in rows[-k:]) / k))
+if sys.argv[2] == "falls":
+    assert last < first - 0.5, "loss did not fall"
+EOF
+}
+
+phase_kill() {
+  gpu_init kill
+  cl_start coord coordinator-d -c "$CL_INI"
+  cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+  cl_ring_hold || fail "no ring"
+  cl_start target0 target-d -c "$CL_INI" -i 0
+  cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+  cl_wait 'step() >= 100 and len(targets()) == 1' 90 coord || fail "no training"
+  cl_log "training: $(cl_json 's["drafter"]')"
+  local k s0 s1
+  for k in 1 2; do
+    cl_wait '[t for t in targets() if t.get("published", 0) >= 10]' 30 coord || fail "target 0 is not publishing"
+    cl_kill target0 KILL
+    cl_wait_exit target0 10
+    [[ $CL_RC == 137 ]] || fail "target 0 exit after SIGKILL: $CL_RC"
+    cl_status && s0=$(cl_json 'step()')
+    # Down: the coordinator notices, the drafter trains on what the ring still holds.
+    cl_wait 'not targets()' 15 coord || fail "the coordinator did not notice the target's death"
+    sleep 1
+    cl_status && s1=$(cl_json 'step()')
+    cl_log "kill $k: step $s0 -> $s1 while the target was down; ring $(cl_json '{k: s["ring"][k] for k in ("ready", "writing", "reading", "free")}')"
+    cl_start target0 target-d -c "$CL_INI" -i 0
+    cl_wait 'step() >= '$((s1 + 100))' and [t for t in targets() if t.get("published", 0) >= 3]' 60 coord ||
+      fail "training did not resume after restart $k"
+  done
+  cl_alive drafter1 || fail "the drafter died"
+  cl_wait 'step() >= 800' 60 coord || fail "not enough steps"
+  cl_log "before drain: $(cl_json 's["drafter"]') $(cl_json 's["batches"]')"
+  drain_and_check target0 drafter1
+  [[ $(grep -c "ready: drafter" "$CL_DIR/drafter1.log") == 1 ]] || fail "the drafter was not one process throughout"
+  grep -q "backend cuda" "$CL_DIR/drafter1.log" || fail "the drafter did not run on CUDA"
+  local n_deaths
+  n_deaths=$(grep -c "target-d@0 (pid [0-9]*, member [0-9]*) left" "$CL_DIR/coord.log")
+  ((n_deaths >= 2)) || fail "the coordinator saw $n_deaths departures of target 0"
+  check_metrics "$CL_DIR/state/metrics-rank0.jsonl" falls
+  cl_log "kill phase ok: $(cl_sql 'SELECT count(*) FROM batches WHERE state = 4') batches trained once, $(cl_sql 'SELECT count(*) FROM batches WHERE leases > 1') re-leased"
+}
+
+phase_dp() {
+  gpu_init dp
+  cl_ini_add drafter.world_size=2
+  cl_start coord coordinator-d -c "$CL_INI"
+  cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+  cl_ring_hold || fail "no ring"
+  cl_start target0 target-d -c "$CL_INI" -i 0
+  cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+  cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+  cl_wait 's["group"]["active"] and step() >= 200' 90 coord || fail "no data-parallel training"
+  cl_log "data parallel: $(cl_json 's["drafter"]')"
+  drain_and_check target0 drafter0 drafter1
+  local i
+  for i in 0 1; do grep -q "rank $i of 2" "$CL_DIR/drafter$i.log" || fail "drafter $i was not rank $i of 2"; done
+  check_metrics "$CL_DIR/state/metrics-rank0.jsonl"
+  "$CL_PY" - "$CL_DIR/state/metrics-rank0.jsonl" "$CL_DIR/state/metrics-rank1.jsonl" <<'EOF' || fail "ranks disagree"
+import json, sys
+a, b = ({r["step"]: r for r in map(json.loads, open(p))} for p in sys.argv[1:3])
+common = sorted(set(a) & set(b))
+assert len(common) >= 100, ("steps seen by both ranks", len(common))
+for s in common:
+    for k in ("loss", "accept_len", "tokens", "grad_norm"):
+        assert a[s][k] == b[s][k], (s, k, a[s][k], b[s][k])
+print("ranks agree on %d steps (NCCL-summed loss, tokens, norm)" % len(common))
+EOF
+}
+
+phase_nan() {
+  gpu_init nan
+  cl_ini_add drafter.debug_nan_step=60 drafter.checkpoint_every=25
+  cl_start coord coordinator-d -c "$CL_INI"
+  cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+  cl_start target0 target-d -c "$CL_INI" -i 0
+  cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+  cl_wait 's["state"] == "paused" and [e for e in s["errors"] if "not finite" in e["message"]]' 90 coord ||
+    fail "the non-finite loss did not pause the cluster"
+  cl_log "paused: $(cl_json 's["errors"][0]["message"]')"
+  sleep 1
+  "$CL_BIN/dflashctl" -s "$CL_SOCK" stop || fail "dflashctl stop"
+  local n
+  for n in target0 drafter1 coord; do cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"; done
+  local last
+  last=$(ls "$CL_DIR/state/checkpoints" | grep '^step-' | sort | tail -n 1)
+  [[ $last == step-0000000050 ]] || fail "checkpoints after the NaN step: newest is '$last' (expected step-0000000050)"
+  grep -q "no checkpoint (.*non-finite" "$CL_DIR/drafter1.log" || fail "the drafter did not refuse a checkpoint"
+  check_metrics "$CL_DIR/state/metrics-rank0.jsonl"
+  cl_log "nan phase ok: newest checkpoint $last"
+}
+
+for p in $PHASES; do
+  cl_log "---- phase $p"
+  "phase_$p"
+done
+echo "ok: phases $PHASES"
