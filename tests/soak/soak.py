@@ -23,6 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_run  # noqa: E402
 
 RING_STATES = ["FREE", "WRITING", "READY", "READING"]
+# Sanitizer reports: an ASan / UBSan / LSan / TSan finding in any daemon fails the soak (the
+# daemon's exit code alone is 1, which looks like an ordinary failure systemd restarts).
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "WARNING: ThreadSanitizer")
 # libuv's assertion when a handle is closed twice (coordinator-d's exit path).
 UV_CLOSE_ABORT = "uv_close: Assertion `!uv__is_closing(handle)' failed"
 
@@ -240,7 +243,7 @@ class Soak:
         a = self.a
         kinds = ["target", "drafter", "coordinator"]
         plan = [k for k in kinds for _ in range(a.min_per_kind)]
-        while len(plan) < a.kills:
+        while len(plan) < a.kills + 1000:
             plan.append(self.rng.choices(kinds, [a.w_target, a.w_drafter, a.w_coord])[0])
         head, rest = plan[:0], plan
         for k in kinds:
@@ -278,6 +281,10 @@ class Soak:
         self.say("soak: %d daemons, about %d batches in %d epochs, %d kills planned (seed %d)" %
                  (len(self.daemons), total, self.status["epoch"]["epochs"], a.kills, a.seed))
         next_gap = 0.0
+        finale = False
+        if a.minutes:
+            points = []
+            next_gap = self.rng.uniform(0.3, 1.7) * a.minutes * 60 / a.kills
         last_kill = now()
         last_ring = last_report = 0.0
         end_by = now() + a.max_minutes * 60 * a.scale
@@ -298,18 +305,57 @@ class Soak:
                 self.say("progress %.1f%%, state %s, %d kills, generation %d, checkpoint step %d, batches %s" %
                          (100 * prog, s["state"], len(self.kill_log), s["group"]["generation"],
                           s["group"]["checkpoint"]["step"], {k: v for k, v in s["batches"].items() if v}))
-            if points and prog >= points[0] and now() - last_kill >= next_gap:
+            if a.minutes:
+                # Time-paced: kills at random intervals averaging minutes/kills, until both
+                # the time and the number are reached; then the run is shortened to the
+                # epochs already scheduled, and completes.
+                due = not finale and now() - last_kill >= next_gap
+                if not finale and now() - self.t0 >= a.minutes * 60 and len(self.kill_log) >= a.kills:
+                    finale = True
+                    self.shorten_run()
+                    continue
+            else:
+                due = points and prog >= points[0] and now() - last_kill >= next_gap
+            if due:
                 v = self.pick_victim(plan[len(self.kill_log)])
                 if v:
-                    points.pop(0)
+                    if points:
+                        points.pop(0)
                     v.kill()
                     self.kill_log.append((now() - self.t0, v.kind, v.name, prog))
                     self.say("kill %d: SIGKILL %s (pid %d) at %.1f%% (state %s)" %
                              (len(self.kill_log), v.name, v.proc.pid, 100 * prog, s["state"] if s else "?"))
                     last_kill = now()
-                    next_gap = self.rng.uniform(a.gap_min, a.gap_max)
+                    if a.minutes:
+                        mean = a.minutes * 60 / a.kills
+                        next_gap = max(a.gap_min, self.rng.uniform(0.3 * mean, 1.7 * mean))
+                    else:
+                        next_gap = self.rng.uniform(a.gap_min, a.gap_max)
             time.sleep(a.poll)
         self.finish(points)
+
+    def shorten_run(self):
+        """The last kill: the coordinator, started again with data.epochs = the epochs it has
+        scheduled (read from the ledger while it is down), so the run ends after them. A
+        restart with another run length is what an operator does to end a run early."""
+        c = self.coord
+        while not c.alive():
+            time.sleep(0.1)
+            self.reap()
+            self.restart_due()
+        c.kill()
+        self.kill_log.append((now() - self.t0, c.kind, c.name, -1))
+        c.proc.wait()
+        import sqlite3
+        db = sqlite3.connect("file:%s?mode=ro" % self.a.ledger, uri=True)
+        epochs = db.execute("SELECT max(epoch) + 1 FROM batches").fetchone()[0]
+        db.close()
+        c.argv = c.argv + ["-o", "data.epochs=%d" % epochs]
+        self.say("kill %d: SIGKILL coord, started again with data.epochs=%d: the run ends after the scheduled epochs"
+                 % (len(self.kill_log), epochs))
+        self.reap()
+        c.restart_at = now()
+        self.restart_due()
 
     # ---- the end ------------------------------------------------------------------------------
 
@@ -352,6 +398,11 @@ class Soak:
             self.fail("ledger says the run ended %s: %s" % (meta.get("state"), meta.get("reason")))
         n_err = db.execute("SELECT count(*) FROM errors").fetchone()[0]
         db.close()
+        for d in self.daemons:
+            for mark in SANITIZER_MARKS:
+                n = self.log_count(d, mark)
+                if n:
+                    self.fail("%s.log: %d sanitizer reports '%s'" % (d.name, n, mark))
         # Generations end only through drafters leaving: a target or coordinator kill must not.
         drafter_exits = sum(len(d.exits) for d in self.drafters)
         drafter_kills = sum(d.kills for d in self.drafters)
@@ -413,6 +464,9 @@ def main():
     ap.add_argument("--w-drafter", type=float, default=0.35)
     ap.add_argument("--w-coord", type=float, default=0.25)
     ap.add_argument("--max-minutes", type=float, default=10)
+    ap.add_argument("--minutes", type=float, default=0,
+                    help="time-paced: kill for this long (and at least --kills times), then end the run after "
+                         "the epochs scheduled by then (0: kills at random points of the run's progress)")
     ap.add_argument("--poll", type=float, default=0.15, help="seconds between status polls")
     ap.add_argument("--scale", type=float, default=float(os.environ.get("DFLASH_TEST_TIME_SCALE", "1")))
     a = ap.parse_args()
