@@ -120,7 +120,7 @@ def main():
     if nonfinite:
         fail("metrics: %d kept steps with a non-finite loss" % nonfinite)
 
-    gens = q("SELECT count(*) FROM generations")[0][0] + 1
+    gens = max(list(limits) + [head_gen])
     rolled = sum(1 for r in rows if r[4])
     releases = sum(max(0, v[3] - 1) for v in batches.values())
     print("%s: %d batches (%d epochs), %d checkpointed each trained once; head gen %d step %d (%d generations); "
