@@ -165,6 +165,9 @@ EOF
     cl_wait_exit $n 120 || { say "$n exited with '$CL_RC'"; rc=1; }
   done
   note "drain: every daemon exited ($([[ $rc == 0 ]] && echo "all 0" || echo "NOT all 0")) in $(($(date +%s) - td)) s"
+  local ck
+  ck=$(grep -o 'checkpoint .*step-[0-9]* ([a-z ]*, [0-9]* ms)' "$CL_DIR/drafter1.log" | sed 's/.*(\(.*\))/\1/' | tr '\n' ';')
+  note "drafter checkpoints (why, time): ${ck:-none}"
   cp "$CL_DIR/state/metrics-rank0.jsonl" "$DEST/" 2>/dev/null
   cp "$R/status.jsonl" "$DEST/" 2>/dev/null
   tar -C "$CL_DIR" -czf "$DEST/daemon-logs.tar.gz" $(cd "$CL_DIR" && ls ./*.log) 2>/dev/null
