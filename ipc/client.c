@@ -611,6 +611,12 @@ int client_lease_return(struct client *c, uint64_t batch)
     return send_soft(c, &m);
 }
 
+int client_batch_skipped(struct client *c, uint64_t batch)
+{
+    struct proto_msg m = { .type = PROTO_LEASE_RETURN, .batch.batch_id = batch };
+    return send_soft(c, &m);
+}
+
 int client_published(struct client *c, uint64_t batch, uint32_t slot, uint32_t n_tokens)
 {
     lease_drop(c, batch);

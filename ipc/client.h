@@ -75,6 +75,9 @@ void client_set_heartbeat(struct client *c, const struct proto_heartbeat *hb);  
 int client_heartbeat_now(struct client *c);
 int client_lease_request(struct client *c, uint32_t n);
 int client_lease_return(struct client *c, uint64_t batch_id);
+/* Drafters: the batch was taken from its slot but not trained (e.g. a skipped
+ * non-finite step); the coordinator queues it to be published again. */
+int client_batch_skipped(struct client *c, uint64_t batch_id);
 int client_published(struct client *c, uint64_t batch_id, uint32_t slot, uint32_t n_tokens);
 int client_join_group(struct client *c);
 int client_trained(struct client *c, uint64_t batch_id, uint64_t step, uint32_t rank, uint64_t generation);

@@ -45,7 +45,9 @@
  *     checkpointed. When a drafter dies s bumps the generation, pushes RESTART to the
  *     survivors (abort the step, reload the checkpoint in RESTART, JOIN_GROUP again),
  *     returns every batch trained after the checkpoint to pending (targets publish it
- *     again), and a slot READING by the dead drafter goes back to READY.
+ *     again), and a slot READING by the dead drafter goes back to READY. A drafter that
+ *     consumed a slot but will not train it (a non-finite step it skipped) sends
+ *     LEASE_RETURN(batch): the batch goes back to pending.
  *  4. PUBLISHED, TRAINED and CHECKPOINTED carry a sequence number; s answers each with
  *     ACK(seq) after the ledger transaction holding it is durable. The client keeps
  *     un-acked events and sends them again after a reconnect; s handles repeats

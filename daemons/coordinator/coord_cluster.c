@@ -738,12 +738,21 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
         grant_leases(co);
         return;
     case PROTO_LEASE_RETURN: {
-        if (role != PROTO_ROLE_TARGET)
-            break;
         struct batch *b = coord_batch(co, msg->batch.batch_id);
-        if (b && b->row.state == BATCH_LEASED && b->holder == m) {
-            m->leases--;
-            requeue(co, b, "returned by its target");
+        if (role == PROTO_ROLE_TARGET) {
+            if (b && b->row.state == BATCH_LEASED && b->holder == m) {
+                m->leases--;
+                requeue(co, b, "returned by its target");
+                grant_leases(co);
+            }
+            return;
+        }
+        if (role != PROTO_ROLE_DRAFTER)
+            break;
+        /* A drafter consumed the slot but did not train it (a skipped non-finite step):
+         * the batch is in no slot any more, so only a new publication can deliver it. */
+        if (b && b->row.state == BATCH_PUBLISHED && slot_holding(co, slot_snapshot(co), b->row.id) < 0) {
+            requeue(co, b, "consumed but not trained by a drafter");
             grant_leases(co);
         }
         return;
