@@ -59,8 +59,18 @@ run_pipeline() {
     small) V=2048 H=256 L=4 NH=4 NKV=2 D=64 FF=512 TB=8192 MINL=128 MAXL=1024 ANCH=128 BS=8 ;;
     *)     V=65536 H=2048 L=16 NH=16 NKV=8 D=128 FF=6144 TB=16384 MINL=512 MAXL=3072 ANCH=512 BS=16 ;;
   esac
-  local t0
+  local t0 py TORCH_PY=
   t0=$(date +%s)
+  # The interpreter with torch (PATH's python3 on the GPU machine, not always /usr/bin/python3).
+  for py in python3 /usr/bin/python3 /usr/local/bin/python3; do
+    if [[ -z $TORCH_PY ]] && command -v "$py" >/dev/null && "$py" -c 'import torch, safetensors' 2>/dev/null; then
+      TORCH_PY=$(command -v "$py")
+    fi
+  done
+  if [[ $shape != tiny && -z $TORCH_PY ]]; then
+    say "no python3 with torch and safetensors: the model cannot be made"
+    return 1
+  fi
   # The data (CPU) while the model is made (GPU 0).
   ( "$CL_PY" tools/mkdata.py -n 2500 --vocab $V --min-len $MINL --max-len $MAXL --rules 4 -o "$R/data.jsonl" &&
     "$CL_BIN/dflash-data" build -o "$CL_DIR/data.bin" -v $V "$R/data.jsonl" >/dev/null ) &
@@ -68,7 +78,7 @@ run_pipeline() {
   rm -rf "$CL_DIR/model"
   if [[ $shape == tiny ]]; then
     "$CL_PY" tools/mkmodel.py "$CL_DIR/model" --vocab $V --layers $L >/dev/null
-  elif ! "$CL_PY" - "$CL_DIR/model" $V $H $L $NH $NKV $D $FF <<'EOF'; then
+  elif ! "$TORCH_PY" - "$CL_DIR/model" $V $H $L $NH $NKV $D $FF <<'EOF'; then
 import json, os, sys
 import torch
 from safetensors.torch import save_file
@@ -99,9 +109,10 @@ json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
 print("model: %.2f B parameters" % (sum(x.numel() for x in t.values()) / 1e9))
 EOF
     say "model generation (torch) failed"
+    wait $dpid
     return 1
   fi
-  wait $dpid || { say "data generation failed"; return 1; }
+  if ! wait $dpid; then say "data generation failed"; return 1; fi
   local tokens
   tokens=$("$CL_PY" -c "import os; print(os.path.getsize('$CL_DIR/data.bin') // 5)")
   note "shape: Qwen3 target hidden $H, $L layers, $NH/$NKV heads x $D, FFN $FF, vocab $V (random bf16); data ~${tokens} tokens (2500 sequences of $MINL-$MAXL); batches of <= $TB tokens; made in $(($(date +%s) - t0)) s"

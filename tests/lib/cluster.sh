@@ -13,7 +13,7 @@
 #   cl_ring_hold / cl_ring_states NSLOTS   keep the ring open (fd 9), print every slot's state
 #   cl_sql 'SQL'              query the ledger with sqlite3
 #   cl_cleanup                kill what is left, remove the ring / collective shm objects
-# Needs: python3, sqlite3; DFLASH_BUILD (the build dir) and DFLASH_SRC (the source tree).
+# Needs: python3 (sqlite3 shell optional); DFLASH_BUILD (the build dir) and DFLASH_SRC (the source tree).
 
 CL_SRC=${DFLASH_SRC:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 CL_BIN=${DFLASH_BUILD:-$CL_SRC/build}/bin
@@ -25,7 +25,7 @@ CL_SCALE=${DFLASH_TEST_TIME_SCALE:-1}
 cl_scaled() { awk -v s="$1" -v k="$CL_SCALE" 'BEGIN { printf "%d", s * k + 0.5 }'; }
 declare -A CL_PIDS=()
 
-cl_log() { printf '[%6.1fs] %s\n' "$(echo "$(date +%s.%N) - ${CL_T0:-0}" | bc)" "$*"; }
+cl_log() { printf '[%6.1fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="${CL_T0:-0}" 'BEGIN { print a - b }')" "$*"; }
 
 cl_init() {
   CL_DIR=$1
@@ -227,7 +227,19 @@ print(" ".join(names[w & 3] for w in words))
 EOF2
 }
 
-cl_sql() { sqlite3 -batch -noheader "$CL_DIR/state/$CL_NAME-ledger.db" "$1"; }
+# Rows as the sqlite3 shell prints them ('|' between columns); Python's sqlite3 where the shell
+# is missing (the GPU machine has none).
+cl_sql() {
+  if command -v sqlite3 >/dev/null; then
+    sqlite3 -batch -noheader "$CL_DIR/state/$CL_NAME-ledger.db" "$1"
+  else
+    "$CL_PY" - "$CL_DIR/state/$CL_NAME-ledger.db" "$1" <<'EOF'
+import sqlite3, sys
+for row in sqlite3.connect(sys.argv[1]).execute(sys.argv[2]):
+    print("|".join("" if v is None else str(v) for v in row))
+EOF
+  fi
+}
 
 cl_cleanup() {
   local n p
