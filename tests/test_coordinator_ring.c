@@ -82,6 +82,11 @@ int main(void)
     expect_config_error("model.capture_layers: layer id 4 is out of range");
     write_ini(model, "capture_layers = -1");
     expect_config_error("model.capture_layers");
+    /* a model dir without config.json: a config error too, not a restart loop */
+    char missing[700];
+    snprintf(missing, sizeof missing, "%s/absent", TC.dir);
+    write_ini(missing, "");
+    expect_config_error("model.path");
 
     /* the default: the same ids target_default_layer_ids gives target-d */
     write_model(model, 8);

@@ -21,9 +21,12 @@ static int ring_layout_from_cfg(const struct dflash_cfg *cfg, struct ring_layout
     if (cfg->model.path[0]) {
         /* the same reading of config.json as target-d and drafter-d */
         struct hf_config hf;
-        int r = hf_config_load(cfg->model.path, &hf, err, errlen);
-        if (r < 0)
-            return r;
+        char why[400];
+        if (hf_config_load(cfg->model.path, &hf, why, sizeof why) < 0) {
+            /* a model the daemons cannot read is a configuration error: no restart loop */
+            snprintf(err, errlen, "model.path %s: %s", cfg->model.path, why);
+            return -EINVAL;
+        }
         n_layers = hf.num_layers;
         if (!hidden)
             hidden = hf.hidden_size;
