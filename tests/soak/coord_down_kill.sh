@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# coord_down_kill.sh: two failures at once, the order the soak can produce: the coordinator is
+# SIGKILLed; while it is down the drafter group keeps training on what the targets had leased
+# and rank 0 writes checkpoints (their CHECKPOINTED and every TRAINED wait in the clients'
+# outboxes); then drafter rank 1 is SIGKILLed (its unsent TRAINED die with it) and the
+# coordinator is started again. Rank 0 replays its CHECKPOINTED; the run must still train every
+# batch exactly once in the surviving lineage: checked against the ledger, the final
+# checkpoint's trained sequences/tokens and the drafters' metrics (tests/soak/check_run.py).
+# Exit 77 with a SKIP line when exactly the known bug shows: the ledger is consistent but the
+# checkpoint and the metrics hold the batches of rank 1's lost TRAINED twice.
+set -u
+cd "$(dirname "$0")/../.."
+. tests/lib/cluster.sh
+T=${DFLASH_TEST_TMP:-$(mktemp -d)}
+trap 'cl_cleanup' EXIT
+fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+
+cl_init "$T/c" 3000 || exit 1
+# Checkpoints every 2 steps and deep prefetch: the group trains and checkpoints a while on its own.
+cl_ini_add drafter.world_size=2 drafter.checkpoint_every=2 target.prefetch=6 ring.slots=8
+cl_start coord coordinator-d -c "$CL_INI"
+cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+cl_ring_hold || fail "no ring"
+for i in 0 1; do
+  cl_start target$i target-d -c "$CL_INI" -i $i
+  cl_start drafter$i drafter-d -c "$CL_INI" -i $i
+done
+cl_wait 's["group"]["active"] and step() >= 40' 60 coord || fail "no training"
+
+cl_kill coord KILL
+cl_wait_exit coord 10
+head=$(cl_sql 'SELECT value FROM meta WHERE key = "ckpt_step"')
+newest=$head
+for ((i = 0; i < $(cl_scaled 200); i++)); do
+  n=$(ls "$CL_DIR/state/checkpoints" | sort | tail -1)
+  newest=$((10#${n#step-}))
+  ((newest >= head + 4)) && break
+  sleep 0.05
+done
+cl_log "coordinator down: the ledger's head is step $head, rank 0 has written step $newest since"
+((newest > head)) || echo "note: no checkpoint was written while the coordinator was down (slow machine?)"
+cl_kill drafter1 KILL
+cl_wait_exit drafter1 10
+cl_start coord coordinator-d -c "$CL_INI"
+cl_wait 's["state"] == "running" and not s["recovering"]' 30 coord || fail "the coordinator did not come back"
+cl_log "coordinator back: head step $(cl_json 's["group"]["checkpoint"]["step"]'), generation $(cl_json 's["group"]["generation"]')"
+cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+cl_wait_exit coord 300 || fail "coordinator exited '$CL_RC'"
+for n in target0 target1 drafter0 drafter1; do cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"; done
+out=$("$CL_PY" tests/soak/check_run.py "$CL_DIR/state/$CL_NAME-ledger.db" "$CL_DIR/state")
+rc=$?
+echo "$out"
+states=$(cl_ring_states 8)
+[[ $states != *WRITING* && $states != *READING* && $states != *READY* ]] || fail "ring at the end: $states"
+ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left at the end"
+if ((rc != 0)); then
+  # The known bug: only the checkpoint's own count and the metrics see the double training.
+  if ! grep -v '^FAIL: \|trained [0-9]* sequences / [0-9]* tokens; the checkpointed batches hold\|metrics: [0-9]* batches trained more than once' <<<"$out" | grep -q .; then
+    echo "SKIP: known bug (daemons/drafter + coordinator): a checkpoint rank 0 wrote while the coordinator was down holds rank 1's batches whose TRAINED died with rank 1; the coordinator accepts it and re-queues those batches: trained twice in the lineage"
+    exit 77
+  fi
+  fail "exactly-once check"
+fi
+echo "ok: coordinator and a drafter down together; every batch trained once in the lineage"
