@@ -769,8 +769,11 @@ static int iterate(struct dft *f)
     int ghave = (int)sm[SM_HAVE], gstop = sm[SM_STOP] > 0;
     struct drafter_step_info info = { .step = drafter_step_count(f->dr) };
     if (ghave > 0 && sm[SM_NAN] > 0) {
-        /* Every rank skips the same step; the weights stay as they were. */
+        /* Every rank skips the same step; the weights stay as they were. Its batches were
+         * consumed untrained: each rank hands its own back to be published again. */
         f->poisoned = 1;
+        if (have)
+            client_batch_skipped(f->cl, batch_id);
         if (have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum))) {
             log_error(-DF_ENAN, "batch %" PRIu64 ": the loss is not finite: step skipped, cluster pausing", batch_id);
             client_error(f->cl, 0, -DF_ENAN, "%s: batch %" PRIu64 " at step %" PRId64 ": loss is not finite",
@@ -782,6 +785,8 @@ static int iterate(struct dft *f)
         r = drafter_optimizer_step(f->dr, gm.weight_sum, &f->topt, &info);
         if (r == -DF_ENAN) {
             f->poisoned = 1;
+            if (have)
+                client_batch_skipped(f->cl, batch_id);
             log_error(r, "gradient norm is not finite at step %" PRId64 ": step skipped", info.step + 1);
             if (f->rank == 0)
                 client_error(f->cl, 0, -DF_ENAN, "%s: gradient norm not finite at step %" PRId64, f->d.ident,
@@ -854,8 +859,11 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
                          const struct drafter_step_info *info)
 {
     if (rc == -DF_ENAN) {
-        /* Skipped on every rank (all see the same summed metrics); the weights are untouched. */
+        /* Skipped on every rank (all see the same summed metrics); the weights are untouched.
+         * Its batches were consumed untrained: each rank hands its own back. */
         f->poisoned = 1;
+        if (rec->have)
+            client_batch_skipped(f->cl, rec->batch_id);
         log_error(rc, "step %" PRId64 ": loss sum %g / gradient norm %g not finite: step skipped, cluster pausing",
                   info->step + 1, gm->loss_sum, info->grad_norm);
         if (f->rank == 0)
