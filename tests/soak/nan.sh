@@ -11,8 +11,8 @@
 # that state writes none); then the cause is removed (the daemon restarted with the key at -1),
 # `dflashctl resume` and the run completes: every batch trained exactly once in the lineage
 # (tests/soak/check_run.py), the ring ends FREE, nothing left in /dev/shm, no socket left.
-# Exit 77 with a SKIP line when the run cannot complete after the resume because of the known
-# coordinator bug: batches consumed by the skipped step stay PUBLISHED (never re-queued).
+# The batches of the skipped step (the poisoned one and every other rank's) are handed back
+# (LEASE_RETURN from the drafter) and published again after the resume.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib/cluster.sh
@@ -132,16 +132,13 @@ cl_log "resumed"
 
 # ---- the run completes ------------------------------------------------------------------------
 # Done (the coordinator leaves), or stuck: nothing left to lease, nothing in the ring, yet
-# batches PUBLISHED.
+# batches PUBLISHED (the batches of the skipped step were not handed back: fail at once).
 stuck='s["batches"]["pending"] == 0 and s["batches"]["leased"] == 0 and s["batches"]["published"] > 0 and s["ring"]["ready"] + s["ring"]["reading"] + s["ring"]["writing"] == 0'
 if cl_wait "$stuck" 300 coord; then
   sleep 3
   if cl_status && [[ $(cl_json "$stuck") == True ]]; then
-    lost=$(cl_sql 'SELECT epoch || ":" || idx FROM batches WHERE state = 2' | tr '\n' ' ')
-    cl_log "stuck after resume: published but in no ring slot: $lost; $(cl_json 's["batches"]')"
     san_check
-    echo "SKIP: known bug (daemons/coordinator): the batches of the NaN-skipped step ($lost) stay PUBLISHED after resume, never re-queued; the run cannot complete"
-    exit 77
+    fail "stuck after resume: batches $(cl_sql 'SELECT epoch || ":" || idx FROM batches WHERE state = 2' | tr '\n' ' ')are PUBLISHED but in no ring slot (the skipped step's batches were not re-queued): $(cl_json 's["batches"]')"
   fi
 fi
 cl_wait_exit coord 300 || fail "the coordinator exited '$CL_RC' ($(cl_json 's["batches"]' 2>/dev/null))"
