@@ -412,6 +412,11 @@ class Soak:
             self.fail("%d generations ended for %d drafter kills and %d drafter exits: %s" %
                       (ended, drafter_kills, drafter_exits, sorted(set(ends))))
         self.late_rejoins = late
+        # Every start after the first resumes from the ledger (never a fresh run over it).
+        resumed = self.log_count(self.coord, "coordinator-d: resuming from ")
+        if resumed != self.coord.starts - 1:
+            self.fail("the coordinator started %d times but resumed from the ledger %d times" %
+                      (self.coord.starts, resumed))
         sys.stdout.flush()
         saved = sys.argv
         sys.argv = ["check_run.py", a.ledger, a.state]
