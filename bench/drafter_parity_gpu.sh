@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# drafter_parity_gpu.sh: the CUDA drafter step against PyTorch at a realistic shape, in one call on the
+# GPU machine, from the repo root (`.devdeps` carried): tools/parity_drafter_torch.py (hidden 1024,
+# 2 layers, 16/8 heads x 128, vocab 32000, sequences 3072 + 2048 + 1008, 512 anchors each, block 16)
+# writes the drafter checkpoint, the batch and the PyTorch bf16 / fp32 loss and gradients while only
+# what tests/test_drafter_cuda_torch.c needs is built (nvcc, sm_90); then the test runs on them.
+# Logs: torch.log, build.log, test.log in $OUT when set, else build-gpu/parity-logs.
+set -u
+cd "$(dirname "$0")/.."
+. tools/device-env.sh
+export PYTHONUNBUFFERED=1 DFLASH_SRC=$PWD
+B=build-gpu
+DIR=/tmp/dflash-drafter-parity
+DEST=${OUT:-$B/parity-logs}
+rm -rf "$DIR"
+mkdir -p "$DEST" "$B"
+t_start=$(date +%s)
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+# the PyTorch side runs while the test builds
+( timeout -k 5 240 python3 tools/parity_drafter_torch.py --out "$DIR" >"$DEST/torch.log" 2>&1; echo $? >"$DEST/torch.rc" ) &
+tp=$!
+MIN_C="common/err.c common/fileio.c ipc/nccl_coll.c model/drafter.c model/drafter_cpu.c model/objective.c model/optim.c
+       model/cpu_ops.c model/safetensors.c model/hfconfig.c model/checkpoint.c model/st_writer.c"
+t0=$(date +%s)
+timeout -k 5 240 make -j${JOBS:-16} BUILD=$B LIB_SRC="$(echo $MIN_C)" CU_SRC="$(echo gpukern/*.cu) model/drafter_cuda.cu" \
+  $B/tests/test_drafter_cuda_torch >"$DEST/build.log" 2>&1
+brc=$?
+echo "build: rc $brc, $(( $(date +%s) - t0 ))s"
+(( brc == 0 )) || tail -n 30 "$DEST/build.log"
+wait $tp
+trc=$(cat "$DEST/torch.rc" 2>/dev/null || echo missing)
+echo "torch script: rc $trc, done at $(( $(date +%s) - t_start ))s"
+cat "$DEST/torch.log" | tail -n 30
+
+rc=1
+if (( brc == 0 )) && [[ $trc == 0 ]]; then
+  t0=$(date +%s)
+  DFLASH_DRAFTER_PARITY_DIR=$DIR timeout -k 5 150 $B/tests/test_drafter_cuda_torch >"$DEST/test.log" 2>&1
+  rc=$?
+  echo "==== test_drafter_cuda_torch: rc $rc, $(( $(date +%s) - t0 ))s ===="
+  cat "$DEST/test.log"
+fi
+echo "total $(( $(date +%s) - t_start ))s; result: $([[ $rc == 0 ]] && echo PASS || echo "FAIL (rc $rc)")"
+exit $rc
