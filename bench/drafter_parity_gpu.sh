@@ -19,12 +19,12 @@ nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,nohea
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
 # the PyTorch side runs while the test builds
-( timeout -k 5 240 python3 tools/parity_drafter_torch.py --out "$DIR" >"$DEST/torch.log" 2>&1; echo $? >"$DEST/torch.rc" ) &
+( timeout -k 5 190 python3 tools/parity_drafter_torch.py --out "$DIR" >"$DEST/torch.log" 2>&1; echo $? >"$DEST/torch.rc" ) &
 tp=$!
 MIN_C="common/err.c common/fileio.c ipc/nccl_coll.c model/drafter.c model/drafter_cpu.c model/objective.c model/optim.c
        model/cpu_ops.c model/safetensors.c model/hfconfig.c model/checkpoint.c model/st_writer.c"
 t0=$(date +%s)
-timeout -k 5 240 make -j${JOBS:-16} BUILD=$B LIB_SRC="$(echo $MIN_C)" CU_SRC="$(echo gpukern/*.cu) model/drafter_cuda.cu" \
+timeout -k 5 190 make -j${JOBS:-16} BUILD=$B LIB_SRC="$(echo $MIN_C)" CU_SRC="$(echo gpukern/*.cu) model/drafter_cuda.cu" \
   $B/tests/test_drafter_cuda_torch >"$DEST/build.log" 2>&1
 brc=$?
 echo "build: rc $brc, $(( $(date +%s) - t0 ))s"
@@ -37,7 +37,7 @@ cat "$DEST/torch.log" | tail -n 30
 rc=1
 if (( brc == 0 )) && [[ $trc == 0 ]]; then
   t0=$(date +%s)
-  DFLASH_DRAFTER_PARITY_DIR=$DIR timeout -k 5 150 $B/tests/test_drafter_cuda_torch >"$DEST/test.log" 2>&1
+  DFLASH_DRAFTER_PARITY_DIR=$DIR timeout -k 5 90 $B/tests/test_drafter_cuda_torch >"$DEST/test.log" 2>&1
   rc=$?
   echo "==== test_drafter_cuda_torch: rc $rc, $(( $(date +%s) - t0 ))s ===="
   cat "$DEST/test.log"
