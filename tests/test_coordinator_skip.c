@@ -12,8 +12,9 @@ static void cleanup(void)
     ring_unlink(TC.ring);
 }
 
-/* Claim the next READY slot (waiting up to 10 s), return its batch id, free the slot. */
-static uint64_t take_one(struct client *d, struct ring *r)
+/* Claim the next READY slot (waiting up to 10 s) and return its batch id; the slot is freed
+ * unless keep is given, which then receives the slot still READING. */
+static uint64_t take_one(struct client *d, struct ring *r, unsigned *keep)
 {
     struct ring_pick pick = { .policy = RING_PICK_OLDEST, .min_ready = 1 };
     char err[512];
@@ -25,7 +26,10 @@ static uint64_t take_one(struct client *d, struct ring *r)
         client_poll(d, 0, &m, err, sizeof err);     /* keep heartbeating */
     CHECK_OK(rr);
     uint64_t id = ring_slot_header(r, slot)->batch_id;
-    CHECK_OK(ring_release(r, slot));
+    if (keep)
+        *keep = slot;
+    else
+        CHECK_OK(ring_release(r, slot));
     return id;
 }
 
@@ -40,28 +44,24 @@ int main(void)
 
     struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
     struct ring *r = peer_ring();
-    uint64_t skipped = take_one(d, r);
+    uint64_t skipped = take_one(d, r, NULL);
     CHECK_INT(tc_status_num("batches.requeued"), ==, 0);
     CHECK_OK(client_batch_skipped(d, skipped));
     tc_wait_num("batches.requeued", 1, 5000);
 
     /* The target publishes it again; other batches pass by meanwhile. */
+    unsigned slot = 0;
     int seen = 0;
-    for (int i = 0; i < 200 && !seen; i++)
-        seen = take_one(d, r) == skipped;
+    for (int i = 0; i < 200 && !seen; i++) {
+        seen = take_one(d, r, &slot) == skipped;
+        if (!seen)
+            CHECK_OK(ring_release(r, slot));
+    }
     CHECK(seen);
-    /* A batch still in a slot is not re-queued by a stray report. */
-    uint64_t requeued = (uint64_t)tc_status_num("batches.requeued");
-    unsigned slot;
-    struct ring_pick pick = { .policy = RING_PICK_OLDEST, .min_ready = 1 };
-    uint64_t end = mono_ms() + 10000;
-    int rr;
-    while ((rr = ring_claim_read(r, &pick, 50, &slot)) == -DF_ETIMEOUT && mono_ms() < end)
-        ;
-    CHECK_OK(rr);
-    CHECK_OK(client_batch_skipped(d, ring_slot_header(r, slot)->batch_id));
+    /* While it sits in a slot (READING here), a stray report must not re-queue it. */
+    CHECK_OK(client_batch_skipped(d, skipped));
     tc_sleep_ms(300);   /* nothing to wait for: the report must have no effect */
-    CHECK_INT(tc_status_num("batches.requeued"), ==, requeued);
+    CHECK_INT(tc_status_num("batches.requeued"), ==, 1);
     CHECK_OK(ring_release(r, slot));
     client_free(d);
     printf("skipped batch %llu published again\n", (unsigned long long)skipped);
