@@ -109,7 +109,8 @@ def main():
             seen.setdefault(m["batch"], []).append((m["generation"], m["step"], m["rank"]))
     twice = {b: v for b, v in seen.items() if len(v) > 1}
     missing = [b for b in done if b not in seen]
-    extra = [b for b in seen if b not in set(done)]
+    done_set = set(done)
+    extra = [b for b in seen if b not in done_set]
     if twice:
         fail("metrics: %d batches trained more than once in the lineage, e.g. %s" % (len(twice), list(twice.items())[:3]))
     if len(missing) > cut:
