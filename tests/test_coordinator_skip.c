@@ -63,6 +63,7 @@ int main(void)
     tc_sleep_ms(300);   /* nothing to wait for: the report must have no effect */
     CHECK_INT(tc_status_num("batches.requeued"), ==, 1);
     CHECK_OK(ring_release(r, slot));
+    ring_detach(r);
     client_free(d);
     printf("skipped batch %llu published again\n", (unsigned long long)skipped);
     return 0;
