@@ -147,6 +147,8 @@ struct coord {
 /* coord_server.c */
 int coord_server_start(struct coord *co, char *err, size_t errlen);
 void coord_server_close(struct coord *co);
+/* Close any handle of the loop at exit; member pipes with a pending shutdown included. */
+void coord_close_handle(uv_handle_t *h);
 /* Queue a message to m; it is written after the next ledger commit. */
 int coord_send(struct member *m, const struct proto_msg *msg);
 /* Refuse (REFUSE frame, then close) with a logged reason. */

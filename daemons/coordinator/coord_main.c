@@ -73,8 +73,7 @@ static void finalize_ledger(struct coord *co)
 static void close_walk(uv_handle_t *h, void *arg)
 {
     (void)arg;
-    if (!uv_is_closing(h))
-        uv_close(h, NULL);
+    coord_close_handle(h);
 }
 
 int main(int argc, char **argv)

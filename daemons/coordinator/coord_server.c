@@ -108,8 +108,18 @@ static void on_closed(uv_handle_t *h)
 
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
-    uv_close((uv_handle_t *)req->handle, on_closed);
+    /* Cancelled (UV_ECANCELED) when the exit path closed the pipe first. */
+    if (!uv_is_closing((uv_handle_t *)req->handle))
+        uv_close((uv_handle_t *)req->handle, on_closed);
     free(req);
+}
+
+void coord_close_handle(uv_handle_t *h)
+{
+    if (uv_is_closing(h))
+        return;
+    /* A member's pipe is its first field and points at itself: free the member with it. */
+    uv_close(h, h->data == (void *)h ? on_closed : NULL);
 }
 
 static void remember_departed(struct coord *co, const struct member *m, const char *reason)
