@@ -31,7 +31,6 @@ SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime e
 LINEAGE_BUG = re.compile(r"trained \d+ sequences / \d+ tokens; the checkpointed batches hold|"
                          r"metrics: \d+ batches trained more than once")
 # libuv's assertion when a handle is closed twice (coordinator-d's exit path).
-UV_CLOSE_ABORT = "uv_close: Assertion `!uv__is_closing(handle)' failed"
 
 
 def now():
@@ -90,7 +89,6 @@ class Soak:
         self.ring_fd = None
         self.drained_early = []     # the coordinator exited 0 before the run was complete
         self.known = []             # failures that match a bug reported to its owner
-        self.uv_aborts = 0
         self.operator_starts = 0
 
     def say(self, msg):
@@ -141,10 +139,7 @@ class Soak:
             else:
                 d.exits.append((rc, ran))
                 self.say("%s exited by itself with %s after %.1fs" % (d.name, rc, ran))
-                if d is self.coord and rc == -signal.SIGABRT and self.log_count(d, UV_CLOSE_ABORT) > self.uv_aborts:
-                    self.uv_aborts += 1
-                    self.known_bug("coordinator-d aborted on its way out: " + UV_CLOSE_ABORT)
-                elif rc < 0 or rc == 78:
+                if rc < 0 or rc == 78:
                     self.fail("%s: exit %s (%s)" % (d.name, rc, "signal %d" % -rc if rc < 0 else "config error"))
             if self.coord_done:
                 continue
