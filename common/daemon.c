@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "common/cleanup.h"
 #include "common/daemon.h"
+#include "common/log.h"
 #include "common/timeutil.h"
 
 static volatile sig_atomic_t g_stop_count;
@@ -371,4 +372,27 @@ void daemon_done(struct daemon *d)
     if (!d)
         return;
     daemon_unlock(d);
+}
+
+int daemon_start(struct daemon *d, const char *prog, const char *role, int need_index,
+                 int argc, char **argv, char *err, size_t errlen)
+{
+    err[0] = 0;
+    int r = daemon_parse_args(d, prog, role, need_index, argc, argv, stdout, err, errlen);
+    if (r == 1)
+        return DAEMON_EX_OK;
+    log_init(prog, LOG_LVL_INFO);
+    if (r < 0)
+        return DAEMON_EX_USAGE;
+    log_init(d->ident, LOG_LVL_INFO);
+    if (daemon_load_config(d, err, errlen) < 0)
+        return DAEMON_EX_CONFIG;
+    enum log_level lvl;
+    if (log_level_parse(d->cfg.cluster.log_level, &lvl) < 0) {
+        daemon_key_error(d, "cluster", "log_level", err, errlen, "'%s' is not a log level", d->cfg.cluster.log_level);
+        return DAEMON_EX_CONFIG;
+    }
+    log_set_level(lvl);
+    daemon_print_config(d, stdout);
+    return -1;
 }

@@ -62,6 +62,12 @@ int daemon_socket_path(const struct daemon *d, char *buf, size_t len);
 
 /* Print the effective configuration: a header line then every key as "section.key = value". */
 void daemon_print_config(const struct daemon *d, FILE *f);
+/* The start every daemon shares: parse arguments, set up logging, load the config, apply
+ * cluster.log_level, print the effective config to stdout. Returns -1 to go on, else the
+ * exit code for main (DAEMON_EX_OK after -h, _USAGE, _CONFIG) with the reason in err
+ * (empty when there is nothing to log). */
+int daemon_start(struct daemon *d, const char *prog, const char *role, int need_index,
+                 int argc, char **argv, char *err, size_t errlen);
 
 /* Install SIGTERM/SIGINT (request stop), SIGHUP (ignored: no reload) and SIGPIPE (ignored)
  * handlers without SA_RESTART, so blocking waits return EINTR and the loop sees the flag. */

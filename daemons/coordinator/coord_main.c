@@ -80,33 +80,19 @@ int main(int argc, char **argv)
 {
     struct coord *co = &g_co;
     char err[1024];
-    int r = daemon_parse_args(&co->d, "coordinator-d", "coordinator", 0, argc, argv, stdout, err, sizeof err);
-    if (r == 1)
-        return 0;
-    log_init("coordinator-d", LOG_LVL_INFO);
-    if (r < 0) {
-        log_error(0, "%s", err);
-        return DAEMON_EX_USAGE;
-    }
-    if ((r = daemon_load_config(&co->d, err, sizeof err)) < 0) {
-        log_error(0, "%s", err);
-        return DAEMON_EX_CONFIG;
+    int r = daemon_start(&co->d, "coordinator-d", "coordinator", 0, argc, argv, err, sizeof err);
+    if (r >= 0) {
+        if (err[0])
+            log_error(0, "%s", err);
+        return r;
     }
     co->cfg = &co->d.cfg;
     const struct dflash_cfg *cfg = co->cfg;
-    enum log_level lvl;
-    if (log_level_parse(cfg->cluster.log_level, &lvl) < 0) {
-        daemon_key_error(&co->d, "cluster", "log_level", err, sizeof err, "'%s' is not a log level", cfg->cluster.log_level);
-        log_error(0, "%s", err);
-        return DAEMON_EX_CONFIG;
-    }
-    log_set_level(lvl);
     if (cfg->cluster.tcp_listen[0]) {
         daemon_key_error(&co->d, "cluster", "tcp_listen", err, sizeof err, "the TCP listener is not implemented yet");
         log_error(0, "%s", err);
         return DAEMON_EX_CONFIG;
     }
-    daemon_print_config(&co->d, stdout);
     int too_long = 0;
     if (cfg->cluster.socket[0])
         too_long |= snprintf(co->socket_path, sizeof co->socket_path, "%s", cfg->cluster.socket) >= (int)sizeof co->socket_path;

@@ -1194,29 +1194,13 @@ int main(int argc, char **argv)
     static struct dft df;
     struct dft *f = &df;
     char err[1024];
-    int r = daemon_parse_args(&f->d, "drafter-d", "drafter", 1, argc, argv, stdout, err, sizeof err);
-    if (r == 1)
-        return DAEMON_EX_OK;
-    log_init("drafter-d", LOG_LVL_INFO);
-    if (r < 0) {
-        log_error(0, "%s", err);
-        return DAEMON_EX_USAGE;
-    }
-    log_init(f->d.ident, LOG_LVL_INFO);
-    if ((r = daemon_load_config(&f->d, err, sizeof err)) < 0) {
-        log_error(0, "%s", err);
-        return DAEMON_EX_CONFIG;
+    int r = daemon_start(&f->d, "drafter-d", "drafter", 1, argc, argv, err, sizeof err);
+    if (r >= 0) {
+        if (err[0])
+            log_error(0, "%s", err);
+        return r;
     }
     f->cfg = &f->d.cfg;
-    enum log_level lvl;
-    if (log_level_parse(f->cfg->cluster.log_level, &lvl) < 0) {
-        daemon_key_error(&f->d, "cluster", "log_level", err, sizeof err, "'%s' is not a log level",
-                         f->cfg->cluster.log_level);
-        log_error(0, "%s", err);
-        return DAEMON_EX_CONFIG;
-    }
-    log_set_level(lvl);
-    daemon_print_config(&f->d, stdout);
     if ((r = check_config(f, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
         return DAEMON_EX_CONFIG;

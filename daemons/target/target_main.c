@@ -611,29 +611,13 @@ int main(int argc, char **argv)
     static struct tgt tg;
     struct tgt *t = &tg;
     char err[1024];
-    int r = daemon_parse_args(&t->d, "target-d", "target", 1, argc, argv, stdout, err, sizeof err);
-    if (r == 1)
-        return DAEMON_EX_OK;
-    log_init("target-d", LOG_LVL_INFO);
-    if (r < 0) {
-        log_error(0, "%s", err);
-        return DAEMON_EX_USAGE;
-    }
-    log_init(t->d.ident, LOG_LVL_INFO);
-    if ((r = daemon_load_config(&t->d, err, sizeof err)) < 0) {
-        log_error(0, "%s", err);
-        return DAEMON_EX_CONFIG;
+    int r = daemon_start(&t->d, "target-d", "target", 1, argc, argv, err, sizeof err);
+    if (r >= 0) {
+        if (err[0])
+            log_error(0, "%s", err);
+        return r;
     }
     t->cfg = &t->d.cfg;
-    enum log_level lvl;
-    if (log_level_parse(t->cfg->cluster.log_level, &lvl) < 0) {
-        daemon_key_error(&t->d, "cluster", "log_level", err, sizeof err, "'%s' is not a log level",
-                         t->cfg->cluster.log_level);
-        log_error(0, "%s", err);
-        return DAEMON_EX_CONFIG;
-    }
-    log_set_level(lvl);
-    daemon_print_config(&t->d, stdout);
     if ((r = check_config(t, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
         return DAEMON_EX_CONFIG;
