@@ -31,12 +31,18 @@ endif
 
 # CUDA is optional: compiled where nvcc exists, never required at run time.
 # NOCUDA=1 forces a CPU-only build; sanitizer builds are CPU-only.
+# A toolkit counts only when nvcc, the runtime header and the libraries sit
+# together (an nvcc found on PATH alone, e.g. a wrapper or a pip wheel, is not one).
+CUDA_HOME  := $(if $(NVCC),$(realpath $(dir $(realpath $(NVCC)))..))
+CUDA_FOUND := $(and $(NVCC),$(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),\
+                    $(wildcard $(CUDA_HOME)/lib64/libcudart.so),$(wildcard $(CUDA_HOME)/lib64/libcublasLt.so))
 ifeq ($(SAN)$(NOCUDA),)
-  ifneq ($(NVCC),)
+  ifneq ($(CUDA_FOUND),)
     HAVE_CUDA := 1
+  else ifneq ($(NVCC),)
+    $(info note: $(NVCC) found but no CUDA toolkit (headers, libcudart, cuBLAS) under $(CUDA_HOME): CPU-only build)
   endif
 endif
-CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
 NVCCFLAGS  := -O3 -g -std=c++17 -arch=sm_90 -I. -Xcompiler -Wall,-fno-strict-aliasing -MMD -MP
 ifeq ($(HAVE_CUDA),1)
   CFLAGS  += -DDFLASH_HAVE_CUDA=1 -I$(CUDA_HOME)/include
