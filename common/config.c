@@ -19,7 +19,8 @@ const struct cfg_key cfg_keys[] = {
     S(cluster, state_dir, "/var/lib/dflash", "ledger, checkpoints, metrics"),
     S(cluster, socket, "", "control socket path; empty = <runtime_dir>/<name>.sock"),
     S(cluster, group, "", "group allowed to use the socket and ring; empty = owner only"),
-    S(cluster, tcp_listen, "", "addr:port for the optional TCP listener; empty = none"),
+    S(cluster, tcp_listen, "", "host:port (IPv4, [IPv6]:port or a name) of an optional TCP listener for dflashctl; empty = none"),
+    S(cluster, tcp_token_file, "", "with tcp_listen: file holding the shared secret (16-256 bytes, mode 0600) TCP peers must present"),
     S(cluster, log_level, "info", "error | warn | notice | info | debug"),
 
     I(ring, slots, 2, 4096, "16", "slots in the shared-memory ring"),

@@ -13,7 +13,8 @@ struct cfg_cluster {
     char state_dir[CFG_STR_MAX];
     char socket[CFG_STR_MAX];   /* control socket path; empty = runtime_dir/dflash.sock */
     char group[64];             /* group allowed on the socket and ring (empty = owner only) */
-    char tcp_listen[128];       /* "addr:port" or empty: no network listener */
+    char tcp_listen[128];       /* "host:port" / "[v6]:port" or empty: no network listener */
+    char tcp_token_file[CFG_STR_MAX]; /* shared secret TCP peers must present (mode 0600) */
     char log_level[16];
 };
 

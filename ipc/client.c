@@ -13,6 +13,7 @@
 #include "common/proc.h"
 #include "common/timeutil.h"
 #include "ipc/client.h"
+#include "ipc/net.h"
 
 #define FAIL(code, ...) do { if (err && errlen) snprintf(err, errlen, __VA_ARGS__); return (code); } while (0)
 #define RETURNED_MAX 4096
@@ -28,6 +29,10 @@ struct outbox_ent {
 struct client {
     struct client_opts o;
     char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    char tcp_address[256];      /* set: connect over TCP, AUTH first */
+    uint8_t auth_token[PROTO_AUTH_TOKEN_MAX];
+    uint32_t auth_len;
+    char where[300];            /* the socket path or "tcp host:port", for messages */
     char name[PROTO_NAME_MAX];
     int fd;
     uint64_t token, start_ticks;
@@ -252,7 +257,7 @@ static int64_t rx_wait(struct client *c, uint64_t deadline_ms, struct proto_msg 
             FAIL(-DF_ETIMEOUT, "no answer from the coordinator within %d ms", c->o.reply_timeout_ms);
         int r = rx_fill(c, (int)(deadline_ms - now));
         if (r < 0)
-            FAIL(r, "connection to %s lost: %s", c->socket_path, err_str(r));
+            FAIL(r, "connection to %s lost: %s", c->where, err_str(r));
     }
 }
 
@@ -315,7 +320,7 @@ static int handle_frame(struct client *c, const struct proto_msg *m, char *err, 
 }
 
 /* connect + HELLO + WELCOME + regrants + replay. 0, or <0 (disconnected again). */
-static int handshake(struct client *c, int first, char *err, size_t errlen)
+static int connect_unix(struct client *c, char *err, size_t errlen)
 {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -327,6 +332,15 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
         close(fd);
         FAIL(r, "cannot connect to %s: %s", c->socket_path, strerror(-r));
     }
+    return fd;
+}
+
+static int handshake(struct client *c, int first, char *err, size_t errlen)
+{
+    int fd = c->tcp_address[0] ? net_connect(c->tcp_address, c->o.reply_timeout_ms, err, errlen)
+                               : connect_unix(c, err, errlen);
+    if (fd < 0)
+        return fd;
     struct timeval tv = { c->o.reply_timeout_ms / 1000, (c->o.reply_timeout_ms % 1000) * 1000 };
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     c->fd = fd;
@@ -338,13 +352,28 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
                                     .start_ticks = c->start_ticks, .token = c->token,
                                     .group_generation = c->group_gen };
     proto_strset(m.hello.name, sizeof m.hello.name, c->name);
-    uint8_t hello[sizeof(struct proto_hdr) + sizeof(struct proto_hello)];
-    int r = (int)proto_encode(&m, hello, sizeof hello, err, errlen);
+    /* Over TCP: AUTH, then HELLO, in one write. */
+    uint8_t hello[2 * sizeof(struct proto_hdr) + sizeof(struct proto_auth) + sizeof(struct proto_hello)];
+    size_t len = 0;
+    int r = 0;
+    if (c->tcp_address[0]) {
+        struct proto_msg a = { .type = PROTO_AUTH, .auth.len = c->auth_len };
+        memcpy(a.auth.token, c->auth_token, sizeof a.auth.token);
+        r = (int)proto_encode(&a, hello, sizeof hello, err, errlen);
+        explicit_bzero(&a, sizeof a);
+        len = r > 0 ? (size_t)r : 0;
+    }
+    if (r >= 0)
+        r = (int)proto_encode(&m, hello + len, sizeof hello - len, err, errlen);
     if (r < 0) {
+        explicit_bzero(hello, sizeof hello);
         disconnect(c);
         return r;
     }
-    if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello) {
+    len += (size_t)r;
+    ssize_t sent = send(fd, hello, len, MSG_NOSIGNAL);
+    explicit_bzero(hello, sizeof hello);
+    if (sent != (ssize_t)len) {
         r = -errno;
         /* Refused on accept (e.g. SO_PEERCRED): the reason is still readable. */
         uint8_t buf[1024];
@@ -354,7 +383,7 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
         disconnect(c);
         if (k > 0 && proto_decode(buf, (size_t)k, &in, NULL, 0) == 0 && in.type == PROTO_REFUSE)
             FAIL(-DF_EPEER, "refused by the coordinator: %s", in.refuse.message);
-        FAIL(r, "cannot send HELLO to %s: %s", c->socket_path, err_str(r));
+        FAIL(r, "cannot send HELLO to %s: %s", c->where, err_str(r));
     }
     uint64_t deadline = mono_ms() + (uint64_t)c->o.reply_timeout_ms;
     struct proto_msg in;
@@ -432,7 +461,7 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
 
     for (size_t i = 0; i < c->n_out; i++) {
         if ((r = send_msg(c, &c->out[i].m)) < 0)
-            FAIL(r, "replay to %s: %s", c->socket_path, err_str(r));
+            FAIL(r, "replay to %s: %s", c->where, err_str(r));
         c->st.events_replayed++;
     }
     if (c->want) {
@@ -481,10 +510,19 @@ static void heartbeat_due(struct client *c)
 int client_open(struct client **out, const struct client_opts *o, char *err, size_t errlen)
 {
     *out = NULL;
-    if (!o->socket_path || !*o->socket_path)
-        FAIL(-EINVAL, "no control socket path");
-    if (strlen(o->socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
-        FAIL(-ENAMETOOLONG, "%s: socket path too long", o->socket_path);
+    if (o->tcp_address && *o->tcp_address) {
+        if (o->role != PROTO_ROLE_CTL)
+            FAIL(-EINVAL, "only dflashctl (role ctl) connects over TCP: targets and drafters need the local ring");
+        if (strlen(o->tcp_address) >= sizeof(((struct client *)0)->tcp_address))
+            FAIL(-ENAMETOOLONG, "%s: address too long", o->tcp_address);
+        if (!o->auth_token || o->auth_token_len < PROTO_AUTH_TOKEN_MIN || o->auth_token_len > PROTO_AUTH_TOKEN_MAX)
+            FAIL(-EINVAL, "a TCP connection needs a token of %d to %d bytes", PROTO_AUTH_TOKEN_MIN, PROTO_AUTH_TOKEN_MAX);
+    } else {
+        if (!o->socket_path || !*o->socket_path)
+            FAIL(-EINVAL, "no control socket path");
+        if (strlen(o->socket_path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+            FAIL(-ENAMETOOLONG, "%s: socket path too long", o->socket_path);
+    }
     struct client *c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
@@ -496,7 +534,18 @@ int client_open(struct client **out, const struct client_opts *o, char *err, siz
     c->fd = -1;
     c->group_rank = PROTO_NONE32;
     c->next_seq = 1;
-    snprintf(c->socket_path, sizeof c->socket_path, "%s", o->socket_path);
+    if (o->tcp_address && *o->tcp_address) {
+        snprintf(c->tcp_address, sizeof c->tcp_address, "%s", o->tcp_address);
+        memcpy(c->auth_token, o->auth_token, o->auth_token_len);
+        c->auth_len = (uint32_t)o->auth_token_len;
+        snprintf(c->where, sizeof c->where, "tcp %s", o->tcp_address);
+    } else {
+        snprintf(c->socket_path, sizeof c->socket_path, "%s", o->socket_path);
+        snprintf(c->where, sizeof c->where, "%s", o->socket_path);
+    }
+    /* The caller's pointers need not outlive this call. */
+    c->o.socket_path = c->o.tcp_address = NULL;
+    c->o.auth_token = NULL;
     if (o->name)
         snprintf(c->name, sizeof c->name, "%s", o->name);
     else
@@ -538,6 +587,7 @@ void client_free(struct client *c)
     free(c->q);
     free(c->rx);
     free(c->json);
+    explicit_bzero(c->auth_token, sizeof c->auth_token);
     free(c);
 }
 
@@ -728,10 +778,10 @@ static int request(struct client *c, const struct proto_msg *m, char **json, int
 {
     *json = NULL;
     if (c->fd < 0 && maybe_reconnect(c, err, errlen) < 0)
-        FAIL(-ENOTCONN, "not connected to %s", c->socket_path);
+        FAIL(-ENOTCONN, "not connected to %s", c->where);
     int r = send_msg(c, m);
     if (r < 0)
-        FAIL(r, "send to %s: %s", c->socket_path, err_str(r));
+        FAIL(r, "send to %s: %s", c->where, err_str(r));
     uint64_t deadline = mono_ms() + (uint64_t)c->o.reply_timeout_ms;
     for (;;) {
         struct proto_msg in;

@@ -34,6 +34,11 @@ struct client;
 
 struct client_opts {
     const char *socket_path;
+    /* Instead of the socket: the coordinator's TCP listener (cluster.tcp_listen), "host:port"
+     * or "[v6]:port", for role CTL only. The first frame is AUTH with auth_token. */
+    const char *tcp_address;
+    const uint8_t *auth_token;  /* cluster.tcp_token_file's secret (net_token_load) */
+    size_t auth_token_len;
     enum proto_role role;
     int device;                 /* GPU / worker index; -1 for dflashctl */
     const char *name;           /* shown by dflashctl; NULL = "<role>@<device>" */
@@ -60,8 +65,8 @@ struct client_stats {
     uint32_t leases_held, leases_wanted;
 };
 
-/* Connect, HELLO, WELCOME. -DF_EPEER when refused (err carries the coordinator's
- * reason), -ECONNREFUSED/-ENOENT/-EACCES when the socket cannot be reached. */
+/* Connect, (AUTH over TCP,) HELLO, WELCOME. -DF_EPEER when refused (err carries the
+ * coordinator's reason), -ECONNREFUSED/-ENOENT/-EACCES/-ETIMEDOUT when it cannot be reached. */
 int client_open(struct client **out, const struct client_opts *o, char *err, size_t errlen);
 void client_free(struct client *c);         /* NULL is fine */
 

@@ -32,6 +32,7 @@ static const struct {
     [PROTO_RESTART]       = { "RESTART", sizeof(struct proto_restart), 0 },
     [PROTO_QUERY]         = { "QUERY", sizeof(struct proto_query), 0 },
     [PROTO_REPLY]         = { "REPLY", sizeof(struct proto_reply), 1 },
+    [PROTO_AUTH]          = { "AUTH", sizeof(struct proto_auth), 0 },
 };
 
 static const char *const role_names[] = { [PROTO_ROLE_TARGET] = "target", [PROTO_ROLE_DRAFTER] = "drafter", [PROTO_ROLE_CTL] = "ctl" };
@@ -168,6 +169,14 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
     case PROTO_REPLY:
         if (payload != sizeof(struct proto_reply) + (uint64_t)m->reply.json_len)
             FAIL(-DF_EFORMAT, "%s: payload %u bytes, json_len %u", tn, payload, m->reply.json_len);
+        break;
+    case PROTO_AUTH:
+        if (m->auth.len < PROTO_AUTH_TOKEN_MIN || m->auth.len > PROTO_AUTH_TOKEN_MAX)
+            FAIL(-DF_ERANGE, "%s: token of %u bytes, must be %u to %u", tn, m->auth.len, PROTO_AUTH_TOKEN_MIN,
+                 PROTO_AUTH_TOKEN_MAX);
+        ZERO(m->auth.pad, "pad");
+        for (uint32_t i = m->auth.len; i < PROTO_AUTH_TOKEN_MAX; i++)
+            ZERO(m->auth.token[i], "token bytes past len");
         break;
     default:
         break;

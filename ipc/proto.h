@@ -7,13 +7,15 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 1
+#define PROTO_VERSION 2                    /* 2: AUTH (TCP peers) */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
 #define PROTO_PATH_MAX 256
 #define PROTO_TEXT_MAX 256
 #define PROTO_NCCL_ID_BYTES 128
+#define PROTO_AUTH_TOKEN_MIN 16            /* shared-secret bytes of AUTH */
+#define PROTO_AUTH_TOKEN_MAX 256
 #define PROTO_MAX_SAMPLES 65536             /* samples in one lease grant */
 #define PROTO_MAX_LEASE_REQUEST 1024
 #define PROTO_NONE32 UINT32_MAX
@@ -25,6 +27,11 @@
 /*
  * Conversation (c = client library ipc/client.h, s = coordinator-d):
  *
+ *  0. Over TCP (cluster.tcp_listen) there is no SO_PEERCRED: the first frame is AUTH
+ *     (the shared secret of cluster.tcp_token_file), sent together with the HELLO. A
+ *     missing or wrong AUTH is answered with REFUSE and the connection closed; only role
+ *     CTL may say HELLO over TCP (targets and drafters need the local ring). Over the
+ *     unix socket AUTH is refused.
  *  1. c->s HELLO (first frame, always). The header version must equal PROTO_VERSION,
  *     else s answers REFUSE (frozen layout) and closes. SO_PEERCRED is checked before.
  *     s->c WELCOME: member id, heartbeat period, dead-after, ring (shm) name, dataset
@@ -85,6 +92,7 @@ enum proto_type {
     PROTO_RESTART = 17,
     PROTO_QUERY = 18,
     PROTO_REPLY = 19,
+    PROTO_AUTH = 20,
     PROTO_TYPE_MAX
 };
 
@@ -253,6 +261,14 @@ struct proto_reply {
 };
 _Static_assert(sizeof(struct proto_reply) == 8, "wire size");
 
+/* TCP peers only, first frame. */
+struct proto_auth {
+    uint32_t len;                   /* token bytes: [PROTO_AUTH_TOKEN_MIN, PROTO_AUTH_TOKEN_MAX] */
+    uint32_t pad;
+    uint8_t token[PROTO_AUTH_TOKEN_MAX]; /* the shared secret; bytes past len are zero */
+};
+_Static_assert(sizeof(struct proto_auth) == 264, "wire size");
+
 /* A decoded message. Pointers (grant samples, reply json) point into the decoded
  * buffer: valid while that buffer is. */
 struct proto_msg {
@@ -276,6 +292,7 @@ struct proto_msg {
         struct proto_restart restart;
         struct proto_query query;
         struct proto_reply reply;
+        struct proto_auth auth;
     };
     const void *samples;            /* LEASE_GRANT: n_samples LE u32 (maybe unaligned) */
     const char *json;               /* REPLY: json_len bytes, not NUL-terminated */

@@ -117,7 +117,9 @@ int main(void)
     int64_t n = proto_encode(&m, frame, sizeof frame, NULL, 0);
     CHECK(n > 0);
     ((struct proto_hdr *)frame)->version = PROTO_VERSION + 7;
-    expect_refused(frame, (size_t)n, 0, "this coordinator speaks protocol version 1");
+    char speaks[64];
+    snprintf(speaks, sizeof speaks, "this coordinator speaks protocol version %u", PROTO_VERSION);
+    expect_refused(frame, (size_t)n, 0, speaks);
     ((struct proto_hdr *)frame)->version = PROTO_VERSION;
 
     /* A HELLO whose pid/start time do not match the socket peer. */

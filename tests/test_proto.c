@@ -195,6 +195,41 @@ int main(void)
         CHECK_INT(proto_query_parse(proto_query_name((unsigned)q)), ==, q);
     }
 
+    /* AUTH: the token's length is on the wire; bytes past it must be zero. */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_AUTH;
+    m.auth.len = PROTO_AUTH_TOKEN_MAX;
+    for (int i = 0; i < PROTO_AUTH_TOKEN_MAX; i++)
+        m.auth.token[i] = (uint8_t)(i * 7 + 3);     /* any bytes, NUL included */
+    roundtrip(&m, &d);
+    CHECK(!memcmp(d.auth.token, m.auth.token, PROTO_AUTH_TOKEN_MAX));
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_AUTH;
+    m.auth.len = PROTO_AUTH_TOKEN_MIN;
+    memcpy(m.auth.token, "0123456789abcdef", PROTO_AUTH_TOKEN_MIN);
+    n = roundtrip(&m, &d);
+    CHECK_INT(n, ==, (int64_t)(sizeof(struct proto_hdr) + sizeof(struct proto_auth)));
+    CHECK_INT(d.auth.len, ==, PROTO_AUTH_TOKEN_MIN);
+    struct proto_auth ap;
+    memcpy(&ap, buf + sizeof(struct proto_hdr), sizeof ap);
+    ap.token[PROTO_AUTH_TOKEN_MIN] = 'x';
+    memcpy(buf + sizeof(struct proto_hdr), &ap, sizeof ap);
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "token bytes past len must be 0");
+    ap.token[PROTO_AUTH_TOKEN_MIN] = 0;
+    ap.len = PROTO_AUTH_TOKEN_MIN - 1;
+    memcpy(buf + sizeof(struct proto_hdr), &ap, sizeof ap);
+    expect_reject(buf, (size_t)n, -DF_ERANGE, "token of 15 bytes");
+    ap.len = PROTO_AUTH_TOKEN_MAX + 1;
+    memcpy(buf + sizeof(struct proto_hdr), &ap, sizeof ap);
+    expect_reject(buf, (size_t)n, -DF_ERANGE, "token of 257 bytes");
+    ap.len = PROTO_AUTH_TOKEN_MIN;
+    ap.pad = 1;
+    memcpy(buf + sizeof(struct proto_hdr), &ap, sizeof ap);
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "pad must be 0");
+    m.auth.len = 3;
+    CHECK(proto_encode(&m, buf, sizeof buf, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "token of 3 bytes");
+
     const char *json = "{\"state\":\"running\"}";
     memset(&m, 0, sizeof m);
     m.type = PROTO_REPLY;
@@ -215,7 +250,9 @@ int main(void)
 
     struct proto_hdr *h = (struct proto_hdr *)buf;
     h->version = PROTO_VERSION + 1;
-    expect_reject(buf, (size_t)n, -DF_EVERSION, "protocol version 2, expected 1");
+    char want[64];
+    snprintf(want, sizeof want, "protocol version %u, expected %u", PROTO_VERSION + 1, PROTO_VERSION);
+    expect_reject(buf, (size_t)n, -DF_EVERSION, want);
     h->version = PROTO_VERSION;
 
     h->len = PROTO_MAX_FRAME;

@@ -29,8 +29,16 @@ struct epoch_state {
 };
 
 struct member {
-    uv_pipe_t pipe;                 /* first: the handle's address is the member's */
+    union {                         /* first: the handle's address is the member's */
+        uv_handle_t handle;
+        uv_stream_t stream;         /* what the server code uses for either kind */
+        uv_pipe_t pipe;             /* the unix control socket */
+        uv_tcp_t tcp;               /* cluster.tcp_listen */
+    };
     struct coord *co;
+    bool is_tcp;                    /* no SO_PEERCRED: pid/uid/gid unknown, AUTH required */
+    bool authed;                    /* TCP: the AUTH token matched */
+    char peer[64];                  /* TCP: the remote address, "a.b.c.d:port" / "[v6]:port" */
     struct member *prev, *next;
     uint64_t id;
     int role;                       /* enum proto_role, 0 before HELLO */
@@ -97,6 +105,12 @@ struct coord {
     const struct dflash_cfg *cfg;
     uv_loop_t *loop;
     uv_pipe_t server;
+    uv_tcp_t tcp_server;            /* cluster.tcp_listen; tcp_on says it is in use */
+    bool tcp_on;
+    char tcp_addr[64];              /* the bound address, port 0 resolved */
+    struct sockaddr_storage tcp_sa; /* cluster.tcp_listen, resolved once at start */
+    uint8_t tcp_token[PROTO_AUTH_TOKEN_MAX]; /* cluster.tcp_token_file, zero-padded */
+    uint32_t tcp_token_len;
     uv_signal_t sigterm, sigint;
     uv_timer_t tick;
     uv_check_t flush_check;
@@ -154,6 +168,8 @@ int coord_send(struct member *m, const struct proto_msg *msg);
 /* Refuse (REFUSE frame, then close) with a logged reason. */
 void coord_refuse(struct member *m, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void coord_close_member(struct member *m, const char *reason);
+/* From the tick: drop TCP peers that did not authenticate and say HELLO in time. */
+void coord_server_tick(struct coord *co);
 /* Commit the ledger, then write every queued frame. Exits the process if the commit fails. */
 void coord_flush(struct coord *co);
 

@@ -293,6 +293,12 @@ char *coord_json(struct coord *co, int what, uint32_t limit)
         cJSON_AddNumberToObject(o, "uptime_s", (double)(mono_ms() - co->start_mono_ms) / 1000.0);
         cJSON_AddBoolToObject(o, "recovering", co->recovering);
         cJSON_AddStringToObject(o, "ledger", co->ledger_path);
+        cJSON *ls = cJSON_AddObjectToObject(o, "listen");
+        cJSON_AddStringToObject(ls, "socket", co->socket_path);
+        if (co->tcp_on)
+            cJSON_AddStringToObject(ls, "tcp", co->tcp_addr);
+        else
+            cJSON_AddNullToObject(ls, "tcp");
         cJSON_AddItemToObject(o, "epoch", epoch_json(co));
         cJSON_AddItemToObject(o, "daemons", daemons_json(co));
         cJSON_AddItemToObject(o, "ring", ring_json(co, 0));

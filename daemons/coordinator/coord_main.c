@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
+#include "ipc/net.h"
 #include "ipc/ring.h"
 
 static struct coord g_co;
@@ -31,6 +32,7 @@ static void on_tick(uv_timer_t *t)
     struct coord *co = t->data;
     daemon_watchdog(&co->d);
     coord_tick(co);
+    coord_server_tick(co);
     coord_flush(co);
     if (co->state == PROTO_STATE_STOPPED || co->state == PROTO_STATE_FAILED) {
         int daemons = 0;
@@ -70,6 +72,35 @@ static void finalize_ledger(struct coord *co)
         log_error(0, "%s", err);
 }
 
+/* cluster.tcp_listen + cluster.tcp_token_file: the address resolved once, the token read
+ * and its file's mode checked. 0 (listener off or ready to bind) or -EINVAL, reason in err. */
+static int tcp_config(struct coord *co, char *err, size_t errlen)
+{
+    const char *spec = co->cfg->cluster.tcp_listen, *token_path = co->cfg->cluster.tcp_token_file;
+    char why[512];
+    if (!spec[0]) {
+        if (token_path[0])
+            log_warn(0, "cluster.tcp_token_file is set but cluster.tcp_listen is empty: no TCP listener");
+        return 0;
+    }
+    socklen_t len;
+    if (net_resolve(spec, &co->tcp_sa, &len, why, sizeof why) < 0)
+        return daemon_key_error(&co->d, "cluster", "tcp_listen", err, errlen, "%s", why);
+    if (!token_path[0])
+        return daemon_key_error(&co->d, "cluster", "tcp_token_file", err, errlen,
+                                "required with cluster.tcp_listen: TCP peers have no credentials to check");
+    size_t n = 0;
+    if (net_token_load(token_path, co->tcp_token, sizeof co->tcp_token, PROTO_AUTH_TOKEN_MIN, &n, why, sizeof why) < 0)
+        return daemon_key_error(&co->d, "cluster", "tcp_token_file", err, errlen, "%s", why);
+    co->tcp_token_len = (uint32_t)n;
+    co->tcp_on = true;
+    char addr[NET_ADDR_STRLEN];
+    net_addr_format((const struct sockaddr *)&co->tcp_sa, addr, sizeof addr);
+    if (strcmp(addr, spec))
+        log_info("cluster.tcp_listen %s resolved to %s", spec, addr);
+    return 0;
+}
+
 static void close_walk(uv_handle_t *h, void *arg)
 {
     (void)arg;
@@ -88,8 +119,7 @@ int main(int argc, char **argv)
     }
     co->cfg = &co->d.cfg;
     const struct dflash_cfg *cfg = co->cfg;
-    if (cfg->cluster.tcp_listen[0]) {
-        daemon_key_error(&co->d, "cluster", "tcp_listen", err, sizeof err, "the TCP listener is not implemented yet");
+    if (tcp_config(co, err, sizeof err) < 0) {
         log_error(0, "%s", err);
         return DAEMON_EX_CONFIG;
     }
@@ -171,8 +201,9 @@ int main(int argc, char **argv)
     if (!co->recovering)
         coord_set_state(co, PROTO_STATE_RUNNING, "");
     coord_flush(co);
-    log_notice("ready: socket %s, ring %s, ledger %s, %" PRIu64 " samples, %u epochs", co->socket_path, co->ring_name,
-               co->ledger_path, co->ds.n_samples, co->epochs);
+    log_notice("ready: socket %s%s%s, ring %s, ledger %s, %" PRIu64 " samples, %u epochs", co->socket_path,
+               co->tcp_on ? ", TCP " : "", co->tcp_on ? co->tcp_addr : "", co->ring_name, co->ledger_path,
+               co->ds.n_samples, co->epochs);
     daemon_notify_ready(&co->d, "%s: socket %s, ring %s", proto_state_name((unsigned)co->state), co->socket_path,
                         co->ring_name);
     uv_run(co->loop, UV_RUN_DEFAULT);

@@ -1,5 +1,6 @@
-/* coord_server.c: the control socket on libuv: accept + SO_PEERCRED check, framing,
- * per-member output held until the ledger commit, member close and free (close cb only). */
+/* coord_server.c: the control socket on libuv: accept + SO_PEERCRED check, the optional TCP
+ * listener (token AUTH, dflashctl only), framing, per-member output held until the ledger
+ * commit, member close and free (close cb only). */
 #include <errno.h>
 #include <grp.h>
 #include <stdarg.h>
@@ -14,6 +15,11 @@
 #include "common/log.h"
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
+#include "ipc/net.h"
+
+/* A TCP peer has this long to AUTH and say HELLO; unauthenticated peers at most this many. */
+#define TCP_AUTH_TIMEOUT_MS 5000
+#define TCP_PENDING_MAX 16
 
 struct write_req {
     uv_write_t req;
@@ -40,7 +46,7 @@ static int write_now(struct member *m, uint8_t *buf, size_t len)
     }
     w->buf = buf;
     uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
-    int r = uv_write(&w->req, (uv_stream_t *)&m->pipe, &b, 1, on_write);
+    int r = uv_write(&w->req, &m->stream, &b, 1, on_write);
     if (r < 0) {
         free(buf);
         free(w);
@@ -108,7 +114,7 @@ static void on_closed(uv_handle_t *h)
 
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
-    /* Cancelled (UV_ECANCELED) when the exit path closed the pipe first. */
+    /* Cancelled (UV_ECANCELED) when the exit path closed the handle first. */
     if (!uv_is_closing((uv_handle_t *)req->handle))
         uv_close((uv_handle_t *)req->handle, on_closed);
     free(req);
@@ -118,7 +124,7 @@ void coord_close_handle(uv_handle_t *h)
 {
     if (uv_is_closing(h))
         return;
-    /* A member's pipe is its first field and points at itself: free the member with it. */
+    /* A member's handle is its first field and points at itself: free the member with it. */
     uv_close(h, h->data == (void *)h ? on_closed : NULL);
 }
 
@@ -142,10 +148,12 @@ void coord_close_member(struct member *m, const char *reason)
     struct coord *co = m->co;
     if (m->role && m->role != PROTO_ROLE_CTL)
         log_notice("%s (pid %d, member %llu) left: %s", m->name, (int)m->pid, (unsigned long long)m->id, reason);
+    else if (m->is_tcp)
+        log_debug("TCP peer %llu (%s) closed: %s", (unsigned long long)m->id, m->peer, reason);
     else
         log_debug("peer %llu (pid %d) closed: %s", (unsigned long long)m->id, (int)m->pid, reason);
     m->closing = true;
-    uv_read_stop((uv_stream_t *)&m->pipe);
+    uv_read_stop(&m->stream);
     if (m->role)
         coord_member_gone(m, reason);
     remember_departed(co, m, reason);
@@ -159,9 +167,9 @@ void coord_close_member(struct member *m, const char *reason)
     /* Frames not yet committed are dropped; a REFUSE already handed to libuv goes out
      * before the shutdown completes. */
     uv_shutdown_t *req = malloc(sizeof *req);
-    if (!req || uv_shutdown(req, (uv_stream_t *)&m->pipe, on_shutdown) < 0) {
+    if (!req || uv_shutdown(req, &m->stream, on_shutdown) < 0) {
         free(req);
-        uv_close((uv_handle_t *)&m->pipe, on_closed);
+        uv_close(&m->handle, on_closed);
     }
 }
 
@@ -176,7 +184,10 @@ void coord_refuse(struct member *m, int code, const char *fmt, ...)
     msg.refuse.code = code;
     msg.refuse.server_version = PROTO_VERSION;
     proto_strset(msg.refuse.message, sizeof msg.refuse.message, text);
-    log_warn(0, "refused peer (pid %d uid %d gid %d): %s", (int)m->pid, (int)m->uid, (int)m->gid, text);
+    if (m->is_tcp)
+        log_warn(0, "refused TCP peer %s: %s", m->peer, text);
+    else
+        log_warn(0, "refused peer (pid %d uid %d gid %d): %s", (int)m->pid, (int)m->uid, (int)m->gid, text);
     size_t n = sizeof(struct proto_hdr) + sizeof(struct proto_refuse);
     uint8_t *buf = malloc(n);
     if (buf && proto_encode(&msg, buf, n, NULL, 0) > 0)
@@ -205,6 +216,37 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
     *buf = uv_buf_init((char *)m->rx + m->rx_len, (unsigned)(m->rx_cap - m->rx_len));
 }
 
+/* Before AUTH a TCP peer gets no buffer for anything but an AUTH frame. */
+static bool auth_header_ok(const uint8_t *p)
+{
+    struct proto_hdr h;
+    memcpy(&h, p, sizeof h);
+    return h.type == PROTO_AUTH && h.len == sizeof(struct proto_auth);
+}
+
+/* AUTH: true when m may go on. */
+static bool on_auth(struct member *m, const struct proto_auth *a)
+{
+    struct coord *co = m->co;
+    if (!m->is_tcp) {
+        coord_refuse(m, -DF_EPEER, "AUTH is for TCP peers; the unix socket checks the peer's credentials");
+        return false;
+    }
+    if (m->authed) {
+        coord_refuse(m, -DF_EPEER, "second AUTH");
+        return false;
+    }
+    /* Every byte of the padded field is compared, whatever the lengths: no early exit. */
+    bool same = net_token_equal(a->token, co->tcp_token, sizeof co->tcp_token) & (a->len == co->tcp_token_len);
+    if (!same) {
+        coord_refuse(m, -EACCES, "wrong token (cluster.tcp_token_file)");
+        return false;
+    }
+    m->authed = true;
+    log_debug("TCP peer %s authenticated", m->peer);
+    return true;
+}
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
     struct member *m = (struct member *)s;
@@ -219,6 +261,10 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     while (!m->closing) {
         char err[256];
         int64_t n = proto_frame_size(m->rx + off, m->rx_len - off, err, sizeof err);
+        if (n > 0 && m->is_tcp && !m->authed && !auth_header_ok(m->rx + off)) {
+            coord_refuse(m, -EACCES, "the first message over TCP must be AUTH with the cluster token");
+            return;
+        }
         if (n == 0 || (n > 0 && (size_t)n > m->rx_len - off))
             break;
         struct proto_msg msg;
@@ -230,11 +276,30 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
                 coord_refuse(m, r, "bad frame: %s", err);
             return;
         }
+        if (msg.type == PROTO_AUTH) {
+            if (!on_auth(m, &msg.auth))
+                return;
+            off += (size_t)n;
+            continue;
+        }
         if (!m->role && msg.type != PROTO_HELLO) {
             coord_refuse(m, -DF_EPEER, "first message must be HELLO, got %s", proto_type_name(msg.type));
             return;
         }
+        bool tcp_hello = m->is_tcp && msg.type == PROTO_HELLO && !m->role;
+        if (tcp_hello && msg.hello.role != PROTO_ROLE_CTL) {
+            coord_refuse(m, -EACCES, "a %s may not connect over TCP: it needs the local ring, use the unix socket",
+                         proto_role_name(msg.hello.role));
+            return;
+        }
         coord_handle(m, &msg);
+        if (tcp_hello && m->role && !m->closing) {
+            /* Shown wherever the coordinator names this peer (control reasons, logs). */
+            char name[PROTO_NAME_MAX];
+            if (snprintf(name, sizeof name, "%s@%s", m->name, m->peer) < (int)sizeof name)
+                memcpy(m->name, name, sizeof name);
+            log_info("TCP peer %s registered as %s", m->peer, m->name);
+        }
         off += (size_t)n;
     }
     if (m->closing)
@@ -273,11 +338,49 @@ static bool in_group(pid_t pid, gid_t gid, gid_t allowed)
     return found;
 }
 
+/* A TCP peer: no credentials to check; AUTH, then HELLO as CTL, within the timeout. */
+static void tcp_accepted(struct coord *co, struct member *m)
+{
+    m->is_tcp = true;
+    m->uid = (uid_t)-1;
+    m->gid = (gid_t)-1;
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getpeername(&m->tcp, (struct sockaddr *)&ss, &len) == 0)
+        net_addr_format((struct sockaddr *)&ss, m->peer, sizeof m->peer);
+    else
+        snprintf(m->peer, sizeof m->peer, "(unknown address)");
+    unsigned pending = 0;
+    for (const struct member *o = co->members; o; o = o->next)
+        pending += o->is_tcp && !o->role && !o->closing;
+    if (pending > TCP_PENDING_MAX) {
+        coord_refuse(m, -EBUSY, "more than %d TCP connections waiting to authenticate", TCP_PENDING_MAX);
+        return;
+    }
+    log_debug("TCP connection from %s (peer %llu)", m->peer, (unsigned long long)m->id);
+    uv_tcp_nodelay(&m->tcp, 1);
+    uv_tcp_keepalive(&m->tcp, 1, 60);
+    uv_read_start(&m->stream, on_alloc, on_read);
+}
+
+void coord_server_tick(struct coord *co)
+{
+    if (!co->tcp_on)
+        return;
+    uint64_t now = mono_ms();
+    for (struct member *m = co->members, *next; m; m = next) {
+        next = m->next;
+        if (m->is_tcp && !m->role && !m->closing && now - m->connected_ms > TCP_AUTH_TIMEOUT_MS)
+            coord_refuse(m, -DF_ETIMEOUT, "no AUTH and HELLO within %d ms", TCP_AUTH_TIMEOUT_MS);
+    }
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     struct coord *co = server->data;
+    bool tcp = server == (uv_stream_t *)&co->tcp_server;
     if (status < 0) {
-        log_warn(status == UV_EMFILE ? -EMFILE : 0, "accept: %s", uv_strerror(status));
+        log_warn(status == UV_EMFILE ? -EMFILE : 0, "accept%s: %s", tcp ? " (TCP)" : "", uv_strerror(status));
         return;
     }
     struct member *m = calloc(1, sizeof *m);
@@ -286,10 +389,13 @@ static void on_connection(uv_stream_t *server, int status)
     m->co = co;
     m->rank = -1;
     m->device = -1;
-    uv_pipe_init(co->loop, &m->pipe, 0);
-    m->pipe.data = m;
-    if (uv_accept(server, (uv_stream_t *)&m->pipe) < 0) {
-        uv_close((uv_handle_t *)&m->pipe, on_closed);
+    if (tcp)
+        uv_tcp_init(co->loop, &m->tcp);
+    else
+        uv_pipe_init(co->loop, &m->pipe, 0);
+    m->handle.data = m;
+    if (uv_accept(server, &m->stream) < 0) {
+        uv_close(&m->handle, on_closed);
         return;
     }
     m->id = co->next_member_id++;
@@ -299,11 +405,15 @@ static void on_connection(uv_stream_t *server, int status)
     if (co->members)
         co->members->prev = m;
     co->members = m;
+    if (tcp) {
+        tcp_accepted(co, m);
+        return;
+    }
 
     uv_os_fd_t fd;
     struct ucred cred;
     socklen_t len = sizeof cred;
-    if (uv_fileno((uv_handle_t *)&m->pipe, &fd) < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+    if (uv_fileno(&m->handle, &fd) < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
         coord_refuse(m, -DF_EPEER, "cannot read the peer's credentials");
         return;
     }
@@ -318,12 +428,38 @@ static void on_connection(uv_stream_t *server, int status)
                      co->cfg->cluster.group);
         return;
     }
-    uv_read_start((uv_stream_t *)&m->pipe, on_alloc, on_read);
+    uv_read_start(&m->stream, on_alloc, on_read);
 }
 
 static void on_check(uv_check_t *h)
 {
     coord_flush(h->data);
+}
+
+/* Bind exactly the configured address (an IPv6 one without its IPv4 twin). */
+static int tcp_listen_start(struct coord *co, char *err, size_t errlen)
+{
+    int r = uv_tcp_init(co->loop, &co->tcp_server);
+    if (r < 0)
+        goto fail;
+    co->tcp_server.data = co;
+    r = uv_tcp_bind(&co->tcp_server, (const struct sockaddr *)&co->tcp_sa,
+                    co->tcp_sa.ss_family == AF_INET6 ? UV_TCP_IPV6ONLY : 0);
+    if (r == 0)
+        r = uv_listen((uv_stream_t *)&co->tcp_server, TCP_PENDING_MAX, on_connection);
+    if (r < 0)
+        goto fail;
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if ((r = uv_tcp_getsockname(&co->tcp_server, (struct sockaddr *)&ss, &len)) < 0)
+        goto fail;
+    net_addr_format((struct sockaddr *)&ss, co->tcp_addr, sizeof co->tcp_addr);
+    log_notice("TCP listener on %s (cluster.tcp_listen = %s): dflashctl only, token from %s", co->tcp_addr,
+               co->cfg->cluster.tcp_listen, co->cfg->cluster.tcp_token_file);
+    return 0;
+fail:
+    snprintf(err, errlen, "cluster.tcp_listen %s: %s", co->cfg->cluster.tcp_listen, uv_strerror(r));
+    return -EIO;
 }
 
 int coord_server_start(struct coord *co, char *err, size_t errlen)
@@ -360,6 +496,8 @@ int coord_server_start(struct coord *co, char *err, size_t errlen)
     uv_check_init(co->loop, &co->flush_check);
     co->flush_check.data = co;
     uv_check_start(&co->flush_check, on_check);
+    if (co->tcp_on)
+        return tcp_listen_start(co, err, errlen);
     return 0;
 fail:
     snprintf(err, errlen, "control socket %s: %s", co->socket_path, uv_strerror(r));
@@ -372,7 +510,12 @@ void coord_server_close(struct coord *co)
         coord_close_member(co->members, "coordinator stopping");
     if (!uv_is_closing((uv_handle_t *)&co->server))
         uv_close((uv_handle_t *)&co->server, NULL);
-    uv_check_stop(&co->flush_check);
-    uv_close((uv_handle_t *)&co->flush_check, NULL);
+    /* A handle's loop is set by its init: a start that failed early left the rest untouched. */
+    if (co->tcp_server.loop && !uv_is_closing((uv_handle_t *)&co->tcp_server))
+        uv_close((uv_handle_t *)&co->tcp_server, NULL);
+    if (co->flush_check.loop) {
+        uv_check_stop(&co->flush_check);
+        uv_close((uv_handle_t *)&co->flush_check, NULL);
+    }
     unlink(co->socket_path);
 }

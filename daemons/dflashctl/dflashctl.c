@@ -1,5 +1,5 @@
-/* dflashctl: command-line client of the coordinator's control socket.
- * Read commands print a table or, with --json, the coordinator's JSON document. */
+/* dflashctl: command-line client of the coordinator's control socket (or of its TCP listener,
+ * --connect with --token-file). Read commands print a table or, with --json, the JSON document. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include "common/config.h"
 #include "ipc/client.h"
+#include "ipc/net.h"
 
 #define EX_OK 0
 #define EX_FAIL 1
@@ -20,6 +21,8 @@ struct ctx {
     int json;
     uint32_t limit;
     const char *socket;
+    const char *connect;        /* host:port of cluster.tcp_listen */
+    const char *token_file;
 };
 
 static double num(const cJSON *o, const char *k)
@@ -111,6 +114,8 @@ static void show_status(const cJSON *s)
     printf("epoch %.0f of %.0f: %.1f%% done (%.0f of %.0f batches checkpointed)\n", num(ep, "current") + 1,
            num(ep, "epochs"), 100 * num(ep, "progress"), num(ep, "done_batches"), num(ep, "total_batches"));
     show_counts(obj(s, "batches"));
+    const cJSON *ls = obj(s, "listen");
+    printf("listening on %s%s%s\n", str(ls, "socket"), *str(ls, "tcp") ? " and TCP " : "", str(ls, "tcp"));
     printf("ring %s: %.0f slots: free %.0f, writing %.0f, ready %.0f, reading %.0f (stuck %.0f)\n", str(ring, "name"),
            num(ring, "slots"), num(ring, "free"), num(ring, "writing"), num(ring, "ready"), num(ring, "reading"),
            num(ring, "stuck_writing"));
@@ -225,9 +230,12 @@ static const struct cmd_entry {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: dflashctl [-s SOCKET | -c CONFIG] [--json] [-n LIMIT] COMMAND [ARGS]\n"
+    fprintf(f, "usage: dflashctl [-s SOCKET | -c CONFIG | --connect HOST:PORT --token-file PATH] [--json] [-n LIMIT]\n"
+               "                 COMMAND [ARGS]\n"
                "  -s SOCKET  the coordinator's control socket\n"
                "  -c CONFIG  take the socket from this dflash.ini (default /etc/dflash/dflash.ini when it exists)\n"
+               "  --connect HOST:PORT  the coordinator's TCP listener (cluster.tcp_listen; [IPv6]:PORT)\n"
+               "  --token-file PATH    its shared secret (a copy of cluster.tcp_token_file, mode 0600)\n"
                "  --json     print the coordinator's JSON document (read commands)\n"
                "  -n LIMIT   rows for batches / errors (default 100)\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -246,6 +254,11 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return EX_OK;
+        } else if ((!strcmp(a, "--connect") || !strcmp(a, "--token-file")) && i + 1 < argc) {
+            if (a[2] == 'c')
+                x.connect = argv[++i];
+            else
+                x.token_file = argv[++i];
         } else if ((!strcmp(a, "-s") || !strcmp(a, "-c") || !strcmp(a, "-n")) && i + 1 < argc) {
             const char *v = argv[++i];
             if (a[1] == 's')
@@ -264,6 +277,14 @@ int main(int argc, char **argv)
         usage(stderr);
         return EX_USAGE;
     }
+    if (x.connect && (x.socket || config)) {
+        fprintf(stderr, "dflashctl: --connect goes without -s / -c\n");
+        return EX_USAGE;
+    }
+    if (!x.connect != !x.token_file) {
+        fprintf(stderr, "dflashctl: --connect and --token-file go together\n");
+        return EX_USAGE;
+    }
     const struct cmd_entry *ce = NULL;
     for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++)
         if (!strcmp(argv[i], commands[k].name))
@@ -280,7 +301,15 @@ int main(int argc, char **argv)
     }
 
     char path[CFG_STR_MAX + 80];
-    if (!x.socket) {
+    uint8_t token[PROTO_AUTH_TOKEN_MAX];
+    size_t token_len = 0;
+    if (x.connect) {
+        char err[512];
+        if (net_token_load(x.token_file, token, sizeof token, PROTO_AUTH_TOKEN_MIN, &token_len, err, sizeof err) < 0) {
+            fprintf(stderr, "dflashctl: --token-file %s\n", err);
+            return EX_FAIL;
+        }
+    } else if (!x.socket) {
         static struct dflash_cfg cfg;
         char err[512];
         if (!config && access("/etc/dflash/dflash.ini", R_OK) == 0)
@@ -295,10 +324,13 @@ int main(int argc, char **argv)
             snprintf(path, sizeof path, "%s/%s.sock", cfg.cluster.runtime_dir, cfg.cluster.name);
         x.socket = path;
     }
-    struct client_opts o = { .socket_path = x.socket, .role = PROTO_ROLE_CTL, .device = -1, .name = "dflashctl",
+    struct client_opts o = { .socket_path = x.socket, .tcp_address = x.connect, .auth_token = token,
+                             .auth_token_len = token_len, .role = PROTO_ROLE_CTL, .device = -1, .name = "dflashctl",
                              .reply_timeout_ms = 10000 };
     char err[512];
-    if (client_open(&x.c, &o, err, sizeof err) < 0) {
+    int r = client_open(&x.c, &o, err, sizeof err);
+    explicit_bzero(token, sizeof token);
+    if (r < 0) {
         fprintf(stderr, "dflashctl: %s\n", err);
         return EX_FAIL;
     }

@@ -266,6 +266,10 @@ static void seeds_proto(void)
             m.reply.json_len = sizeof json - 1;
             m.json = json;
             break;
+        case PROTO_AUTH:
+            m.auth.len = 20;
+            memcpy(m.auth.token, "seed-token-0123456789", 20);
+            break;
         default: break;
         }
         size_t n = frame(buf, sizeof buf, &m);
