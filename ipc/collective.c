@@ -220,6 +220,22 @@ int coll_allreduce_sum(struct coll *c, float *buf, size_t n)
     return 0;
 }
 
+int coll_allgather(struct coll *c, const void *mine, size_t bytes, void *all)
+{
+    int rc = atomic_load(&c->h->abort_code);
+    if (rc)
+        return rc;
+    if (bytes > c->chunk * sizeof(float))
+        return -E2BIG;
+    /* Staged in each rank's input area, read between the barriers, as the all-reduce does. */
+    memcpy(c->in + (size_t)c->rank * c->chunk, mine, bytes);
+    if ((rc = barrier(c)) < 0)
+        return rc;
+    for (int j = 0; j < c->world; j++)
+        memcpy((char *)all + (size_t)j * bytes, c->in + (size_t)j * c->chunk, bytes);
+    return barrier(c);
+}
+
 int coll_broadcast(struct coll *c, void *buf, size_t bytes, int root)
 {
     int rc = atomic_load(&c->h->abort_code);

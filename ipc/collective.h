@@ -34,6 +34,9 @@ int coll_open(struct coll **out, const char *name, int rank, int world, int time
  * error that aborted the group earlier. After any error the group is aborted for every
  * rank: close it and re-open with a new generation. */
 int coll_allreduce_sum(struct coll *c, float *buf, size_t n);
+/* Every rank's `bytes` at `mine` into all[rank * bytes], on every rank (all holds world *
+ * bytes). bytes is at most 4 * chunk_floats; -E2BIG beyond. Errors as for the all-reduce. */
+int coll_allgather(struct coll *c, const void *mine, size_t bytes, void *all);
 /* Copy `bytes` from root's buf into every other rank's buf. */
 int coll_broadcast(struct coll *c, void *buf, size_t bytes, int root);
 int coll_barrier(struct coll *c);

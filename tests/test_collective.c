@@ -60,6 +60,23 @@ static int rank_main(int rank, int world, uint64_t gen, int iters)
     for (size_t i = 0; i < sizeof msg; i++)
         if (msg[i] != (char)(i * 7 + 3))
             return 5;
+    /* all-gather, interleaved with all-reduces so the staging areas are reused back to back */
+    for (int it = 0; it < 50; it++) {
+        uint64_t mine[2] = { (uint64_t)rank, ((uint64_t)it << 40) | (uint64_t)(rank * 977 + 1) }, all[2 * 64];
+        if (world > 64 || (rc = coll_allgather(c, mine, sizeof mine, all)) < 0)
+            return 7;
+        for (int j = 0; j < world; j++)
+            if (all[2 * j] != (uint64_t)j || all[2 * j + 1] != (((uint64_t)it << 40) | (uint64_t)(j * 977 + 1))) {
+                fprintf(stderr, "rank %d iter %d: gathered entry %d is %llu/%llu\n", rank, it, j,
+                        (unsigned long long)all[2 * j], (unsigned long long)all[2 * j + 1]);
+                return 8;
+            }
+        float one = 1.0f;
+        if (coll_allreduce_sum(c, &one, 1) < 0 || one != (float)world)
+            return 9;
+    }
+    if (coll_allgather(c, msg, 4096 * sizeof(float) + 1, msg) != -E2BIG)
+        return 10;
     if (coll_barrier(c) < 0)
         return 6;
     free(buf);
