@@ -144,6 +144,7 @@ struct coord {
     int state;                      /* enum proto_cluster_state */
     char reason[PROTO_TEXT_MAX];    /* why paused / draining / failed */
     bool fatal;                     /* draining because of a fatal error: end FAILED */
+    bool finishing;                 /* draining for the run's final checkpoint: drafters only */
     bool recovering;                /* restarted from a ledger: waiting for peers */
     uint64_t recovery_until_ms;
     uint64_t stopped_ms;            /* when STOPPED/FAILED was entered */

@@ -277,10 +277,12 @@ void coord_set_state(struct coord *co, int state, const char *reason)
     else
         log_notice("cluster %s -> %s%s%s", proto_state_name(old), proto_state_name(state), co->reason[0] ? ": " : "",
                    co->reason);
+    if (state != PROTO_STATE_DRAINING)
+        co->finishing = false;
     int cmd = state_push[state];
     if (cmd && !(old == PROTO_STATE_STARTING && state == PROTO_STATE_RUNNING))
         for (struct member *m = co->members; m; m = m->next)
-            if (m->role == PROTO_ROLE_TARGET || m->role == PROTO_ROLE_DRAFTER)
+            if (m->role == PROTO_ROLE_DRAFTER || (m->role == PROTO_ROLE_TARGET && !co->finishing))
                 push_control(m, cmd, co->reason);
     if (state == PROTO_STATE_STOPPED || state == PROTO_STATE_FAILED)
         co->stopped_ms = mono_ms();
@@ -421,6 +423,14 @@ static void group_fail(struct coord *co, const char *why)
     }
     log_notice("rollback: %" PRIu64 " trained and %" PRIu64 " consumed batches back to the queue", rolled, lost);
     save_group(co);
+    if (co->state == PROTO_STATE_DRAINING && co->finishing && rolled + lost) {
+        /* The final checkpoint did not come: the batches it was to hold are queued again and
+         * the run goes on (the targets were never told to drain). */
+        char again[120];
+        snprintf(again, sizeof again, "a drafter was lost before the final checkpoint: %" PRIu64 " batches to train again",
+                 rolled + lost);
+        coord_set_state(co, PROTO_STATE_RUNNING, again);
+    }
     try_form_group(co);
     grant_leases(co);
 }
@@ -582,7 +592,9 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
     }
     if (b->row.state >= BATCH_TRAINED) {
         if (b->row.gen == t->generation && b->row.step == t->step) {
-            send_ack(m, t->seq, 0);     /* replay */
+            /* a replay, or the second report of a batch (by its rank and by rank 0) */
+            m->trained += (int)t->rank == m->rank;
+            send_ack(m, t->seq, 0);
             return;
         }
         co->duplicates++;
@@ -603,7 +615,7 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
     b->row.step = t->step;
     batch_set(co, b, ckpt ? BATCH_CHECKPOINTED : BATCH_TRAINED);
     ledger_train_add(co->ledger, b->row.id, t->generation, t->step, t->rank, 0);
-    m->trained++;
+    m->trained += (int)t->rank == m->rank;
     send_ack(m, t->seq, 0);
 }
 
@@ -698,8 +710,16 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
             refused = "only a paused cluster can resume";
         break;
     case PROTO_CTL_DRAIN:
-        if (co->state < PROTO_STATE_DRAINING)
+        if (co->state < PROTO_STATE_DRAINING) {
             coord_set_state(co, PROTO_STATE_DRAINING, reason);
+        } else if (co->finishing) {
+            /* The operator's drain outranks the final one: the targets leave too, and a lost
+             * drafter no longer sends the run back to RUNNING. */
+            co->finishing = false;
+            for (struct member *t = co->members; t; t = t->next)
+                if (t->role == PROTO_ROLE_TARGET)
+                    push_control(t, PROTO_CTL_DRAIN, reason);
+        }
         break;
     case PROTO_CTL_STOP:
         if (co->state < PROTO_STATE_STOPPED)
@@ -875,8 +895,12 @@ static void check_done(struct coord *co)
     uint64_t *c = co->counts;
     bool all_built = next_epoch(co) >= co->epochs;
     if (co->state == PROTO_STATE_RUNNING && all_built && !c[BATCH_PENDING] && !c[BATCH_LEASED] && !c[BATCH_PUBLISHED]) {
-        if (c[BATCH_TRAINED])
+        if (c[BATCH_TRAINED]) {
+            /* Only the drafters drain: a drafter lost now sends the run back to RUNNING, and
+             * the targets must still be there to publish the batches again. */
+            co->finishing = true;
             coord_set_state(co, PROTO_STATE_DRAINING, "every batch trained: final checkpoint");
+        }
         else
             coord_set_state(co, PROTO_STATE_STOPPED, "run complete: every batch checkpointed");
     }

@@ -36,12 +36,18 @@
 enum { SM_HAVE, SM_STOP, SM_SEQS, SM_NAN, SM_METRICS, SM_N = SM_METRICS + DRAFTER_METRICS_N };
 
 /* CUDA: a step enqueued but whose result (read a step later) is not applied yet. */
+/* One rank's batch in a step, as the group's all-gather hands it to every rank. */
+struct peer_batch {
+    uint64_t have, batch_id;
+};
+
 struct step_rec {
     uint64_t batch_id;
     uint32_t epoch;
     int have;                   /* this rank's batch is in the step */
     int ghave;                  /* batches in the step over the group */
     uint32_t gseqs;             /* sequences in the step over the group */
+    const struct peer_batch *peers; /* world > 1: every rank's batch of the step */
 };
 #define STEPS_IN_FLIGHT 4       /* drafter_cuda keeps up to 4 unread results */
 
@@ -73,6 +79,7 @@ struct dft {
     struct nccl_coll *nccl;     /* world > 1: gradients and metrics summed over NCCL */
     cudaEvent_t gpu_done;       /* recorded after each enqueued step: the GPU has caught up */
     struct step_rec fl[STEPS_IN_FLIGHT];
+    struct peer_batch *fl_peers;    /* [STEPS_IN_FLIGHT][world]: the group's batches of each */
     int fl_head, fl_n;
     uint64_t last_result_ns;
     int ring_pinned;
@@ -102,6 +109,8 @@ struct dft {
     /* training position */
     struct ckpt_train_state ts;
     uint64_t unsaved;           /* batches (group-wide) trained since the last checkpoint */
+    struct peer_batch *peers;   /* [world]: the group's batches of the current step */
+    int peers_cap;
     int64_t saved_step;
     uint64_t total_steps_hint;
 
@@ -412,11 +421,17 @@ static void leave_group_how(struct dft *f, int broken)
         nccl_coll_abort(f->nccl, -DF_EDEAD);
     nccl_coll_close(f->nccl);
     f->nccl = NULL;
-    /* Staged slots not yet released go back to READY for the next generation; steps in flight
-     * are forgotten (their batches were trained after the group's checkpoint: re-queued by the
-     * coordinator), the next GROUP reloads the weights. */
+    /* Staged slots not yet released go back to READY for the next generation; the batches of
+     * steps in flight are handed back below (the coordinator re-queues those it has not re-queued
+     * already), the next GROUP reloads the weights. */
     if (f->feed)
         feed_drop_all(f->feed);
+    /* Steps whose results were never read: their batches were consumed and not reported. */
+    for (int i = 0; i < f->fl_n; i++) {
+        const struct step_rec *rec = &f->fl[(f->fl_head + i) % STEPS_IN_FLIGHT];
+        if (rec->have)
+            client_batch_skipped(f->cl, rec->batch_id);
+    }
     f->fl_n = 0;
     f->fl_head = 0;
     if (f->gpu && !broken)
@@ -460,6 +475,7 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
             break;
         case PROTO_CTL_RESUME:
             f->state = PROTO_STATE_RUNNING;
+            f->draining = 0;    /* e.g. a final drain undone: a peer was lost before its checkpoint */
             f->poisoned = 0;    /* the operator removed the cause */
             break;
         case PROTO_CTL_DRAIN:
@@ -558,6 +574,26 @@ static int open_nccl(struct dft *f, int timeout_ms, char *err, size_t errlen)
 }
 #endif
 
+/* Every rank's batch of this step into pb[world] on every rank (world > 1). */
+static int gather_batches(struct dft *f, int have, uint64_t batch_id, struct peer_batch *pb)
+{
+    struct peer_batch mine = { (uint64_t)have, batch_id };
+    return coll_allgather(f->coll, &mine, sizeof mine, pb);
+}
+
+/* Rank 0 reports its peers' batches of a trained step too, ahead of any checkpoint on the same
+ * connection: the coordinator never holds a checkpoint without knowing every batch in it, even
+ * when a peer dies with its own TRAINED unsent (e.g. while the coordinator was down). The
+ * coordinator takes the second report of a batch (same generation and step) as a replay. */
+static void report_peers(struct dft *f, const struct peer_batch *pb, uint64_t step)
+{
+    if (f->rank != 0 || f->world < 2 || !pb)
+        return;
+    for (int r = 1; r < f->world; r++)
+        if (pb[r].have)
+            client_trained(f->cl, pb[r].batch_id, step, (uint32_t)r, f->generation);
+}
+
 /* Apply a GROUP: weights from its checkpoint, the collective of its generation. */
 static int enter_group(struct dft *f, char *err, size_t errlen)
 {
@@ -569,6 +605,22 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     f->generation = g->generation;
     f->rank = (int)g->rank;
     f->world = (int)g->world_size;
+    if (f->world > 1 && f->peers_cap < f->world) {
+        struct peer_batch *p = realloc(f->peers, (size_t)f->world * sizeof *p);
+        if (p)
+            f->peers = p;
+#ifdef DFLASH_HAVE_CUDA
+        struct peer_batch *q = realloc(f->fl_peers, (size_t)f->world * STEPS_IN_FLIGHT * sizeof *q);
+        if (q)
+            f->fl_peers = q;
+        p = p ? q : p;
+#endif
+        if (!p) {
+            snprintf(err, errlen, "out of memory for %d ranks", f->world);
+            return -ENOMEM;
+        }
+        f->peers_cap = f->world;
+    }
     if (f->world > 1) {
         int64_t to = f->cfg->drafter.collective_timeout_ms;
         /* A stalled peer must fail the group before the watchdog kills a healthy rank. */
@@ -707,6 +759,15 @@ static int group_broken(struct dft *f, int code)
     return code;
 }
 
+/* The group broke while this rank held a consumed, untrained batch: hand it back (its slot is
+ * gone, so only a new publication delivers it; the coordinator may have re-queued it already). */
+static int broken_with(struct dft *f, int have, uint64_t batch_id, int code)
+{
+    if (have)
+        client_batch_skipped(f->cl, batch_id);
+    return group_broken(f, code);
+}
+
 static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const struct drafter_step_info *info,
                           uint64_t batch_id, int have)
 {
@@ -763,7 +824,9 @@ static int iterate(struct dft *f)
     sm[SM_NAN] = have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum)) ? 1.0f : 0.0f;
     metrics_to_floats(&m, sm + SM_METRICS);
     if (f->coll && (r = coll_allreduce_sum(f->coll, sm, SM_N)) < 0)
-        return group_broken(f, r);
+        return broken_with(f, have, batch_id, r);
+    if (f->coll && (r = gather_batches(f, have, batch_id, f->peers)) < 0)
+        return broken_with(f, have, batch_id, r);
     struct drafter_metrics gm;
     floats_to_metrics(sm + SM_METRICS, &gm);
     int ghave = (int)sm[SM_HAVE], gstop = sm[SM_STOP] > 0;
@@ -781,7 +844,7 @@ static int iterate(struct dft *f)
         }
     } else if (ghave > 0) {
         if (f->coll && (r = coll_allreduce_sum(f->coll, f->dr->grads, f->dr->n_params)) < 0)
-            return group_broken(f, r);
+            return broken_with(f, have, batch_id, r);
         r = drafter_optimizer_step(f->dr, gm.weight_sum, &f->topt, &info);
         if (r == -DF_ENAN) {
             f->poisoned = 1;
@@ -806,6 +869,8 @@ static int iterate(struct dft *f)
                 f->batches++;
                 client_trained(f->cl, batch_id, (uint64_t)drafter_step_count(f->dr), (uint32_t)f->rank, f->generation);
             }
+            if (f->coll)
+                report_peers(f, f->peers, (uint64_t)drafter_step_count(f->dr));
             double step_s = (double)(t2 - t0) / 1e9;
             double busy = (double)(t2 - t1) / 1e9;
             f->step_ms = busy * 1e3;
@@ -886,6 +951,7 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
         f->batches++;
         client_trained(f->cl, rec->batch_id, (uint64_t)info->step, (uint32_t)f->rank, f->generation);
     }
+    report_peers(f, rec->peers, (uint64_t)info->step);
     /* Steps are pipelined: their rate is from result to result. */
     double dt = f->last_result_ns ? (double)(now - f->last_result_ns) / 1e9 : 0;
     f->last_result_ns = now;
@@ -1077,8 +1143,10 @@ static int iterate_cuda(struct dft *f)
         return have;
     float sm[3] = { (float)have, f->stop_vote && !feed_count(f->feed) ? 1.0f : 0.0f, (float)n_seqs };
     if (f->coll && (r = coll_allreduce_sum(f->coll, sm, 3)) < 0)
-        return group_broken(f, r);
+        return broken_with(f, have, batch_id, r);
     int ghave = (int)sm[SM_HAVE], gstop = sm[SM_STOP] > 0;
+    if (f->coll && (r = gather_batches(f, have, batch_id, f->peers)) < 0)
+        return broken_with(f, have, batch_id, r);
     if (ghave > 0) {
         cudaStream_t s = (cudaStream_t)drafter_cuda_stream(f->gpu);
         size_t n;
@@ -1088,18 +1156,23 @@ static int iterate_cuda(struct dft *f)
                       cudaMemsetAsync(mv, 0, DRAFTER_METRICS_N * sizeof *mv, s) != cudaSuccess))
             return -DF_ECUDA;   /* this rank adds nothing to the sums */
         if (f->nccl && (r = nccl_coll_allreduce_sum(f->nccl, g, n, mv, DRAFTER_METRICS_N, s)) < 0)
-            return group_broken(f, r);
+            return broken_with(f, have, batch_id, r);
         if (f->fl_n == STEPS_IN_FLIGHT && (r = gpu_results(f, STEPS_IN_FLIGHT - 1, &failed)) < 0)
-            return failed ? group_broken(f, r) : r;
+            return failed ? broken_with(f, have, batch_id, r) : r;
         if ((r = drafter_cuda_optimizer_step_async(f->gpu, &f->topt)) < 0) {
             log_error(r, "optimizer step");
             return r;
         }
         if (cudaEventRecord(f->gpu_done, s) != cudaSuccess)
             return -DF_ECUDA;
-        f->fl[(f->fl_head + f->fl_n) % STEPS_IN_FLIGHT] =
-            (struct step_rec){ .batch_id = batch_id, .epoch = epoch, .have = have, .ghave = ghave,
-                               .gseqs = (uint32_t)sm[SM_SEQS] };
+        int at = (f->fl_head + f->fl_n) % STEPS_IN_FLIGHT;
+        struct peer_batch *pb = NULL;
+        if (f->coll) {
+            pb = f->fl_peers + (size_t)at * (size_t)f->world;
+            memcpy(pb, f->peers, (size_t)f->world * sizeof *pb);
+        }
+        f->fl[at] = (struct step_rec){ .batch_id = batch_id, .epoch = epoch, .have = have, .ghave = ghave,
+                                       .gseqs = (uint32_t)sm[SM_SEQS], .peers = pb };
         f->fl_n++;
         f->dirty = 1;
     }
@@ -1333,6 +1406,10 @@ out:
     drafter_free(f->dr);
     free(f->blocks);
     free(f->work);
+    free(f->peers);
+#ifdef DFLASH_HAVE_CUDA
+    free(f->fl_peers);
+#endif
     if (f->embed)
         target_free_head(f->embed, f->lm_head);
     daemon_done(&f->d);

@@ -27,9 +27,6 @@ RING_STATES = ["FREE", "WRITING", "READY", "READING"]
 # Sanitizer reports: an ASan / UBSan / LSan / TSan finding in any daemon fails the soak (the
 # daemon's exit code alone is 1, which looks like an ordinary failure systemd restarts).
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "WARNING: ThreadSanitizer")
-# check_run.py's findings when only the checkpoint and metrics see batches trained twice.
-LINEAGE_BUG = re.compile(r"trained \d+ sequences / \d+ tokens; the checkpointed batches hold|"
-                         r"metrics: \d+ batches trained more than once")
 # libuv's assertion when a handle is closed twice (coordinator-d's exit path).
 
 
@@ -88,7 +85,6 @@ class Soak:
         self.coord_done = False
         self.ring_fd = None
         self.drained_early = []     # the coordinator exited 0 before the run was complete
-        self.known = []             # failures that match a bug reported to its owner
         self.operator_starts = 0
 
     def say(self, msg):
@@ -131,9 +127,8 @@ class Soak:
                     self.coord_done = True
                 elif d is self.coord:
                     self.drained_early.append((now() - self.t0, state, reason))
-                    self.known_bug("the run ended '%s: %s' with batches left, every daemon exiting 0 (a drafter died "
-                                   "during the automatic final-checkpoint drain?)" % (state, reason))
-                    self.say("the run ended before it was complete: started again, as an operator would")
+                    # Nothing here drains the run: only the final checkpoint ends it.
+                    self.fail("the run ended '%s: %s' with batches left, every daemon exiting 0" % (state, reason))
                     d.restart_at = now() + self.rng.uniform(0.2, self.a.restart_delay)
                 continue
             else:
@@ -144,10 +139,6 @@ class Soak:
             if self.coord_done:
                 continue
             d.restart_at = now() + self.rng.uniform(0.2, self.a.restart_delay)
-
-    def known_bug(self, what):
-        self.known.append(what)
-        self.say("KNOWN BUG: " + what)
 
     def log_count(self, d, text):
         try:
@@ -417,11 +408,7 @@ class Soak:
         sys.argv = ["check_run.py", a.ledger, a.state]
         rc = check_run.main()
         sys.argv = saved
-        if rc and all(LINEAGE_BUG.search(f) for f in check_run.failures):
-            self.known_bug("the ledger is consistent, but the final checkpoint and the metrics hold batches twice "
-                           "(a checkpoint written while the coordinator was down, then a drafter killed: "
-                           "tests/soak/coord_down_kill.sh)")
-        elif rc:
+        if rc:
             self.failures.append("check_run: " + "; ".join(check_run.failures[:5]))
         kinds = {}
         for _, kind, _, _ in self.kill_log:
@@ -487,11 +474,6 @@ def main():
         for f in s.failures[:30]:
             print("  " + f)
         return 1
-    if s.known:
-        print("KNOWN BUGS (everything else passed):")
-        for k in sorted(set(s.known)):
-            print("  " + k)
-        return 2
     return 0
 
 

@@ -47,11 +47,7 @@ echo "soak ($mode): run dir $CL_DIR, seed $seed (replay with --seed $seed)"
   --state "$CL_DIR/state" --name "$CL_NAME" --ledger "$CL_DIR/state/$CL_NAME-ledger.db" --kills "$kills" \
   --seed "$seed" "${extra[@]}" "${pass[@]}"
 rc=$?
-if ((rc == 2)); then
-  # Only failures that match bugs already reported to their owners (listed above).
-  echo "SKIP: known bug(s) seen, everything else passed: $(grep -a 'KNOWN BUG:' "$CL_DIR/soak-events.log" | sed 's/.*KNOWN BUG: //' | sort -u | tr '\n' ';')"
-  exit 77
-elif ((rc != 0)); then
+if ((rc != 0)); then
   cl_logs 25
   exit 1
 fi
