@@ -692,9 +692,13 @@ static void reply(struct member *m, int status, char *json)
 
 static void on_control(struct coord *co, struct member *m, const struct proto_control *c)
 {
-    char reason[PROTO_TEXT_MAX + 200];
-    snprintf(reason, sizeof reason, "%s by %s (pid %d, uid %d)%s%s", proto_control_name(c->cmd), m->name, (int)m->pid,
-             (int)m->uid, c->reason[0] ? ": " : "", c->reason);
+    char reason[PROTO_TEXT_MAX + 200], who[96];
+    if (m->is_tcp)
+        snprintf(who, sizeof who, "over TCP, authenticated by token");   /* m->name holds the address */
+    else
+        snprintf(who, sizeof who, "pid %d, uid %d", (int)m->pid, (int)m->uid);
+    snprintf(reason, sizeof reason, "%s by %s (%s)%s%s", proto_control_name(c->cmd), m->name, who,
+             c->reason[0] ? ": " : "", c->reason);
     const char *refused = NULL;
     switch (c->cmd) {
     case PROTO_CTL_PAUSE:
