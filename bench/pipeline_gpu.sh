@@ -5,7 +5,9 @@
 # this script while the drafter keeps training; then drain. Reports the drafter's idle fraction
 # (waiting for slots with nothing left on its GPU), samples/s, tokens/s, ring occupancy, target
 # throughput, the restart; then runs tests/test_gpu_cluster.sh with the time left. A table last.
-# Usage: bench/pipeline_gpu.sh [SECONDS]. Env: PIPE_STEPS (default "build run test"), PIPE_BUDGET
+# Usage: bench/pipeline_gpu.sh [SECONDS]. Env: PIPE_TARGETS / PIPE_DRAFTERS (default 1 / 1: targets on
+# GPUs 0.., drafters, one NCCL group, on the GPUs after them; target-d@0 is the one killed), PIPE_STEPS
+# (default "build run test"), PIPE_BUDGET
 # (s, default 520: the run is shortened rather than cut off), PIPE_SHAPE (realistic | small | tiny;
 # tiny with PIPE_BACKEND=cpu checks this script on a machine without a GPU).
 # Logs: $OUT when set (the device machine), else build-gpu/pipeline-logs.
@@ -117,9 +119,15 @@ EOF
   tokens=$("$CL_PY" -c "import os; print(os.path.getsize('$CL_DIR/data.bin') // 5)")
   note "shape: Qwen3 target hidden $H, $L layers, $NH/$NKV heads x $D, FFN $FF, vocab $V (random bf16); data ~${tokens} tokens (2500 sequences of $MINL-$MAXL); batches of <= $TB tokens; made in $(($(date +%s) - t0)) s"
   # 3 drafter layers -> captured target layers 1, 7, 13 (DFlash default ids for 16 layers).
+  local NT=${PIPE_TARGETS:-1} ND=${PIPE_DRAFTERS:-1} i
+  DRAFTERS=() TARGETS=()
+  for ((i = 0; i < NT; i++)); do TARGETS+=(target$i); done
+  for ((i = NT; i < NT + ND; i++)); do DRAFTERS+=(drafter$i); done
+  note "layout: target-d on GPU 0-$((NT - 1)), drafter-d on GPU $NT-$((NT + ND - 1)) (one group of $ND)"
   cl_ini_add model.capture_layers= model.draft_layers=3 target.backend=$backend drafter.backend=$backend \
-    ring.slots=8 ring.max_tokens=$TB ring.max_seqs=16 data.token_budget=$TB data.max_seq_len=$MAXL \
-    data.bucket_width=$((MAXL / 12)) data.epochs=100 target.prefetch=3 target.devices=2 drafter.devices=2 \
+    ring.slots=$((8 * NT)) ring.max_tokens=$TB ring.max_seqs=16 data.token_budget=$TB data.max_seq_len=$MAXL \
+    data.bucket_width=$((MAXL / 12)) data.epochs=100 target.prefetch=3 target.devices=$((NT + ND)) \
+    drafter.devices=$((NT + ND)) drafter.world_size=$ND \
     drafter.block_size=$BS drafter.num_anchors=$ANCH drafter.lr=6e-4 drafter.warmup_steps=50 \
     drafter.checkpoint_every=400 drafter.keep_checkpoints=2 coordinator.dead_after_ms=30000 \
     coordinator.heartbeat_ms=500
@@ -129,8 +137,8 @@ EOF
   cl_wait 's["state"] == "running"' 60 coord || { say "coordinator did not come up"; cl_logs 20; return 1; }
   cl_ring_hold
   t0=$(date +%s)
-  cl_start target0 target-d -c "$CL_INI" -i 0
-  cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+  for i in "${TARGETS[@]}"; do cl_start $i target-d -c "$CL_INI" -i ${i#target}; done
+  for i in "${DRAFTERS[@]}"; do cl_start $i drafter-d -c "$CL_INI" -i ${i#drafter}; done
   # status samples every second for the ring occupancy and the throughput figures
   ( while :; do
       "$CL_BIN/dflashctl" -s "$CL_SOCK" --json status 2>/dev/null | tr -d '\n' >>"$R/status.jsonl" && echo >>"$R/status.jsonl"
@@ -155,10 +163,11 @@ EOF
   cl_kill target0 KILL
   cl_wait_exit target0 10
   note "target SIGKILLed at $(($(date +%s) - t_train)) s, drafter step $s0 (exit $CL_RC)"
-  cl_wait 'not targets()' 30 coord
+  cl_wait 'len(targets()) < '$NT 30 coord
   mv "$CL_DIR/target0.log" "$CL_DIR/target0-killed.log"
   cl_start target0 target-d -c "$CL_INI" -i 0
-  cl_wait '[t for t in targets() if t.get("published", 0) >= 1]' 120 coord || say "restarted target does not publish"
+  cl_wait '[t for t in targets() if t["pid"] == '"$(cl_pid target0)"' and t.get("published", 0) >= 1]' 120 coord ||
+    say "restarted target does not publish"
   local back_t s1
   back_t=$(date +%s.%N)
   s1=$(cl_json 'step()')
@@ -172,12 +181,12 @@ EOF
   td=$(date +%s)
   "$CL_BIN/dflashctl" -s "$CL_SOCK" drain
   local n rc=0
-  for n in target0 drafter1 coord; do
+  for n in "${TARGETS[@]}" "${DRAFTERS[@]}" coord; do
     cl_wait_exit $n 120 || { say "$n exited with '$CL_RC'"; rc=1; }
   done
   note "drain: every daemon exited ($([[ $rc == 0 ]] && echo "all 0" || echo "NOT all 0")) in $(($(date +%s) - td)) s"
   local ck
-  ck=$(grep -o 'checkpoint .*step-[0-9]* ([a-z ]*, [0-9]* ms)' "$CL_DIR/drafter1.log" | sed 's/.*(\(.*\))/\1/' | tr '\n' ';')
+  ck=$(grep -o 'checkpoint .*step-[0-9]* ([a-z ]*, [0-9]* ms)' "$CL_DIR/${DRAFTERS[0]}.log" | sed 's/.*(\(.*\))/\1/' | tr '\n' ';')
   note "drafter checkpoints (why, time): ${ck:-none}"
   cp "$CL_DIR/state/metrics-rank0.jsonl" "$DEST/" 2>/dev/null
   cp "$R/status.jsonl" "$DEST/" 2>/dev/null
