@@ -18,13 +18,7 @@ one_run() {
   cl_init "$T/c$1" 600 || exit 1
   # No periodic checkpoint: everything the group trained waits for the final one.
   cl_ini_add drafter.world_size=2 drafter.checkpoint_every=100000 ring.slots=8
-  cl_start coord coordinator-d -c "$CL_INI"
-  cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
-  cl_ring_hold || fail "no ring"
-  for i in 0 1; do
-    cl_start target$i target-d -c "$CL_INI" -i $i
-    cl_start drafter$i drafter-d -c "$CL_INI" -i $i
-  done
+  cl_start_cluster 2 || fail "cluster start"
   cl_wait 's["group"]["active"] and step() >= 1' 60 coord || fail "no training"
   # Kill rank 1 the moment the final drain starts.
   "$CL_PY" - "$CL_BIN/dflashctl" "$CL_SOCK" "$(cl_pid drafter1)" "$(cl_scaled 120)" <<'EOF'

@@ -218,6 +218,19 @@ cl_ring_hold() {
   return 1
 }
 
+# cl_start_cluster [N]: coordinator (up and running, its ring held), then N targets and N drafters
+# (instances 0..N-1). Says what failed and returns 1.
+cl_start_cluster() {
+  local n=${1:-2} i
+  cl_start coord coordinator-d -c "$CL_INI"
+  cl_wait 's["state"] == "running"' 30 coord || { echo "coordinator did not come up"; return 1; }
+  cl_ring_hold || { echo "no ring"; return 1; }
+  for ((i = 0; i < n; i++)); do
+    cl_start target$i target-d -c "$CL_INI" -i $i
+    cl_start drafter$i drafter-d -c "$CL_INI" -i $i
+  done
+}
+
 cl_ring_states() {
   "$CL_PY" - "$1" <<'EOF2'
 import os, struct, sys

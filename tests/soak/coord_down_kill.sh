@@ -18,13 +18,7 @@ fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
 cl_init "$T/c" 3000 || exit 1
 # Checkpoints every 2 steps and deep prefetch: the group trains and checkpoints a while on its own.
 cl_ini_add drafter.world_size=2 drafter.checkpoint_every=2 target.prefetch=6 ring.slots=8
-cl_start coord coordinator-d -c "$CL_INI"
-cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
-cl_ring_hold || fail "no ring"
-for i in 0 1; do
-  cl_start target$i target-d -c "$CL_INI" -i $i
-  cl_start drafter$i drafter-d -c "$CL_INI" -i $i
-done
+cl_start_cluster 2 || fail "cluster start"
 cl_wait 's["group"]["active"] and step() >= 40' 60 coord || fail "no training"
 
 cl_kill coord KILL
