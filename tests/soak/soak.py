@@ -225,16 +225,18 @@ class Soak:
         shuffled; the first three go round the kinds so a short run covers each early."""
         a = self.a
         kinds = ["target", "drafter", "coordinator"]
+        def drawn(n):
+            return [self.rng.choices(kinds, [a.w_target, a.w_drafter, a.w_coord])[0] for _ in range(n)]
+        # The guaranteed ones within the planned kills (the run may end right after them).
         plan = [k for k in kinds for _ in range(a.min_per_kind)]
-        while len(plan) < a.kills + 1000:
-            plan.append(self.rng.choices(kinds, [a.w_target, a.w_drafter, a.w_coord])[0])
-        head, rest = plan[:0], plan
+        plan += drawn(max(0, a.kills - len(plan)))
+        head, rest = [], plan
         for k in kinds:
             if k in rest:
                 rest.remove(k)
                 head.append(k)
         self.rng.shuffle(rest)
-        return head + rest
+        return head + rest + drawn(1000)    # time-paced runs may go on past the planned number
 
     def pick_victim(self, kind):
         pool = [d for d in self.daemons if d.kind == kind and d.alive()]
