@@ -2,9 +2,13 @@
  * and the optimizer half of the training step. Forward/backward live in drafter_cpu.c. */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "common/err.h"
 #include "model/drafter.h"
 #include "model/hfconfig.h"
@@ -149,21 +153,95 @@ const struct drafter_tensor *drafter_find_tensor(const struct drafter *d, const 
     return NULL;
 }
 
-static void init_params(struct drafter *d, uint64_t seed)
+/* Each matrix is drawn in chunks of INIT_CHUNK values, chunk c of tensor i from its own stream
+ * keyed (seed, "init", i, c): a value depends only on (seed, tensor, position), so any number of
+ * threads, taking chunks in any order, writes the same parameters. Even, so that no Box-Muller
+ * pair straddles two chunks. */
+#define INIT_CHUNK ((size_t)1 << 20)
+#define INIT_MAX_THREADS 16
+#define INIT_STREAM 0x696e6974ull       /* "init" */
+
+struct init_job {
+    struct drafter *d;
+    uint64_t seed;
+    size_t n_chunks;                    /* over every matrix, in tensor order */
+    atomic_size_t next;                 /* the next chunk to take */
+};
+
+static size_t init_chunks_of(const struct drafter_tensor *t)
 {
+    return t->ndim == 2 ? (t->numel + INIT_CHUNK - 1) / INIT_CHUNK : 0;
+}
+
+static void init_chunk(const struct init_job *job, size_t chunk)
+{
+    struct drafter *d = job->d;
+    int i = 0;
+    while (chunk >= init_chunks_of(&d->tensors[i]))
+        chunk -= init_chunks_of(&d->tensors[i++]);
+    const struct drafter_tensor *t = &d->tensors[i];
+    size_t begin = chunk * INIT_CHUNK;
+    size_t n = t->numel - begin < INIT_CHUNK ? t->numel - begin : INIT_CHUNK;
     struct obj_rng r;
-    obj_rng_seed(&r, seed, 0x696e6974ull /* "init" */, 0, 0);
+    obj_rng_seed(&r, job->seed, INIT_STREAM, (uint64_t)i, (uint64_t)chunk);
+    obj_rng_fill_normal(&r, d->params + t->offset + begin, n, d->cfg.initializer_range);
+}
+
+static void *init_worker(void *arg)
+{
+    struct init_job *job = arg;
+    for (;;) {
+        size_t c = atomic_fetch_add_explicit(&job->next, 1, memory_order_relaxed);
+        if (c >= job->n_chunks)
+            return NULL;
+        init_chunk(job, c);
+    }
+}
+
+/* CPUs this process may run on (its affinity mask, else the online ones), capped. */
+static int init_default_threads(void)
+{
+    cpu_set_t set;
+    long n = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        n = CPU_COUNT(&set);
+    if (n < 1)
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > INIT_MAX_THREADS ? INIT_MAX_THREADS : (int)n;
+}
+
+void drafter_init_params(struct drafter *d, uint64_t seed, int threads)
+{
+    struct init_job job = { .d = d, .seed = seed };
+    atomic_init(&job.next, 0);
+    size_t n_drawn = 0;
     for (int i = 0; i < d->n_tensors; i++) {
         const struct drafter_tensor *t = &d->tensors[i];
-        float *p = d->params + t->offset;
-        if (t->ndim == 1) {
+        if (t->ndim == 1)
             for (size_t j = 0; j < t->numel; j++)
-                p[j] = 1.0f;
-        } else {
-            for (size_t j = 0; j < t->numel; j++)
-                p[j] = (float)(obj_rng_normal(&r) * d->cfg.initializer_range);
-        }
+                d->params[t->offset + j] = 1.0f;
+        else
+            n_drawn += t->numel;
+        job.n_chunks += init_chunks_of(t);
     }
+    if (threads <= 0) {
+        /* a thread per full chunk at most: a small drafter is not worth starting threads for */
+        threads = init_default_threads();
+        if ((size_t)threads > n_drawn / INIT_CHUNK)
+            threads = n_drawn / INIT_CHUNK > 0 ? (int)(n_drawn / INIT_CHUNK) : 1;
+    }
+    if (threads > INIT_MAX_THREADS)
+        threads = INIT_MAX_THREADS;
+    if ((size_t)threads > job.n_chunks)
+        threads = job.n_chunks > 0 ? (int)job.n_chunks : 1;
+    /* The calling thread works too; should a thread fail to start, the others take its chunks. */
+    pthread_t tid[INIT_MAX_THREADS - 1];
+    int started = 0;
+    while (started < threads - 1 && pthread_create(&tid[started], NULL, init_worker, &job) == 0)
+        started++;
+    init_worker(&job);
+    for (int i = 0; i < started; i++)
+        pthread_join(tid[i], NULL);
 }
 
 int drafter_create(struct drafter **out, const struct drafter_config *cfg, const float *embed,
@@ -212,7 +290,7 @@ int drafter_create(struct drafter **out, const struct drafter_config *cfg, const
     free(seg);
     if (r < 0)
         goto fail;
-    init_params(d, seed);
+    drafter_init_params(d, seed, 0);
     r = drafter_cpu_scratch_alloc(d);
     if (r < 0) {
         snprintf(err, errlen, "drafter: scratch for %d tokens / %d blocks: %s", max_tokens,

@@ -112,14 +112,20 @@ int drafter_config_from_target(struct drafter_config *c, const struct hf_config 
 /* Shape checks of a config (positive sizes, heads divide, ids in range, ...). */
 int drafter_config_validate(const struct drafter_config *c, char *err, size_t errlen);
 
-/* Allocate a drafter for `cfg`: parameters (initialised: matrices ~ N(0, initializer_range) from
- * `seed`, norm weights 1), gradients, optimizer state and the scratch arena sized for batches of
- * up to max_tokens tokens and max_blocks anchors. embed / lm_head: the target's frozen [V, H]
- * arrays, kept by pointer (the caller keeps them alive). No allocation happens after this. */
+/* Allocate a drafter for `cfg`: parameters (initialised by drafter_init_params(d, seed, 0)),
+ * gradients, optimizer state and the scratch arena sized for batches of up to max_tokens tokens
+ * and max_blocks anchors. embed / lm_head: the target's frozen [V, H] arrays, kept by pointer (the
+ * caller keeps them alive). No allocation happens after this. */
 int drafter_create(struct drafter **out, const struct drafter_config *cfg, const float *embed,
                    const float *lm_head, int max_tokens, int max_blocks, uint64_t seed,
                    char *err, size_t errlen);
 void drafter_free(struct drafter *d);   /* accepts NULL */
+
+/* Fresh parameters: matrices ~ N(0, initializer_range^2), norm weights 1. Each value depends only
+ * on (seed, tensor, position), never on `threads`: the number of threads drawing them, <= 0 for
+ * the CPUs this process may run on (at most 16, and fewer for a small drafter). Gradients and
+ * optimizer state are left alone. */
+void drafter_init_params(struct drafter *d, uint64_t seed, int threads);
 
 /* The tensor called `name`, or NULL. */
 const struct drafter_tensor *drafter_find_tensor(const struct drafter *d, const char *name);

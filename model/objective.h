@@ -40,8 +40,11 @@ void obj_rng_seed(struct obj_rng *r, uint64_t a, uint64_t b, uint64_t c, uint64_
 uint64_t obj_rng_next(struct obj_rng *r);
 /* Uniform in [0, n). */
 uint64_t obj_rng_below(struct obj_rng *r, uint64_t n);
-/* Standard normal (Box-Muller, double). */
+/* Standard normal (Box-Muller, double; one output of each pair). */
 double obj_rng_normal(struct obj_rng *r);
+/* n values ~ N(0, std^2) as floats: Box-Muller using both outputs of each pair (out[2k] the
+ * cosine, out[2k+1] the sine one), an odd n's last value the cosine one of a fresh pair. */
+void obj_rng_fill_normal(struct obj_rng *r, float *out, size_t n, double std);
 
 /* cu_seqlens monotone from 0 to n_tokens, token ids < vocab, one hidden pointer set. */
 int obj_batch_check(const struct obj_batch *b, int vocab, char *err, size_t errlen);
