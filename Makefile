@@ -108,7 +108,7 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
 
 # `make test` builds then runs everything; T=regex selects tests by name.
 test: all
-	BUILD=$(BUILD) SAN=$(SAN) tests/run.sh $(T)
+	BUILD=$(BUILD) SAN=$(SAN) tests/run.sh '$(T)'
 
 demo:
 	tools/install-deps.sh
