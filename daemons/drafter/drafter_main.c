@@ -393,6 +393,18 @@ static int checkpoint(struct dft *f, const char *why)
     return 0;
 }
 
+/* After a group step: a rank voting to stop, the periodic step, or a drain with nothing left. */
+static void checkpoint_if_due(struct dft *f, int ghave, int gstop)
+{
+    int64_t step = step_count(f);
+    if (gstop)
+        checkpoint(f, "a rank is stopping");
+    else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
+        checkpoint(f, "periodic");
+    else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step))
+        checkpoint(f, "draining");
+}
+
 /* ---- coordinator ----------------------------------------------------------------------- */
 
 static void set_heartbeat(struct dft *f)
@@ -574,6 +586,13 @@ static int open_nccl(struct dft *f, int timeout_ms, char *err, size_t errlen)
 }
 #endif
 
+/* A trained step's bookkeeping, the same on both backends: counters, the TRAINED reports, the
+ * latest metrics and the JSONL row. step_ms: what the step took; rate_s: the time its tokens/s
+ * is over (0: no figure yet). */
+static void step_done(struct dft *f, int have, uint64_t batch_id, const struct peer_batch *peers, int ghave,
+                      uint64_t gseqs, uint64_t step, int rc, const struct drafter_metrics *gm,
+                      const struct drafter_step_info *info, double step_ms, double rate_s);
+
 /* Every rank's batch of this step into pb[world] on every rank (world > 1). */
 static int gather_batches(struct dft *f, int have, uint64_t batch_id, struct peer_batch *pb)
 {
@@ -605,17 +624,17 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     f->generation = g->generation;
     f->rank = (int)g->rank;
     f->world = (int)g->world_size;
-    if (f->world > 1 && f->peers_cap < f->world) {
-        struct peer_batch *p = realloc(f->peers, (size_t)f->world * sizeof *p);
-        if (p)
-            f->peers = p;
+    if (f->world > 1 && f->peers_cap < f->world) {   /* sized once per group, never in a step */
+        free(f->peers);
+        f->peers = malloc((size_t)f->world * sizeof *f->peers);
+        int ok = f->peers != NULL;
 #ifdef DFLASH_HAVE_CUDA
-        struct peer_batch *q = realloc(f->fl_peers, (size_t)f->world * STEPS_IN_FLIGHT * sizeof *q);
-        if (q)
-            f->fl_peers = q;
-        p = p ? q : p;
+        free(f->fl_peers);
+        f->fl_peers = malloc((size_t)f->world * STEPS_IN_FLIGHT * sizeof *f->fl_peers);
+        ok = ok && f->fl_peers;
 #endif
-        if (!p) {
+        if (!ok) {
+            f->peers_cap = 0;
             snprintf(err, errlen, "out of memory for %d ranks", f->world);
             return -ENOMEM;
         }
@@ -784,6 +803,34 @@ static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const
     fflush(f->metrics);
 }
 
+static void step_done(struct dft *f, int have, uint64_t batch_id, const struct peer_batch *peers, int ghave,
+                      uint64_t gseqs, uint64_t step, int rc, const struct drafter_metrics *gm,
+                      const struct drafter_step_info *info, double step_ms, double rate_s)
+{
+    f->unsaved += (uint64_t)ghave;
+    f->ts.batch_in_epoch += (uint64_t)ghave;
+    f->ts.samples += gseqs;
+    f->ts.tokens += (uint64_t)gm->tokens;
+    if (have) {
+        f->batches++;
+        client_trained(f->cl, batch_id, step, (uint32_t)f->rank, f->generation);
+    }
+    report_peers(f, peers, step);
+    f->loss = drafter_metrics_loss(gm);
+    f->accuracy = drafter_metrics_accuracy(gm);
+    f->accept_len = drafter_metrics_accept_len(gm);
+    if (rc == 0) {
+        f->grad_norm = info->grad_norm;
+        f->lr = info->lr;
+    }
+    if (rate_s > 0) {
+        f->step_ms = step_ms;
+        double rate = gm->tokens / rate_s;
+        f->tokens_per_s = f->tokens_per_s ? 0.8 * f->tokens_per_s + 0.2 * rate : rate;
+    }
+    write_metrics(f, gm, info, batch_id, have);
+}
+
 /* One iteration of the group: maybe a batch, the small all-reduce, maybe a step. */
 static int iterate(struct dft *f)
 {
@@ -861,29 +908,9 @@ static int iterate(struct dft *f)
             /* -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
             uint64_t t2 = mono_ns();
             f->dirty = 1;
-            f->unsaved += (uint64_t)ghave;
-            f->ts.batch_in_epoch += (uint64_t)ghave;
-            f->ts.samples += (uint64_t)sm[SM_SEQS];
-            f->ts.tokens += (uint64_t)gm.tokens;
-            if (have) {
-                f->batches++;
-                client_trained(f->cl, batch_id, (uint64_t)drafter_step_count(f->dr), (uint32_t)f->rank, f->generation);
-            }
-            if (f->coll)
-                report_peers(f, f->peers, (uint64_t)drafter_step_count(f->dr));
-            double step_s = (double)(t2 - t0) / 1e9;
-            double busy = (double)(t2 - t1) / 1e9;
-            f->step_ms = busy * 1e3;
-            f->loss = drafter_metrics_loss(&gm);
-            f->accuracy = drafter_metrics_accuracy(&gm);
-            f->accept_len = drafter_metrics_accept_len(&gm);
-            if (r == 0) {
-                f->grad_norm = info.grad_norm;
-                f->lr = info.lr;
-            }
-            double rate = gm.tokens / (step_s + 1e-9);
-            f->tokens_per_s = f->tokens_per_s ? 0.8 * f->tokens_per_s + 0.2 * rate : rate;
-            write_metrics(f, &gm, &info, batch_id, have);
+            step_done(f, have, batch_id, f->coll ? f->peers : NULL, ghave, (uint64_t)sm[SM_SEQS],
+                      (uint64_t)drafter_step_count(f->dr), r, &gm, &info, (double)(t2 - t1) / 1e6,
+                      (double)(t2 - t0) / 1e9 + 1e-9);
         }
     }
     uint64_t t3 = mono_ns();
@@ -894,13 +921,7 @@ static int iterate(struct dft *f)
     }
     f->last_step_end_ns = t3;
 
-    int64_t step = drafter_step_count(f->dr);
-    if (gstop)
-        checkpoint(f, "a rank is stopping");
-    else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
-        checkpoint(f, "periodic");
-    else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step))
-        checkpoint(f, "draining");
+    checkpoint_if_due(f, ghave, gstop);
     if (gstop && !f->stop_vote) {
         /* A peer leaves: the coordinator will restart the group from that checkpoint. */
         log_notice("a peer of generation %" PRIu64 " is stopping: waiting for the group to restart", f->generation);
@@ -938,36 +959,16 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
     }
     /* 0, or -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
     uint64_t now = mono_ns();
-    f->unsaved += (uint64_t)rec->ghave;
     if (rec->have) {
         if (rec->epoch != f->ts.epoch)
             f->ts.batch_in_epoch = 0;
         f->ts.epoch = rec->epoch;
     }
-    f->ts.batch_in_epoch += (uint64_t)rec->ghave;
-    f->ts.samples += rec->gseqs;
-    f->ts.tokens += (uint64_t)gm->tokens;
-    if (rec->have) {
-        f->batches++;
-        client_trained(f->cl, rec->batch_id, (uint64_t)info->step, (uint32_t)f->rank, f->generation);
-    }
-    report_peers(f, rec->peers, (uint64_t)info->step);
     /* Steps are pipelined: their rate is from result to result. */
     double dt = f->last_result_ns ? (double)(now - f->last_result_ns) / 1e9 : 0;
     f->last_result_ns = now;
-    f->loss = drafter_metrics_loss(gm);
-    f->accuracy = drafter_metrics_accuracy(gm);
-    f->accept_len = drafter_metrics_accept_len(gm);
-    if (rc == 0) {
-        f->grad_norm = info->grad_norm;
-        f->lr = info->lr;
-    }
-    if (dt > 0) {
-        f->step_ms = dt * 1e3;
-        double rate = gm->tokens / dt;
-        f->tokens_per_s = f->tokens_per_s ? 0.8 * f->tokens_per_s + 0.2 * rate : rate;
-    }
-    write_metrics(f, gm, info, rec->batch_id, rec->have);
+    step_done(f, rec->have, rec->batch_id, rec->peers, rec->ghave, rec->gseqs, (uint64_t)info->step, rc, gm, info,
+              dt * 1e3, dt);
 }
 
 /* Release the staged slots whose H2D is done (wait: first wait for those copies). */
@@ -1186,13 +1187,7 @@ static int iterate_cuda(struct dft *f)
     }
     f->last_step_end_ns = t3;
 
-    int64_t step = step_count(f);
-    if (gstop)
-        checkpoint(f, "a rank is stopping");
-    else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
-        checkpoint(f, "periodic");
-    else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step))
-        checkpoint(f, "draining");
+    checkpoint_if_due(f, ghave, gstop);
     if (gstop && f->stop_vote)
         f->voted_out = 1;
     else if (gstop) {
