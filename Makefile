@@ -40,7 +40,8 @@ ifeq ($(SAN)$(NOCUDA),)
   ifneq ($(CUDA_FOUND),)
     HAVE_CUDA := 1
   else ifneq ($(NVCC),)
-    $(info note: $(NVCC) found but no CUDA toolkit (headers, libcudart, cuBLAS) under $(CUDA_HOME): CPU-only build)
+    # to stderr: `make -s print-build` output is read by scripts
+    $(shell echo 'note: $(NVCC) found but no CUDA toolkit (headers, libcudart, cuBLAS) under $(CUDA_HOME): CPU-only build' >&2)
   endif
 endif
 NVCCFLAGS  := -O3 -g -std=c++17 -arch=sm_90 -I. -Xcompiler -Wall,-fno-strict-aliasing -MMD -MP
