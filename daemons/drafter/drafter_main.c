@@ -1,7 +1,6 @@
 /* drafter_main.c: drafter-d: joins the drafter group, takes READY ring slots, trains the DFlash
  * drafter data-parallel over the group, reports every step, rank 0 writes the checkpoints. */
 #include <cblas.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -21,6 +20,7 @@
 #include "ipc/proto.h"
 #include "ipc/ring.h"
 #include "model/checkpoint.h"
+#include "model/ckpt_writer.h"
 #include "model/drafter.h"
 #include "model/hfconfig.h"
 #include "model/objective.h"
@@ -65,6 +65,7 @@ struct dft {
 
     float *embed, *lm_head;
     struct drafter *dr;
+    struct ckpt_writer *writer; /* rank 0's checkpoints, written beside training */
     struct obj_block *blocks;
     int32_t *work;
     int max_blocks;
@@ -202,8 +203,11 @@ static int check_config(struct dft *f, char *err, size_t errlen)
 
 /* The host drafter: the model itself on the CPU backend; on CUDA the twin that checkpoints are
  * loaded into and saved from (it never runs a batch, so its activations are minimal). */
+static int ckpt_collect(struct dft *f, int wait);
+
 static int make_drafter(struct dft *f, char *err, size_t errlen)
 {
+    ckpt_collect(f, 1);         /* a write in flight reads f->dr */
     drafter_free(f->dr);
     f->dr = NULL;
     const struct ring_layout *l = ring_layout(f->ring);
@@ -281,63 +285,35 @@ static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen
 
 /* ---- checkpoints ------------------------------------------------------------------------ */
 
-static int is_step_dir(const char *name)
-{
-    if (strncmp(name, "step-", 5))
-        return 0;
-    for (const char *p = name + 5; *p; p++)
-        if (*p < '0' || *p > '9')
-            return 0;
-    return strlen(name) == 15;
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* Keep the newest drafter.keep_checkpoints step-N directories (names sort by step). */
-static void prune_checkpoints(struct dft *f)
-{
-    int keep = (int)f->cfg->drafter.keep_checkpoints;
-    if (keep <= 0)
-        return;
-    DIR *dir = opendir(f->ckpt_root);
-    if (!dir)
-        return;
-    char *names[4096];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dir)) && n < 4096)
-        if (is_step_dir(e->d_name))
-            names[n++] = strdup(e->d_name);
-    closedir(dir);
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
-    for (int i = 0; i < n - keep; i++) {
-        char path[CFG_STR_MAX + 64];
-        snprintf(path, sizeof path, "%s/%s", f->ckpt_root, names[i]);
-        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            DIR *sub = fdopendir(dfd);
-            struct dirent *s;
-            while (sub && (s = readdir(sub)))
-                if (s->d_name[0] != '.')
-                    unlinkat(dfd, s->d_name, 0);
-            if (sub)
-                closedir(sub);
-            else
-                close(dfd);
-        }
-        if (rmdir(path) == 0)
-            log_info("removed old checkpoint %s", path);
-    }
-    for (int i = 0; i < n; i++)
-        free(names[i]);
-}
-
 #ifdef DFLASH_HAVE_CUDA
 static int gpu_settle(struct dft *f);
 #endif
 
-/* Rank 0: write a checkpoint of the current step and report it. Every rank: reset the count. */
-static int checkpoint(struct dft *f, const char *why)
+/* A finished background write: report it. The state it holds stays the lineage head's successor
+ * only if the coordinator still knows that generation (it answers the others "not in the lineage"). */
+static int ckpt_collect(struct dft *f, int wait)
+{
+    struct ckpt_result res;
+    if (ckpt_writer_collect(f->writer, wait, &res) <= 0)
+        return 0;
+    if (res.rc < 0) {
+        /* The previous checkpoint stays the lineage head; the next due one writes again. */
+        log_error(res.rc, "checkpoint of step %" PRId64 ": %s", res.step, res.err);
+        client_error(f->cl, 0, res.rc, "checkpoint of step %" PRId64 ": %s", res.step, res.err);
+        if (res.tag == f->generation && f->saved_step == res.step)
+            f->saved_step = -1;
+        return res.rc;
+    }
+    client_checkpointed(f->cl, (uint64_t)res.step, res.tag, res.dir);
+    log_notice("checkpoint %s (%s, written in %.0f ms beside training)", res.dir, res.why, res.write_ms);
+    if (res.pruned)
+        log_info("removed %d old checkpoint(s) under %s", res.pruned, f->ckpt_root);
+    return 0;
+}
+
+/* Rank 0: snapshot the current step and write it as a checkpoint in the background (wait: and
+ * report it before returning). Every rank: reset the count. */
+static int checkpoint(struct dft *f, const char *why, int wait)
 {
 #ifdef DFLASH_HAVE_CUDA
     /* Every step's result first: a non-finite one must stop this checkpoint, and the steps
@@ -356,9 +332,10 @@ static int checkpoint(struct dft *f, const char *why)
     }
     int64_t step = step_count(f);
     if (f->rank == 0 && (step != f->saved_step || f->unsaved)) {
-        char dir[PROTO_PATH_MAX], err[1024];
         uint64_t t0 = mono_ns();
+        ckpt_collect(f, 1);     /* one write at a time; on CUDA it reads the host twin */
         daemon_notify_status(&f->d, "writing checkpoint of step %" PRId64, step);
+        int copy = 1;           /* CPU: the drafter trains on, the writer gets a copy */
 #ifdef DFLASH_HAVE_CUDA
         if (f->gpu) {
             int r = drafter_cuda_sync_to_host(f->gpu, f->dr);
@@ -368,25 +345,21 @@ static int checkpoint(struct dft *f, const char *why)
                              err_str(r));
                 return r;
             }
+            copy = 0;           /* the twin stays still until the write is collected */
         }
 #endif
         f->ts.step = step;
-        if (mkdir(f->ckpt_root, 0750) < 0 && errno != EEXIST) {
-            int r = -errno;
-            log_error(r, "checkpoint dir %s", f->ckpt_root);
-            client_error(f->cl, 0, r, "checkpoint dir %s: %s", f->ckpt_root, err_str(r));
-            return r;
-        }
-        int r = ckpt_save(f->ckpt_root, f->dr, &f->ts, dir, sizeof dir, err, sizeof err);
+        int r = ckpt_writer_start(f->writer, f->ckpt_root, f->dr, copy, &f->ts, f->generation, why);
         if (r < 0) {
-            /* The previous checkpoint stays the lineage head; training state is kept. */
-            log_error(r, "checkpoint: %s", err);
-            client_error(f->cl, 0, r, "checkpoint of step %" PRId64 ": %s", step, err);
+            log_error(r, "checkpoint of step %" PRId64 ": starting the write", step);
+            client_error(f->cl, 0, r, "checkpoint of step %" PRId64 ": starting the write: %s", step, err_str(r));
             return r;
         }
-        client_checkpointed(f->cl, (uint64_t)step, f->generation, dir);
-        log_notice("checkpoint %s (%s, %.0f ms)", dir, why, (double)(mono_ns() - t0) / 1e6);
-        prune_checkpoints(f);
+        log_info("checkpoint of step %" PRId64 " (%s): snapshot in %.0f ms", step, why,
+                 (double)(mono_ns() - t0) / 1e6);
+        f->saved_step = step;
+        f->unsaved = 0;
+        return wait ? ckpt_collect(f, 1) : 0;
     }
     f->saved_step = step;
     f->unsaved = 0;
@@ -398,11 +371,11 @@ static void checkpoint_if_due(struct dft *f, int ghave, int gstop)
 {
     int64_t step = step_count(f);
     if (gstop)
-        checkpoint(f, "a rank is stopping");
+        checkpoint(f, "a rank is stopping", 1);
     else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
-        checkpoint(f, "periodic");
+        checkpoint(f, "periodic", 0);
     else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step))
-        checkpoint(f, "draining");
+        checkpoint(f, "draining", 1);
 }
 
 /* ---- coordinator ----------------------------------------------------------------------- */
@@ -511,6 +484,7 @@ static int pump(struct dft *f, int timeout_ms)
     struct proto_msg m;
     int r;
     daemon_watchdog(&f->d);
+    ckpt_collect(f, 0);
     set_heartbeat(f);
     while ((r = client_poll(f->cl, timeout_ms, &m, err, sizeof err)) > 0) {
         handle_msg(f, &m);
@@ -1286,6 +1260,10 @@ int main(int argc, char **argv)
         log_error(r, "%s", err);
         goto out;
     }
+    if ((r = ckpt_writer_create(&f->writer, (int)f->cfg->drafter.keep_checkpoints)) < 0) {
+        log_error(r, "checkpoint writer");
+        goto out;
+    }
     daemon_notify_status(&f->d, "loading the target's embedding and LM head from %s", f->cfg->model.path);
     daemon_notify_extend(&f->d, 600000);
     int vocab = 0, hidden = 0;
@@ -1377,7 +1355,8 @@ int main(int argc, char **argv)
         }
     }
     if (f->stop_now && f->in_group)
-        checkpoint(f, "stop");
+        checkpoint(f, "stop", 1);
+    ckpt_collect(f, 1);
     daemon_notify_stopping(&f->d, "leaving at step %" PRId64, step_count(f));
     flush_events(f, 5000);
     log_notice("leaving at step %" PRId64 " after %" PRIu64 " batches, %.1f s idle waiting for slots", step_count(f),
@@ -1393,6 +1372,8 @@ out:
         cudaEventDestroy(f->gpu_done);
     drafter_cuda_free(f->gpu);
 #endif
+    ckpt_collect(f, 1);        /* a complete checkpoint is worth finishing, even on an error */
+    ckpt_writer_free(f->writer);
     coll_close(f->coll);
     if (f->metrics)
         fclose(f->metrics);

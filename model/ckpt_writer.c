@@ -1,0 +1,177 @@
+/* ckpt_writer.c: see ckpt_writer.h. The thread only reads the snapshot and writes files; the
+ * owner hands a job over at start and takes the result back at collect (a join orders both). */
+#include "model/ckpt_writer.h"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "common/timeutil.h"
+#include "model/optim.h"
+
+struct ckpt_writer {
+    int keep;
+    int running;                /* a thread started and not joined */
+    pthread_t th;
+    atomic_int finished;
+    /* the job: read by the thread only while running */
+    char root[1024];
+    struct drafter view;        /* d's description with the snapshot's buffers */
+    struct optim opt;
+    struct ckpt_train_state ts;
+    float *snap;                /* copy mode: params, m, v back to back */
+    size_t snap_n;              /* params the snapshot buffer holds */
+    uint64_t t0;
+    struct ckpt_result res;
+};
+
+int ckpt_writer_create(struct ckpt_writer **out, int keep)
+{
+    struct ckpt_writer *w = calloc(1, sizeof *w);
+    if (!w)
+        return -ENOMEM;
+    w->keep = keep;
+    *out = w;
+    return 0;
+}
+
+void ckpt_writer_free(struct ckpt_writer *w)
+{
+    if (!w)
+        return;
+    struct ckpt_result r;
+    ckpt_writer_collect(w, 1, &r);
+    free(w->snap);
+    free(w);
+}
+
+int ckpt_writer_busy(const struct ckpt_writer *w) { return w && w->running; }
+
+static int is_step_dir(const char *name)
+{
+    if (strncmp(name, "step-", 5) || strlen(name) != 15)
+        return 0;
+    for (const char *p = name + 5; *p; p++)
+        if (*p < '0' || *p > '9')
+            return 0;
+    return 1;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int ckpt_prune(const char *root, int keep)
+{
+    if (keep <= 0)
+        return 0;
+    DIR *dir = opendir(root);
+    if (!dir)
+        return 0;
+    enum { MAX_DIRS = 4096 };
+    char **names = calloc(MAX_DIRS, sizeof *names);
+    int n = 0, removed = 0;
+    struct dirent *e;
+    while (names && (e = readdir(dir)) && n < MAX_DIRS)
+        if (is_step_dir(e->d_name) && (names[n] = strdup(e->d_name)))
+            n++;
+    closedir(dir);
+    if (!names)
+        return 0;
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 0; i < n - keep; i++) {
+        char path[2048];
+        snprintf(path, sizeof path, "%s/%s", root, names[i]);
+        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            DIR *sub = fdopendir(dfd);
+            struct dirent *s;
+            while (sub && (s = readdir(sub)))
+                if (s->d_name[0] != '.')
+                    unlinkat(dfd, s->d_name, 0);
+            if (sub)
+                closedir(sub);
+            else
+                close(dfd);
+        }
+        if (rmdir(path) == 0)
+            removed++;
+    }
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return removed;
+}
+
+static void *writer_main(void *arg)
+{
+    struct ckpt_writer *w = arg;
+    struct ckpt_result *res = &w->res;
+    if (mkdir(w->root, 0750) < 0 && errno != EEXIST) {
+        res->rc = -errno;
+        snprintf(res->err, sizeof res->err, "checkpoint dir %s: %s", w->root, strerror(-res->rc));
+    } else {
+        res->rc = ckpt_save(w->root, &w->view, &w->ts, res->dir, sizeof res->dir, res->err, sizeof res->err);
+    }
+    if (res->rc == 0)
+        res->pruned = ckpt_prune(w->root, w->keep);
+    res->write_ms = (double)(mono_ns() - w->t0) / 1e6;
+    atomic_store_explicit(&w->finished, 1, memory_order_release);
+    return NULL;
+}
+
+int ckpt_writer_start(struct ckpt_writer *w, const char *root, const struct drafter *d, int copy,
+                      const struct ckpt_train_state *ts, uint64_t tag, const char *why)
+{
+    if (w->running)
+        return -EBUSY;
+    if (strlen(root) >= sizeof w->root)
+        return -ENAMETOOLONG;
+    w->view = *d;
+    w->opt = *d->opt;
+    if (copy) {
+        if (w->snap_n != d->n_params) {
+            free(w->snap);
+            w->snap_n = 0;
+            if (!(w->snap = malloc(3 * d->n_params * sizeof(float) + 1)))
+                return -ENOMEM;
+            w->snap_n = d->n_params;
+        }
+        size_t nb = d->n_params * sizeof(float);
+        w->view.params = memcpy(w->snap, d->params, nb);
+        w->opt.m = memcpy(w->snap + d->n_params, d->opt->m, nb);
+        w->opt.v = memcpy(w->snap + 2 * d->n_params, d->opt->v, nb);
+    }
+    w->view.opt = &w->opt;
+    w->view.grads = NULL;       /* the writer never reads them */
+    w->view.ws = NULL;
+    snprintf(w->root, sizeof w->root, "%s", root);
+    w->ts = *ts;
+    memset(&w->res, 0, sizeof w->res);
+    w->res.step = ts->step;
+    w->res.tag = tag;
+    snprintf(w->res.why, sizeof w->res.why, "%s", why ? why : "");
+    w->t0 = mono_ns();
+    atomic_store_explicit(&w->finished, 0, memory_order_relaxed);
+    int r = pthread_create(&w->th, NULL, writer_main, w);
+    if (r)
+        return -r;
+    w->running = 1;
+    return 0;
+}
+
+int ckpt_writer_collect(struct ckpt_writer *w, int wait, struct ckpt_result *res)
+{
+    if (!w || !w->running)
+        return 0;
+    if (!wait && !atomic_load_explicit(&w->finished, memory_order_acquire))
+        return 0;
+    pthread_join(w->th, NULL);
+    w->running = 0;
+    *res = w->res;
+    return 1;
+}

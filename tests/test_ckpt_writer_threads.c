@@ -1,0 +1,176 @@
+/* test_ckpt_writer_threads.c: checkpoints written by the background writer while the drafter
+ * trains on. The copy-mode snapshot is the state at start, whatever training does meanwhile
+ * (bitwise, through a reload); the still-twin mode writes the same; one write at a time (-EBUSY);
+ * collect without waiting sees the write finish; old step dirs are pruned to `keep`; a root that
+ * cannot be made is a result with an error naming it, not a crash. Also run under TSan. */
+#include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "common/err.h"
+#include "common/timeutil.h"
+#include "model/checkpoint.h"
+#include "model/ckpt_writer.h"
+#include "model/optim.h"
+#include "tests/test_drafter_fixture.h"
+
+static const struct drafter_train_opts OPTS = {
+    .lr = 3e-3, .min_lr_ratio = 0.1, .warmup_steps = 2, .total_steps = 20, .weight_decay = 0.01,
+    .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .grad_clip = 1.0,
+};
+
+static void train(struct drafter *d, struct fixture *f, int steps)
+{
+    for (int s = 0; s < steps; s++) {
+        int64_t at = drafter_step_count(d);
+        struct obj_rng_key key = { 42, 0, (uint64_t)at, 0 };
+        struct drafter_metrics m;
+        struct drafter_step_info info;
+        CHECK_OK(drafter_train_step(d, &f->batch, 2, 7.0, &key, &OPTS, &m, &info));
+    }
+}
+
+struct state { float *p, *m, *v; int64_t step; size_t n; };
+
+static struct state keep_state(const struct drafter *d)
+{
+    size_t nb = d->n_params * sizeof(float);
+    struct state s = { malloc(nb), malloc(nb), malloc(nb), d->opt->step, d->n_params };
+    memcpy(s.p, d->params, nb);
+    memcpy(s.m, d->opt->m, nb);
+    memcpy(s.v, d->opt->v, nb);
+    return s;
+}
+
+static void drop_state(struct state *s) { free(s->p); free(s->m); free(s->v); }
+
+/* Load dir into a fresh drafter and compare with s bitwise. */
+static void loads_as(struct fixture *f, const char *dir, const struct state *s, int64_t step)
+{
+    char err[512] = "";
+    struct drafter *c = fixture_drafter(f, 64);
+    struct ckpt_train_state ts;
+    if (ckpt_load(dir, c, &ts, true, err, sizeof err) < 0)
+        TEST_FAIL("ckpt_load %s: %s", dir, err);
+    CHECK_INT(ts.step, ==, step);
+    CHECK_INT(c->opt->step, ==, s->step);
+    size_t nb = s->n * sizeof(float);
+    CHECK(!memcmp(c->params, s->p, nb));
+    CHECK(!memcmp(c->opt->m, s->m, nb));
+    CHECK(!memcmp(c->opt->v, s->v, nb));
+    drafter_free(c);
+}
+
+static int count_step_dirs(const char *root)
+{
+    DIR *d = opendir(root);
+    CHECK(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += !strncmp(e->d_name, "step-", 5);
+    closedir(d);
+    return n;
+}
+
+static struct ckpt_result write_now(struct ckpt_writer *w, const char *root, struct drafter *d, int copy,
+                                    int64_t step)
+{
+    struct ckpt_train_state ts = { .step = step, .seed = 42 };
+    CHECK_OK(ckpt_writer_start(w, root, d, copy, &ts, 7, "test"));
+    struct ckpt_result res;
+    CHECK_INT(ckpt_writer_collect(w, 1, &res), ==, 1);
+    return res;
+}
+
+int main(void)
+{
+    const char *tmp = getenv("DFLASH_TEST_TMP");
+    char root[512];
+    snprintf(root, sizeof root, "%s/ckptw-%d", tmp ? tmp : "/tmp", (int)getpid());
+
+    int lens[3] = { 14, 11, 9 }, prompt[3] = { 3, 0, 4 };
+    struct fixture f;
+    fixture_init(&f, 21, 3, lens, prompt);
+    struct drafter *a = fixture_drafter(&f, 64);
+    train(a, &f, 4);
+
+    struct ckpt_writer *w = NULL;
+    CHECK_OK(ckpt_writer_create(&w, 2));
+    struct ckpt_result res;
+    CHECK_INT(ckpt_writer_collect(w, 1, &res), ==, 0);      /* nothing started */
+
+    /* copy mode: training goes on at once; the checkpoint holds step 4 */
+    struct state s4 = keep_state(a);
+    struct ckpt_train_state ts = { .step = 4, .epoch = 1, .batch_in_epoch = 4, .seed = 42 };
+    CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 11, "periodic"));
+    CHECK(ckpt_writer_busy(w));
+    CHECK_INT(ckpt_writer_start(w, root, a, 1, &ts, 11, "again"), ==, -EBUSY);
+    train(a, &f, 2);
+    uint64_t deadline = mono_ms() + 60000;
+    int got;
+    while (!(got = ckpt_writer_collect(w, 0, &res)) && mono_ms() < deadline)
+        usleep(1000);
+    CHECK_INT(got, ==, 1);
+    CHECK(!ckpt_writer_busy(w));
+    if (res.rc < 0)
+        TEST_FAIL("write: %s", res.err);
+    CHECK_INT(res.step, ==, 4);
+    CHECK_INT(res.tag, ==, 11);
+    CHECK_STR(res.why, "periodic");
+    CHECK_CONTAINS(res.dir, "step-0000000004");
+    CHECK(res.write_ms > 0);
+    printf("step 4 written in %.1f ms while training two more steps\n", res.write_ms);
+    loads_as(&f, res.dir, &s4, 4);
+    CHECK_INT(drafter_step_count(a), ==, 6);
+
+    /* still mode: the drafter is left alone until collected */
+    struct state s6 = keep_state(a);
+    res = write_now(w, root, a, 0, 6);
+    CHECK_INT(res.rc, ==, 0);
+    loads_as(&f, res.dir, &s6, 6);
+    CHECK_INT(res.pruned, ==, 0);
+    CHECK_INT(count_step_dirs(root), ==, 2);
+
+    /* keep = 2: the third write removes step 4 */
+    train(a, &f, 2);
+    struct state s8 = keep_state(a);
+    res = write_now(w, root, a, 1, 8);
+    CHECK_INT(res.rc, ==, 0);
+    CHECK_INT(res.pruned, ==, 1);
+    CHECK_INT(count_step_dirs(root), ==, 2);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/step-0000000004", root);
+    CHECK(access(path, F_OK) < 0 && errno == ENOENT);
+    loads_as(&f, res.dir, &s8, 8);
+
+    /* a root under a regular file: an error result naming it */
+    char bad[1024];
+    snprintf(bad, sizeof bad, "%s/step-0000000008/config.json/sub", root);
+    res = write_now(w, bad, a, 1, 9);
+    CHECK(res.rc < 0);
+    printf("expected error: %s\n", res.err);
+    CHECK_CONTAINS(res.err, bad);
+
+    /* free with a write in flight waits for it */
+    train(a, &f, 1);
+    ts.step = 9;
+    CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 12, "last"));
+    ckpt_writer_free(w);
+    CHECK_INT(ckpt_prune(root, 1), ==, 1);
+    snprintf(path, sizeof path, "%s/step-0000000009/optimizer.bin", root);
+    CHECK(access(path, F_OK) == 0);
+    CHECK_INT(count_step_dirs(root), ==, 1);
+
+    drop_state(&s4);
+    drop_state(&s6);
+    drop_state(&s8);
+    drafter_free(a);
+    fixture_done(&f);
+    CHECK_INT(ckpt_prune(root, 0), ==, 0);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    CHECK(system(cmd) == 0);
+    printf("ok\n");
+    return 0;
+}
