@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/cleanup.h"
@@ -468,6 +469,10 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
         snprintf(err, errlen, "%s: mkdir: %s", tmp, strerror(-r));
         return r;
     }
+    /* Held until the write is over: ckpt_remove_stale leaves a locked temp dir alone. */
+    _cleanup_close_ int lock = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lock >= 0)
+        flock(lock, LOCK_EX);
     int r = ckpt_write_files(tmp, d, ts, err, errlen);
     if (r == 0 && (r = fsync_path(tmp, O_RDONLY | O_DIRECTORY)) < 0)
         snprintf(err, errlen, "%s: fsync: %s", tmp, strerror(-r));
@@ -505,6 +510,71 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
     if (out_dir)
         snprintf(out_dir, out_len, "%s", final);
     return 0;
+}
+
+static int is_step_dir(const char *name)
+{
+    if (strncmp(name, "step-", 5) || strlen(name) != 15)
+        return 0;
+    for (const char *p = name + 5; *p; p++)
+        if (*p < '0' || *p > '9')
+            return 0;
+    return 1;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+int ckpt_prune(const char *root, int keep)
+{
+    if (keep <= 0)
+        return 0;
+    DIR *dir = opendir(root);
+    if (!dir)
+        return 0;
+    enum { MAX_DIRS = 4096 };
+    char **names = calloc(MAX_DIRS, sizeof *names);
+    int n = 0, removed = 0;
+    struct dirent *e;
+    while (names && (e = readdir(dir)) && n < MAX_DIRS)
+        if (is_step_dir(e->d_name) && (names[n] = strdup(e->d_name)))
+            n++;
+    closedir(dir);
+    if (!names)
+        return 0;
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    for (int i = 0; i < n - keep; i++) {
+        char path[2048];
+        snprintf(path, sizeof path, "%s/%s", root, names[i]);
+        if (remove_dir(path) == 0)
+            removed++;
+    }
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return removed;
+}
+
+/* A .tmp-step / .old-step directory nobody holds the lock of: an interrupted write's leftover. */
+int ckpt_remove_stale(const char *root)
+{
+    DIR *dh = opendir(root);
+    if (!dh)
+        return 0;
+    int removed = 0;
+    struct dirent *e;
+    while ((e = readdir(dh))) {
+        if (strncmp(e->d_name, ".tmp-step-", 10) && strncmp(e->d_name, ".old-step-", 10))
+            continue;
+        _cleanup_close_ int fd = openat(dirfd(dh), e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0)
+            continue;   /* a write in progress (or gone already) */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        if (remove_dir(path) == 0)
+            removed++;
+    }
+    closedir(dh);
+    return removed;
 }
 
 int ckpt_latest(const char *root, char *dir, size_t dir_len, int64_t *step)

@@ -32,6 +32,14 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
 int ckpt_write_files(const char *dir, const struct drafter *d, const struct ckpt_train_state *ts,
                      char *err, size_t errlen);
 
+/* Remove all but the newest `keep` step-N directories of root (names sort by step; keep 0: none
+ * removed). Returns how many were removed. */
+int ckpt_prune(const char *root, int keep);
+
+/* Remove the temp dirs of writes that were interrupted (a crash mid-write): every .tmp-step-* /
+ * .old-step-* whose lock no writer holds. Returns how many were removed. */
+int ckpt_remove_stale(const char *root);
+
 /* Newest complete checkpoint under root (highest step-N holding all three files).
  * Returns 0 and fills dir/step, -ENOENT when there is none. */
 int ckpt_latest(const char *root, char *dir, size_t dir_len, int64_t *step);

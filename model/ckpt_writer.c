@@ -1,16 +1,12 @@
 /* ckpt_writer.c: see ckpt_writer.h. The thread only reads the snapshot and writes files; the
  * owner hands a job over at start and takes the result back at collect (a join orders both). */
 #include "model/ckpt_writer.h"
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include "common/err.h"
 #include "common/timeutil.h"
 #include "model/optim.h"
@@ -53,72 +49,15 @@ void ckpt_writer_free(struct ckpt_writer *w)
 
 int ckpt_writer_busy(const struct ckpt_writer *w) { return w && w->running; }
 
-static int is_step_dir(const char *name)
-{
-    if (strncmp(name, "step-", 5) || strlen(name) != 15)
-        return 0;
-    for (const char *p = name + 5; *p; p++)
-        if (*p < '0' || *p > '9')
-            return 0;
-    return 1;
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-int ckpt_prune(const char *root, int keep)
-{
-    if (keep <= 0)
-        return 0;
-    DIR *dir = opendir(root);
-    if (!dir)
-        return 0;
-    enum { MAX_DIRS = 4096 };
-    char **names = calloc(MAX_DIRS, sizeof *names);
-    int n = 0, removed = 0;
-    struct dirent *e;
-    while (names && (e = readdir(dir)) && n < MAX_DIRS)
-        if (is_step_dir(e->d_name) && (names[n] = strdup(e->d_name)))
-            n++;
-    closedir(dir);
-    if (!names)
-        return 0;
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
-    for (int i = 0; i < n - keep; i++) {
-        char path[2048];
-        snprintf(path, sizeof path, "%s/%s", root, names[i]);
-        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd >= 0) {
-            DIR *sub = fdopendir(dfd);
-            struct dirent *s;
-            while (sub && (s = readdir(sub)))
-                if (s->d_name[0] != '.')
-                    unlinkat(dfd, s->d_name, 0);
-            if (sub)
-                closedir(sub);
-            else
-                close(dfd);
-        }
-        if (rmdir(path) == 0)
-            removed++;
-    }
-    for (int i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
-    return removed;
-}
-
 static void *writer_main(void *arg)
 {
     struct ckpt_writer *w = arg;
     struct ckpt_result *res = &w->res;
-    if (mkdir(w->root, 0750) < 0 && errno != EEXIST) {
-        res->rc = -errno;
-        snprintf(res->err, sizeof res->err, "checkpoint dir %s: %s", w->root, strerror(-res->rc));
-    } else {
-        res->rc = ckpt_save(w->root, &w->view, &w->ts, res->dir, sizeof res->dir, res->err, sizeof res->err);
-    }
-    if (res->rc == 0)
+    res->rc = ckpt_save(w->root, &w->view, &w->ts, res->dir, sizeof res->dir, res->err, sizeof res->err);
+    if (res->rc == 0) {
         res->pruned = ckpt_prune(w->root, w->keep);
+        res->stale = ckpt_remove_stale(w->root);
+    }
     res->write_ms = (double)(mono_ns() - w->t0) / 1e6;
     atomic_store_explicit(&w->finished, 1, memory_order_release);
     return NULL;

@@ -17,7 +17,8 @@ struct ckpt_result {
     char dir[1024];             /* the checkpoint written (rc == 0) */
     char err[2048];
     double write_ms;            /* in the background, from start to rename + prune */
-    int pruned;                 /* older checkpoints removed */
+    int pruned;                 /* older checkpoints removed (keep) */
+    int stale;                  /* leftovers of interrupted writes removed */
 };
 
 /* keep: step-N directories kept under the root after each write (0 = all). */
@@ -40,7 +41,3 @@ int ckpt_writer_collect(struct ckpt_writer *w, int wait, struct ckpt_result *res
 
 /* A write started and not yet collected. */
 int ckpt_writer_busy(const struct ckpt_writer *w);
-
-/* Remove all but the newest `keep` step-N directories of root (names sort by step); returns how
- * many were removed. */
-int ckpt_prune(const char *root, int keep);

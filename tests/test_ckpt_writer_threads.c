@@ -2,9 +2,12 @@
  * trains on. The copy-mode snapshot is the state at start, whatever training does meanwhile
  * (bitwise, through a reload); the still-twin mode writes the same; one write at a time (-EBUSY);
  * collect without waiting sees the write finish; old step dirs are pruned to `keep`; a root that
- * cannot be made is a result with an error naming it, not a crash. Also run under TSan. */
+ * cannot be made is a result with an error naming it, not a crash; the temp dir of an interrupted
+ * write is removed after the next write unless a writer still holds its lock. Also run under TSan. */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
@@ -128,18 +131,34 @@ int main(void)
     struct state s6 = keep_state(a);
     res = write_now(w, root, a, 0, 6);
     CHECK_INT(res.rc, ==, 0);
+    CHECK_INT(res.stale, ==, 0);
     loads_as(&f, res.dir, &s6, 6);
     CHECK_INT(res.pruned, ==, 0);
     CHECK_INT(count_step_dirs(root), ==, 2);
 
-    /* keep = 2: the third write removes step 4 */
+    /* keep = 2: the third write removes step 4, and the leftover of a crashed write (no lock), not
+     * the temp dir of a write in progress (locked) */
+    char dead[1024], live[1024], path[1200];
+    snprintf(dead, sizeof dead, "%s/.tmp-step-0000000007-999999", root);
+    snprintf(live, sizeof live, "%s/.tmp-step-0000000007-1", root);
+    CHECK(mkdir(dead, 0755) == 0 && mkdir(live, 0755) == 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dead);
+    FILE *junk = fopen(path, "w");
+    CHECK(junk && fputs("half", junk) >= 0 && fclose(junk) == 0);
+    int held = open(live, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    CHECK(held >= 0 && flock(held, LOCK_EX) == 0);
     train(a, &f, 2);
     struct state s8 = keep_state(a);
     res = write_now(w, root, a, 1, 8);
     CHECK_INT(res.rc, ==, 0);
     CHECK_INT(res.pruned, ==, 1);
+    CHECK_INT(res.stale, ==, 1);
+    CHECK(access(dead, F_OK) < 0 && errno == ENOENT);
+    CHECK(access(live, F_OK) == 0);
+    close(held);
+    CHECK_INT(ckpt_remove_stale(root), ==, 1);
+    CHECK(access(live, F_OK) < 0 && errno == ENOENT);
     CHECK_INT(count_step_dirs(root), ==, 2);
-    char path[1024];
     snprintf(path, sizeof path, "%s/step-0000000004", root);
     CHECK(access(path, F_OK) < 0 && errno == ENOENT);
     loads_as(&f, res.dir, &s8, 8);
