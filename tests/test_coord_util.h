@@ -317,7 +317,8 @@ static __attribute__((unused)) void peer_target(int device, int work_ms)
     }
 }
 
-/* Fake drafter: group, then claim READY slots, "train", report; rank 0 checkpoints. */
+/* Fake drafter: group, then claim READY slots, "train", report; rank 0 checkpoints. Another rank
+ * sends one stray CHECKPOINTED (far ahead, dir "stray-...") that the coordinator must refuse. */
 static __attribute__((unused)) void peer_drafter(int device, int work_ms, int ckpt_every)
 {
     struct client *c = peer_connect(PROTO_ROLE_DRAFTER, device);
@@ -326,6 +327,7 @@ static __attribute__((unused)) void peer_drafter(int device, int work_ms, int ck
     client_join_group(c);
     int in_group = 0, rank = -1, paused = 0, draining = 0;
     uint64_t gen = 0, last_ckpt = 0;
+    int stray_sent = 0;
     for (;;) {
         struct proto_msg m;
         int got = client_poll(c, in_group && !paused ? 0 : 10, &m, err, sizeof err);
@@ -371,6 +373,11 @@ static __attribute__((unused)) void peer_drafter(int device, int work_ms, int ck
         uint64_t step = atomic_fetch_add(&TS->step[gen % 64], 1) + 1;
         client_trained(c, id, step, (uint32_t)rank, gen);
         atomic_fetch_add(&TS->trained, 1);
+        if (rank > 0 && !stray_sent) {
+            snprintf(dir, sizeof dir, "%s/stray-rank%d", TC.dir, rank);
+            client_checkpointed(c, step + 1000000, gen, dir);
+            stray_sent = 1;
+        }
         if (rank == 0 && step - last_ckpt >= (uint64_t)ckpt_every) {
             snprintf(dir, sizeof dir, "%s/ckpt-g%llu-s%llu", TC.dir, (unsigned long long)gen, (unsigned long long)step);
             client_checkpointed(c, step, gen, dir);

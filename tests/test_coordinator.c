@@ -1,7 +1,8 @@
 /* test_coordinator.c: a cluster of real processes (coordinator-d + fake targets and drafters
  * speaking the protocol) survives SIGKILLs: a target mid-write (leases re-queued and granted
  * again, its slot reclaimed), a drafter (group restarts from its checkpoint), the coordinator
- * (re-attaches the ring, peers reconnect). At the end every batch is trained exactly once. */
+ * (re-attaches the ring, peers reconnect). At the end every batch is trained exactly once, and
+ * a checkpoint reported by rank 1 is refused. */
 #include "daemons/coordinator/ledger.c"
 #include "tests/test_coord_util.h"
 
@@ -97,6 +98,10 @@ int main(void)
     char cmd[600];
     snprintf(cmd, sizeof cmd, "grep -E 'duplicate|trained again' '%s/coordinator.log' >&2", TC.dir);
     CHECK(system(cmd) != 0);                                    /* no duplicate publication or training */
+    snprintf(cmd, sizeof cmd, "grep -q 'stray-rank1 ignored: only rank 0' '%s/coordinator.log'", TC.dir);
+    CHECK(system(cmd) == 0);                                    /* a rank-1 checkpoint is refused ... */
+    snprintf(cmd, sizeof cmd, "grep 'stray-rank1 (generation' '%s/coordinator.log' >&2", TC.dir);
+    CHECK(system(cmd) != 0);                                    /* ... and never durable */
     struct ledger *l;
     char err[512];
     CHECK_OK(ledger_open(&l, TC.ledger, err, sizeof err));

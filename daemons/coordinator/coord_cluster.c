@@ -628,6 +628,13 @@ static void on_checkpointed(struct coord *co, struct member *m, const struct pro
         send_ack(m, c->seq, -DF_ESTATE);
         return;
     }
+    if (m->rank != 0) {
+        /* rank 0 writes the group's checkpoints; anything else is a confused or foreign peer */
+        log_warn(0, "%s: checkpoint %s ignored: only rank 0 of generation %" PRIu64 " writes checkpoints (%s is %s)",
+                 m->name, c->dir, g->gen, m->name, m->rank < 0 ? "not in the group" : "another rank");
+        send_ack(m, c->seq, -DF_EPEER);
+        return;
+    }
     if (g->ckpt_gen == c->generation && g->ckpt_dir[0] && c->step < g->ckpt_step) {
         send_ack(m, c->seq, 0);         /* an older one, replayed */
         return;
