@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "common/err.h"
 #include "common/timeutil.h"
 #include "model/optim.h"
@@ -49,6 +50,27 @@ void ckpt_writer_free(struct ckpt_writer *w)
 
 int ckpt_writer_busy(const struct ckpt_writer *w) { return w && w->running; }
 
+int ckpt_writer_reserve(struct ckpt_writer *w, size_t n_params)
+{
+    if (w->running)
+        return -EBUSY;
+    if (w->snap_n == n_params)
+        return 0;
+    free(w->snap);
+    w->snap_n = 0;
+    size_t nb = 3 * n_params * sizeof(float) + 1;
+    if (!(w->snap = malloc(nb)))
+        return -ENOMEM;
+    /* fault the pages in now, not in the first checkpoint's pause (a volatile store per page:
+     * a memset of fresh memory to 0 may be folded into calloc) */
+    volatile char *p = (volatile char *)w->snap;
+    long page = sysconf(_SC_PAGESIZE);
+    for (size_t i = 0; i < nb; i += (size_t)(page > 0 ? page : 4096))
+        p[i] = 0;
+    w->snap_n = n_params;
+    return 0;
+}
+
 static void *writer_main(void *arg)
 {
     struct ckpt_writer *w = arg;
@@ -70,16 +92,12 @@ int ckpt_writer_start(struct ckpt_writer *w, const char *root, const struct draf
         return -EBUSY;
     if (strlen(root) >= sizeof w->root)
         return -ENAMETOOLONG;
+    int r;
+    if (copy && (r = ckpt_writer_reserve(w, d->n_params)) < 0)
+        return r;
     w->view = *d;
     w->opt = *d->opt;
     if (copy) {
-        if (w->snap_n != d->n_params) {
-            free(w->snap);
-            w->snap_n = 0;
-            if (!(w->snap = malloc(3 * d->n_params * sizeof(float) + 1)))
-                return -ENOMEM;
-            w->snap_n = d->n_params;
-        }
         size_t nb = d->n_params * sizeof(float);
         w->view.params = memcpy(w->snap, d->params, nb);
         w->opt.m = memcpy(w->snap + d->n_params, d->opt->m, nb);
@@ -96,8 +114,7 @@ int ckpt_writer_start(struct ckpt_writer *w, const char *root, const struct draf
     snprintf(w->res.why, sizeof w->res.why, "%s", why ? why : "");
     w->t0 = mono_ns();
     atomic_store_explicit(&w->finished, 0, memory_order_relaxed);
-    int r = pthread_create(&w->th, NULL, writer_main, w);
-    if (r)
+    if ((r = pthread_create(&w->th, NULL, writer_main, w)))
         return -r;
     w->running = 1;
     return 0;

@@ -26,6 +26,10 @@ int ckpt_writer_create(struct ckpt_writer **out, int keep);
 /* Waits for a write in flight (its result is dropped: collect first to report it). */
 void ckpt_writer_free(struct ckpt_writer *w);
 
+/* Allocate (and touch) the copy-mode snapshot for a drafter of n_params now, so that the first
+ * checkpoint pauses no longer than the next ones; ckpt_writer_start does it when not done. */
+int ckpt_writer_reserve(struct ckpt_writer *w, size_t n_params);
+
 /* Start writing <root>/step-<ts->step> from `d`. copy: the fp32 weights and moments are copied
  * into the writer's own buffers first and `d` may change at once (the CPU backend trains on it);
  * otherwise `d` must stay unchanged until the write is collected (the CUDA backend's host twin,

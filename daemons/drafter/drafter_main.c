@@ -212,8 +212,12 @@ static int make_drafter(struct dft *f, char *err, size_t errlen)
     f->dr = NULL;
     const struct ring_layout *l = ring_layout(f->ring);
     int max_tokens = f->cuda ? 2 : (int)l->max_tokens, max_blocks = f->cuda ? 1 : f->max_blocks;
-    return drafter_create(&f->dr, &f->dc, f->embed, f->lm_head, max_tokens, max_blocks,
-                          (uint64_t)f->cfg->drafter.seed, err, errlen);
+    int r = drafter_create(&f->dr, &f->dc, f->embed, f->lm_head, max_tokens, max_blocks,
+                           (uint64_t)f->cfg->drafter.seed, err, errlen);
+    /* CPU: checkpoints copy the state into the writer's snapshot: make it before training */
+    if (r == 0 && !f->cuda && (r = ckpt_writer_reserve(f->writer, f->dr->n_params)) < 0)
+        snprintf(err, errlen, "checkpoint snapshot of %zu parameters: %s", f->dr->n_params, err_str(r));
+    return r;
 }
 
 static int64_t step_count(const struct dft *f)
