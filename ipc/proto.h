@@ -7,7 +7,7 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 2                    /* 2: AUTH (TCP peers) */
+#define PROTO_VERSION 3                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -166,8 +166,9 @@ struct proto_heartbeat {
     double forward_ms, wait_ms, write_ms; /* targets, last batch */
     double tokens_per_s;
     double loss, accuracy, accept_len, grad_norm, lr, idle_frac, step_ms; /* drafters */
+    double ckpt_pause_ms, ckpt_write_ms;  /* drafter rank 0, last checkpoint: training stalled / written beside */
 };
-_Static_assert(sizeof(struct proto_heartbeat) == 112, "wire size");
+_Static_assert(sizeof(struct proto_heartbeat) == 128, "wire size");
 
 struct proto_lease_request { uint32_t n; uint32_t pad; };
 _Static_assert(sizeof(struct proto_lease_request) == 8, "wire size");

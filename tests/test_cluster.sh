@@ -5,6 +5,7 @@
 #     checkpoint, the ledger is consistent, nothing is left in /dev/shm;
 #  2. start everything again: the drafters load that checkpoint back and continue from its
 #     step, the epoch completes.
+# Rank 0's checkpoint timings show in `dflashctl daemons`.
 # Then: the loss fell, every batch of the epoch was trained exactly once and is checkpointed,
 # the ring ends with every slot FREE, no shm object or socket remains.
 set -u
@@ -40,6 +41,11 @@ total=$(cl_json 's["batches"]["total"]')
 cl_log "run 1: $total batches in the epoch"
 cl_wait 's["group"]["active"] and s["batches"]["checkpointed"] + s["batches"]["trained"] >= '$((total / 4)) 120 ||
   fail "no training progress"
+# rank 0's checkpoint timings reach the coordinator and dflashctl
+cl_wait 'any(d.get("ckpt_write_ms", 0) > 0 and d.get("ckpt_pause_ms", -1) >= 0 for d in s["daemons"])' 60 ||
+  fail "no checkpoint timings in the status"
+"$CL_BIN/dflashctl" -s "$CL_SOCK" daemons | grep -q "ckpt pause [0-9]* ms + write [0-9]* ms" ||
+  fail "dflashctl daemons does not show the checkpoint timings: $("$CL_BIN/dflashctl" -s "$CL_SOCK" daemons)"
 cl_log "draining at $(cl_json 's["batches"]')"
 "$CL_BIN/dflashctl" -s "$CL_SOCK" drain || fail "dflashctl drain"
 expect_all_exit_0

@@ -78,10 +78,14 @@ static void show_daemon_rows(const cJSON *daemons)
             snprintf(detail, sizeof detail, "leases %.0f, published %.0f, fwd %.1f ms, wait %.1f ms, write %.1f ms, %.0f tok/s",
                      num(d, "leases"), num(d, "published"), num(d, "forward_ms"), num(d, "wait_ms"), num(d, "write_ms"),
                      num(d, "tokens_per_s"));
-        else
-            snprintf(detail, sizeof detail, "rank %.0f, step %.0f, loss %.4g, acc %.3f, %.0f tok/s, idle %.0f%%",
-                     num(d, "rank"), num(d, "step"), num(d, "loss"), num(d, "accuracy"), num(d, "tokens_per_s"),
-                     100 * num(d, "idle_frac"));
+        else {
+            int n = snprintf(detail, sizeof detail, "rank %.0f, step %.0f, loss %.4g, acc %.3f, %.0f tok/s, idle %.0f%%",
+                             num(d, "rank"), num(d, "step"), num(d, "loss"), num(d, "accuracy"), num(d, "tokens_per_s"),
+                             100 * num(d, "idle_frac"));
+            if (num(d, "ckpt_write_ms") > 0 && n > 0 && (size_t)n < sizeof detail)
+                snprintf(detail + n, sizeof detail - (size_t)n, ", ckpt pause %.0f ms + write %.0f ms",
+                         num(d, "ckpt_pause_ms"), num(d, "ckpt_write_ms"));
+        }
         printf("%-8s %4.0f %8.0f %-5s %-9s %s\n", str(d, "role"), num(d, "gpu"), num(d, "pid"), alive ? "yes" : "no",
                alive ? str(d, "state") : "-", detail);
     }

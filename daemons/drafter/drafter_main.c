@@ -118,6 +118,7 @@ struct dft {
     /* statistics */
     uint64_t batches;           /* trained by this rank */
     double loss, accuracy, accept_len, grad_norm, lr, tokens_per_s, idle_frac, step_ms;
+    double ckpt_pause_ms, ckpt_write_ms;    /* rank 0's last checkpoint */
     double idle_s;              /* total time waiting for slots with nothing to compute */
     uint64_t last_step_end_ns;
 };
@@ -309,6 +310,7 @@ static int ckpt_collect(struct dft *f, int wait)
         return res.rc;
     }
     client_checkpointed(f->cl, (uint64_t)res.step, res.tag, res.dir);
+    f->ckpt_write_ms = res.write_ms;
     log_notice("checkpoint %s (%s, written in %.0f ms beside training)", res.dir, res.why, res.write_ms);
     if (res.pruned)
         log_info("removed %d old checkpoint(s) under %s", res.pruned, f->ckpt_root);
@@ -319,6 +321,7 @@ static int ckpt_collect(struct dft *f, int wait)
  * report it before returning). Every rank: reset the count. */
 static int checkpoint(struct dft *f, const char *why, int wait)
 {
+    uint64_t t0 = mono_ns();
 #ifdef DFLASH_HAVE_CUDA
     /* Every step's result first: a non-finite one must stop this checkpoint, and the steps
      * count exactly. */
@@ -336,7 +339,6 @@ static int checkpoint(struct dft *f, const char *why, int wait)
     }
     int64_t step = step_count(f);
     if (f->rank == 0 && (step != f->saved_step || f->unsaved)) {
-        uint64_t t0 = mono_ns();
         ckpt_collect(f, 1);     /* one write at a time; on CUDA it reads the host twin */
         daemon_notify_status(&f->d, "writing checkpoint of step %" PRId64, step);
         int copy = 1;           /* CPU: the drafter trains on, the writer gets a copy */
@@ -359,8 +361,9 @@ static int checkpoint(struct dft *f, const char *why, int wait)
             client_error(f->cl, 0, r, "checkpoint of step %" PRId64 ": starting the write: %s", step, err_str(r));
             return r;
         }
-        log_info("checkpoint of step %" PRId64 " (%s): snapshot in %.0f ms", step, why,
-                 (double)(mono_ns() - t0) / 1e6);
+        f->ckpt_pause_ms = (double)(mono_ns() - t0) / 1e6;
+        log_info("checkpoint of step %" PRId64 " (%s): training paused %.0f ms for the snapshot", step, why,
+                 f->ckpt_pause_ms);
         f->saved_step = step;
         f->unsaved = 0;
         return wait ? ckpt_collect(f, 1) : 0;
@@ -398,6 +401,8 @@ static void set_heartbeat(struct dft *f)
         .lr = f->lr,
         .idle_frac = f->idle_frac,
         .step_ms = f->step_ms,
+        .ckpt_pause_ms = f->ckpt_pause_ms,
+        .ckpt_write_ms = f->ckpt_write_ms,
     };
     client_set_heartbeat(f->cl, &hb);
 }
