@@ -16,7 +16,7 @@ run_phase() { # name, make args..., -- run.sh filter
   [[ $# -gt 0 ]] && { shift; filter=${1:-}; }
   echo "=== $name: make ${margs[*]}"
   local build
-  build=$(make -s "${margs[@]}" print-build)
+  build=$(make -s "${margs[@]}" print-build 2>/dev/null | tail -n 1)
   if ! make -s -j"$jobs" "${margs[@]}" all >"/tmp/dflash-build-$name.log" 2>&1; then
     tail -n 40 "/tmp/dflash-build-$name.log"
     echo "=== $name: build failed"
