@@ -96,8 +96,9 @@ int main(void)
     }
 
     char cmd[600];
-    snprintf(cmd, sizeof cmd, "grep -E 'duplicate|trained again' '%s/coordinator.log' >&2", TC.dir);
-    CHECK(system(cmd) != 0);                                    /* no duplicate publication or training */
+    snprintf(cmd, sizeof cmd, "grep -E 'duplicate|trained again|lease list out of step' '%s/coordinator.log' >&2", TC.dir);
+    CHECK(system(cmd) != 0);                                    /* no duplicate publication or training; the
+                                                                   list of leased batches kept in step */
     snprintf(cmd, sizeof cmd, "grep -q 'stray-rank1 ignored: only rank 0' '%s/coordinator.log'", TC.dir);
     CHECK(system(cmd) == 0);                                    /* a rank-1 checkpoint is refused ... */
     snprintf(cmd, sizeof cmd, "grep 'stray-rank1 (generation' '%s/coordinator.log' >&2", TC.dir);

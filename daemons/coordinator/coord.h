@@ -19,6 +19,7 @@ struct batch {
     struct ledger_batch row;        /* the durable part; written through on every change */
     struct member *holder;          /* LEASED to this live connection; NULL = detached */
     uint64_t detached_until_ms;     /* LEASED + detached: re-queue after this (mono) */
+    struct batch *lnext, *lprev;    /* LEASED: its place in coord.leased */
 };
 
 struct epoch_state {
@@ -126,6 +127,7 @@ struct coord {
     uint32_t epochs;
     struct epoch_state *ep;         /* [epochs] */
     uint64_t counts[BATCH_NSTATES];
+    struct batch *leased;           /* every LEASED batch (the periodic checks walk these, not all) */
     uint64_t total_batches;         /* over built epochs */
     /* pending batch ids: a min-heap with lazy deletion (state checked on pop) */
     uint64_t *heap;
@@ -183,6 +185,27 @@ void coord_tick(struct coord *co);                  /* timeouts, recovery, compl
 void coord_signal_stop(struct coord *co, int hard);
 void coord_set_state(struct coord *co, int state, const char *reason);
 struct batch *coord_batch(struct coord *co, uint64_t id);
+
+/* coord.leased: linked when a batch becomes LEASED, unlinked when it stops being LEASED. */
+static inline void coord_leased_link(struct coord *co, struct batch *b)
+{
+    b->lprev = NULL;
+    b->lnext = co->leased;
+    if (co->leased)
+        co->leased->lprev = b;
+    co->leased = b;
+}
+
+static inline void coord_leased_unlink(struct coord *co, struct batch *b)
+{
+    if (b->lprev)
+        b->lprev->lnext = b->lnext;
+    else
+        co->leased = b->lnext;
+    if (b->lnext)
+        b->lnext->lprev = b->lprev;
+    b->lnext = b->lprev = NULL;
+}
 int coord_ring_open(struct coord *co, char *err, size_t errlen);       /* coord_ring.c */
 void coord_ring_reconcile(struct coord *co);        /* after (re)attach: adopt READY slots */
 

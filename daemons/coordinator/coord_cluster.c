@@ -81,6 +81,10 @@ static void batch_set(struct coord *co, struct batch *b, int state)
 {
     co->counts[b->row.state]--;
     co->counts[state]++;
+    if (b->row.state == BATCH_LEASED && state != BATCH_LEASED)
+        coord_leased_unlink(co, b);
+    else if (b->row.state != BATCH_LEASED && state == BATCH_LEASED)
+        coord_leased_link(co, b);
     b->row.state = state;
     b->row.updated_ms = wall_ms();
     if (state != BATCH_LEASED) {
@@ -478,15 +482,12 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
     struct batch *regrant[PROTO_MAX_LEASE_REQUEST];
     uint32_t n_regrant = 0;
     if (m->role == PROTO_ROLE_TARGET)
-        for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
-            for (uint32_t i = 0; i < co->ep[e].s.n_batches && n_regrant < PROTO_MAX_LEASE_REQUEST; i++) {
-                struct batch *b = &co->ep[e].b[i];
-                if (b->row.state == BATCH_LEASED && !b->holder && b->row.owner == m->token) {
-                    b->holder = m;
-                    b->detached_until_ms = 0;
-                    m->leases++;
-                    regrant[n_regrant++] = b;
-                }
+        for (struct batch *b = co->leased; b && n_regrant < PROTO_MAX_LEASE_REQUEST; b = b->lnext)
+            if (!b->holder && b->row.owner == m->token) {
+                b->holder = m;
+                b->detached_until_ms = 0;
+                m->leases++;
+                regrant[n_regrant++] = b;
             }
     struct proto_msg w = { .type = PROTO_WELCOME };
     w.welcome = (struct proto_welcome){ .member_id = m->id, .heartbeat_ms = (uint32_t)co->cfg->coordinator.heartbeat_ms,
@@ -847,19 +848,18 @@ void coord_member_gone(struct member *m, const char *reason)
                    rc.reading_requeued);
     if (m->role == PROTO_ROLE_TARGET && m->leases) {
         const struct ring_slot_stat *s = alive == 0 ? slot_snapshot(co) : NULL;
-        for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
-            for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
-                struct batch *b = &co->ep[e].b[i];
-                if (b->row.state != BATCH_LEASED || b->holder != m)
-                    continue;
-                b->holder = NULL;
-                if (alive == 0) {
-                    lease_lost(co, b, s, why);
-                } else {
-                    /* Alive but disconnected: its leases wait for it to reconnect. */
-                    b->detached_until_ms = mono_ms() + (uint64_t)co->cfg->coordinator.dead_after_ms;
-                }
+        for (struct batch *b = co->leased, *next; b; b = next) {
+            next = b->lnext;    /* lease_lost takes b (only b) off the list */
+            if (b->holder != m)
+                continue;
+            b->holder = NULL;
+            if (alive == 0) {
+                lease_lost(co, b, s, why);
+            } else {
+                /* Alive but disconnected: its leases wait for it to reconnect. */
+                b->detached_until_ms = mono_ms() + (uint64_t)co->cfg->coordinator.dead_after_ms;
             }
+        }
         m->leases = 0;
     }
     if (m->role == PROTO_ROLE_DRAFTER && m->rank >= 0 && co->grp.active && co->state < PROTO_STATE_STOPPED) {
@@ -942,23 +942,35 @@ void coord_tick(struct coord *co)
     /* Detached owners: a socket hang-up can arrive while the process is still in exit(),
      * so liveness is checked again here; a dead owner is handled at once. */
     const struct ring_slot_stat *s = NULL;
-    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
-        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
-            struct batch *b = &co->ep[e].b[i];
-            if (b->row.state != BATCH_LEASED || b->holder)
-                continue;
-            int dead = proc_token_alive(b->row.owner) == 0;
-            if (!dead && (co->recovering || !b->detached_until_ms || now < b->detached_until_ms))
-                continue;
-            if (dead) {
-                struct ring_reclaim rc = { 0 };
-                ring_reclaim_owner(co->ring, b->row.owner, &rc);
-                s = NULL;
-            }
-            if (!s)
-                s = slot_snapshot(co);
-            lease_lost(co, b, s, dead ? "its target died" : "its target did not come back in time");
+    uint64_t n_leased = 0;
+    for (struct batch *b = co->leased, *next; b; b = next) {
+        next = b->lnext;        /* lease_lost takes b (only b) off the list */
+        int dead = 0;
+        if (!b->holder)
+            dead = proc_token_alive(b->row.owner) == 0;
+        if (b->holder || (!dead && (co->recovering || !b->detached_until_ms || now < b->detached_until_ms))) {
+            n_leased++;
+            continue;
         }
+        if (dead) {
+            struct ring_reclaim rc = { 0 };
+            ring_reclaim_owner(co->ring, b->row.owner, &rc);
+            s = NULL;
+        }
+        if (!s)
+            s = slot_snapshot(co);
+        lease_lost(co, b, s, dead ? "its target died" : "its target did not come back in time");
+    }
+    if (n_leased != co->counts[BATCH_LEASED]) {
+        /* cannot happen while every state change goes through batch_set; if it does, rebuild */
+        log_error(0, "lease list out of step: %" PRIu64 " linked, %" PRIu64 " LEASED: rebuilt", n_leased,
+                  co->counts[BATCH_LEASED]);
+        co->leased = NULL;
+        for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+            for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++)
+                if (co->ep[e].b[i].row.state == BATCH_LEASED)
+                    coord_leased_link(co, &co->ep[e].b[i]);
+    }
     struct dgroup *g = &co->grp;
     for (uint32_t r = 0; g->active && co->state < PROTO_STATE_STOPPED && r < g->world; r++)
         if (!g->rank_member[r] && g->rank_token[r] && proc_token_alive(g->rank_token[r]) == 0) {
@@ -1026,7 +1038,12 @@ static int load_row(void *ctx, const struct ledger_batch *row)
                  co->ledger_path, row->epoch, row->idx);
         return -DF_ELAYOUT;
     }
-    ep->b[row->idx].row = *row;
+    struct batch *b = &ep->b[row->idx];
+    if (b->row.state == BATCH_LEASED)
+        coord_leased_unlink(co, b);     /* (a row read twice) */
+    b->row = *row;
+    if (row->state == BATCH_LEASED)
+        coord_leased_link(co, b);
     ep->loaded++;
     co->counts[row->state]++;
     if (row->state == BATCH_PENDING)

@@ -27,6 +27,8 @@ RING_STATES = ["FREE", "WRITING", "READY", "READING"]
 # Sanitizer reports: an ASan / UBSan / LSan / TSan finding in any daemon fails the soak (the
 # daemon's exit code alone is 1, which looks like an ordinary failure systemd restarts).
 SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "WARNING: ThreadSanitizer")
+# Internal consistency checks that log instead of crashing: any of them is a bug.
+INVARIANT_MARKS = ("lease list out of step",)
 # libuv's assertion when a handle is closed twice (coordinator-d's exit path).
 
 
@@ -388,6 +390,10 @@ class Soak:
                 n = self.log_count(d, mark)
                 if n:
                     self.fail("%s.log: %d sanitizer reports '%s'" % (d.name, n, mark))
+            for mark in INVARIANT_MARKS:
+                n = self.log_count(d, mark)
+                if n:
+                    self.fail("%s.log: %d broken invariants '%s'" % (d.name, n, mark))
         # Generations end only through drafters leaving: a target or coordinator kill must not.
         # The coordinator's reasons: a drafter died / left, or did not rejoin within
         # coordinator.recovery_ms after a coordinator restart (slow, not wrong: counted apart).
