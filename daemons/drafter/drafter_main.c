@@ -17,6 +17,7 @@
 #include "ipc/client.h"
 #include "ipc/collective.h"
 #include "ipc/nccl_coll.h"
+#include "ipc/peer.h"
 #include "ipc/proto.h"
 #include "ipc/ring.h"
 #include "model/checkpoint.h"
@@ -1184,37 +1185,10 @@ static int iterate_cuda(struct dft *f)
 
 /* ---- start ------------------------------------------------------------------------------ */
 
-static int connect_coordinator(struct dft *f, char *err, size_t errlen)
-{
-    char name[PROTO_NAME_MAX];
-    snprintf(name, sizeof name, "%s", f->d.ident);
-    struct client_opts o = { .socket_path = f->sock, .role = PROTO_ROLE_DRAFTER, .device = f->d.index, .name = name,
-                             .connect_timeout_ms = 0, .reply_timeout_ms = 10000, .reconnect_ms = 200 };
-    uint64_t deadline = mono_ms() + 5ull * (uint64_t)f->cfg->coordinator.dead_after_ms + 30000;
-    int r, warned = 0;
-    for (;;) {
-        r = client_open(&f->cl, &o, err, errlen);
-        if (r == 0 || (r != -ENOENT && r != -ECONNREFUSED && r != -EAGAIN))
-            return r;
-        if (mono_ms() > deadline || daemon_stop_requested())
-            return r;
-        if (!warned++)
-            log_info("waiting for the coordinator at %s", f->sock);
-        daemon_watchdog(&f->d);
-        usleep(200000);
-    }
-}
-
 static int attach_ring(struct dft *f, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(f->cl);
-    int r;
-    for (int i = 0; i < 100; i++) {
-        r = ring_attach(&f->ring, w->ring_name, NULL, RING_ATTACH_ANY, err, errlen);
-        if (r != -EAGAIN)
-            break;
-        usleep(20000);
-    }
+    int r = peer_attach_ring(f->cl, &f->ring, err, errlen);
     if (r < 0)
         return r;
     const struct ring_layout *l = ring_layout(f->ring);
@@ -1282,7 +1256,7 @@ int main(int argc, char **argv)
         goto out;
     }
     daemon_notify_status(&f->d, "connecting to the coordinator at %s", f->sock);
-    if ((r = connect_coordinator(f, err, sizeof err)) < 0) {
+    if ((r = peer_connect_coordinator(&f->d, f->sock, PROTO_ROLE_DRAFTER, &f->cl, err, sizeof err)) < 0) {
         log_error(0, "coordinator %s: %s", f->sock, err);
         goto out;
     }

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/timeutil.h"
 #include "ipc/client.h"
+#include "ipc/peer.h"
 #include "ipc/proto.h"
 #include "ipc/ring.h"
 #include "model/hfconfig.h"
@@ -531,38 +532,10 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
 }
 #endif
 
-/* Connect, retrying while the coordinator is not up yet; the watchdog keeps being fed. */
-static int connect_coordinator(struct tgt *t, char *err, size_t errlen)
-{
-    char name[PROTO_NAME_MAX];
-    snprintf(name, sizeof name, "%s", t->d.ident);
-    struct client_opts o = { .socket_path = t->sock, .role = PROTO_ROLE_TARGET, .device = t->d.index, .name = name,
-                             .connect_timeout_ms = 0, .reply_timeout_ms = 10000, .reconnect_ms = 200 };
-    uint64_t deadline = mono_ms() + 5ull * (uint64_t)t->cfg->coordinator.dead_after_ms + 30000;
-    int r, warned = 0;
-    for (;;) {
-        r = client_open(&t->cl, &o, err, errlen);
-        if (r == 0 || (r != -ENOENT && r != -ECONNREFUSED && r != -EAGAIN))
-            return r;
-        if (mono_ms() > deadline || daemon_stop_requested())
-            return r;
-        if (!warned++)
-            log_info("waiting for the coordinator at %s", t->sock);
-        daemon_watchdog(&t->d);
-        usleep(200000);
-    }
-}
-
 static int attach(struct tgt *t, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(t->cl);
-    int r;
-    for (int i = 0; i < 100; i++) {
-        r = ring_attach(&t->ring, w->ring_name, NULL, RING_ATTACH_ANY, err, errlen);
-        if (r != -EAGAIN)
-            break;
-        usleep(20000);
-    }
+    int r = peer_attach_ring(t->cl, &t->ring, err, errlen);
     if (r < 0)
         return r;
     if ((r = check_ring_layout(t, err, errlen)) < 0)
@@ -648,7 +621,7 @@ int main(int argc, char **argv)
     log_info("model %s: %s, %d layers, hidden %d, capturing %d layer%s", t->cfg->model.path, t->hf.arch_name,
              t->hf.num_layers, t->hf.hidden_size, t->n_ids, t->n_ids == 1 ? "" : "s");
     daemon_notify_status(&t->d, "connecting to the coordinator at %s", t->sock);
-    if ((r = connect_coordinator(t, err, sizeof err)) < 0) {
+    if ((r = peer_connect_coordinator(&t->d, t->sock, PROTO_ROLE_TARGET, &t->cl, err, sizeof err)) < 0) {
         log_error(0, "coordinator %s: %s", t->sock, err);
         goto out;
     }
