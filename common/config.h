@@ -87,6 +87,7 @@ struct cfg_drafter {
     int64_t debug_nan_step;     /* make the loss NaN at this step (-1 = off) */
     int64_t collective_timeout_ms; /* a peer silent this long in an all-reduce fails the group */
     int64_t keep_checkpoints;   /* newest checkpoints kept on disk (0 = all) */
+    int64_t debug_ckpt_delay_ms;/* a background checkpoint write waits this long first (0 = off) */
 };
 
 struct dflash_cfg {

@@ -719,7 +719,8 @@ const struct client_lease *client_lease_find(const struct client *c, uint64_t ba
 int client_lease_held(const struct client *c, uint64_t batch) { return lease_get(c, batch) != NULL; }
 uint32_t client_leases_held(const struct client *c) { return (uint32_t)c->n_leases; }
 
-int client_poll(struct client *c, int timeout_ms, struct proto_msg *msg, char *err, size_t errlen)
+/* client_poll, and with msg NULL client_idle: pushed messages then stay queued. */
+static int service(struct client *c, int timeout_ms, struct proto_msg *msg, char *err, size_t errlen)
 {
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : mono_ms() + (uint64_t)timeout_ms;
     int drained = 0;
@@ -742,7 +743,7 @@ int client_poll(struct client *c, int timeout_ms, struct proto_msg *msg, char *e
             if (r == -DF_EPEER || r == -ENOMEM)
                 return r;
         }
-        if (c->q_len) {
+        if (msg && c->q_len) {
             *msg = c->q[c->q_head].m;
             c->q_head = (c->q_head + 1) % c->q_cap;
             c->q_len--;
@@ -772,6 +773,16 @@ int client_poll(struct client *c, int timeout_ms, struct proto_msg *msg, char *e
             poll(NULL, 0, (int)until);
         }
     }
+}
+
+int client_poll(struct client *c, int timeout_ms, struct proto_msg *msg, char *err, size_t errlen)
+{
+    return service(c, timeout_ms, msg, err, errlen);
+}
+
+int client_idle(struct client *c, int timeout_ms, char *err, size_t errlen)
+{
+    return service(c, timeout_ms, NULL, err, errlen);
 }
 
 static int request(struct client *c, const struct proto_msg *m, char **json, int *status, char *err, size_t errlen)

@@ -100,6 +100,11 @@ uint32_t client_leases_held(const struct client *c);
  * next client call. While disconnected it keeps trying to reconnect and returns 0. */
 int client_poll(struct client *c, int timeout_ms, struct proto_msg *msg, char *err, size_t errlen);
 
+/* For a daemon busy with something else (waiting for a checkpoint write): spend up to
+ * timeout_ms keeping the connection alive (heartbeat, ACKs, reconnect) without taking pushed
+ * messages: they stay queued for the next client_poll. 0, or <0 as client_poll. */
+int client_idle(struct client *c, int timeout_ms, char *err, size_t errlen);
+
 /* Request/reply (dflashctl). *json is malloc'd NUL-terminated JSON text; *status is the
  * coordinator's status (0 ok, <0 refused, then the JSON has "error"). Pushed messages
  * arriving meanwhile are kept for client_poll. */

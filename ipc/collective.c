@@ -47,6 +47,8 @@ struct coll {
     struct map_ent *map;
     int rank, world;
     int timeout_ms;
+    void (*idle)(void *arg);
+    void *idle_arg;
     uint64_t chunk;
     uint64_t bar_seq;   /* barriers this rank has entered */
     uint64_t token;
@@ -172,7 +174,9 @@ static int barrier(struct coll *c)
                     coll_abort(c, -DF_EDEAD);
                     return atomic_load(&h->abort_code);
                 }
-            next_check = now + CHECK_SLICE_NS;
+            if (c->idle)
+                c->idle(c->idle_arg);
+            next_check = mono_ns() + CHECK_SLICE_NS;
         }
         if (deadline && now >= deadline) {
             coll_abort(c, -DF_ETIMEOUT);
@@ -316,6 +320,7 @@ static int create_object(struct coll *c, const char *name, uint64_t gen, unsigne
 static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_out, char *err, size_t errlen)
 {
     uint64_t deadline = c->timeout_ms < 0 ? 0 : mono_ns() + (uint64_t)c->timeout_ms * 1000000ull;
+    uint64_t next_idle = mono_ns() + CHECK_SLICE_NS;
     unsigned nap_us = 500;
     char last[200] = "no such shm object";
     for (;;) {
@@ -373,6 +378,10 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
             snprintf(err, errlen, "collective %s: rank %d gave up waiting for rank 0: %s", name, c->rank, last);
             return -DF_ETIMEOUT;
         }
+        if (c->idle && mono_ns() >= next_idle) {
+            c->idle(c->idle_arg);
+            next_idle = mono_ns() + CHECK_SLICE_NS;
+        }
         /* Nothing to wait on before the object exists: poll with a growing nap. */
         usleep(nap_us);
         if (nap_us < 10000)
@@ -414,6 +423,8 @@ int coll_open(struct coll **out, const char *name, int rank, int world, int time
     c->rank = rank;
     c->world = world;
     c->timeout_ms = timeout_ms;
+    c->idle = opts->idle;
+    c->idle_arg = opts->idle_arg;
     c->chunk = opts->chunk_floats ? opts->chunk_floats : (1u << 20);
     int rc = proc_self_token(&c->token), fd = -1;
     if (rc < 0) {

@@ -17,6 +17,11 @@ struct coll_opts {
     size_t chunk_floats;   /* floats exchanged per round (0 = 1M = 4 MiB per rank); bigger
                               buffers go in several rounds. Rank 0's value wins. */
     unsigned mode;         /* permission bits of the shm object (0 = 0600) */
+    /* Optional: called about every 50 ms while this rank waits (for rank 0's object, for its
+     * peers in any collective), so a daemon can keep its heartbeat and watchdog going while a
+     * peer is slow (e.g. writing a checkpoint). It must not call this group's collectives. */
+    void (*idle)(void *arg);
+    void *idle_arg;
 };
 
 /* Join group `name` ("/dflash-x-coll") as `rank` of `world`. Rank 0 (re)creates the shm

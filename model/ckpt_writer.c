@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include "common/err.h"
 #include "common/timeutil.h"
@@ -14,6 +15,7 @@
 
 struct ckpt_writer {
     int keep;
+    int delay_ms;               /* debug: wait this long before writing */
     int running;                /* a thread started and not joined */
     pthread_t th;
     atomic_int finished;
@@ -71,10 +73,16 @@ int ckpt_writer_reserve(struct ckpt_writer *w, size_t n_params)
     return 0;
 }
 
+void ckpt_writer_debug_delay(struct ckpt_writer *w, int ms) { w->delay_ms = ms; }
+
 static void *writer_main(void *arg)
 {
     struct ckpt_writer *w = arg;
     struct ckpt_result *res = &w->res;
+    if (w->delay_ms > 0) {
+        struct timespec ts = { w->delay_ms / 1000, (long)(w->delay_ms % 1000) * 1000000L };
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+    }
     res->rc = ckpt_save(w->root, &w->view, &w->ts, res->dir, sizeof res->dir, res->err, sizeof res->err);
     if (res->rc == 0) {
         res->pruned = ckpt_prune(w->root, w->keep);

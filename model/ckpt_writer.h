@@ -43,5 +43,8 @@ int ckpt_writer_start(struct ckpt_writer *w, const char *root, const struct draf
  * until a write in flight finishes. Owner's thread only. */
 int ckpt_writer_collect(struct ckpt_writer *w, int wait, struct ckpt_result *res);
 
+/* Debug: every write waits ms before it starts (a window for tests that kill mid-write). */
+void ckpt_writer_debug_delay(struct ckpt_writer *w, int ms);
+
 /* A write started and not yet collected. */
 int ckpt_writer_busy(const struct ckpt_writer *w);

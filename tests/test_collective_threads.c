@@ -1,5 +1,6 @@
 /* test_collective_threads.c: the collective with ranks as threads of one process (they share
- * one mapping), so ThreadSanitizer checks its ordering; plus leave/abort propagation. */
+ * one mapping), so ThreadSanitizer checks its ordering; plus leave/abort propagation, and the
+ * idle hook that keeps a waiting rank's heartbeat going (rank 0 waits for a slow rank 1). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <unistd.h>
@@ -87,6 +88,32 @@ static void *abort_main(void *arg)
     return NULL;
 }
 
+struct idle_arg { int rank; int rc; _Atomic int calls; };
+
+static void count_idle(void *arg) { atomic_fetch_add(&((struct idle_arg *)arg)->calls, 1); }
+
+static void *idle_main(void *arg)
+{
+    struct idle_arg *a = arg;
+    char err[256];
+    struct coll *c = NULL;
+    struct coll_opts o = { .generation = g_gen + 2, .idle = count_idle, .idle_arg = a };
+    if (coll_open(&c, g_name, a->rank, 2, 20000, &o, err, sizeof err) < 0) {
+        a->rc = 1;
+        return NULL;
+    }
+    int before = atomic_load(&a->calls);
+    if (a->rank == 1)
+        usleep(400000);     /* the slow peer (as rank 0 is while it writes a checkpoint) */
+    a->rc = coll_barrier(c);
+    if (a->rank == 0 && atomic_load(&a->calls) - before < 4)
+        a->rc = 2;          /* waited 400 ms: the hook ran about every 50 ms */
+    if (a->rank == 1 && atomic_load(&a->calls) != before)
+        a->rc = 3;          /* never waited: never called */
+    coll_close(c);
+    return NULL;
+}
+
 int main(void)
 {
     snprintf(g_name, sizeof g_name, "/dflash-test-collt-%d", (int)getpid());
@@ -107,6 +134,15 @@ int main(void)
         pthread_join(t[r], NULL);
     CHECK_INT(a[0].rc, ==, -DF_ENAN);
     CHECK_INT(a[1].rc, ==, 0);
+
+    struct idle_arg ia[2] = { { .rank = 0 }, { .rank = 1 } };
+    for (int r = 0; r < 2; r++)
+        CHECK_INT(pthread_create(&t[r], NULL, idle_main, &ia[r]), ==, 0);
+    for (int r = 0; r < 2; r++)
+        pthread_join(t[r], NULL);
+    CHECK_INT(ia[0].rc, ==, 0);
+    CHECK_INT(ia[1].rc, ==, 0);
+    printf("idle hook: %d calls while rank 0 waited 400 ms\n", atomic_load(&ia[0].calls));
     fprintf(stderr, "ok\n");
     return 0;
 }

@@ -1,5 +1,6 @@
 /* test_proto_client.c: the client library against a scripted coordinator (a forked child that
- * speaks the protocol frame by frame), for answers a real coordinator never gives. */
+ * speaks the protocol frame by frame), for answers a real coordinator never gives, and for
+ * client_idle: heartbeats go on, a message pushed meanwhile waits for client_poll. */
 #include <errno.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -139,6 +140,60 @@ static void test_regrants_delivered(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+/* client_idle (a daemon waiting for its checkpoint write): the heartbeat keeps going and a
+ * CONTROL pushed meanwhile is kept for the next client_poll. The server counts heartbeats. */
+static void test_idle_keeps_heartbeat(int lfd)
+{
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0)
+            _exit(2);
+        read_hello(fd);
+        struct proto_msg w = { .type = PROTO_WELCOME };
+        w.welcome.member_id = 1;
+        w.welcome.heartbeat_ms = 50;
+        w.welcome.dead_after_ms = 60000;
+        w.welcome.cluster_state = PROTO_STATE_RUNNING;
+        send_frame(fd, &w);
+        usleep(100000);
+        struct proto_msg ctl = { .type = PROTO_CONTROL };
+        ctl.control.cmd = PROTO_CTL_PAUSE;
+        proto_strset(ctl.control.reason, sizeof ctl.control.reason, "pushed while idle");
+        send_frame(fd, &ctl);
+        /* every frame the client sends until it closes: count the heartbeats */
+        static uint8_t buf[1 << 16];
+        size_t have = 0, off = 0;
+        ssize_t k;
+        while (have < sizeof buf && (k = read(fd, buf + have, sizeof buf - have)) > 0)
+            have += (size_t)k;
+        int beats = 0;
+        while (have - off >= sizeof(struct proto_hdr)) {
+            const struct proto_hdr *hd = (const struct proto_hdr *)(buf + off);
+            size_t n = sizeof *hd + hd->len;
+            struct proto_msg m;
+            if (n > have - off || proto_decode(buf + off, n, &m, NULL, 0) < 0)
+                _exit(7);
+            beats += m.type == PROTO_HEARTBEAT;
+            off += n;
+        }
+        _exit(beats >= 4 ? 0 : 10 + beats);
+    }
+    struct client *c = NULL;
+    struct client_opts o = opts();
+    char err[512] = "";
+    CHECK_OK(client_open(&c, &o, err, sizeof err));
+    CHECK_INT(client_idle(c, 600, err, sizeof err), ==, 0);
+    struct proto_msg m;
+    CHECK_INT(client_poll(c, 0, &m, err, sizeof err), ==, 1);
+    CHECK_INT(m.type, ==, PROTO_CONTROL);
+    CHECK_INT(m.control.cmd, ==, PROTO_CTL_PAUSE);
+    CHECK_STR(m.control.reason, "pushed while idle");
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -147,6 +202,7 @@ int main(void)
     int lfd = listen_at(g_sock);
     test_regrants_delivered(lfd);
     test_regrant_count_is_not_trusted(lfd);
+    test_idle_keeps_heartbeat(lfd);
     close(lfd);
     unlink(g_sock);
     printf("ok\n");

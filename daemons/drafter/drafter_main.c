@@ -206,6 +206,7 @@ static int check_config(struct dft *f, char *err, size_t errlen)
 /* The host drafter: the model itself on the CPU backend; on CUDA the twin that checkpoints are
  * loaded into and saved from (it never runs a batch, so its activations are minimal). */
 static int ckpt_collect(struct dft *f, int wait);
+static void set_heartbeat(struct dft *f);
 
 static int make_drafter(struct dft *f, char *err, size_t errlen)
 {
@@ -295,12 +296,30 @@ static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen
 static int gpu_settle(struct dft *f);
 #endif
 
+/* Waiting for something slow (a peer, a checkpoint write): the heartbeat and the watchdog go
+ * on; pushed messages stay queued for the loop. */
+static void keep_alive(void *arg)
+{
+    struct dft *f = arg;
+    daemon_watchdog(&f->d);
+    if (f->cl) {
+        char err[256];
+        set_heartbeat(f);
+        client_idle(f->cl, 0, err, sizeof err);
+    }
+}
+
 /* A finished background write: report it. The state it holds stays the lineage head's successor
  * only if the coordinator still knows that generation (it answers the others "not in the lineage"). */
 static int ckpt_collect(struct dft *f, int wait)
 {
     struct ckpt_result res;
-    if (ckpt_writer_collect(f->writer, wait, &res) <= 0)
+    int got;
+    while (!(got = ckpt_writer_collect(f->writer, 0, &res)) && wait && ckpt_writer_busy(f->writer)) {
+        keep_alive(f);
+        usleep(50000);
+    }
+    if (!got)
         return 0;
     if (res.rc < 0) {
         /* The previous checkpoint stays the lineage head; the next due one writes again. */
@@ -625,11 +644,10 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
         f->peers_cap = f->world;
     }
     if (f->world > 1) {
+        /* While a rank waits for a slow peer (rank 0 writing a checkpoint, loading one), its
+         * heartbeat and watchdog go on; collective_timeout_ms bounds the wait. */
         int64_t to = f->cfg->drafter.collective_timeout_ms;
-        /* A stalled peer must fail the group before the watchdog kills a healthy rank. */
-        if (f->d.watchdog_usec && (int64_t)(f->d.watchdog_usec / 2000) < to)
-            to = (int64_t)(f->d.watchdog_usec / 2000);
-        struct coll_opts o = { .generation = g->generation, .mode = 0600 };
+        struct coll_opts o = { .generation = g->generation, .mode = 0600, .idle = keep_alive, .idle_arg = f };
         daemon_watchdog(&f->d);
         r = coll_open(&f->coll, g->coll_name, f->rank, f->world, (int)to, &o, err, errlen);
         daemon_watchdog(&f->d);
@@ -1247,6 +1265,7 @@ int main(int argc, char **argv)
         log_error(r, "checkpoint writer");
         goto out;
     }
+    ckpt_writer_debug_delay(f->writer, (int)f->cfg->drafter.debug_ckpt_delay_ms);
     daemon_notify_status(&f->d, "loading the target's embedding and LM head from %s", f->cfg->model.path);
     daemon_notify_extend(&f->d, 600000);
     int vocab = 0, hidden = 0;
