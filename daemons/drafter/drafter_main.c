@@ -203,11 +203,11 @@ static int check_config(struct dft *f, char *err, size_t errlen)
 
 /* ---- model ------------------------------------------------------------------------------ */
 
-/* The host drafter: the model itself on the CPU backend; on CUDA the twin that checkpoints are
- * loaded into and saved from (it never runs a batch, so its activations are minimal). */
 static int ckpt_collect(struct dft *f, int wait);
 static void set_heartbeat(struct dft *f);
 
+/* The host drafter: the model itself on the CPU backend; on CUDA the twin that checkpoints are
+ * loaded into and saved from (it never runs a batch, so its activations are minimal). */
 static int make_drafter(struct dft *f, char *err, size_t errlen)
 {
     ckpt_collect(f, 1);         /* a write in flight reads f->dr */
@@ -359,7 +359,12 @@ static int checkpoint(struct dft *f, const char *why, int wait)
     }
     int64_t step = step_count(f);
     if (f->rank == 0 && (step != f->saved_step || f->unsaved)) {
-        ckpt_collect(f, 1);     /* one write at a time; on CUDA it reads the host twin */
+        if (ckpt_writer_busy(f->writer)) {
+            /* one write at a time (on CUDA it reads the host twin): a write slower than
+             * checkpoint_every steps shows as a long pause here */
+            daemon_notify_status(&f->d, "step %" PRId64 ": waiting for the previous checkpoint write", step);
+            ckpt_collect(f, 1);
+        }
         daemon_notify_status(&f->d, "writing checkpoint of step %" PRId64, step);
         int copy = 1;           /* CPU: the drafter trains on, the writer gets a copy */
 #ifdef DFLASH_HAVE_CUDA
