@@ -127,6 +127,11 @@ struct coord {
     uint32_t epochs;
     struct epoch_state *ep;         /* [epochs] */
     uint64_t counts[BATCH_NSTATES];
+    struct {                        /* its own timings, in the status */
+        uint64_t commits;           /* ledger transactions */
+        double commit_ms, commit_ms_max;    /* last, largest */
+        double check_ms, check_ms_max;      /* the periodic checks (tick) */
+    } tm;
     struct batch *leased;           /* every LEASED batch (the periodic checks walk these, not all) */
     uint64_t total_batches;         /* over built epochs */
     /* pending batch ids: a min-heap with lazy deletion (state checked on pop) */
