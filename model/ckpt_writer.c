@@ -3,6 +3,7 @@
 #include "model/ckpt_writer.h"
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,7 +123,13 @@ int ckpt_writer_start(struct ckpt_writer *w, const char *root, const struct draf
     snprintf(w->res.why, sizeof w->res.why, "%s", why ? why : "");
     w->t0 = mono_ns();
     atomic_store_explicit(&w->finished, 0, memory_order_relaxed);
-    if ((r = pthread_create(&w->th, NULL, writer_main, w)))
+    /* the daemon's signals stay with its main thread */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    r = pthread_create(&w->th, NULL, writer_main, w);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (r)
         return -r;
     w->running = 1;
     return 0;
