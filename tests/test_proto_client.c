@@ -54,6 +54,17 @@ static void read_hello(int fd)
         _exit(6);
 }
 
+static void send_welcome(int fd, uint32_t heartbeat_ms, uint32_t n_regrants)
+{
+    struct proto_msg w = { .type = PROTO_WELCOME };
+    w.welcome.member_id = 1;
+    w.welcome.heartbeat_ms = heartbeat_ms;
+    w.welcome.dead_after_ms = 60000;
+    w.welcome.cluster_state = PROTO_STATE_RUNNING;
+    w.welcome.n_regrants = n_regrants;
+    send_frame(fd, &w);
+}
+
 /* Serve one connection: WELCOME claiming `announced` re-grants, then `sent` grants, then
  * either close (hang_up) or wait for the client to close. */
 static pid_t serve(int lfd, uint32_t announced, uint32_t sent, int hang_up)
@@ -66,13 +77,7 @@ static pid_t serve(int lfd, uint32_t announced, uint32_t sent, int hang_up)
     if (fd < 0)
         _exit(2);
     read_hello(fd);
-    struct proto_msg w = { .type = PROTO_WELCOME };
-    w.welcome.member_id = 1;
-    w.welcome.heartbeat_ms = 10000;
-    w.welcome.dead_after_ms = 60000;
-    w.welcome.cluster_state = PROTO_STATE_RUNNING;
-    w.welcome.n_regrants = announced;
-    send_frame(fd, &w);
+    send_welcome(fd, 10000, announced);
     for (uint32_t i = 0; i < sent; i++) {
         uint32_t sample = i;
         struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = &sample };
@@ -151,12 +156,7 @@ static void test_idle_keeps_heartbeat(int lfd)
         if (fd < 0)
             _exit(2);
         read_hello(fd);
-        struct proto_msg w = { .type = PROTO_WELCOME };
-        w.welcome.member_id = 1;
-        w.welcome.heartbeat_ms = 50;
-        w.welcome.dead_after_ms = 60000;
-        w.welcome.cluster_state = PROTO_STATE_RUNNING;
-        send_frame(fd, &w);
+        send_welcome(fd, 50, 0);
         usleep(100000);
         struct proto_msg ctl = { .type = PROTO_CONTROL };
         ctl.control.cmd = PROTO_CTL_PAUSE;
