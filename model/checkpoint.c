@@ -512,17 +512,22 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
     return 0;
 }
 
-static int is_step_dir(const char *name)
+/* The step of a "step-<digits>" directory name, or -1 for any other name. */
+static int64_t step_of_dir(const char *name)
 {
-    if (strncmp(name, "step-", 5) || strlen(name) != 15)
-        return 0;
-    for (const char *p = name + 5; *p; p++)
-        if (*p < '0' || *p > '9')
-            return 0;
-    return 1;
+    if (strncmp(name, "step-", 5) || !name[5])
+        return -1;
+    char *end;
+    errno = 0;
+    long long s = strtoll(name + 5, &end, 10);
+    return *end || errno || s < 0 || name[5] < '0' || name[5] > '9' ? -1 : (int64_t)s;
 }
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
 
 int ckpt_prune(const char *root, int keep)
 {
@@ -532,25 +537,20 @@ int ckpt_prune(const char *root, int keep)
     if (!dir)
         return 0;
     enum { MAX_DIRS = 4096 };
-    char **names = calloc(MAX_DIRS, sizeof *names);
+    int64_t steps[MAX_DIRS];
     int n = 0, removed = 0;
     struct dirent *e;
-    while (names && (e = readdir(dir)) && n < MAX_DIRS)
-        if (is_step_dir(e->d_name) && (names[n] = strdup(e->d_name)))
+    while ((e = readdir(dir)) && n < MAX_DIRS)
+        if ((steps[n] = step_of_dir(e->d_name)) >= 0)
             n++;
     closedir(dir);
-    if (!names)
-        return 0;
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
     for (int i = 0; i < n - keep; i++) {
         char path[2048];
-        snprintf(path, sizeof path, "%s/%s", root, names[i]);
+        snprintf(path, sizeof path, "%s/step-%010" PRId64, root, steps[i]);
         if (remove_dir(path) == 0)
             removed++;
     }
-    for (int i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
     return removed;
 }
 
@@ -586,12 +586,8 @@ int ckpt_latest(const char *root, char *dir, size_t dir_len, int64_t *step)
     struct dirent *e;
     while ((e = readdir(dh))) {
         const char *n = e->d_name;
-        if (strncmp(n, "step-", 5) || !n[5])
-            continue;
-        char *end;
-        errno = 0;
-        long long s = strtoll(n + 5, &end, 10);
-        if (*end || errno || s < 0 || s <= best)
+        int64_t s = step_of_dir(n);
+        if (s <= best)
             continue;
         bool complete = true;
         static const char *const files[] = { CKPT_CONFIG, CKPT_WEIGHTS, CKPT_OPTIMIZER };

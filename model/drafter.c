@@ -224,16 +224,15 @@ void drafter_init_params(struct drafter *d, uint64_t seed, int threads)
             n_drawn += t->numel;
         job.n_chunks += init_chunks_of(t);
     }
-    if (threads <= 0) {
-        /* a thread per full chunk at most: a small drafter is not worth starting threads for */
+    /* never more threads than chunks; by default one per full chunk at most (a small drafter is
+     * not worth starting threads for) */
+    size_t cap = threads > 0 ? job.n_chunks : n_drawn / INIT_CHUNK;
+    if (threads <= 0)
         threads = init_default_threads();
-        if ((size_t)threads > n_drawn / INIT_CHUNK)
-            threads = n_drawn / INIT_CHUNK > 0 ? (int)(n_drawn / INIT_CHUNK) : 1;
-    }
+    if ((size_t)threads > cap)
+        threads = cap > 0 ? (int)cap : 1;
     if (threads > INIT_MAX_THREADS)
         threads = INIT_MAX_THREADS;
-    if ((size_t)threads > job.n_chunks)
-        threads = job.n_chunks > 0 ? (int)job.n_chunks : 1;
     /* The calling thread works too; should a thread fail to start, the others take its chunks. */
     pthread_t tid[INIT_MAX_THREADS - 1];
     int started = 0;

@@ -8,12 +8,23 @@
 #include "common/config.h"
 #include "common/daemon.h"
 #include "common/dataset.h"
+#include "common/timeutil.h"
 #include "daemons/coordinator/ledger.h"
 #include "daemons/coordinator/sched.h"
 #include "ipc/proto.h"
 
 struct ring;
 struct member;
+
+/* A timed piece of the coordinator's own work: the last duration and the largest. */
+struct coord_timer { double last_ms, max_ms; };
+
+static inline void coord_timer_note(struct coord_timer *t, uint64_t t0_ns)
+{
+    t->last_ms = (double)(mono_ns() - t0_ns) / 1e6;
+    if (t->last_ms > t->max_ms)
+        t->max_ms = t->last_ms;
+}
 
 struct batch {
     struct ledger_batch row;        /* the durable part; written through on every change */
@@ -127,11 +138,8 @@ struct coord {
     uint32_t epochs;
     struct epoch_state *ep;         /* [epochs] */
     uint64_t counts[BATCH_NSTATES];
-    struct {                        /* its own timings, in the status */
-        uint64_t commits;           /* ledger transactions */
-        double commit_ms, commit_ms_max;    /* last, largest */
-        double check_ms, check_ms_max;      /* the periodic checks (tick) */
-    } tm;
+    uint64_t commits;               /* ledger transactions */
+    struct coord_timer commit, check;   /* its own timings (a commit; the periodic checks), in the status */
     struct batch *leased;           /* every LEASED batch (the periodic checks walk these, not all) */
     uint64_t total_batches;         /* over built epochs */
     /* pending batch ids: a min-heap with lazy deletion (state checked on pop) */

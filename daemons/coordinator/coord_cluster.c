@@ -1039,8 +1039,6 @@ static int load_row(void *ctx, const struct ledger_batch *row)
         return -DF_ELAYOUT;
     }
     struct batch *b = &ep->b[row->idx];
-    if (b->row.state == BATCH_LEASED)
-        coord_leased_unlink(co, b);     /* (a row read twice) */
     b->row = *row;
     if (row->state == BATCH_LEASED)
         coord_leased_link(co, b);

@@ -311,11 +311,11 @@ char *coord_json(struct coord *co, int what, uint32_t limit)
         cJSON_AddNumberToObject(o, "error_count", (double)co->n_errors);
         cJSON_AddNumberToObject(o, "fatal_count", (double)co->n_fatal);
         cJSON *tm = cJSON_AddObjectToObject(o, "coordinator");
-        cJSON_AddNumberToObject(tm, "commits", (double)co->tm.commits);
-        cJSON_AddNumberToObject(tm, "commit_ms", co->tm.commit_ms);
-        cJSON_AddNumberToObject(tm, "commit_ms_max", co->tm.commit_ms_max);
-        cJSON_AddNumberToObject(tm, "check_ms", co->tm.check_ms);
-        cJSON_AddNumberToObject(tm, "check_ms_max", co->tm.check_ms_max);
+        cJSON_AddNumberToObject(tm, "commits", (double)co->commits);
+        cJSON_AddNumberToObject(tm, "commit_ms", co->commit.last_ms);
+        cJSON_AddNumberToObject(tm, "commit_ms_max", co->commit.max_ms);
+        cJSON_AddNumberToObject(tm, "check_ms", co->check.last_ms);
+        cJSON_AddNumberToObject(tm, "check_ms_max", co->check.max_ms);
         break;
     case PROTO_Q_RING:
         cJSON_Delete(o);

@@ -34,9 +34,7 @@ static void on_tick(uv_timer_t *t)
     uint64_t t0 = mono_ns();
     coord_tick(co);
     coord_server_tick(co);
-    co->tm.check_ms = (double)(mono_ns() - t0) / 1e6;
-    if (co->tm.check_ms > co->tm.check_ms_max)
-        co->tm.check_ms_max = co->tm.check_ms;
+    coord_timer_note(&co->check, t0);
     coord_flush(co);
     if (co->state == PROTO_STATE_STOPPED || co->state == PROTO_STATE_FAILED) {
         int daemons = 0;

@@ -87,10 +87,8 @@ void coord_flush(struct coord *co)
     if (ledger_dirty(co->ledger)) {
         uint64_t t0 = mono_ns();
         int r = ledger_commit(co->ledger, err, sizeof err);
-        co->tm.commits++;
-        co->tm.commit_ms = (double)(mono_ns() - t0) / 1e6;
-        if (co->tm.commit_ms > co->tm.commit_ms_max)
-            co->tm.commit_ms_max = co->tm.commit_ms;
+        co->commits++;
+        coord_timer_note(&co->commit, t0);
         if (r < 0) {
             /* Memory and disk now disagree: only a restart from the ledger is safe. */
             log_error(r, "ledger commit failed, exiting to restart from the durable state: %s", err);

@@ -358,6 +358,7 @@ static int checkpoint(struct dft *f, const char *why, int wait)
         return 0;
     }
     int64_t step = step_count(f);
+    int started = 0;
     if (f->rank == 0 && (step != f->saved_step || f->unsaved)) {
         if (ckpt_writer_busy(f->writer)) {
             /* one write at a time (on CUDA it reads the host twin): a write slower than
@@ -389,13 +390,11 @@ static int checkpoint(struct dft *f, const char *why, int wait)
         f->ckpt_pause_ms = (double)(mono_ns() - t0) / 1e6;
         log_info("checkpoint of step %" PRId64 " (%s): training paused %.0f ms for the snapshot", step, why,
                  f->ckpt_pause_ms);
-        f->saved_step = step;
-        f->unsaved = 0;
-        return wait ? ckpt_collect(f, 1) : 0;
+        started = 1;
     }
     f->saved_step = step;
     f->unsaved = 0;
-    return 0;
+    return started && wait ? ckpt_collect(f, 1) : 0;
 }
 
 /* After a group step: a rank voting to stop, the periodic step, or a drain with nothing left. */
@@ -593,13 +592,6 @@ static int open_nccl(struct dft *f, int timeout_ms, char *err, size_t errlen)
     return r;
 }
 #endif
-
-/* A trained step's bookkeeping, the same on both backends: counters, the TRAINED reports, the
- * latest metrics and the JSONL row. step_ms: what the step took; rate_s: the time its tokens/s
- * is over (0: no figure yet). */
-static void step_done(struct dft *f, int have, uint64_t batch_id, const struct peer_batch *peers, int ghave,
-                      uint64_t gseqs, uint64_t step, int rc, const struct drafter_metrics *gm,
-                      const struct drafter_step_info *info, double step_ms, double rate_s);
 
 /* Every rank's batch of this step into pb[world] on every rank (world > 1). */
 static int gather_batches(struct dft *f, int have, uint64_t batch_id, struct peer_batch *pb)
@@ -810,6 +802,9 @@ static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const
     fflush(f->metrics);
 }
 
+/* A trained step's bookkeeping, the same on both backends: counters, the TRAINED reports, the
+ * latest metrics and the JSONL row. step_ms: what the step took; rate_s: the time its tokens/s
+ * is over (0: no figure yet). */
 static void step_done(struct dft *f, int have, uint64_t batch_id, const struct peer_batch *peers, int ghave,
                       uint64_t gseqs, uint64_t step, int rc, const struct drafter_metrics *gm,
                       const struct drafter_step_info *info, double step_ms, double rate_s)
