@@ -3,7 +3,9 @@
  * time, tokens/s, model TFLOP/s and MFU; tools/bench_drafter_torch.py is the same-run reference.
  * Prints "RESULT key value" lines.
  * Usage: drafter_bench [-d device] [-l layers] [-s seq_len] [-n n_seqs] [-a anchors] [-w warmup] [-i iters]
- *                      [-A auto|simple]   (attention kernels: tensor cores where possible, or CUDA cores) */
+ *                      [-A auto|simple]   (attention kernels: tensor cores where possible, or CUDA cores)
+ *                      [-p steps]         (after the timed steps: this many more, each phase timed with
+ *                                          events, and a table of GPU ms per phase) */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -85,8 +87,8 @@ static double total(const struct flops *f) { return f->fc + f->proj + f->attn + 
 
 int main(int argc, char **argv)
 {
-    int device = 0, layers = 5, seq = 3072, n_seqs = 1, anchors = 512, warmup = 3, iters = 10, attn = 0, opt;
-    while ((opt = getopt(argc, argv, "d:l:s:n:a:w:i:A:")) != -1) {
+    int device = 0, layers = 5, seq = 3072, n_seqs = 1, anchors = 512, warmup = 3, iters = 10, attn = 0, prof = 0, opt;
+    while ((opt = getopt(argc, argv, "d:l:s:n:a:w:i:A:p:")) != -1) {
         switch (opt) {
         case 'd': device = atoi(optarg); break;
         case 'l': layers = atoi(optarg); break;
@@ -96,13 +98,14 @@ int main(int argc, char **argv)
         case 'w': warmup = atoi(optarg); break;
         case 'i': iters = atoi(optarg); break;
         case 'A': attn = !strcmp(optarg, "simple"); break;
+        case 'p': prof = atoi(optarg); break;
         default:
             fprintf(stderr, "usage: %s [-d device] [-l layers] [-s seq_len] [-n n_seqs] [-a anchors] [-w warmup] "
-                    "[-i iters] [-A auto|simple]\n", argv[0]);
+                    "[-i iters] [-A auto|simple] [-p profiled_steps]\n", argv[0]);
             return 2;
         }
     }
-    if (layers < 1 || seq < 32 || n_seqs < 1 || anchors < 1 || iters < 1 || warmup < 0) {
+    if (layers < 1 || seq < 32 || n_seqs < 1 || anchors < 1 || iters < 1 || warmup < 0 || prof < 0) {
         fprintf(stderr, "drafter_bench: bad sizes\n");
         return 2;
     }
@@ -166,7 +169,7 @@ int main(int argc, char **argv)
     struct drafter_cuda *dc = NULL;
     struct drafter_cuda_opts o = { .device = device, .head_chunk_rows = 0, .embed_bf16 = head_dev,
                                    .lm_head_bf16 = head_dev,
-                                   .attn_impl = attn };
+                                   .attn_impl = attn, .profile = prof > 0 };
     r = drafter_cuda_create(&dc, d, T, max_blocks, &o, err, sizeof err);
     if (r < 0)
         die("drafter_cuda_create", r, err);
@@ -238,6 +241,30 @@ int main(int argc, char **argv)
             die("forward", r, NULL);
     }
     double fwd_s = (mono_ns() / 1e9 - tf0) / fwd_iters;
+
+    if (prof > 0) {     /* the phases of more steps, each waited for */
+        double ms[DCP_N] = { 0 }, sum = 0;
+        if ((r = drafter_cuda_profile_take(dc, ms)) < 0)    /* drops the timed steps' marks */
+            die("profile", r, NULL);
+        memset(ms, 0, sizeof ms);
+        double tp0 = mono_ns() / 1e9;
+        for (int it = 0; it < prof; it++) {
+            struct obj_rng_key key = { .seed = 7, .epoch = 2, .batch_id = (uint64_t)it, .rank = 0 };
+            int nb = obj_sample_anchors(&b, anchors, &key, blk, max_blocks, work);
+            if (nb < 0 || (r = drafter_cuda_forward_backward_async(dc, &b, blk, nb, gamma)) < 0 ||
+                (r = drafter_cuda_optimizer_step_async(dc, &to)) < 0 ||
+                ((r = drafter_cuda_step_result(dc, 1, NULL, NULL)) < 0 && r != -DF_ENAN) ||
+                (r = drafter_cuda_profile_take(dc, ms)) < 0)
+                die("profiled step", nb < 0 ? nb : r, NULL);
+        }
+        double wall = (mono_ns() / 1e9 - tp0) / prof * 1e3;
+        printf("phases (GPU ms per step, %d steps, each waited for: %.1f ms wall per step):\n", prof, wall);
+        for (int p = 0; p < DCP_N; p++)
+            sum += ms[p];
+        for (int p = 0; p < DCP_N; p++)
+            printf("PHASE %-16s %8.2f ms %5.1f%%\n", drafter_cuda_phase_name(p), ms[p] / prof, 100 * ms[p] / sum);
+        printf("PHASE %-16s %8.2f ms\n", "sum", sum / prof);
+    }
 
     double ft = total(&fsum) / iters;
     double tflops = ft / step_s / 1e12;

@@ -31,6 +31,8 @@ typedef uint16_t bf16_t;
 
 #define STAGE_BYTES ((size_t)8 << 20)   /* pinned staging for fp32 -> bf16 feature conversion */
 #define RES_DEPTH 4                     /* optimizer-step results in flight before one must be read */
+#define PROF_MARKS 512                  /* profile marks between two drafter_cuda_profile_take */
+#define DCP_IDLE DCP_N                  /* a mark that ends a phase and starts none */
 
 static_assert(sizeof(struct drafter_metrics) == DRAFTER_METRICS_N * sizeof(double),
               "drafter_metrics is the all-reduced vector of doubles");
@@ -110,6 +112,10 @@ struct drafter_cuda {
     cudaEvent_t ev_res[RES_DEPTH], ev_meta, ev_input;
     uint64_t res_next, res_read;    /* sequence numbers: next to enqueue, next to read */
     int n_pending;
+
+    int profile, prof_n;        /* opts.profile; marks recorded since the last take */
+    cudaEvent_t *prof_ev;       /* [PROF_MARKS] when profiling */
+    uint8_t prof_phase[PROF_MARKS];     /* the phase each mark starts (DCP_IDLE: none) */
 
     struct obj_block *sample_blocks;    /* host scratch of train_step */
     int32_t *sample_work;
@@ -253,6 +259,9 @@ extern "C" void drafter_cuda_free(struct drafter_cuda *dc)
         if (dc->ev_res[i]) cudaEventDestroy(dc->ev_res[i]);
     if (dc->ev_meta) cudaEventDestroy(dc->ev_meta);
     if (dc->ev_input) cudaEventDestroy(dc->ev_input);
+    for (int i = 0; dc->prof_ev && i < PROF_MARKS; i++)
+        if (dc->prof_ev[i]) cudaEventDestroy(dc->prof_ev[i]);
+    free(dc->prof_ev);
     if (dc->stream) cudaStreamDestroy(dc->stream);
     free(dc->tensors);
     free(dc->layer);
@@ -402,6 +411,16 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
                   cudaEventCreateWithFlags(&dc->ev_input, cudaEventDisableTiming) == cudaSuccess;
         for (int i = 0; ok && i < RES_DEPTH; i++)
             ok = cudaEventCreateWithFlags(&dc->ev_res[i], cudaEventDisableTiming) == cudaSuccess;
+        if (ok && opts->profile) {
+            dc->profile = 1;
+            dc->prof_ev = (cudaEvent_t *)calloc(PROF_MARKS, sizeof *dc->prof_ev);
+            if (!dc->prof_ev) {
+                r = -ENOMEM;
+                goto fail;
+            }
+            for (int i = 0; ok && i < PROF_MARKS; i++)
+                ok = cudaEventCreate(&dc->prof_ev[i]) == cudaSuccess;
+        }
         if (!ok)
             goto fail_cuda;
     }
@@ -516,6 +535,47 @@ fail:
         fail(err, errlen, r, "drafter_cuda: out of memory");
     drafter_cuda_free(dc);
     return r;
+}
+
+/* ---- phase profile ---- */
+
+/* Phase `p` starts here on the stream (DCP_IDLE: the previous one ends). Nothing when not profiling. */
+static void mark(struct drafter_cuda *dc, int p)
+{
+    if (!dc->profile || dc->prof_n >= PROF_MARKS)
+        return;
+    if (cudaEventRecord(dc->prof_ev[dc->prof_n], dc->stream) == cudaSuccess)
+        dc->prof_phase[dc->prof_n++] = (uint8_t)p;
+}
+
+extern "C" const char *drafter_cuda_phase_name(int p)
+{
+    static const char *const names[DCP_N] = {
+        "input", "fc + embed", "fwd ctx k/v", "fwd q/k/v", "fwd attention", "fwd o-proj", "fwd MLP",
+        "LM head + CE", "bwd MLP", "bwd o-proj", "bwd attention", "bwd q/k norm", "bwd q/k/v proj",
+        "bwd fc", "optimizer",
+    };
+    return p >= 0 && p < DCP_N ? names[p] : "?";
+}
+
+extern "C" int drafter_cuda_profile_take(struct drafter_cuda *dc, double *ms)
+{
+    if (!dc->profile)
+        return -DF_ESTATE;
+    int n = dc->prof_n;
+    dc->prof_n = 0;
+    if (n == 0)
+        return 0;
+    CU(cudaSetDevice(dc->device));
+    CU(cudaEventSynchronize(dc->prof_ev[n - 1]));
+    for (int i = 0; i + 1 < n; i++) {
+        float t;
+        if (dc->prof_phase[i] == DCP_IDLE)
+            continue;
+        CU(cudaEventElapsedTime(&t, dc->prof_ev[i], dc->prof_ev[i + 1]));
+        ms[dc->prof_phase[i]] += t;
+    }
+    return 0;
 }
 
 /* ---- the pass ---- */
@@ -652,10 +712,12 @@ static int layer_fwd(struct drafter_cuda *dc, int l, int T, int nb)
     struct cu_layer_act *a = &dc->la[l];
     cudaStream_t s = dc->stream;
     /* context keys/values from hidden_norm(fc(features)) */
+    mark(dc, DCP_F_CTX_KV);
     TRY(gk_linear(dc->gemm, s, T, 2 * kvd, H, dc->cx, H, WB(o->k), NULL, 0, a->kvc, 2 * kvd));
     TRY(copy_cols(dc, a->kcp, kvd, a->kvc, 2 * kvd, kvd, T));
     TRY(gk_rope(a->kcp, kvd, T, dc->nkv, dc->hd, dc->pos_ctx, dc->inv_freq, WB(o->k_norm), dc->eps, s));
     /* block queries / keys / values */
+    mark(dc, DCP_F_QKV);
     TRY(gk_rmsnorm(dc->X[l], H, WB(o->input_norm), dc->nrm, H, Q, H, dc->eps, s));
     TRY(gk_linear(dc->gemm, s, Q, qkvd, H, dc->nrm, H, WB(o->q), NULL, 0, a->qkv, qkvd));
     TRY(copy_cols(dc, a->qp, qd, a->qkv, qkvd, qd, Q));
@@ -663,9 +725,12 @@ static int layer_fwd(struct drafter_cuda *dc, int l, int T, int nb)
     TRY(copy_cols(dc, a->kbp, kvd, a->qkv + qd, qkvd, kvd, Q));
     TRY(gk_rope(a->kbp, kvd, Q, dc->nkv, dc->hd, dc->md.pos_q, dc->inv_freq, WB(o->k_norm), dc->eps, s));
     gk_dflash_attn at = attn_args(dc, a, nb);
+    mark(dc, DCP_F_ATTN);
     TRY(gk_dflash_attn_fwd(&at, s));
+    mark(dc, DCP_F_OPROJ);
     TRY(gk_linear(dc->gemm, s, Q, H, qd, a->o, qd, WB(o->o), dc->X[l], H, a->h1, H));
     /* MLP */
+    mark(dc, DCP_F_MLP);
     TRY(gk_rmsnorm(a->h1, H, WB(o->post_norm), dc->nrm, H, Q, H, dc->eps, s));
     TRY(gk_linear(dc->gemm, s, Q, 2 * I, H, dc->nrm, H, WB(o->gate), NULL, 0, a->gu, 2 * I));
     TRY(gk_swiglu(a->gu, a->gu + I, 2 * I, dc->z, I, Q, I, s));
@@ -682,6 +747,7 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
     cudaStream_t s = dc->stream;
 
     /* MLP: X' = H1 + down(silu(gate(Bn)) * up(Bn)); Bn and Z recomputed */
+    mark(dc, DCP_B_MLP);
     TRY(gk_rmsnorm(a->h1, H, WB(o->post_norm), dc->nrm, H, Q, H, dc->eps, s));
     TRY(gk_swiglu(a->gu, a->gu + I, 2 * I, dc->z, I, Q, I, s));
     TRY(gemm(dc, 1, 0, H, I, Q, dc->dxb, H, dc->z, I, 1.0f, GR(o->down), GK_F32, I));
@@ -693,6 +759,7 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
                        GR(o->post_norm), Q, H, dc->eps, s));
 
     /* attention output projection: H1 = X + O Wo^T */
+    mark(dc, DCP_B_OPROJ);
     TRY(gemm(dc, 1, 0, H, qd, Q, dc->dh1b, H, a->o, qd, 1.0f, GR(o->o), GK_F32, qd));
     TRY(gemm(dc, 0, 0, Q, qd, H, dc->dh1b, H, WB(o->o), qd, 0.0f, dc->dout, GK_BF16, qd));
 
@@ -710,9 +777,11 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
     g.qlist = dc->md.qlist;
     g.tiles = dc->md.tiles;
     g.n_tiles = n_tiles;
+    mark(dc, DCP_B_ATTN);
     TRY(gk_dflash_attn_bwd(&at, &g, s));
 
     /* back through rope and the q/k norms into the raw projections */
+    mark(dc, DCP_B_QKNORM);
     TRY(gk_qknorm_rope_bwd(dc->dqf, qd, a->qkv, qkvd, dc->dqkvb, qkvd, WB(o->q_norm), GR(o->q_norm), Q,
                            dc->nh, dc->hd, dc->md.pos_q, dc->inv_freq, dc->eps, s));
     TRY(gk_qknorm_rope_bwd(dc->dkbf, kvd, a->qkv + qd, qkvd, dc->dqkvb + qd, qkvd, WB(o->k_norm),
@@ -721,6 +790,7 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
                            T, dc->nkv, dc->hd, dc->pos_ctx, dc->inv_freq, dc->eps, s));
 
     /* projections: block rows read input_layernorm(X) (recomputed), context rows read cx */
+    mark(dc, DCP_B_PROJ);
     TRY(gk_rmsnorm(dc->X[l], H, WB(o->input_norm), dc->nrm, H, Q, H, dc->eps, s));
     TRY(gemm(dc, 1, 0, qkvd, H, Q, dc->dqkvb, qkvd, dc->nrm, H, 1.0f, GR(o->q), GK_F32, H));
     TRY(gemm(dc, 1, 0, 2 * kvd, H, T, dc->dkvc, 2 * kvd, dc->cx, H, 1.0f, GR(o->k), GK_F32, H));
@@ -750,6 +820,7 @@ static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, cons
     const int T = b->n_tokens, Q = nb * dc->bs, H = dc->H;
     cudaStream_t s = dc->stream;
     int n_tiles = 0;
+    mark(dc, DCP_INPUT);
     int R = stage_batch(dc, b, blk, nb, gamma, &n_tiles);
     if (R < 0)
         return R;
@@ -759,10 +830,12 @@ static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, cons
         CU(cudaGetLastError());
         if (backward)
             CU(cudaMemsetAsync(dc->grads, 0, dc->n_params * sizeof(float), s));
+        mark(dc, DCP_IDLE);
         return 0;
     }
     TRY(stage_hidden(dc, b));
     CU(cudaEventRecord(dc->ev_input, s));
+    mark(dc, DCP_FC);
     TRY(gk_positions(dc->md.cu, b->n_seqs, dc->pos_ctx, T, s));
 
     TRY(gk_linear(dc->gemm, s, T, H, dc->LcH, dc->hs, dc->LcH, WB(dc->off_fc), NULL, 0, dc->cpre, H));
@@ -770,6 +843,7 @@ static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, cons
     TRY(gk_embed(dc->embed, dc->V, H, dc->md.tok_q, Q, dc->X[0], H, s));
     for (int l = 0; l < dc->L; l++)
         TRY(layer_fwd(dc, l, T, nb));
+    mark(dc, DCP_HEAD);
     TRY(gk_rmsnorm(dc->X[dc->L], H, WB(dc->off_norm), dc->fo, H, Q, H, dc->eps, s));
     TRY(gk_lmhead_ce(dc->gx, s, dc->fo, Q, H, dc->lm_head, dc->V, dc->md.rows, R, dc->md.label, dc->md.w,
                      dc->chunk_rows, dc->head_work, dc->row_loss, dc->hit, backward ? dc->tmp_h : NULL));
@@ -779,6 +853,7 @@ static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, cons
     CU(cudaGetLastError());
 
     if (backward) {
+        mark(dc, DCP_B_FC);
         CU(cudaMemsetAsync(dc->grads, 0, dc->n_params * sizeof(float), s));
         TRY(gk_rmsnorm_bwd(dc->tmp_h, H, dc->X[dc->L], H, WB(dc->off_norm), NULL, 0, dc->dx, H, dc->dxb, H,
                            GR(dc->off_norm), Q, H, dc->eps, s));
@@ -787,8 +862,10 @@ static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, cons
             TRY(layer_bwd(dc, l, T, nb, n_tiles));
         TRY(gk_rmsnorm_bwd(dc->dcx, H, dc->cpre, H, WB(dc->off_hidden_norm), NULL, 0, NULL, 0, dc->dcpre, H,
                            GR(dc->off_hidden_norm), T, H, dc->eps, s));
+        mark(dc, DCP_B_FC);
         TRY(gemm(dc, 1, 0, H, dc->LcH, T, dc->dcpre, H, dc->hs, dc->LcH, 1.0f, GR(dc->off_fc), GK_F32, dc->LcH));
     }
+    mark(dc, DCP_IDLE);
     return 0;
 }
 
@@ -856,10 +933,12 @@ extern "C" int drafter_cuda_optimizer_step(struct drafter_cuda *dc, double globa
         return -DF_ERANGE;      /* nothing supervised anywhere: no step */
     CU(cudaSetDevice(dc->device));
     cudaStream_t s = dc->stream;
+    mark(dc, DCP_OPT);
     TRY(gk_grad_clip(dc->grads, dc->n_params, (float)(1.0 / global_weight_sum), (float)o->grad_clip,
                      dc->norm_work, dc->d_clip, s));
     double lr = 0;
     TRY(enqueue_adamw(dc, o, dc->applied, &lr));
+    mark(dc, DCP_IDLE);
     CU(cudaMemcpyAsync(dc->h_clip, dc->d_clip, 3 * sizeof(float), cudaMemcpyDeviceToHost, s));
     CU(cudaStreamSynchronize(s));
     info->grad_norm = dc->h_clip[0];
@@ -887,10 +966,12 @@ extern "C" int drafter_cuda_optimizer_step_async(struct drafter_cuda *dc, const 
         return -DF_ESTATE;      /* RES_DEPTH results are waiting to be read */
     CU(cudaSetDevice(dc->device));
     cudaStream_t s = dc->stream;
+    mark(dc, DCP_OPT);
     TRY(gk_grad_clip_dev(dc->grads, dc->n_params, dc->d_mvec + 1, dc->d_mvec, (float)o->grad_clip,
                          dc->norm_work, dc->d_clip, s));
     double lr = 0;
     TRY(enqueue_adamw(dc, o, dc->applied + dc->n_pending, &lr));
+    mark(dc, DCP_IDLE);
     CU(cudaMemcpyAsync(dc->h_res[slot].metrics, dc->d_mvec, sizeof dc->h_res[slot].metrics,
                        cudaMemcpyDeviceToHost, s));
     CU(cudaMemcpyAsync(dc->h_res[slot].clip, dc->d_clip, sizeof dc->h_res[slot].clip, cudaMemcpyDeviceToHost, s));

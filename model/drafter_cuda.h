@@ -21,7 +21,33 @@ struct drafter_cuda_opts {
     const void *lm_head_bf16;
     int attn_impl;              /* enum gk_dflash_impl (gpukern/dflash_attn.h): 0 = auto (tensor cores
                                    for head_dim 64/128), 1 = CUDA-core kernels */
+    int profile;                /* time the phases of each pass and step with events (benches) */
 };
+
+/* The phases drafter_cuda_profile_take reports (opts.profile): what runs on the stream between
+ * one mark and the next. Forward (F_*) and backward (B_*) phases sum over the layers. */
+enum drafter_cuda_phase {
+    DCP_INPUT,      /* batch metadata and features to the device */
+    DCP_FC,         /* fc + hidden_norm of the context, block embeddings */
+    DCP_F_CTX_KV,   /* context k/v projection, k norm + RoPE */
+    DCP_F_QKV,      /* input norm, block q/k/v projection, q/k norm + RoPE */
+    DCP_F_ATTN,     /* attention forward */
+    DCP_F_OPROJ,    /* output projection + residual */
+    DCP_F_MLP,      /* post norm, gate/up, SwiGLU, down + residual */
+    DCP_HEAD,       /* final norm, LM head + cross-entropy (and its input gradient), metrics */
+    DCP_B_MLP,      /* MLP backward (recomputes norm and SwiGLU) */
+    DCP_B_OPROJ,    /* output projection backward */
+    DCP_B_ATTN,     /* attention backward */
+    DCP_B_QKNORM,   /* back through RoPE and the q/k norms */
+    DCP_B_PROJ,     /* q/k/v and context k/v projections backward, input norm backward */
+    DCP_B_FC,       /* gradient zeroing, final norm backward; hidden_norm and fc backward */
+    DCP_OPT,        /* gradient norm, clipping, AdamW */
+    DCP_N
+};
+const char *drafter_cuda_phase_name(int phase);
+/* Waits for the work enqueued since the last call and adds each phase's GPU milliseconds to
+ * ms[DCP_N]; -DF_ESTATE without opts.profile. Marks beyond 512 per call are dropped. */
+int drafter_cuda_profile_take(struct drafter_cuda *dc, double *ms);
 
 /* A CUDA twin of `host` (its config, tensor layout, parameters, optimizer moments and step are
  * copied; `host` is not kept) for batches of up to max_tokens tokens and max_blocks blocks. All

@@ -245,7 +245,13 @@ static void attn_case(int hd, int nh, int nkv, int bs, int impl)
 /* Speed at the drafter bench's shape: one 3072-token sequence, 512 blocks of 16 anchored in its
  * last 7/8, 32/8 heads of 128. TFLOP/s count QK^T and PV of the visible keys (x 2.5 for the
  * backward, FlashAttention's convention: its recomputation of S is not counted). */
-static void bench(int impl)
+static int cmp_end(const void *x, const void *y)
+{
+    const gk_dflash_block *a = x, *b = y;
+    return (a->ctx_end > b->ctx_end) - (a->ctx_end < b->ctx_end);
+}
+
+static void bench(int impl, int sorted)
 {
     const int T = 3072, nb = 512, bs = 16, nh = 32, nkv = 8, hd = 128, Q = nb * bs, qd = nh * hd, kvd = nkv * hd;
     gk_dflash_block *blk = malloc(sizeof *blk * nb);
@@ -255,6 +261,8 @@ static void bench(int impl)
         blk[i] = (gk_dflash_block){ 0, gk_rng_int(T / 8, T - 2) };
         keys += blk[i].ctx_end + bs;
     }
+    if (sorted)     /* as the drafter samples them: ascending anchors */
+        qsort(blk, (size_t)nb, sizeof *blk, cmp_end);
     uint16_t *hq = gk_rand_bf16((size_t)Q * qd, 1.0f, 0.f, NULL), *hk = gk_rand_bf16((size_t)(T + Q) * kvd, 1.0f, 0.f, NULL);
     void *dq_ = gk_dev_upload(hq, (size_t)Q * qd * 2), *dk_ = gk_dev_upload(hk, (size_t)(T + Q) * kvd * 2);
     void *dv_ = gk_dev_upload(hk, (size_t)(T + Q) * kvd * 2), *ddo = gk_dev_upload(hq, (size_t)Q * qd * 2);
@@ -299,10 +307,25 @@ static void bench(int impl)
         CUDA_CHECK(cudaEventElapsedTime(&b, e1, e2));
         if (rep) { tf += f / 3; tb += b / 3; }
     }
+    /* the query pass alone (no key tiles: dk/dv untouched), for the split of the backward */
+    float tq = 0;
+    gk_dflash_attn_grad gq_only = g;
+    gq_only.n_tiles = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        CUDA_CHECK(cudaEventRecord(e1, 0));
+        CHECK_INT(gk_dflash_attn_bwd(&a, &gq_only, 0), ==, 0);
+        CUDA_CHECK(cudaEventRecord(e2, 0));
+        CUDA_CHECK(cudaEventSynchronize(e2));
+        float q;
+        CUDA_CHECK(cudaEventElapsedTime(&q, e1, e2));
+        if (rep) tq += q / 3;
+    }
     double flop = 4.0 * bs * nh * hd * keys;
-    printf("BENCH dflash_attn %s: %d blocks, T %d, 32/8 heads x 128: fwd %.3f ms (%.0f TFLOP/s), bwd %.3f ms "
-           "(%.0f TFLOP/s)\n", impl == GK_DFLASH_MMA ? "mma" : "simple", nb, T, tf, flop / tf / 1e9, tb,
-           2.5 * flop / tb / 1e9);
+    const char *name = impl == GK_DFLASH_MMA ? "mma" : "simple", *order = sorted ? "sorted" : "random";
+    printf("BENCH dflash_attn %s: %d blocks (%s anchors), T %d, 32/8 heads x 128: fwd %.3f ms (%.0f TFLOP/s), "
+           "bwd %.3f ms (%.0f TFLOP/s)\n", name, nb, order, T, tf, flop / tf / 1e9, tb, 2.5 * flop / tb / 1e9);
+    printf("BENCH dflash_attn %s: %s anchors: bwd split: query pass %.3f ms, key pass %.3f ms\n", name, order,
+           tq, tb - tq);
     cudaFree(dq_); cudaFree(dk_); cudaFree(dv_); cudaFree(ddo); cudaFree(dblk); cudaFree(dout); cudaFree(gdv);
     cudaFree(dlse); cudaFree(ddelta); cudaFree(gdq); cudaFree(gdk); cudaFree(dql); cudaFree(dtl);
     free(hq); free(hk); free(blk); free(ql); free(tiles);
@@ -314,8 +337,9 @@ int main(int argc, char **argv)
     plan_tests();
     gk_test_require_gpu();
     if (argc > 1 && !strcmp(argv[1], "--bench")) {
-        bench(GK_DFLASH_SIMPLE);
-        bench(GK_DFLASH_MMA);
+        bench(GK_DFLASH_SIMPLE, 0);
+        bench(GK_DFLASH_MMA, 0);
+        bench(GK_DFLASH_MMA, 1);
         return 0;
     }
     attn_case(16, 4, 2, 4, GK_DFLASH_AUTO);
