@@ -403,6 +403,7 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool v
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_group1() { asm volatile("cp.async.wait_group 1;\n" ::); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr)
 {
@@ -430,12 +431,14 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi)
     return *(uint32_t *)&h;
 }
 
-/* nrows rows of a [*, HD + MPAD] smem tile from rowptr(r) (NULL: zeros), asynchronously. */
+/* nrows rows of a [*, HD + MPAD] smem tile from rowptr(r) (NULL: zeros), asynchronously, by
+ * threads tid of nthr (default: the CTA's MW warps). */
 template <int HD, typename F>
-__device__ __forceinline__ void cp_rows(bf16 *tile, int nrows, const void *any, F rowptr)
+__device__ __forceinline__ void cp_rows(bf16 *tile, int nrows, const void *any, F rowptr, int tid = threadIdx.x,
+                                        int nthr = MW * 32)
 {
     constexpr int LDS = HD + MPAD, CH = HD / 8;
-    for (int c = threadIdx.x; c < nrows * CH; c += MW * 32) {
+    for (int c = tid; c < nrows * CH; c += nthr) {
         int r = c / CH, col = (c % CH) * 8;
         const bf16 *src = rowptr(r);
         cp_async16(smem_u32(tile + r * LDS + col), src ? (const void *)(src + col) : any, src != nullptr);
@@ -698,15 +701,16 @@ __global__ void __launch_bounds__(MW * 32) bwd_q_mma(gk_dflash_attn a, gk_dflash
 
 /* dK, dV key-major: per (key tile, kv head), for every block that sees the tile and 64 of its
  * query rows at a time: S^T = K Q^T, dP^T = V dO^T, then dV += P^T dO, dK += dS^T Q. Warp w
- * owns keys [16w, 16w + 16) of the tile. */
+ * owns keys [16w, 16w + 16) of the tile. Used for the blocks' own keys (tiles[tile0 + x]);
+ * bwd_kv_mma2 below takes the context tiles. */
 template <int HD>
-__global__ void __launch_bounds__(MW * 32) bwd_kv_mma(gk_dflash_attn a, gk_dflash_attn_grad gr)
+__global__ void __launch_bounds__(MW * 32) bwd_kv_mma(gk_dflash_attn a, gk_dflash_attn_grad gr, int tile0)
 {
     constexpr int LDS = HD + MPAD;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16 *sK = (bf16 *)smem, *sV = sK + MB * LDS, *sQ = sV + MB * LDS, *sD = sQ + MB * LDS;
     float *lse_s = (float *)(sD + MB * LDS), *dl_s = lse_s + MB;
-    const gk_dflash_ktile tile = gr.tiles[blockIdx.x];
+    const gk_dflash_ktile tile = gr.tiles[tile0 + blockIdx.x];
     const int g = blockIdx.y, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, ri = lane & 7;
     const bool self = tile.key0 < 0;
@@ -793,9 +797,150 @@ __global__ void __launch_bounds__(MW * 32) bwd_kv_mma(gk_dflash_attn a, gk_dflas
     }
 }
 
+
+/* dK, dV of a context key tile (gr.tiles[y], kv head x) with two warpgroups: warpgroup j takes the
+ * work units j, j + 2, ... (a unit: 64 query rows of one block of the tile's list) and prefetches
+ * its next unit's Q, dO, lse and delta while it computes the current one; at the end warpgroup 1
+ * hands its sums to warpgroup 0 through shared memory (a fixed order: the same result every run).
+ * Half the serial work of the one-warpgroup kernel on the tiles every block sees, and the heads of
+ * a tile are next to each other in the grid, so the longest tiles start first. */
+constexpr int KV_WG = 2;
+
+__device__ __forceinline__ void wg_sync(int wg)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(1 + wg), "r"(MW * 32) : "memory");
+}
+
+template <int HD>
+__global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a, gk_dflash_attn_grad gr)
+{
+    constexpr int LDS = HD + MPAD, TILE = MB * LDS;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int wg = threadIdx.x / (MW * 32), tid = threadIdx.x % (MW * 32), warp = tid >> 5, lane = tid & 31;
+    const int mi = lane >> 3, ri = lane & 7;
+    bf16 *sK = (bf16 *)smem, *sV = sK + TILE;
+    bf16 *sQD = sV + TILE + wg * 4 * TILE;                      /* this warpgroup's [2 buffers][Q, dO] */
+    float *stat = (float *)(sK + (2 + 4 * KV_WG) * TILE) + wg * 4 * MB;    /* [2 buffers][lse, delta] */
+    const gk_dflash_ktile tile = gr.tiles[blockIdx.y];
+    const int g = blockIdx.x, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+    const int n_keys = tile.n_keys, nch = (R + MB - 1) / MB, units = (tile.q1 - tile.q0) * nch;
+    const bf16 *kbase = (const bf16 *)a.kc + (long)tile.key0 * a.kc_stride + (long)g * HD;
+    const bf16 *vbase = (const bf16 *)a.vc + (long)tile.key0 * a.vc_stride + (long)g * HD;
+    const float sl2 = a.scale * LOG2E;
+
+    cp_rows<HD>(sK, MB, a.q, [&](int j) -> const bf16 * { return j < n_keys ? kbase + j * a.kc_stride : nullptr; },
+                threadIdx.x, KV_WG * MW * 32);
+    cp_rows<HD>(sV, MB, a.q, [&](int j) -> const bf16 * { return j < n_keys ? vbase + j * a.vc_stride : nullptr; },
+                threadIdx.x, KV_WG * MW * 32);
+    cp_async_commit();
+
+    /* unit u: block qlist[q0 + u / nch], its query rows from (u % nch) * MB */
+    auto prefetch = [&](int u, int buf) {
+        const int b = gr.qlist[tile.q0 + u / nch], r0 = (u % nch) * MB;
+        bf16 *q = sQD + buf * 2 * TILE;
+        cp_rows<HD>(q, MB, a.q, [&](int r) { return qrow_ptr(a.q, a.q_stride, b, bs, grp, g, HD, r0 + r, R); },
+                    tid, MW * 32);
+        cp_rows<HD>(q + TILE, MB, a.q, [&](int r) {
+            return qrow_ptr(gr.dout, gr.dout_stride, b, bs, grp, g, HD, r0 + r, R); }, tid, MW * 32);
+        float *st = stat + buf * 2 * MB;
+        for (int r = tid; r < MB; r += MW * 32) {
+            const int x = r0 + r;
+            const long i = x < R ? ((long)b * bs + x / grp) * a.n_heads + g * grp + x % grp : 0;
+            st[r] = x < R ? a.lse[i] * LOG2E : 0.f;
+            st[MB + r] = x < R ? gr.delta[i] : 0.f;
+        }
+    };
+    if (wg < units) prefetch(wg, 0);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();    /* K, V from every thread; this warpgroup's first unit */
+
+    float dk[HD / 8][4], dv[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.f;
+    const int key_a = warp * 16 + (lane >> 2);      /* this thread's keys: key_a, key_a + 8 */
+
+    for (int u = wg, k = 0; u < units; u += KV_WG, k++) {
+        if (u + KV_WG < units) prefetch(u + KV_WG, (k + 1) & 1);
+        cp_async_commit();
+        cp_async_wait_group1();
+        wg_sync(wg);        /* unit u landed for the whole warpgroup */
+        const bf16 *sQ = sQD + (k & 1) * 2 * TILE, *sD = sQ + TILE;
+        const float *lse_s = stat + (k & 1) * 2 * MB, *dl_s = lse_s + MB;
+        const int b = gr.qlist[tile.q0 + u / nch], r0 = (u % nch) * MB, ctx_end = a.blocks[b].ctx_end;
+        bool kvis[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int kk = key_a + hr * 8;
+            kvis[hr] = kk < n_keys && tile.key0 + kk < ctx_end;
+        }
+        float st[MB / 8][4], dpt[MB / 8][4];
+#pragma unroll
+        for (int i = 0; i < MB / 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) st[i][e] = dpt[i][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t ka[4], va[4];
+            ld_a<LDS>(ka, sK, warp, kk, mi, ri);
+            ld_a<LDS>(va, sV, warp, kk, mi, ri);
+            mma_nt_step<LDS, MB / 8>(st, ka, sQ, kk * 16, mi, ri);
+            mma_nt_step<LDS, MB / 8>(dpt, va, sD, kk * 16, mi, ri);
+        }
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = nt * 8 + (lane & 3) * 2 + (e & 1), hr = e >> 1;
+                const float p = kvis[hr] && r0 + col < R ? exp2f(st[nt][e] * sl2 - lse_s[col]) : 0.f;
+                st[nt][e] = p;
+                dpt[nt][e] = p * (dpt[nt][e] - dl_s[col]);
+            }
+        mma_pv<HD>(dv, st, sD, mi, ri);
+        mma_pv<HD>(dk, dpt, sQ, mi, ri);
+        wg_sync(wg);        /* buffer k & 1 is free for unit u + 2 * KV_WG */
+    }
+    cp_async_wait_all();
+
+    /* warpgroup 1's sums to warpgroup 0, thread by thread, through its own (now idle) buffers */
+    float4 *red = (float4 *)(sK + (2 + 4) * TILE);
+    if (wg == 1) {
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            red[dt * MW * 32 + tid] = make_float4(dk[dt][0], dk[dt][1], dk[dt][2], dk[dt][3]);
+            red[(HD / 8 + dt) * MW * 32 + tid] = make_float4(dv[dt][0], dv[dt][1], dv[dt][2], dv[dt][3]);
+        }
+    }
+    __syncthreads();
+    if (wg == 1) return;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++) {
+        const float4 x = red[dt * MW * 32 + tid], y = red[(HD / 8 + dt) * MW * 32 + tid];
+        dk[dt][0] += x.x; dk[dt][1] += x.y; dk[dt][2] += x.z; dk[dt][3] += x.w;
+        dv[dt][0] += y.x; dv[dt][1] += y.y; dv[dt][2] += y.z; dv[dt][3] += y.w;
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int kk = key_a + hr * 8;
+        if (kk >= n_keys) continue;
+        const long krow = (long)tile.key0 + kk;
+        float *dkp = gr.dkc + krow * gr.dkc_stride + (long)g * HD + (lane & 3) * 2;
+        bf16 *dvp = (bf16 *)gr.dvc + krow * gr.dvc_stride + (long)g * HD + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            *(float2 *)(dkp + dt * 8) = make_float2(dk[dt][2 * hr] * a.scale, dk[dt][2 * hr + 1] * a.scale);
+            *(__nv_bfloat162 *)(dvp + dt * 8) = __floats2bfloat162_rn(dv[dt][2 * hr], dv[dt][2 * hr + 1]);
+        }
+    }
+}
+
 template <int HD> size_t fwd_mma_smem() { return (size_t)5 * MB * (HD + MPAD) * 2; }
 template <int HD> size_t bwd_q_mma_smem() { return (size_t)6 * MB * (HD + MPAD) * 2 + 2 * MB * 4; }
 template <int HD> size_t bwd_kv_mma_smem() { return (size_t)4 * MB * (HD + MPAD) * 2 + 2 * MB * 4; }
+/* K, V; per warpgroup two buffers of Q, dO; per warpgroup two buffers of lse, delta */
+template <int HD> size_t bwd_kv_mma2_smem() { return (size_t)(2 + 4 * KV_WG) * MB * (HD + MPAD) * 2 + KV_WG * 4 * MB * 4; }
 
 template <int HD>
 int launch_fwd_mma(const gk_dflash_attn *a, cudaStream_t stream)
@@ -813,9 +958,10 @@ int launch_fwd_mma(const gk_dflash_attn *a, cudaStream_t stream)
 template <int HD>
 int launch_bwd_mma(const gk_dflash_attn *a, const gk_dflash_attn_grad *g, cudaStream_t stream)
 {
-    size_t sq = bwd_q_mma_smem<HD>(), skv = bwd_kv_mma_smem<HD>();
+    size_t sq = bwd_q_mma_smem<HD>(), skv = bwd_kv_mma_smem<HD>(), skv2 = bwd_kv_mma2_smem<HD>();
     if (cudaFuncSetAttribute(bwd_q_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sq) != cudaSuccess ||
-        cudaFuncSetAttribute(bwd_kv_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv) != cudaSuccess)
+        cudaFuncSetAttribute(bwd_kv_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv) != cudaSuccess ||
+        cudaFuncSetAttribute(bwd_kv_mma2<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)skv2) != cudaSuccess)
         return -DF_ECUDA;
     int R = a->block_size * (a->n_heads / a->n_kv_heads);
     long kvd = (long)a->n_kv_heads * HD;
@@ -827,8 +973,14 @@ int launch_bwd_mma(const gk_dflash_attn *a, const gk_dflash_attn_grad *g, cudaSt
     dim3 grid((unsigned)a->n_blocks, (unsigned)a->n_kv_heads, (unsigned)((R + MB - 1) / MB));
     bwd_q_mma<HD><<<grid, MW * 32, sq, stream>>>(*a, *g);
     GK_LAUNCH_CHECK();
-    if (g->n_tiles > 0) {
-        bwd_kv_mma<HD><<<dim3((unsigned)g->n_tiles, (unsigned)a->n_kv_heads), MW * 32, skv, stream>>>(*a, *g);
+    /* gk_dflash_plan's layout: the context tiles, then one tile of own keys per block */
+    int n_self = std::min(g->n_tiles, a->n_blocks), n_ctx_tiles = g->n_tiles - n_self;
+    if (n_ctx_tiles > 0) {
+        bwd_kv_mma2<HD><<<dim3((unsigned)a->n_kv_heads, (unsigned)n_ctx_tiles), KV_WG * MW * 32, skv2, stream>>>(*a, *g);
+        GK_LAUNCH_CHECK();
+    }
+    if (n_self > 0) {
+        bwd_kv_mma<HD><<<dim3((unsigned)n_self, (unsigned)a->n_kv_heads), MW * 32, skv, stream>>>(*a, *g, n_ctx_tiles);
         GK_LAUNCH_CHECK();
     }
     return 0;
