@@ -4,6 +4,7 @@
  * Prints "RESULT key value" lines.
  * Usage: drafter_bench [-d device] [-l layers] [-s seq_len] [-n n_seqs] [-a anchors] [-w warmup] [-i iters]
  *                      [-A auto|simple]   (attention kernels: tensor cores where possible, or CUDA cores)
+ *                      [-c rows]          (LM head + CE rows per chunk; default the drafter's)
  *                      [-p steps]         (after the timed steps: this many more, each phase timed with
  *                                          events, and a table of GPU ms per phase) */
 #include <errno.h>
@@ -87,8 +88,9 @@ static double total(const struct flops *f) { return f->fc + f->proj + f->attn + 
 
 int main(int argc, char **argv)
 {
-    int device = 0, layers = 5, seq = 3072, n_seqs = 1, anchors = 512, warmup = 3, iters = 10, attn = 0, prof = 0, opt;
-    while ((opt = getopt(argc, argv, "d:l:s:n:a:w:i:A:p:")) != -1) {
+    int device = 0, layers = 5, seq = 3072, n_seqs = 1, anchors = 512, warmup = 3, iters = 10, attn = 0, prof = 0;
+    int chunk = 0, opt;
+    while ((opt = getopt(argc, argv, "d:l:s:n:a:w:i:A:p:c:")) != -1) {
         switch (opt) {
         case 'd': device = atoi(optarg); break;
         case 'l': layers = atoi(optarg); break;
@@ -99,13 +101,14 @@ int main(int argc, char **argv)
         case 'i': iters = atoi(optarg); break;
         case 'A': attn = !strcmp(optarg, "simple"); break;
         case 'p': prof = atoi(optarg); break;
+        case 'c': chunk = atoi(optarg); break;
         default:
             fprintf(stderr, "usage: %s [-d device] [-l layers] [-s seq_len] [-n n_seqs] [-a anchors] [-w warmup] "
-                    "[-i iters] [-A auto|simple] [-p profiled_steps]\n", argv[0]);
+                    "[-i iters] [-A auto|simple] [-c head_chunk_rows] [-p profiled_steps]\n", argv[0]);
             return 2;
         }
     }
-    if (layers < 1 || seq < 32 || n_seqs < 1 || anchors < 1 || iters < 1 || warmup < 0 || prof < 0) {
+    if (layers < 1 || seq < 32 || n_seqs < 1 || anchors < 1 || iters < 1 || warmup < 0 || prof < 0 || chunk < 0) {
         fprintf(stderr, "drafter_bench: bad sizes\n");
         return 2;
     }
@@ -167,7 +170,7 @@ int main(int argc, char **argv)
         die("drafter_create", r, err);
     double t1 = mono_ns() / 1e9;
     struct drafter_cuda *dc = NULL;
-    struct drafter_cuda_opts o = { .device = device, .head_chunk_rows = 0, .embed_bf16 = head_dev,
+    struct drafter_cuda_opts o = { .device = device, .head_chunk_rows = chunk, .embed_bf16 = head_dev,
                                    .lm_head_bf16 = head_dev,
                                    .attn_impl = attn, .profile = prof > 0 };
     r = drafter_cuda_create(&dc, d, T, max_blocks, &o, err, sizeof err);

@@ -35,63 +35,90 @@ __device__ __forceinline__ bool better(float v, int j, float m, int a)
     return v > m || (v == m && j < a);
 }
 
+/* (m, s): a softmax denominator sum exp(l - m) over the elements seen so far; merge another. */
+__device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2)
+{
+    if (m2 <= m) {
+        if (m2 != -INFINITY) s += s2 * __expf(m2 - m);
+    } else {
+        s = (m == -INFINITY ? 0.f : s * __expf(m - m2)) + s2;
+        m = m2;
+    }
+}
+
+/* One CTA per row. Pass 1 reads the row once for the argmax and the exp sum (online: the sum is
+ * rescaled when the running max grows); pass 2 (training only) reads it again for the bf16
+ * gradient w * (softmax - onehot). Rows are float4 aligned (ld % 8 == 0); the V % 4 last
+ * elements go one by one. */
 __global__ void __launch_bounds__(CE_THREADS)
 ce_kernel(const float *logits, long ld, int V, const int32_t *rows, const int32_t *labels,
           const float *weights, float *row_loss, uint8_t *hit, bf16 *dlog, long dld)
 {
-    __shared__ float red_v[CE_THREADS / 32];
+    __shared__ float red_m[CE_THREADS / 32], red_s[CE_THREADS / 32], red_a[CE_THREADS / 32];
     __shared__ int red_i[CE_THREADS / 32];
-    __shared__ float bc_v;
+    __shared__ float bc_lse;
     __shared__ int bc_i;
     const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int row = rows[i], lab = labels[row];
     const float w = weights[row];
     const float *l = logits + (long)i * ld;
-
-    float m = -INFINITY;
+    const int V4 = V / 4;
+    float m = -INFINITY, s = 0.f, am = -INFINITY;  /* exp sum at max m; argmax a of value am */
     int a = INT_MAX;
-    for (int j = tid; j < V; j += CE_THREADS) {
-        float v = l[j];
-        if (better(v, j, m, a)) { m = v; a = j; }
+    for (int q = tid; q < V4; q += CE_THREADS) {
+        const float4 x = ((const float4 *)l)[q];
+        const float v[4] = { x.x, x.y, x.z, x.w };
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (better(v[e], 4 * q + e, am, a)) { am = v[e]; a = 4 * q + e; }
+        const float mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
+        lse_merge(m, s, mx, __expf(v[0] - mx) + __expf(v[1] - mx) + __expf(v[2] - mx) + __expf(v[3] - mx));
     }
+    for (int j = 4 * V4 + tid; j < V; j += CE_THREADS) {
+        const float v = l[j];
+        if (better(v, j, am, a)) { am = v; a = j; }
+        lse_merge(m, s, v, 1.f);
+    }
+    /* warp, then CTA: the argmax (ties: the lower index), the sums merged at the larger max */
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, m, o);
-        int a2 = __shfl_xor_sync(0xffffffffu, a, o);
-        if (better(m2, a2, m, a)) { m = m2; a = a2; }
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        const float am2 = __shfl_xor_sync(0xffffffffu, am, o);
+        const int a2 = __shfl_xor_sync(0xffffffffu, a, o);
+        if (better(am2, a2, am, a)) { am = am2; a = a2; }
+        lse_merge(m, s, m2, s2);
     }
-    if (lane == 0) { red_v[warp] = m; red_i[warp] = a; }
+    if (lane == 0) { red_m[warp] = m; red_s[warp] = s; red_a[warp] = am; red_i[warp] = a; }
     __syncthreads();
     if (tid == 0) {
-        for (int k = 1; k < CE_THREADS / 32; k++)
-            if (better(red_v[k], red_i[k], m, a)) { m = red_v[k]; a = red_i[k]; }
-        bc_v = m;
+        for (int k = 1; k < CE_THREADS / 32; k++) {
+            if (better(red_a[k], red_i[k], am, a)) { am = red_a[k]; a = red_i[k]; }
+            lse_merge(m, s, red_m[k], red_s[k]);
+        }
+        bc_lse = m + logf(s);
         bc_i = a;
     }
     __syncthreads();
-    const float mx = bc_v;
-    const int arg = bc_i;
-    float s = 0.f;
-    for (int j = tid; j < V; j += CE_THREADS) s += __expf(l[j] - mx);
-    s = warp_sum(s);
-    __syncthreads();    /* red_v reuse */
-    if (lane == 0) red_v[warp] = s;
-    __syncthreads();
-    if (tid == 0) {
-        float t = 0.f;
-        for (int k = 0; k < CE_THREADS / 32; k++) t += red_v[k];
-        bc_v = t;
-    }
-    __syncthreads();
-    const float lse = mx + logf(bc_v);
+    const float lse = bc_lse;
     if (tid == 0) {
         row_loss[row] = w * (lse - l[lab]);
-        hit[row] = arg == lab;
+        hit[row] = bc_i == lab;
     }
     if (!dlog) return;
     bf16 *d = dlog + (long)i * dld;
-    for (int j = tid; j < V; j += CE_THREADS) {
-        float g = w * __expf(l[j] - lse);
+    for (int q = tid; q < V4; q += CE_THREADS) {
+        const float4 x = ((const float4 *)l)[q];
+        const int j = 4 * q;
+        float g[4] = { w * __expf(x.x - lse), w * __expf(x.y - lse), w * __expf(x.z - lse), w * __expf(x.w - lse) };
+        if (lab >= j && lab < j + 4) g[lab - j] -= w;
+        __nv_bfloat162 lo = __floats2bfloat162_rn(g[0], g[1]), hi = __floats2bfloat162_rn(g[2], g[3]);
+        uint2 u;
+        u.x = *(uint32_t *)&lo;
+        u.y = *(uint32_t *)&hi;
+        *(uint2 *)(d + j) = u;
+    }
+    for (int j = 4 * V4 + tid; j < V; j += CE_THREADS) {
+        const float g = w * __expf(l[j] - lse);
         d[j] = __float2bfloat16(j == lab ? g - w : g);
     }
 }
