@@ -1,6 +1,7 @@
 /* adamw.cu: sum of squares in a fixed grid and a fixed reduction order (the same norm every run),
- * the clip factor computed on the device, and the AdamW update, one thread per element with the
- * element's segment found by binary search. */
+ * the clip factor computed on the device, and the AdamW update. Both passes stream ~30 bytes per
+ * parameter, so they are written for bandwidth: 16-byte loads, several in flight per thread, and
+ * the AdamW segment (decay or not) tracked by a per-thread cursor instead of a search per element. */
 #include <math.h>
 #include "gpukern/adamw.h"
 #include "gpukern/gk_impl.cuh"
@@ -8,14 +9,54 @@
 namespace {
 
 constexpr int SQ_THREADS = 256;
+constexpr int SQ_UNROLL = 4;    /* float4 loads in flight per thread and iteration */
+constexpr int AW_THREADS = 256;
+constexpr int AW_MIN_BLOCKS = 4;    /* per SM, guaranteed by the register cap of __launch_bounds__ */
 
-__global__ void __launch_bounds__(SQ_THREADS) sumsq_kernel(const float *g, size_t n, double *partial)
+/* Elements before the first 16-byte boundary of p (p 4-byte aligned), at most n. */
+__host__ __device__ __forceinline__ size_t head_elems(const void *p, size_t n)
+{
+    size_t h = ((16 - ((uintptr_t)p & 15)) & 15) / 4;
+    return h < n ? h : n;
+}
+
+__device__ __forceinline__ void sq4(double &s, float4 x)
+{
+    double a = x.x, b = x.y, c = x.z, d = x.w;
+    s += a * a;
+    s += b * b;
+    s += c * c;
+    s += d * d;
+}
+
+/* One partial per block, over a fixed partition of [0, n): the aligned body as float4 strided over
+ * the grid, the (at most 3 + 3) elements before and after it in block 0. Launched with exactly
+ * GK_GRAD_CLIP_WORK blocks; the register cap keeps 8 blocks per SM, so on 132 SMs all 1024 are
+ * resident at once (a second wave would double the time: every block has an equal share). */
+__global__ void __launch_bounds__(SQ_THREADS, 8) sumsq_kernel(const float *g, size_t n, double *partial)
 {
     __shared__ double red[SQ_THREADS];
+    const size_t head = head_elems(g, n);
+    const size_t n4 = (n - head) / 4;
+    const float4 *g4 = (const float4 *)(g + head);
+    const size_t stride = (size_t)gridDim.x * SQ_THREADS;
     double s = 0.0;
-    for (size_t i = (size_t)blockIdx.x * SQ_THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * SQ_THREADS) {
-        double x = g[i];
-        s += x * x;
+    size_t q = (size_t)blockIdx.x * SQ_THREADS + threadIdx.x;
+    for (; q + (SQ_UNROLL - 1) * stride < n4; q += SQ_UNROLL * stride) {
+        float4 x[SQ_UNROLL];
+#pragma unroll
+        for (int u = 0; u < SQ_UNROLL; u++) x[u] = __ldg(g4 + q + u * stride);
+#pragma unroll
+        for (int u = 0; u < SQ_UNROLL; u++) sq4(s, x[u]);
+    }
+    for (; q < n4; q += stride) sq4(s, __ldg(g4 + q));
+    if (blockIdx.x == 0 && threadIdx.x < 8) {
+        /* threads 0-3: the unaligned head, 4-7: the tail after the last float4 */
+        size_t i = threadIdx.x < 4 ? threadIdx.x : head + 4 * n4 + (threadIdx.x - 4);
+        if (threadIdx.x < 4 ? i < head : i < n) {
+            double x = g[i];
+            s += x * x;
+        }
     }
     red[threadIdx.x] = s;
     __syncthreads();
@@ -54,27 +95,122 @@ __global__ void __launch_bounds__(SQ_THREADS) clip_kernel(const double *partial,
     out[2] = ok && isfinite(norm) ? 1.f : 0.f;
 }
 
-__global__ void adamw_kernel(float *w, const float *g, float *m, float *v, bf16 *wb, size_t n,
-                             const gk_adamw_seg *seg, int n_seg, const float *gscale, float lr,
-                             float b1, float b2, float eps, float wd, float step_size, float inv_sqrt_bc2)
+struct adamw_hp {
+    float gs, b1, b2, eps, step_size, inv_sqrt_bc2;
+    float dec;              /* 1 - lr * wd: the decay segments' factor */
+};
+
+/* The decay factor of element i: the last segment with offset <= i (segment 0 before the first),
+ * as a binary search over the sorted offsets would find it. Calls with non-decreasing i walk the
+ * segment list once in all. */
+struct seg_cursor {
+    const gk_adamw_seg *seg;
+    int n_seg, s;
+    uint64_t next;          /* offset of segment s + 1 (none: UINT64_MAX) */
+    float decay, dec;
+
+    __device__ __forceinline__ void init(const gk_adamw_seg *sg, int n, float d)
+    {
+        seg = sg;
+        n_seg = n;
+        dec = d;
+        s = 0;
+        load();
+    }
+    __device__ __forceinline__ void load()
+    {
+        decay = seg[s].decay ? dec : 1.f;
+        next = s + 1 < n_seg ? seg[s + 1].offset : UINT64_MAX;
+    }
+    __device__ __forceinline__ float at(uint64_t i)
+    {
+        while (i >= next) {
+            s++;
+            load();
+        }
+        return decay;
+    }
+};
+
+/* The per-element update, the same fp32 expressions for every path. */
+__device__ __forceinline__ void adamw_elem(float &w, float g, float &m, float &v, float decay, const adamw_hp &p)
+{
+    const float gi = g * p.gs;
+    const float mi = p.b1 * m + (1.f - p.b1) * gi;
+    const float vi = p.b2 * v + (1.f - p.b2) * gi * gi;
+    m = mi;
+    v = vi;
+    w = w * decay - p.step_size * mi / (sqrtf(vi) * p.inv_sqrt_bc2 + p.eps);
+}
+
+__device__ __forceinline__ uint32_t bf16_bits(float x)
+{
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16(x));
+}
+
+/* Elements [base, base + 4 * n4) as float4 (w, g, m, v 16-byte aligned there, wb 8-byte aligned),
+ * grid-stride; block 0 also does the < 4 elements before base and the < 4 after the body. */
+__global__ void __launch_bounds__(AW_THREADS, AW_MIN_BLOCKS)
+adamw_vec_kernel(float *w, const float *g, float *m, float *v, bf16 *wb, size_t n, size_t base, size_t n4,
+                 const gk_adamw_seg *seg, int n_seg, const float *gscale, adamw_hp p)
 {
     if (gscale[2] == 0.f) return;
-    const float gs = gscale[1];
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int lo = 0, hi = n_seg - 1;     /* last segment with offset <= i */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (seg[mid].offset <= i) lo = mid;
-            else hi = mid - 1;
+    p.gs = gscale[1];
+    seg_cursor c;
+    if (blockIdx.x == 0 && threadIdx.x < 8) {
+        size_t i = threadIdx.x < 4 ? threadIdx.x : base + 4 * n4 + (threadIdx.x - 4);
+        if (threadIdx.x < 4 ? i < base : i < n) {
+            c.init(seg, n_seg, p.dec);
+            float wi = w[i], mi = m[i], vi = v[i];
+            adamw_elem(wi, g[i], mi, vi, c.at(i), p);
+            w[i] = wi;
+            m[i] = mi;
+            v[i] = vi;
+            if (wb) wb[i] = __float2bfloat16(wi);
         }
-        const float decay = seg[lo].decay ? 1.f - lr * wd : 1.f;
-        const float gi = g[i] * gs;
-        const float mi = b1 * m[i] + (1.f - b1) * gi;
-        const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+    }
+    float4 *w4 = (float4 *)(w + base), *m4 = (float4 *)(m + base), *v4 = (float4 *)(v + base);
+    const float4 *g4 = (const float4 *)(g + base);
+    uint2 *wb4 = wb ? (uint2 *)(wb + base) : nullptr;
+    c.init(seg, n_seg, p.dec);
+    const size_t stride = (size_t)gridDim.x * AW_THREADS;
+    for (size_t q = (size_t)blockIdx.x * AW_THREADS + threadIdx.x; q < n4; q += stride) {
+        const uint64_t i = base + 4 * q;
+        float4 wq = w4[q], mq = m4[q], vq = v4[q];
+        const float4 gq = __ldg(g4 + q);
+        float d0 = c.at(i), d1 = d0, d2 = d0, d3 = d0;
+        if (i + 3 >= c.next) {      /* a segment starts inside these four */
+            d1 = c.at(i + 1);
+            d2 = c.at(i + 2);
+            d3 = c.at(i + 3);
+        }
+        adamw_elem(wq.x, gq.x, mq.x, vq.x, d0, p);
+        adamw_elem(wq.y, gq.y, mq.y, vq.y, d1, p);
+        adamw_elem(wq.z, gq.z, mq.z, vq.z, d2, p);
+        adamw_elem(wq.w, gq.w, mq.w, vq.w, d3, p);
+        w4[q] = wq;
+        m4[q] = mq;
+        v4[q] = vq;
+        if (wb4)
+            wb4[q] = make_uint2(bf16_bits(wq.x) | bf16_bits(wq.y) << 16, bf16_bits(wq.z) | bf16_bits(wq.w) << 16);
+    }
+}
+
+/* Any alignment: one element per thread and iteration, grid-stride. */
+__global__ void __launch_bounds__(AW_THREADS, AW_MIN_BLOCKS)
+adamw_kernel(float *w, const float *g, float *m, float *v, bf16 *wb, size_t n, const gk_adamw_seg *seg,
+             int n_seg, const float *gscale, adamw_hp p)
+{
+    if (gscale[2] == 0.f) return;
+    p.gs = gscale[1];
+    seg_cursor c;
+    c.init(seg, n_seg, p.dec);
+    for (size_t i = (size_t)blockIdx.x * AW_THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * AW_THREADS) {
+        float wi = w[i], mi = m[i], vi = v[i];
+        adamw_elem(wi, g[i], mi, vi, c.at(i), p);
+        w[i] = wi;
         m[i] = mi;
         v[i] = vi;
-        const float wi = w[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
-        w[i] = wi;
         if (wb) wb[i] = __float2bfloat16(wi);
     }
 }
@@ -91,12 +227,38 @@ unsigned grid_for(size_t n, int threads)
     return (unsigned)(g < 1 ? 1 : g > 8192 ? 8192 : g);
 }
 
+/* Blocks of the AdamW kernels resident at once on the current device (their grid-stride grid),
+ * looked up once per device: each SM holds at least AW_MIN_BLOCKS of them. */
+unsigned aw_resident_blocks(void)
+{
+    static int cache[64];   /* per device ordinal; 0: not known yet (racing lookups agree) */
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return 1024;
+    }
+    int c = __atomic_load_n(&cache[dev], __ATOMIC_RELAXED);
+    if (c > 0) return (unsigned)c;
+    int per_sm = 0, per_sm2 = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_vec_kernel, AW_THREADS, 0) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm2, adamw_kernel, AW_THREADS, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 1024;
+    }
+    if (per_sm2 < per_sm) per_sm = per_sm2;
+    if (per_sm < 1) per_sm = 1;
+    c = sms > 0 ? sms * per_sm : 1024;
+    __atomic_store_n(&cache[dev], c, __ATOMIC_RELAXED);
+    return (unsigned)c;
+}
+
 } // namespace
 
 extern "C" int gk_grad_clip(const float *g, size_t n, float scale, float clip, double *work, float *out,
                             cudaStream_t stream)
 {
-    if ((n && !g) || !work || !out) return -EINVAL;
+    if ((n && !g) || ((uintptr_t)g & 3) || !work || !out) return -EINVAL;
     /* the grid does not depend on n: the same partial sums, in the same order, every time */
     sumsq_kernel<<<GK_GRAD_CLIP_WORK, SQ_THREADS, 0, stream>>>(g, n, work);
     GK_LAUNCH_CHECK();
@@ -108,7 +270,7 @@ extern "C" int gk_grad_clip(const float *g, size_t n, float scale, float clip, d
 extern "C" int gk_grad_clip_dev(const float *g, size_t n, const double *wsum, const double *loss, float clip,
                                 double *work, float *out, cudaStream_t stream)
 {
-    if ((n && !g) || !wsum || !work || !out) return -EINVAL;
+    if ((n && !g) || ((uintptr_t)g & 3) || !wsum || !work || !out) return -EINVAL;
     sumsq_kernel<<<GK_GRAD_CLIP_WORK, SQ_THREADS, 0, stream>>>(g, n, work);
     GK_LAUNCH_CHECK();
     clip_kernel<<<1, SQ_THREADS, 0, stream>>>(work, GK_GRAD_CLIP_WORK, 0.f, wsum, loss, clip, out);
@@ -123,9 +285,32 @@ extern "C" int gk_adamw(float *w, const float *g, float *m, float *v, void *w_bf
 {
     if (n_seg < 1 || !seg || !gscale || (n && (!w || !g || !m || !v))) return -EINVAL;
     if (n == 0) return 0;
-    adamw_kernel<<<grid_for(n, 256), 256, 0, stream>>>(w, g, m, v, (bf16 *)w_bf16, n, seg, n_seg, gscale,
-                                                       lr, beta1, beta2, eps, weight_decay, step_size,
-                                                       inv_sqrt_bc2);
+    adamw_hp p;
+    p.gs = 0.f;     /* read on the device */
+    p.b1 = beta1;
+    p.b2 = beta2;
+    p.eps = eps;
+    p.step_size = step_size;
+    p.inv_sqrt_bc2 = inv_sqrt_bc2;
+    p.dec = 1.f - lr * weight_decay;
+    bf16 *wb = (bf16 *)w_bf16;
+    /* float4 access needs w, g, m, v equally placed within 16 bytes (then one scalar head brings all
+     * four to a boundary) and the bf16 copy 8-byte aligned from there */
+    const uintptr_t a = (uintptr_t)w & 15;
+    const size_t base = head_elems(w, n);
+    const bool vec = (a & 3) == 0 && ((uintptr_t)g & 15) == a && ((uintptr_t)m & 15) == a &&
+                     ((uintptr_t)v & 15) == a && (!wb || ((uintptr_t)(wb + base) & 7) == 0);
+    const unsigned resident = aw_resident_blocks();
+    if (vec) {
+        const size_t n4 = (n - base) / 4;
+        unsigned grid = grid_for(n4, AW_THREADS);
+        if (grid > resident) grid = resident;
+        adamw_vec_kernel<<<grid, AW_THREADS, 0, stream>>>(w, g, m, v, wb, n, base, n4, seg, n_seg, gscale, p);
+    } else {
+        unsigned grid = grid_for(n, AW_THREADS);
+        if (grid > resident) grid = resident;
+        adamw_kernel<<<grid, AW_THREADS, 0, stream>>>(w, g, m, v, wb, n, seg, n_seg, gscale, p);
+    }
     GK_LAUNCH_CHECK();
     return 0;
 }

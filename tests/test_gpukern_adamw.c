@@ -1,9 +1,99 @@
 /* test_gpukern_adamw.c: gradient norm / clip factor (host or device scale), AdamW (against model/optim.c, the CPU
- * optimizer) with decay and no-decay segments over several steps, the NaN guard, the bf16 cast. */
+ * optimizer) with decay and no-decay segments over several steps, the NaN guard, the bf16 cast; the norm and
+ * one step on buffers at odd element offsets (a scalar head before the vector body, or the scalar kernel) with
+ * segments a few elements long. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "gpukern/adamw.h"
 #include "model/optim.h"
+
+/* One step on views w + ow, g + og, m + om, v + ov, bf16 copy + ob of n elements, next to
+ * untouched guard elements; segments 1-9 elements long first (boundaries inside a group of four). */
+static void offsets_case(int ow, int og, int om, int ov, int ob)
+{
+    const size_t n = 100003, pad = 8;
+    float *w = malloc(n * 4), *g = malloc(n * 4), *hw = malloc((n + pad) * 4), *hm = malloc((n + pad) * 4);
+    float *hv = malloc((n + pad) * 4), *sentinel = malloc((n + pad) * 4);
+    uint16_t *hb = malloc((n + pad) * 2);
+    CHECK(w && g && hw && hm && hv && sentinel && hb);
+    for (size_t i = 0; i < n; i++) {
+        w[i] = gk_rng_uniform();
+        g[i] = gk_rng_uniform() * 1e-2f;
+    }
+    for (size_t i = 0; i < n + pad; i++) sentinel[i] = 1234.5f;
+    struct optim_segment seg[64];
+    gk_adamw_seg gseg[64];
+    int ns = 0;
+    for (size_t off = 0; off < n; ns++) {
+        size_t len = ns == 63 ? n - off : ns < 40 ? (size_t)gk_rng_int(1, 9) : (size_t)gk_rng_int(1, 9000);
+        if (len > n - off) len = n - off;
+        seg[ns] = (struct optim_segment){ off, len, gk_rng_int(0, 1) };
+        gseg[ns] = (gk_adamw_seg){ off, len, seg[ns].decay, 0 };
+        off += len;
+    }
+    struct optim o;
+    CHECK_OK(optim_init(&o, n, seg, ns));
+    float *dw_, *dg, *dm, *dv, *dclip;
+    double *work;
+    uint16_t *dwb;
+    CUDA_CHECK(cudaMalloc((void **)&dw_, (n + pad) * 4));
+    CUDA_CHECK(cudaMalloc((void **)&dg, (n + pad) * 4));
+    CUDA_CHECK(cudaMalloc((void **)&dm, (n + pad) * 4));
+    CUDA_CHECK(cudaMalloc((void **)&dv, (n + pad) * 4));
+    CUDA_CHECK(cudaMalloc((void **)&dwb, (n + pad) * 2));
+    CUDA_CHECK(cudaMalloc((void **)&dclip, 16));
+    CUDA_CHECK(cudaMalloc((void **)&work, GK_GRAD_CLIP_WORK * sizeof(double)));
+    void *dseg = gk_dev_upload(gseg, sizeof(gk_adamw_seg) * ns);
+    CUDA_CHECK(cudaMemcpy(dw_, sentinel, (n + pad) * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dm, sentinel, (n + pad) * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(dv, sentinel, (n + pad) * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(dwb, 0x5a, (n + pad) * 2));
+    CUDA_CHECK(cudaMemcpy(dw_ + ow, w, n * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(dm + om, 0, n * 4));
+    CUDA_CHECK(cudaMemset(dv + ov, 0, n * 4));
+    CUDA_CHECK(cudaMemcpy(dg + og, g, n * 4, cudaMemcpyHostToDevice));
+
+    double ss = 0;
+    for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
+    float c3[3];
+    CHECK_INT(gk_grad_clip(dg + og, n, 1.0f, 0.0f, work, dclip, 0), ==, 0);
+    CUDA_CHECK(cudaMemcpy(c3, dclip, 12, cudaMemcpyDeviceToHost));
+    CHECK_NEAR(c3[0], sqrt(ss), 1e-6 * sqrt(ss));
+    CHECK(c3[1] == 1.f && c3[2] == 1.f);
+
+    const double lr = 1e-3, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    CHECK_INT(gk_adamw(dw_ + ow, dg + og, dm + om, dv + ov, dwb + ob, n, dseg, ns, dclip, (float)lr, (float)b1,
+                       (float)b2, (float)eps, (float)wd, (float)(lr / (1 - b1)), (float)(1 / sqrt(1 - b2)), 0), ==, 0);
+    optim_adamw(&o, w, g, lr, b1, b2, eps, wd);
+    CUDA_CHECK(cudaMemcpy(hw, dw_, (n + pad) * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hm, dm, (n + pad) * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hv, dv, (n + pad) * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hb, dwb, (n + pad) * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n + pad; i++) {
+        if ((i < (size_t)ow || i >= ow + n) && hw[i] != 1234.5f) TEST_FAIL("w guard at %zu", i);
+        if ((i < (size_t)om || i >= om + n) && hm[i] != 1234.5f) TEST_FAIL("m guard at %zu", i);
+        if ((i < (size_t)ov || i >= ov + n) && hv[i] != 1234.5f) TEST_FAIL("v guard at %zu", i);
+        if ((i < (size_t)ob || i >= ob + n) && hb[i] != 0x5a5a) TEST_FAIL("bf16 guard at %zu", i);
+    }
+    double ew = 0, em = 0, ev = 0, mmax = 0, vmax = 0;
+    for (size_t i = 0; i < n; i++) {
+        ew = fmax(ew, fabs(hw[ow + i] - w[i]));
+        em = fmax(em, fabs(hm[om + i] - o.m[i]));
+        ev = fmax(ev, fabs(hv[ov + i] - o.v[i]));
+        mmax = fmax(mmax, fabs(o.m[i]));
+        vmax = fmax(vmax, fabs(o.v[i]));
+        if (hb[ob + i] != gk_f32_to_bf16(hw[ow + i])) TEST_FAIL("bf16 copy at %zu (offsets %d %d)", i, ow, ob);
+    }
+    em /= mmax;
+    ev /= vmax;
+    printf("offsets w %d g %d m %d v %d bf16 %d, %d segments: max |w diff| %.2e, m %.2e, v %.2e\n", ow, og, om, ov,
+           ob, ns, ew, em, ev);
+    CHECK(ew < 1e-6 && em < 1e-5 && ev < 1e-5);
+    optim_done(&o);
+    cudaFree(dw_); cudaFree(dg); cudaFree(dm); cudaFree(dv); cudaFree(dwb); cudaFree(dclip); cudaFree(work);
+    cudaFree(dseg);
+    free(w); free(g); free(hw); free(hm); free(hv); free(sentinel); free(hb);
+}
 
 int main(void)
 {
@@ -138,6 +228,13 @@ int main(void)
     optim_done(&o);
     cudaFree(dw_); cudaFree(dg); cudaFree(dm); cudaFree(dv); cudaFree(dclip); cudaFree(work); cudaFree(dwb); cudaFree(dseg);
     free(w); free(g); free(hw); free(hm); free(hv); free(hb);
+
+    offsets_case(0, 0, 0, 0, 0);    /* all aligned: the float4 body and a scalar tail */
+    offsets_case(1, 1, 1, 1, 1);    /* a 3-element head, then aligned */
+    offsets_case(2, 2, 2, 2, 2);
+    offsets_case(3, 3, 3, 3, 3);
+    offsets_case(1, 1, 1, 1, 0);    /* bf16 copy not 8-byte aligned after the head: scalar kernel */
+    offsets_case(0, 1, 0, 0, 0);    /* g placed differently: scalar kernel */
     return 0;
 }
 #else
