@@ -426,7 +426,8 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     }
 
     {
-        size_t n = dc->n_params, state = 4 * n * sizeof(float) + n * 2 + 256;
+        /* each array 256-byte aligned: gk_adamw's float4 path needs them equally placed */
+        size_t n = dc->n_params, na = (n + 63) & ~(size_t)63, state = 4 * na * sizeof(float) + na * 2 + 256;
         if (cudaMalloc(&dc->state_mem, state) != cudaSuccess) {
             dc->state_mem = NULL;
             r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for parameters, gradients and moments",
@@ -434,10 +435,10 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
             goto fail;
         }
         dc->params = (float *)dc->state_mem;
-        dc->grads = dc->params + n;
-        dc->m = dc->grads + n;
-        dc->v = dc->m + n;
-        dc->wb = (bf16_t *)(dc->v + n);
+        dc->grads = dc->params + na;
+        dc->m = dc->grads + na;
+        dc->v = dc->m + na;
+        dc->wb = (bf16_t *)(dc->v + na);
     }
     {
         size_t VH = (size_t)dc->V * dc->H;
