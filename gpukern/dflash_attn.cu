@@ -493,12 +493,15 @@ __device__ __forceinline__ const bf16 *qrow_ptr(const void *base, long stride, i
     return (const bf16 *)base + ((long)b * bs + x / grp) * stride + (long)(g * grp + x % grp) * hd;
 }
 
+/* Q is read into registers before the first prefetch, so it shares the second K buffer: four
+ * tiles of shared memory and at most 168 registers let three CTAs share an SM. */
 template <int HD>
-__global__ void __launch_bounds__(MW * 32) fwd_mma(gk_dflash_attn a)
+__global__ void __launch_bounds__(MW * 32, 3) fwd_mma(gk_dflash_attn a)
 {
     constexpr int LDS = HD + MPAD;
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16 *sQ = (bf16 *)smem, *sK = sQ + MB * LDS, *sV = sK + 2 * MB * LDS;     /* K, V: two buffers each */
+    bf16 *sK = (bf16 *)smem, *sV = sK + 2 * MB * LDS;     /* K, V: two buffers each */
+    bf16 *sQ = sK + MB * LDS;                             /* = K buffer 1 until t = 0 is under way */
     const int b = blockIdx.x, g = blockIdx.y, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
     const int r0 = blockIdx.z * MB, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, ri = lane & 7;
     const gk_dflash_block blk = a.blocks[b];
@@ -520,6 +523,11 @@ __global__ void __launch_bounds__(MW * 32) fwd_mma(gk_dflash_attn a)
     for (int t = 0; t < n_tiles; t++) {
         cp_async_wait_all();
         __syncthreads();    /* tile t landed; everyone is done with tile t - 1's buffers */
+        if (t == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) ld_a<LDS>(qf[kk], sQ, warp, kk, mi, ri);
+            __syncthreads();    /* Q is in registers everywhere: K buffer 1 is free */
+        }
         if (t + 1 < n_tiles) {
             const int t1 = (t + 1) * MB, nb_ = (t + 1) & 1;
             cp_rows<HD>(sK + nb_ * MB * LDS, MB, a.q, [&](int j) {
@@ -528,10 +536,6 @@ __global__ void __launch_bounds__(MW * 32) fwd_mma(gk_dflash_attn a)
                 return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, t1 + j); });
         }
         cp_async_commit();
-        if (t == 0) {
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) ld_a<LDS>(qf[kk], sQ, warp, kk, mi, ri);
-        }
         const bf16 *tK = sK + (t & 1) * MB * LDS, *tV = sV + (t & 1) * MB * LDS;
         float s[MB / 8][4];
 #pragma unroll
@@ -936,7 +940,7 @@ __global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a,
     }
 }
 
-template <int HD> size_t fwd_mma_smem() { return (size_t)5 * MB * (HD + MPAD) * 2; }
+template <int HD> size_t fwd_mma_smem() { return (size_t)4 * MB * (HD + MPAD) * 2; }
 template <int HD> size_t bwd_q_mma_smem() { return (size_t)6 * MB * (HD + MPAD) * 2 + 2 * MB * 4; }
 template <int HD> size_t bwd_kv_mma_smem() { return (size_t)4 * MB * (HD + MPAD) * 2 + 2 * MB * 4; }
 /* K, V; per warpgroup two buffers of Q, dO; per warpgroup two buffers of lse, delta */
