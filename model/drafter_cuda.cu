@@ -1,7 +1,8 @@
 /* drafter_cuda.cu: the drafter's training step on one GPU: bf16 activations and weight copies,
- * fp32 master weights / gradients / moments, gpukern kernels and cuBLAS GEMMs on one stream.
- * The pass mirrors drafter_cpu.c; q/k/v and gate/up are adjacent in the parameter layout, so
- * each is one GEMM (and one weight-gradient GEMM) here. */
+ * fp32 master weights / gradients / moments, gpukern kernels and cuBLAS GEMMs on one compute
+ * stream; the features go to the device on a copy stream, into one of two buffers, so the next
+ * batch's copy overlaps the current pass. The pass mirrors drafter_cpu.c; q/k/v and gate/up are
+ * adjacent in the parameter layout, so each is one GEMM (and one weight-gradient GEMM) here. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -69,7 +70,8 @@ struct drafter_cuda {
     float eps;
 
     int device, attn_impl;
-    cudaStream_t stream;
+    cudaStream_t stream;        /* compute */
+    cudaStream_t copy;          /* the features' copies into hs[] */
     gk_gemm *gemm;
     gk_gemmx *gx;
 
@@ -83,7 +85,7 @@ struct drafter_cuda {
     float *inv_freq;
 
     void *act_mem;              /* activations and backward scratch */
-    bf16_t *hs, *cpre, *cx, **X, *fo, *nrm, *z, *dgu, *dxb, *dh1b, *dout, *dqkvb, *dkvc, *dcpre;
+    bf16_t *hs[2], *cpre, *cx, **X, *fo, *nrm, *z, *dgu, *dxb, *dh1b, *dout, *dqkvb, *dkvc, *dcpre;
     float *row_loss, *dx, *dh1, *tmp_h, *delta, *dqf, *dkbf, *dkcf, *dcx;
     uint8_t *hit;
     struct cu_layer_act *la;
@@ -109,7 +111,11 @@ struct drafter_cuda {
         int64_t step;           /* optimizer steps applied after it (set when retired) */
         int rc;                 /* 0, -DF_ENAN (skipped, non-finite), -DF_ERANGE (nothing supervised) */
     } res[RES_DEPTH];
-    cudaEvent_t ev_res[RES_DEPTH], ev_meta, ev_input;
+    cudaEvent_t ev_res[RES_DEPTH], ev_meta;
+    cudaEvent_t ev_input;       /* copy stream: the features of the last pass are on the device (its
+                                   source has been read); the compute stream waits for it */
+    cudaEvent_t ev_hs_free[2];  /* compute stream: the last pass that read hs[i] is done with it */
+    int hs_next;                /* the buffer the next pass's features go to */
     uint64_t res_next, res_read;    /* sequence numbers: next to enqueue, next to read */
     int n_pending;
 
@@ -159,7 +165,8 @@ static void layout_acts(struct drafter_cuda *dc, struct carver *c)
 {
     size_t T = (size_t)dc->max_tokens, Q = (size_t)dc->max_blocks * dc->bs, H = dc->H;
     size_t qd = dc->qd, kvd = dc->kvd, qkvd = dc->qkvd, I = dc->I, nh = dc->nh;
-    CARVE(c, dc->hs, T * dc->LcH);
+    for (int i = 0; i < 2; i++)
+        dc->hs[i] = (bf16_t *)carve(c, T * dc->LcH * sizeof(bf16_t));
     CARVE(c, dc->cpre, T * H);
     CARVE(c, dc->cx, T * H);
     for (int l = 0; l <= dc->L; l++) {
@@ -244,10 +251,12 @@ extern "C" void drafter_cuda_free(struct drafter_cuda *dc)
 {
     if (!dc)
         return;
-    if (dc->stream) {
+    if (dc->stream || dc->copy)
         cudaSetDevice(dc->device);
+    if (dc->copy)
+        cudaStreamSynchronize(dc->copy);
+    if (dc->stream)
         cudaStreamSynchronize(dc->stream);
-    }
     gk_gemm_free(dc->gemm);
     gk_gemmx_free(dc->gx);
     if (dc->state_mem) cudaFree(dc->state_mem);
@@ -259,10 +268,13 @@ extern "C" void drafter_cuda_free(struct drafter_cuda *dc)
         if (dc->ev_res[i]) cudaEventDestroy(dc->ev_res[i]);
     if (dc->ev_meta) cudaEventDestroy(dc->ev_meta);
     if (dc->ev_input) cudaEventDestroy(dc->ev_input);
+    for (int i = 0; i < 2; i++)
+        if (dc->ev_hs_free[i]) cudaEventDestroy(dc->ev_hs_free[i]);
     for (int i = 0; dc->prof_ev && i < PROF_MARKS; i++)
         if (dc->prof_ev[i]) cudaEventDestroy(dc->prof_ev[i]);
     free(dc->prof_ev);
     if (dc->stream) cudaStreamDestroy(dc->stream);
+    if (dc->copy) cudaStreamDestroy(dc->copy);
     free(dc->tensors);
     free(dc->layer);
     free(dc->X);
@@ -302,13 +314,21 @@ static int upload_bf16(bf16_t *dst, const float *src, size_t n)
     return 0;
 }
 
+/* Everything enqueued on both streams is done. */
+static int sync_streams(struct drafter_cuda *dc)
+{
+    CU(cudaSetDevice(dc->device));
+    CU(cudaStreamSynchronize(dc->copy));
+    CU(cudaStreamSynchronize(dc->stream));
+    return 0;
+}
+
 extern "C" int drafter_cuda_load_from_host(struct drafter_cuda *dc, const struct drafter *d)
 {
     if (!same_layout(dc, d))
         return -DF_ELAYOUT;
     size_t bytes = dc->n_params * sizeof(float);
-    CU(cudaSetDevice(dc->device));
-    CU(cudaStreamSynchronize(dc->stream));
+    TRY(sync_streams(dc));
     /* results of steps taken from the old state no longer describe this one */
     for (int i = 0; i < RES_DEPTH; i++)
         dc->res[i].state = RES_EMPTY;
@@ -404,11 +424,19 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
                  cudaGetErrorString(cudaGetLastError()));
         goto fail;
     }
+    if (cudaStreamCreateWithFlags(&dc->copy, cudaStreamNonBlocking) != cudaSuccess) {
+        dc->copy = NULL;
+        r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: device %d: copy stream: %s", dc->device,
+                 cudaGetErrorString(cudaGetLastError()));
+        goto fail;
+    }
     if ((r = gk_gemm_create(&dc->gemm, 0, err, errlen)) < 0 || (r = gk_gemmx_create(&dc->gx, err, errlen)) < 0)
         goto fail;
     {
         bool ok = cudaEventCreateWithFlags(&dc->ev_meta, cudaEventDisableTiming) == cudaSuccess &&
-                  cudaEventCreateWithFlags(&dc->ev_input, cudaEventDisableTiming) == cudaSuccess;
+                  cudaEventCreateWithFlags(&dc->ev_input, cudaEventDisableTiming) == cudaSuccess &&
+                  cudaEventCreateWithFlags(&dc->ev_hs_free[0], cudaEventDisableTiming) == cudaSuccess &&
+                  cudaEventCreateWithFlags(&dc->ev_hs_free[1], cudaEventDisableTiming) == cudaSuccess;
         for (int i = 0; ok && i < RES_DEPTH; i++)
             ok = cudaEventCreateWithFlags(&dc->ev_res[i], cudaEventDisableTiming) == cudaSuccess;
         if (ok && opts->profile) {
@@ -655,29 +683,37 @@ static __global__ void metrics_vec_kernel(const double *base, const double *dev4
     out[i] = v;
 }
 
-/* The features as bf16 [T, LcH] on the device. */
-static int stage_hidden(struct drafter_cuda *dc, const struct obj_batch *b)
+/* The features as bf16 [T, LcH] into hs[buf], on the copy stream once the last pass that read
+ * that buffer is done with it (so this copy overlaps the pass before, which reads the other one).
+ * Then ev_input on the copy stream (the caller's sign that hidden_bf16 has been read) and the
+ * compute stream waits for it. fp32 features are converted on the host through the pinned
+ * staging area: that path waits for the device. */
+static int stage_hidden(struct drafter_cuda *dc, const struct obj_batch *b, int buf)
 {
     const size_t T = (size_t)b->n_tokens, LcH = (size_t)dc->LcH;
     const size_t pitch = b->hidden_pitch ? b->hidden_pitch : LcH;
-    if (b->hidden_bf16) {
-        CU(cudaMemcpy2DAsync(dc->hs, LcH * 2, b->hidden_bf16, pitch * 2, LcH * 2, T, cudaMemcpyDefault, dc->stream));
-        return 0;
-    }
-    size_t rows_per = STAGE_BYTES / 2 / LcH;
-    if (rows_per < 1)
+    const size_t rows_per = STAGE_BYTES / 2 / LcH;
+    bf16_t *hs = dc->hs[buf];
+    if (!b->hidden_bf16 && rows_per < 1)
         return -DF_ERANGE;
-    for (size_t t0 = 0; t0 < T; t0 += rows_per) {
-        size_t n = T - t0 < rows_per ? T - t0 : rows_per;
-        CU(cudaStreamSynchronize(dc->stream));  /* the staging area's last copy is done */
-        for (size_t t = 0; t < n; t++) {
-            const float *src = b->hidden_f32 + (t0 + t) * pitch;
-            uint16_t *dst = dc->stage + t * LcH;
-            for (size_t j = 0; j < LcH; j++)
-                dst[j] = gk_f32_to_bf16(src[j]);
+    CU(cudaStreamWaitEvent(dc->copy, dc->ev_hs_free[buf], 0));
+    if (b->hidden_bf16) {
+        CU(cudaMemcpy2DAsync(hs, LcH * 2, b->hidden_bf16, pitch * 2, LcH * 2, T, cudaMemcpyDefault, dc->copy));
+    } else {
+        for (size_t t0 = 0; t0 < T; t0 += rows_per) {
+            size_t n = T - t0 < rows_per ? T - t0 : rows_per;
+            CU(cudaStreamSynchronize(dc->copy));    /* the staging area's last copy is done */
+            for (size_t t = 0; t < n; t++) {
+                const float *src = b->hidden_f32 + (t0 + t) * pitch;
+                uint16_t *dst = dc->stage + t * LcH;
+                for (size_t j = 0; j < LcH; j++)
+                    dst[j] = gk_f32_to_bf16(src[j]);
+            }
+            CU(cudaMemcpyAsync(hs + t0 * LcH, dc->stage, n * LcH * 2, cudaMemcpyHostToDevice, dc->copy));
         }
-        CU(cudaMemcpyAsync(dc->hs + t0 * LcH, dc->stage, n * LcH * 2, cudaMemcpyHostToDevice, dc->stream));
     }
+    CU(cudaEventRecord(dc->ev_input, dc->copy));
+    CU(cudaStreamWaitEvent(dc->stream, dc->ev_input, 0));
     return 0;
 }
 
@@ -802,44 +838,21 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
     return 0;
 }
 
-/* Enqueue one pass on the stream: metrics into d_mvec, gradients (backward) into the gradient
- * buffer. No host wait except for the pinned mirror of the previous pass (long done in a loop)
- * and the f32 feature conversion. */
-static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, const struct obj_block *blk, int nb,
-                        double gamma, int backward, int block_loss)
+/* The pass after its inputs: fc over the features in hs[buf] (the compute stream already waits
+ * for their copy), the layers, the head, the backward. Records ev_hs_free[buf] after the last
+ * read of hs[buf]. */
+static int enqueue_compute(struct drafter_cuda *dc, const struct obj_batch *b, int nb, int R, int n_tiles,
+                           int backward, int block_loss, int buf)
 {
-    if (b->n_tokens < 1 || b->n_tokens > dc->max_tokens || nb < 0 || nb > dc->max_blocks ||
-        b->n_seqs < 1 || b->n_seqs > dc->max_tokens || (!b->hidden_bf16 == !b->hidden_f32))
-        return -DF_ERANGE;
-    for (int i = 0; i < nb; i++) {
-        int s = blk[i].seq;
-        if (s < 0 || s >= b->n_seqs || blk[i].anchor < b->cu_seqlens[s] ||
-            blk[i].anchor >= b->cu_seqlens[s + 1])
-            return -DF_ERANGE;
-    }
-    CU(cudaSetDevice(dc->device));
     const int T = b->n_tokens, Q = nb * dc->bs, H = dc->H;
+    const bf16_t *hs = dc->hs[buf];
     cudaStream_t s = dc->stream;
-    int n_tiles = 0;
-    mark(dc, DCP_INPUT);
-    int R = stage_batch(dc, b, blk, nb, gamma, &n_tiles);
-    if (R < 0)
-        return R;
-    if (nb == 0) {      /* nothing supervised: no feature is read, every gradient is zero */
-        CU(cudaEventRecord(dc->ev_input, s));
-        metrics_vec_kernel<<<1, 32, 0, s>>>(dc->md.mbase, NULL, dc->d_mvec);
-        CU(cudaGetLastError());
-        if (backward)
-            CU(cudaMemsetAsync(dc->grads, 0, dc->n_params * sizeof(float), s));
-        mark(dc, DCP_IDLE);
-        return 0;
-    }
-    TRY(stage_hidden(dc, b));
-    CU(cudaEventRecord(dc->ev_input, s));
     mark(dc, DCP_FC);
     TRY(gk_positions(dc->md.cu, b->n_seqs, dc->pos_ctx, T, s));
 
-    TRY(gk_linear(dc->gemm, s, T, H, dc->LcH, dc->hs, dc->LcH, WB(dc->off_fc), NULL, 0, dc->cpre, H));
+    TRY(gk_linear(dc->gemm, s, T, H, dc->LcH, hs, dc->LcH, WB(dc->off_fc), NULL, 0, dc->cpre, H));
+    if (!backward)
+        CU(cudaEventRecord(dc->ev_hs_free[buf], s));
     TRY(gk_rmsnorm(dc->cpre, H, WB(dc->off_hidden_norm), dc->cx, H, T, H, dc->eps, s));
     TRY(gk_embed(dc->embed, dc->V, H, dc->md.tok_q, Q, dc->X[0], H, s));
     for (int l = 0; l < dc->L; l++)
@@ -864,10 +877,51 @@ static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, cons
         TRY(gk_rmsnorm_bwd(dc->dcx, H, dc->cpre, H, WB(dc->off_hidden_norm), NULL, 0, NULL, 0, dc->dcpre, H,
                            GR(dc->off_hidden_norm), T, H, dc->eps, s));
         mark(dc, DCP_B_FC);
-        TRY(gemm(dc, 1, 0, H, dc->LcH, T, dc->dcpre, H, dc->hs, dc->LcH, 1.0f, GR(dc->off_fc), GK_F32, dc->LcH));
+        TRY(gemm(dc, 1, 0, H, dc->LcH, T, dc->dcpre, H, hs, dc->LcH, 1.0f, GR(dc->off_fc), GK_F32, dc->LcH));
+        CU(cudaEventRecord(dc->ev_hs_free[buf], s));
     }
     mark(dc, DCP_IDLE);
     return 0;
+}
+
+/* Enqueue one pass: metrics into d_mvec, gradients (backward) into the gradient buffer. No host
+ * wait except for the pinned mirror of the previous pass (long done in a loop) and the f32
+ * feature conversion. */
+static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, const struct obj_block *blk, int nb,
+                        double gamma, int backward, int block_loss)
+{
+    if (b->n_tokens < 1 || b->n_tokens > dc->max_tokens || nb < 0 || nb > dc->max_blocks ||
+        b->n_seqs < 1 || b->n_seqs > dc->max_tokens || (!b->hidden_bf16 == !b->hidden_f32))
+        return -DF_ERANGE;
+    for (int i = 0; i < nb; i++) {
+        int s = blk[i].seq;
+        if (s < 0 || s >= b->n_seqs || blk[i].anchor < b->cu_seqlens[s] ||
+            blk[i].anchor >= b->cu_seqlens[s + 1])
+            return -DF_ERANGE;
+    }
+    CU(cudaSetDevice(dc->device));
+    cudaStream_t s = dc->stream;
+    int n_tiles = 0;
+    mark(dc, DCP_INPUT);
+    int R = stage_batch(dc, b, blk, nb, gamma, &n_tiles);
+    if (R < 0)
+        return R;
+    if (nb == 0) {      /* nothing supervised: no feature is read, every gradient is zero */
+        CU(cudaEventRecord(dc->ev_input, dc->copy));    /* complete once earlier copies are */
+        metrics_vec_kernel<<<1, 32, 0, s>>>(dc->md.mbase, NULL, dc->d_mvec);
+        CU(cudaGetLastError());
+        if (backward)
+            CU(cudaMemsetAsync(dc->grads, 0, dc->n_params * sizeof(float), s));
+        mark(dc, DCP_IDLE);
+        return 0;
+    }
+    const int buf = dc->hs_next;
+    TRY(stage_hidden(dc, b, buf));
+    dc->hs_next = buf ^ 1;
+    int r = enqueue_compute(dc, b, nb, R, n_tiles, backward, block_loss, buf);
+    if (r < 0)      /* a later copy into buf still waits for whatever this pass enqueued */
+        cudaEventRecord(dc->ev_hs_free[buf], s);
+    return r;
 }
 
 /* The pass with the host waiting for its metrics. */
@@ -1069,8 +1123,7 @@ extern "C" int64_t drafter_cuda_step_count(const struct drafter_cuda *dc) { retu
 
 static int download(struct drafter_cuda *dc, float *host, const float *dev)
 {
-    CU(cudaSetDevice(dc->device));
-    CU(cudaStreamSynchronize(dc->stream));
+    TRY(sync_streams(dc));
     CU(cudaMemcpy(host, dev, dc->n_params * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
@@ -1089,8 +1142,7 @@ extern "C" int drafter_cuda_sync_to_host(struct drafter_cuda *dc, struct drafter
 {
     if (!same_layout(dc, d))
         return -DF_ELAYOUT;
-    CU(cudaSetDevice(dc->device));
-    CU(cudaStreamSynchronize(dc->stream));
+    TRY(sync_streams(dc));
     retire_all(dc);     /* the step count of the state written out is exact */
     TRY(download(dc, d->params, dc->params));
     TRY(download(dc, d->opt->m, dc->m));

@@ -85,7 +85,9 @@ int drafter_cuda_train_step(struct drafter_cuda *dc, const struct obj_batch *b, 
  *    sum(w*CE) into the gradient buffer, the metric sums into drafter_cuda_metrics_dev()
  *    (DRAFTER_METRICS_N doubles, struct drafter_metrics order). When it returns, the batch's host
  *    arrays may be reused, except hidden_bf16, which may be reused (a ring slot released) once
- *    drafter_cuda_input_event() has completed.
+ *    drafter_cuda_input_event() has completed. The features are copied on a copy stream of the
+ *    drafter's own into one of two device buffers, so the copy of the next pass's features runs
+ *    while this pass computes; the input event is recorded on that copy stream.
  * 2. the group sums the gradient buffer and the metric vector on the same stream, in one call
  *    (nccl_coll_allreduce_sum); alone it does nothing.
  * 3. drafter_cuda_optimizer_step_async(): scale by 1 / the (summed) weight sum read on the device,

@@ -1,8 +1,9 @@
 /* test_drafter_cuda.c: the CUDA drafter against the CPU reference: loss (1e-2 relative) and every
  * gradient (cosine >= 0.999) on the golden batch, a longer random batch (many key tiles) and a
  * head_dim 128 drafter; the optimizer step on identical gradients; a few training steps side by
- * side, and the asynchronous step API (results read a step later) against the synchronous one;
- * parameters and moments round-tripped through the host drafter. */
+ * side, and the asynchronous step API (results read a step later) against the synchronous one, also
+ * with four steps in flight on pinned bf16 features (copies overlapping compute); parameters and
+ * moments round-tripped through the host drafter. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "model/drafter_cuda.h"
@@ -332,6 +333,56 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
             dmax = fmax(dmax, fabs((double)pc[i] - pa[i]));
         printf("  %s async twin after %d steps: max |param diff| %.3g\n", name, train_steps, dmax);
         CHECK(dmax <= 1e-6);
+
+        /* bf16 features from pinned memory (pitched rows), four steps enqueued at once on the twin,
+         * so each copy runs while the step before computes. Features X, X, -X, -X: a copy landing
+         * in a buffer that an earlier step still reads would change that step. The twin must match
+         * the synchronous drafter step for step. */
+        const size_t LcH = (size_t)f.cfg.n_target_ids * f.cfg.hidden_size, pitch = LcH + 8;
+        const size_t nrow = (size_t)f.n_tokens;
+        uint16_t *hx = NULL;
+        CUDA_CHECK(cudaMallocHost((void **)&hx, 2 * nrow * pitch * sizeof *hx));
+        for (size_t t = 0; t < nrow; t++)
+            for (size_t j = 0; j < pitch; j++) {
+                float x = j < LcH ? f.hidden[t * LcH + j] : NAN;    /* the row padding is never read */
+                hx[t * pitch + j] = gk_f32_to_bf16(x);
+                hx[(nrow + t) * pitch + j] = gk_f32_to_bf16(-x);
+            }
+        struct obj_batch bx[2] = { f.batch, f.batch };
+        for (int k = 0; k < 2; k++) {
+            bx[k].hidden_f32 = NULL;
+            bx[k].hidden_bf16 = hx + (size_t)k * nrow * pitch;
+            bx[k].hidden_pitch = pitch;
+        }
+        enum { K = 4 };
+        const int pick[K] = { 0, 0, 1, 1 };
+        struct drafter_metrics ms[K];
+        struct drafter_step_info is[K];
+        for (int s = 0; s < K; s++) {
+            CHECK_OK(drafter_cuda_forward_backward(dc, &bx[pick[s]], blk, nb, GAMMA, &ms[s]));
+            CHECK_OK(drafter_cuda_optimizer_step(dc, ms[s].weight_sum, &o, &is[s]));
+        }
+        for (int s = 0; s < K; s++) {
+            CHECK_OK(drafter_cuda_forward_backward_async(da, &bx[pick[s]], blk, nb, GAMMA));
+            CHECK_OK(drafter_cuda_optimizer_step_async(da, &o));
+        }
+        for (int s = 0; s < K; s++) {
+            CHECK_OK(drafter_cuda_step_result(da, 1, &ma, &ia));
+            CHECK_NEAR(ma.loss_sum, ms[s].loss_sum, 1e-9 * fabs(ms[s].loss_sum));
+            CHECK_NEAR(ia.grad_norm, is[s].grad_norm, 1e-6 * is[s].grad_norm);
+            CHECK_INT(ia.step, ==, is[s].step);
+        }
+        CHECK(fabs(ms[2].loss_sum - ms[1].loss_sum) > 1e-6 * fabs(ms[1].loss_sum));    /* -X is another batch */
+        CHECK_OK(drafter_cuda_download_params(dc, pc));
+        CHECK_OK(drafter_cuda_download_params(da, pa));
+        dmax = 0;
+        for (size_t i = 0; i < np; i++)
+            dmax = fmax(dmax, fabs((double)pc[i] - pa[i]));
+        printf("  %s %d steps in flight on pinned bf16 features X, X, -X, -X: loss %.5f %.5f %.5f %.5f,"
+               " max |param diff| %.3g\n", name, (int)K, drafter_metrics_loss(&ms[0]), drafter_metrics_loss(&ms[1]),
+               drafter_metrics_loss(&ms[2]), drafter_metrics_loss(&ms[3]), dmax);
+        CHECK(dmax <= 1e-6);
+        cudaFreeHost(hx);
         free(pc);
         free(pa);
     }
