@@ -1,5 +1,6 @@
 /* rope.cu: packed positions, rotary embedding fused with the optional per-head RMSNorm.
- * One warp per (token, head); the head stays in registers between the norm and the rotation. */
+ * One warp per (token, head); the head stays in registers between the norm and the rotation,
+ * read from one strided buffer and written in place or to another. */
 #include <math.h>
 #include "gpukern/rope.h"
 #include "gpukern/gk_impl.cuh"
@@ -55,16 +56,19 @@ extern "C" int gk_positions(const int32_t *cu_seqlens, int n_seqs, int32_t *pos,
     return 0;
 }
 
-/* Lane l owns the pairs (i, i + half) for i = 2l + 64k, k < 4, two at a time (bf162). */
-__global__ void rope_kernel(bf16 *x, long stride, int n_tokens, int n_heads, int head_dim,
-                            const int32_t *pos, const float *inv_freq, const bf16 *norm_w, float eps)
+/* Lane l owns the pairs (i, i + half) for i = 2l + 64k, k < 4, two at a time (bf162). A lane
+ * writes only what it has read itself, so src == dst (in place) is safe. */
+__global__ void rope_kernel(const bf16 *src, long src_stride, bf16 *dst, long dst_stride, int n_tokens,
+                            int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
+                            const bf16 *norm_w, float eps)
 {
     int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (r >= n_tokens * n_heads) return;
     int lane = threadIdx.x & 31;
     int t = r / n_heads, h = r % n_heads;
     int half = head_dim / 2;
-    bf16 *xh = x + (long)t * stride + (long)h * head_dim;
+    const bf16 *xh = src + (long)t * src_stride + (long)h * head_dim;
+    bf16 *yh = dst + (long)t * dst_stride + (long)h * head_dim;
     float2 a[4], b[4];
     float ss = 0.f;
 #pragma unroll
@@ -99,24 +103,33 @@ __global__ void rope_kernel(bf16 *x, long stride, int n_tokens, int n_heads, int
             sincosf(p * inv_freq[i + 1], &s1, &c1);
             float2 oa = make_float2(a[k].x * c0 - b[k].x * s0, a[k].y * c1 - b[k].y * s1);
             float2 ob = make_float2(b[k].x * c0 + a[k].x * s0, b[k].y * c1 + a[k].y * s1);
-            *(__nv_bfloat162 *)(xh + i) = __float22bfloat162_rn(oa);
-            *(__nv_bfloat162 *)(xh + half + i) = __float22bfloat162_rn(ob);
+            *(__nv_bfloat162 *)(yh + i) = __float22bfloat162_rn(oa);
+            *(__nv_bfloat162 *)(yh + half + i) = __float22bfloat162_rn(ob);
         }
     }
+}
+
+extern "C" int gk_rope_to(const void *src, long src_stride, void *dst, long dst_stride, int n_tokens,
+                          int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
+                          const void *norm_w, float eps, cudaStream_t stream)
+{
+    if (n_tokens < 0 || n_heads <= 0 || head_dim <= 0 || head_dim % 8 || head_dim > 512 ||
+        src_stride < (long)n_heads * head_dim || dst_stride < (long)n_heads * head_dim ||
+        !gk_vec_ok(src, src_stride) || !gk_vec_ok(dst, dst_stride) || (norm_w && !gk_vec_ok(norm_w, 0)) ||
+        (src == dst && src_stride != dst_stride))
+        return -EINVAL;
+    if (n_tokens == 0) return 0;
+    const int warps = 4;
+    rope_kernel<<<gk_blocks((long)n_tokens * n_heads, warps), warps * 32, 0, stream>>>(
+        (const bf16 *)src, src_stride, (bf16 *)dst, dst_stride, n_tokens, n_heads, head_dim, pos, inv_freq,
+        (const bf16 *)norm_w, eps);
+    GK_LAUNCH_CHECK();
+    return 0;
 }
 
 extern "C" int gk_rope(void *x, long stride, int n_tokens, int n_heads, int head_dim,
                        const int32_t *pos, const float *inv_freq, const void *norm_w, float eps,
                        cudaStream_t stream)
 {
-    if (n_tokens < 0 || n_heads <= 0 || head_dim <= 0 || head_dim % 8 || head_dim > 512 ||
-        stride < (long)n_heads * head_dim || !gk_vec_ok(x, stride) ||
-        (norm_w && !gk_vec_ok(norm_w, 0)))
-        return -EINVAL;
-    if (n_tokens == 0) return 0;
-    const int warps = 4;
-    rope_kernel<<<gk_blocks((long)n_tokens * n_heads, warps), warps * 32, 0, stream>>>(
-        (bf16 *)x, stride, n_tokens, n_heads, head_dim, pos, inv_freq, (const bf16 *)norm_w, eps);
-    GK_LAUNCH_CHECK();
-    return 0;
+    return gk_rope_to(x, stride, x, stride, n_tokens, n_heads, head_dim, pos, inv_freq, norm_w, eps, stream);
 }

@@ -29,3 +29,11 @@ GK_API int gk_positions(const int32_t *cu_seqlens, int n_seqs, int32_t *pos, int
 GK_API int gk_rope(void *x, long stride, int n_tokens, int n_heads, int head_dim,
                    const int32_t *pos, const float *inv_freq, const void *norm_w, float eps,
                    cudaStream_t stream);
+
+/* As gk_rope, out of place: head h of token t read at src + t*src_stride + h*head_dim, the result
+ * written at dst + t*dst_stride + h*head_dim (e.g. the q or k columns of a fused q|k|v projection
+ * into a compact array, with no copy first). src and dst must not overlap unless they are equal
+ * (then with equal strides: gk_rope). Same requirements for both as gk_rope. */
+GK_API int gk_rope_to(const void *src, long src_stride, void *dst, long dst_stride, int n_tokens,
+                      int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
+                      const void *norm_w, float eps, cudaStream_t stream);

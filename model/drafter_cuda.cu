@@ -615,15 +615,6 @@ static int gemm(struct drafter_cuda *dc, int ta, int tb, int M, int N, int K, co
     return gk_gemmx_gemm(dc->gx, dc->stream, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, D, d_type, ldd);
 }
 
-static int copy_cols(struct drafter_cuda *dc, bf16_t *dst, long dst_ld, const bf16_t *src, long src_ld,
-                     long cols, long rows)
-{
-    if (rows == 0)
-        return 0;
-    CU(cudaMemcpy2DAsync(dst, dst_ld * 2, src, src_ld * 2, cols * 2, rows, cudaMemcpyDeviceToDevice, dc->stream));
-    return 0;
-}
-
 /* Labels, weights, block inputs, the attention plan: built on the host, one H2D. Also the
  * metrics the host knows (weight sum, supervised rows, blocks, tokens). Returns the number of
  * scored rows. */
@@ -751,16 +742,18 @@ static int layer_fwd(struct drafter_cuda *dc, int l, int T, int nb)
     /* context keys/values from hidden_norm(fc(features)) */
     mark(dc, DCP_F_CTX_KV);
     TRY(gk_linear(dc->gemm, s, T, 2 * kvd, H, dc->cx, H, WB(o->k), NULL, 0, a->kvc, 2 * kvd));
-    TRY(copy_cols(dc, a->kcp, kvd, a->kvc, 2 * kvd, kvd, T));
-    TRY(gk_rope(a->kcp, kvd, T, dc->nkv, dc->hd, dc->pos_ctx, dc->inv_freq, WB(o->k_norm), dc->eps, s));
+    TRY(gk_rope_to(a->kvc, 2 * kvd, a->kcp, kvd, T, dc->nkv, dc->hd, dc->pos_ctx, dc->inv_freq, WB(o->k_norm),
+                   dc->eps, s));
     /* block queries / keys / values */
     mark(dc, DCP_F_QKV);
     TRY(gk_rmsnorm(dc->X[l], H, WB(o->input_norm), dc->nrm, H, Q, H, dc->eps, s));
     TRY(gk_linear(dc->gemm, s, Q, qkvd, H, dc->nrm, H, WB(o->q), NULL, 0, a->qkv, qkvd));
-    TRY(copy_cols(dc, a->qp, qd, a->qkv, qkvd, qd, Q));
-    TRY(gk_rope(a->qp, qd, Q, dc->nh, dc->hd, dc->md.pos_q, dc->inv_freq, WB(o->q_norm), dc->eps, s));
-    TRY(copy_cols(dc, a->kbp, kvd, a->qkv + qd, qkvd, kvd, Q));
-    TRY(gk_rope(a->kbp, kvd, Q, dc->nkv, dc->hd, dc->md.pos_q, dc->inv_freq, WB(o->k_norm), dc->eps, s));
+    /* q and k normed + rotated straight out of the fused projection (the raw q|k|v stays for the
+     * backward) */
+    TRY(gk_rope_to(a->qkv, qkvd, a->qp, qd, Q, dc->nh, dc->hd, dc->md.pos_q, dc->inv_freq, WB(o->q_norm),
+                   dc->eps, s));
+    TRY(gk_rope_to(a->qkv + qd, qkvd, a->kbp, kvd, Q, dc->nkv, dc->hd, dc->md.pos_q, dc->inv_freq,
+                   WB(o->k_norm), dc->eps, s));
     gk_dflash_attn at = attn_args(dc, a, nb);
     mark(dc, DCP_F_ATTN);
     TRY(gk_dflash_attn_fwd(&at, s));

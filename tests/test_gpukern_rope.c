@@ -1,5 +1,6 @@
 /* test_gpukern_rope.c: gk_rope_inv_freq (default, linear, Llama-3 scaling), gk_positions over a
- * packed batch, and gk_rope with and without the per-head norm, against fp64 CPU references. */
+ * packed batch, and gk_rope with and without the per-head norm, against fp64 CPU references;
+ * gk_rope_to (strided source, another destination) bit-equal to gk_rope, the source untouched. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "gpukern/rope.h"
@@ -94,6 +95,32 @@ static void test_rope(int with_norm)
     printf("rope%s seqs %d T %d heads %d hd %d: rel err %.2e\n", with_norm ? "+norm" : "", n_seqs, T, nh, hd, e);
     CHECK(e < 4e-3);
     CHECK_INT(gk_rope(dx, stride, T, nh, 12, dpos, dinv, NULL, eps, 0), ==, -EINVAL);
+
+    /* out of place: the heads read from the original rows (columns after them untouched), written
+     * compactly with another stride; the same bits as in place */
+    const long dstride = (long)nh * hd + 8 * gk_rng_int(0, 2);
+    void *dsrc = gk_dev_upload(hx, (size_t)T * stride * 2), *ddst = gk_dev_poisoned((size_t)T * dstride);
+    CHECK_INT(gk_rope_to(dsrc, stride, ddst, dstride, T, nh, hd, dpos, dinv, with_norm ? dw : NULL, eps, 0), ==, 0);
+    uint16_t *hsrc = malloc((size_t)T * stride * 2), *hdst = malloc((size_t)T * dstride * 2);
+    uint16_t *hin = malloc((size_t)T * stride * 2);
+    CHECK(hsrc && hdst && hin);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(hsrc, dsrc, (size_t)T * stride * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hdst, ddst, (size_t)T * dstride * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hin, dx, (size_t)T * stride * 2, cudaMemcpyDeviceToHost));
+    CHECK(!memcmp(hsrc, hx, (size_t)T * stride * 2));
+    for (int t = 0; t < T; t++) {
+        if (memcmp(hdst + (size_t)t * dstride, hin + (size_t)t * stride, (size_t)nh * hd * 2))
+            TEST_FAIL("gk_rope_to row %d differs from gk_rope", t);
+        for (long c = (long)nh * hd; c < dstride; c++)
+            if (hdst[(size_t)t * dstride + c] != 0xffff) TEST_FAIL("gk_rope_to wrote past the heads of row %d", t);
+    }
+    CHECK_INT(gk_rope_to(dsrc, stride, ddst, (long)nh * hd - 8, T, nh, hd, dpos, dinv, NULL, eps, 0), ==, -EINVAL);
+    CHECK_INT(gk_rope_to(dsrc, stride, dsrc, stride + 8, T, nh, hd, dpos, dinv, NULL, eps, 0), ==, -EINVAL);
+    printf("rope_to%s (dst stride %ld): bit-equal to in place\n", with_norm ? "+norm" : "", dstride);
+    cudaFree(dsrc); cudaFree(ddst);
+    free(hsrc); free(hdst); free(hin);
+
     cudaFree(dx); cudaFree(dw); cudaFree(dcu); cudaFree(dinv); cudaFree(dpos);
     free(hx); free(hw); free(x); free(w); free(pos); free(out); free(ref);
 }
