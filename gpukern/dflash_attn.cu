@@ -703,6 +703,62 @@ __global__ void __launch_bounds__(MW * 32) bwd_q_mma(gk_dflash_attn a, gk_dflash
     }
 }
 
+/* One unit of the key pass for warp `warp`'s 16 keys of the K, V tiles (this thread's keys
+ * visible where kvis): S^T = K Q^T and dP^T = V dO^T over 64 query rows (the first `rows` of
+ * them real), P^T and dS^T = P^T (dP^T - delta), then dV += P^T dO and dK += dS^T Q. */
+template <int HD>
+__device__ __forceinline__ void kv_unit(float (*dk)[4], float (*dv)[4], const bf16 *sK, const bf16 *sV, const bf16 *sQ,
+                                        const bf16 *sD, const float *lse_s, const float *dl_s, const bool kvis[2],
+                                        int rows, float sl2, int warp, int lane)
+{
+    constexpr int LDS = HD + MPAD;
+    const int mi = lane >> 3, ri = lane & 7;
+    float st[MB / 8][4], dpt[MB / 8][4];
+#pragma unroll
+    for (int i = 0; i < MB / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) st[i][e] = dpt[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        uint32_t ka[4], va[4];
+        ld_a<LDS>(ka, sK, warp, kk, mi, ri);
+        ld_a<LDS>(va, sV, warp, kk, mi, ri);
+        mma_nt_step<LDS, MB / 8>(st, ka, sQ, kk * 16, mi, ri);
+        mma_nt_step<LDS, MB / 8>(dpt, va, sD, kk * 16, mi, ri);
+    }
+#pragma unroll
+    for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int col = nt * 8 + (lane & 3) * 2 + (e & 1), hr = e >> 1;
+            const float p = kvis[hr] && col < rows ? exp2f(st[nt][e] * sl2 - lse_s[col]) : 0.f;
+            st[nt][e] = p;
+            dpt[nt][e] = p * (dpt[nt][e] - dl_s[col]);
+        }
+    mma_pv<HD>(dv, st, sD, mi, ri);
+    mma_pv<HD>(dk, dpt, sQ, mi, ri);
+}
+
+/* This thread's two keys (key_a, key_a + 8; those < n_keys) of the tile: scale * dK as fp32 at
+ * dk_base + key * dks, dV as bf16 at dv_base + key * dvs. */
+template <int HD>
+__device__ __forceinline__ void store_kv(const float (*dk)[4], const float (*dv)[4], float *dk_base, long dks,
+                                         bf16 *dv_base, long dvs, int key_a, int n_keys, int lane, float scale)
+{
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int k = key_a + hr * 8;
+        if (k >= n_keys) continue;
+        float *dkp = dk_base + k * dks + (lane & 3) * 2;
+        bf16 *dvp = dv_base + k * dvs + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            *(float2 *)(dkp + dt * 8) = make_float2(dk[dt][2 * hr] * scale, dk[dt][2 * hr + 1] * scale);
+            *(__nv_bfloat162 *)(dvp + dt * 8) = __floats2bfloat162_rn(dv[dt][2 * hr], dv[dt][2 * hr + 1]);
+        }
+    }
+}
+
 /* dK, dV key-major: per (key tile, kv head), for every block that sees the tile and 64 of its
  * query rows at a time: S^T = K Q^T, dP^T = V dO^T, then dV += P^T dO, dK += dS^T Q. Warp w
  * owns keys [16w, 16w + 16) of the tile. Used for the blocks' own keys (tiles[tile0 + x]);
@@ -716,7 +772,7 @@ __global__ void __launch_bounds__(MW * 32) bwd_kv_mma(gk_dflash_attn a, gk_dflas
     float *lse_s = (float *)(sD + MB * LDS), *dl_s = lse_s + MB;
     const gk_dflash_ktile tile = gr.tiles[tile0 + blockIdx.x];
     const int g = blockIdx.y, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, mi = lane >> 3, ri = lane & 7;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const bool self = tile.key0 < 0;
     const int bself = -1 - tile.key0, n_keys = tile.n_keys;
     const bf16 *kbase = self ? (const bf16 *)a.kb + (long)bself * bs * a.kb_stride
@@ -759,46 +815,17 @@ __global__ void __launch_bounds__(MW * 32) bwd_kv_mma(gk_dflash_attn a, gk_dflas
             }
             cp_async_wait_all();
             __syncthreads();
-            float st[MB / 8][4], dpt[MB / 8][4];
-#pragma unroll
-            for (int i = 0; i < MB / 8; i++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) st[i][e] = dpt[i][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                uint32_t ka[4], va[4];
-                ld_a<LDS>(ka, sK, warp, kk, mi, ri);
-                ld_a<LDS>(va, sV, warp, kk, mi, ri);
-                mma_nt_step<LDS, MB / 8>(st, ka, sQ, kk * 16, mi, ri);
-                mma_nt_step<LDS, MB / 8>(dpt, va, sD, kk * 16, mi, ri);
-            }
-#pragma unroll
-            for (int nt = 0; nt < MB / 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int col = nt * 8 + (lane & 3) * 2 + (e & 1), hr = e >> 1;
-                    const float p = kvis[hr] && r0 + col < R ? exp2f(st[nt][e] * sl2 - lse_s[col]) : 0.f;
-                    st[nt][e] = p;
-                    dpt[nt][e] = p * (dpt[nt][e] - dl_s[col]);
-                }
-            mma_pv<HD>(dv, st, sD, mi, ri);
-            mma_pv<HD>(dk, dpt, sQ, mi, ri);
+            kv_unit<HD>(dk, dv, sK, sV, sQ, sD, lse_s, dl_s, kvis, R - r0, sl2, warp, lane);
         }
     }
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int k = key_a + hr * 8;
-        if (k >= n_keys) continue;
-        const long krow = self ? (long)bself * bs + k : (long)tile.key0 + k;
-        float *dkp = (self ? gr.dkb + krow * gr.dkb_stride : gr.dkc + krow * gr.dkc_stride) + (long)g * HD + (lane & 3) * 2;
-        bf16 *dvp = (bf16 *)(self ? gr.dvb : gr.dvc) + krow * (self ? gr.dvb_stride : gr.dvc_stride) + (long)g * HD +
-                    (lane & 3) * 2;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++) {
-            *(float2 *)(dkp + dt * 8) = make_float2(dk[dt][2 * hr] * a.scale, dk[dt][2 * hr + 1] * a.scale);
-            *(__nv_bfloat162 *)(dvp + dt * 8) = __floats2bfloat162_rn(dv[dt][2 * hr], dv[dt][2 * hr + 1]);
-        }
-    }
+    if (self)
+        store_kv<HD>(dk, dv, gr.dkb + (long)bself * bs * gr.dkb_stride + (long)g * HD, gr.dkb_stride,
+                     (bf16 *)gr.dvb + (long)bself * bs * gr.dvb_stride + (long)g * HD, gr.dvb_stride, key_a, n_keys,
+                     lane, a.scale);
+    else
+        store_kv<HD>(dk, dv, gr.dkc + (long)tile.key0 * gr.dkc_stride + (long)g * HD, gr.dkc_stride,
+                     (bf16 *)gr.dvc + (long)tile.key0 * gr.dvc_stride + (long)g * HD, gr.dvc_stride, key_a, n_keys,
+                     lane, a.scale);
 }
 
 
@@ -821,7 +848,6 @@ __global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a,
     constexpr int LDS = HD + MPAD, TILE = MB * LDS;
     extern __shared__ __align__(16) unsigned char smem[];
     const int wg = threadIdx.x / (MW * 32), tid = threadIdx.x % (MW * 32), warp = tid >> 5, lane = tid & 31;
-    const int mi = lane >> 3, ri = lane & 7;
     bf16 *sK = (bf16 *)smem, *sV = sK + TILE;
     bf16 *sQD = sV + TILE + wg * 4 * TILE;                      /* this warpgroup's [2 buffers][Q, dO] */
     float *stat = (float *)(sK + (2 + 4 * KV_WG) * TILE) + wg * 4 * MB;    /* [2 buffers][lse, delta] */
@@ -880,30 +906,7 @@ __global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a,
             const int kk = key_a + hr * 8;
             kvis[hr] = kk < n_keys && tile.key0 + kk < ctx_end;
         }
-        float st[MB / 8][4], dpt[MB / 8][4];
-#pragma unroll
-        for (int i = 0; i < MB / 8; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) st[i][e] = dpt[i][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t ka[4], va[4];
-            ld_a<LDS>(ka, sK, warp, kk, mi, ri);
-            ld_a<LDS>(va, sV, warp, kk, mi, ri);
-            mma_nt_step<LDS, MB / 8>(st, ka, sQ, kk * 16, mi, ri);
-            mma_nt_step<LDS, MB / 8>(dpt, va, sD, kk * 16, mi, ri);
-        }
-#pragma unroll
-        for (int nt = 0; nt < MB / 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int col = nt * 8 + (lane & 3) * 2 + (e & 1), hr = e >> 1;
-                const float p = kvis[hr] && r0 + col < R ? exp2f(st[nt][e] * sl2 - lse_s[col]) : 0.f;
-                st[nt][e] = p;
-                dpt[nt][e] = p * (dpt[nt][e] - dl_s[col]);
-            }
-        mma_pv<HD>(dv, st, sD, mi, ri);
-        mma_pv<HD>(dk, dpt, sQ, mi, ri);
+        kv_unit<HD>(dk, dv, sK, sV, sQ, sD, lse_s, dl_s, kvis, R - r0, sl2, warp, lane);
         wg_sync(wg);        /* buffer k & 1 is free for unit u + 2 * KV_WG */
     }
     cp_async_wait_all();
@@ -925,19 +928,9 @@ __global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a,
         dk[dt][0] += x.x; dk[dt][1] += x.y; dk[dt][2] += x.z; dk[dt][3] += x.w;
         dv[dt][0] += y.x; dv[dt][1] += y.y; dv[dt][2] += y.z; dv[dt][3] += y.w;
     }
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int kk = key_a + hr * 8;
-        if (kk >= n_keys) continue;
-        const long krow = (long)tile.key0 + kk;
-        float *dkp = gr.dkc + krow * gr.dkc_stride + (long)g * HD + (lane & 3) * 2;
-        bf16 *dvp = (bf16 *)gr.dvc + krow * gr.dvc_stride + (long)g * HD + (lane & 3) * 2;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++) {
-            *(float2 *)(dkp + dt * 8) = make_float2(dk[dt][2 * hr] * a.scale, dk[dt][2 * hr + 1] * a.scale);
-            *(__nv_bfloat162 *)(dvp + dt * 8) = __floats2bfloat162_rn(dv[dt][2 * hr], dv[dt][2 * hr + 1]);
-        }
-    }
+    store_kv<HD>(dk, dv, gr.dkc + (long)tile.key0 * gr.dkc_stride + (long)g * HD, gr.dkc_stride,
+                 (bf16 *)gr.dvc + (long)tile.key0 * gr.dvc_stride + (long)g * HD, gr.dvc_stride, key_a, n_keys, lane,
+                 a.scale);
 }
 
 template <int HD> size_t fwd_mma_smem() { return (size_t)4 * MB * (HD + MPAD) * 2; }

@@ -13,6 +13,16 @@
 
 static const double GAMMA = 7.0;
 
+/* Two CUDA drafters given the same steps (the synchronous one and its asynchronous twin) are not
+ * bitwise equal: the norm weights' gradients are summed with float atomics in no fixed order, and
+ * AdamW turns a last-bit change of a near-zero gradient into a full-size update (m / sqrt(v) is
+ * about +-1 whatever the gradient's size). Seen on an H200, with and without the steps overlapping:
+ * loss 4e-5 and grad norm 8e-6 apart (relative), parameters 7e-5 apart after ten steps. A pass that
+ * read the wrong features (X for -X) moves the loss by ~1% and the fc update by ~2 lr (6e-3). */
+#define TWIN_LOSS_REL 1e-4
+#define TWIN_NORM_REL 1e-4
+#define TWIN_PARAM_ABS 1e-3
+
 static double cosine(const float *a, const float *b, size_t n)
 {
     double ab = 0, aa = 0, bb = 0;
@@ -296,10 +306,10 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
         if (s > 0) {
             CHECK(drafter_cuda_result_event(da) != NULL);
             CHECK_OK(drafter_cuda_step_result(da, 1, &ma, &ia));
-            CHECK_NEAR(ma.loss_sum, prev_m.loss_sum, 1e-9 * fabs(prev_m.loss_sum));
+            CHECK_NEAR(ma.loss_sum, prev_m.loss_sum, TWIN_LOSS_REL * fabs(prev_m.loss_sum));
             CHECK_NEAR(ma.weight_sum, prev_m.weight_sum, 0);
             CHECK_NEAR(ma.tokens, prev_m.tokens, 0);
-            CHECK_NEAR(ia.grad_norm, prev_i.grad_norm, 1e-6 * prev_i.grad_norm);
+            CHECK_NEAR(ia.grad_norm, prev_i.grad_norm, TWIN_NORM_REL * prev_i.grad_norm);
             CHECK_NEAR(ia.lr, prev_i.lr, 1e-12);
             CHECK_INT(ia.step, ==, prev_i.step);
         }
@@ -321,7 +331,7 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
         struct drafter_step_info ia;
         CHECK_OK(drafter_cuda_step_result(da, 1, &ma, &ia));
         CHECK_INT(ia.step, ==, prev_i.step);
-        CHECK_NEAR(ma.loss_sum, prev_m.loss_sum, 1e-9 * fabs(prev_m.loss_sum));
+        CHECK_NEAR(ma.loss_sum, prev_m.loss_sum, TWIN_LOSS_REL * fabs(prev_m.loss_sum));
         CHECK_INT(drafter_cuda_step_result(da, 0, NULL, NULL), ==, -ENOENT);
         size_t np = d->n_params;
         float *pc = malloc(np * sizeof *pc), *pa = malloc(np * sizeof *pa);
@@ -332,7 +342,7 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
         for (size_t i = 0; i < np; i++)
             dmax = fmax(dmax, fabs((double)pc[i] - pa[i]));
         printf("  %s async twin after %d steps: max |param diff| %.3g\n", name, train_steps, dmax);
-        CHECK(dmax <= 1e-6);
+        CHECK(dmax <= TWIN_PARAM_ABS);
 
         /* bf16 features from pinned memory (pitched rows), four steps enqueued at once on the twin,
          * so each copy runs while the step before computes. Features X, X, -X, -X: a copy landing
@@ -368,11 +378,12 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
         }
         for (int s = 0; s < K; s++) {
             CHECK_OK(drafter_cuda_step_result(da, 1, &ma, &ia));
-            CHECK_NEAR(ma.loss_sum, ms[s].loss_sum, 1e-9 * fabs(ms[s].loss_sum));
-            CHECK_NEAR(ia.grad_norm, is[s].grad_norm, 1e-6 * is[s].grad_norm);
+            CHECK_NEAR(ma.loss_sum, ms[s].loss_sum, TWIN_LOSS_REL * fabs(ms[s].loss_sum));
+            CHECK_NEAR(ia.grad_norm, is[s].grad_norm, TWIN_NORM_REL * is[s].grad_norm);
             CHECK_INT(ia.step, ==, is[s].step);
         }
-        CHECK(fabs(ms[2].loss_sum - ms[1].loss_sum) > 1e-6 * fabs(ms[1].loss_sum));    /* -X is another batch */
+        /* -X is another batch: far beyond the twins' tolerance */
+        CHECK(fabs(ms[2].loss_sum - ms[1].loss_sum) > 10 * TWIN_LOSS_REL * fabs(ms[1].loss_sum));
         CHECK_OK(drafter_cuda_download_params(dc, pc));
         CHECK_OK(drafter_cuda_download_params(da, pa));
         dmax = 0;
@@ -381,7 +392,7 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
         printf("  %s %d steps in flight on pinned bf16 features X, X, -X, -X: loss %.5f %.5f %.5f %.5f,"
                " max |param diff| %.3g\n", name, (int)K, drafter_metrics_loss(&ms[0]), drafter_metrics_loss(&ms[1]),
                drafter_metrics_loss(&ms[2]), drafter_metrics_loss(&ms[3]), dmax);
-        CHECK(dmax <= 1e-6);
+        CHECK(dmax <= TWIN_PARAM_ABS);
         cudaFreeHost(hx);
         free(pc);
         free(pa);
