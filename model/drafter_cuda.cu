@@ -48,6 +48,7 @@ struct cu_layer_act {
     float *lse;         /* [Q, nh] */
     bf16_t *h1;         /* X + attention [Q, H] */
     bf16_t *gu;         /* [Q, 2I] gate | up */
+    bf16_t *z;          /* [Q, I] silu(gate) * up: kept rather than recomputed in the backward */
 };
 
 /* What the host builds per batch; one pinned region mirrored on the device, one H2D copy. */
@@ -123,6 +124,9 @@ struct drafter_cuda {
     cudaEvent_t *prof_ev;       /* [PROF_MARKS] when profiling */
     uint8_t prof_phase[PROF_MARKS];     /* the phase each mark starts (DCP_IDLE: none) */
 
+    struct grad_range { size_t off, n; } *norm_ranges;  /* the norms' gradients, adjacent ones merged */
+    int n_norm_ranges;
+
     struct obj_block *sample_blocks;    /* host scratch of train_step */
     int32_t *sample_work;
     int64_t applied;            /* optimizer steps known to be applied */
@@ -185,10 +189,11 @@ static void layout_acts(struct drafter_cuda *dc, struct carver *c)
         CARVE(c, a->lse, Q * nh);
         CARVE(c, a->h1, Q * H);
         CARVE(c, a->gu, Q * 2 * I);
+        CARVE(c, a->z, Q * I);
     }
     CARVE(c, dc->fo, Q * H);
     CARVE(c, dc->nrm, Q * H);
-    CARVE(c, dc->z, Q * I);
+    CARVE(c, dc->z, Q * I);            /* dZ in the backward */
     CARVE(c, dc->dgu, Q * 2 * I);
     CARVE(c, dc->dxb, Q * H);
     CARVE(c, dc->dh1b, Q * H);
@@ -281,6 +286,7 @@ extern "C" void drafter_cuda_free(struct drafter_cuda *dc)
     free(dc->la);
     free(dc->sample_blocks);
     free(dc->sample_work);
+    free(dc->norm_ranges);
     free(dc);
 }
 
@@ -405,6 +411,19 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     if (!dc->tensors || !dc->layer || !dc->X || !dc->la || !dc->sample_blocks || !dc->sample_work)
         goto fail;
     memcpy(dc->tensors, host->tensors, (size_t)host->n_tensors * sizeof *dc->tensors);
+    dc->norm_ranges = (struct drafter_cuda::grad_range *)malloc((size_t)host->n_tensors * sizeof *dc->norm_ranges);
+    if (!dc->norm_ranges)
+        goto fail;
+    for (int i = 0; i < host->n_tensors; i++) {
+        const struct drafter_tensor *t = &host->tensors[i];
+        if (t->ndim != 1)
+            continue;       /* matrices: their first weight-gradient GEMM of a backward writes them whole */
+        struct drafter_cuda::grad_range *last = dc->n_norm_ranges ? &dc->norm_ranges[dc->n_norm_ranges - 1] : NULL;
+        if (last && last->off + last->n == t->offset)
+            last->n += t->numel;
+        else
+            dc->norm_ranges[dc->n_norm_ranges++] = { t->offset, t->numel };
+    }
     memcpy(dc->layer, host->layer, (size_t)dc->L * sizeof *dc->layer);
     /* q|k|v and gate|up must be adjacent for the fused GEMMs (drafter.c lays them out so) */
     for (int l = 0; l < dc->L; l++) {
@@ -763,8 +782,8 @@ static int layer_fwd(struct drafter_cuda *dc, int l, int T, int nb)
     mark(dc, DCP_F_MLP);
     TRY(gk_rmsnorm(a->h1, H, WB(o->post_norm), dc->nrm, H, Q, H, dc->eps, s));
     TRY(gk_linear(dc->gemm, s, Q, 2 * I, H, dc->nrm, H, WB(o->gate), NULL, 0, a->gu, 2 * I));
-    TRY(gk_swiglu(a->gu, a->gu + I, 2 * I, dc->z, I, Q, I, s));
-    TRY(gk_linear(dc->gemm, s, Q, H, I, dc->z, I, WB(o->down), a->h1, H, dc->X[l + 1], H));
+    TRY(gk_swiglu(a->gu, a->gu + I, 2 * I, a->z, I, Q, I, s));
+    TRY(gk_linear(dc->gemm, s, Q, H, I, a->z, I, WB(o->down), a->h1, H, dc->X[l + 1], H));
     return 0;
 }
 
@@ -776,21 +795,20 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
     struct cu_layer_act *a = &dc->la[l];
     cudaStream_t s = dc->stream;
 
-    /* MLP: X' = H1 + down(silu(gate(Bn)) * up(Bn)); Bn and Z recomputed */
+    /* MLP: X' = H1 + down(silu(gate(Bn)) * up(Bn)); Bn recomputed, Z kept from the forward */
     mark(dc, DCP_B_MLP);
     TRY(gk_rmsnorm(a->h1, H, WB(o->post_norm), dc->nrm, H, Q, H, dc->eps, s));
-    TRY(gk_swiglu(a->gu, a->gu + I, 2 * I, dc->z, I, Q, I, s));
-    TRY(gemm(dc, 1, 0, H, I, Q, dc->dxb, H, dc->z, I, 1.0f, GR(o->down), GK_F32, I));
+    TRY(gemm(dc, 1, 0, H, I, Q, dc->dxb, H, a->z, I, 0.0f, GR(o->down), GK_F32, I));
     TRY(gemm(dc, 0, 0, Q, I, H, dc->dxb, H, WB(o->down), I, 0.0f, dc->z, GK_BF16, I));     /* dZ */
     TRY(gk_swiglu_bwd(dc->z, I, a->gu, a->gu + I, 2 * I, dc->dgu, dc->dgu + I, 2 * I, Q, I, s));
-    TRY(gemm(dc, 1, 0, 2 * I, H, Q, dc->dgu, 2 * I, dc->nrm, H, 1.0f, GR(o->gate), GK_F32, H));
+    TRY(gemm(dc, 1, 0, 2 * I, H, Q, dc->dgu, 2 * I, dc->nrm, H, 0.0f, GR(o->gate), GK_F32, H));
     TRY(gemm(dc, 0, 0, Q, H, 2 * I, dc->dgu, 2 * I, WB(o->gate), H, 0.0f, dc->tmp_h, GK_F32, H));
     TRY(gk_rmsnorm_bwd(dc->tmp_h, H, a->h1, H, WB(o->post_norm), dc->dx, H, dc->dh1, H, dc->dh1b, H,
                        GR(o->post_norm), Q, H, dc->eps, s));
 
     /* attention output projection: H1 = X + O Wo^T */
     mark(dc, DCP_B_OPROJ);
-    TRY(gemm(dc, 1, 0, H, qd, Q, dc->dh1b, H, a->o, qd, 1.0f, GR(o->o), GK_F32, qd));
+    TRY(gemm(dc, 1, 0, H, qd, Q, dc->dh1b, H, a->o, qd, 0.0f, GR(o->o), GK_F32, qd));
     TRY(gemm(dc, 0, 0, Q, qd, H, dc->dh1b, H, WB(o->o), qd, 0.0f, dc->dout, GK_BF16, qd));
 
     gk_dflash_attn at = attn_args(dc, a, nb);
@@ -822,12 +840,21 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
     /* projections: block rows read input_layernorm(X) (recomputed), context rows read cx */
     mark(dc, DCP_B_PROJ);
     TRY(gk_rmsnorm(dc->X[l], H, WB(o->input_norm), dc->nrm, H, Q, H, dc->eps, s));
-    TRY(gemm(dc, 1, 0, qkvd, H, Q, dc->dqkvb, qkvd, dc->nrm, H, 1.0f, GR(o->q), GK_F32, H));
-    TRY(gemm(dc, 1, 0, 2 * kvd, H, T, dc->dkvc, 2 * kvd, dc->cx, H, 1.0f, GR(o->k), GK_F32, H));
+    TRY(gemm(dc, 1, 0, qkvd, H, Q, dc->dqkvb, qkvd, dc->nrm, H, 0.0f, GR(o->q), GK_F32, H));
+    TRY(gemm(dc, 1, 0, 2 * kvd, H, T, dc->dkvc, 2 * kvd, dc->cx, H, 1.0f, GR(o->k), GK_F32, H));     /* adds */
     TRY(gemm(dc, 0, 0, Q, H, qkvd, dc->dqkvb, qkvd, WB(o->q), H, 0.0f, dc->tmp_h, GK_F32, H));
     TRY(gemm(dc, 0, 0, T, H, 2 * kvd, dc->dkvc, 2 * kvd, WB(o->k), H, 1.0f, dc->dcx, GK_F32, H));
     TRY(gk_rmsnorm_bwd(dc->tmp_h, H, dc->X[l], H, WB(o->input_norm), dc->dh1, H, dc->dx, H, dc->dxb, H,
                        GR(o->input_norm), Q, H, dc->eps, s));
+    return 0;
+}
+
+/* The norms' gradients are sums of kernel partials: zeroed before a backward. Every matrix's
+ * gradient is written whole (beta 0) by its first weight-gradient GEMM, so nothing else is. */
+static int zero_norm_grads(struct drafter_cuda *dc)
+{
+    for (int i = 0; i < dc->n_norm_ranges; i++)
+        CU(cudaMemsetAsync(dc->grads + dc->norm_ranges[i].off, 0, dc->norm_ranges[i].n * sizeof(float), dc->stream));
     return 0;
 }
 
@@ -861,7 +888,7 @@ static int enqueue_compute(struct drafter_cuda *dc, const struct obj_batch *b, i
 
     if (backward) {
         mark(dc, DCP_B_FC);
-        CU(cudaMemsetAsync(dc->grads, 0, dc->n_params * sizeof(float), s));
+        TRY(zero_norm_grads(dc));
         TRY(gk_rmsnorm_bwd(dc->tmp_h, H, dc->X[dc->L], H, WB(dc->off_norm), NULL, 0, dc->dx, H, dc->dxb, H,
                            GR(dc->off_norm), Q, H, dc->eps, s));
         CU(cudaMemsetAsync(dc->dcx, 0, (size_t)T * H * sizeof(float), s));
@@ -870,7 +897,7 @@ static int enqueue_compute(struct drafter_cuda *dc, const struct obj_batch *b, i
         TRY(gk_rmsnorm_bwd(dc->dcx, H, dc->cpre, H, WB(dc->off_hidden_norm), NULL, 0, NULL, 0, dc->dcpre, H,
                            GR(dc->off_hidden_norm), T, H, dc->eps, s));
         mark(dc, DCP_B_FC);
-        TRY(gemm(dc, 1, 0, H, dc->LcH, T, dc->dcpre, H, hs, dc->LcH, 1.0f, GR(dc->off_fc), GK_F32, dc->LcH));
+        TRY(gemm(dc, 1, 0, H, dc->LcH, T, dc->dcpre, H, hs, dc->LcH, 0.0f, GR(dc->off_fc), GK_F32, dc->LcH));
         CU(cudaEventRecord(dc->ev_hs_free[buf], s));
     }
     mark(dc, DCP_IDLE);
