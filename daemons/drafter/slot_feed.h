@@ -42,7 +42,7 @@ int feed_release_done(struct feed *f, int wait);
 struct feed_batch *feed_front(struct feed *f, int *lost, int *rc);
 
 /* The step reading the front batch's buffer has been enqueued; input_event (a cudaEvent_t,
- * recorded on the compute stream once the buffer has been read) orders the next copy into that
+ * recorded by the drafter once its copy of the buffer is done) orders the next copy into that
  * buffer after it (NULL: the buffer was not read). Pops the front. 0 or -DF_ECUDA. */
 int feed_consumed(struct feed *f, void *input_event);
 
