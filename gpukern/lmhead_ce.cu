@@ -1,6 +1,7 @@
-/* lmhead_ce.cu: chunked LM head + cross entropy: gather the chunk's rows (gk_embed), fp32 logits
- * from cuBLAS, one CTA per row for max/argmax, log-sum-exp, loss and the bf16 logit gradient,
- * then d(hidden) = dlogits @ lm_head from cuBLAS, scattered back to the rows. */
+/* lmhead_ce.cu: chunked LM head + cross entropy: gather the chunk's rows (gk_embed), bf16 logits
+ * from cuBLAS (fp32 accumulation, as a bf16 autocast trainer has them), one CTA per row for
+ * max/argmax, log-sum-exp (fp32), loss and the bf16 logit gradient, then d(hidden) = dlogits @
+ * lm_head from cuBLAS, scattered back to the rows. */
 #include <limits.h>
 #include <math.h>
 #include "gpukern/embed.h"
@@ -24,7 +25,7 @@ work_layout layout(int C, int H, int V)
     long Vp = pad8(V);
     w.hc = 0;
     w.logits = w.hc + align256((size_t)C * H * 2);
-    w.dlog = w.logits + align256((size_t)C * Vp * 4);
+    w.dlog = w.logits + align256((size_t)C * Vp * 2);
     w.dhc = w.dlog + align256((size_t)C * Vp * 2);
     w.total = w.dhc + align256((size_t)C * H * 4);
     return w;
@@ -48,10 +49,10 @@ __device__ __forceinline__ void lse_merge(float &m, float &s, float m2, float s2
 
 /* One CTA per row. Pass 1 reads the row once for the argmax and the exp sum (online: the sum is
  * rescaled when the running max grows); pass 2 (training only) reads it again for the bf16
- * gradient w * (softmax - onehot). Rows are float4 aligned (ld % 8 == 0); the V % 4 last
- * elements go one by one. */
+ * gradient w * (softmax - onehot). Rows are 16-byte aligned (ld % 8 == 0): 8 logits per load;
+ * the V % 8 last ones go one by one. */
 __global__ void __launch_bounds__(CE_THREADS)
-ce_kernel(const float *logits, long ld, int V, const int32_t *rows, const int32_t *labels,
+ce_kernel(const bf16 *logits, long ld, int V, const int32_t *rows, const int32_t *labels,
           const float *weights, float *row_loss, uint8_t *hit, bf16 *dlog, long dld)
 {
     __shared__ float red_m[CE_THREADS / 32], red_s[CE_THREADS / 32], red_a[CE_THREADS / 32];
@@ -61,21 +62,26 @@ ce_kernel(const float *logits, long ld, int V, const int32_t *rows, const int32_
     const int i = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int row = rows[i], lab = labels[row];
     const float w = weights[row];
-    const float *l = logits + (long)i * ld;
-    const int V4 = V / 4;
+    const bf16 *l = logits + (long)i * ld;
+    const int V8 = V / 8;
     float m = -INFINITY, s = 0.f, am = -INFINITY;  /* exp sum at max m; argmax a of value am */
     int a = INT_MAX;
-    for (int q = tid; q < V4; q += CE_THREADS) {
-        const float4 x = ((const float4 *)l)[q];
-        const float v[4] = { x.x, x.y, x.z, x.w };
+    for (int q = tid; q < V8; q += CE_THREADS) {
+        float v[8];
+        bf16x8_to_f32(((const bf16x8 *)l)[q], v);
+        float mx = v[0];
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-            if (better(v[e], 4 * q + e, am, a)) { am = v[e]; a = 4 * q + e; }
-        const float mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
-        lse_merge(m, s, mx, __expf(v[0] - mx) + __expf(v[1] - mx) + __expf(v[2] - mx) + __expf(v[3] - mx));
+        for (int e = 0; e < 8; e++) {
+            if (better(v[e], 8 * q + e, am, a)) { am = v[e]; a = 8 * q + e; }
+            mx = fmaxf(mx, v[e]);
+        }
+        float t = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) t += __expf(v[e] - mx);
+        lse_merge(m, s, mx, t);
     }
-    for (int j = 4 * V4 + tid; j < V; j += CE_THREADS) {
-        const float v = l[j];
+    for (int j = 8 * V8 + tid; j < V; j += CE_THREADS) {
+        const float v = __bfloat162float(l[j]);
         if (better(v, j, am, a)) { am = v; a = j; }
         lse_merge(m, s, v, 1.f);
     }
@@ -101,24 +107,22 @@ ce_kernel(const float *logits, long ld, int V, const int32_t *rows, const int32_
     __syncthreads();
     const float lse = bc_lse;
     if (tid == 0) {
-        row_loss[row] = w * (lse - l[lab]);
+        row_loss[row] = w * (lse - __bfloat162float(l[lab]));
         hit[row] = bc_i == lab;
     }
     if (!dlog) return;
     bf16 *d = dlog + (long)i * dld;
-    for (int q = tid; q < V4; q += CE_THREADS) {
-        const float4 x = ((const float4 *)l)[q];
-        const int j = 4 * q;
-        float g[4] = { w * __expf(x.x - lse), w * __expf(x.y - lse), w * __expf(x.z - lse), w * __expf(x.w - lse) };
-        if (lab >= j && lab < j + 4) g[lab - j] -= w;
-        __nv_bfloat162 lo = __floats2bfloat162_rn(g[0], g[1]), hi = __floats2bfloat162_rn(g[2], g[3]);
-        uint2 u;
-        u.x = *(uint32_t *)&lo;
-        u.y = *(uint32_t *)&hi;
-        *(uint2 *)(d + j) = u;
+    for (int q = tid; q < V8; q += CE_THREADS) {
+        float g[8];
+        bf16x8_to_f32(((const bf16x8 *)l)[q], g);
+#pragma unroll
+        for (int e = 0; e < 8; e++) g[e] = w * __expf(g[e] - lse);
+        const int j = 8 * q;
+        if (lab >= j && lab < j + 8) g[lab - j] -= w;
+        ((bf16x8 *)d)[q] = f32_to_bf16x8(g);
     }
-    for (int j = 4 * V4 + tid; j < V; j += CE_THREADS) {
-        const float g = w * __expf(l[j] - lse);
+    for (int j = 8 * V8 + tid; j < V; j += CE_THREADS) {
+        const float g = w * __expf(__bfloat162float(l[j]) - lse);
         d[j] = __float2bfloat16(j == lab ? g - w : g);
     }
 }
@@ -196,12 +200,13 @@ extern "C" int gk_lmhead_ce(gk_gemmx *g, cudaStream_t stream, const void *hidden
     const work_layout wl = layout(chunk_rows, H, V);
     const long Vp = pad8(V);
     bf16 *hc = (bf16 *)((char *)work + wl.hc), *dlog = (bf16 *)((char *)work + wl.dlog);
-    float *logits = (float *)((char *)work + wl.logits), *dhc = (float *)((char *)work + wl.dhc);
+    bf16 *logits = (bf16 *)((char *)work + wl.logits);
+    float *dhc = (float *)((char *)work + wl.dhc);
     for (int c0 = 0; c0 < n_rows; c0 += chunk_rows) {
         const int n = n_rows - c0 < chunk_rows ? n_rows - c0 : chunk_rows;
         int r = gk_embed(hidden, n_hidden, H, rows + c0, n, hc, H, stream);
         if (r) return r;
-        r = gk_gemmx_gemm(g, stream, 0, 1, n, V, H, 1.0f, hc, H, lm_head, H, 0.0f, logits, GK_F32, Vp);
+        r = gk_gemmx_gemm(g, stream, 0, 1, n, V, H, 1.0f, hc, H, lm_head, H, 0.0f, logits, GK_BF16, Vp);
         if (r) return r;
         ce_kernel<<<n, CE_THREADS, 0, stream>>>(logits, Vp, V, rows + c0, labels, weights, row_loss, hit,
                                                 dhidden ? dlog : nullptr, Vp);

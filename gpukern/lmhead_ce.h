@@ -10,12 +10,13 @@
 GK_API size_t gk_lmhead_ce_work_bytes(int chunk_rows, int H, int V);
 
 /* For each of the n_rows rows r = rows[i] of hidden [n_hidden, H] (bf16, contiguous):
- * logits = hidden[r] @ lm_head^T (lm_head [V, H] bf16; fp32 logits from cuBLAS), then with
+ * logits = hidden[r] @ lm_head^T (lm_head [V, H] bf16; bf16 logits from cuBLAS with fp32
+ * accumulation; everything after in fp32), then with
  * label = labels[r] (in [0, V)) and w = weights[r]:
  *   row_loss[r] = w * (logsumexp(logits) - logits[label]), hit[r] = (argmax == label, lowest index
  *   on ties), and when dhidden != NULL: dhidden[r] = (w * (softmax - onehot(label))) @ lm_head (fp32).
  * Every row of row_loss, hit and dhidden (all [n_hidden ...]) is written: rows not in `rows` get 0.
- * Chunks of chunk_rows rows: logits (fp32) and their gradient (bf16) of one chunk at a time.
+ * Chunks of chunk_rows rows: logits and their gradient (bf16) of one chunk at a time.
  * rows, labels, weights are device memory; H % 8 == 0. */
 GK_API int gk_lmhead_ce(gk_gemmx *g, cudaStream_t stream, const void *hidden, int n_hidden, int H,
                         const void *lm_head, int V, const int32_t *rows, int n_rows,

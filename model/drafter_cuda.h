@@ -14,7 +14,7 @@ struct drafter_cuda;
 
 struct drafter_cuda_opts {
     int device;                 /* CUDA device ordinal */
-    int head_chunk_rows;        /* LM head + CE rows per chunk (chunk x V fp32 logits); 0 = 1024 */
+    int head_chunk_rows;        /* LM head + CE rows per chunk (chunk x V bf16 logits); 0 = 1024 */
     /* Optional: the target's frozen embedding / LM head [V, H] bf16, already on `device` (not
      * owned, kept alive by the caller). NULL: converted from the host drafter's fp32 arrays. */
     const void *embed_bf16;
