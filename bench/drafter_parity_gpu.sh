@@ -4,14 +4,15 @@
 # 2 layers, 16/8 heads x 128, vocab 32000, sequences 3072 + 2048 + 1008, 512 anchors each, block 16)
 # writes the drafter checkpoint, the batch and the PyTorch bf16 / fp32 loss and gradients while only
 # what tests/test_drafter_cuda_torch.c needs is built (nvcc, sm_90); then the test runs on them.
-# Logs: torch.log, build.log, test.log in $OUT when set, else build-gpu/parity-logs.
+# Logs: torch.log, build.log, test.log in $OUT when set, else build-parity/logs (its own build dir:
+# a partial library must not replace the full one of build-gpu).
 set -u
 cd "$(dirname "$0")/.."
 . tools/device-env.sh
 export PYTHONUNBUFFERED=1 DFLASH_SRC=$PWD
-B=build-gpu
+B=build-parity
 DIR=/tmp/dflash-drafter-parity
-DEST=${OUT:-$B/parity-logs}
+DEST=${OUT:-$B/logs}
 rm -rf "$DIR"
 mkdir -p "$DEST" "$B"
 t_start=$(date +%s)

@@ -34,7 +34,7 @@ static const struct shape shapes[] = {
     { "fwd o + res     Q x H x qd", 0, 1, Q, H, QD, 0, 1, L },
     { "fwd gate/up     Q x 2I x H", 0, 1, Q, 2 * I, H, 0, 0, L },
     { "fwd down + res  Q x H x I", 0, 1, Q, H, I, 0, 1, L },
-    { "head logits f32 C x V x H", 0, 1, CH, V, H, 1, 0, HEAD_CHUNKS },
+    { "head logits     C x V x H", 0, 1, CH, V, H, 0, 0, HEAD_CHUNKS },
     { "head dX f32     C x H x V", 0, 0, CH, H, V, 1, 0, HEAD_CHUNKS },
     /* backward: weight gradients accumulate into fp32, input gradients */
     { "bwd dW down     H x I x Q", 1, 0, H, I, Q, 1, 1, L },
