@@ -1,6 +1,7 @@
 /* norm_bwd.cu: RMSNorm backward, one warp per row (three passes over the row, the later ones
  * from L1), weight gradient summed per CTA in shared memory then added once to global memory;
- * the per-head q/k norm + RoPE backward the same way with one warp per (token, head). */
+ * the per-head q/k norm + RoPE backward the same way with one warp per (token, head), its
+ * elements in registers between the passes. */
 #include "gpukern/norm_bwd.h"
 #include "gpukern/gk_impl.cuh"
 
@@ -74,6 +75,8 @@ rmsnorm_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, const bf16
     for (int i = threadIdx.x; i < H; i += blockDim.x) atomicAdd(&dw[i], dw_s[i]);
 }
 
+/* One warp per (token, head); lane l owns the pairs (i, i + half) for i = 2l + 64k, k < 4, two at a
+ * time (float2 of dy, bf162 of x), as rope_kernel does: dy and x read once, sincos once per pair. */
 __global__ void __launch_bounds__(WARPS * 32)
 qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *dx, long dxs,
                        const bf16 *w, float *dw, int n_tokens, int n_heads, int hd,
@@ -91,33 +94,51 @@ qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *
         const float *dyh = dy + t * dys + (long)h * hd;
         bf16 *dxh = dx + t * dxs + (long)h * hd;
         const float p = (float)pos[t];
+        float2 xa[4], xb[4], ga[4], gb[4];  /* x of both halves; g = rope^T(dy), the gradient of the normed, weighted head */
         float ss = 0.f;
-        for (int i = lane; i < hd; i += 32) {
-            float v = __bfloat162float(xh[i]);
-            ss += v * v;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int i = 2 * lane + 64 * k;
+            if (i >= half) continue;
+            xa[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(xh + i));
+            xb[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(xh + half + i));
+            ss += xa[k].x * xa[k].x + xa[k].y * xa[k].y + xb[k].x * xb[k].x + xb[k].y * xb[k].y;
+            const float2 d1 = *(const float2 *)(dyh + i), d2 = *(const float2 *)(dyh + half + i);
+            float s0, c0, s1, c1;
+            sincosf(p * inv_freq[i], &s0, &c0);
+            sincosf(p * inv_freq[i + 1], &s1, &c1);
+            ga[k] = make_float2(d1.x * c0 + d2.x * s0, d1.y * c1 + d2.y * s1);
+            gb[k] = make_float2(d2.x * c0 - d1.x * s0, d2.y * c1 - d1.y * s1);
         }
         const float rinv = rsqrtf(warp_sum(ss) / (float)hd + eps);
-        /* g = rope^T(dy): the gradient of the normed, weighted head */
         float c = 0.f;
-        for (int i = lane; i < half; i += 32) {
-            float sn, cs;
-            sincosf(p * inv_freq[i], &sn, &cs);
-            float d1 = dyh[i], d2 = dyh[i + half];
-            float g1 = d1 * cs + d2 * sn, g2 = d2 * cs - d1 * sn;
-            float x1 = __bfloat162float(xh[i]) * rinv, x2 = __bfloat162float(xh[i + half]) * rinv;
-            c += g1 * __bfloat162float(w[i]) * x1 + g2 * __bfloat162float(w[i + half]) * x2;
-            atomicAdd(&dw_s[i], g1 * x1);
-            atomicAdd(&dw_s[i + half], g2 * x2);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int i = 2 * lane + 64 * k;
+            if (i >= half) continue;
+            const float2 wa = __bfloat1622float2(*(const __nv_bfloat162 *)(w + i));
+            const float2 wb = __bfloat1622float2(*(const __nv_bfloat162 *)(w + half + i));
+            xa[k].x *= rinv; xa[k].y *= rinv;   /* now the normed x */
+            xb[k].x *= rinv; xb[k].y *= rinv;
+            c += ga[k].x * wa.x * xa[k].x + ga[k].y * wa.y * xa[k].y + gb[k].x * wb.x * xb[k].x +
+                 gb[k].y * wb.y * xb[k].y;
+            atomicAdd(&dw_s[i], ga[k].x * xa[k].x);
+            atomicAdd(&dw_s[i + 1], ga[k].y * xa[k].y);
+            atomicAdd(&dw_s[half + i], gb[k].x * xb[k].x);
+            atomicAdd(&dw_s[half + i + 1], gb[k].y * xb[k].y);
+            /* dx = rinv * (g * w - xhat * c), once c is known: keep g * w */
+            ga[k].x *= wa.x; ga[k].y *= wa.y;
+            gb[k].x *= wb.x; gb[k].y *= wb.y;
         }
         c = warp_sum(c) / (float)hd;
-        for (int i = lane; i < half; i += 32) {
-            float sn, cs;
-            sincosf(p * inv_freq[i], &sn, &cs);
-            float d1 = dyh[i], d2 = dyh[i + half];
-            float g1 = d1 * cs + d2 * sn, g2 = d2 * cs - d1 * sn;
-            float x1 = __bfloat162float(xh[i]) * rinv, x2 = __bfloat162float(xh[i + half]) * rinv;
-            dxh[i] = __float2bfloat16(rinv * (g1 * __bfloat162float(w[i]) - x1 * c));
-            dxh[i + half] = __float2bfloat16(rinv * (g2 * __bfloat162float(w[i + half]) - x2 * c));
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int i = 2 * lane + 64 * k;
+            if (i >= half) continue;
+            *(__nv_bfloat162 *)(dxh + i) = __floats2bfloat162_rn(rinv * (ga[k].x - xa[k].x * c),
+                                                                 rinv * (ga[k].y - xa[k].y * c));
+            *(__nv_bfloat162 *)(dxh + half + i) = __floats2bfloat162_rn(rinv * (gb[k].x - xb[k].x * c),
+                                                                        rinv * (gb[k].y - xb[k].y * c));
         }
     }
     __syncthreads();
@@ -163,9 +184,11 @@ extern "C" int gk_qknorm_rope_bwd(const float *dy, long dy_stride, const void *x
                                   cudaStream_t stream)
 {
     long width = (long)n_heads * head_dim;
-    if (n_tokens < 0 || n_heads <= 0 || head_dim <= 0 || head_dim % 2 || head_dim > 512 || !dy ||
+    /* pairs of elements: float2 of dy, bf162 of x, dx and w */
+    if (n_tokens < 0 || n_heads <= 0 || head_dim <= 0 || head_dim % 4 || head_dim > 512 || !dy ||
         !x || !dx || !w || !dw || !pos || !inv_freq || dy_stride < width || x_stride < width ||
-        dx_stride < width)
+        dx_stride < width || dy_stride % 2 || x_stride % 2 || dx_stride % 2 || (uintptr_t)dy % 8 ||
+        (uintptr_t)x % 4 || (uintptr_t)dx % 4 || (uintptr_t)w % 4)
         return -EINVAL;
     if (n_tokens == 0) return 0;
     qknorm_rope_bwd_kernel<<<grid_for((long)n_tokens * n_heads), WARPS * 32, head_dim * sizeof(float), stream>>>(

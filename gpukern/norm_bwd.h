@@ -14,7 +14,8 @@ GK_API int gk_rmsnorm_bwd(const float *dy, long dy_stride, const void *x, long x
 /* Forward (gk_rope with norm_w): y = rope(rmsnorm_head(x) * w, pos) on n_heads heads of head_dim
  * per token. Given dy (fp32) and the raw x (bf16, before the norm): dx (bf16) and dw[head_dim] +=
  * (fp32). pos [n_tokens] and inv_freq [head_dim/2] are device memory, as for gk_rope.
- * head_dim even, <= 512. */
+ * head_dim % 4 == 0, <= 512; strides even, dy 8-byte and x, dx, w 4-byte aligned (pairs of
+ * elements per access). */
 GK_API int gk_qknorm_rope_bwd(const float *dy, long dy_stride, const void *x, long x_stride, void *dx,
                               long dx_stride, const void *w, float *dw, int n_tokens, int n_heads,
                               int head_dim, const int32_t *pos, const float *inv_freq, float eps,
