@@ -143,6 +143,18 @@ __device__ __forceinline__ void adamw_elem(float &w, float g, float &m, float &v
     w = w * decay - p.step_size * mi / (sqrtf(vi) * p.inv_sqrt_bc2 + p.eps);
 }
 
+/* Element i in memory (the scalar paths). */
+__device__ __forceinline__ void adamw_at(float *w, const float *g, float *m, float *v, bf16 *wb, size_t i,
+                                         float decay, const adamw_hp &p)
+{
+    float wi = w[i], mi = m[i], vi = v[i];
+    adamw_elem(wi, g[i], mi, vi, decay, p);
+    w[i] = wi;
+    m[i] = mi;
+    v[i] = vi;
+    if (wb) wb[i] = __float2bfloat16(wi);
+}
+
 __device__ __forceinline__ uint32_t bf16_bits(float x)
 {
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16(x));
@@ -161,12 +173,7 @@ adamw_vec_kernel(float *w, const float *g, float *m, float *v, bf16 *wb, size_t 
         size_t i = threadIdx.x < 4 ? threadIdx.x : base + 4 * n4 + (threadIdx.x - 4);
         if (threadIdx.x < 4 ? i < base : i < n) {
             c.init(seg, n_seg, p.dec);
-            float wi = w[i], mi = m[i], vi = v[i];
-            adamw_elem(wi, g[i], mi, vi, c.at(i), p);
-            w[i] = wi;
-            m[i] = mi;
-            v[i] = vi;
-            if (wb) wb[i] = __float2bfloat16(wi);
+            adamw_at(w, g, m, v, wb, i, c.at(i), p);
         }
     }
     float4 *w4 = (float4 *)(w + base), *m4 = (float4 *)(m + base), *v4 = (float4 *)(v + base);
@@ -205,14 +212,8 @@ adamw_kernel(float *w, const float *g, float *m, float *v, bf16 *wb, size_t n, c
     p.gs = gscale[1];
     seg_cursor c;
     c.init(seg, n_seg, p.dec);
-    for (size_t i = (size_t)blockIdx.x * AW_THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * AW_THREADS) {
-        float wi = w[i], mi = m[i], vi = v[i];
-        adamw_elem(wi, g[i], mi, vi, c.at(i), p);
-        w[i] = wi;
-        m[i] = mi;
-        v[i] = vi;
-        if (wb) wb[i] = __float2bfloat16(wi);
-    }
+    for (size_t i = (size_t)blockIdx.x * AW_THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * AW_THREADS)
+        adamw_at(w, g, m, v, wb, i, c.at(i), p);
 }
 
 __global__ void cast_kernel(const float *src, bf16 *dst, size_t n)

@@ -593,12 +593,8 @@ static int run_pass(struct drafter *d, const struct obj_batch *b, const struct o
     if (b->n_tokens < 1 || b->n_tokens > d->max_tokens || nb < 0 || nb > d->max_blocks ||
         b->n_seqs < 1 || (!b->hidden_bf16 == !b->hidden_f32))
         return -DF_ERANGE;
-    for (int i = 0; i < nb; i++) {
-        int s = blk[i].seq;
-        if (s < 0 || s >= b->n_seqs || blk[i].anchor < b->cu_seqlens[s] ||
-            blk[i].anchor >= b->cu_seqlens[s + 1])
-            return -DF_ERANGE;
-    }
+    if (obj_blocks_check(b, blk, nb) < 0)
+        return -DF_ERANGE;
     struct dims z = {
         .T = b->n_tokens, .nb = nb, .bs = k->block_size, .Q = nb * k->block_size,
         .H = k->hidden_size, .nh = k->num_heads, .nkv = k->num_kv_heads, .hd = k->head_dim,

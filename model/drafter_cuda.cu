@@ -913,12 +913,8 @@ static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, cons
     if (b->n_tokens < 1 || b->n_tokens > dc->max_tokens || nb < 0 || nb > dc->max_blocks ||
         b->n_seqs < 1 || b->n_seqs > dc->max_tokens || (!b->hidden_bf16 == !b->hidden_f32))
         return -DF_ERANGE;
-    for (int i = 0; i < nb; i++) {
-        int s = blk[i].seq;
-        if (s < 0 || s >= b->n_seqs || blk[i].anchor < b->cu_seqlens[s] ||
-            blk[i].anchor >= b->cu_seqlens[s + 1])
-            return -DF_ERANGE;
-    }
+    if (obj_blocks_check(b, blk, nb) < 0)
+        return -DF_ERANGE;
     CU(cudaSetDevice(dc->device));
     cudaStream_t s = dc->stream;
     int n_tiles = 0;

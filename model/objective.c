@@ -122,6 +122,16 @@ static int cmp_i32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+int obj_blocks_check(const struct obj_batch *b, const struct obj_block *blk, int nb)
+{
+    for (int i = 0; i < nb; i++) {
+        int s = blk[i].seq;
+        if (s < 0 || s >= b->n_seqs || blk[i].anchor < b->cu_seqlens[s] || blk[i].anchor >= b->cu_seqlens[s + 1])
+            return -DF_ERANGE;
+    }
+    return 0;
+}
+
 int obj_sample_anchors(const struct obj_batch *b, int num_anchors, const struct obj_rng_key *key,
                        struct obj_block *out, int max_blocks, int32_t *work)
 {

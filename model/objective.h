@@ -57,6 +57,10 @@ int obj_batch_check(const struct obj_batch *b, int vocab, char *err, size_t errl
 int obj_sample_anchors(const struct obj_batch *b, int num_anchors, const struct obj_rng_key *key,
                        struct obj_block *out, int max_blocks, int32_t *work);
 
+/* 0 when every block's sequence exists and its anchor lies inside that sequence, else -DF_ERANGE
+ * (what a forward pass checks before it indexes anything with them). */
+int obj_blocks_check(const struct obj_batch *b, const struct obj_block *blk, int nb);
+
 /* Decay weight of slot k >= 1: exp(-(k-1)/gamma); gamma <= 0: 1. Slot 0: 0. */
 double obj_decay(int k, double gamma);
 

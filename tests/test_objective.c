@@ -1,6 +1,7 @@
 /* test_objective.c: anchor sampling (candidates, counts, order, determinism by
  * (seed, epoch, batch id, rank), uniformity) and block targets (same-position labels, slot 0
- * excluded, decay weights, loss mask, labels past the sequence's end). */
+ * excluded, decay weights, loss mask, labels past the sequence's end), the blocks a pass accepts. */
+#include "common/err.h"
 #include "tests/test_drafter_fixture.h"
 
 static int sample(const struct obj_batch *b, int na, uint64_t seed, uint64_t epoch, uint64_t batch,
@@ -54,6 +55,20 @@ int main(void)
         CHECK_INT(sample(&f.batch, na, alt[k][0], alt[k][1], alt[k][2], (uint32_t)alt[k][3], b), ==, n);
         CHECK(memcmp(a, b, (size_t)n * sizeof *a) != 0);
     }
+    /* the blocks a pass accepts: sampled ones; a sequence or an anchor outside the batch is refused */
+    CHECK_OK(obj_blocks_check(&f.batch, a, n));
+    struct obj_block bad = a[0];
+    bad.seq = 4;
+    CHECK_INT(obj_blocks_check(&f.batch, &bad, 1), ==, -DF_ERANGE);
+    bad.seq = -1;
+    CHECK_INT(obj_blocks_check(&f.batch, &bad, 1), ==, -DF_ERANGE);
+    bad = a[0];
+    bad.anchor = f.cu[1];         /* the first token of the next sequence */
+    CHECK_INT(obj_blocks_check(&f.batch, &bad, 1), ==, -DF_ERANGE);
+    bad.anchor = f.cu[0] - 1;
+    CHECK_INT(obj_blocks_check(&f.batch, &bad, 1), ==, -DF_ERANGE);
+    CHECK_OK(obj_blocks_check(&f.batch, a, 0));
+
     /* too small an output */
     int32_t work[256];
     struct obj_rng_key key = { 1, 2, 3, 0 };
