@@ -852,6 +852,7 @@ __global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a,
     bf16 *sQD = sV + TILE + wg * 4 * TILE;                      /* this warpgroup's [2 buffers][Q, dO] */
     float *stat = (float *)(sK + (2 + 4 * KV_WG) * TILE) + wg * 4 * MB;    /* [2 buffers][lse, delta] */
     const gk_dflash_ktile tile = gr.tiles[blockIdx.y];
+    if (tile.key0 < 0) return;      /* not a context tile: the plan's layout was not kept */
     const int g = blockIdx.x, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
     const int n_keys = tile.n_keys, nch = (R + MB - 1) / MB, units = (tile.q1 - tile.q0) * nch;
     const bf16 *kbase = (const bf16 *)a.kc + (long)tile.key0 * a.kc_stride + (long)g * HD;

@@ -56,9 +56,9 @@ typedef struct gk_dflash_attn_grad {
     float *dkb; long dkb_stride;            /* fp32 [n_blocks*bs, nkv*hd] */
     void *dvb; long dvb_stride;             /* bf16 */
     int n_ctx;
-    const int32_t *qlist;                   /* device copies of gk_dflash_plan's output */
-    const gk_dflash_ktile *tiles;
-    int n_tiles;
+    const int32_t *qlist;                   /* device copies of gk_dflash_plan's output, as it */
+    const gk_dflash_ktile *tiles;           /* lays them out (the context tiles, then the n_blocks */
+    int n_tiles;                            /* tiles of own keys); n_tiles: its count, or 0 (no dk/dv) */
 } gk_dflash_attn_grad;
 
 /* Gradients from the forward's q, k, v, o and lse (a as given to the forward). dq in the query
