@@ -85,6 +85,10 @@ grep -q "the loss is not finite: step skipped" "$D"/drafter[01].log || fail "no 
 cl_log "NaN at step $nan_step detected and reported"
 
 # ---- paused: nothing moves, no checkpoint from the poisoned state ---------------------------
+# The steps the drafters took before the pause reached them reach the status with their next
+# heartbeat: let it catch up with the metrics files before watching that nothing moves.
+last=$("$CL_PY" -c 'import glob, json, sys; print(max([json.loads(l)["step"] for p in glob.glob(sys.argv[1] + "/metrics-rank*.jsonl") for l in open(p)] or [0]))' "$D/state")
+cl_wait "step() >= $last" 10 coord || fail "the status never showed step $last (shows $(cl_json 'step()'))"
 cl_status
 s0=$(cl_json 'step()') p0=$(cl_json 's["ring"]["published"]')
 sleep 2    # a pause must hold: look again after a while
