@@ -235,6 +235,39 @@ static __attribute__((unused)) struct ring *peer_ring(void)
     return r;
 }
 
+/* Fill the claimed write slot with the samples of the held lease `id` (from the dataset) and
+ * publish it in the ring; the PUBLISHED report is the caller's. Returns the token count, -1 when
+ * the lease is gone or its token count is not the grant's (the slot is aborted), -2 when the
+ * ring refuses the publication. */
+static __attribute__((unused)) int tc_fill_publish(struct client *c, struct ring *r, const struct dataset *ds,
+                                                   uint64_t id, uint32_t epoch, uint32_t want_tokens,
+                                                   unsigned slot)
+{
+    struct ring_payload *p = ring_slot_header(r, slot);
+    int32_t *cu = ring_slot_cu_seqlens(r, slot);
+    uint32_t *tok = ring_slot_tokens(r, slot);
+    const struct client_lease *l = client_lease_find(c, id);
+    uint32_t n = 0;
+    cu[0] = 0;
+    for (uint32_t i = 0; l && i < l->n_samples; i++) {
+        uint32_t s = l->samples[i], len = dataset_sample_len(ds, s);
+        if (len > l->max_seq_len)
+            len = l->max_seq_len;
+        memcpy(tok + n, dataset_sample_tokens(ds, s), len * 4);
+        n += len;
+        cu[i + 1] = (int32_t)n;
+    }
+    p->batch_id = id;
+    p->epoch = epoch;
+    p->n_seqs = l ? l->n_samples : 0;
+    p->n_tokens = n;
+    if (!l || !client_lease_held(c, id) || n != want_tokens) {
+        ring_abort_write(r, slot);
+        return -1;
+    }
+    return ring_publish(r, slot) < 0 ? -2 : (int)n;
+}
+
 /* Fake target: leases -> fill a slot from the dataset -> publish. work_ms per batch. */
 static __attribute__((unused)) void peer_target(int device, int work_ms)
 {
@@ -288,31 +321,12 @@ static __attribute__((unused)) void peer_target(int device, int work_ms)
         }
         if (rr < 0)
             _exit(7);
-        struct ring_payload *p = ring_slot_header(r, slot);
-        int32_t *cu = ring_slot_cu_seqlens(r, slot);
-        uint32_t *tok = ring_slot_tokens(r, slot);
-        const struct client_lease *l = client_lease_find(c, id);
-        uint32_t n = 0;
-        cu[0] = 0;
-        for (uint32_t i = 0; l && i < l->n_samples; i++) {
-            uint32_t s = l->samples[i], len = dataset_sample_len(&ds, s);
-            if (len > l->max_seq_len)
-                len = l->max_seq_len;
-            memcpy(tok + n, dataset_sample_tokens(&ds, s), len * 4);
-            n += len;
-            cu[i + 1] = (int32_t)n;
-        }
-        p->batch_id = id;
-        p->epoch = epoch;
-        p->n_seqs = l ? l->n_samples : 0;
-        p->n_tokens = n;
-        if (!l || !client_lease_held(c, id) || n != want_tokens) {
-            ring_abort_write(r, slot);
+        int n = tc_fill_publish(c, r, &ds, id, epoch, want_tokens, slot);
+        if (n == -1)
             continue;
-        }
-        if (ring_publish(r, slot) < 0)
+        if (n < 0)
             _exit(8);
-        client_published(c, id, slot, n);
+        client_published(c, id, slot, (uint32_t)n);
         atomic_fetch_add(&TS->published, 1);
     }
 }

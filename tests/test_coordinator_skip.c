@@ -1,12 +1,15 @@
 /* test_coordinator_skip.c: a drafter that took a batch from its slot but did not train it
  * (a skipped non-finite step) reports it; the coordinator queues the batch again and a
- * target publishes it anew, so the run can still train every batch exactly once. */
+ * target publishes it anew, so the run can still train every batch exactly once. Also when
+ * the report arrives before the target's PUBLISHED (the drafter read the slot first). */
+#include <poll.h>
 #include "tests/test_coord_util.h"
 
-static pid_t target;
+static pid_t target, publisher;
 
 static void cleanup(void)
 {
+    tc_kill(publisher);
     tc_kill(target);
     tc_kill(TC.coord);
     ring_unlink(TC.ring);
@@ -33,6 +36,33 @@ static uint64_t take_one(struct client *d, struct ring *r, unsigned *keep)
     return id;
 }
 
+/* The batch's state in the coordinator's in-flight list ("leased", "published", "trained"), or
+ * "queued" when it is not in flight (pending or done). */
+static const char *batch_state(uint64_t id)
+{
+    static char st[32];
+    snprintf(st, sizeof st, "queued");
+    cJSON *doc = tc_query(PROTO_Q_BATCHES);
+    const cJSON *b;
+    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(doc, "in_flight")) {
+        const cJSON *bid = cJSON_GetObjectItemCaseSensitive(b, "id"), *s = cJSON_GetObjectItemCaseSensitive(b, "state");
+        if (cJSON_IsNumber(bid) && (uint64_t)bid->valuedouble == id && cJSON_IsString(s))
+            snprintf(st, sizeof st, "%s", s->valuestring);
+    }
+    cJSON_Delete(doc);
+    return st;
+}
+
+/* Wait (up to 5 s, scaled) until the batch is queued again (nobody leases it meanwhile). */
+static void wait_queued(uint64_t id)
+{
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (strcmp(batch_state(id), "queued") && mono_ms() < end)
+        tc_sleep_ms(50);
+    if (strcmp(batch_state(id), "queued"))
+        TEST_FAIL("batch %llu stayed %s, not queued again", (unsigned long long)id, batch_state(id));
+}
+
 int main(void)
 {
     atexit(cleanup);
@@ -51,20 +81,99 @@ int main(void)
 
     /* The target publishes it again; other batches pass by meanwhile. */
     unsigned slot = 0;
-    int seen = 0;
+    int seen = 0, n_passed = 0;
+    uint64_t passed[200];
     for (int i = 0; i < 200 && !seen; i++) {
-        seen = take_one(d, r, &slot) == skipped;
-        if (!seen)
+        uint64_t id = take_one(d, r, &slot);
+        seen = id == skipped;
+        if (!seen) {
             CHECK_OK(ring_release(r, slot));
+            passed[n_passed++] = id;
+        }
     }
     CHECK(seen);
     /* While it sits in a slot (READING here), a stray report must not re-queue it. */
     CHECK_OK(client_batch_skipped(d, skipped));
     tc_sleep_ms(300);   /* nothing to wait for: the report must have no effect */
     CHECK_INT(tc_status_num("batches.requeued"), ==, 1);
+    CHECK_STR(batch_state(skipped), "published");
     CHECK_OK(ring_release(r, slot));
+    for (int i = 0; i < n_passed; i++)     /* they were taken without training too */
+        CHECK_OK(client_batch_skipped(d, passed[i]));
+    printf("skipped batch %llu published again\n", (unsigned long long)skipped);
+
+    /* The report before the publication: a target (a child; the forked one is stopped and the
+     * ring emptied, its batches reported skipped so they are queued again) publishes into the
+     * ring and tells us; the drafter reads and skips the batch; only then does the target send
+     * PUBLISHED. */
+    tc_kill(target);
+    target = 0;
+    unsigned s2;
+    struct ring_pick any = { .policy = RING_PICK_OLDEST, .min_ready = 1 };
+    while (ring_claim_read(r, &any, 300, &s2) == 0) {
+        uint64_t b = ring_slot_header(r, s2)->batch_id;
+        CHECK_OK(ring_release(r, s2));
+        CHECK_OK(client_batch_skipped(d, b));
+    }
+    int ready[2], go[2];
+    CHECK(pipe(ready) == 0 && pipe(go) == 0);
+    pid_t pub = publisher = fork();
+    CHECK(pub >= 0);
+    if (pub == 0) {
+        publisher = 0;      /* its own exit kills nothing */
+        struct client *t = peer_connect(PROTO_ROLE_TARGET, 1);
+        struct ring *tr = peer_ring();
+        struct dataset ds;
+        char err[512];
+        struct proto_msg m;
+        if (dataset_open(&ds, TC.data, DATASET_OPEN_NO_CHECKSUM, err, sizeof err) < 0 || client_lease_request(t, 1) < 0)
+            _exit(5);
+        int got = 0;
+        uint64_t until = mono_ms() + 10000 * (uint64_t)test_time_scale();
+        while (!(got == 1 && m.type == PROTO_LEASE_GRANT))
+            if ((got = client_poll(t, 50, &m, err, sizeof err)) < 0 || mono_ms() > until)
+                _exit(6);
+        unsigned ws;
+        if (ring_claim_write(tr, 5000, &ws) < 0)
+            _exit(7);
+        int n = tc_fill_publish(t, tr, &ds, m.grant.batch_id, m.grant.epoch, m.grant.n_tokens, ws);
+        uint64_t id = m.grant.batch_id;
+        if (n < 0 || write(ready[1], &id, sizeof id) != sizeof id)
+            _exit(8);
+        char c;
+        struct pollfd pf = { .fd = go[0], .events = POLLIN };
+        while (poll(&pf, 1, 0) == 0)
+            if (client_poll(t, 20, &m, err, sizeof err) < 0)      /* heartbeats meanwhile */
+                _exit(9);
+        if (read(go[0], &c, 1) != 1 || client_published(t, id, ws, (uint32_t)n) < 0)
+            _exit(10);
+        for (;;)
+            if (client_poll(t, 50, &m, err, sizeof err) < 0)
+                _exit(0);
+    }
+    close(ready[1]);
+    close(go[0]);
+    char err[512];
+    struct pollfd pf = { .fd = ready[0], .events = POLLIN };
+    while (poll(&pf, 1, 20) == 0)
+        client_poll(d, 0, &(struct proto_msg){ 0 }, err, sizeof err);     /* heartbeats meanwhile */
+    uint64_t id = 0;
+    if (read(ready[0], &id, sizeof id) != sizeof id) {
+        int st = 0;
+        waitpid(pub, &st, 0);
+        publisher = 0;
+        TEST_FAIL("the publishing target exited (status %d) before it published", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+    CHECK_INT(take_one(d, r, NULL), ==, id);
+    CHECK_OK(client_batch_skipped(d, id));
+    tc_sleep_ms(300);   /* the report first: the batch is still LEASED for the coordinator */
+    CHECK_STR(batch_state(id), "leased");
+    CHECK(write(go[1], "g", 1) == 1);
+    wait_queued(id);    /* without the fix it stays "published" in no slot: never trained */
+    printf("batch %llu, skipped before its PUBLISHED arrived, queued again\n", (unsigned long long)id);
+    tc_kill(pub);
+    publisher = 0;
     ring_detach(r);
     client_free(d);
-    printf("skipped batch %llu published again\n", (unsigned long long)skipped);
     return 0;
 }

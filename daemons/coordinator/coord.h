@@ -31,6 +31,8 @@ struct batch {
     struct member *holder;          /* LEASED to this live connection; NULL = detached */
     uint64_t detached_until_ms;     /* LEASED + detached: re-queue after this (mono) */
     struct batch *lnext, *lprev;    /* LEASED: its place in coord.leased */
+    bool skip_reported;             /* LEASED: a drafter consumed it without training it before its
+                                       target's PUBLISHED arrived; settled when that arrives */
 };
 
 struct epoch_state {

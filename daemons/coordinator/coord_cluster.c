@@ -105,6 +105,7 @@ static void batch_set(struct coord *co, struct batch *b, int state)
 static void requeue(struct coord *co, struct batch *b, const char *why)
 {
     log_info("batch " BID " back to the queue: %s", BARGS(b->row.id), why);
+    b->skip_reported = false;
     batch_set(co, b, BATCH_PENDING);
     heap_push(co, b->row.id);
     co->requeues++;
@@ -565,6 +566,13 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
     batch_set(co, b, BATCH_PUBLISHED);
     m->published++;
     send_ack(m, p->seq, 0);
+    if (b->skip_reported) {
+        b->skip_reported = false;
+        if (slot_holding(co, slot_snapshot(co), b->row.id) < 0) {
+            requeue(co, b, "consumed but not trained by a drafter (reported before its publication)");
+            grant_leases(co);
+        }
+    }
 }
 
 static void on_trained(struct coord *co, struct member *m, const struct proto_trained *t)
@@ -782,10 +790,14 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
         if (role != PROTO_ROLE_DRAFTER)
             break;
         /* A drafter consumed the slot but did not train it (a skipped non-finite step):
-         * the batch is in no slot any more, so only a new publication can deliver it. */
+         * the batch is in no slot any more, so only a new publication can deliver it. The
+         * target's PUBLISHED may still be on its way (the drafter read the slot first): then
+         * on_published settles it. */
         if (b && b->row.state == BATCH_PUBLISHED && slot_holding(co, slot_snapshot(co), b->row.id) < 0) {
             requeue(co, b, "consumed but not trained by a drafter");
             grant_leases(co);
+        } else if (b && b->row.state == BATCH_LEASED) {
+            b->skip_reported = true;
         }
         return;
     }
