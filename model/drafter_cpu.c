@@ -593,8 +593,9 @@ static int run_pass(struct drafter *d, const struct obj_batch *b, const struct o
     if (b->n_tokens < 1 || b->n_tokens > d->max_tokens || nb < 0 || nb > d->max_blocks ||
         b->n_seqs < 1 || (!b->hidden_bf16 == !b->hidden_f32))
         return -DF_ERANGE;
-    if (obj_blocks_check(b, blk, nb) < 0)
-        return -DF_ERANGE;
+    int rb = obj_blocks_check(b, blk, nb);
+    if (rb < 0)
+        return rb;
     struct dims z = {
         .T = b->n_tokens, .nb = nb, .bs = k->block_size, .Q = nb * k->block_size,
         .H = k->hidden_size, .nh = k->num_heads, .nkv = k->num_kv_heads, .hd = k->head_dim,

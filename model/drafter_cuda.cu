@@ -49,7 +49,6 @@ struct cu_layer_act {
     bf16_t *h1;         /* X + attention [Q, H] */
     bf16_t *gu;         /* [Q, 2I] gate | up */
     bf16_t *z;          /* [Q, I] silu(gate) * up: kept rather than recomputed in the backward */
-    bf16_t *xn, *hn;    /* [Q, H] input_layernorm(X), post_attention_layernorm(H1): kept too */
 };
 
 /* What the host builds per batch; one pinned region mirrored on the device, one H2D copy. */
@@ -87,7 +86,7 @@ struct drafter_cuda {
     float *inv_freq;
 
     void *act_mem;              /* activations and backward scratch */
-    bf16_t *hs[2], *cpre, *cx, **X, *fo, *z, *dgu, *dxb, *dh1b, *dout, *dqkvb, *dkvc, *dcpre;
+    bf16_t *hs[2], *cpre, *cx, **X, *fo, *nrm, *z, *dgu, *dxb, *dh1b, *dout, *dqkvb, *dkvc, *dcpre;
     float *row_loss, *dx, *dh1, *tmp_h, *delta, *dqf, *dkbf, *dkcf, *dcx;
     uint8_t *hit;
     struct cu_layer_act *la;
@@ -191,10 +190,9 @@ static void layout_acts(struct drafter_cuda *dc, struct carver *c)
         CARVE(c, a->h1, Q * H);
         CARVE(c, a->gu, Q * 2 * I);
         CARVE(c, a->z, Q * I);
-        CARVE(c, a->xn, Q * H);
-        CARVE(c, a->hn, Q * H);
     }
     CARVE(c, dc->fo, Q * H);
+    CARVE(c, dc->nrm, Q * H);
     CARVE(c, dc->z, Q * I);            /* dZ in the backward */
     CARVE(c, dc->dgu, Q * 2 * I);
     CARVE(c, dc->dxb, Q * H);
@@ -767,8 +765,8 @@ static int layer_fwd(struct drafter_cuda *dc, int l, int T, int nb)
                    dc->eps, s));
     /* block queries / keys / values */
     mark(dc, DCP_F_QKV);
-    TRY(gk_rmsnorm(dc->X[l], H, WB(o->input_norm), a->xn, H, Q, H, dc->eps, s));
-    TRY(gk_linear(dc->gemm, s, Q, qkvd, H, a->xn, H, WB(o->q), NULL, 0, a->qkv, qkvd));
+    TRY(gk_rmsnorm(dc->X[l], H, WB(o->input_norm), dc->nrm, H, Q, H, dc->eps, s));
+    TRY(gk_linear(dc->gemm, s, Q, qkvd, H, dc->nrm, H, WB(o->q), NULL, 0, a->qkv, qkvd));
     /* q and k normed + rotated straight out of the fused projection (the raw q|k|v stays for the
      * backward) */
     TRY(gk_rope_to(a->qkv, qkvd, a->qp, qd, Q, dc->nh, dc->hd, dc->md.pos_q, dc->inv_freq, WB(o->q_norm),
@@ -782,8 +780,8 @@ static int layer_fwd(struct drafter_cuda *dc, int l, int T, int nb)
     TRY(gk_linear(dc->gemm, s, Q, H, qd, a->o, qd, WB(o->o), dc->X[l], H, a->h1, H));
     /* MLP */
     mark(dc, DCP_F_MLP);
-    TRY(gk_rmsnorm(a->h1, H, WB(o->post_norm), a->hn, H, Q, H, dc->eps, s));
-    TRY(gk_linear(dc->gemm, s, Q, 2 * I, H, a->hn, H, WB(o->gate), NULL, 0, a->gu, 2 * I));
+    TRY(gk_rmsnorm(a->h1, H, WB(o->post_norm), dc->nrm, H, Q, H, dc->eps, s));
+    TRY(gk_linear(dc->gemm, s, Q, 2 * I, H, dc->nrm, H, WB(o->gate), NULL, 0, a->gu, 2 * I));
     TRY(gk_swiglu(a->gu, a->gu + I, 2 * I, a->z, I, Q, I, s));
     TRY(gk_linear(dc->gemm, s, Q, H, I, a->z, I, WB(o->down), a->h1, H, dc->X[l + 1], H));
     return 0;
@@ -797,12 +795,13 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
     struct cu_layer_act *a = &dc->la[l];
     cudaStream_t s = dc->stream;
 
-    /* MLP: X' = H1 + down(silu(gate(Hn)) * up(Hn)); Hn and Z kept from the forward */
+    /* MLP: X' = H1 + down(silu(gate(Bn)) * up(Bn)); Bn recomputed, Z kept from the forward */
     mark(dc, DCP_B_MLP);
+    TRY(gk_rmsnorm(a->h1, H, WB(o->post_norm), dc->nrm, H, Q, H, dc->eps, s));
     TRY(gemm(dc, 1, 0, H, I, Q, dc->dxb, H, a->z, I, 0.0f, GR(o->down), GK_F32, I));
     TRY(gemm(dc, 0, 0, Q, I, H, dc->dxb, H, WB(o->down), I, 0.0f, dc->z, GK_BF16, I));     /* dZ */
     TRY(gk_swiglu_bwd(dc->z, I, a->gu, a->gu + I, 2 * I, dc->dgu, dc->dgu + I, 2 * I, Q, I, s));
-    TRY(gemm(dc, 1, 0, 2 * I, H, Q, dc->dgu, 2 * I, a->hn, H, 0.0f, GR(o->gate), GK_F32, H));
+    TRY(gemm(dc, 1, 0, 2 * I, H, Q, dc->dgu, 2 * I, dc->nrm, H, 0.0f, GR(o->gate), GK_F32, H));
     TRY(gemm(dc, 0, 0, Q, H, 2 * I, dc->dgu, 2 * I, WB(o->gate), H, 0.0f, dc->tmp_h, GK_F32, H));
     TRY(gk_rmsnorm_bwd(dc->tmp_h, H, a->h1, H, WB(o->post_norm), dc->dx, H, dc->dh1, H, dc->dh1b, H,
                        GR(o->post_norm), Q, H, dc->eps, s));
@@ -838,9 +837,10 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
     TRY(gk_qknorm_rope_bwd(dc->dkcf, kvd, a->kvc, 2 * kvd, dc->dkvc, 2 * kvd, WB(o->k_norm), GR(o->k_norm),
                            T, dc->nkv, dc->hd, dc->pos_ctx, dc->inv_freq, dc->eps, s));
 
-    /* projections: block rows read input_layernorm(X) (kept), context rows read cx */
+    /* projections: block rows read input_layernorm(X) (recomputed), context rows read cx */
     mark(dc, DCP_B_PROJ);
-    TRY(gemm(dc, 1, 0, qkvd, H, Q, dc->dqkvb, qkvd, a->xn, H, 0.0f, GR(o->q), GK_F32, H));
+    TRY(gk_rmsnorm(dc->X[l], H, WB(o->input_norm), dc->nrm, H, Q, H, dc->eps, s));
+    TRY(gemm(dc, 1, 0, qkvd, H, Q, dc->dqkvb, qkvd, dc->nrm, H, 0.0f, GR(o->q), GK_F32, H));
     TRY(gemm(dc, 1, 0, 2 * kvd, H, T, dc->dkvc, 2 * kvd, dc->cx, H, 1.0f, GR(o->k), GK_F32, H));     /* adds */
     TRY(gemm(dc, 0, 0, Q, H, qkvd, dc->dqkvb, qkvd, WB(o->q), H, 0.0f, dc->tmp_h, GK_F32, H));
     TRY(gemm(dc, 0, 0, T, H, 2 * kvd, dc->dkvc, 2 * kvd, WB(o->k), H, 1.0f, dc->dcx, GK_F32, H));
@@ -913,8 +913,7 @@ static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, cons
     if (b->n_tokens < 1 || b->n_tokens > dc->max_tokens || nb < 0 || nb > dc->max_blocks ||
         b->n_seqs < 1 || b->n_seqs > dc->max_tokens || (!b->hidden_bf16 == !b->hidden_f32))
         return -DF_ERANGE;
-    if (obj_blocks_check(b, blk, nb) < 0)
-        return -DF_ERANGE;
+    TRY(obj_blocks_check(b, blk, nb));
     CU(cudaSetDevice(dc->device));
     cudaStream_t s = dc->stream;
     int n_tiles = 0;

@@ -35,7 +35,7 @@ enum drafter_cuda_phase {
     DCP_F_OPROJ,    /* output projection + residual */
     DCP_F_MLP,      /* post norm, gate/up, SwiGLU, down + residual */
     DCP_HEAD,       /* final norm, LM head + cross-entropy (and its input gradient), metrics */
-    DCP_B_MLP,      /* MLP backward (norm and SwiGLU outputs kept from the forward) */
+    DCP_B_MLP,      /* MLP backward (recomputes the norm; SwiGLU output kept from the forward) */
     DCP_B_OPROJ,    /* output projection backward */
     DCP_B_ATTN,     /* attention backward */
     DCP_B_QKNORM,   /* back through RoPE and the q/k norms */
