@@ -44,7 +44,10 @@ ifeq ($(SAN)$(NOCUDA),)
     $(shell echo 'note: $(NVCC) found but no CUDA toolkit (headers, libcudart, cuBLAS) under $(CUDA_HOME): CPU-only build' >&2)
   endif
 endif
-NVCCFLAGS  := -O3 -g -std=c++17 -arch=sm_90 -I. -Xcompiler -Wall,-fno-strict-aliasing -MMD -MP
+# Hopper code with its arch-specific features (sm_90a: warpgroup MMA, used where GK_SM90A says it
+# is there) plus compute_90 PTX for any later GPU; NVCC_ARCH=-arch=sm_90 builds without them.
+NVCC_ARCH  ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 -DGK_SM90A=1
+NVCCFLAGS  := -O3 -g -std=c++17 $(NVCC_ARCH) -I. -Xcompiler -Wall,-fno-strict-aliasing -MMD -MP
 ifeq ($(HAVE_CUDA),1)
   CFLAGS  += -DDFLASH_HAVE_CUDA=1 -I$(CUDA_HOME)/include
   ifneq ($(wildcard model/target_cuda.cu),)

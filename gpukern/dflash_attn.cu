@@ -4,8 +4,10 @@
  * backward recomputes the scores: dq query-major, dk/dv key-major over gk_dflash_plan's tiles. */
 #include <math.h>
 #include <algorithm>
+#include <atomic>
 #include "gpukern/dflash_attn.h"
 #include "gpukern/gk_impl.cuh"
+#include "gpukern/wgmma.cuh"
 
 namespace {
 
@@ -493,6 +495,20 @@ __device__ __forceinline__ const bf16 *qrow_ptr(const void *base, long stride, i
     return (const bf16 *)base + ((long)b * bs + x / grp) * stride + (long)(g * grp + x % grp) * hd;
 }
 
+/* x / d for 0 <= x < 2^16 and 1 <= d < 2^16 without a division: m = div_magic(d), exact there
+ * (x * m / 2^32 exceeds x / d by less than 2^-16, less than the distance to the next integer). */
+__host__ __device__ __forceinline__ uint64_t div_magic(int d) { return ((1ull << 32) + (uint64_t)d - 1) / (uint64_t)d; }
+__device__ __forceinline__ int div_by(int x, uint64_t m) { return (int)(((uint64_t)(uint32_t)x * m) >> 32); }
+
+/* qrow_ptr with the division by grp as a multiplication (gm = div_magic(grp)), for the loops */
+__device__ __forceinline__ const bf16 *qrow_fast(const void *base, long stride, int b, int bs, int grp, uint64_t gm,
+                                                 int g, int hd, int x, int R)
+{
+    if (x >= R) return nullptr;
+    const int qr = div_by(x, gm);
+    return (const bf16 *)base + ((long)b * bs + qr) * stride + (long)(g * grp + x - qr * grp) * hd;
+}
+
 /* Q is read into registers before the first prefetch, so it shares the second K buffer: four
  * tiles of shared memory and at most 168 registers let three CTAs share an SM. */
 template <int HD>
@@ -866,17 +882,18 @@ __global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a,
     cp_async_commit();
 
     /* unit u: block qlist[q0 + u / nch], its query rows from (u % nch) * MB */
+    const uint64_t gm = div_magic(grp);
     auto prefetch = [&](int u, int buf) {
         const int b = gr.qlist[tile.q0 + u / nch], r0 = (u % nch) * MB;
         bf16 *q = sQD + buf * 2 * TILE;
-        cp_rows<HD>(q, MB, a.q, [&](int r) { return qrow_ptr(a.q, a.q_stride, b, bs, grp, g, HD, r0 + r, R); },
+        cp_rows<HD>(q, MB, a.q, [&](int r) { return qrow_fast(a.q, a.q_stride, b, bs, grp, gm, g, HD, r0 + r, R); },
                     tid, MW * 32);
         cp_rows<HD>(q + TILE, MB, a.q, [&](int r) {
-            return qrow_ptr(gr.dout, gr.dout_stride, b, bs, grp, g, HD, r0 + r, R); }, tid, MW * 32);
+            return qrow_fast(gr.dout, gr.dout_stride, b, bs, grp, gm, g, HD, r0 + r, R); }, tid, MW * 32);
         float *st = stat + buf * 2 * MB;
         for (int r = tid; r < MB; r += MW * 32) {
-            const int x = r0 + r;
-            const long i = x < R ? ((long)b * bs + x / grp) * a.n_heads + g * grp + x % grp : 0;
+            const int x = r0 + r, qr = div_by(x, gm);
+            const long i = x < R ? ((long)b * bs + qr) * a.n_heads + g * grp + x - qr * grp : 0;
             st[r] = x < R ? a.lse[i] * LOG2E : 0.f;
             st[MB + r] = x < R ? gr.delta[i] : 0.f;
         }
@@ -934,6 +951,176 @@ __global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a,
                  a.scale);
 }
 
+/* ---- the key pass on Hopper's warpgroup MMA (sm_90a, head_dim 128) ----
+ * bwd_kv_mma2's split (a context tile and kv head per CTA, two warpgroups taking alternate units
+ * of 64 query rows, each prefetching its next unit) with each warpgroup's four products as wgmma
+ * over 128-byte-swizzled tiles (wgmma.cuh): S^T = K Q^T and dP^T = V dO^T from shared memory,
+ * then dV += P^T dO and dK += dS^T Q with P^T and dS^T from registers. */
+constexpr int SWT = MB * 128 * 2;       /* bytes of a swizzled [64 x 128] bf16 tile */
+bool wgmma_ok();
+
+/* rows [0, 64) of a swizzled tile at shared address tile from rowptr(r) (NULL: zeros) */
+template <int NTHR, typename F>
+__device__ __forceinline__ void cp_rows_sw(uint32_t tile, const void *any, F rowptr, int tid)
+{
+    const int ch = tid & 15;        /* a thread's chunk column is fixed; its rows are 16 / NTHR apart */
+#pragma unroll
+    for (int i = 0; i < MB * 16 / NTHR; i++) {
+        const int r = (tid >> 4) + i * (NTHR / 16);
+        const bf16 *src = rowptr(r);
+        cp_async16(tile + sw128_off(r, ch, MB), src ? (const void *)(src + ch * 8) : any, src != nullptr);
+    }
+}
+
+/* 4 bytes at src (valid) or zeros to shared address dst, asynchronously */
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+
+/* shared memory: K, V; per warpgroup two buffers of (Q, dO) and two of (lse, delta, ctx_end) */
+constexpr int WG_STAT = 2 * MB + 4;     /* floats per stat buffer: lse, delta, ctx_end (an int), pad */
+constexpr size_t bwd_kv_wg_smem() { return 1024 + (size_t)(2 + 4 * KV_WG) * SWT + KV_WG * 2 * WG_STAT * 4; }
+
+__global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a, gk_dflash_attn_grad gr)
+{
+#ifdef GK_WGMMA
+    constexpr int HD = 128;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);    /* swizzle atoms */
+    const int wg = threadIdx.x / (MW * 32), tid = threadIdx.x % (MW * 32), warp = tid >> 5, lane = tid & 31;
+    const uint32_t sK = smem_u32(smem), sV = sK + SWT, sQD = sV + SWT + wg * 4 * SWT;
+    float *stat = (float *)(smem + (2 + 4 * KV_WG) * SWT) + wg * 2 * WG_STAT;
+    const gk_dflash_ktile tile = gr.tiles[blockIdx.y];
+    if (tile.key0 < 0) return;      /* not a context tile */
+    const int g = blockIdx.x, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+    const int n_keys = tile.n_keys, nch = (R + MB - 1) / MB, units = (tile.q1 - tile.q0) * nch;
+    const bf16 *kbase = (const bf16 *)a.kc + (long)tile.key0 * a.kc_stride + (long)g * HD;
+    const bf16 *vbase = (const bf16 *)a.vc + (long)tile.key0 * a.vc_stride + (long)g * HD;
+    const float sl2 = a.scale * LOG2E;
+
+    cp_rows_sw<KV_WG * MW * 32>(sK, a.q, [&](int j) -> const bf16 * {
+        return j < n_keys ? kbase + j * a.kc_stride : nullptr; }, threadIdx.x);
+    cp_rows_sw<KV_WG * MW * 32>(sV, a.q, [&](int j) -> const bf16 * {
+        return j < n_keys ? vbase + j * a.vc_stride : nullptr; }, threadIdx.x);
+    const uint64_t gm = div_magic(grp);
+    cp_async_commit();
+
+    /* unit u (block b = qlist[q0 + u / nch], its rows from (u % nch) * MB) into buffer buf, all of it
+     * asynchronously: Q, dO, lse and delta of its rows, the block's ctx_end */
+    auto prefetch = [&](int u, int buf, int b) {
+        const int r0 = (u % nch) * MB;
+        const uint32_t q = sQD + buf * 2 * SWT;
+        cp_rows_sw<MW * 32>(q, a.q, [&](int r) {
+            return qrow_fast(a.q, a.q_stride, b, bs, grp, gm, g, HD, r0 + r, R); }, tid);
+        cp_rows_sw<MW * 32>(q + SWT, a.q, [&](int r) {
+            return qrow_fast(gr.dout, gr.dout_stride, b, bs, grp, gm, g, HD, r0 + r, R); }, tid);
+        const uint32_t st = smem_u32(stat + buf * WG_STAT);
+        for (int r = tid; r < MB; r += MW * 32) {
+            const int x = r0 + r, qr = div_by(x, gm);
+            const long i = x < R ? ((long)b * bs + qr) * a.n_heads + g * grp + x - qr * grp : 0;
+            cp_async4(st + r * 4, a.lse + i, x < R);
+            cp_async4(st + (MB + r) * 4, gr.delta + i, x < R);
+        }
+        if (tid == 0) cp_async4(st + 2 * MB * 4, &a.blocks[b].ctx_end, true);
+    };
+    auto unit_block = [&](int u) { return u < units ? gr.qlist[tile.q0 + u / nch] : 0; };
+    if (wg < units) prefetch(wg, 0, unit_block(wg));
+    int b_next = unit_block(wg + KV_WG);    /* the block of the unit prefetched next */
+    cp_async_commit();
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads();    /* K, V from every thread; this warpgroup's first unit */
+
+    float dk[HD / 2], dv[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dk[i] = dv[i] = 0.f;
+    const int key_a = warp * 16 + (lane >> 2);      /* this thread's keys: key_a, key_a + 8 */
+
+    for (int u = wg, k = 0; u < units; u += KV_WG, k++) {
+        if (u + KV_WG < units) prefetch(u + KV_WG, (k + 1) & 1, b_next);
+        b_next = unit_block(u + 2 * KV_WG);     /* read now, used an iteration later */
+        cp_async_commit();
+        cp_async_wait_group1();
+        fence_proxy_async();
+        wg_sync(wg);        /* unit u landed for the whole warpgroup */
+        const uint32_t sQ = sQD + (k & 1) * 2 * SWT, sD = sQ + SWT;
+        const float *lse_s = stat + (k & 1) * WG_STAT, *dl_s = lse_s + MB;
+        const int rows = R - (u % nch) * MB, ctx_end = *(const int *)(lse_s + 2 * MB);
+
+        float st[MB / 2], dpt[MB / 2];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_m64n64_ss(st, wg_desc_k(sK, MB, kk), wg_desc_k(sQ, MB, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma_m64n64_ss(dpt, wg_desc_k(sV, MB, kk), wg_desc_k(sD, MB, kk), kk > 0);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(st);
+        wg_pin(dpt);
+
+        bool kvis[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int kk = key_a + hr * 8;
+            kvis[hr] = kk < n_keys && tile.key0 + kk < ctx_end;
+        }
+        uint32_t pa[MB / 16][4], sa[MB / 16][4];
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++) {
+            float p[4], ds[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = nt * 8 + (lane & 3) * 2 + (e & 1);
+                p[e] = kvis[e >> 1] && col < rows ? exp2f(fmaf(st[nt * 4 + e], sl2, -LOG2E * lse_s[col])) : 0.f;
+                ds[e] = p[e] * (dpt[nt * 4 + e] - dl_s[col]);
+            }
+            pa[nt >> 1][(nt & 1) * 2] = pack2(p[0], p[1]);
+            pa[nt >> 1][(nt & 1) * 2 + 1] = pack2(p[2], p[3]);
+            sa[nt >> 1][(nt & 1) * 2] = pack2(ds[0], ds[1]);
+            sa[nt >> 1][(nt & 1) * 2 + 1] = pack2(ds[2], ds[3]);
+        }
+        wg_fence();
+#pragma unroll
+        for (int kt = 0; kt < MB / 16; kt++) wgmma_m64n128_rs_nt(dv, pa[kt], wg_desc_n(sD, MB, kt), 1);
+#pragma unroll
+        for (int kt = 0; kt < MB / 16; kt++) wgmma_m64n128_rs_nt(dk, sa[kt], wg_desc_n(sQ, MB, kt), 1);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(dv);
+        wg_pin(dk);
+        wg_sync(wg);        /* buffer k & 1 is free for unit u + 2 * KV_WG */
+    }
+    cp_async_wait_all();
+
+    /* warpgroup 1's sums to warpgroup 0 through its own (now idle) buffers, in a fixed order */
+    float4 *red = (float4 *)(smem + (2 + 4) * SWT);
+    if (wg == 1) {
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            red[dt * MW * 32 + tid] = make_float4(dk[4 * dt], dk[4 * dt + 1], dk[4 * dt + 2], dk[4 * dt + 3]);
+            red[(HD / 8 + dt) * MW * 32 + tid] = make_float4(dv[4 * dt], dv[4 * dt + 1], dv[4 * dt + 2], dv[4 * dt + 3]);
+        }
+    }
+    __syncthreads();
+    if (wg == 1) return;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++) {
+        const float4 x = red[dt * MW * 32 + tid], y = red[(HD / 8 + dt) * MW * 32 + tid];
+        dk[4 * dt] += x.x; dk[4 * dt + 1] += x.y; dk[4 * dt + 2] += x.z; dk[4 * dt + 3] += x.w;
+        dv[4 * dt] += y.x; dv[4 * dt + 1] += y.y; dv[4 * dt + 2] += y.z; dv[4 * dt + 3] += y.w;
+    }
+    store_kv<HD>((const float (*)[4])dk, (const float (*)[4])dv,
+                 gr.dkc + (long)tile.key0 * gr.dkc_stride + (long)g * HD, gr.dkc_stride,
+                 (bf16 *)gr.dvc + (long)tile.key0 * gr.dvc_stride + (long)g * HD, gr.dvc_stride, key_a, n_keys, lane,
+                 a.scale);
+#else
+    __trap();   /* launched only where gk_dflash_attn_has_wgmma() */
+#endif
+}
+
 template <int HD> size_t fwd_mma_smem() { return (size_t)4 * MB * (HD + MPAD) * 2; }
 template <int HD> size_t bwd_q_mma_smem() { return (size_t)6 * MB * (HD + MPAD) * 2 + 2 * MB * 4; }
 template <int HD> size_t bwd_kv_mma_smem() { return (size_t)4 * MB * (HD + MPAD) * 2 + 2 * MB * 4; }
@@ -973,7 +1160,13 @@ int launch_bwd_mma(const gk_dflash_attn *a, const gk_dflash_attn_grad *g, cudaSt
     GK_LAUNCH_CHECK();
     /* gk_dflash_plan's layout: the context tiles, then one tile of own keys per block */
     int n_self = std::min(g->n_tiles, a->n_blocks), n_ctx_tiles = g->n_tiles - n_self;
-    if (n_ctx_tiles > 0) {
+    if (n_ctx_tiles > 0 && HD == 128 && a->impl != GK_DFLASH_MMA && wgmma_ok()) {
+        const size_t sw = bwd_kv_wg_smem();
+        if (cudaFuncSetAttribute(bwd_kv_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw) != cudaSuccess)
+            return -DF_ECUDA;
+        bwd_kv_wg<<<dim3((unsigned)a->n_kv_heads, (unsigned)n_ctx_tiles), KV_WG * MW * 32, sw, stream>>>(*a, *g);
+        GK_LAUNCH_CHECK();
+    } else if (n_ctx_tiles > 0) {
         bwd_kv_mma2<HD><<<dim3((unsigned)a->n_kv_heads, (unsigned)n_ctx_tiles), KV_WG * MW * 32, skv2, stream>>>(*a, *g);
         GK_LAUNCH_CHECK();
     }
@@ -982,6 +1175,29 @@ int launch_bwd_mma(const gk_dflash_attn *a, const gk_dflash_attn_grad *g, cudaSt
         GK_LAUNCH_CHECK();
     }
     return 0;
+}
+
+/* The wgmma kernels need a Hopper GPU (compute capability 9.0) and a build with sm_90a code
+ * (the Makefile defines GK_SM90A with it); the answer is kept per device. */
+bool wgmma_ok()
+{
+#ifdef GK_SM90A
+    static std::atomic<int> known[64];      /* 0: not asked yet, 1: no, 2: yes */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return false;
+    int k = dev < 64 ? known[dev].load(std::memory_order_relaxed) : 0;
+    if (k == 0) {
+        int major = 0, minor = 0;
+        bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                  major == 9 && minor == 0;
+        k = ok ? 2 : 1;
+        if (dev < 64) known[dev].store(k, std::memory_order_relaxed);
+    }
+    return k == 2;
+#else
+    return false;
+#endif
 }
 
 bool use_mma(const gk_dflash_attn *a)
@@ -1040,7 +1256,8 @@ bool check_args(const gk_dflash_attn *a)
         a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads)
         return false;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256) return false;
-    if (a->impl < GK_DFLASH_AUTO || a->impl > GK_DFLASH_MMA || (a->impl == GK_DFLASH_MMA && hd != 64 && hd != 128))
+    if (a->impl < GK_DFLASH_AUTO || a->impl > GK_DFLASH_WGMMA || (a->impl == GK_DFLASH_MMA && hd != 64 && hd != 128) ||
+        (a->impl == GK_DFLASH_WGMMA && (hd != 128 || !wgmma_ok())))
         return false;
     long qd = (long)a->n_heads * hd, kvd = (long)a->n_kv_heads * hd;
     if (a->q_stride < qd || a->o_stride < qd || a->kc_stride < kvd || a->vc_stride < kvd ||
@@ -1096,6 +1313,11 @@ extern "C" int gk_dflash_attn_bwd(const gk_dflash_attn *a, const gk_dflash_attn_
     case 128: return launch_bwd<128>(a, g, stream);
     default: return launch_bwd<256>(a, g, stream);
     }
+}
+
+extern "C" int gk_dflash_attn_has_wgmma(void)
+{
+    return wgmma_ok();
 }
 
 extern "C" int gk_dflash_max_tiles(int n_ctx, int n_blocks)

@@ -33,9 +33,14 @@ typedef struct gk_dflash_attn {
 } gk_dflash_attn;
 
 /* auto: tensor cores (mma.sync; P and dS rounded to bf16 as operands) for head_dim 64 and 128,
- * else the CUDA-core kernels (fp32 throughout); simple: always the CUDA-core kernels; mma: the
- * tensor-core kernels (head_dim 64 / 128 only). */
-enum gk_dflash_impl { GK_DFLASH_AUTO = 0, GK_DFLASH_SIMPLE = 1, GK_DFLASH_MMA = 2 };
+ * with the backward's key pass on Hopper's warpgroup MMA where gk_dflash_attn_has_wgmma(), else
+ * the CUDA-core kernels (fp32 throughout); simple: always the CUDA-core kernels; mma: the mma.sync
+ * kernels only (head_dim 64 / 128); wgmma: as auto, and -EINVAL unless head_dim 128 and wgmma. */
+enum gk_dflash_impl { GK_DFLASH_AUTO = 0, GK_DFLASH_SIMPLE = 1, GK_DFLASH_MMA = 2, GK_DFLASH_WGMMA = 3 };
+
+/* 1 if the current device runs the warpgroup-MMA kernels (compute capability 9.0 and a build
+ * with sm_90a code), else 0. */
+GK_API int gk_dflash_attn_has_wgmma(void);
 
 /* Supported head_dim: 16, 32, 64, 128, 256; every stride % 8 == 0 and 16-byte aligned bases. */
 GK_API int gk_dflash_attn_fwd(const gk_dflash_attn *a, cudaStream_t stream);

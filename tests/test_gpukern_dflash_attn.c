@@ -224,9 +224,10 @@ static void attn_case(int hd, int nh, int nkv, int bs, int impl)
     double eq = gk_rel_err(gq, qd, rdq, qd, Q, qd), ekc = gk_rel_err(gkc, kvd, rdkc, kvd, p.T, kvd);
     double evc = gk_rel_err(gvc, kvd, rdvc, kvd, p.T, kvd), ekb = gk_rel_err(gkb, kvd, rdkb, kvd, Q, kvd);
     double evb = gk_rel_err(gvb, kvd, rdvb, kvd, Q, kvd);
-    int mma = impl == GK_DFLASH_MMA || (impl == GK_DFLASH_AUTO && (hd == 64 || hd == 128));
+    int mma = impl == GK_DFLASH_MMA || impl == GK_DFLASH_WGMMA || (impl == GK_DFLASH_AUTO && (hd == 64 || hd == 128));
+    const char *kind = impl == GK_DFLASH_WGMMA ? "wgmma " : mma ? "mma   " : "simple";
     printf("%s hd %3d heads %d/%d bs %2d blocks %3d T %4d tiles %4d | rel err o %.1e lse %.1e dq %.1e dkc %.1e "
-           "dvc %.1e dkb %.1e dvb %.1e | fwd %.2f ms bwd %.2f ms\n", mma ? "mma   " : "simple", hd, nh, nkv, bs, p.nb,
+           "dvc %.1e dkb %.1e dvb %.1e | fwd %.2f ms bwd %.2f ms\n", kind, hd, nh, nkv, bs, p.nb,
            p.T, nt, eo, el, eq, ekc, evc, ekb, evb, (t1 - t0) * 1e3, (t2 - t1) * 1e3);
     /* the tensor-core kernels round P and dS to bf16 as mma operands (2^-9 relative each) */
     double eg = mma ? 1e-2 : 5e-3;
@@ -321,7 +322,8 @@ static void bench(int impl, int sorted)
         if (rep) tq += q / 3;
     }
     double flop = 4.0 * bs * nh * hd * keys;
-    const char *name = impl == GK_DFLASH_MMA ? "mma" : "simple", *order = sorted ? "sorted" : "random";
+    const char *name = impl == GK_DFLASH_WGMMA ? "wgmma" : impl == GK_DFLASH_MMA ? "mma" : "simple";
+    const char *order = sorted ? "sorted" : "random";
     printf("BENCH dflash_attn %s: %d blocks (%s anchors), T %d, 32/8 heads x 128: fwd %.3f ms (%.0f TFLOP/s), "
            "bwd %.3f ms (%.0f TFLOP/s)\n", name, nb, order, T, tf, flop / tf / 1e9, tb, 2.5 * flop / tb / 1e9);
     printf("BENCH dflash_attn %s: %s anchors: bwd split: query pass %.3f ms, key pass %.3f ms\n", name, order,
@@ -340,16 +342,25 @@ int main(int argc, char **argv)
         bench(GK_DFLASH_SIMPLE, 0);
         bench(GK_DFLASH_MMA, 0);
         bench(GK_DFLASH_MMA, 1);
+        if (gk_dflash_attn_has_wgmma()) {
+            bench(GK_DFLASH_WGMMA, 0);
+            bench(GK_DFLASH_WGMMA, 1);
+        }
         return 0;
     }
     attn_case(16, 4, 2, 4, GK_DFLASH_AUTO);
     attn_case(16, 2, 2, 16, GK_DFLASH_AUTO);
     attn_case(32, 6, 3, 7, GK_DFLASH_AUTO);
     attn_case(256, 2, 1, 8, GK_DFLASH_AUTO);
-    for (int impl = GK_DFLASH_SIMPLE; impl <= GK_DFLASH_MMA; impl++) {
-        attn_case(64, 8, 2, 16, impl);
-        attn_case(64, 2, 2, 5, impl);       /* 5 query rows per CTA: padding rows */
+    const int last = gk_dflash_attn_has_wgmma() ? GK_DFLASH_WGMMA : GK_DFLASH_MMA;
+    printf("warpgroup MMA kernels: %s\n", last == GK_DFLASH_WGMMA ? "tested" : "not on this device or build");
+    for (int impl = GK_DFLASH_SIMPLE; impl <= last; impl++) {
+        if (impl != GK_DFLASH_WGMMA) {      /* (head_dim 128 only) */
+            attn_case(64, 8, 2, 16, impl);
+            attn_case(64, 2, 2, 5, impl);   /* 5 query rows per CTA: padding rows */
+        }
         attn_case(128, 4, 1, 16, impl);
+        attn_case(128, 2, 2, 5, impl);
         if (!getenv("GK_TEST_QUICK")) {     /* (quick: the small cases, for compute-sanitizer) */
             attn_case(128, 32, 8, 16, impl);
             attn_case(128, 16, 2, 16, impl);    /* 128 rows per (block, kv head): two row tiles */
