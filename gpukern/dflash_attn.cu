@@ -972,11 +972,13 @@ __device__ __forceinline__ void cp_rows_sw(uint32_t tile, const void *any, F row
     }
 }
 
+#ifdef GK_WGMMA
 /* 4 bytes at src (valid) or zeros to shared address dst, asynchronously */
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
 }
+#endif
 
 /* shared memory: K, V; per warpgroup two buffers of (Q, dO) and two of (lse, delta, ctx_end) */
 constexpr int WG_STAT = 2 * MB + 4;     /* floats per stat buffer: lse, delta, ctx_end (an int), pad */
@@ -1121,6 +1123,253 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
 #endif
 }
 
+/* ---- the forward and the backward's query pass on warpgroup MMA (sm_90a, head_dim 128) ----
+ * The CTAs of fwd_mma / bwd_q_mma (64 query rows of one block and kv head: one warpgroup), the
+ * block's keys streamed in tiles of 64 through two swizzled buffers: S = Q K^T (and dP = dO V^T)
+ * from shared memory, then O += P V (dQ += dS K) with P (dS) from registers. */
+template <typename F>
+__device__ __forceinline__ void cp_keys_sw(uint32_t tile, const void *any, F keyptr, int tid)
+{
+    cp_rows_sw<MW * 32>(tile, any, keyptr, tid);
+}
+
+constexpr size_t fwd_wg_smem() { return 1024 + (size_t)5 * SWT; }                 /* Q, K[2], V[2] */
+constexpr size_t bwd_q_wg_smem() { return 1024 + (size_t)6 * SWT + 2 * MB * 4; }  /* Q, dO, K[2], V[2]; lse, delta */
+
+__global__ void __launch_bounds__(MW * 32, 2) fwd_wg(gk_dflash_attn a)
+{
+#ifdef GK_WGMMA
+    constexpr int HD = 128;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const uint32_t sQ = smem_u32(smem), sK = sQ + SWT, sV = sK + 2 * SWT;
+    const int b = blockIdx.x, g = blockIdx.y, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+    const int r0 = blockIdx.z * MB, tid = threadIdx.x, lane = tid & 31;
+    const gk_dflash_block blk = a.blocks[b];
+    const int nk = blk.ctx_end - blk.ctx0 + bs, n_tiles = (nk + MB - 1) / MB;
+    const bf16 *kc = (const bf16 *)a.kc, *vc = (const bf16 *)a.vc, *kb = (const bf16 *)a.kb, *vb = (const bf16 *)a.vb;
+    const float sl2 = a.scale * LOG2E;
+
+    cp_keys_sw(sQ, a.q, [&](int r) { return qrow_ptr(a.q, a.q_stride, b, bs, grp, g, HD, r0 + r, R); }, tid);
+    cp_keys_sw(sK, a.q, [&](int j) { return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, j); }, tid);
+    cp_keys_sw(sV, a.q, [&](int j) { return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, j); }, tid);
+    cp_async_commit();
+
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+    float mrow[2] = { -INFINITY, -INFINITY }, lrow[2] = { 0.f, 0.f };
+
+    for (int t = 0; t < n_tiles; t++) {
+        cp_async_wait_all();
+        fence_proxy_async();
+        __syncthreads();    /* tile t landed; tile t - 1's buffers are free (its MMAs were waited for) */
+        if (t + 1 < n_tiles) {
+            const int t1 = (t + 1) * MB, nb_ = (t + 1) & 1;
+            cp_keys_sw(sK + nb_ * SWT, a.q, [&](int j) {
+                return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, t1 + j); }, tid);
+            cp_keys_sw(sV + nb_ * SWT, a.q, [&](int j) {
+                return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, t1 + j); }, tid);
+        }
+        cp_async_commit();
+        const uint32_t tK = sK + (t & 1) * SWT, tV = sV + (t & 1) * SWT;
+        float s[MB / 2];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) wgmma_m64n64_ss(s, wg_desc_k(sQ, MB, kk), wg_desc_k(tK, MB, kk), kk > 0);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(s);
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = t * MB + nt * 8 + (lane & 3) * 2 + (e & 1);
+                s[nt * 4 + e] = key < nk ? s[nt * 4 + e] * sl2 : -INFINITY;
+            }
+        float corr[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float mx = mrow[hr];
+#pragma unroll
+            for (int nt = 0; nt < MB / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * hr], s[nt * 4 + 2 * hr + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float base = mx == -INFINITY ? 0.f : mx;
+            corr[hr] = exp2f(mrow[hr] - base);
+            mrow[hr] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < MB / 8; nt++) {
+                s[nt * 4 + 2 * hr] = exp2f(s[nt * 4 + 2 * hr] - base);
+                s[nt * 4 + 2 * hr + 1] = exp2f(s[nt * 4 + 2 * hr + 1] - base);
+                sum += s[nt * 4 + 2 * hr] + s[nt * 4 + 2 * hr + 1];
+            }
+            lrow[hr] = lrow[hr] * corr[hr] + sum;
+        }
+        uint32_t pa[MB / 16][4];
+#pragma unroll
+        for (int kt = 0; kt < MB / 16; kt++) {
+            pa[kt][0] = pack2(s[8 * kt], s[8 * kt + 1]);
+            pa[kt][1] = pack2(s[8 * kt + 2], s[8 * kt + 3]);
+            pa[kt][2] = pack2(s[8 * kt + 4], s[8 * kt + 5]);
+            pa[kt][3] = pack2(s[8 * kt + 6], s[8 * kt + 7]);
+        }
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+            o[4 * dt] *= corr[0]; o[4 * dt + 1] *= corr[0];
+            o[4 * dt + 2] *= corr[1]; o[4 * dt + 3] *= corr[1];
+        }
+        wg_fence();
+#pragma unroll
+        for (int kt = 0; kt < MB / 16; kt++) wgmma_m64n128_rs_nt(o, pa[kt], wg_desc_n(tV, MB, kt), 1);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(o);
+    }
+    cp_async_wait_all();
+    const int warp = tid >> 5;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float l = lrow[hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int x = r0 + warp * 16 + (lane >> 2) + hr * 8;
+        if (x >= R) continue;
+        const long qrow = (long)b * bs + x / grp;
+        const int h = g * grp + x % grp;
+        const float inv = 1.f / l;
+        bf16 *orow = (bf16 *)a.o + qrow * a.o_stride + (long)h * HD + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162 *)(orow + dt * 8) =
+                __floats2bfloat162_rn(o[4 * dt + 2 * hr] * inv, o[4 * dt + 2 * hr + 1] * inv);
+        if ((lane & 3) == 0) a.lse[qrow * a.n_heads + h] = (mrow[hr] + log2f(l)) * LN2;
+    }
+#else
+    __trap();   /* launched only where gk_dflash_attn_has_wgmma() */
+#endif
+}
+
+/* dQ (and delta = rowsum(dO o) for the key pass) */
+__global__ void __launch_bounds__(MW * 32, 2) bwd_q_wg(gk_dflash_attn a, gk_dflash_attn_grad gr)
+{
+#ifdef GK_WGMMA
+    constexpr int HD = 128;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const uint32_t sQ = smem_u32(smem), sD = sQ + SWT, sK = sD + SWT, sV = sK + 2 * SWT;
+    float *lse_s = (float *)(smem + 6 * SWT), *dl_s = lse_s + MB;
+    const int b = blockIdx.x, g = blockIdx.y, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+    const int r0 = blockIdx.z * MB, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const gk_dflash_block blk = a.blocks[b];
+    const int nk = blk.ctx_end - blk.ctx0 + bs, n_tiles = (nk + MB - 1) / MB;
+    const bf16 *kc = (const bf16 *)a.kc, *vc = (const bf16 *)a.vc, *kb = (const bf16 *)a.kb, *vb = (const bf16 *)a.vb;
+    const float sl2 = a.scale * LOG2E;
+
+    cp_keys_sw(sQ, a.q, [&](int r) { return qrow_ptr(a.q, a.q_stride, b, bs, grp, g, HD, r0 + r, R); }, tid);
+    cp_keys_sw(sD, a.q, [&](int r) { return qrow_ptr(gr.dout, gr.dout_stride, b, bs, grp, g, HD, r0 + r, R); }, tid);
+    cp_keys_sw(sK, a.q, [&](int j) { return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, j); }, tid);
+    cp_keys_sw(sV, a.q, [&](int j) { return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, j); }, tid);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    {   /* delta of row tid/2 from two halves of its dims (dO from the swizzled tile); lse in log2 units */
+        const int r = tid >> 1, half = tid & 1, x = r0 + r;
+        float d = 0.f;
+        const bf16 *orow = qrow_ptr(a.o, a.o_stride, b, bs, grp, g, HD, x, R);
+        if (orow) {
+#pragma unroll
+            for (int j = 0; j < HD / 16; j++) {
+                const int ch = half * (HD / 16) + j;
+                float of[8], df[8];
+                bf16x8_to_f32(*(const bf16x8 *)(orow + ch * 8), of);
+                bf16x8_to_f32(*(const bf16x8 *)(smem + (sD - sQ) + sw128_off(r, ch, MB)), df);
+#pragma unroll
+                for (int e = 0; e < 8; e++) d += of[e] * df[e];
+            }
+        }
+        d += __shfl_xor_sync(0xffffffffu, d, 1);
+        if (half == 0) {
+            dl_s[r] = d;
+            float l2 = 0.f;
+            if (orow) {
+                const long i = ((long)b * bs + x / grp) * a.n_heads + g * grp + x % grp;
+                gr.delta[i] = d;
+                l2 = a.lse[i] * LOG2E;
+            }
+            lse_s[r] = l2;
+        }
+    }
+    fence_proxy_async();
+    __syncthreads();
+    const int row_a = warp * 16 + (lane >> 2);      /* this thread's rows: row_a, row_a + 8 */
+    const float nl2[2] = { -lse_s[row_a], -lse_s[row_a + 8] }, dl[2] = { dl_s[row_a], dl_s[row_a + 8] };
+    float dq[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) dq[i] = 0.f;
+
+    for (int t = 0; t < n_tiles; t++) {
+        if (t > 0) {
+            cp_async_wait_all();
+            fence_proxy_async();
+            __syncthreads();    /* tile t landed; tile t - 1's buffers are free */
+        }
+        if (t + 1 < n_tiles) {
+            const int t1 = (t + 1) * MB, nb_ = (t + 1) & 1;
+            cp_keys_sw(sK + nb_ * SWT, a.q, [&](int j) {
+                return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, t1 + j); }, tid);
+            cp_keys_sw(sV + nb_ * SWT, a.q, [&](int j) {
+                return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, t1 + j); }, tid);
+        }
+        cp_async_commit();
+        const uint32_t tK = sK + (t & 1) * SWT, tV = sV + (t & 1) * SWT;
+        float s[MB / 2], dp[MB / 2];
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) wgmma_m64n64_ss(s, wg_desc_k(sQ, MB, kk), wg_desc_k(tK, MB, kk), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) wgmma_m64n64_ss(dp, wg_desc_k(sD, MB, kk), wg_desc_k(tV, MB, kk), kk > 0);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(s);
+        wg_pin(dp);
+        uint32_t sa[MB / 16][4];
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++) {
+            float ds[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = t * MB + nt * 8 + (lane & 3) * 2 + (e & 1), hr = e >> 1;
+                const float p = key < nk ? exp2f(fmaf(s[nt * 4 + e], sl2, nl2[hr])) : 0.f;
+                ds[e] = p * (dp[nt * 4 + e] - dl[hr]);
+            }
+            sa[nt >> 1][(nt & 1) * 2] = pack2(ds[0], ds[1]);
+            sa[nt >> 1][(nt & 1) * 2 + 1] = pack2(ds[2], ds[3]);
+        }
+        wg_fence();
+#pragma unroll
+        for (int kt = 0; kt < MB / 16; kt++) wgmma_m64n128_rs_nt(dq, sa[kt], wg_desc_n(tK, MB, kt), 1);
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(dq);
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int x = r0 + row_a + hr * 8;
+        if (x >= R) continue;
+        const long qrow = (long)b * bs + x / grp;
+        float *dqp = gr.dq + qrow * gr.dq_stride + (long)(g * grp + x % grp) * HD + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(float2 *)(dqp + dt * 8) = make_float2(dq[4 * dt + 2 * hr] * a.scale, dq[4 * dt + 2 * hr + 1] * a.scale);
+    }
+#else
+    __trap();   /* launched only where gk_dflash_attn_has_wgmma() */
+#endif
+}
+
 template <int HD> size_t fwd_mma_smem() { return (size_t)4 * MB * (HD + MPAD) * 2; }
 template <int HD> size_t bwd_q_mma_smem() { return (size_t)6 * MB * (HD + MPAD) * 2 + 2 * MB * 4; }
 template <int HD> size_t bwd_kv_mma_smem() { return (size_t)4 * MB * (HD + MPAD) * 2 + 2 * MB * 4; }
@@ -1130,11 +1379,18 @@ template <int HD> size_t bwd_kv_mma2_smem() { return (size_t)(2 + 4 * KV_WG) * M
 template <int HD>
 int launch_fwd_mma(const gk_dflash_attn *a, cudaStream_t stream)
 {
+    int R = a->block_size * (a->n_heads / a->n_kv_heads);
+    dim3 grid((unsigned)a->n_blocks, (unsigned)a->n_kv_heads, (unsigned)((R + MB - 1) / MB));
+    if (HD == 128 && a->impl != GK_DFLASH_MMA && wgmma_ok()) {
+        if (cudaFuncSetAttribute(fwd_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)fwd_wg_smem()) != cudaSuccess)
+            return -DF_ECUDA;
+        fwd_wg<<<grid, MW * 32, fwd_wg_smem(), stream>>>(*a);
+        GK_LAUNCH_CHECK();
+        return 0;
+    }
     size_t sm = fwd_mma_smem<HD>();
     if (cudaFuncSetAttribute(fwd_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess)
         return -DF_ECUDA;
-    int R = a->block_size * (a->n_heads / a->n_kv_heads);
-    dim3 grid((unsigned)a->n_blocks, (unsigned)a->n_kv_heads, (unsigned)((R + MB - 1) / MB));
     fwd_mma<HD><<<grid, MW * 32, sm, stream>>>(*a);
     GK_LAUNCH_CHECK();
     return 0;
@@ -1156,11 +1412,19 @@ int launch_bwd_mma(const gk_dflash_attn *a, const gk_dflash_attn_grad *g, cudaSt
             return -DF_ECUDA;
     }
     dim3 grid((unsigned)a->n_blocks, (unsigned)a->n_kv_heads, (unsigned)((R + MB - 1) / MB));
-    bwd_q_mma<HD><<<grid, MW * 32, sq, stream>>>(*a, *g);
+    const bool wg = HD == 128 && a->impl != GK_DFLASH_MMA && wgmma_ok();
+    if (wg) {
+        if (cudaFuncSetAttribute(bwd_q_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bwd_q_wg_smem()) !=
+            cudaSuccess)
+            return -DF_ECUDA;
+        bwd_q_wg<<<grid, MW * 32, bwd_q_wg_smem(), stream>>>(*a, *g);
+    } else {
+        bwd_q_mma<HD><<<grid, MW * 32, sq, stream>>>(*a, *g);
+    }
     GK_LAUNCH_CHECK();
     /* gk_dflash_plan's layout: the context tiles, then one tile of own keys per block */
     int n_self = std::min(g->n_tiles, a->n_blocks), n_ctx_tiles = g->n_tiles - n_self;
-    if (n_ctx_tiles > 0 && HD == 128 && a->impl != GK_DFLASH_MMA && wgmma_ok()) {
+    if (n_ctx_tiles > 0 && wg) {
         const size_t sw = bwd_kv_wg_smem();
         if (cudaFuncSetAttribute(bwd_kv_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw) != cudaSuccess)
             return -DF_ECUDA;
