@@ -993,25 +993,40 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
     const int wg = threadIdx.x / (MW * 32), tid = threadIdx.x % (MW * 32), warp = tid >> 5, lane = tid & 31;
     const uint32_t sK = smem_u32(smem), sV = sK + SWT, sQD = sV + SWT + wg * 4 * SWT;
     float *stat = (float *)(smem + (2 + 4 * KV_WG) * SWT) + wg * 2 * WG_STAT;
-    const gk_dflash_ktile tile = gr.tiles[blockIdx.y];
-    if (tile.key0 < 0) return;      /* not a context tile */
-    const int g = blockIdx.x, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
-    const int n_keys = tile.n_keys, nch = (R + MB - 1) / MB, units = (tile.q1 - tile.q0) * nch;
-    const bf16 *kbase = (const bf16 *)a.kc + (long)tile.key0 * a.kc_stride + (long)g * HD;
-    const bf16 *vbase = (const bf16 *)a.vc + (long)tile.key0 * a.vc_stride + (long)g * HD;
+    /* CTA x: tile x / nkv, kv head x % nkv (the heads of a tile adjacent: long tiles start first) */
+    const gk_dflash_ktile tile = gr.tiles[blockIdx.x / a.n_kv_heads];
+    const int g = blockIdx.x % a.n_kv_heads, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+    /* a context tile: the blocks qlist[q0..q1) see it; a block's own keys: only that block does */
+    const bool self = tile.key0 < 0;
+    const int bself = -1 - tile.key0, n_keys = tile.n_keys, nch = (R + MB - 1) / MB;
+    const int units = (self ? 1 : tile.q1 - tile.q0) * nch;
+    const long ks = self ? a.kb_stride : a.kc_stride, vs = self ? a.vb_stride : a.vc_stride;
+    const bf16 *kbase = self ? (const bf16 *)a.kb + (long)bself * bs * ks : (const bf16 *)a.kc + (long)tile.key0 * ks;
+    const bf16 *vbase = self ? (const bf16 *)a.vb + (long)bself * bs * vs : (const bf16 *)a.vc + (long)tile.key0 * vs;
+    kbase += (long)g * HD;
+    vbase += (long)g * HD;
     const float sl2 = a.scale * LOG2E;
 
-    cp_rows_sw<KV_WG * MW * 32>(sK, a.q, [&](int j) -> const bf16 * {
-        return j < n_keys ? kbase + j * a.kc_stride : nullptr; }, threadIdx.x);
-    cp_rows_sw<KV_WG * MW * 32>(sV, a.q, [&](int j) -> const bf16 * {
-        return j < n_keys ? vbase + j * a.vc_stride : nullptr; }, threadIdx.x);
+    cp_rows_sw<KV_WG * MW * 32>(sK, a.q, [&](int j) -> const bf16 * { return j < n_keys ? kbase + j * ks : nullptr; },
+                                threadIdx.x);
+    cp_rows_sw<KV_WG * MW * 32>(sV, a.q, [&](int j) -> const bf16 * { return j < n_keys ? vbase + j * vs : nullptr; },
+                                threadIdx.x);
     const uint64_t gm = div_magic(grp);
     cp_async_commit();
 
-    /* unit u (block b = qlist[q0 + u / nch], its rows from (u % nch) * MB) into buffer buf, all of it
-     * asynchronously: Q, dO, lse and delta of its rows, the block's ctx_end */
-    auto prefetch = [&](int u, int buf, int b) {
-        const int r0 = (u % nch) * MB;
+    /* A unit: query rows [MB c, MB c + MB) of the q-th block of the tile's list; this warpgroup's
+     * units are KV_WG apart: cursors step without a division (nch is usually 1). */
+    struct cursor { int q, c; };
+    auto step = [&](cursor x) {
+        x.c += KV_WG;
+        while (x.c >= nch) { x.c -= nch; x.q++; }
+        return x;
+    };
+    auto block_of = [&](cursor x) { return self ? bself : gr.qlist[tile.q0 + x.q]; };
+    /* a unit into buffer buf, all of it asynchronously: Q, dO, lse and delta of its rows, the
+     * block's ctx_end */
+    auto prefetch = [&](cursor x, int buf, int b) {
+        const int r0 = x.c * MB;
         const uint32_t q = sQD + buf * 2 * SWT;
         cp_rows_sw<MW * 32>(q, a.q, [&](int r) {
             return qrow_fast(a.q, a.q_stride, b, bs, grp, gm, g, HD, r0 + r, R); }, tid);
@@ -1026,9 +1041,10 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
         }
         if (tid == 0) cp_async4(st + 2 * MB * 4, &a.blocks[b].ctx_end, true);
     };
-    auto unit_block = [&](int u) { return u < units ? gr.qlist[tile.q0 + u / nch] : 0; };
-    if (wg < units) prefetch(wg, 0, unit_block(wg));
-    int b_next = unit_block(wg + KV_WG);    /* the block of the unit prefetched next */
+    cursor cur = { wg / nch, wg % nch };            /* unit wg: this warpgroup's first */
+    cursor pf = step(cur), nx = step(pf);           /* the next two of this warpgroup's units */
+    if (wg < units) prefetch(cur, 0, block_of(cur));
+    int b_next = wg + KV_WG < units ? block_of(pf) : 0;     /* the block of the unit prefetched next */
     cp_async_commit();
     cp_async_wait_all();
     fence_proxy_async();
@@ -1040,15 +1056,19 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
     const int key_a = warp * 16 + (lane >> 2);      /* this thread's keys: key_a, key_a + 8 */
 
     for (int u = wg, k = 0; u < units; u += KV_WG, k++) {
-        if (u + KV_WG < units) prefetch(u + KV_WG, (k + 1) & 1, b_next);
-        b_next = unit_block(u + 2 * KV_WG);     /* read now, used an iteration later */
+        if (u + KV_WG < units) prefetch(pf, (k + 1) & 1, b_next);
+        b_next = u + 2 * KV_WG < units ? block_of(nx) : 0;     /* read now, used an iteration later */
+        const int rows = R - cur.c * MB;
+        cur = pf;
+        pf = nx;
+        nx = step(nx);
         cp_async_commit();
         cp_async_wait_group1();
         fence_proxy_async();
         wg_sync(wg);        /* unit u landed for the whole warpgroup */
         const uint32_t sQ = sQD + (k & 1) * 2 * SWT, sD = sQ + SWT;
         const float *lse_s = stat + (k & 1) * WG_STAT, *dl_s = lse_s + MB;
-        const int rows = R - (u % nch) * MB, ctx_end = *(const int *)(lse_s + 2 * MB);
+        const int ctx_end = self ? 0 : *(const int *)(lse_s + 2 * MB);
 
         float st[MB / 2], dpt[MB / 2];
         wg_fence();
@@ -1067,7 +1087,7 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const int kk = key_a + hr * 8;
-            kvis[hr] = kk < n_keys && tile.key0 + kk < ctx_end;
+            kvis[hr] = kk < n_keys && (self || tile.key0 + kk < ctx_end);
         }
         uint32_t pa[MB / 16][4], sa[MB / 16][4];
 #pragma unroll
@@ -1114,10 +1134,16 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
         dk[4 * dt] += x.x; dk[4 * dt + 1] += x.y; dk[4 * dt + 2] += x.z; dk[4 * dt + 3] += x.w;
         dv[4 * dt] += y.x; dv[4 * dt + 1] += y.y; dv[4 * dt + 2] += y.z; dv[4 * dt + 3] += y.w;
     }
-    store_kv<HD>((const float (*)[4])dk, (const float (*)[4])dv,
-                 gr.dkc + (long)tile.key0 * gr.dkc_stride + (long)g * HD, gr.dkc_stride,
-                 (bf16 *)gr.dvc + (long)tile.key0 * gr.dvc_stride + (long)g * HD, gr.dvc_stride, key_a, n_keys, lane,
-                 a.scale);
+    if (self)
+        store_kv<HD>((const float (*)[4])dk, (const float (*)[4])dv,
+                     gr.dkb + (long)bself * bs * gr.dkb_stride + (long)g * HD, gr.dkb_stride,
+                     (bf16 *)gr.dvb + (long)bself * bs * gr.dvb_stride + (long)g * HD, gr.dvb_stride, key_a, n_keys,
+                     lane, a.scale);
+    else
+        store_kv<HD>((const float (*)[4])dk, (const float (*)[4])dv,
+                     gr.dkc + (long)tile.key0 * gr.dkc_stride + (long)g * HD, gr.dkc_stride,
+                     (bf16 *)gr.dvc + (long)tile.key0 * gr.dvc_stride + (long)g * HD, gr.dvc_stride, key_a, n_keys,
+                     lane, a.scale);
 #else
     __trap();   /* launched only where gk_dflash_attn_has_wgmma() */
 #endif
@@ -1424,13 +1450,16 @@ int launch_bwd_mma(const gk_dflash_attn *a, const gk_dflash_attn_grad *g, cudaSt
     GK_LAUNCH_CHECK();
     /* gk_dflash_plan's layout: the context tiles, then one tile of own keys per block */
     int n_self = std::min(g->n_tiles, a->n_blocks), n_ctx_tiles = g->n_tiles - n_self;
-    if (n_ctx_tiles > 0 && wg) {
+    if (wg) {   /* every tile in one grid: the blocks' own keys fill the context tiles' tail */
         const size_t sw = bwd_kv_wg_smem();
+        if (g->n_tiles == 0) return 0;
         if (cudaFuncSetAttribute(bwd_kv_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sw) != cudaSuccess)
             return -DF_ECUDA;
-        bwd_kv_wg<<<dim3((unsigned)a->n_kv_heads, (unsigned)n_ctx_tiles), KV_WG * MW * 32, sw, stream>>>(*a, *g);
+        bwd_kv_wg<<<(unsigned)g->n_tiles * (unsigned)a->n_kv_heads, KV_WG * MW * 32, sw, stream>>>(*a, *g);
         GK_LAUNCH_CHECK();
-    } else if (n_ctx_tiles > 0) {
+        return 0;
+    }
+    if (n_ctx_tiles > 0) {
         bwd_kv_mma2<HD><<<dim3((unsigned)a->n_kv_heads, (unsigned)n_ctx_tiles), KV_WG * MW * 32, skv2, stream>>>(*a, *g);
         GK_LAUNCH_CHECK();
     }

@@ -19,25 +19,28 @@ __device__ __forceinline__ uint32_t sw128_off(int r, int c, int rows)
     return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-/* Descriptor of a 128-byte-swizzled operand at shared address addr; lbo / sbo in bytes. */
-__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+/* Descriptor of a 128-byte-swizzled operand at shared address tile + off (tile 16-aligned; shared
+ * addresses are below 2^18, so the start field tile / 16 + off / 16 never carries into LBO's bits
+ * and the sum of constants folds): lbo / sbo in bytes. */
+__device__ __forceinline__ uint64_t wg_desc(uint32_t tile, uint32_t off, uint32_t lbo, uint32_t sbo)
 {
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
-           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | 1ull << 62;
+    const uint32_t lo = (tile >> 4) + ((off >> 4) + ((lbo >> 4) << 16));  /* start 0-13, LBO 16-29 */
+    const uint32_t hi = (sbo >> 4) | (1u << 30);                          /* SBO 32-45, swizzle 62-63 */
+    return (uint64_t)hi << 32 | lo;
 }
 
 /* K-major operand: rows [0, 64) of a tile (8-row groups 1024 B apart), K step kk of 16 values:
  * 32 B into the 128-byte row, the second column block from kk = 4. */
 __device__ __forceinline__ uint64_t wg_desc_k(uint32_t tile, int rows, int kk)
 {
-    return wg_desc(tile + (uint32_t)((kk >> 2) * rows * 128 + (kk & 3) * 32), 16, 1024);
+    return wg_desc(tile, (uint32_t)((kk >> 2) * rows * 128 + (kk & 3) * 32), 16, 1024);
 }
 
 /* N-major operand: rows [16 kt, 16 kt + 16) of a tile as K, its 128 values as N (the second 64
  * of them one column block further). */
 __device__ __forceinline__ uint64_t wg_desc_n(uint32_t tile, int rows, int kt)
 {
-    return wg_desc(tile + (uint32_t)(kt * 16 * 128), (uint32_t)(rows * 128), 1024);
+    return wg_desc(tile, (uint32_t)(kt * 16 * 128), (uint32_t)(rows * 128), 1024);
 }
 
 #ifdef GK_WGMMA
