@@ -972,6 +972,21 @@ __device__ __forceinline__ void cp_rows_sw(uint32_t tile, const void *any, F row
     }
 }
 
+/* The same with row r (of this thread's: tid / 16 + i NTHR / 16) at p0 + i * step, rows from
+ * nvalid on zeros: for rows evenly spaced in memory, no per-row address arithmetic. */
+template <int NTHR>
+__device__ __forceinline__ void cp_rows_sw_lin(uint32_t tile, const void *any, const bf16 *p0, long step, int nvalid,
+                                               int tid)
+{
+    const int ch = tid & 15;
+#pragma unroll
+    for (int i = 0; i < MB * 16 / NTHR; i++) {
+        const int r = (tid >> 4) + i * (NTHR / 16);
+        const bool ok = r < nvalid;
+        cp_async16(tile + sw128_off(r, ch, MB), ok ? (const void *)(p0 + i * step + ch * 8) : any, ok);
+    }
+}
+
 #ifdef GK_WGMMA
 /* 4 bytes at src (valid) or zeros to shared address dst, asynchronously */
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid)
@@ -1012,6 +1027,7 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
     cp_rows_sw<KV_WG * MW * 32>(sV, a.q, [&](int j) -> const bf16 * { return j < n_keys ? vbase + j * vs : nullptr; },
                                 threadIdx.x);
     const uint64_t gm = div_magic(grp);
+    const bool lin_rows = 8 % grp == 0;
     cp_async_commit();
 
     /* A unit: query rows [MB c, MB c + MB) of the q-th block of the tile's list; this warpgroup's
@@ -1028,10 +1044,19 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
     auto prefetch = [&](cursor x, int buf, int b) {
         const int r0 = x.c * MB;
         const uint32_t q = sQD + buf * 2 * SWT;
-        cp_rows_sw<MW * 32>(q, a.q, [&](int r) {
-            return qrow_fast(a.q, a.q_stride, b, bs, grp, gm, g, HD, r0 + r, R); }, tid);
-        cp_rows_sw<MW * 32>(q + SWT, a.q, [&](int r) {
-            return qrow_fast(gr.dout, gr.dout_stride, b, bs, grp, gm, g, HD, r0 + r, R); }, tid);
+        if (lin_rows) {     /* this thread's rows, 8 apart, are 8 / grp block rows apart, same head */
+            const int x0 = r0 + (tid >> 4), qr = div_by(x0, gm);
+            const long row = (long)b * bs + qr, col = (long)(g * grp + x0 - qr * grp) * HD;
+            cp_rows_sw_lin<MW * 32>(q, a.q, (const bf16 *)a.q + row * a.q_stride + col, (8 / grp) * a.q_stride,
+                                    R - r0, tid);
+            cp_rows_sw_lin<MW * 32>(q + SWT, a.q, (const bf16 *)gr.dout + row * gr.dout_stride + col,
+                                    (8 / grp) * gr.dout_stride, R - r0, tid);
+        } else {
+            cp_rows_sw<MW * 32>(q, a.q, [&](int r) {
+                return qrow_fast(a.q, a.q_stride, b, bs, grp, gm, g, HD, r0 + r, R); }, tid);
+            cp_rows_sw<MW * 32>(q + SWT, a.q, [&](int r) {
+                return qrow_fast(gr.dout, gr.dout_stride, b, bs, grp, gm, g, HD, r0 + r, R); }, tid);
+        }
         const uint32_t st = smem_u32(stat + buf * WG_STAT);
         for (int r = tid; r < MB; r += MW * 32) {
             const int x = r0 + r, qr = div_by(x, gm);
@@ -1159,6 +1184,24 @@ __device__ __forceinline__ void cp_keys_sw(uint32_t tile, const void *any, F key
     cp_rows_sw<MW * 32>(tile, any, keyptr, tid);
 }
 
+/* Keys [k0, k0 + 64) of block b (its context, then its own rows) into swizzled K and V tiles of
+ * kv head blockIdx.y; a tile inside the context by evenly spaced rows. */
+template <int HD>
+__device__ __forceinline__ void load_key_tile(uint32_t tK, uint32_t tV, const gk_dflash_attn &a,
+                                              const gk_dflash_block &blk, int b, int k0, int tid)
+{
+    const int g = blockIdx.y, bs = a.block_size;
+    if (k0 + MB <= blk.ctx_end - blk.ctx0) {
+        const long r = blk.ctx0 + k0 + (tid >> 4);
+        cp_rows_sw_lin<MW * 32>(tK, a.q, (const bf16 *)a.kc + r * a.kc_stride + (long)g * HD, 8 * a.kc_stride, MB, tid);
+        cp_rows_sw_lin<MW * 32>(tV, a.q, (const bf16 *)a.vc + r * a.vc_stride + (long)g * HD, 8 * a.vc_stride, MB, tid);
+        return;
+    }
+    const bf16 *kc = (const bf16 *)a.kc, *vc = (const bf16 *)a.vc, *kb = (const bf16 *)a.kb, *vb = (const bf16 *)a.vb;
+    cp_keys_sw(tK, a.q, [&](int j) { return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, k0 + j); }, tid);
+    cp_keys_sw(tV, a.q, [&](int j) { return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, k0 + j); }, tid);
+}
+
 constexpr size_t fwd_wg_smem() { return 1024 + (size_t)5 * SWT; }                 /* Q, K[2], V[2] */
 constexpr size_t bwd_q_wg_smem() { return 1024 + (size_t)6 * SWT + 2 * MB * 4; }  /* Q, dO, K[2], V[2]; lse, delta */
 
@@ -1173,12 +1216,10 @@ __global__ void __launch_bounds__(MW * 32, 2) fwd_wg(gk_dflash_attn a)
     const int r0 = blockIdx.z * MB, tid = threadIdx.x, lane = tid & 31;
     const gk_dflash_block blk = a.blocks[b];
     const int nk = blk.ctx_end - blk.ctx0 + bs, n_tiles = (nk + MB - 1) / MB;
-    const bf16 *kc = (const bf16 *)a.kc, *vc = (const bf16 *)a.vc, *kb = (const bf16 *)a.kb, *vb = (const bf16 *)a.vb;
     const float sl2 = a.scale * LOG2E;
 
     cp_keys_sw(sQ, a.q, [&](int r) { return qrow_ptr(a.q, a.q_stride, b, bs, grp, g, HD, r0 + r, R); }, tid);
-    cp_keys_sw(sK, a.q, [&](int j) { return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, j); }, tid);
-    cp_keys_sw(sV, a.q, [&](int j) { return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, j); }, tid);
+    load_key_tile<HD>(sK, sV, a, blk, b, 0, tid);
     cp_async_commit();
 
     float o[HD / 2];
@@ -1190,13 +1231,8 @@ __global__ void __launch_bounds__(MW * 32, 2) fwd_wg(gk_dflash_attn a)
         cp_async_wait_all();
         fence_proxy_async();
         __syncthreads();    /* tile t landed; tile t - 1's buffers are free (its MMAs were waited for) */
-        if (t + 1 < n_tiles) {
-            const int t1 = (t + 1) * MB, nb_ = (t + 1) & 1;
-            cp_keys_sw(sK + nb_ * SWT, a.q, [&](int j) {
-                return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, t1 + j); }, tid);
-            cp_keys_sw(sV + nb_ * SWT, a.q, [&](int j) {
-                return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, t1 + j); }, tid);
-        }
+        if (t + 1 < n_tiles)
+            load_key_tile<HD>(sK + ((t + 1) & 1) * SWT, sV + ((t + 1) & 1) * SWT, a, blk, b, (t + 1) * MB, tid);
         cp_async_commit();
         const uint32_t tK = sK + (t & 1) * SWT, tV = sV + (t & 1) * SWT;
         float s[MB / 2];
@@ -1290,13 +1326,11 @@ __global__ void __launch_bounds__(MW * 32, 2) bwd_q_wg(gk_dflash_attn a, gk_dfla
     const int r0 = blockIdx.z * MB, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const gk_dflash_block blk = a.blocks[b];
     const int nk = blk.ctx_end - blk.ctx0 + bs, n_tiles = (nk + MB - 1) / MB;
-    const bf16 *kc = (const bf16 *)a.kc, *vc = (const bf16 *)a.vc, *kb = (const bf16 *)a.kb, *vb = (const bf16 *)a.vb;
     const float sl2 = a.scale * LOG2E;
 
     cp_keys_sw(sQ, a.q, [&](int r) { return qrow_ptr(a.q, a.q_stride, b, bs, grp, g, HD, r0 + r, R); }, tid);
     cp_keys_sw(sD, a.q, [&](int r) { return qrow_ptr(gr.dout, gr.dout_stride, b, bs, grp, g, HD, r0 + r, R); }, tid);
-    cp_keys_sw(sK, a.q, [&](int j) { return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, j); }, tid);
-    cp_keys_sw(sV, a.q, [&](int j) { return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, j); }, tid);
+    load_key_tile<HD>(sK, sV, a, blk, b, 0, tid);
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
@@ -1341,13 +1375,8 @@ __global__ void __launch_bounds__(MW * 32, 2) bwd_q_wg(gk_dflash_attn a, gk_dfla
             fence_proxy_async();
             __syncthreads();    /* tile t landed; tile t - 1's buffers are free */
         }
-        if (t + 1 < n_tiles) {
-            const int t1 = (t + 1) * MB, nb_ = (t + 1) & 1;
-            cp_keys_sw(sK + nb_ * SWT, a.q, [&](int j) {
-                return key_row(kc, a.kc_stride, kb, a.kb_stride, blk, b, bs, g, HD, t1 + j); }, tid);
-            cp_keys_sw(sV + nb_ * SWT, a.q, [&](int j) {
-                return key_row(vc, a.vc_stride, vb, a.vb_stride, blk, b, bs, g, HD, t1 + j); }, tid);
-        }
+        if (t + 1 < n_tiles)
+            load_key_tile<HD>(sK + ((t + 1) & 1) * SWT, sV + ((t + 1) & 1) * SWT, a, blk, b, (t + 1) * MB, tid);
         cp_async_commit();
         const uint32_t tK = sK + (t & 1) * SWT, tV = sV + (t & 1) * SWT;
         float s[MB / 2], dp[MB / 2];

@@ -54,11 +54,12 @@ template <int N> __device__ __forceinline__ void wg_wait()
  * to the async proxy that wgmma reads through; a barrier must follow before another thread's
  * wgmma reads it. */
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-/* Pins a register between the asynchronous MMAs and ordinary code (no reordering across it). */
+/* Pins registers after wg_wait: the compiler may not read them before (volatile asm keeps its
+ * order, and each register is an operand of it). */
 template <int N> __device__ __forceinline__ void wg_pin(float (&r)[N])
 {
 #pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i]));
 }
 
 /* d[64 x 64] = A[64 x 16] B[64 x 16]^T (+ d if accumulate): A and B K-major in shared memory. */

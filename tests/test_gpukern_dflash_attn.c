@@ -364,6 +364,8 @@ int main(int argc, char **argv)
         if (!getenv("GK_TEST_QUICK")) {     /* (quick: the small cases, for compute-sanitizer) */
             attn_case(128, 32, 8, 16, impl);
             attn_case(128, 16, 2, 16, impl);    /* 128 rows per (block, kv head): two row tiles */
+            attn_case(128, 6, 2, 16, impl);     /* 3 heads a group: 48 rows, rows not 8 apart */
+            attn_case(128, 12, 1, 16, impl);    /* 192 rows: a tile starts inside a block row */
         }
     }
     gk_dflash_attn bad = { .n_blocks = 1, .block_size = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 48 };
