@@ -1,7 +1,9 @@
 /* dflash_attn.cu: DFlash block attention, flash style: one CTA per (block, kv head, 64 query rows)
  * holds the queries of every head of the kv group and streams the block's visible keys (its
  * context before the anchor, then its own slots) in tiles of 64 with an online softmax. The
- * backward recomputes the scores: dq query-major, dk/dv key-major over gk_dflash_plan's tiles. */
+ * backward recomputes the scores: dq query-major, dk/dv key-major over gk_dflash_plan's tiles.
+ * Three generations of the same kernels: CUDA cores (any head_dim, fp32), mma.sync (head_dim 64 /
+ * 128) and, on Hopper, warpgroup MMA (head_dim 128, sm_90a); gk_dflash_attn_fwd/_bwd pick. */
 #include <math.h>
 #include <algorithm>
 #include <atomic>
@@ -952,10 +954,12 @@ __global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a,
 }
 
 /* ---- the key pass on Hopper's warpgroup MMA (sm_90a, head_dim 128) ----
- * bwd_kv_mma2's split (a context tile and kv head per CTA, two warpgroups taking alternate units
- * of 64 query rows, each prefetching its next unit) with each warpgroup's four products as wgmma
- * over 128-byte-swizzled tiles (wgmma.cuh): S^T = K Q^T and dP^T = V dO^T from shared memory,
- * then dV += P^T dO and dK += dS^T Q with P^T and dS^T from registers. */
+ * bwd_kv_mma2's split (a tile and kv head per CTA, two warpgroups taking alternate units of 64
+ * query rows, each prefetching its next unit) with each warpgroup's four products as wgmma over
+ * 128-byte-swizzled tiles (wgmma.cuh): S^T = K Q^T and dP^T = V dO^T from shared memory, then
+ * dV += P^T dO and dK += dS^T Q with P^T and dS^T from registers. One grid takes every tile of
+ * the plan, the context tiles first and then the blocks' own keys (one unit each), which fill the
+ * tail of the long context tiles. */
 constexpr int SWT = MB * 128 * 2;       /* bytes of a swizzled [64 x 128] bf16 tile */
 bool wgmma_ok();
 

@@ -382,7 +382,7 @@ int main(void)
 
     /* parameters after the steps: ranks identical, the update as the whole batch's */
     CHECK(!memcmp(params_end[WHO_R0], params_end[WHO_R1], n * sizeof(float)));
-    float *du = malloc(n * sizeof *du), *dw = malloc(n * sizeof *dw);
+    float *du = calloc(n, sizeof *du), *dw = calloc(n, sizeof *dw);
     CHECK(du && dw);
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
