@@ -613,6 +613,41 @@ __global__ void __launch_bounds__(MW * 32, 3) fwd_mma(gk_dflash_attn a)
     }
 }
 
+/* The query pass's row statistics, two threads a row (half the dims each): delta = rowsum(dO o) of
+ * query row r0 + threadIdx.x / 2 to gr.delta and dl_s, its lse in log2 units to lse_s (zeros past
+ * the block's rows). dchunk(r, c): the 8 dO values of tile row r from dim 8 c, in shared memory. */
+template <int HD, typename F>
+__device__ __forceinline__ void row_stats(const gk_dflash_attn &a, const gk_dflash_attn_grad &gr, int b, int g, int r0,
+                                          float *lse_s, float *dl_s, F dchunk)
+{
+    const int bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+    const int r = threadIdx.x >> 1, half = threadIdx.x & 1, x = r0 + r;
+    float d = 0.f;
+    const bf16 *orow = qrow_ptr(a.o, a.o_stride, b, bs, grp, g, HD, x, R);
+    if (orow) {
+#pragma unroll
+        for (int j = 0; j < HD / 16; j++) {
+            const int c = half * (HD / 16) + j;
+            float of[8], df[8];
+            bf16x8_to_f32(*(const bf16x8 *)(orow + c * 8), of);
+            bf16x8_to_f32(*(const bf16x8 *)dchunk(r, c), df);
+#pragma unroll
+            for (int e = 0; e < 8; e++) d += of[e] * df[e];
+        }
+    }
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    if (half == 0) {
+        dl_s[r] = d;
+        float l2 = 0.f;
+        if (orow) {
+            const long i = ((long)b * bs + x / grp) * a.n_heads + g * grp + x % grp;
+            gr.delta[i] = d;
+            l2 = a.lse[i] * LOG2E;
+        }
+        lse_s[r] = l2;
+    }
+}
+
 /* dQ query-major: S = Q K^T and dP = dO V^T per key tile, dS = P (dP - delta), dQ += dS K.
  * Also writes delta = rowsum(dO o) for the key-major pass. */
 template <int HD>
@@ -636,31 +671,7 @@ __global__ void __launch_bounds__(MW * 32) bwd_q_mma(gk_dflash_attn a, gk_dflash
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
-    {   /* delta of row tid/2 from two halves of its dims; lse into log2 units */
-        const int r = threadIdx.x >> 1, half = threadIdx.x & 1, x = r0 + r;
-        float d = 0.f;
-        const bf16 *orow = qrow_ptr(a.o, a.o_stride, b, bs, grp, g, HD, x, R);
-        if (orow) {
-            for (int c = half * (HD / 2); c < (half + 1) * (HD / 2); c += 8) {
-                float of[8], df[8];
-                bf16x8_to_f32(*(const bf16x8 *)(orow + c), of);
-                bf16x8_to_f32(*(const bf16x8 *)(sD + r * LDS + c), df);
-#pragma unroll
-                for (int e = 0; e < 8; e++) d += of[e] * df[e];
-            }
-        }
-        d += __shfl_xor_sync(0xffffffffu, d, 1);
-        if (half == 0) {
-            dl_s[r] = d;
-            float l2 = 0.f;
-            if (orow) {
-                const long i = ((long)b * bs + x / grp) * a.n_heads + g * grp + x % grp;
-                gr.delta[i] = d;
-                l2 = a.lse[i] * LOG2E;
-            }
-            lse_s[r] = l2;
-        }
-    }
+    row_stats<HD>(a, gr, b, g, r0, lse_s, dl_s, [&](int r, int c) { return sD + r * LDS + c * 8; });
     __syncthreads();
     uint32_t qf[HD / 16][4], df[HD / 16][4];
 #pragma unroll
@@ -1338,33 +1349,8 @@ __global__ void __launch_bounds__(MW * 32, 2) bwd_q_wg(gk_dflash_attn a, gk_dfla
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
-    {   /* delta of row tid/2 from two halves of its dims (dO from the swizzled tile); lse in log2 units */
-        const int r = tid >> 1, half = tid & 1, x = r0 + r;
-        float d = 0.f;
-        const bf16 *orow = qrow_ptr(a.o, a.o_stride, b, bs, grp, g, HD, x, R);
-        if (orow) {
-#pragma unroll
-            for (int j = 0; j < HD / 16; j++) {
-                const int ch = half * (HD / 16) + j;
-                float of[8], df[8];
-                bf16x8_to_f32(*(const bf16x8 *)(orow + ch * 8), of);
-                bf16x8_to_f32(*(const bf16x8 *)(smem + (sD - sQ) + sw128_off(r, ch, MB)), df);
-#pragma unroll
-                for (int e = 0; e < 8; e++) d += of[e] * df[e];
-            }
-        }
-        d += __shfl_xor_sync(0xffffffffu, d, 1);
-        if (half == 0) {
-            dl_s[r] = d;
-            float l2 = 0.f;
-            if (orow) {
-                const long i = ((long)b * bs + x / grp) * a.n_heads + g * grp + x % grp;
-                gr.delta[i] = d;
-                l2 = a.lse[i] * LOG2E;
-            }
-            lse_s[r] = l2;
-        }
-    }
+    row_stats<HD>(a, gr, b, g, r0, lse_s, dl_s, [&](int r, int c) {    /* dO from the swizzled tile */
+        return (const bf16 *)(smem + (sD - sQ) + sw128_off(r, c, MB)); });
     fence_proxy_async();
     __syncthreads();
     const int row_a = warp * 16 + (lane >> 2);      /* this thread's rows: row_a, row_a + 8 */
