@@ -969,8 +969,8 @@ __global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a,
  * query rows, each prefetching its next unit) with each warpgroup's four products as wgmma over
  * 128-byte-swizzled tiles (wgmma.cuh): S^T = K Q^T and dP^T = V dO^T from shared memory, then
  * dV += P^T dO and dK += dS^T Q with P^T and dS^T from registers. One grid takes every tile of
- * the plan, the context tiles first and then the blocks' own keys (one unit each), which fill the
- * tail of the long context tiles. */
+ * the plan, the context tiles first and then the blocks' own keys (only their block's rows), which
+ * fill the tail of the long context tiles. */
 constexpr int SWT = MB * 128 * 2;       /* bytes of a swizzled [64 x 128] bf16 tile */
 bool wgmma_ok();
 
@@ -978,7 +978,7 @@ bool wgmma_ok();
 template <int NTHR, typename F>
 __device__ __forceinline__ void cp_rows_sw(uint32_t tile, const void *any, F rowptr, int tid)
 {
-    const int ch = tid & 15;        /* a thread's chunk column is fixed; its rows are 16 / NTHR apart */
+    const int ch = tid & 15;        /* a thread's chunk column is fixed; its rows are NTHR / 16 apart */
 #pragma unroll
     for (int i = 0; i < MB * 16 / NTHR; i++) {
         const int r = (tid >> 4) + i * (NTHR / 16);
@@ -1023,7 +1023,8 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
     const int wg = threadIdx.x / (MW * 32), tid = threadIdx.x % (MW * 32), warp = tid >> 5, lane = tid & 31;
     const uint32_t sK = smem_u32(smem), sV = sK + SWT, sQD = sV + SWT + wg * 4 * SWT;
     float *stat = (float *)(smem + (2 + 4 * KV_WG) * SWT) + wg * 2 * WG_STAT;
-    /* CTA x: tile x / nkv, kv head x % nkv (the heads of a tile adjacent: long tiles start first) */
+    /* CTA x: tile x / nkv, kv head x % nkv (the heads of a tile adjacent; within a sequence the
+     * plan puts the tiles every block sees first, so the longest start first) */
     const gk_dflash_ktile tile = gr.tiles[blockIdx.x / a.n_kv_heads];
     const int g = blockIdx.x % a.n_kv_heads, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
     /* a context tile: the blocks qlist[q0..q1) see it; a block's own keys: only that block does */
@@ -1158,6 +1159,7 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
     cp_async_wait_all();
 
     /* warpgroup 1's sums to warpgroup 0 through its own (now idle) buffers, in a fixed order */
+    static_assert(KV_WG == 2 && 2 * (HD / 8) * MW * 32 * 16 <= 4 * SWT, "the reduction area is warpgroup 1's buffers");
     float4 *red = (float4 *)(smem + (2 + 4) * SWT);
     if (wg == 1) {
 #pragma unroll
@@ -1489,8 +1491,23 @@ int launch_bwd_mma(const gk_dflash_attn *a, const gk_dflash_attn_grad *g, cudaSt
     return 0;
 }
 
-/* The wgmma kernels need a Hopper GPU (compute capability 9.0) and a build with sm_90a code
- * (the Makefile defines GK_SM90A with it); the answer is kept per device. */
+/* Writes 1 where this code was compiled with the warpgroup MMA (the sm_90a build the driver
+ * loaded), 0 where it is the compute_90 PTX (another GPU, or CUDA_FORCE_PTX_JIT): there the wgmma
+ * kernels' bodies are a trap. */
+#ifdef GK_SM90A
+__global__ void wgmma_probe(int *out)
+{
+#ifdef GK_WGMMA
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+#endif
+
+/* The wgmma kernels need a Hopper GPU (compute capability 9.0) running this build's sm_90a code
+ * (the Makefile defines GK_SM90A with it): asked once per device, with the probe on a stream of
+ * its own (one wait then, none after). */
 bool wgmma_ok()
 {
 #ifdef GK_SM90A
@@ -1499,10 +1516,23 @@ bool wgmma_ok()
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return false;
     int k = dev < 64 ? known[dev].load(std::memory_order_relaxed) : 0;
     if (k == 0) {
-        int major = 0, minor = 0;
+        int major = 0, minor = 0, got = 0;
         bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
                   major == 9 && minor == 0;
+        cudaStream_t st = nullptr;
+        int *d = nullptr;
+        if (ok && cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess) {
+            void *args[] = { &d };
+            ok = cudaMallocAsync((void **)&d, sizeof(int), st) == cudaSuccess &&
+                 cudaLaunchKernel((const void *)wgmma_probe, dim3(1), dim3(1), args, 0, st) == cudaSuccess &&
+                 cudaMemcpyAsync(&got, d, sizeof(int), cudaMemcpyDeviceToHost, st) == cudaSuccess;
+            if (d) cudaFreeAsync(d, st);
+            ok = cudaStreamSynchronize(st) == cudaSuccess && ok && got == 1;
+            cudaStreamDestroy(st);
+        } else {
+            ok = false;
+        }
         k = ok ? 2 : 1;
         if (dev < 64) known[dev].store(k, std::memory_order_relaxed);
     }
@@ -1568,6 +1598,7 @@ bool check_args(const gk_dflash_attn *a)
         a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads)
         return false;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256) return false;
+    if ((long)a->block_size * (a->n_heads / a->n_kv_heads) + MB >= 65536) return false;    /* div_by's range */
     if (a->impl < GK_DFLASH_AUTO || a->impl > GK_DFLASH_WGMMA || (a->impl == GK_DFLASH_MMA && hd != 64 && hd != 128) ||
         (a->impl == GK_DFLASH_WGMMA && (hd != 128 || !wgmma_ok())))
         return false;

@@ -32,10 +32,11 @@ typedef struct gk_dflash_attn {
     int impl;                               /* enum gk_dflash_impl; 0 (auto) when zero-initialised */
 } gk_dflash_attn;
 
-/* auto: tensor cores (mma.sync; P and dS rounded to bf16 as operands) for head_dim 64 and 128,
- * with the backward's key pass on Hopper's warpgroup MMA where gk_dflash_attn_has_wgmma(), else
- * the CUDA-core kernels (fp32 throughout); simple: always the CUDA-core kernels; mma: the mma.sync
- * kernels only (head_dim 64 / 128); wgmma: as auto, and -EINVAL unless head_dim 128 and wgmma. */
+/* auto: tensor cores for head_dim 64 and 128 (P and dS rounded to bf16 as operands): for head_dim
+ * 128 Hopper's warpgroup MMA where gk_dflash_attn_has_wgmma() (forward, query and key passes), else
+ * mma.sync; other head_dims the CUDA-core kernels (fp32 throughout); simple: always the CUDA-core
+ * kernels; mma: the mma.sync kernels only (head_dim 64 / 128); wgmma: as auto, and -EINVAL unless
+ * head_dim 128 and wgmma. */
 enum gk_dflash_impl { GK_DFLASH_AUTO = 0, GK_DFLASH_SIMPLE = 1, GK_DFLASH_MMA = 2, GK_DFLASH_WGMMA = 3 };
 
 /* 1 if the current device runs the warpgroup-MMA kernels (compute capability 9.0 and a build

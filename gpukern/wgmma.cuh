@@ -3,7 +3,8 @@
  * the fences. A tile of R rows x 128 bf16 is two column blocks of 64 (128 bytes a row), each
  * [R rows][128 B] with 16-byte chunk c of row r at chunk c ^ (r % 8), each block 1024-aligned:
  * the same bytes serve as a K-major operand (rows = M or N, the 128 values = K) and as an
- * N-major one (rows = K). Everything here compiles to nothing outside sm_90a. */
+ * N-major one (rows = K). The instructions compile only for sm_90a (GK_WGMMA); the address
+ * helpers are plain arithmetic. */
 #pragma once
 #include <stdint.h>
 
