@@ -373,6 +373,10 @@ int main(int argc, char **argv)
     gk_dflash_attn bad2 = { .n_blocks = 1, .block_size = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
                             .impl = GK_DFLASH_MMA };
     CHECK_INT(gk_dflash_attn_fwd(&bad2, 0), ==, -EINVAL);
+    gk_dflash_attn bad3 = bad2;         /* the warpgroup kernels: head_dim 128 only */
+    bad3.head_dim = 64;
+    bad3.impl = GK_DFLASH_WGMMA;
+    CHECK_INT(gk_dflash_attn_fwd(&bad3, 0), ==, -EINVAL);
     return 0;
 }
 #else
