@@ -511,6 +511,57 @@ __device__ __forceinline__ const bf16 *qrow_fast(const void *base, long stride, 
     return (const bf16 *)base + ((long)b * bs + qr) * stride + (long)(g * grp + x - qr * grp) * hd;
 }
 
+/* The forward's online softmax over one tile of scores s (log2 units, masked keys -INFINITY), in
+ * the accumulator layout of 16 rows x 64 keys (this thread: rows lane / 4 and + 8): the running max
+ * and sum of both rows, s replaced by exp2(s - max), corr = the factor for what came before. */
+__device__ __forceinline__ void online_softmax(float (*s)[4], float mrow[2], float lrow[2], float corr[2])
+{
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float mx = mrow[hr];
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * hr], s[nt][2 * hr + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float base = mx == -INFINITY ? 0.f : mx;
+        corr[hr] = exp2f(mrow[hr] - base);
+        mrow[hr] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < MB / 8; nt++) {
+            s[nt][2 * hr] = exp2f(s[nt][2 * hr] - base);
+            s[nt][2 * hr + 1] = exp2f(s[nt][2 * hr + 1] - base);
+            sum += s[nt][2 * hr] + s[nt][2 * hr + 1];
+        }
+        lrow[hr] = lrow[hr] * corr[hr] + sum;
+    }
+}
+
+/* The forward's output rows x and x + 8 of the CTA's (block b, kv head g) group: O / l as bf16 and
+ * the lse; o in the accumulator layout (HD / 8 n8 tiles). */
+template <int HD>
+__device__ __forceinline__ void store_o(const gk_dflash_attn &a, const float (*o)[4], const float mrow[2],
+                                        const float lrow[2], int b, int g, int x, int lane)
+{
+    const int bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float l = lrow[hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int xr = x + hr * 8;
+        if (xr >= R) continue;
+        const long qrow = (long)b * bs + xr / grp;
+        const int h = g * grp + xr % grp;
+        const float inv = 1.f / l;
+        bf16 *orow = (bf16 *)a.o + qrow * a.o_stride + (long)h * HD + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(__nv_bfloat162 *)(orow + dt * 8) = __floats2bfloat162_rn(o[dt][2 * hr] * inv, o[dt][2 * hr + 1] * inv);
+        if ((lane & 3) == 0) a.lse[qrow * a.n_heads + h] = (mrow[hr] + log2f(l)) * LN2;
+    }
+}
+
 /* Q is read into registers before the first prefetch, so it shares the second K buffer: four
  * tiles of shared memory and at most 168 registers let three CTAs share an SM. */
 template <int HD>
@@ -568,25 +619,7 @@ __global__ void __launch_bounds__(MW * 32, 3) fwd_mma(gk_dflash_attn a)
                 s[nt][e] = key < nk ? s[nt][e] * sl2 : -INFINITY;
             }
         float corr[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            float mx = mrow[hr];
-#pragma unroll
-            for (int nt = 0; nt < MB / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * hr], s[nt][2 * hr + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            float base = mx == -INFINITY ? 0.f : mx;
-            corr[hr] = exp2f(mrow[hr] - base);
-            mrow[hr] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < MB / 8; nt++) {
-                s[nt][2 * hr] = exp2f(s[nt][2 * hr] - base);
-                s[nt][2 * hr + 1] = exp2f(s[nt][2 * hr + 1] - base);
-                sum += s[nt][2 * hr] + s[nt][2 * hr + 1];
-            }
-            lrow[hr] = lrow[hr] * corr[hr] + sum;
-        }
+        online_softmax(s, mrow, lrow, corr);
 #pragma unroll
         for (int dt = 0; dt < HD / 8; dt++) {
             o[dt][0] *= corr[0]; o[dt][1] *= corr[0];
@@ -595,22 +628,7 @@ __global__ void __launch_bounds__(MW * 32, 3) fwd_mma(gk_dflash_attn a)
         mma_pv<HD>(o, s, tV, mi, ri);
     }
     cp_async_wait_all();
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        float l = lrow[hr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int x = r0 + warp * 16 + (lane >> 2) + hr * 8;
-        if (x >= R) continue;
-        const long qrow = (long)b * bs + x / grp;
-        const int h = g * grp + x % grp;
-        const float inv = 1.f / l;
-        bf16 *orow = (bf16 *)a.o + qrow * a.o_stride + (long)h * HD + (lane & 3) * 2;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++)
-            *(__nv_bfloat162 *)(orow + dt * 8) = __floats2bfloat162_rn(o[dt][2 * hr] * inv, o[dt][2 * hr + 1] * inv);
-        if ((lane & 3) == 0) a.lse[qrow * a.n_heads + h] = (mrow[hr] + log2f(l)) * LN2;
-    }
+    store_o<HD>(a, o, mrow, lrow, b, g, r0 + warp * 16 + (lane >> 2), lane);
 }
 
 /* The query pass's row statistics, two threads a row (half the dims each): delta = rowsum(dO o) of
@@ -1267,25 +1285,7 @@ __global__ void __launch_bounds__(MW * 32, 2) fwd_wg(gk_dflash_attn a)
                 s[nt * 4 + e] = key < nk ? s[nt * 4 + e] * sl2 : -INFINITY;
             }
         float corr[2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            float mx = mrow[hr];
-#pragma unroll
-            for (int nt = 0; nt < MB / 8; nt++) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * hr], s[nt * 4 + 2 * hr + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float base = mx == -INFINITY ? 0.f : mx;
-            corr[hr] = exp2f(mrow[hr] - base);
-            mrow[hr] = mx;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < MB / 8; nt++) {
-                s[nt * 4 + 2 * hr] = exp2f(s[nt * 4 + 2 * hr] - base);
-                s[nt * 4 + 2 * hr + 1] = exp2f(s[nt * 4 + 2 * hr + 1] - base);
-                sum += s[nt * 4 + 2 * hr] + s[nt * 4 + 2 * hr + 1];
-            }
-            lrow[hr] = lrow[hr] * corr[hr] + sum;
-        }
+        online_softmax((float (*)[4])s, mrow, lrow, corr);
         uint32_t pa[MB / 16][4];
 #pragma unroll
         for (int kt = 0; kt < MB / 16; kt++) {
@@ -1307,24 +1307,7 @@ __global__ void __launch_bounds__(MW * 32, 2) fwd_wg(gk_dflash_attn a)
         wg_pin(o);
     }
     cp_async_wait_all();
-    const int warp = tid >> 5;
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        float l = lrow[hr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int x = r0 + warp * 16 + (lane >> 2) + hr * 8;
-        if (x >= R) continue;
-        const long qrow = (long)b * bs + x / grp;
-        const int h = g * grp + x % grp;
-        const float inv = 1.f / l;
-        bf16 *orow = (bf16 *)a.o + qrow * a.o_stride + (long)h * HD + (lane & 3) * 2;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++)
-            *(__nv_bfloat162 *)(orow + dt * 8) =
-                __floats2bfloat162_rn(o[4 * dt + 2 * hr] * inv, o[4 * dt + 2 * hr + 1] * inv);
-        if ((lane & 3) == 0) a.lse[qrow * a.n_heads + h] = (mrow[hr] + log2f(l)) * LN2;
-    }
+    store_o<HD>(a, (const float (*)[4])o, mrow, lrow, b, g, r0 + (tid >> 5) * 16 + (lane >> 2), lane);
 #else
     __trap();   /* launched only where gk_dflash_attn_has_wgmma() */
 #endif
