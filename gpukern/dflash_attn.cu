@@ -666,6 +666,25 @@ __device__ __forceinline__ void row_stats(const gk_dflash_attn &a, const gk_dfla
     }
 }
 
+/* The query pass's output rows x and x + 8 of the CTA's (block b, kv head g) group: scale * dQ as
+ * fp32; acc in the accumulator layout (HD / 8 n8 tiles). */
+template <int HD>
+__device__ __forceinline__ void store_dq(const gk_dflash_attn &a, const gk_dflash_attn_grad &gr, const float (*acc)[4],
+                                         int b, int g, int x, int lane)
+{
+    const int bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int xr = x + hr * 8;
+        if (xr >= R) continue;
+        const long qrow = (long)b * bs + xr / grp;
+        float *dq = gr.dq + qrow * gr.dq_stride + (long)(g * grp + xr % grp) * HD + (lane & 3) * 2;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++)
+            *(float2 *)(dq + dt * 8) = make_float2(acc[dt][2 * hr] * a.scale, acc[dt][2 * hr + 1] * a.scale);
+    }
+}
+
 /* dQ query-major: S = Q K^T and dP = dO V^T per key tile, dS = P (dP - delta), dQ += dS K.
  * Also writes delta = rowsum(dO o) for the key-major pass. */
 template <int HD>
@@ -738,16 +757,7 @@ __global__ void __launch_bounds__(MW * 32) bwd_q_mma(gk_dflash_attn a, gk_dflash
         mma_pv<HD>(acc, s, tK, mi, ri);
     }
     cp_async_wait_all();
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int x = r0 + row_a + hr * 8;
-        if (x >= R) continue;
-        const long qrow = (long)b * bs + x / grp;
-        float *dq = gr.dq + qrow * gr.dq_stride + (long)(g * grp + x % grp) * HD + (lane & 3) * 2;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++)
-            *(float2 *)(dq + dt * 8) = make_float2(acc[dt][2 * hr] * a.scale, acc[dt][2 * hr + 1] * a.scale);
-    }
+    store_dq<HD>(a, gr, acc, b, g, r0 + row_a, lane);
 }
 
 /* One unit of the key pass for warp `warp`'s 16 keys of the K, V tiles (this thread's keys
@@ -1385,16 +1395,7 @@ __global__ void __launch_bounds__(MW * 32, 2) bwd_q_wg(gk_dflash_attn a, gk_dfla
         wg_pin(dq);
     }
     cp_async_wait_all();
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int x = r0 + row_a + hr * 8;
-        if (x >= R) continue;
-        const long qrow = (long)b * bs + x / grp;
-        float *dqp = gr.dq + qrow * gr.dq_stride + (long)(g * grp + x % grp) * HD + (lane & 3) * 2;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++)
-            *(float2 *)(dqp + dt * 8) = make_float2(dq[4 * dt + 2 * hr] * a.scale, dq[4 * dt + 2 * hr + 1] * a.scale);
-    }
+    store_dq<HD>(a, gr, (const float (*)[4])dq, b, g, r0 + row_a, lane);
 #else
     __trap();   /* launched only where gk_dflash_attn_has_wgmma() */
 #endif
