@@ -451,6 +451,7 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     }
     if ((r = gk_gemm_create(&dc->gemm, 0, err, errlen)) < 0 || (r = gk_gemmx_create(&dc->gx, err, errlen)) < 0)
         goto fail;
+    (void)gk_dflash_attn_has_wgmma();   /* the attention kernels' choice (one GPU round trip): here, not in step 1 */
     {
         bool ok = cudaEventCreateWithFlags(&dc->ev_meta, cudaEventDisableTiming) == cudaSuccess &&
                   cudaEventCreateWithFlags(&dc->ev_input, cudaEventDisableTiming) == cudaSuccess &&
