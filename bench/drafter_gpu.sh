@@ -3,7 +3,8 @@
 # repo root: a full build (nvcc: sm_90a code + compute_90 PTX) in its own build dir, every GPU test
 # (tests/run.sh 'cuda|gpukern|nccl|gpu_cluster'; the two-GPU ones skip on one GPU), the realistic-
 # shape parity against PyTorch (bench/drafter_parity_gpu.sh) first so its test runs in that pass,
-# compute-sanitizer (memcheck of the tiny drafter steps, memcheck + racecheck of the attention test),
+# compute-sanitizer (memcheck of the tiny drafter steps, memcheck + racecheck of the attention and the
+# norm-backward tests),
 # the attention kernels' speed, then bench/drafter_bench against tools/bench_drafter_torch.py: side by
 # side on GPUs 0 and 1 when there are two, else one after the other on GPU 0 (ours, PyTorch, ours).
 # Logs: summary.txt and all.log in $OUT when set, else build-cd2/gpu-logs. DRAFTER_GPU_BUDGET (s,
@@ -58,6 +59,10 @@ step memcheck_dflash_attn 90 env GK_TEST_QUICK=1 "$SAN" --tool memcheck --error-
 grep -h "ERROR SUMMARY" "$LOG/memcheck_dflash_attn.log" | tee -a "$SUMMARY"
 step racecheck_dflash_attn 120 env GK_TEST_QUICK=1 "$SAN" --tool racecheck --error-exitcode 3 $B/tests/test_gpukern_dflash_attn
 grep -h "RACECHECK SUMMARY\|ERROR SUMMARY" "$LOG/racecheck_dflash_attn.log" | tee -a "$SUMMARY"
+step memcheck_norm_bwd 60 env GK_TEST_QUICK=1 "$SAN" --tool memcheck --error-exitcode 3 $B/tests/test_gpukern_norm_bwd
+grep -h "ERROR SUMMARY" "$LOG/memcheck_norm_bwd.log" | tee -a "$SUMMARY"
+step racecheck_norm_bwd 90 env GK_TEST_QUICK=1 "$SAN" --tool racecheck --error-exitcode 3 $B/tests/test_gpukern_norm_bwd
+grep -h "RACECHECK SUMMARY\|ERROR SUMMARY" "$LOG/racecheck_norm_bwd.log" | tee -a "$SUMMARY"
 step attn_bench 60 $B/tests/test_gpukern_dflash_attn --bench
 grep -h BENCH "$LOG/attn_bench.log" | grep -v simple | tee -a "$SUMMARY"
 

@@ -6,7 +6,8 @@
 # (waiting for slots with nothing left on its GPU), samples/s, tokens/s, ring occupancy, target
 # throughput, the restart; then runs tests/test_gpu_cluster.sh with the time left. A table last.
 # Usage: bench/pipeline_gpu.sh [SECONDS]. Env: PIPE_TARGETS / PIPE_DRAFTERS (default 1 / 1: targets on
-# GPUs 0.., drafters, one NCCL group, on the GPUs after them; target-d@0 is the one killed), PIPE_STEPS
+# GPUs 0.., drafters, one NCCL group, on the GPUs after them; target-d@0 is the one killed),
+# PIPE_SHARE_GPU (auto: drafters on the targets' GPUs, numbered from 0, when there are too few), PIPE_STEPS
 # (default "build run test"), PIPE_BUDGET
 # (s, default 520: the run is shortened rather than cut off), PIPE_SHAPE (realistic | small | tiny;
 # tiny with PIPE_BACKEND=cpu checks this script on a machine without a GPU).
@@ -122,8 +123,14 @@ EOF
   local NT=${PIPE_TARGETS:-1} ND=${PIPE_DRAFTERS:-1} i
   DRAFTERS=() TARGETS=()
   for ((i = 0; i < NT; i++)); do TARGETS+=(target$i); done
-  for ((i = NT; i < NT + ND; i++)); do DRAFTERS+=(drafter$i); done
-  note "layout: target-d on GPU 0-$((NT - 1)), drafter-d on GPU $NT-$((NT + ND - 1)) (one group of $ND)"
+  # Instance i runs on GPU i. With fewer GPUs than daemons (PIPE_SHARE_GPU=auto), or PIPE_SHARE_GPU=1,
+  # the drafters are numbered from 0 and share the targets' GPUs: a check of the pipeline, not of its speed.
+  local ngpu share=${PIPE_SHARE_GPU:-auto} d0=$NT
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  [[ $share == auto ]] && { ((ngpu < NT + ND)) && share=1 || share=0; }
+  [[ $share == 1 ]] && d0=0
+  for ((i = d0; i < d0 + ND; i++)); do DRAFTERS+=(drafter$i); done
+  note "layout: target-d on GPU 0-$((NT - 1)), drafter-d on GPU $d0-$((d0 + ND - 1)) (one group of $ND)$([[ $share == 1 ]] && echo ", SHARING the targets' GPUs ($ngpu GPU(s) here)")"
   cl_ini_add model.capture_layers= model.draft_layers=3 target.backend=$backend drafter.backend=$backend \
     ring.slots=$((8 * NT)) ring.max_tokens=$TB ring.max_seqs=16 data.token_budget=$TB data.max_seq_len=$MAXL \
     data.bucket_width=$((MAXL / 12)) data.epochs=100 target.prefetch=3 target.devices=$((NT + ND)) \

@@ -1,7 +1,13 @@
-/* norm_bwd.cu: RMSNorm backward, one warp per row (three passes over the row, the later ones
- * from L1), weight gradient summed per CTA in shared memory then added once to global memory;
- * the per-head q/k norm + RoPE backward the same way with one warp per (token, head), its
- * elements in registers between the passes. */
+/* norm_bwd.cu: RMSNorm backward and the per-head q/k norm + RoPE backward.
+ *
+ * The weight gradient is a column sum over every row. Each CTA sums its own rows in registers
+ * (a thread always owns the same columns), writes its partial once to the caller's workspace,
+ * and a second kernel adds the partials to dw in a fixed order. No atomics: the result depends
+ * only on the shapes, not on scheduling or the GPU, and twin runs agree to the bit.
+ *
+ * RMSNorm: one CTA per row (rows of up to 16384), each thread K 8-element vectors of it, the row's
+ * two sums reduced across the CTA; x, dy and res read once. q/k norm + RoPE: one warp per
+ * (token, head), its elements in registers between the passes. */
 #include "gpukern/norm_bwd.h"
 #include "gpukern/gk_impl.cuh"
 
@@ -22,71 +28,107 @@ __device__ __forceinline__ void store_f32x8(float *p, const float f[8])
     ((float4 *)p)[1] = make_float4(f[4], f[5], f[6], f[7]);
 }
 
-__global__ void __launch_bounds__(WARPS * 32)
+/* The sum of v over the CTA, the same in every thread. red[] (one float per warp) is written
+ * here and read after one barrier; a caller alternates two of them, so that the next write to
+ * one comes after everyone's read of it (the barrier of the other sum lies between). */
+__device__ __forceinline__ float cta_sum(float v, float *red)
+{
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.f;
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) s += red[i];
+    return s;
+}
+
+/* Thread t owns the vectors t + k * blockDim.x (k < K) of every row; rows blockIdx.x + j * gridDim.x.
+ * Its columns' weight-gradient terms summed in acc, written to part[blockIdx.x][H] at the end. */
+template <int K>
+__global__ void __launch_bounds__(K == 4 ? 512 : 256, K == 4 ? 1 : 4)
 rmsnorm_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, const bf16 *w, const float *res,
-                   long rs, float *dx, long dxs, bf16 *dxb, long dxbs, float *dw, int rows, int H,
+                   long rs, float *dx, long dxs, bf16 *dxb, long dxbs, float *part, int rows, int H,
                    float eps)
 {
-    extern __shared__ float dw_s[];     /* [H] */
-    for (int i = threadIdx.x; i < H; i += blockDim.x) dw_s[i] = 0.f;
-    __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, vecs = H / 8;
-    for (long r = (long)blockIdx.x * WARPS + warp; r < rows; r += (long)gridDim.x * WARPS) {
+    __shared__ float red[2][32];
+    const int vecs = H / 8;
+    float acc[K][8];
+#pragma unroll
+    for (int k = 0; k < K; k++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[k][e] = 0.f;
+    for (long r = blockIdx.x; r < rows; r += gridDim.x) {
         const bf16 *xr = x + r * xs;
         const float *dyr = dy + r * dys;
+        bf16x8 xv[K];                           /* x stays packed: fewer registers */
+        float g[K][8];
         float ss = 0.f;
-        for (int i = lane; i < vecs; i += 32) {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int v = threadIdx.x + k * blockDim.x;
+            if (v >= vecs) continue;
             float f[8];
-            bf16x8_to_f32(*(const bf16x8 *)(xr + 8 * i), f);
+            xv[k] = *(const bf16x8 *)(xr + 8 * v);
+            load_f32x8(dyr + 8 * v, g[k]);
+            bf16x8_to_f32(xv[k], f);
 #pragma unroll
             for (int e = 0; e < 8; e++) ss += f[e] * f[e];
         }
-        const float rinv = rsqrtf(warp_sum(ss) / (float)H + eps);
+        const float rinv = rsqrtf(cta_sum(ss, red[0]) / (float)H + eps);
         float c = 0.f;
-        for (int i = lane; i < vecs; i += 32) {
-            float f[8], g[8], wf[8];
-            bf16x8_to_f32(*(const bf16x8 *)(xr + 8 * i), f);
-            bf16x8_to_f32(*(const bf16x8 *)(w + 8 * i), wf);
-            load_f32x8(dyr + 8 * i, g);
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int v = threadIdx.x + k * blockDim.x;
+            if (v >= vecs) continue;
+            float f[8], wf[8];
+            bf16x8_to_f32(xv[k], f);
+            bf16x8_to_f32(*(const bf16x8 *)(w + 8 * v), wf);
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                float xh = f[e] * rinv;
-                c += g[e] * wf[e] * xh;
-                atomicAdd(&dw_s[8 * i + e], g[e] * xh);
+                const float xh = f[e] * rinv;
+                acc[k][e] += g[k][e] * xh;
+                g[k][e] *= wf[e];                   /* now the gradient of the normed x */
+                c += g[k][e] * xh;
             }
         }
-        c = warp_sum(c) / (float)H;
-        for (int i = lane; i < vecs; i += 32) {
-            float f[8], g[8], wf[8], o[8];
-            bf16x8_to_f32(*(const bf16x8 *)(xr + 8 * i), f);
-            bf16x8_to_f32(*(const bf16x8 *)(w + 8 * i), wf);
-            load_f32x8(dyr + 8 * i, g);
-            if (res) load_f32x8(res + r * rs + 8 * i, o);
+        c = cta_sum(c, red[1]) / (float)H;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int v = threadIdx.x + k * blockDim.x;
+            if (v >= vecs) continue;
+            float f[8], o[8];
+            bf16x8_to_f32(xv[k], f);
+            if (res) load_f32x8(res + r * rs + 8 * v, o);
 #pragma unroll
             for (int e = 0; e < 8; e++) {
-                float v = rinv * (g[e] * wf[e] - f[e] * rinv * c);
-                o[e] = res ? o[e] + v : v;
+                const float d = rinv * (g[k][e] - f[e] * rinv * c);
+                o[e] = res ? o[e] + d : d;
             }
-            if (dx) store_f32x8(dx + r * dxs + 8 * i, o);
-            if (dxb) *(bf16x8 *)(dxb + r * dxbs + 8 * i) = f32_to_bf16x8(o);
+            if (dx) store_f32x8(dx + r * dxs + 8 * v, o);
+            if (dxb) *(bf16x8 *)(dxb + r * dxbs + 8 * v) = f32_to_bf16x8(o);
         }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < H; i += blockDim.x) atomicAdd(&dw[i], dw_s[i]);
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int v = threadIdx.x + k * blockDim.x;
+        if (v < vecs) store_f32x8(part + (long)blockIdx.x * H + 8 * v, acc[k]);
+    }
 }
 
 /* One warp per (token, head); lane l owns the pairs (i, i + half) for i = 2l + 64k, k < 4, two at a
- * time (float2 of dy, bf162 of x), as rope_kernel does: dy and x read once, sincos once per pair. */
+ * time (float2 of dy, bf162 of x), as rope_kernel does: dy and x read once, sincos once per pair.
+ * The lane's weight-gradient terms summed in registers; the CTA's warps added in order at the end
+ * into part[blockIdx.x][hd]. */
 __global__ void __launch_bounds__(WARPS * 32)
 qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *dx, long dxs,
-                       const bf16 *w, float *dw, int n_tokens, int n_heads, int hd,
+                       const bf16 *w, float *part, int n_tokens, int n_heads, int hd,
                        const int32_t *pos, const float *inv_freq, float eps)
 {
-    extern __shared__ float dw_s[];     /* [hd] */
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) dw_s[i] = 0.f;
-    __syncthreads();
+    extern __shared__ float dw_s[];     /* [WARPS][hd] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = hd / 2;
     const long n = (long)n_tokens * n_heads;
+    float2 acc_a[4], acc_b[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) acc_a[k] = acc_b[k] = make_float2(0.f, 0.f);
     for (long r = (long)blockIdx.x * WARPS + warp; r < n; r += (long)gridDim.x * WARPS) {
         const long t = r / n_heads;
         const int h = (int)(r % n_heads);
@@ -120,15 +162,12 @@ qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *
             const float2 wb = __bfloat1622float2(*(const __nv_bfloat162 *)(w + half + i));
             xa[k].x *= rinv; xa[k].y *= rinv;   /* now the normed x */
             xb[k].x *= rinv; xb[k].y *= rinv;
-            c += ga[k].x * wa.x * xa[k].x + ga[k].y * wa.y * xa[k].y + gb[k].x * wb.x * xb[k].x +
-                 gb[k].y * wb.y * xb[k].y;
-            atomicAdd(&dw_s[i], ga[k].x * xa[k].x);
-            atomicAdd(&dw_s[i + 1], ga[k].y * xa[k].y);
-            atomicAdd(&dw_s[half + i], gb[k].x * xb[k].x);
-            atomicAdd(&dw_s[half + i + 1], gb[k].y * xb[k].y);
+            acc_a[k].x += ga[k].x * xa[k].x; acc_a[k].y += ga[k].y * xa[k].y;
+            acc_b[k].x += gb[k].x * xb[k].x; acc_b[k].y += gb[k].y * xb[k].y;
             /* dx = rinv * (g * w - xhat * c), once c is known: keep g * w */
             ga[k].x *= wa.x; ga[k].y *= wa.y;
             gb[k].x *= wb.x; gb[k].y *= wb.y;
+            c += ga[k].x * xa[k].x + ga[k].y * xa[k].y + gb[k].x * xb[k].x + gb[k].y * xb[k].y;
         }
         c = warp_sum(c) / (float)hd;
 #pragma unroll
@@ -141,59 +180,123 @@ qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *
                                                                         rinv * (gb[k].y - xb[k].y * c));
         }
     }
+    float *mine = dw_s + warp * hd;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int i = 2 * lane + 64 * k;
+        if (i >= half) continue;
+        *(float2 *)(mine + i) = acc_a[k];
+        *(float2 *)(mine + half + i) = acc_b[k];
+    }
     __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) atomicAdd(&dw[i], dw_s[i]);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float s = 0.f;
+        for (int j = 0; j < WARPS; j++) s += dw_s[j * hd + i];
+        part[(long)blockIdx.x * hd + i] = s;
+    }
 }
 
-/* Enough CTAs to fill the GPU a few times over; each adds its dw partial once. */
-unsigned grid_for(long warps_of_work)
+/* dw[i] += the sum over p < parts of part[p][i], always in the same order: thread (tx, ty) of a
+ * 32 x 32 CTA sums the partials ty, ty + 32, ... of column blockIdx.x * 32 + tx, then row ty = 0
+ * adds the 32 sums in order. */
+__global__ void __launch_bounds__(1024)
+sum_parts_kernel(const float *part, int parts, int width, float *dw)
 {
-    long g = (warps_of_work + WARPS - 1) / WARPS;
-    return (unsigned)(g < 1 ? 1 : g > 1024 ? 1024 : g);
+    __shared__ float s[32][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5, i = blockIdx.x * 32 + tx;
+    float a = 0.f;
+    if (i < width)
+        for (int p = ty; p < parts; p += 32) a += part[(long)p * width + i];
+    s[ty][tx] = a;
+    __syncthreads();
+    if (ty == 0 && i < width) {
+        float t = 0.f;
+        for (int j = 0; j < 32; j++) t += s[j][tx];
+        dw[i] += t;
+    }
+}
+
+int sum_parts(const float *part, unsigned parts, int width, float *dw, cudaStream_t stream)
+{
+    sum_parts_kernel<<<gk_blocks(width, 32), 1024, 0, stream>>>(part, (int)parts, width, dw);
+    GK_LAUNCH_CHECK();
+    return 0;
 }
 
 bool f32_ok(const void *p, long stride) { return ((uintptr_t)p & 15) == 0 && stride % 4 == 0; }
 
+/* RMSNorm: K vectors of 8 per thread, K in {1, 2, 4}; at most 256 threads a CTA (512 for K = 4,
+ * H > 8192), so that the row stays in registers. */
+int rms_k(int vecs) { return vecs <= 256 ? 1 : vecs <= 512 ? 2 : 4; }
+
+template <int K>
+void rms_launch(unsigned grid, int vecs, cudaStream_t stream, const float *dy, long dys, const bf16 *x,
+                long xs, const bf16 *w, const float *res, long rs, float *dx, long dxs, bf16 *dxb, long dxbs,
+                float *part, int rows, int H, float eps)
+{
+    const int threads = (((vecs + K - 1) / K) + 31) / 32 * 32;
+    rmsnorm_bwd_kernel<K><<<grid, threads, 0, stream>>>(dy, dys, x, xs, w, res, rs, dx, dxs, dxb, dxbs, part,
+                                                        rows, H, eps);
+}
+
 } // namespace
+
+extern "C" size_t gk_norm_bwd_ws_bytes(int width)
+{
+    return width > 0 ? (size_t)GK_NORM_BWD_PARTS * (size_t)width * sizeof(float) : 0;
+}
 
 extern "C" int gk_rmsnorm_bwd(const float *dy, long dy_stride, const void *x, long x_stride, const void *w,
                               const float *res, long res_stride, float *dx, long dx_stride, void *dx_bf16,
-                              long dxb_stride, float *dw, int rows, int H, float eps, cudaStream_t stream)
+                              long dxb_stride, float *dw, float *ws, int rows, int H, float eps,
+                              cudaStream_t stream)
 {
-    if (rows < 0 || H <= 0 || H % 8 || !dw || dy_stride < H || x_stride < H ||
-        !f32_ok(dy, dy_stride) || !gk_vec_ok(x, x_stride) || !gk_vec_ok(w, 0) ||
+    if (rows < 0 || H <= 0 || H % 8 || H > 16384 || !dw || !ws || dy_stride < H || x_stride < H ||
+        !f32_ok(dy, dy_stride) || !gk_vec_ok(x, x_stride) || !gk_vec_ok(w, 0) || !f32_ok(ws, 0) ||
         (res && (res_stride < H || !f32_ok(res, res_stride))) ||
         (dx && (dx_stride < H || !f32_ok(dx, dx_stride))) ||
         (dx_bf16 && (dxb_stride < H || !gk_vec_ok(dx_bf16, dxb_stride))))
         return -EINVAL;
     if (rows == 0) return 0;
-    size_t sm = (size_t)H * sizeof(float);
-    if (sm > 48 * 1024 &&
-        cudaFuncSetAttribute(rmsnorm_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) != cudaSuccess)
-        return -EINVAL;
-    rmsnorm_bwd_kernel<<<grid_for(rows), WARPS * 32, sm, stream>>>(
-        dy, dy_stride, (const bf16 *)x, x_stride, (const bf16 *)w, res, res_stride, dx, dx_stride,
-        (bf16 *)dx_bf16, dxb_stride, dw, rows, H, eps);
+    const unsigned grid = (unsigned)(rows < GK_NORM_BWD_PARTS ? rows : GK_NORM_BWD_PARTS);
+    const int vecs = H / 8;
+    switch (rms_k(vecs)) {
+    case 1:
+        rms_launch<1>(grid, vecs, stream, dy, dy_stride, (const bf16 *)x, x_stride, (const bf16 *)w, res,
+                      res_stride, dx, dx_stride, (bf16 *)dx_bf16, dxb_stride, ws, rows, H, eps);
+        break;
+    case 2:
+        rms_launch<2>(grid, vecs, stream, dy, dy_stride, (const bf16 *)x, x_stride, (const bf16 *)w, res,
+                      res_stride, dx, dx_stride, (bf16 *)dx_bf16, dxb_stride, ws, rows, H, eps);
+        break;
+    default:
+        rms_launch<4>(grid, vecs, stream, dy, dy_stride, (const bf16 *)x, x_stride, (const bf16 *)w, res,
+                      res_stride, dx, dx_stride, (bf16 *)dx_bf16, dxb_stride, ws, rows, H, eps);
+        break;
+    }
     GK_LAUNCH_CHECK();
-    return 0;
+    return sum_parts(ws, grid, H, dw, stream);
 }
 
 extern "C" int gk_qknorm_rope_bwd(const float *dy, long dy_stride, const void *x, long x_stride, void *dx,
-                                  long dx_stride, const void *w, float *dw, int n_tokens, int n_heads,
-                                  int head_dim, const int32_t *pos, const float *inv_freq, float eps,
-                                  cudaStream_t stream)
+                                  long dx_stride, const void *w, float *dw, float *ws, int n_tokens,
+                                  int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
+                                  float eps, cudaStream_t stream)
 {
     long width = (long)n_heads * head_dim;
     /* pairs of elements: float2 of dy, bf162 of x, dx and w */
     if (n_tokens < 0 || n_heads <= 0 || head_dim <= 0 || head_dim % 4 || head_dim > 512 || !dy ||
-        !x || !dx || !w || !dw || !pos || !inv_freq || dy_stride < width || x_stride < width ||
+        !x || !dx || !w || !dw || !ws || !pos || !inv_freq || dy_stride < width || x_stride < width ||
         dx_stride < width || dy_stride % 2 || x_stride % 2 || dx_stride % 2 || (uintptr_t)dy % 8 ||
-        (uintptr_t)x % 4 || (uintptr_t)dx % 4 || (uintptr_t)w % 4)
+        (uintptr_t)x % 4 || (uintptr_t)dx % 4 || (uintptr_t)w % 4 || (uintptr_t)ws % 16)
         return -EINVAL;
     if (n_tokens == 0) return 0;
-    qknorm_rope_bwd_kernel<<<grid_for((long)n_tokens * n_heads), WARPS * 32, head_dim * sizeof(float), stream>>>(
-        dy, dy_stride, (const bf16 *)x, x_stride, (bf16 *)dx, dx_stride, (const bf16 *)w, dw, n_tokens,
+    const long warps = (long)n_tokens * n_heads, g = (warps + WARPS - 1) / WARPS;
+    const unsigned grid = (unsigned)(g < GK_NORM_BWD_PARTS ? g : GK_NORM_BWD_PARTS);
+    const size_t sm = (size_t)WARPS * head_dim * sizeof(float);
+    qknorm_rope_bwd_kernel<<<grid, WARPS * 32, sm, stream>>>(
+        dy, dy_stride, (const bf16 *)x, x_stride, (bf16 *)dx, dx_stride, (const bf16 *)w, ws, n_tokens,
         n_heads, head_dim, pos, inv_freq, eps);
     GK_LAUNCH_CHECK();
-    return 0;
+    return sum_parts(ws, grid, head_dim, dw, stream);
 }

@@ -88,6 +88,7 @@ struct drafter_cuda {
     void *act_mem;              /* activations and backward scratch */
     bf16_t *hs[2], *cpre, *cx, **X, *fo, *nrm, *z, *dgu, *dxb, *dh1b, *dout, *dqkvb, *dkvc, *dcpre;
     float *row_loss, *dx, *dh1, *tmp_h, *delta, *dqf, *dkbf, *dkcf, *dcx;
+    float *norm_ws;             /* the norm backwards' partial sums (one stream: shared) */
     uint8_t *hit;
     struct cu_layer_act *la;
     void *head_work;
@@ -216,6 +217,7 @@ static void layout_acts(struct drafter_cuda *dc, struct carver *c)
     CARVE(c, dc->d_mvec, DRAFTER_METRICS_N);
     CARVE(c, dc->d_block_loss, dc->max_blocks);
     CARVE(c, dc->norm_work, GK_GRAD_CLIP_WORK);
+    dc->norm_ws = (float *)carve(c, gk_norm_bwd_ws_bytes(dc->H > dc->hd ? dc->H : dc->hd));
     CARVE(c, dc->d_clip, 4);
     CARVE(c, dc->inv_freq, dc->hd / 2);
     CARVE(c, dc->segs, dc->n_seg);
@@ -805,7 +807,7 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
     TRY(gemm(dc, 1, 0, 2 * I, H, Q, dc->dgu, 2 * I, dc->nrm, H, 0.0f, GR(o->gate), GK_F32, H));
     TRY(gemm(dc, 0, 0, Q, H, 2 * I, dc->dgu, 2 * I, WB(o->gate), H, 0.0f, dc->tmp_h, GK_F32, H));
     TRY(gk_rmsnorm_bwd(dc->tmp_h, H, a->h1, H, WB(o->post_norm), dc->dx, H, dc->dh1, H, dc->dh1b, H,
-                       GR(o->post_norm), Q, H, dc->eps, s));
+                       GR(o->post_norm), dc->norm_ws, Q, H, dc->eps, s));
 
     /* attention output projection: H1 = X + O Wo^T */
     mark(dc, DCP_B_OPROJ);
@@ -831,12 +833,13 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
 
     /* back through rope and the q/k norms into the raw projections */
     mark(dc, DCP_B_QKNORM);
-    TRY(gk_qknorm_rope_bwd(dc->dqf, qd, a->qkv, qkvd, dc->dqkvb, qkvd, WB(o->q_norm), GR(o->q_norm), Q,
-                           dc->nh, dc->hd, dc->md.pos_q, dc->inv_freq, dc->eps, s));
+    TRY(gk_qknorm_rope_bwd(dc->dqf, qd, a->qkv, qkvd, dc->dqkvb, qkvd, WB(o->q_norm), GR(o->q_norm),
+                           dc->norm_ws, Q, dc->nh, dc->hd, dc->md.pos_q, dc->inv_freq, dc->eps, s));
     TRY(gk_qknorm_rope_bwd(dc->dkbf, kvd, a->qkv + qd, qkvd, dc->dqkvb + qd, qkvd, WB(o->k_norm),
-                           GR(o->k_norm), Q, dc->nkv, dc->hd, dc->md.pos_q, dc->inv_freq, dc->eps, s));
+                           GR(o->k_norm), dc->norm_ws, Q, dc->nkv, dc->hd, dc->md.pos_q, dc->inv_freq,
+                           dc->eps, s));
     TRY(gk_qknorm_rope_bwd(dc->dkcf, kvd, a->kvc, 2 * kvd, dc->dkvc, 2 * kvd, WB(o->k_norm), GR(o->k_norm),
-                           T, dc->nkv, dc->hd, dc->pos_ctx, dc->inv_freq, dc->eps, s));
+                           dc->norm_ws, T, dc->nkv, dc->hd, dc->pos_ctx, dc->inv_freq, dc->eps, s));
 
     /* projections: block rows read input_layernorm(X) (recomputed), context rows read cx */
     mark(dc, DCP_B_PROJ);
@@ -846,7 +849,7 @@ static int layer_bwd(struct drafter_cuda *dc, int l, int T, int nb, int n_tiles)
     TRY(gemm(dc, 0, 0, Q, H, qkvd, dc->dqkvb, qkvd, WB(o->q), H, 0.0f, dc->tmp_h, GK_F32, H));
     TRY(gemm(dc, 0, 0, T, H, 2 * kvd, dc->dkvc, 2 * kvd, WB(o->k), H, 1.0f, dc->dcx, GK_F32, H));
     TRY(gk_rmsnorm_bwd(dc->tmp_h, H, dc->X[l], H, WB(o->input_norm), dc->dh1, H, dc->dx, H, dc->dxb, H,
-                       GR(o->input_norm), Q, H, dc->eps, s));
+                       GR(o->input_norm), dc->norm_ws, Q, H, dc->eps, s));
     return 0;
 }
 
@@ -891,12 +894,12 @@ static int enqueue_compute(struct drafter_cuda *dc, const struct obj_batch *b, i
         mark(dc, DCP_B_FC);
         TRY(zero_norm_grads(dc));
         TRY(gk_rmsnorm_bwd(dc->tmp_h, H, dc->X[dc->L], H, WB(dc->off_norm), NULL, 0, dc->dx, H, dc->dxb, H,
-                           GR(dc->off_norm), Q, H, dc->eps, s));
+                           GR(dc->off_norm), dc->norm_ws, Q, H, dc->eps, s));
         CU(cudaMemsetAsync(dc->dcx, 0, (size_t)T * H * sizeof(float), s));
         for (int l = dc->L - 1; l >= 0; l--)
             TRY(layer_bwd(dc, l, T, nb, n_tiles));
         TRY(gk_rmsnorm_bwd(dc->dcx, H, dc->cpre, H, WB(dc->off_hidden_norm), NULL, 0, NULL, 0, dc->dcpre, H,
-                           GR(dc->off_hidden_norm), T, H, dc->eps, s));
+                           GR(dc->off_hidden_norm), dc->norm_ws, T, H, dc->eps, s));
         mark(dc, DCP_B_FC);
         TRY(gemm(dc, 1, 0, H, dc->LcH, T, dc->dcpre, H, hs, dc->LcH, 0.0f, GR(dc->off_fc), GK_F32, dc->LcH));
         CU(cudaEventRecord(dc->ev_hs_free[buf], s));

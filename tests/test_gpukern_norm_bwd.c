@@ -1,5 +1,6 @@
 /* test_gpukern_norm_bwd.c: RMSNorm backward (with residual, fp32 and bf16 outputs), the q/k
- * per-head norm + RoPE backward, and the SwiGLU backward against fp64 CPU references. */
+ * per-head norm + RoPE backward, and the SwiGLU backward against fp64 CPU references; the norms'
+ * weight gradients the same to the bit when run twice. GK_TEST_QUICK=1: small cases only. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "gpukern/norm_bwd.h"
@@ -23,9 +24,26 @@ static float *dl_f32(const float *d, size_t n)
     return h;
 }
 
-static void rms_case(void)
+static float *ws_alloc(int width)
 {
-    const int rows = gk_rng_int(1, 3000), H = 8 * gk_rng_int(1, 520);
+    float *ws;
+    CUDA_CHECK(cudaMalloc((void **)&ws, gk_norm_bwd_ws_bytes(width)));
+    return ws;
+}
+
+/* dw from zero twice with the same inputs: the two results must be equal bit for bit. */
+static void check_same_bits(const float *d1, const float *d2, int n, const char *what)
+{
+    float *a = dl_f32(d1, n), *b = dl_f32(d2, n);
+    int diff = memcmp(a, b, (size_t)n * 4) != 0;
+    if (diff) printf("%s: weight gradient differs between two identical runs\n", what);
+    CHECK(!diff);
+    free(a);
+    free(b);
+}
+
+static void rms_case(int rows, int H)
+{
     const float eps = 1e-6f;
     float *x, *w;
     uint16_t *hx = gk_rand_bf16((size_t)rows * H, 2.0f, 0.3f, &x), *hw = gk_rand_bf16(H, 0.5f, 1.0f, &w);
@@ -36,7 +54,8 @@ static void rms_case(void)
     float *ddw = gk_dev_upload(dw0, H * 4), *ddx;
     CUDA_CHECK(cudaMalloc((void **)&ddx, (size_t)rows * H * 4));
     void *ddxb = gk_dev_poisoned((size_t)rows * H);
-    CHECK_INT(gk_rmsnorm_bwd(ddy, H, dx_, H, dw_, dres, H, ddx, H, ddxb, H, ddw, rows, H, eps, 0), ==, 0);
+    float *ws = ws_alloc(H);
+    CHECK_INT(gk_rmsnorm_bwd(ddy, H, dx_, H, dw_, dres, H, ddx, H, ddxb, H, ddw, ws, rows, H, eps, 0), ==, 0);
     float *gdx = dl_f32(ddx, (size_t)rows * H), *gdw = dl_f32(ddw, H), *gdxb = gk_dev_download_f32(ddxb, (size_t)rows * H);
     double *rdx = malloc(8 * (size_t)rows * H), *rdw = malloc(8 * (size_t)H);
     for (int i = 0; i < H; i++) rdw[i] = dw0[i];
@@ -57,13 +76,21 @@ static void rms_case(void)
     double ew = gk_rel_err(gdw, H, rdw, H, 1, H);
     printf("rmsnorm_bwd rows %d H %d: dx rel err %.1e (bf16 %.1e), dw %.1e\n", rows, H, e, eb, ew);
     CHECK(e < 1e-4 && eb < 1e-2 && ew < 1e-4);
-    /* without residual, bf16 output only */
-    CHECK_INT(gk_rmsnorm_bwd(ddy, H, dx_, H, dw_, NULL, 0, NULL, 0, ddxb, H, ddw, rows, H, eps, 0), ==, 0);
-    CHECK_INT(gk_rmsnorm_bwd(ddy, H, dx_, H, dw_, NULL, 0, NULL, 0, ddxb, H, ddw, rows, H + 4, eps, 0), ==, -EINVAL);
+    /* without residual, bf16 output only; twice from dw = 0 */
+    float *ddw2;
+    CUDA_CHECK(cudaMalloc((void **)&ddw2, H * 4));
+    CUDA_CHECK(cudaMemset(ddw, 0, H * 4));
+    CUDA_CHECK(cudaMemset(ddw2, 0, H * 4));
+    CHECK_INT(gk_rmsnorm_bwd(ddy, H, dx_, H, dw_, NULL, 0, NULL, 0, ddxb, H, ddw, ws, rows, H, eps, 0), ==, 0);
+    CHECK_INT(gk_rmsnorm_bwd(ddy, H, dx_, H, dw_, NULL, 0, NULL, 0, ddxb, H, ddw2, ws, rows, H, eps, 0), ==, 0);
+    CHECK_INT(gk_rmsnorm_bwd(ddy, H, dx_, H, dw_, NULL, 0, NULL, 0, ddxb, H, ddw, ws, rows, H + 4, eps, 0), ==, -EINVAL);
+    CHECK_INT(gk_rmsnorm_bwd(ddy, H, dx_, H, dw_, NULL, 0, NULL, 0, ddxb, H, ddw, NULL, rows, H, eps, 0), ==, -EINVAL);
+    check_same_bits(ddw, ddw2, H, "rmsnorm_bwd");
     float *gdxb2 = gk_dev_download_f32(ddxb, (size_t)rows * H);
     for (size_t i = 0; i < (size_t)rows * H; i++) rdx[i] -= res[i];
     CHECK(gk_rel_err(gdxb2, H, rdx, H, rows, H) < 1e-2);
-    cudaFree(dx_); cudaFree(dw_); cudaFree(ddy); cudaFree(dres); cudaFree(ddw); cudaFree(ddx); cudaFree(ddxb);
+    cudaFree(dx_); cudaFree(dw_); cudaFree(ddy); cudaFree(dres); cudaFree(ddw); cudaFree(ddw2); cudaFree(ddx);
+    cudaFree(ddxb); cudaFree(ws);
     free(hx); free(hw); free(x); free(w); free(dy); free(res); free(dw0); free(gdx); free(gdw); free(gdxb);
     free(gdxb2); free(rdx); free(rdw);
 }
@@ -85,7 +112,12 @@ static void qk_case(int hd)
     CUDA_CHECK(cudaMalloc((void **)&ddw, hd * 4));
     CUDA_CHECK(cudaMemset(ddw, 0, hd * 4));
     void *ddx = gk_dev_poisoned((size_t)T * xs);
-    CHECK_INT(gk_qknorm_rope_bwd(ddy, ys, dx_, xs, ddx, xs, dw_, ddw, T, nh, hd, dpos, dinv, eps, 0), ==, 0);
+    float *ws = ws_alloc(hd), *ddw2;
+    CUDA_CHECK(cudaMalloc((void **)&ddw2, hd * 4));
+    CUDA_CHECK(cudaMemset(ddw2, 0, hd * 4));
+    CHECK_INT(gk_qknorm_rope_bwd(ddy, ys, dx_, xs, ddx, xs, dw_, ddw, ws, T, nh, hd, dpos, dinv, eps, 0), ==, 0);
+    CHECK_INT(gk_qknorm_rope_bwd(ddy, ys, dx_, xs, ddx, xs, dw_, ddw2, ws, T, nh, hd, dpos, dinv, eps, 0), ==, 0);
+    check_same_bits(ddw, ddw2, hd, "qknorm_rope_bwd");
     float *gdx = gk_dev_download_f32(ddx, (size_t)T * xs), *gdw = dl_f32(ddw, hd);
     double *rdx = malloc(8 * (size_t)T * xs), *rdw = calloc(hd, 8), g[512];
     int half = hd / 2;
@@ -110,7 +142,8 @@ static void qk_case(int hd)
     double e = gk_rel_err(gdx, xs, rdx, xs, T, (long)nh * hd), ew = gk_rel_err(gdw, hd, rdw, hd, 1, hd);
     printf("qknorm_rope_bwd T %d heads %d hd %d: dx rel err %.1e, dw %.1e\n", T, nh, hd, e, ew);
     CHECK(e < 1e-2 && ew < 1e-3);
-    cudaFree(dx_); cudaFree(dw_); cudaFree(ddy); cudaFree(dinv); cudaFree(ddw); cudaFree(dpos); cudaFree(ddx);
+    cudaFree(dx_); cudaFree(dw_); cudaFree(ddy); cudaFree(dinv); cudaFree(ddw); cudaFree(ddw2); cudaFree(dpos);
+    cudaFree(ddx); cudaFree(ws);
     free(hx); free(hw); free(x); free(w); free(dy); free(pos); free(gdx); free(gdw); free(rdx); free(rdw);
 }
 
@@ -142,8 +175,13 @@ int main(void)
 {
     gk_test_require_gpu();
     gk_rng_seed();
+    const int quick = getenv("GK_TEST_QUICK") != NULL;  /* small cases, for compute-sanitizer */
+    if (!quick) {
+        rms_case(gk_rng_int(600, 1200), 12288);     /* 4 vectors of 8 a thread, 384 threads */
+        rms_case(8192, 4096);                       /* the drafter's shape: 16 rows per CTA */
+    }
     for (int i = 0; i < 3; i++) {
-        rms_case();
+        rms_case(gk_rng_int(1, quick ? 600 : 3000), 8 * gk_rng_int(1, 520));
         qk_case(16);
         qk_case(128);
         swiglu_case();
