@@ -42,7 +42,7 @@ NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 
 step build 200 make -j${JOBS:-32} BUILD=$B
-grep -h "DFLASH_HAVE_NCCL" "$LOG/build.log" | head -n 1 | grep -q NCCL && note "built with NCCL" || note "built WITHOUT NCCL"
+ldd $B/tests/test_drafter_nccl 2>/dev/null | grep -q libnccl && note "built with NCCL" || note "built WITHOUT NCCL"
 mkdir -p "$LOG/parity"
 step parity 150 env OUT=$LOG/parity bash bench/drafter_parity_gpu.sh
 grep -h "loss\|cosine\|PASS\|FAIL" "$LOG/parity/test.log" 2>/dev/null | tail -n 6 | tee -a "$SUMMARY"

@@ -41,7 +41,7 @@ if [[ " $STEPS " == *" build "* ]]; then
   make -j"${JOBS:-16}" BUILD=$B $B/bin/coordinator-d $B/bin/target-d $B/bin/drafter-d $B/bin/dflashctl \
     $B/bin/dflash-data >"$DEST/build.log" 2>&1
   rc=$?
-  grep -q DFLASH_HAVE_NCCL "$DEST/build.log" && nccl="with NCCL" || nccl="without NCCL"
+  ldd $B/bin/drafter-d 2>/dev/null | grep -q libnccl && nccl="with NCCL" || nccl="without NCCL"
   note "$(printf '%-28s %-10s %4ss  (%s)' build "$([[ $rc == 0 ]] && echo PASS || echo "FAIL($rc)")" $(($(date +%s) - t0)) "$nccl")"
   [[ $rc == 0 ]] || { tail -n 30 "$DEST/build.log" >&3; exit 1; }
 fi
@@ -193,8 +193,11 @@ EOF
   done
   note "drain: every daemon exited ($([[ $rc == 0 ]] && echo "all 0" || echo "NOT all 0")) in $(($(date +%s) - td)) s"
   local ck
-  ck=$(grep -o 'checkpoint .*step-[0-9]* ([a-z ]*, [0-9]* ms)' "$CL_DIR/${DRAFTERS[0]}.log" | sed 's/.*(\(.*\))/\1/' | tr '\n' ';')
-  note "drafter checkpoints (why, time): ${ck:-none}"
+  ck=$(grep -o 'checkpoint [^ ]*step-[0-9]* ([a-z ]*, written in [0-9]* ms' "$CL_DIR/${DRAFTERS[0]}.log" |
+    sed 's/.*step-0*\([0-9]*\) (\([a-z ]*\), written in \([0-9]*\) ms/step \1 \2 \3 ms/' | tr '\n' ';')
+  local paused
+  paused=$(grep -o 'training paused [0-9]* ms' "$CL_DIR/${DRAFTERS[0]}.log" | awk '{printf "%s%s", sep, $3; sep="/"}')
+  note "drafter checkpoints (step, why, write time beside training): ${ck:-none}; training paused ${paused:-0} ms for the snapshots"
   cp "$CL_DIR/state/metrics-rank0.jsonl" "$DEST/" 2>/dev/null
   cp "$R/status.jsonl" "$DEST/" 2>/dev/null
   tar -C "$CL_DIR" -czf "$DEST/daemon-logs.tar.gz" $(cd "$CL_DIR" && ls ./*.log) 2>/dev/null

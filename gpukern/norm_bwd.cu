@@ -114,38 +114,69 @@ rmsnorm_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, const bf16
     }
 }
 
-/* One warp per (token, head); lane l owns the pairs (i, i + half) for i = 2l + 64k, k < 4, two at a
- * time (float2 of dy, bf162 of x), as rope_kernel does: dy and x read once, sincos once per pair.
- * The lane's weight-gradient terms summed in registers; the CTA's warps added in order at the end
- * into part[blockIdx.x][hd]. */
-__global__ void __launch_bounds__(WARPS * 32)
+/* What a lane reads of one (token, head) of the q/k norm backward, loaded a row ahead. */
+template <int KS>
+struct QkRow {
+    __nv_bfloat162 xa[KS], xb[KS];      /* x at (i, i + 1) and (half + i, half + i + 1) */
+    float2 da[KS], db[KS];              /* dy at the same places */
+    int32_t pos;
+};
+
+template <int KS>
+__device__ __forceinline__ void qk_load(QkRow<KS> &q, long r, const float *dy, long dys, const bf16 *x, long xs,
+                                        int n_heads, int hd, const int32_t *pos, int lane)
+{
+    const long t = r / n_heads;
+    const int h = (int)(r - t * n_heads), half = hd / 2;
+    const bf16 *xh = x + t * xs + (long)h * hd;
+    const float *dyh = dy + t * dys + (long)h * hd;
+    q.pos = pos[t];
+#pragma unroll
+    for (int k = 0; k < KS; k++) {
+        const int i = 2 * lane + 64 * k;
+        if (i >= half) continue;
+        q.xa[k] = *(const __nv_bfloat162 *)(xh + i);
+        q.xb[k] = *(const __nv_bfloat162 *)(xh + half + i);
+        q.da[k] = *(const float2 *)(dyh + i);
+        q.db[k] = *(const float2 *)(dyh + half + i);
+    }
+}
+
+/* One warp per (token, head); lane l owns the pairs (i, i + half) for i = 2l + 64k, k < KS, two at a
+ * time (float2 of dy, bf162 of x), as rope_kernel does: dy and x read once (the next row's while
+ * this one is worked on), sincos once per pair. The lane's weight-gradient terms summed in
+ * registers; the CTA's warps added in order at the end into part[blockIdx.x][hd]. */
+template <int KS>     /* KS = ceil(head_dim / 128): 1 up to head_dim 128 */
+__global__ void __launch_bounds__(WARPS * 32, KS == 1 ? 4 : 2)  /* head_dim <= 128: GK_NORM_BWD_PARTS in one wave */
 qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *dx, long dxs,
                        const bf16 *w, float *part, int n_tokens, int n_heads, int hd,
                        const int32_t *pos, const float *inv_freq, float eps)
 {
     extern __shared__ float dw_s[];     /* [WARPS][hd] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = hd / 2;
-    const long n = (long)n_tokens * n_heads;
-    float2 acc_a[4], acc_b[4];
+    const long n = (long)n_tokens * n_heads, stride = (long)gridDim.x * WARPS;
+    float2 acc_a[KS], acc_b[KS];
 #pragma unroll
-    for (int k = 0; k < 4; k++) acc_a[k] = acc_b[k] = make_float2(0.f, 0.f);
-    for (long r = (long)blockIdx.x * WARPS + warp; r < n; r += (long)gridDim.x * WARPS) {
+    for (int k = 0; k < KS; k++) acc_a[k] = acc_b[k] = make_float2(0.f, 0.f);
+    QkRow<KS> next;
+    long r = (long)blockIdx.x * WARPS + warp;
+    if (r < n) qk_load<KS>(next, r, dy, dys, x, xs, n_heads, hd, pos, lane);
+    for (; r < n; r += stride) {
+        const QkRow<KS> cur = next;
+        if (r + stride < n) qk_load<KS>(next, r + stride, dy, dys, x, xs, n_heads, hd, pos, lane);
         const long t = r / n_heads;
-        const int h = (int)(r % n_heads);
-        const bf16 *xh = x + t * xs + (long)h * hd;
-        const float *dyh = dy + t * dys + (long)h * hd;
-        bf16 *dxh = dx + t * dxs + (long)h * hd;
-        const float p = (float)pos[t];
-        float2 xa[4], xb[4], ga[4], gb[4];  /* x of both halves; g = rope^T(dy), the gradient of the normed, weighted head */
+        bf16 *dxh = dx + t * dxs + (r - t * n_heads) * hd;
+        const float p = (float)cur.pos;
+        float2 xa[KS], xb[KS], ga[KS], gb[KS];  /* x of both halves; g = rope^T(dy), the gradient of the normed, weighted head */
         float ss = 0.f;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < KS; k++) {
             const int i = 2 * lane + 64 * k;
             if (i >= half) continue;
-            xa[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(xh + i));
-            xb[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(xh + half + i));
+            xa[k] = __bfloat1622float2(cur.xa[k]);
+            xb[k] = __bfloat1622float2(cur.xb[k]);
             ss += xa[k].x * xa[k].x + xa[k].y * xa[k].y + xb[k].x * xb[k].x + xb[k].y * xb[k].y;
-            const float2 d1 = *(const float2 *)(dyh + i), d2 = *(const float2 *)(dyh + half + i);
+            const float2 d1 = cur.da[k], d2 = cur.db[k];
             float s0, c0, s1, c1;
             sincosf(p * inv_freq[i], &s0, &c0);
             sincosf(p * inv_freq[i + 1], &s1, &c1);
@@ -155,7 +186,7 @@ qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *
         const float rinv = rsqrtf(warp_sum(ss) / (float)hd + eps);
         float c = 0.f;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < KS; k++) {
             const int i = 2 * lane + 64 * k;
             if (i >= half) continue;
             const float2 wa = __bfloat1622float2(*(const __nv_bfloat162 *)(w + i));
@@ -171,7 +202,7 @@ qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *
         }
         c = warp_sum(c) / (float)hd;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < KS; k++) {
             const int i = 2 * lane + 64 * k;
             if (i >= half) continue;
             *(__nv_bfloat162 *)(dxh + i) = __floats2bfloat162_rn(rinv * (ga[k].x - xa[k].x * c),
@@ -182,7 +213,7 @@ qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *
     }
     float *mine = dw_s + warp * hd;
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < KS; k++) {
         const int i = 2 * lane + 64 * k;
         if (i >= half) continue;
         *(float2 *)(mine + i) = acc_a[k];
@@ -294,9 +325,11 @@ extern "C" int gk_qknorm_rope_bwd(const float *dy, long dy_stride, const void *x
     const long warps = (long)n_tokens * n_heads, g = (warps + WARPS - 1) / WARPS;
     const unsigned grid = (unsigned)(g < GK_NORM_BWD_PARTS ? g : GK_NORM_BWD_PARTS);
     const size_t sm = (size_t)WARPS * head_dim * sizeof(float);
-    qknorm_rope_bwd_kernel<<<grid, WARPS * 32, sm, stream>>>(
-        dy, dy_stride, (const bf16 *)x, x_stride, (bf16 *)dx, dx_stride, (const bf16 *)w, ws, n_tokens,
-        n_heads, head_dim, pos, inv_freq, eps);
+    auto kernel = head_dim <= 128 ? qknorm_rope_bwd_kernel<1>
+                : head_dim <= 256 ? qknorm_rope_bwd_kernel<2> : qknorm_rope_bwd_kernel<4>;
+    kernel<<<grid, WARPS * 32, sm, stream>>>(dy, dy_stride, (const bf16 *)x, x_stride, (bf16 *)dx, dx_stride,
+                                             (const bf16 *)w, ws, n_tokens, n_heads, head_dim, pos, inv_freq,
+                                             eps);
     GK_LAUNCH_CHECK();
     return sum_parts(ws, grid, head_dim, dw, stream);
 }

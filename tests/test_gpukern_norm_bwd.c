@@ -180,6 +180,8 @@ int main(void)
         rms_case(gk_rng_int(600, 1200), 12288);     /* 4 vectors of 8 a thread, 384 threads */
         rms_case(8192, 4096);                       /* the drafter's shape: 16 rows per CTA */
     }
+    qk_case(256);                               /* two and four pairs a lane */
+    qk_case(512);
     for (int i = 0; i < 3; i++) {
         rms_case(gk_rng_int(1, quick ? 600 : 3000), 8 * gk_rng_int(1, 520));
         qk_case(16);
