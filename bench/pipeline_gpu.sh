@@ -194,7 +194,7 @@ EOF
   note "drain: every daemon exited ($([[ $rc == 0 ]] && echo "all 0" || echo "NOT all 0")) in $(($(date +%s) - td)) s"
   local ck
   ck=$(grep -o 'checkpoint [^ ]*step-[0-9]* ([a-z ]*, written in [0-9]* ms' "$CL_DIR/${DRAFTERS[0]}.log" |
-    sed 's/.*step-0*\([0-9]*\) (\([a-z ]*\), written in \([0-9]*\) ms/step \1 \2 \3 ms/' | tr '\n' ';')
+    sed 's/.*step-0*\([0-9]*\) (\([a-z ]*\), written in \([0-9]*\) ms/step \1 \2 \3 ms/' | tr '\n' ';' | sed 's/;$//')
   local paused
   paused=$(grep -o 'training paused [0-9]* ms' "$CL_DIR/${DRAFTERS[0]}.log" | awk '{printf "%s%s", sep, $3; sep="/"}')
   note "drafter checkpoints (step, why, write time beside training): ${ck:-none}; training paused ${paused:-0} ms for the snapshots"
