@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # pipeline_gpu.sh: the whole pipeline on two GPUs in one call, from the repo root: build (nvcc), then
-# coordinator + target-d@0 (GPU 0, CUDA) + drafter-d@1 (GPU 1, CUDA) train for SECONDS (default 300)
+# coordinator + target-d@0 (GPU 0, CUDA) + drafter-d@1 (GPU 1, CUDA; on one GPU drafter-d@0 beside the
+# target, see PIPE_SHARE_GPU) train for SECONDS (default 300)
 # on a random Qwen3 target of small-realistic shape; halfway the target is SIGKILLed and restarted by
 # this script while the drafter keeps training; then drain. Reports the drafter's idle fraction
 # (waiting for slots with nothing left on its GPU), samples/s, tokens/s, ring occupancy, target
@@ -41,7 +42,7 @@ if [[ " $STEPS " == *" build "* ]]; then
   make -j"${JOBS:-16}" BUILD=$B $B/bin/coordinator-d $B/bin/target-d $B/bin/drafter-d $B/bin/dflashctl \
     $B/bin/dflash-data >"$DEST/build.log" 2>&1
   rc=$?
-  ldd $B/bin/drafter-d 2>/dev/null | grep -q libnccl && nccl="with NCCL" || nccl="without NCCL"
+  ldd $B/bin/drafter-d 2>/dev/null | grep -q 'libnccl[^ ]* => /' && nccl="with NCCL" || nccl="without NCCL"
   note "$(printf '%-28s %-10s %4ss  (%s)' build "$([[ $rc == 0 ]] && echo PASS || echo "FAIL($rc)")" $(($(date +%s) - t0)) "$nccl")"
   [[ $rc == 0 ]] || { tail -n 30 "$DEST/build.log" >&3; exit 1; }
 fi
@@ -127,8 +128,12 @@ EOF
   # the drafters are numbered from 0 and share the targets' GPUs: a check of the pipeline, not of its speed.
   local ngpu share=${PIPE_SHARE_GPU:-auto} d0=$NT
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-  [[ $share == auto ]] && { ((ngpu < NT + ND)) && share=1 || share=0; }
+  [[ $share == auto ]] && { [[ $backend == cuda ]] && ((ngpu < NT + ND)) && share=1 || share=0; }
   [[ $share == 1 ]] && d0=0
+  if [[ $backend == cuda ]] && ((d0 + ND > ngpu || NT > ngpu)); then
+    say "$NT target(s) and $ND drafter(s) need more than the $ngpu GPU(s) here (drafters of one group cannot share one)"
+    return 1
+  fi
   for ((i = d0; i < d0 + ND; i++)); do DRAFTERS+=(drafter$i); done
   note "layout: target-d on GPU 0-$((NT - 1)), drafter-d on GPU $d0-$((d0 + ND - 1)) (one group of $ND)$([[ $share == 1 ]] && echo ", SHARING the targets' GPUs ($ngpu GPU(s) here)")"
   cl_ini_add model.capture_layers= model.draft_layers=3 target.backend=$backend drafter.backend=$backend \
@@ -194,7 +199,7 @@ EOF
   note "drain: every daemon exited ($([[ $rc == 0 ]] && echo "all 0" || echo "NOT all 0")) in $(($(date +%s) - td)) s"
   local ck
   ck=$(grep -o 'checkpoint [^ ]*step-[0-9]* ([a-z ]*, written in [0-9]* ms' "$CL_DIR/${DRAFTERS[0]}.log" |
-    sed 's/.*step-0*\([0-9]*\) (\([a-z ]*\), written in \([0-9]*\) ms/step \1 \2 \3 ms/' | tr '\n' ';' | sed 's/;$//')
+    sed 's/.*step-0*\([0-9][0-9]*\) (\([a-z ]*\), written in \([0-9]*\) ms/step \1 \2 \3 ms/' | tr '\n' ';' | sed 's/;$//')
   local paused
   paused=$(grep -o 'training paused [0-9]* ms' "$CL_DIR/${DRAFTERS[0]}.log" | awk '{printf "%s%s", sep, $3; sep="/"}')
   note "drafter checkpoints (step, why, write time beside training): ${ck:-none}; training paused ${paused:-0} ms for the snapshots"

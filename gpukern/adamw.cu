@@ -232,26 +232,19 @@ unsigned grid_for(size_t n, int threads)
  * looked up once per device: each SM holds at least AW_MIN_BLOCKS of them. */
 unsigned aw_resident_blocks(void)
 {
-    static int cache[64];   /* per device ordinal; 0: not known yet (racing lookups agree) */
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
-        (void)cudaGetLastError();
-        return 1024;
-    }
-    int c = __atomic_load_n(&cache[dev], __ATOMIC_RELAXED);
-    if (c > 0) return (unsigned)c;
-    int per_sm = 0, per_sm2 = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_vec_kernel, AW_THREADS, 0) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm2, adamw_kernel, AW_THREADS, 0) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 1024;
-    }
-    if (per_sm2 < per_sm) per_sm = per_sm2;
-    if (per_sm < 1) per_sm = 1;
-    c = sms > 0 ? sms * per_sm : 1024;
-    __atomic_store_n(&cache[dev], c, __ATOMIC_RELAXED);
-    return (unsigned)c;
+    static gk_device_cache cache;
+    const int c = gk_device_once(cache, [](int dev) {
+        int sms = 0, per_sm = 0, per_sm2 = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adamw_vec_kernel, AW_THREADS, 0) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm2, adamw_kernel, AW_THREADS, 0) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return -1;
+        }
+        const int per = per_sm2 < per_sm ? per_sm2 : per_sm;
+        return sms * (per > 1 ? per : 1);
+    });
+    return c > 0 ? (unsigned)c : 1024;
 }
 
 } // namespace

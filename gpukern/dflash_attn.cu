@@ -6,7 +6,6 @@
  * 128) and, on Hopper, warpgroup MMA (head_dim 128, sm_90a); gk_dflash_attn_fwd/_bwd pick. */
 #include <math.h>
 #include <algorithm>
-#include <atomic>
 #include "gpukern/dflash_attn.h"
 #include "gpukern/gk_impl.cuh"
 #include "gpukern/wgmma.cuh"
@@ -1495,11 +1494,8 @@ __global__ void wgmma_probe(int *out)
 bool wgmma_ok()
 {
 #ifdef GK_SM90A
-    static std::atomic<int> known[64];      /* 0: not asked yet, 1: no, 2: yes */
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return false;
-    int k = dev < 64 ? known[dev].load(std::memory_order_relaxed) : 0;
-    if (k == 0) {
+    static gk_device_cache known;
+    return gk_device_once(known, [](int dev) {
         int major = 0, minor = 0, got = 0;
         bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
@@ -1517,10 +1513,8 @@ bool wgmma_ok()
         } else {
             ok = false;
         }
-        k = ok ? 2 : 1;
-        if (dev < 64) known[dev].store(k, std::memory_order_relaxed);
-    }
-    return k == 2;
+        return ok ? 1 : 0;
+    }) == 1;
 #else
     return false;
 #endif

@@ -1,9 +1,11 @@
 /* gk_impl.cuh: device helpers shared by the gpukern .cu files (not a public header).
- * 16-byte vector access of 8 bf16, warp reductions, alignment checks for launchers. */
+ * 16-byte vector access of 8 bf16, warp reductions, alignment checks for launchers, a per-device
+ * answer looked up once. */
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include <errno.h>
+#include <atomic>
 #include "gpukern/cuda_check.h"
 
 typedef __nv_bfloat16 bf16;
@@ -44,4 +46,27 @@ static inline bool gk_vec_ok(const void *p, long stride)
 static inline unsigned gk_blocks(long n, int per_block)
 {
     return (unsigned)((n + per_block - 1) / per_block);
+}
+
+/* A fact about the current device, found once per device ordinal: find(dev) the first time it
+ * answers (>= 0), the cached answer after. find must give the same answer each time (racing first
+ * calls then agree); a negative one (it failed) is returned and asked again next time. -1 when
+ * there is no current device. */
+constexpr int GK_MAX_DEVICES = 64;
+typedef std::atomic<int> gk_device_cache[GK_MAX_DEVICES];   /* zero-initialised: static storage */
+
+template <typename F>
+static inline int gk_device_once(gk_device_cache &cache, F find)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    if (dev >= GK_MAX_DEVICES) return find(dev);
+    int v = cache[dev].load(std::memory_order_relaxed);     /* the answer + 1; 0: not known yet */
+    if (v > 0) return v - 1;
+    const int got = find(dev);
+    if (got >= 0) cache[dev].store(got + 1, std::memory_order_relaxed);
+    return got;
 }

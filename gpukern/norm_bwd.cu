@@ -3,7 +3,8 @@
  * The weight gradient is a column sum over every row. Each CTA sums its own rows in registers
  * (a thread always owns the same columns), writes its partial once to the caller's workspace,
  * and a second kernel adds the partials to dw in a fixed order. No atomics: the result depends
- * only on the shapes, not on scheduling or the GPU, and twin runs agree to the bit.
+ * only on the shapes (and the build and GPU architecture), not on scheduling, and twin runs agree
+ * to the bit.
  *
  * RMSNorm: one CTA per row (rows of up to 16384), each thread K 8-element vectors of it, the row's
  * two sums reduced across the CTA; x, dy and res read once. q/k norm + RoPE: one warp per

@@ -3,7 +3,8 @@
  *
  * The weight gradients are deterministic: per-CTA partial sums go to a workspace (ws, device
  * memory of gk_norm_bwd_ws_bytes(width) bytes, 16-byte aligned, width = H or head_dim) and are
- * added to dw in a fixed order, so the same inputs give the same bits on any GPU. Calls on one
+ * added to dw in a fixed order, so the same inputs give the same bits run after run (for one build
+ * and GPU architecture; the grid does not depend on the GPU's size). Calls on one
  * stream may share a workspace; calls on different streams may not. */
 #pragma once
 #include "gpukern/gk.h"

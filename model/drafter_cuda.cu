@@ -362,10 +362,10 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     if (!opts)
         opts = &def;
     int hd = k->head_dim;
-    if (k->hidden_size % 8 || k->intermediate_size % 8 ||
+    if (k->hidden_size % 8 || k->hidden_size > 16384 || k->intermediate_size % 8 ||
         (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256) || k->block_size > GK_DFLASH_KEY_TILE)
         return fail(err, errlen, -DF_EUNSUPPORTED,
-                    "drafter_cuda: hidden_size %d and intermediate_size %d must be multiples of 8, "
+                    "drafter_cuda: hidden_size %d (<= 16384) and intermediate_size %d must be multiples of 8, "
                     "head_dim %d one of 16/32/64/128/256, block_size %d <= %d", k->hidden_size,
                     k->intermediate_size, hd, k->block_size, GK_DFLASH_KEY_TILE);
     if (max_tokens < 2 || max_blocks < 1)

@@ -1,6 +1,6 @@
 /* test_gpukern_norm_bwd.c: RMSNorm backward (with residual, fp32 and bf16 outputs), the q/k
  * per-head norm + RoPE backward, and the SwiGLU backward against fp64 CPU references; the norms'
- * weight gradients the same to the bit when run twice. GK_TEST_QUICK=1: small cases only. */
+ * weight gradients the same to the bit when run twice. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "gpukern/norm_bwd.h"
@@ -24,10 +24,12 @@ static float *dl_f32(const float *d, size_t n)
     return h;
 }
 
+/* A workspace full of NaN: a partial the kernels forget to write poisons dw. */
 static float *ws_alloc(int width)
 {
     float *ws;
     CUDA_CHECK(cudaMalloc((void **)&ws, gk_norm_bwd_ws_bytes(width)));
+    CUDA_CHECK(cudaMemset(ws, 0xff, gk_norm_bwd_ws_bytes(width)));
     return ws;
 }
 
@@ -75,7 +77,7 @@ static void rms_case(int rows, int H)
     double e = gk_rel_err(gdx, H, rdx, H, rows, H), eb = gk_rel_err(gdxb, H, rdx, H, rows, H);
     double ew = gk_rel_err(gdw, H, rdw, H, 1, H);
     printf("rmsnorm_bwd rows %d H %d: dx rel err %.1e (bf16 %.1e), dw %.1e\n", rows, H, e, eb, ew);
-    CHECK(e < 1e-4 && eb < 1e-2 && ew < 1e-4);
+    CHECK(e < 1e-4 && eb < 1e-2 && ew < 1e-5);
     /* without residual, bf16 output only; twice from dw = 0 */
     float *ddw2;
     CUDA_CHECK(cudaMalloc((void **)&ddw2, H * 4));
@@ -86,6 +88,10 @@ static void rms_case(int rows, int H)
     CHECK_INT(gk_rmsnorm_bwd(ddy, H, dx_, H, dw_, NULL, 0, NULL, 0, ddxb, H, ddw, ws, rows, H + 4, eps, 0), ==, -EINVAL);
     CHECK_INT(gk_rmsnorm_bwd(ddy, H, dx_, H, dw_, NULL, 0, NULL, 0, ddxb, H, ddw, NULL, rows, H, eps, 0), ==, -EINVAL);
     check_same_bits(ddw, ddw2, H, "rmsnorm_bwd");
+    float *gdw0 = dl_f32(ddw, H);
+    for (int i = 0; i < H; i++) rdw[i] -= dw0[i];
+    CHECK(gk_rel_err(gdw0, H, rdw, H, 1, H) < 1e-5);
+    free(gdw0);
     float *gdxb2 = gk_dev_download_f32(ddxb, (size_t)rows * H);
     for (size_t i = 0; i < (size_t)rows * H; i++) rdx[i] -= res[i];
     CHECK(gk_rel_err(gdxb2, H, rdx, H, rows, H) < 1e-2);
@@ -141,7 +147,7 @@ static void qk_case(int hd)
         }
     double e = gk_rel_err(gdx, xs, rdx, xs, T, (long)nh * hd), ew = gk_rel_err(gdw, hd, rdw, hd, 1, hd);
     printf("qknorm_rope_bwd T %d heads %d hd %d: dx rel err %.1e, dw %.1e\n", T, nh, hd, e, ew);
-    CHECK(e < 1e-2 && ew < 1e-3);
+    CHECK(e < 1e-2 && ew < 1e-5);
     cudaFree(dx_); cudaFree(dw_); cudaFree(ddy); cudaFree(dinv); cudaFree(ddw); cudaFree(ddw2); cudaFree(dpos);
     cudaFree(ddx); cudaFree(ws);
     free(hx); free(hw); free(x); free(w); free(dy); free(pos); free(gdx); free(gdw); free(rdx); free(rdw);
@@ -175,15 +181,12 @@ int main(void)
 {
     gk_test_require_gpu();
     gk_rng_seed();
-    const int quick = getenv("GK_TEST_QUICK") != NULL;  /* small cases, for compute-sanitizer */
-    if (!quick) {
-        rms_case(gk_rng_int(600, 1200), 12288);     /* 4 vectors of 8 a thread, 384 threads */
-        rms_case(8192, 4096);                       /* the drafter's shape: 16 rows per CTA */
-    }
+    rms_case(gk_rng_int(600, 1200), 12288);     /* 4 vectors of 8 a thread, 384 threads */
+    rms_case(8192, 4096);                       /* the drafter's shape: 16 rows per CTA */
     qk_case(256);                               /* two and four pairs a lane */
     qk_case(512);
     for (int i = 0; i < 3; i++) {
-        rms_case(gk_rng_int(1, quick ? 600 : 3000), 8 * gk_rng_int(1, 520));
+        rms_case(gk_rng_int(1, 3000), 8 * gk_rng_int(1, 520));
         qk_case(16);
         qk_case(128);
         swiglu_case();
