@@ -7,8 +7,8 @@
  * to the bit.
  *
  * RMSNorm: one CTA per row (rows of up to 16384), each thread K 8-element vectors of it, the row's
- * two sums reduced across the CTA; x, dy and res read once. q/k norm + RoPE: one warp per
- * (token, head), its elements in registers between the passes. */
+ * two sums reduced across the CTA; x, dy and res read once. q/k norm + RoPE: a warp per few heads
+ * of a token (their sin / cos computed once), the elements in registers between the passes. */
 #include "gpukern/norm_bwd.h"
 #include "gpukern/gk_impl.cuh"
 
@@ -115,39 +115,12 @@ rmsnorm_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, const bf16
     }
 }
 
-/* What a lane reads of one (token, head) of the q/k norm backward, loaded a row ahead. */
-template <int KS>
-struct QkRow {
-    __nv_bfloat162 xa[KS], xb[KS];      /* x at (i, i + 1) and (half + i, half + i + 1) */
-    float2 da[KS], db[KS];              /* dy at the same places */
-    int32_t pos;
-};
-
-template <int KS>
-__device__ __forceinline__ void qk_load(QkRow<KS> &q, long r, const float *dy, long dys, const bf16 *x, long xs,
-                                        int n_heads, int hd, const int32_t *pos, int lane)
-{
-    const long t = r / n_heads;
-    const int h = (int)(r - t * n_heads), half = hd / 2;
-    const bf16 *xh = x + t * xs + (long)h * hd;
-    const float *dyh = dy + t * dys + (long)h * hd;
-    q.pos = pos[t];
-#pragma unroll
-    for (int k = 0; k < KS; k++) {
-        const int i = 2 * lane + 64 * k;
-        if (i >= half) continue;
-        q.xa[k] = *(const __nv_bfloat162 *)(xh + i);
-        q.xb[k] = *(const __nv_bfloat162 *)(xh + half + i);
-        q.da[k] = *(const float2 *)(dyh + i);
-        q.db[k] = *(const float2 *)(dyh + half + i);
-    }
-}
-
-/* One warp per (token, head); lane l owns the pairs (i, i + half) for i = 2l + 64k, k < KS, two at a
- * time (float2 of dy, bf162 of x), as rope_kernel does: dy and x read once (the next row's while
- * this one is worked on), sincos once per pair. The lane's weight-gradient terms summed in
- * registers; the CTA's warps added in order at the end into part[blockIdx.x][hd]. */
-template <int KS>     /* KS = ceil(head_dim / 128): 1 up to head_dim 128 */
+/* A warp takes up to R heads of one token (an item): their loads are in flight together and the
+ * token's sin / cos (accurate sincosf, most of the kernel's work) are computed once for all of
+ * them. Lane l owns the pairs (i, i + half) for i = 2l + 64k, k < KS, two at a time (float2 of dy,
+ * bf162 of x), as rope_kernel does. The lane's weight-gradient terms summed in registers over
+ * every item of the warp; the CTA's warps added in order at the end into part[blockIdx.x][hd]. */
+template <int KS, int R>     /* KS = ceil(head_dim / 128): 1 up to head_dim 128 */
 __global__ void __launch_bounds__(WARPS * 32, KS == 1 ? 4 : 2)  /* head_dim <= 128: GK_NORM_BWD_PARTS in one wave */
 qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *dx, long dxs,
                        const bf16 *w, float *part, int n_tokens, int n_heads, int hd,
@@ -155,61 +128,94 @@ qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *
 {
     extern __shared__ float dw_s[];     /* [WARPS][hd] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, half = hd / 2;
-    const long n = (long)n_tokens * n_heads, stride = (long)gridDim.x * WARPS;
-    float2 acc_a[KS], acc_b[KS];
+    const int groups = (n_heads + R - 1) / R;
+    const long n = (long)n_tokens * groups;
+    float2 acc_a[KS], acc_b[KS], wa[KS], wb[KS];
 #pragma unroll
-    for (int k = 0; k < KS; k++) acc_a[k] = acc_b[k] = make_float2(0.f, 0.f);
-    QkRow<KS> next;
-    long r = (long)blockIdx.x * WARPS + warp;
-    if (r < n) qk_load<KS>(next, r, dy, dys, x, xs, n_heads, hd, pos, lane);
-    for (; r < n; r += stride) {
-        const QkRow<KS> cur = next;
-        if (r + stride < n) qk_load<KS>(next, r + stride, dy, dys, x, xs, n_heads, hd, pos, lane);
-        const long t = r / n_heads;
-        bf16 *dxh = dx + t * dxs + (r - t * n_heads) * hd;
-        const float p = (float)cur.pos;
-        float2 xa[KS], xb[KS], ga[KS], gb[KS];  /* x of both halves; g = rope^T(dy), the gradient of the normed, weighted head */
-        float ss = 0.f;
+    for (int k = 0; k < KS; k++) {
+        const int i = 2 * lane + 64 * k;
+        acc_a[k] = acc_b[k] = make_float2(0.f, 0.f);
+        if (i >= half) continue;
+        wa[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(w + i));
+        wb[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(w + half + i));
+    }
+    for (long item = (long)blockIdx.x * WARPS + warp; item < n; item += (long)gridDim.x * WARPS) {
+        const long t = item / groups;
+        const int h0 = (int)(item - t * groups) * R, nh = min(R, n_heads - h0);
+        const bf16 *xt = x + t * xs + (long)h0 * hd;
+        const float *dyt = dy + t * dys + (long)h0 * hd;
+        bf16 *dxt = dx + t * dxs + (long)h0 * hd;
+        /* x of both halves (packed: fewer registers); dy of both halves, then g = rope^T(dy) (the
+         * gradient of the normed, weighted head), then g * w */
+        __nv_bfloat162 xa[R][KS], xb[R][KS];
+        float2 ga[R][KS], gb[R][KS];
 #pragma unroll
-        for (int k = 0; k < KS; k++) {
-            const int i = 2 * lane + 64 * k;
-            if (i >= half) continue;
-            xa[k] = __bfloat1622float2(cur.xa[k]);
-            xb[k] = __bfloat1622float2(cur.xb[k]);
-            ss += xa[k].x * xa[k].x + xa[k].y * xa[k].y + xb[k].x * xb[k].x + xb[k].y * xb[k].y;
-            const float2 d1 = cur.da[k], d2 = cur.db[k];
-            float s0, c0, s1, c1;
-            sincosf(p * inv_freq[i], &s0, &c0);
-            sincosf(p * inv_freq[i + 1], &s1, &c1);
-            ga[k] = make_float2(d1.x * c0 + d2.x * s0, d1.y * c1 + d2.y * s1);
-            gb[k] = make_float2(d2.x * c0 - d1.x * s0, d2.y * c1 - d1.y * s1);
+        for (int j = 0; j < R; j++) {
+            if (j >= nh) continue;
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+                const int i = 2 * lane + 64 * k;
+                if (i >= half) continue;
+                xa[j][k] = *(const __nv_bfloat162 *)(xt + j * hd + i);
+                xb[j][k] = *(const __nv_bfloat162 *)(xt + j * hd + half + i);
+                ga[j][k] = *(const float2 *)(dyt + j * hd + i);
+                gb[j][k] = *(const float2 *)(dyt + j * hd + half + i);
+            }
         }
-        const float rinv = rsqrtf(warp_sum(ss) / (float)hd + eps);
-        float c = 0.f;
+        const float p = (float)pos[t];
+        float2 sn[KS], cs[KS];
 #pragma unroll
         for (int k = 0; k < KS; k++) {
             const int i = 2 * lane + 64 * k;
             if (i >= half) continue;
-            const float2 wa = __bfloat1622float2(*(const __nv_bfloat162 *)(w + i));
-            const float2 wb = __bfloat1622float2(*(const __nv_bfloat162 *)(w + half + i));
-            xa[k].x *= rinv; xa[k].y *= rinv;   /* now the normed x */
-            xb[k].x *= rinv; xb[k].y *= rinv;
-            acc_a[k].x += ga[k].x * xa[k].x; acc_a[k].y += ga[k].y * xa[k].y;
-            acc_b[k].x += gb[k].x * xb[k].x; acc_b[k].y += gb[k].y * xb[k].y;
-            /* dx = rinv * (g * w - xhat * c), once c is known: keep g * w */
-            ga[k].x *= wa.x; ga[k].y *= wa.y;
-            gb[k].x *= wb.x; gb[k].y *= wb.y;
-            c += ga[k].x * xa[k].x + ga[k].y * xa[k].y + gb[k].x * xb[k].x + gb[k].y * xb[k].y;
+            sincosf(p * inv_freq[i], &sn[k].x, &cs[k].x);
+            sincosf(p * inv_freq[i + 1], &sn[k].y, &cs[k].y);
         }
-        c = warp_sum(c) / (float)hd;
 #pragma unroll
-        for (int k = 0; k < KS; k++) {
-            const int i = 2 * lane + 64 * k;
-            if (i >= half) continue;
-            *(__nv_bfloat162 *)(dxh + i) = __floats2bfloat162_rn(rinv * (ga[k].x - xa[k].x * c),
-                                                                 rinv * (ga[k].y - xa[k].y * c));
-            *(__nv_bfloat162 *)(dxh + half + i) = __floats2bfloat162_rn(rinv * (gb[k].x - xb[k].x * c),
-                                                                        rinv * (gb[k].y - xb[k].y * c));
+        for (int j = 0; j < R; j++) {
+            if (j >= nh) continue;
+            float ss = 0.f;
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+                const int i = 2 * lane + 64 * k;
+                if (i >= half) continue;
+                const float2 a = __bfloat1622float2(xa[j][k]), b = __bfloat1622float2(xb[j][k]);
+                ss += a.x * a.x + a.y * a.y + b.x * b.x + b.y * b.y;
+                const float2 d1 = ga[j][k], d2 = gb[j][k];
+                ga[j][k] = make_float2(d1.x * cs[k].x + d2.x * sn[k].x, d1.y * cs[k].y + d2.y * sn[k].y);
+                gb[j][k] = make_float2(d2.x * cs[k].x - d1.x * sn[k].x, d2.y * cs[k].y - d1.y * sn[k].y);
+            }
+            const float rinv = rsqrtf(warp_sum(ss) / (float)hd + eps);
+            float c = 0.f;
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+                const int i = 2 * lane + 64 * k;
+                if (i >= half) continue;
+                float2 a = __bfloat1622float2(xa[j][k]), b = __bfloat1622float2(xb[j][k]), &g = ga[j][k],
+                       &h = gb[j][k];
+                a.x *= rinv; a.y *= rinv;       /* the normed x */
+                b.x *= rinv; b.y *= rinv;
+                acc_a[k].x += g.x * a.x; acc_a[k].y += g.y * a.y;
+                acc_b[k].x += h.x * b.x; acc_b[k].y += h.y * b.y;
+                /* dx = rinv * (g * w - xhat * c), once c is known: keep g * w */
+                g.x *= wa[k].x; g.y *= wa[k].y;
+                h.x *= wb[k].x; h.y *= wb[k].y;
+                c += g.x * a.x + g.y * a.y + h.x * b.x + h.y * b.y;
+            }
+            c = warp_sum(c) / (float)hd;
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+                const int i = 2 * lane + 64 * k;
+                if (i >= half) continue;
+                float2 a = __bfloat1622float2(xa[j][k]), b = __bfloat1622float2(xb[j][k]);
+                const float2 g = ga[j][k], h = gb[j][k];
+                a.x *= rinv; a.y *= rinv;
+                b.x *= rinv; b.y *= rinv;
+                *(__nv_bfloat162 *)(dxt + j * hd + i) =
+                    __floats2bfloat162_rn(rinv * (g.x - a.x * c), rinv * (g.y - a.y * c));
+                *(__nv_bfloat162 *)(dxt + j * hd + half + i) =
+                    __floats2bfloat162_rn(rinv * (h.x - b.x * c), rinv * (h.y - b.y * c));
+            }
         }
     }
     float *mine = dw_s + warp * hd;
@@ -271,6 +277,19 @@ void rms_launch(unsigned grid, int vecs, cudaStream_t stream, const float *dy, l
                                                         rows, H, eps);
 }
 
+/* The q/k norm backward with R heads an item; returns its grid (the number of partials). */
+template <int KS, int R>
+unsigned qk_launch(size_t sm, cudaStream_t stream, const float *dy, long dys, const bf16 *x, long xs, bf16 *dx,
+                   long dxs, const bf16 *w, float *part, int n_tokens, int n_heads, int hd, const int32_t *pos,
+                   const float *inv_freq, float eps)
+{
+    const long items = (long)n_tokens * ((n_heads + R - 1) / R), g = (items + WARPS - 1) / WARPS;
+    const unsigned grid = (unsigned)(g < GK_NORM_BWD_PARTS ? g : GK_NORM_BWD_PARTS);
+    qknorm_rope_bwd_kernel<KS, R><<<grid, WARPS * 32, sm, stream>>>(dy, dys, x, xs, dx, dxs, w, part, n_tokens,
+                                                                   n_heads, hd, pos, inv_freq, eps);
+    return grid;
+}
+
 } // namespace
 
 extern "C" size_t gk_norm_bwd_ws_bytes(int width)
@@ -323,14 +342,17 @@ extern "C" int gk_qknorm_rope_bwd(const float *dy, long dy_stride, const void *x
         (uintptr_t)x % 4 || (uintptr_t)dx % 4 || (uintptr_t)w % 4 || (uintptr_t)ws % 16)
         return -EINVAL;
     if (n_tokens == 0) return 0;
-    const long warps = (long)n_tokens * n_heads, g = (warps + WARPS - 1) / WARPS;
-    const unsigned grid = (unsigned)(g < GK_NORM_BWD_PARTS ? g : GK_NORM_BWD_PARTS);
     const size_t sm = (size_t)WARPS * head_dim * sizeof(float);
-    auto kernel = head_dim <= 128 ? qknorm_rope_bwd_kernel<1>
-                : head_dim <= 256 ? qknorm_rope_bwd_kernel<2> : qknorm_rope_bwd_kernel<4>;
-    kernel<<<grid, WARPS * 32, sm, stream>>>(dy, dy_stride, (const bf16 *)x, x_stride, (bf16 *)dx, dx_stride,
-                                             (const bf16 *)w, ws, n_tokens, n_heads, head_dim, pos, inv_freq,
-                                             eps);
+    unsigned grid;
+    if (head_dim <= 128)
+        grid = qk_launch<1, 4>(sm, stream, dy, dy_stride, (const bf16 *)x, x_stride, (bf16 *)dx, dx_stride,
+                               (const bf16 *)w, ws, n_tokens, n_heads, head_dim, pos, inv_freq, eps);
+    else if (head_dim <= 256)
+        grid = qk_launch<2, 2>(sm, stream, dy, dy_stride, (const bf16 *)x, x_stride, (bf16 *)dx, dx_stride,
+                               (const bf16 *)w, ws, n_tokens, n_heads, head_dim, pos, inv_freq, eps);
+    else
+        grid = qk_launch<4, 1>(sm, stream, dy, dy_stride, (const bf16 *)x, x_stride, (bf16 *)dx, dx_stride,
+                               (const bf16 *)w, ws, n_tokens, n_heads, head_dim, pos, inv_freq, eps);
     GK_LAUNCH_CHECK();
     return sum_parts(ws, grid, head_dim, dw, stream);
 }

@@ -1,5 +1,5 @@
 /* rope.cu: packed positions, rotary embedding fused with the optional per-head RMSNorm.
- * One warp per (token, head); the head stays in registers between the norm and the rotation,
+ * A warp per few heads of a token; a head stays in registers between the norm and the rotation,
  * read from one strided buffer and written in place or to another. */
 #include <math.h>
 #include "gpukern/rope.h"
@@ -56,57 +56,96 @@ extern "C" int gk_positions(const int32_t *cu_seqlens, int n_seqs, int32_t *pos,
     return 0;
 }
 
-/* Lane l owns the pairs (i, i + half) for i = 2l + 64k, k < 4, two at a time (bf162). A lane
- * writes only what it has read itself, so src == dst (in place) is safe. */
-__global__ void rope_kernel(const bf16 *src, long src_stride, bf16 *dst, long dst_stride, int n_tokens,
-                            int n_heads, int head_dim, const int32_t *pos, const float *inv_freq,
-                            const bf16 *norm_w, float eps)
+/* A warp takes up to R heads of one token: their loads are in flight together, and the token's
+ * sin / cos (accurate sincosf, the kernel's main cost) are computed once for all of them. Lane l
+ * owns the pairs (i, i + half) for i = 2l + 64k, k < KS (KS = ceil(head_dim / 128)), two at a time
+ * (bf162). A lane writes only what it has read itself, so src == dst (in place) is safe. */
+template <int KS, int R>
+__global__ void __launch_bounds__(128)
+rope_kernel(const bf16 *src, long src_stride, bf16 *dst, long dst_stride, int n_tokens, int n_heads,
+            int head_dim, const int32_t *pos, const float *inv_freq, const bf16 *norm_w, float eps)
 {
-    int r = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (r >= n_tokens * n_heads) return;
-    int lane = threadIdx.x & 31;
-    int t = r / n_heads, h = r % n_heads;
-    int half = head_dim / 2;
-    const bf16 *xh = src + (long)t * src_stride + (long)h * head_dim;
-    bf16 *yh = dst + (long)t * dst_stride + (long)h * head_dim;
-    float2 a[4], b[4];
-    float ss = 0.f;
+    const int groups = (n_heads + R - 1) / R;
+    const long w = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (w >= (long)n_tokens * groups) return;
+    const long t = w / groups;
+    const int h0 = (int)(w - t * groups) * R, nh = min(R, n_heads - h0), lane = threadIdx.x & 31;
+    const int half = head_dim / 2;
+    const bf16 *xt = src + t * src_stride + (long)h0 * head_dim;
+    bf16 *yt = dst + t * dst_stride + (long)h0 * head_dim;
+    float2 a[R][KS], b[R][KS];
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        int i = 2 * lane + 64 * k;
-        if (i < half) {
-            a[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(xh + i));
-            b[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(xh + half + i));
-            ss += a[k].x * a[k].x + a[k].y * a[k].y + b[k].x * b[k].x + b[k].y * b[k].y;
+    for (int j = 0; j < R; j++) {
+        if (j >= nh) continue;
+#pragma unroll
+        for (int k = 0; k < KS; k++) {
+            const int i = 2 * lane + 64 * k;
+            if (i >= half) continue;
+            a[j][k] = __bfloat1622float2(*(const __nv_bfloat162 *)(xt + j * head_dim + i));
+            b[j][k] = __bfloat1622float2(*(const __nv_bfloat162 *)(xt + j * head_dim + half + i));
         }
     }
-    if (norm_w) {
-        float inv = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
+    const float p = (float)pos[t];
+    float2 sn[KS], cs[KS];
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            int i = 2 * lane + 64 * k;
-            if (i < half) {
-                float2 wa = __bfloat1622float2(*(const __nv_bfloat162 *)(norm_w + i));
-                float2 wb = __bfloat1622float2(*(const __nv_bfloat162 *)(norm_w + half + i));
-                a[k].x *= inv * wa.x; a[k].y *= inv * wa.y;
-                b[k].x *= inv * wb.x; b[k].y *= inv * wb.y;
+    for (int k = 0; k < KS; k++) {
+        const int i = 2 * lane + 64 * k;
+        if (i >= half) continue;
+        sincosf(p * inv_freq[i], &sn[k].x, &cs[k].x);
+        sincosf(p * inv_freq[i + 1], &sn[k].y, &cs[k].y);
+    }
+    float2 wa[KS], wb[KS];
+    if (norm_w) {
+#pragma unroll
+        for (int k = 0; k < KS; k++) {
+            const int i = 2 * lane + 64 * k;
+            if (i >= half) continue;
+            wa[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(norm_w + i));
+            wb[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(norm_w + half + i));
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        if (j >= nh) continue;
+        if (norm_w) {
+            float ss = 0.f;
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+                const int i = 2 * lane + 64 * k;
+                if (i < half)
+                    ss += a[j][k].x * a[j][k].x + a[j][k].y * a[j][k].y + b[j][k].x * b[j][k].x +
+                          b[j][k].y * b[j][k].y;
+            }
+            const float inv = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
+#pragma unroll
+            for (int k = 0; k < KS; k++) {
+                a[j][k].x *= inv * wa[k].x; a[j][k].y *= inv * wa[k].y;
+                b[j][k].x *= inv * wb[k].x; b[j][k].y *= inv * wb[k].y;
             }
         }
-    }
-    float p = (float)pos[t];
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        int i = 2 * lane + 64 * k;
-        if (i < half) {
-            float s0, c0, s1, c1;
-            sincosf(p * inv_freq[i], &s0, &c0);
-            sincosf(p * inv_freq[i + 1], &s1, &c1);
-            float2 oa = make_float2(a[k].x * c0 - b[k].x * s0, a[k].y * c1 - b[k].y * s1);
-            float2 ob = make_float2(b[k].x * c0 + a[k].x * s0, b[k].y * c1 + a[k].y * s1);
-            *(__nv_bfloat162 *)(yh + i) = __float22bfloat162_rn(oa);
-            *(__nv_bfloat162 *)(yh + half + i) = __float22bfloat162_rn(ob);
+        for (int k = 0; k < KS; k++) {
+            const int i = 2 * lane + 64 * k;
+            if (i >= half) continue;
+            const float2 oa = make_float2(a[j][k].x * cs[k].x - b[j][k].x * sn[k].x,
+                                          a[j][k].y * cs[k].y - b[j][k].y * sn[k].y);
+            const float2 ob = make_float2(b[j][k].x * cs[k].x + a[j][k].x * sn[k].x,
+                                          b[j][k].y * cs[k].y + a[j][k].y * sn[k].y);
+            *(__nv_bfloat162 *)(yt + j * head_dim + i) = __float22bfloat162_rn(oa);
+            *(__nv_bfloat162 *)(yt + j * head_dim + half + i) = __float22bfloat162_rn(ob);
         }
     }
+}
+
+template <int KS, int R>
+void rope_launch(const bf16 *src, long src_stride, bf16 *dst, long dst_stride, int n_tokens, int n_heads,
+                 int head_dim, const int32_t *pos, const float *inv_freq, const bf16 *norm_w, float eps,
+                 cudaStream_t stream)
+{
+    const int warps = 4;
+    const long items = (long)n_tokens * ((n_heads + R - 1) / R);
+    rope_kernel<KS, R><<<gk_blocks(items, warps), warps * 32, 0, stream>>>(
+        src, src_stride, dst, dst_stride, n_tokens, n_heads, head_dim, pos, inv_freq, norm_w, eps);
 }
 
 extern "C" int gk_rope_to(const void *src, long src_stride, void *dst, long dst_stride, int n_tokens,
@@ -119,10 +158,11 @@ extern "C" int gk_rope_to(const void *src, long src_stride, void *dst, long dst_
         (src == dst && src_stride != dst_stride))
         return -EINVAL;
     if (n_tokens == 0) return 0;
-    const int warps = 4;
-    rope_kernel<<<gk_blocks((long)n_tokens * n_heads, warps), warps * 32, 0, stream>>>(
-        (const bf16 *)src, src_stride, (bf16 *)dst, dst_stride, n_tokens, n_heads, head_dim, pos, inv_freq,
-        (const bf16 *)norm_w, eps);
+    auto launch = head_dim <= 128   ? rope_launch<1, 8>
+                  : head_dim <= 256 ? rope_launch<2, 4>
+                                    : rope_launch<4, 2>;
+    launch((const bf16 *)src, src_stride, (bf16 *)dst, dst_stride, n_tokens, n_heads, head_dim, pos, inv_freq,
+           (const bf16 *)norm_w, eps, stream);
     GK_LAUNCH_CHECK();
     return 0;
 }

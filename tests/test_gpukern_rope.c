@@ -45,8 +45,8 @@ static void test_rope(int with_norm)
     for (int s = 0; s < n_seqs; s++) cu[s + 1] = cu[s] + gk_rng_int(1, 300);
     const int T = cu[n_seqs];
     const int nh = gk_rng_int(1, 8);
-    const int hds[] = {16, 64, 128, 256};
-    const int hd = hds[gk_rng_int(0, 3)];
+    const int hds[] = {16, 64, 128, 256, 512};
+    const int hd = hds[gk_rng_int(0, 4)];
     const long stride = (long)nh * hd + 8 * gk_rng_int(0, 3);
     const double theta = with_norm ? 1e6 : 5e5;
     const float eps = 1e-6f;
@@ -130,7 +130,7 @@ int main(void)
     gk_test_require_gpu();
     gk_rng_seed();
     test_inv_freq();
-    for (int i = 0; i < 4; i++) { test_rope(0); test_rope(1); }
+    for (int i = 0; i < 6; i++) { test_rope(0); test_rope(1); }
     CUDA_CHECK(cudaDeviceSynchronize());
     return 0;
 }
