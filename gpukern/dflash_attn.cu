@@ -1497,23 +1497,30 @@ bool wgmma_ok()
     static gk_device_cache known;
     return gk_device_once(known, [](int dev) {
         int major = 0, minor = 0, got = 0;
-        bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
-                  major == 9 && minor == 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return -1;                  /* ask again next time */
+        }
+        if (major != 9 || minor != 0) return 0;
         cudaStream_t st = nullptr;
         int *d = nullptr;
-        if (ok && cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess) {
-            void *args[] = { &d };
-            ok = cudaMallocAsync((void **)&d, sizeof(int), st) == cudaSuccess &&
-                 cudaLaunchKernel((const void *)wgmma_probe, dim3(1), dim3(1), args, 0, st) == cudaSuccess &&
-                 cudaMemcpyAsync(&got, d, sizeof(int), cudaMemcpyDeviceToHost, st) == cudaSuccess;
-            if (d) cudaFreeAsync(d, st);
-            ok = cudaStreamSynchronize(st) == cudaSuccess && ok && got == 1;
-            cudaStreamDestroy(st);
-        } else {
-            ok = false;
+        if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return -1;
         }
-        return ok ? 1 : 0;
+        void *args[] = { &d };
+        bool ok = cudaMallocAsync((void **)&d, sizeof(int), st) == cudaSuccess &&
+                  cudaLaunchKernel((const void *)wgmma_probe, dim3(1), dim3(1), args, 0, st) == cudaSuccess &&
+                  cudaMemcpyAsync(&got, d, sizeof(int), cudaMemcpyDeviceToHost, st) == cudaSuccess;
+        if (d) cudaFreeAsync(d, st);
+        ok = cudaStreamSynchronize(st) == cudaSuccess && ok;
+        cudaStreamDestroy(st);
+        if (!ok) {
+            (void)cudaGetLastError();
+            return -1;
+        }
+        return got == 1 ? 1 : 0;        /* 0: the sm_90a code is not what runs (PTX) */
     }) == 1;
 #else
     return false;

@@ -119,6 +119,7 @@ rope_kernel(const bf16 *src, long src_stride, bf16 *dst, long dst_stride, int n_
             const float inv = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
 #pragma unroll
             for (int k = 0; k < KS; k++) {
+                if (2 * lane + 64 * k >= half) continue;
                 a[j][k].x *= inv * wa[k].x; a[j][k].y *= inv * wa[k].y;
                 b[j][k].x *= inv * wb[k].x; b[j][k].y *= inv * wb[k].y;
             }

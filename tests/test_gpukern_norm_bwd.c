@@ -101,9 +101,8 @@ static void rms_case(int rows, int H)
     free(gdxb2); free(rdx); free(rdw);
 }
 
-static void qk_case(int hd)
+static void qk_case(int T, int nh, int hd)
 {
-    const int T = gk_rng_int(1, 700), nh = gk_rng_int(1, 8);
     const long xs = (long)nh * hd + 8 * gk_rng_int(0, 3), ys = (long)nh * hd + 4 * gk_rng_int(0, 3);
     const float eps = 1e-6f;
     float *x, *w, inv[256];
@@ -148,6 +147,9 @@ static void qk_case(int hd)
     double e = gk_rel_err(gdx, xs, rdx, xs, T, (long)nh * hd), ew = gk_rel_err(gdw, hd, rdw, hd, 1, hd);
     printf("qknorm_rope_bwd T %d heads %d hd %d: dx rel err %.1e, dw %.1e\n", T, nh, hd, e, ew);
     CHECK(e < 1e-2 && ew < 1e-5);
+    for (int t = 0; t < T; t++)     /* the columns past the heads stay as they were (poisoned: NaN) */
+        for (long c = (long)nh * hd; c < xs; c++)
+            if (!isnan(gdx[(size_t)t * xs + c])) TEST_FAIL("qknorm_rope_bwd wrote past the heads of row %d", t);
     cudaFree(dx_); cudaFree(dw_); cudaFree(ddy); cudaFree(dinv); cudaFree(ddw); cudaFree(ddw2); cudaFree(dpos);
     cudaFree(ddx); cudaFree(ws);
     free(hx); free(hw); free(x); free(w); free(dy); free(pos); free(gdx); free(gdw); free(rdx); free(rdw);
@@ -183,12 +185,16 @@ int main(void)
     gk_rng_seed();
     rms_case(gk_rng_int(600, 1200), 12288);     /* 4 vectors of 8 a thread, 384 threads */
     rms_case(8192, 4096);                       /* the drafter's shape: 16 rows per CTA */
-    qk_case(256);                               /* two and four pairs a lane */
-    qk_case(512);
+    qk_case(3000, 32, 128);                     /* more items than the grid: several a warp */
+    qk_case(gk_rng_int(1, 300), 30, 128);       /* a partial group of heads */
+    qk_case(gk_rng_int(1, 300), 7, 20);         /* head_dim a multiple of 4, not of 8 */
+    qk_case(gk_rng_int(1, 300), 5, 96);
+    qk_case(gk_rng_int(1, 700), gk_rng_int(1, 8), 256);     /* two and four pairs a lane */
+    qk_case(gk_rng_int(1, 700), gk_rng_int(1, 8), 512);
     for (int i = 0; i < 3; i++) {
         rms_case(gk_rng_int(1, 3000), 8 * gk_rng_int(1, 520));
-        qk_case(16);
-        qk_case(128);
+        qk_case(gk_rng_int(1, 700), gk_rng_int(1, 8), 16);
+        qk_case(gk_rng_int(1, 700), gk_rng_int(1, 8), 128);
         swiglu_case();
     }
     CUDA_CHECK(cudaDeviceSynchronize());
