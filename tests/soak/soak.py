@@ -223,22 +223,20 @@ class Soak:
     # ---- kills --------------------------------------------------------------------------------
 
     def plan_kinds(self):
-        """The kind of each kill: at least min_per_kind of each, the rest drawn by weight,
-        shuffled; the first three go round the kinds so a short run covers each early."""
+        """The kind of each kill: the min_per_kind of each kind first, round by round (each round
+        one of every kind, in a random order), then the rest drawn by weight. A run may end before
+        its last planned kill points (a fast machine finishes the epochs early; kills keep a gap),
+        so the guaranteed ones must not wait behind drawn ones."""
         a = self.a
         kinds = ["target", "drafter", "coordinator"]
         def drawn(n):
             return [self.rng.choices(kinds, [a.w_target, a.w_drafter, a.w_coord])[0] for _ in range(n)]
-        # The guaranteed ones within the planned kills (the run may end right after them).
-        plan = [k for k in kinds for _ in range(a.min_per_kind)]
-        plan += drawn(max(0, a.kills - len(plan)))
-        head, rest = [], plan
-        for k in kinds:
-            if k in rest:
-                rest.remove(k)
-                head.append(k)
-        self.rng.shuffle(rest)
-        return head + rest + drawn(1000)    # time-paced runs may go on past the planned number
+        head = []
+        for _ in range(a.min_per_kind):
+            round_ = kinds[:]
+            self.rng.shuffle(round_)
+            head += round_
+        return head + drawn(max(0, a.kills - len(head))) + drawn(1000)  # time-paced runs may go on
 
     def pick_victim(self, kind):
         pool = [d for d in self.daemons if d.kind == kind and d.alive()]
