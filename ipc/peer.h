@@ -8,10 +8,20 @@
 
 /* Connect as `role` (PROTO_ROLE_*) to the coordinator at sock. While it is not there yet
  * (-ENOENT, -ECONNREFUSED, -EAGAIN) retry every 200 ms for up to 5 x coordinator.dead_after_ms
- * + 30 s or until a stop signal; any other error returns at once. */
+ * + 30 s or until a stop signal; any other error returns at once. -ESHUTDOWN (err says why):
+ * there is no coordinator because it stopped the cluster (its stop note is there, see below),
+ * so a daemon started after the end has nothing to do, as if it had been told STOP. */
 int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struct client **out, char *err,
                              size_t errlen);
 
 /* Attach the ring named in the coordinator's WELCOME (any mode), retrying for up to 2 s while
  * it is being created (-EAGAIN). */
 int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen);
+
+/* The coordinator's stop note, "<socket>.stopped" (one line: the reason): written when it stops
+ * the cluster (the run is complete, or an operator's stop), removed when a coordinator starts. A
+ * coordinator that dies leaves none, and daemons keep waiting for it to come back. */
+int peer_stop_note_write(const char *sock, const char *reason);
+void peer_stop_note_clear(const char *sock);
+/* 1 and the reason in why when the note is there, else 0. */
+int peer_stop_note_read(const char *sock, char *why, size_t n);

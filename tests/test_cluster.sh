@@ -81,6 +81,17 @@ once=$(cl_sql 'SELECT count(*) FROM batches b WHERE (SELECT count(*) FROM trains
 ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left at the end"
 [[ -e $CL_SOCK ]] && fail "socket left at the end"
 
+# ---- daemons started after the end: the coordinator's stop note says why; they exit 0 at once ---
+grep -q "run complete" "$CL_SOCK.stopped" 2>/dev/null || fail "stop note beside the socket: '$(cat "$CL_SOCK.stopped" 2>&1)'"
+cl_start late_target target-d -c "$CL_INI" -i 0
+cl_start late_drafter drafter-d -c "$CL_INI" -i 0
+for n in late_target late_drafter; do
+  cl_wait_exit $n 30 || fail "$n (started after the end) exited with '$CL_RC'"
+  [[ $CL_RC == 0 ]] || fail "$n (started after the end) exited with $CL_RC"
+  grep -q "coordinator stopped the cluster (run complete.*nothing to do" "$D/$n.log" || fail "$n: $(tail -n 2 "$D/$n.log")"
+done
+cl_log "daemons started after the end: $(grep -h "nothing to do" "$D"/late_*.log | sed 's/^<[0-9]>//' | tr '\n' ' ')"
+
 # ---- metrics: steps continue from the checkpoint; the loss falls ---------------------------
 "$CL_PY" - "$D/state/metrics-rank0.jsonl" "$ck1" <<'EOF' || fail "metrics"
 import json, sys

@@ -13,6 +13,7 @@
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
 #include "ipc/net.h"
+#include "ipc/peer.h"
 #include "ipc/ring.h"
 
 static struct coord g_co;
@@ -218,6 +219,9 @@ int main(int argc, char **argv)
         finalize_ledger(co);
     co->exit_code = co->state == PROTO_STATE_FAILED ? DAEMON_EX_CONFIG : DAEMON_EX_OK;
     log_notice("exiting: %s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
+    /* A daemon (re)started from now on finds the note and exits 0 instead of waiting for us. */
+    if (co->state == PROTO_STATE_STOPPED && (r = peer_stop_note_write(co->socket_path, co->reason)) < 0)
+        log_warn(r, "stop note beside %s", co->socket_path);
 out:
     coord_server_close(co);
     uv_walk(co->loop, close_walk, NULL);

@@ -1276,7 +1276,12 @@ int main(int argc, char **argv)
     }
     daemon_notify_status(&f->d, "connecting to the coordinator at %s", f->sock);
     if ((r = peer_connect_coordinator(&f->d, f->sock, PROTO_ROLE_DRAFTER, &f->cl, err, sizeof err)) < 0) {
-        log_error(0, "coordinator %s: %s", f->sock, err);
+        if (r == -ESHUTDOWN) {      /* started after the end: what STOP would have said */
+            log_notice("%s: nothing to do", err);
+            code = DAEMON_EX_OK;
+        } else {
+            log_error(0, "coordinator %s: %s", f->sock, err);
+        }
         goto out;
     }
     if ((r = attach_ring(f, err, sizeof err)) < 0) {
