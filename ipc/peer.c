@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/err.h"
 #include "common/log.h"
 #include "common/timeutil.h"
 #include "ipc/proto.h"
@@ -20,11 +21,14 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
     int r, warned = 0;
     for (;;) {
         r = client_open(out, &o, err, errlen);
-        if (r == 0 || (r != -ENOENT && r != -ECONNREFUSED && r != -EAGAIN))
+        /* Not there yet, or going away while we said HELLO (a coordinator that is stopping
+         * still accepts until it closes): ask again, and look for its stop note meanwhile. */
+        if (r == 0 || (r != -ENOENT && r != -ECONNREFUSED && r != -EAGAIN && r != -EPIPE &&
+                       r != -ECONNRESET && r != -DF_ETIMEOUT))
             return r;
         char why[160];
         if (peer_stop_note_read(sock, why, sizeof why)) {
-            snprintf(err, errlen, "the coordinator stopped the cluster (%s)", why);
+            snprintf(err, errlen, "the coordinator has ended the cluster (%s)", why);
             return -ESHUTDOWN;
         }
         if (mono_ms() > deadline || daemon_stop_requested())
@@ -54,7 +58,7 @@ static int note_path(char *path, size_t n, const char *sock, const char *suffix)
     return snprintf(path, n, "%s.stopped%s", sock, suffix) < (int)n ? 0 : -ENAMETOOLONG;
 }
 
-int peer_stop_note_write(const char *sock, const char *reason)
+int peer_stop_note_write(const char *sock, const char *reason, gid_t gid)
 {
     char path[4096], tmp[4096];
     if (note_path(path, sizeof path, sock, "") < 0 || note_path(tmp, sizeof tmp, sock, ".tmp") < 0)
@@ -69,6 +73,8 @@ int peer_stop_note_write(const char *sock, const char *reason)
         len = (int)sizeof line - 1;
     }
     int r = write(fd, line, (size_t)len) == len ? 0 : -EIO;
+    if (r == 0 && gid != (gid_t)-1 && fchown(fd, (uid_t)-1, gid) < 0)    /* readable as the socket is */
+        r = -errno;
     if (close(fd) < 0 && r == 0)
         r = -errno;
     if (r == 0 && rename(tmp, path) < 0)
@@ -97,5 +103,7 @@ int peer_stop_note_read(const char *sock, char *why, size_t n)
     close(fd);
     why[k > 0 ? k : 0] = 0;
     why[strcspn(why, "\n")] = 0;
+    if (!why[0])
+        snprintf(why, n, "stopped");
     return 1;
 }

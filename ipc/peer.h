@@ -2,6 +2,7 @@
  * it to come up, the watchdog fed meanwhile) and attach the ring its WELCOME names. */
 #pragma once
 #include <stddef.h>
+#include <sys/types.h>
 #include "common/daemon.h"
 #include "ipc/client.h"
 #include "ipc/ring.h"
@@ -18,10 +19,11 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
  * it is being created (-EAGAIN). */
 int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen);
 
-/* The coordinator's stop note, "<socket>.stopped" (one line: the reason): written when it stops
- * the cluster (the run is complete, or an operator's stop), removed when a coordinator starts. A
- * coordinator that dies leaves none, and daemons keep waiting for it to come back. */
-int peer_stop_note_write(const char *sock, const char *reason);
+/* The coordinator's stop note, "<socket>.stopped" (one line: the reason): written when it ends
+ * the cluster (the run is complete, an operator's drain or stop, a fatal error), removed when a
+ * coordinator starts (right after it takes its lock). A coordinator that dies leaves none, and
+ * daemons keep waiting for it to come back. Group gid (the socket's), mode 0644 & umask. */
+int peer_stop_note_write(const char *sock, const char *reason, gid_t gid);   /* gid -1: keep */
 void peer_stop_note_clear(const char *sock);
 /* 1 and the reason in why when the note is there, else 0. */
 int peer_stop_note_read(const char *sock, char *why, size_t n);

@@ -58,9 +58,11 @@ ck1=$(cl_sql 'SELECT step FROM checkpoints ORDER BY gen DESC, step DESC LIMIT 1'
 [[ -n $ck1 ]] || fail "no checkpoint recorded"
 ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left after drain: $(ls /dev/shm | grep "dflash-$CL_NAME")"
 [[ -e $CL_SOCK ]] && fail "socket left after drain"
+grep -q "^stopped: drained" "$CL_SOCK.stopped" 2>/dev/null || fail "stop note after the drain: '$(cat "$CL_SOCK.stopped" 2>&1)'"
 
 # ---- run 2: load the checkpoint back, finish the epoch --------------------------------------
 start_all
+[[ -e $CL_SOCK.stopped ]] && fail "the new coordinator left the last run's stop note"
 cl_ring_hold || fail "no ring"
 cl_wait_exit coord 600 || fail "coordinator exited with '$CL_RC'"
 expect_all_exit_0
@@ -88,7 +90,7 @@ cl_start late_drafter drafter-d -c "$CL_INI" -i 0
 for n in late_target late_drafter; do
   cl_wait_exit $n 30 || fail "$n (started after the end) exited with '$CL_RC'"
   [[ $CL_RC == 0 ]] || fail "$n (started after the end) exited with $CL_RC"
-  grep -q "coordinator stopped the cluster (run complete.*nothing to do" "$D/$n.log" || fail "$n: $(tail -n 2 "$D/$n.log")"
+  grep -q "coordinator has ended the cluster (stopped: run complete.*nothing to do" "$D/$n.log" || fail "$n: $(tail -n 2 "$D/$n.log")"
 done
 cl_log "daemons started after the end: $(grep -h "nothing to do" "$D"/late_*.log | sed 's/^<[0-9]>//' | tr '\n' ' ')"
 

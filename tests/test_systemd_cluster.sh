@@ -6,7 +6,8 @@
 #    keeps increasing while it is down;
 #  - target 1 SIGSTOPped: the watchdog kills and restarts it;
 #  - `systemctl stop dflash.target`: every unit exits 0 after a final checkpoint;
-#  - `systemctl start dflash.target` again: the drafter resumes from that checkpoint; stop again.
+#  - `systemctl start dflash.target` again: the drafter resumes from that checkpoint; stop again;
+#  - a target started alone after that finds the coordinator's stop note and ends as a success.
 # After each stop: no batch lost or trained twice (only pending and checkpointed batches, each
 # checkpointed one trained exactly once in the lineage), no slot left WRITING or READING, no
 # shm object left. The data is large enough (many epochs) that the run never ends on its own,
@@ -152,4 +153,20 @@ cl_log "resumed from the step-$ck checkpoint"
 stop_and_check "after the restart"
 done2=$(cl_sql 'SELECT count(*) FROM batches WHERE state = 4')
 ((done2 > done1)) || fail "no progress after the restart ($done1 -> $done2)"
+
+# A target started after the stop without its coordinator (systemd restarting one that crashed at
+# the very end; here without the Wants= that would start the coordinator again) finds the stop note,
+# says READY then STOPPING and exits 0: systemd counts a success and does not restart it.
+grep -q "^stopped" "$CL_SOCK.stopped" 2>/dev/null || fail "no stop note after the stop: '$(cat "$CL_SOCK.stopped" 2>&1)'"
+n0=$(sysns_prop dflash-target@0.service NRestarts)
+sysns_ctl start --job-mode=ignore-dependencies dflash-target@0 || fail "start dflash-target@0 alone after the stop"
+sysns_wait_prop dflash-target@0.service ActiveState inactive 30 || fail "the late target did not end"
+sleep 2     # RestartSec=1500ms: a restart would have come by now
+[[ $(sysns_prop dflash-target@0.service ActiveState) == inactive ]] || fail "the late target was started again"
+[[ $(sysns_prop dflash-target@0.service Result) == success ]] ||
+  fail "the late target's result: $(sysns_prop dflash-target@0.service Result)"
+[[ $(sysns_prop dflash-target@0.service NRestarts) == "$n0" ]] || fail "the late target was restarted"
+[[ $(sysns_prop dflash-coordinator.service ActiveState) == inactive ]] || fail "the coordinator was started"
+grep -q "has ended the cluster (stopped: .*): nothing to do" "$CL_DIR/target0.log" || fail "late target: $(tail -n 2 "$CL_DIR/target0.log")"
+cl_log "a target started after the stop: exit 0, result success, not restarted"
 echo "ok: $KILLS kills + 1 watchdog restart, two clean stops, $done2 batches each trained exactly once"

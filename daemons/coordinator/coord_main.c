@@ -158,6 +158,9 @@ int main(int argc, char **argv)
         log_error(0, "%s", err);
         return DAEMON_EX_FAILURE;
     }
+    /* The lock says no other coordinator runs: the last one's stop note is stale from here on
+     * (daemons that find no socket now wait for this one). */
+    peer_stop_note_clear(co->socket_path);
     if (mkdir(cfg->cluster.state_dir, 0750) < 0 && errno != EEXIST)
         log_warn(-errno, "state_dir %s", cfg->cluster.state_dir);
 
@@ -220,8 +223,13 @@ int main(int argc, char **argv)
     co->exit_code = co->state == PROTO_STATE_FAILED ? DAEMON_EX_CONFIG : DAEMON_EX_OK;
     log_notice("exiting: %s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
     /* A daemon (re)started from now on finds the note and exits 0 instead of waiting for us. */
-    if (co->state == PROTO_STATE_STOPPED && (r = peer_stop_note_write(co->socket_path, co->reason)) < 0)
-        log_warn(r, "stop note beside %s", co->socket_path);
+    if (clean) {
+        char note[sizeof co->reason + 48];
+        snprintf(note, sizeof note, "%.32s%s%.*s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "",
+                 (int)sizeof co->reason - 1, co->reason);
+        if ((r = peer_stop_note_write(co->socket_path, note, co->allowed_gid)) < 0)
+            log_warn(r, "stop note beside %s", co->socket_path);
+    }
 out:
     coord_server_close(co);
     uv_walk(co->loop, close_walk, NULL);

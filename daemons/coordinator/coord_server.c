@@ -16,7 +16,6 @@
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
 #include "ipc/net.h"
-#include "ipc/peer.h"
 
 /* A TCP peer has this long to AUTH and say HELLO; unauthenticated peers at most this many. */
 #define TCP_AUTH_TIMEOUT_MS 5000
@@ -478,10 +477,8 @@ int coord_server_start(struct coord *co, char *err, size_t errlen)
         }
         co->allowed_gid = g->gr_gid;
     }
-    /* The lock (daemon_lock) says no other coordinator runs: a socket file left here is stale,
-     * and so is the last one's stop note (daemons must wait for this one). */
+    /* The lock (daemon_lock) says no other coordinator runs: a socket file left here is stale. */
     unlink(co->socket_path);
-    peer_stop_note_clear(co->socket_path);
     int r = uv_pipe_init(co->loop, &co->server, 0);
     if (r < 0)
         goto fail;

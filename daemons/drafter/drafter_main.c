@@ -1278,6 +1278,9 @@ int main(int argc, char **argv)
     if ((r = peer_connect_coordinator(&f->d, f->sock, PROTO_ROLE_DRAFTER, &f->cl, err, sizeof err)) < 0) {
         if (r == -ESHUTDOWN) {      /* started after the end: what STOP would have said */
             log_notice("%s: nothing to do", err);
+            /* READY first: a Type=notify unit that exits before it counts as failed (restarted) */
+            daemon_notify_ready(&f->d, "nothing to do: %s", err);
+            daemon_notify_stopping(&f->d, "nothing to do");
             code = DAEMON_EX_OK;
         } else {
             log_error(0, "coordinator %s: %s", f->sock, err);
