@@ -8,7 +8,8 @@
 #include "ipc/ring.h"
 
 /* Connect as `role` (PROTO_ROLE_*) to the coordinator at sock. While it is not there yet
- * (-ENOENT, -ECONNREFUSED, -EAGAIN) retry every 200 ms for up to 5 x coordinator.dead_after_ms
+ * (-ENOENT, -ECONNREFUSED, -EAGAIN) or the connection is lost or unanswered during the HELLO
+ * (-EPIPE, -ECONNRESET, -DF_ETIMEOUT) retry every 200 ms for up to 5 x coordinator.dead_after_ms
  * + 30 s or until a stop signal; any other error returns at once. -ESHUTDOWN (err says why):
  * there is no coordinator because it stopped the cluster (its stop note is there, see below),
  * so a daemon started after the end has nothing to do, as if it had been told STOP. */
