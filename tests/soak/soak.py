@@ -315,7 +315,12 @@ class Soak:
                         mean = a.minutes * 60 / a.kills
                         next_gap = max(a.gap_min, self.rng.uniform(0.3 * mean, 1.7 * mean))
                     else:
-                        next_gap = self.rng.uniform(a.gap_min, a.gap_max)
+                        # The guaranteed kills (first in the plan) at shorter gaps: a fast run
+                        # must not end before them.
+                        hi = a.gap_max
+                        if len(self.kill_log) < 3 * a.min_per_kind:
+                            hi = (a.gap_min + a.gap_max) / 2
+                        next_gap = self.rng.uniform(a.gap_min, hi)
             time.sleep(a.poll)
         self.finish(points)
 
