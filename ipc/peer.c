@@ -40,6 +40,19 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
     }
 }
 
+int peer_connect_failed(struct daemon *d, const char *sock, int r, const char *err)
+{
+    if (r != -ESHUTDOWN) {
+        log_error(0, "coordinator %s: %s", sock, err);
+        return DAEMON_EX_FAILURE;
+    }
+    /* started after the end: what STOP would have said */
+    log_notice("%s: nothing to do", err);
+    daemon_notify_ready(d, "nothing to do: %s", err);
+    daemon_notify_stopping(d, "nothing to do");
+    return DAEMON_EX_OK;
+}
+
 int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(cl);

@@ -16,6 +16,12 @@
 int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struct client **out, char *err,
                              size_t errlen);
 
+/* What a daemon does when peer_connect_coordinator returned r < 0 (err its text): -ESHUTDOWN
+ * logs "nothing to do", tells systemd READY then STOPPING (a Type=notify unit that exits before
+ * READY counts as failed and is restarted) and gives DAEMON_EX_OK; anything else logs the error
+ * and gives DAEMON_EX_FAILURE. The daemon's exit code. */
+int peer_connect_failed(struct daemon *d, const char *sock, int r, const char *err);
+
 /* Attach the ring named in the coordinator's WELCOME (any mode), retrying for up to 2 s while
  * it is being created (-EAGAIN). */
 int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen);

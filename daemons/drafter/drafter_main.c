@@ -1276,15 +1276,7 @@ int main(int argc, char **argv)
     }
     daemon_notify_status(&f->d, "connecting to the coordinator at %s", f->sock);
     if ((r = peer_connect_coordinator(&f->d, f->sock, PROTO_ROLE_DRAFTER, &f->cl, err, sizeof err)) < 0) {
-        if (r == -ESHUTDOWN) {      /* started after the end: what STOP would have said */
-            log_notice("%s: nothing to do", err);
-            /* READY first: a Type=notify unit that exits before it counts as failed (restarted) */
-            daemon_notify_ready(&f->d, "nothing to do: %s", err);
-            daemon_notify_stopping(&f->d, "nothing to do");
-            code = DAEMON_EX_OK;
-        } else {
-            log_error(0, "coordinator %s: %s", f->sock, err);
-        }
+        code = peer_connect_failed(&f->d, f->sock, r, err);
         goto out;
     }
     if ((r = attach_ring(f, err, sizeof err)) < 0) {

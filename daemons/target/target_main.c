@@ -622,15 +622,7 @@ int main(int argc, char **argv)
              t->hf.num_layers, t->hf.hidden_size, t->n_ids, t->n_ids == 1 ? "" : "s");
     daemon_notify_status(&t->d, "connecting to the coordinator at %s", t->sock);
     if ((r = peer_connect_coordinator(&t->d, t->sock, PROTO_ROLE_TARGET, &t->cl, err, sizeof err)) < 0) {
-        if (r == -ESHUTDOWN) {      /* started after the end: what STOP would have said */
-            log_notice("%s: nothing to do", err);
-            /* READY first: a Type=notify unit that exits before it counts as failed (restarted) */
-            daemon_notify_ready(&t->d, "nothing to do: %s", err);
-            daemon_notify_stopping(&t->d, "nothing to do");
-            code = DAEMON_EX_OK;
-        } else {
-            log_error(0, "coordinator %s: %s", t->sock, err);
-        }
+        code = peer_connect_failed(&t->d, t->sock, r, err);
         goto out;
     }
     if ((r = attach(t, err, sizeof err)) < 0) {

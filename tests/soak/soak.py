@@ -236,6 +236,7 @@ class Soak:
             round_ = kinds[:]
             self.rng.shuffle(round_)
             head += round_
+        self.n_guaranteed = len(head)
         return head + drawn(max(0, a.kills - len(head))) + drawn(1000)  # time-paced runs may go on
 
     def pick_victim(self, kind):
@@ -318,7 +319,7 @@ class Soak:
                         # The guaranteed kills (first in the plan) at shorter gaps: a fast run
                         # must not end before them.
                         hi = a.gap_max
-                        if len(self.kill_log) < 3 * a.min_per_kind:
+                        if len(self.kill_log) < self.n_guaranteed:
                             hi = (a.gap_min + a.gap_max) / 2
                         next_gap = self.rng.uniform(a.gap_min, hi)
             time.sleep(a.poll)
