@@ -14,6 +14,7 @@
 #include "common/timeutil.h"
 #include "ipc/client.h"
 #include "ipc/net.h"
+#include "ipc/stopnote.h"
 
 #define FAIL(code, ...) do { if (err && errlen) snprintf(err, errlen, __VA_ARGS__); return (code); } while (0)
 #define RETURNED_MAX 4096
@@ -63,6 +64,7 @@ struct client {
     uint32_t group_rank;
     int join_pending;           /* JOIN_GROUP sent, GROUP not yet received */
     uint64_t next_reconnect_ms;
+    int ended;                  /* the stop note was found while disconnected: no more reconnects */
     struct client_stats st;
 };
 
@@ -490,11 +492,24 @@ static int maybe_reconnect(struct client *c, char *err, size_t errlen)
     uint64_t now = mono_ms();
     if (now < c->next_reconnect_ms)
         return -ENOTCONN;
+    if (c->ended)
+        return -ESHUTDOWN;
     c->next_reconnect_ms = now + (uint64_t)c->o.reconnect_ms;
     char why[256];
     int r = handshake(c, 0, why, sizeof why);
     if (r == -DF_EPEER)
         FAIL(r, "%s", why);  /* refused: the daemon must stop, not spin */
+    if ((r == -ENOENT || r == -ECONNREFUSED) && c->o.stop_note && !c->tcp_address[0] &&
+        stop_note_read(c->socket_path, why, sizeof why)) {
+        /* The coordinator ended the cluster while we were away: what its STOP would have said. */
+        struct proto_msg m = { .type = PROTO_CONTROL, .control.cmd = PROTO_CTL_STOP };
+        snprintf(m.control.reason, sizeof m.control.reason, "missed while disconnected (stop note: %.*s)",
+                 PROTO_TEXT_MAX - 48, why);
+        if (q_push(c, &m) < 0)
+            return -ENOMEM;
+        c->ended = 1;
+        return -ESHUTDOWN;
+    }
     return r;
 }
 
@@ -593,6 +608,7 @@ void client_free(struct client *c)
 
 const struct proto_welcome *client_welcome(const struct client *c) { return &c->welcome; }
 int client_connected(const struct client *c) { return c->fd >= 0; }
+int client_ended(const struct client *c) { return c->ended; }
 int client_fd(const struct client *c) { return c->fd; }
 
 void client_get_stats(const struct client *c, struct client_stats *st)
@@ -726,7 +742,7 @@ static int service(struct client *c, int timeout_ms, struct proto_msg *msg, char
     int drained = 0;
     for (;;) {
         int r = maybe_reconnect(c, err, errlen);
-        if (r == -DF_EPEER)
+        if (r == -DF_EPEER || r == -ENOMEM)
             return r;
         heartbeat_due(c);
         /* Handle every complete frame already received. */

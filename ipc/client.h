@@ -18,7 +18,8 @@
  * dropped and reported to the daemon as a LEASE_REVOKE), sends again every event the
  * old coordinator did not ACK (PUBLISHED, TRAINED, CHECKPOINTED), and asks again for
  * leases still wanted. Events are therefore delivered at least once; the coordinator
- * applies them idempotently.
+ * applies them idempotently. With client_opts.stop_note, a coordinator that ended the
+ * cluster meanwhile shows up as a pushed CONTROL STOP.
  *
  * Targets: lease a batch with client_lease_request(); grants arrive as LEASE_GRANT
  * whose samples stay valid (client-owned) until the lease is published or returned.
@@ -45,6 +46,10 @@ struct client_opts {
     int connect_timeout_ms;     /* client_open keeps trying this long (0 = one attempt) */
     int reply_timeout_ms;       /* wait for WELCOME / REPLY (0 = 5000) */
     int reconnect_ms;           /* between reconnect attempts (0 = 100) */
+    /* Targets and drafters: when a reconnect finds no coordinator but its stop note
+     * (ipc/stopnote.h), the cluster ended while this client was away and missed its STOP.
+     * The client stops reconnecting and hands the daemon a CONTROL STOP carrying the note. */
+    int stop_note;
 };
 
 struct client_lease {
@@ -72,6 +77,9 @@ void client_free(struct client *c);         /* NULL is fine */
 
 const struct proto_welcome *client_welcome(const struct client *c);
 int client_connected(const struct client *c);
+/* 1 once a reconnect found the stop note (client_opts.stop_note): no coordinator will hear from
+ * this client again, so events still unacknowledged never will be. */
+int client_ended(const struct client *c);
 int client_fd(const struct client *c);      /* -1 while disconnected */
 void client_get_stats(const struct client *c, struct client_stats *st);
 

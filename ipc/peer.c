@@ -1,7 +1,6 @@
 /* peer.c: see peer.h. */
 #include "ipc/peer.h"
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -9,6 +8,7 @@
 #include "common/log.h"
 #include "common/timeutil.h"
 #include "ipc/proto.h"
+#include "ipc/stopnote.h"
 
 int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struct client **out, char *err,
                              size_t errlen)
@@ -16,7 +16,8 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
     char name[PROTO_NAME_MAX];
     snprintf(name, sizeof name, "%s", d->ident);
     struct client_opts o = { .socket_path = sock, .role = role, .device = d->index, .name = name,
-                             .connect_timeout_ms = 0, .reply_timeout_ms = 10000, .reconnect_ms = 200 };
+                             .connect_timeout_ms = 0, .reply_timeout_ms = 10000, .reconnect_ms = 200,
+                             .stop_note = 1 };
     uint64_t deadline = mono_ms() + 5ull * (uint64_t)d->cfg.coordinator.dead_after_ms + 30000;
     int r, warned = 0;
     for (;;) {
@@ -27,7 +28,7 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
                        r != -ECONNRESET && r != -DF_ETIMEOUT))
             return r;
         char why[160];
-        if (peer_stop_note_read(sock, why, sizeof why)) {
+        if (stop_note_read(sock, why, sizeof why)) {
             snprintf(err, errlen, "the coordinator has ended the cluster (%s)", why);
             return -ESHUTDOWN;
         }
@@ -64,59 +65,4 @@ int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t err
         usleep(20000);
     }
     return r;
-}
-
-static int note_path(char *path, size_t n, const char *sock, const char *suffix)
-{
-    return snprintf(path, n, "%s.stopped%s", sock, suffix) < (int)n ? 0 : -ENAMETOOLONG;
-}
-
-int peer_stop_note_write(const char *sock, const char *reason, gid_t gid)
-{
-    char path[4096], tmp[4096];
-    if (note_path(path, sizeof path, sock, "") < 0 || note_path(tmp, sizeof tmp, sock, ".tmp") < 0)
-        return -ENAMETOOLONG;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return -errno;
-    char line[256];
-    int len = snprintf(line, sizeof line, "%s\n", reason && reason[0] ? reason : "stopped");
-    if (len >= (int)sizeof line) {
-        line[sizeof line - 2] = '\n';
-        len = (int)sizeof line - 1;
-    }
-    int r = write(fd, line, (size_t)len) == len ? 0 : -EIO;
-    if (r == 0 && gid != (gid_t)-1 && fchown(fd, (uid_t)-1, gid) < 0)    /* readable as the socket is */
-        r = -errno;
-    if (close(fd) < 0 && r == 0)
-        r = -errno;
-    if (r == 0 && rename(tmp, path) < 0)
-        r = -errno;
-    if (r < 0)
-        unlink(tmp);
-    return r;
-}
-
-void peer_stop_note_clear(const char *sock)
-{
-    char path[4096];
-    if (note_path(path, sizeof path, sock, "") == 0)
-        unlink(path);
-}
-
-int peer_stop_note_read(const char *sock, char *why, size_t n)
-{
-    char path[4096];
-    if (n == 0 || note_path(path, sizeof path, sock, "") < 0)
-        return 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t k = read(fd, why, n - 1);
-    close(fd);
-    why[k > 0 ? k : 0] = 0;
-    why[strcspn(why, "\n")] = 0;
-    if (!why[0])
-        snprintf(why, n, "stopped");
-    return 1;
 }

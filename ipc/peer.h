@@ -2,7 +2,6 @@
  * it to come up, the watchdog fed meanwhile) and attach the ring its WELCOME names. */
 #pragma once
 #include <stddef.h>
-#include <sys/types.h>
 #include "common/daemon.h"
 #include "ipc/client.h"
 #include "ipc/ring.h"
@@ -11,7 +10,7 @@
  * (-ENOENT, -ECONNREFUSED, -EAGAIN) or the connection is lost or unanswered during the HELLO
  * (-EPIPE, -ECONNRESET, -DF_ETIMEOUT) retry every 200 ms for up to 5 x coordinator.dead_after_ms
  * + 30 s or until a stop signal; any other error returns at once. -ESHUTDOWN (err says why):
- * there is no coordinator because it stopped the cluster (its stop note is there, see below),
+ * there is no coordinator because it stopped the cluster (its stop note is there, ipc/stopnote.h),
  * so a daemon started after the end has nothing to do, as if it had been told STOP. */
 int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struct client **out, char *err,
                              size_t errlen);
@@ -25,12 +24,3 @@ int peer_connect_failed(struct daemon *d, const char *sock, int r, const char *e
 /* Attach the ring named in the coordinator's WELCOME (any mode), retrying for up to 2 s while
  * it is being created (-EAGAIN). */
 int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen);
-
-/* The coordinator's stop note, "<socket>.stopped" (one line: the reason): written when it ends
- * the cluster (the run is complete, an operator's drain or stop, a fatal error), removed when a
- * coordinator starts (right after it takes its lock). A coordinator that dies leaves none, and
- * daemons keep waiting for it to come back. Group gid (the socket's), mode 0644 & umask. */
-int peer_stop_note_write(const char *sock, const char *reason, gid_t gid);   /* gid -1: keep */
-void peer_stop_note_clear(const char *sock);
-/* 1 and the reason in why when the note is there, else 0. */
-int peer_stop_note_read(const char *sock, char *why, size_t n);

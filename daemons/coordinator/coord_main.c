@@ -13,7 +13,7 @@
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
 #include "ipc/net.h"
-#include "ipc/peer.h"
+#include "ipc/stopnote.h"
 #include "ipc/ring.h"
 
 static struct coord g_co;
@@ -160,7 +160,7 @@ int main(int argc, char **argv)
     }
     /* The lock says no other coordinator runs: the last one's stop note is stale from here on
      * (daemons that find no socket now wait for this one). */
-    peer_stop_note_clear(co->socket_path);
+    stop_note_clear(co->socket_path);
     if (mkdir(cfg->cluster.state_dir, 0750) < 0 && errno != EEXIST)
         log_warn(-errno, "state_dir %s", cfg->cluster.state_dir);
 
@@ -227,7 +227,7 @@ int main(int argc, char **argv)
         char note[sizeof co->reason + 48];
         snprintf(note, sizeof note, "%.32s%s%.*s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "",
                  (int)sizeof co->reason - 1, co->reason);
-        if ((r = peer_stop_note_write(co->socket_path, note, co->allowed_gid)) < 0)
+        if ((r = stop_note_write(co->socket_path, note, co->allowed_gid)) < 0)
             log_warn(r, "stop note beside %s", co->socket_path);
     }
 out:

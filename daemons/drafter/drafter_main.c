@@ -541,7 +541,7 @@ static void flush_events(struct dft *f, uint64_t ms)
     struct client_stats st;
     for (;;) {
         client_get_stats(f->cl, &st);
-        if (!st.outbox || mono_ms() > deadline || daemon_stop_requested() > 1)
+        if (!st.outbox || client_ended(f->cl) || mono_ms() > deadline || daemon_stop_requested() > 1)
             return;
         struct proto_msg m;
         char err[256];
@@ -1356,7 +1356,9 @@ int main(int argc, char **argv)
                                  f->accept_len, f->tokens_per_s, f->rank, f->world);
         }
     }
-    if (f->stop_now && f->in_group)
+    /* After a STOP read from the stop note no coordinator is left to record a checkpoint, and
+     * one outside the ledger's lineage is never loaded: none is written. */
+    if (f->stop_now && f->in_group && !client_ended(f->cl))
         checkpoint(f, "stop", 1);
     ckpt_collect(f, 1);
     daemon_notify_stopping(&f->d, "leaving at step %" PRId64, step_count(f));

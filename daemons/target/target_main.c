@@ -569,7 +569,7 @@ static void flush_events(struct tgt *t, uint64_t ms)
     struct client_stats st;
     for (;;) {
         client_get_stats(t->cl, &st);
-        if (!st.outbox || mono_ms() > deadline || daemon_stop_requested() > 1)
+        if (!st.outbox || client_ended(t->cl) || mono_ms() > deadline || daemon_stop_requested() > 1)
             return;
         struct proto_msg m;
         char err[256];
