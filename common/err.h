@@ -3,6 +3,10 @@
 #pragma once
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum {
     DF_EBASE = 10000,
     DF_EMAGIC,      /* object is not a dflash object (bad magic) */
@@ -30,3 +34,7 @@ const char *err_str(int r);
 /* Fill err (when err && errlen) with the printf-style message and return code: the
  * `return df_fail(err, errlen, -DF_EFORMAT, "%s: ...", path, ...)` of library errors. */
 int df_fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+#ifdef __cplusplus
+}
+#endif

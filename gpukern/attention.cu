@@ -4,6 +4,7 @@
 #include <math.h>
 #include "gpukern/attention.h"
 #include "gpukern/gk_impl.cuh"
+#include "gpukern/mma.cuh"
 
 /* ---- simple kernel ---------------------------------------------------------------------- */
 
@@ -67,47 +68,6 @@ __global__ void attn_simple(const bf16 *q, long qs, const bf16 *k, long ks, cons
 /* ---- tensor-core kernel ----------------------------------------------------------------- */
 
 enum { BM = 64, BN = 64, WARPS = 4, PAD = 8 };
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
-{
-    int n = valid ? 16 : 0;  /* 0: zero-fill the 16 bytes */
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-/* c[16x8] += a[16x16] b[16x8], bf16 inputs, fp32 accumulators. */
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
 
 /* Copy rows [row0, row0+64) of one head (row stride `stride`) into a padded smem tile;
  * rows at or past `len` are zero-filled. */
@@ -188,8 +148,8 @@ attn_mma(const bf16 *q, long qs, const bf16 *k, long ks, const bf16 *v, long vs,
                 uint32_t b[4];
                 int r = np * 16 + ri + (mi >> 1) * 8, c = kk * 16 + (mi & 1) * 8;
                 ldsm_x4(b, smem_u32(tK + r * LDS + c));
-                mma_bf16(s[2 * np], qf[kk], b[0], b[1]);
-                mma_bf16(s[2 * np + 1], qf[kk], b[2], b[3]);
+                mma16816(s[2 * np], qf[kk], b[0], b[1]);
+                mma16816(s[2 * np + 1], qf[kk], b[2], b[3]);
             }
         }
 
@@ -239,17 +199,17 @@ attn_mma(const bf16 *q, long qs, const bf16 *k, long ks, const bf16 *v, long vs,
 #pragma unroll
         for (int kt = 0; kt < BN / 16; kt++) {
             uint32_t pa[4];
-            pa[0] = pack_bf16(s[2 * kt][0], s[2 * kt][1]);
-            pa[1] = pack_bf16(s[2 * kt][2], s[2 * kt][3]);
-            pa[2] = pack_bf16(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-            pa[3] = pack_bf16(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+            pa[0] = pack_bf16x2(s[2 * kt][0], s[2 * kt][1]);
+            pa[1] = pack_bf16x2(s[2 * kt][2], s[2 * kt][3]);
+            pa[2] = pack_bf16x2(s[2 * kt + 1][0], s[2 * kt + 1][1]);
+            pa[3] = pack_bf16x2(s[2 * kt + 1][2], s[2 * kt + 1][3]);
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t b[4];
                 int r = kt * 16 + ri + (mi & 1) * 8, c = dp * 16 + (mi >> 1) * 8;
                 ldsm_x4_t(b, smem_u32(tV + r * LDS + c));
-                mma_bf16(o[2 * dp], pa, b[0], b[1]);
-                mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+                mma16816(o[2 * dp], pa, b[0], b[1]);
+                mma16816(o[2 * dp + 1], pa, b[2], b[3]);
             }
         }
     }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include "gpukern/dflash_attn.h"
 #include "gpukern/gk_impl.cuh"
+#include "gpukern/mma.cuh"
 #include "gpukern/wgmma.cuh"
 
 namespace {
@@ -397,43 +398,6 @@ __global__ void __launch_bounds__(NT) bwd_kv_kernel(gk_dflash_attn a, gk_dflash_
 constexpr int MB = 64, MW = 4, MPAD = 8;    /* rows per CTA (= keys per tile KT), warps, smem row pad */
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid)
-{
-    int n = valid ? 16 : 0;     /* 0: the 16 bytes are zero-filled, nothing is read */
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_group1() { asm volatile("cp.async.wait_group 1;\n" ::); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-
-/* c[16x8] += a[16x16] b[16x8] */
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack2(float lo, float hi)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
-
 /* nrows rows of a [*, HD + MPAD] smem tile from rowptr(r) (NULL: zeros), asynchronously, by
  * threads tid of nthr (default: the CTA's MW warps). */
 template <int HD, typename F>
@@ -476,8 +440,8 @@ __device__ __forceinline__ void mma_pv(float (*acc)[4], const float (*p)[4], con
     constexpr int LDS = HD + MPAD;
 #pragma unroll
     for (int kt = 0; kt < MB / 16; kt++) {
-        uint32_t pa[4] = { pack2(p[2 * kt][0], p[2 * kt][1]), pack2(p[2 * kt][2], p[2 * kt][3]),
-                           pack2(p[2 * kt + 1][0], p[2 * kt + 1][1]), pack2(p[2 * kt + 1][2], p[2 * kt + 1][3]) };
+        uint32_t pa[4] = { pack_bf16x2(p[2 * kt][0], p[2 * kt][1]), pack_bf16x2(p[2 * kt][2], p[2 * kt][3]),
+                           pack_bf16x2(p[2 * kt + 1][0], p[2 * kt + 1][1]), pack_bf16x2(p[2 * kt + 1][2], p[2 * kt + 1][3]) };
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp++) {
             uint32_t b[4];
@@ -1167,10 +1131,10 @@ __global__ void __launch_bounds__(KV_WG * MW * 32, 1) bwd_kv_wg(gk_dflash_attn a
                 p[e] = kvis[e >> 1] && col < rows ? exp2f(fmaf(st[nt * 4 + e], sl2, -LOG2E * lse_s[col])) : 0.f;
                 ds[e] = p[e] * (dpt[nt * 4 + e] - dl_s[col]);
             }
-            pa[nt >> 1][(nt & 1) * 2] = pack2(p[0], p[1]);
-            pa[nt >> 1][(nt & 1) * 2 + 1] = pack2(p[2], p[3]);
-            sa[nt >> 1][(nt & 1) * 2] = pack2(ds[0], ds[1]);
-            sa[nt >> 1][(nt & 1) * 2 + 1] = pack2(ds[2], ds[3]);
+            pa[nt >> 1][(nt & 1) * 2] = pack_bf16x2(p[0], p[1]);
+            pa[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16x2(p[2], p[3]);
+            sa[nt >> 1][(nt & 1) * 2] = pack_bf16x2(ds[0], ds[1]);
+            sa[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16x2(ds[2], ds[3]);
         }
         wg_fence();
 #pragma unroll
@@ -1298,10 +1262,10 @@ __global__ void __launch_bounds__(MW * 32, 2) fwd_wg(gk_dflash_attn a)
         uint32_t pa[MB / 16][4];
 #pragma unroll
         for (int kt = 0; kt < MB / 16; kt++) {
-            pa[kt][0] = pack2(s[8 * kt], s[8 * kt + 1]);
-            pa[kt][1] = pack2(s[8 * kt + 2], s[8 * kt + 3]);
-            pa[kt][2] = pack2(s[8 * kt + 4], s[8 * kt + 5]);
-            pa[kt][3] = pack2(s[8 * kt + 6], s[8 * kt + 7]);
+            pa[kt][0] = pack_bf16x2(s[8 * kt], s[8 * kt + 1]);
+            pa[kt][1] = pack_bf16x2(s[8 * kt + 2], s[8 * kt + 3]);
+            pa[kt][2] = pack_bf16x2(s[8 * kt + 4], s[8 * kt + 5]);
+            pa[kt][3] = pack_bf16x2(s[8 * kt + 6], s[8 * kt + 7]);
         }
 #pragma unroll
         for (int dt = 0; dt < HD / 8; dt++) {
@@ -1383,8 +1347,8 @@ __global__ void __launch_bounds__(MW * 32, 2) bwd_q_wg(gk_dflash_attn a, gk_dfla
                 const float p = key < nk ? exp2f(fmaf(s[nt * 4 + e], sl2, nl2[hr])) : 0.f;
                 ds[e] = p * (dp[nt * 4 + e] - dl[hr]);
             }
-            sa[nt >> 1][(nt & 1) * 2] = pack2(ds[0], ds[1]);
-            sa[nt >> 1][(nt & 1) * 2 + 1] = pack2(ds[2], ds[3]);
+            sa[nt >> 1][(nt & 1) * 2] = pack_bf16x2(ds[0], ds[1]);
+            sa[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16x2(ds[2], ds[3]);
         }
         wg_fence();
 #pragma unroll

@@ -1,7 +1,6 @@
 /* nccl_coll.c: NCCL communicator of the drafter group in non-blocking mode, so that joining and
  * waiting are bounded by a timeout and a stalled peer ends in an abort rather than a hang. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,18 +9,6 @@
 #include "common/err.h"
 #include "common/timeutil.h"
 #include "ipc/nccl_coll.h"
-
-__attribute__((format(printf, 4, 5)))
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 #ifdef DFLASH_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -57,7 +44,7 @@ int nccl_coll_make_id(uint8_t id[NCCL_COLL_ID_BYTES], char *err, size_t errlen)
     ncclUniqueId u;
     ncclResult_t r = ncclGetUniqueId(&u);
     if (r != ncclSuccess)
-        return fail(err, errlen, -DF_ECUDA, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+        return df_fail(err, errlen, -DF_ECUDA, "ncclGetUniqueId: %s", ncclGetErrorString(r));
     memcpy(id, &u, sizeof u);
     return 0;
 }
@@ -86,13 +73,13 @@ static int settle(struct nccl_coll *c, uint64_t deadline, const char *what, char
         if (st == ncclSuccess)
             return 0;
         if (st != ncclInProgress) {
-            int code = fail(err, errlen, -DF_ECUDA, "nccl rank %d/%d: %s: %s (%s)", c->rank, c->world, what,
+            int code = df_fail(err, errlen, -DF_ECUDA, "nccl rank %d/%d: %s: %s (%s)", c->rank, c->world, what,
                             ncclGetErrorString(st), ncclGetLastError(c->comm));
             nccl_coll_abort(c, code);
             return code;
         }
         if (mono_ns() >= deadline) {
-            int code = fail(err, errlen, -DF_ETIMEOUT, "nccl rank %d/%d: %s: not done after %d ms", c->rank,
+            int code = df_fail(err, errlen, -DF_ETIMEOUT, "nccl rank %d/%d: %s: not done after %d ms", c->rank,
                             c->world, what, c->timeout_ms);
             nccl_coll_abort(c, code);
             return code;
@@ -106,12 +93,12 @@ int nccl_coll_open(struct nccl_coll **out, const uint8_t id[NCCL_COLL_ID_BYTES],
 {
     *out = NULL;
     if (!id || world < 1 || rank < 0 || rank >= world || device < 0)
-        return fail(err, errlen, -EINVAL, "nccl_coll_open: rank %d of world %d on device %d", rank, world, device);
+        return df_fail(err, errlen, -EINVAL, "nccl_coll_open: rank %d of world %d on device %d", rank, world, device);
     /* NVLink multicast can take the host's GPUs out of service: off unless asked for */
     setenv("NCCL_NVLS_ENABLE", "0", 0);
     cudaError_t ce = cudaSetDevice(device);
     if (ce != cudaSuccess)
-        return fail(err, errlen, -DF_ECUDA, "nccl_coll_open: cudaSetDevice(%d): %s", device, cudaGetErrorString(ce));
+        return df_fail(err, errlen, -DF_ECUDA, "nccl_coll_open: cudaSetDevice(%d): %s", device, cudaGetErrorString(ce));
     struct nccl_coll *c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
@@ -125,7 +112,7 @@ int nccl_coll_open(struct nccl_coll **out, const uint8_t id[NCCL_COLL_ID_BYTES],
     cfg.blocking = 0;
     ncclResult_t r = ncclCommInitRankConfig(&c->comm, world, u, rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
-        int code = fail(err, errlen, -DF_ECUDA, "ncclCommInitRankConfig rank %d/%d device %d: %s", rank, world,
+        int code = df_fail(err, errlen, -DF_ECUDA, "ncclCommInitRankConfig rank %d/%d device %d: %s", rank, world,
                         device, ncclGetErrorString(r));
         if (c->comm)
             ncclCommAbort(c->comm);
@@ -241,7 +228,7 @@ int nccl_coll_available(void) { return 0; }
 int nccl_coll_make_id(uint8_t id[NCCL_COLL_ID_BYTES], char *err, size_t errlen)
 {
     (void)id;
-    return fail(err, errlen, -DF_EUNSUPPORTED, "nccl_coll: built without NCCL");
+    return df_fail(err, errlen, -DF_EUNSUPPORTED, "nccl_coll: built without NCCL");
 }
 
 int nccl_coll_open(struct nccl_coll **out, const uint8_t id[NCCL_COLL_ID_BYTES], int rank, int world,
@@ -249,7 +236,7 @@ int nccl_coll_open(struct nccl_coll **out, const uint8_t id[NCCL_COLL_ID_BYTES],
 {
     (void)id; (void)rank; (void)world; (void)device; (void)timeout_ms;
     *out = NULL;
-    return fail(err, errlen, -DF_EUNSUPPORTED, "nccl_coll: built without NCCL");
+    return df_fail(err, errlen, -DF_EUNSUPPORTED, "nccl_coll: built without NCCL");
 }
 
 int nccl_coll_allreduce_sum(struct nccl_coll *c, float *f32, size_t n, double *f64, size_t n64, void *stream)

@@ -5,7 +5,6 @@
  * adjacent in the parameter layout, so each is one GEMM (and one weight-gradient GEMM) here. */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,18 +133,6 @@ struct drafter_cuda {
 };
 
 enum { RES_EMPTY = 0, RES_PENDING, RES_DONE };
-
-__attribute__((format(printf, 4, 5)))
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 #define TRY(x) do { int r_ = (x); if (r_ < 0) return r_; } while (0)
 #define CU(x) do { if ((x) != cudaSuccess) return -DF_ECUDA; } while (0)
@@ -364,15 +351,15 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     int hd = k->head_dim;
     if (k->hidden_size % 8 || k->hidden_size > 16384 || k->intermediate_size % 8 ||
         (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256) || k->block_size > GK_DFLASH_KEY_TILE)
-        return fail(err, errlen, -DF_EUNSUPPORTED,
+        return df_fail(err, errlen, -DF_EUNSUPPORTED,
                     "drafter_cuda: hidden_size %d (<= 16384) and intermediate_size %d must be multiples of 8, "
                     "head_dim %d one of 16/32/64/128/256, block_size %d <= %d", k->hidden_size,
                     k->intermediate_size, hd, k->block_size, GK_DFLASH_KEY_TILE);
     if (max_tokens < 2 || max_blocks < 1)
-        return fail(err, errlen, -DF_ERANGE, "drafter_cuda: max_tokens %d / max_blocks %d too small",
+        return df_fail(err, errlen, -DF_ERANGE, "drafter_cuda: max_tokens %d / max_blocks %d too small",
                     max_tokens, max_blocks);
     if ((!opts->embed_bf16 && !host->embed) || (!opts->lm_head_bf16 && !host->lm_head))
-        return fail(err, errlen, -EINVAL, "drafter_cuda: the target's embedding and LM head are required");
+        return df_fail(err, errlen, -EINVAL, "drafter_cuda: the target's embedding and LM head are required");
 
     struct drafter_cuda *dc = (struct drafter_cuda *)calloc(1, sizeof *dc);
     if (!dc)
@@ -433,7 +420,7 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
         size_t H = (size_t)dc->H;
         if (o->k != o->q + (size_t)dc->qd * H || o->v != o->k + (size_t)dc->kvd * H ||
             o->up != o->gate + (size_t)dc->I * H) {
-            r = fail(err, errlen, -DF_ELAYOUT, "drafter_cuda: layer %d: q/k/v or gate/up not adjacent", l);
+            r = df_fail(err, errlen, -DF_ELAYOUT, "drafter_cuda: layer %d: q/k/v or gate/up not adjacent", l);
             goto fail;
         }
     }
@@ -441,13 +428,13 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     if (cudaSetDevice(dc->device) != cudaSuccess ||
         cudaStreamCreateWithFlags(&dc->stream, cudaStreamNonBlocking) != cudaSuccess) {
         dc->stream = NULL;
-        r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: device %d: %s", dc->device,
+        r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: device %d: %s", dc->device,
                  cudaGetErrorString(cudaGetLastError()));
         goto fail;
     }
     if (cudaStreamCreateWithFlags(&dc->copy, cudaStreamNonBlocking) != cudaSuccess) {
         dc->copy = NULL;
-        r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: device %d: copy stream: %s", dc->device,
+        r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: device %d: copy stream: %s", dc->device,
                  cudaGetErrorString(cudaGetLastError()));
         goto fail;
     }
@@ -480,7 +467,7 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
         size_t n = dc->n_params, na = (n + 63) & ~(size_t)63, state = 4 * na * sizeof(float) + na * 2 + 256;
         if (cudaMalloc(&dc->state_mem, state) != cudaSuccess) {
             dc->state_mem = NULL;
-            r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for parameters, gradients and moments",
+            r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for parameters, gradients and moments",
                      state);
             goto fail;
         }
@@ -497,7 +484,7 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
         if (need) {
             if (cudaMalloc(&dc->frozen_mem, need * 2) != cudaSuccess) {
                 dc->frozen_mem = NULL;
-                r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for the embedding / LM head", need * 2);
+                r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for the embedding / LM head", need * 2);
                 goto fail;
             }
         }
@@ -525,7 +512,7 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
         layout_acts(dc, &c);
         if (cudaMalloc(&dc->act_mem, c.off) != cudaSuccess) {
             dc->act_mem = NULL;
-            r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for activations (%d tokens, %d blocks)",
+            r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for activations (%d tokens, %d blocks)",
                      c.off, max_tokens, max_blocks);
             goto fail;
         }
@@ -538,12 +525,12 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
         layout_host(dc, &ch);
         if (cudaMalloc(&dc->meta_dev, cm.off) != cudaSuccess) {
             dc->meta_dev = NULL;
-            r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for batch metadata", cm.off);
+            r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for batch metadata", cm.off);
             goto fail;
         }
         if (cudaMallocHost(&dc->meta_host, ch.off) != cudaSuccess) {
             dc->meta_host = NULL;
-            r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMallocHost(%zu) for batch staging", ch.off);
+            r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMallocHost(%zu) for batch staging", ch.off);
             goto fail;
         }
         cm = (struct carver){ (char *)dc->meta_dev, 0 };
@@ -572,18 +559,18 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     }
     if ((r = drafter_cuda_load_from_host(dc, host)) < 0) {
         if (r != -DF_ECUDA)
-            fail(err, errlen, r, "drafter_cuda: the host drafter's layout does not match");
+            df_fail(err, errlen, r, "drafter_cuda: the host drafter's layout does not match");
         goto fail_cuda;
     }
     *out = dc;
     return 0;
 fail_cuda:
     if (r >= 0 || (r == -DF_ECUDA && err && !err[0]))
-        r = fail(err, errlen, -DF_ECUDA, "drafter_cuda: uploading the drafter: %s",
+        r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: uploading the drafter: %s",
                  cudaGetErrorString(cudaGetLastError()));
 fail:
     if (r == -ENOMEM && err && !err[0])
-        fail(err, errlen, r, "drafter_cuda: out of memory");
+        df_fail(err, errlen, r, "drafter_cuda: out of memory");
     drafter_cuda_free(dc);
     return r;
 }

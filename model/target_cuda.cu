@@ -2,7 +2,6 @@
  * and residual stream, gpukern kernels, cuBLASLt GEMMs) and the double-buffered capture pipeline of target_cuda.h. */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,18 +46,6 @@ struct cuda_model {
     cudaEvent_t set_free[2];    /* recorded after the last copy that read a capture set */
     struct target_pipe *pipe;
 };
-
-__attribute__((format(printf, 4, 5)))
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
 
 static size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -114,7 +101,7 @@ static int upload_pieces(struct cuda_model *c, const struct loader *L, char *err
     for (int i = 0; i < 2; i++) {
         if (cudaHostAlloc((void **)&stage[i], chunk * 2, cudaHostAllocDefault) != cudaSuccess ||
             cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming) != cudaSuccess) {
-            r = fail(err, errlen, -DF_ECUDA, "pinned staging for the weights: %s",
+            r = df_fail(err, errlen, -DF_ECUDA, "pinned staging for the weights: %s",
                      cudaGetErrorString(cudaGetLastError()));
             goto out;
         }
@@ -128,17 +115,17 @@ static int upload_pieces(struct cuda_model *c, const struct loader *L, char *err
             for (int64_t first = 0; first < t->numel; first += (int64_t)chunk) {
                 int64_t n = t->numel - first < (int64_t)chunk ? t->numel - first : (int64_t)chunk;
                 if (cudaEventSynchronize(ev[b]) != cudaSuccess) {
-                    r = fail(err, errlen, -DF_ECUDA, "weight upload: %s", cudaGetErrorString(cudaGetLastError()));
+                    r = df_fail(err, errlen, -DF_ECUDA, "weight upload: %s", cudaGetErrorString(cudaGetLastError()));
                     goto out;
                 }
                 if ((r = st_read_bf16(t, first, n, stage[b])) < 0) {
-                    r = fail(err, errlen, r, "%s: tensor '%s': dtype %s cannot be converted to bf16", t->file,
+                    r = df_fail(err, errlen, r, "%s: tensor '%s': dtype %s cannot be converted to bf16", t->file,
                              t->name, st_dtype_name(t->dtype));
                     goto out;
                 }
                 if (cudaMemcpyAsync(dev, stage[b], (size_t)n * 2, cudaMemcpyHostToDevice, c->compute) != cudaSuccess ||
                     cudaEventRecord(ev[b], c->compute) != cudaSuccess) {
-                    r = fail(err, errlen, -DF_ECUDA, "weight upload of '%s': %s", t->name,
+                    r = df_fail(err, errlen, -DF_ECUDA, "weight upload of '%s': %s", t->name,
                              cudaGetErrorString(cudaGetLastError()));
                     goto out;
                 }
@@ -148,7 +135,7 @@ static int upload_pieces(struct cuda_model *c, const struct loader *L, char *err
         }
     }
     if (cudaStreamSynchronize(c->compute) != cudaSuccess)
-        r = fail(err, errlen, -DF_ECUDA, "weight upload: %s", cudaGetErrorString(cudaGetLastError()));
+        r = df_fail(err, errlen, -DF_ECUDA, "weight upload: %s", cudaGetErrorString(cudaGetLastError()));
 out:
     cudaStreamSynchronize(c->compute);
     for (int i = 0; i < 2; i++) {
@@ -195,7 +182,7 @@ static int dev_alloc(void **p, size_t bytes, const char *what, const struct targ
     cudaError_t e = cudaMalloc(p, bytes ? bytes : 256);
     if (e != cudaSuccess) {
         *p = NULL;
-        return fail(err, errlen, -DF_ECUDA, "%s: cudaMalloc of %zu MiB for %s on device %d: %s", m->dir,
+        return df_fail(err, errlen, -DF_ECUDA, "%s: cudaMalloc of %zu MiB for %s on device %d: %s", m->dir,
                     bytes >> 20, what, m->device, cudaGetErrorString(e));
     }
     return 0;
@@ -209,7 +196,7 @@ static int cuda_open(struct target *m, char *err, size_t errlen)
     const size_t QKVD = (size_t)(NH + 2 * NKV) * D, T = (size_t)m->max_tokens;
     int r;
     if (H % 8 || D % 8 || FF % 8 || D > 256)
-        return fail(err, errlen, -DF_EUNSUPPORTED,
+        return df_fail(err, errlen, -DF_EUNSUPPORTED,
                     "%s/config.json: the CUDA backend needs hidden_size, head_dim, intermediate_size "
                     "divisible by 8 and head_dim <= 256 (got %d, %d, %d)", m->dir, H, D, FF);
     struct cuda_model *c = (struct cuda_model *)calloc(1, sizeof *c);
@@ -219,12 +206,12 @@ static int cuda_open(struct target *m, char *err, size_t errlen)
     c->device = m->device;
     cudaError_t e = cudaSetDevice(m->device);
     if (e != cudaSuccess)
-        return fail(err, errlen, -DF_ECUDA, "%s: cudaSetDevice(%d): %s", m->dir, m->device, cudaGetErrorString(e));
+        return df_fail(err, errlen, -DF_ECUDA, "%s: cudaSetDevice(%d): %s", m->dir, m->device, cudaGetErrorString(e));
     if (cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->set_free[0], cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&c->set_free[1], cudaEventDisableTiming) != cudaSuccess)
-        return fail(err, errlen, -DF_ECUDA, "%s: CUDA streams/events on device %d: %s", m->dir, m->device,
+        return df_fail(err, errlen, -DF_ECUDA, "%s: CUDA streams/events on device %d: %s", m->dir, m->device,
                     cudaGetErrorString(cudaGetLastError()));
     if ((r = gk_gemm_create(&c->gemm, 0, err, errlen)) < 0)
         return r;
@@ -277,13 +264,13 @@ static int cuda_open(struct target *m, char *err, size_t errlen)
             sc.original_max_pos = cf->rope.original_max_position_embeddings;
         }
         if ((r = gk_rope_inv_freq(inv, D, cf->rope.theta, &sc)) < 0) {
-            r = fail(err, errlen, -DF_EFORMAT, "%s/config.json: rope parameters rejected", m->dir);
+            r = df_fail(err, errlen, -DF_EFORMAT, "%s/config.json: rope parameters rejected", m->dir);
             goto done;
         }
         if ((r = dev_alloc((void **)&c->inv_freq, D / 2 * sizeof(float), "rope", m, err, errlen)) < 0)
             goto done;
         if (cudaMemcpy(c->inv_freq, inv, D / 2 * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) {
-            r = fail(err, errlen, -DF_ECUDA, "%s: rope table upload failed", m->dir);
+            r = df_fail(err, errlen, -DF_ECUDA, "%s: rope table upload failed", m->dir);
             goto done;
         }
     }
@@ -442,7 +429,7 @@ int target_cuda_host_register(void *p, size_t bytes, char *err, size_t errlen)
 {
     cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
     if (e != cudaSuccess)
-        return fail(err, errlen, -DF_ECUDA, "cudaHostRegister(%p, %zu MiB): %s", p, bytes >> 20,
+        return df_fail(err, errlen, -DF_ECUDA, "cudaHostRegister(%p, %zu MiB): %s", p, bytes >> 20,
                     cudaGetErrorString(e));
     return 0;
 }
@@ -478,10 +465,10 @@ int target_pipe_create(struct target_pipe **out, struct target *m, char *err, si
 {
     *out = NULL;
     if (m->backend != TARGET_BACKEND_CUDA)
-        return fail(err, errlen, -DF_EUNSUPPORTED, "%s: the capture pipeline needs the CUDA backend", m->dir);
+        return df_fail(err, errlen, -DF_EUNSUPPORTED, "%s: the capture pipeline needs the CUDA backend", m->dir);
     struct cuda_model *c = (struct cuda_model *)m->impl;
     if (c->pipe)
-        return fail(err, errlen, -DF_ESTATE, "%s: this target already has a pipeline", m->dir);
+        return df_fail(err, errlen, -DF_ESTATE, "%s: this target already has a pipeline", m->dir);
     struct target_pipe *p = (struct target_pipe *)calloc(1, sizeof *p);
     if (!p)
         return -ENOMEM;
@@ -490,7 +477,7 @@ int target_pipe_create(struct target_pipe **out, struct target *m, char *err, si
     const size_t T = (size_t)m->max_tokens;
     int r = 0;
     if (cudaSetDevice(c->device) != cudaSuccess) {
-        r = fail(err, errlen, -DF_ECUDA, "cudaSetDevice(%d) failed", c->device);
+        r = df_fail(err, errlen, -DF_ECUDA, "cudaSetDevice(%d) failed", c->device);
         goto fail_free;
     }
     if (!c->cap[1] && (r = dev_alloc((void **)&c->cap[1], (size_t)m->n_ids * T * m->cfg.hidden_size * 2,
@@ -500,13 +487,13 @@ int target_pipe_create(struct target_pipe **out, struct target *m, char *err, si
         if (cudaHostAlloc((void **)&p->stage_tokens[i], T * 4, cudaHostAllocDefault) != cudaSuccess ||
             cudaHostAlloc((void **)&p->stage_cu[i], (T + 1) * 4, cudaHostAllocDefault) != cudaSuccess ||
             cudaEventCreateWithFlags(&p->staged[i], cudaEventDisableTiming) != cudaSuccess) {
-            r = fail(err, errlen, -DF_ECUDA, "pipeline staging: %s", cudaGetErrorString(cudaGetLastError()));
+            r = df_fail(err, errlen, -DF_ECUDA, "pipeline staging: %s", cudaGetErrorString(cudaGetLastError()));
             goto fail_free;
         }
     for (int i = 0; i < TARGET_PIPE_DEPTH; i++)
         if (cudaEventCreate(&p->q[i].fwd_start) != cudaSuccess || cudaEventCreate(&p->q[i].fwd_end) != cudaSuccess ||
             cudaEventCreate(&p->q[i].copy_start) != cudaSuccess || cudaEventCreate(&p->q[i].done) != cudaSuccess) {
-            r = fail(err, errlen, -DF_ECUDA, "pipeline events: %s", cudaGetErrorString(cudaGetLastError()));
+            r = df_fail(err, errlen, -DF_ECUDA, "pipeline events: %s", cudaGetErrorString(cudaGetLastError()));
             goto fail_free;
         }
     c->pipe = p;
