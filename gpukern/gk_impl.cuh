@@ -1,6 +1,6 @@
 /* gk_impl.cuh: device helpers shared by the gpukern .cu files (not a public header).
- * 16-byte vector access of 8 bf16, warp reductions, alignment checks for launchers, a per-device
- * answer looked up once. */
+ * 16-byte vector access of 8 bf16, warp reductions, the RoPE kernels' lane layout, alignment checks
+ * for launchers, a per-device answer looked up once. */
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -35,6 +35,36 @@ __device__ __forceinline__ float warp_sum(float x)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
+}
+
+/* The RoPE kernels (rope.cu forward, norm_bwd.cu's q/k backward) take a token's heads a warp at a
+ * time: lane l owns the rotation pairs (i, i + half) for i = 2l + 64k, k < KS, two at a time. */
+
+/* sin and cos of pos * inv_freq[i] and [i + 1] for the lane's pairs (accurate sincosf). */
+template <int KS>
+__device__ __forceinline__ void rope_sincos(float pos, const float *inv_freq, int half, int lane, float2 sn[KS],
+                                            float2 cs[KS])
+{
+#pragma unroll
+    for (int k = 0; k < KS; k++) {
+        const int i = 2 * lane + 64 * k;
+        if (i >= half) continue;
+        sincosf(pos * inv_freq[i], &sn[k].x, &cs[k].x);
+        sincosf(pos * inv_freq[i + 1], &sn[k].y, &cs[k].y);
+    }
+}
+
+/* The lane's pairs of a bf16 row of 2 * half values: first half in a, second half in b. */
+template <int KS>
+__device__ __forceinline__ void rope_load_pairs(const bf16 *row, int half, int lane, float2 a[KS], float2 b[KS])
+{
+#pragma unroll
+    for (int k = 0; k < KS; k++) {
+        const int i = 2 * lane + 64 * k;
+        if (i >= half) continue;
+        a[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(row + i));
+        b[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(row + half + i));
+    }
 }
 
 /* 16-byte aligned pointer and a row stride that keeps every row 16-byte aligned. */

@@ -132,13 +132,8 @@ qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *
     const long n = (long)n_tokens * groups;
     float2 acc_a[KS], acc_b[KS], wa[KS], wb[KS];
 #pragma unroll
-    for (int k = 0; k < KS; k++) {
-        const int i = 2 * lane + 64 * k;
-        acc_a[k] = acc_b[k] = make_float2(0.f, 0.f);
-        if (i >= half) continue;
-        wa[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(w + i));
-        wb[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(w + half + i));
-    }
+    for (int k = 0; k < KS; k++) acc_a[k] = acc_b[k] = make_float2(0.f, 0.f);
+    rope_load_pairs<KS>(w, half, lane, wa, wb);
     for (long item = (long)blockIdx.x * WARPS + warp; item < n; item += (long)gridDim.x * WARPS) {
         const long t = item / groups;
         const int h0 = (int)(item - t * groups) * R, nh = min(R, n_heads - h0);
@@ -162,15 +157,8 @@ qknorm_rope_bwd_kernel(const float *dy, long dys, const bf16 *x, long xs, bf16 *
                 gb[j][k] = *(const float2 *)(dyt + j * hd + half + i);
             }
         }
-        const float p = (float)pos[t];
         float2 sn[KS], cs[KS];
-#pragma unroll
-        for (int k = 0; k < KS; k++) {
-            const int i = 2 * lane + 64 * k;
-            if (i >= half) continue;
-            sincosf(p * inv_freq[i], &sn[k].x, &cs[k].x);
-            sincosf(p * inv_freq[i + 1], &sn[k].y, &cs[k].y);
-        }
+        rope_sincos<KS>((float)pos[t], inv_freq, half, lane, sn, cs);
 #pragma unroll
         for (int j = 0; j < R; j++) {
             if (j >= nh) continue;

@@ -77,33 +77,13 @@ rope_kernel(const bf16 *src, long src_stride, bf16 *dst, long dst_stride, int n_
 #pragma unroll
     for (int j = 0; j < R; j++) {
         if (j >= nh) continue;
-#pragma unroll
-        for (int k = 0; k < KS; k++) {
-            const int i = 2 * lane + 64 * k;
-            if (i >= half) continue;
-            a[j][k] = __bfloat1622float2(*(const __nv_bfloat162 *)(xt + j * head_dim + i));
-            b[j][k] = __bfloat1622float2(*(const __nv_bfloat162 *)(xt + j * head_dim + half + i));
-        }
+        rope_load_pairs<KS>(xt + j * head_dim, half, lane, a[j], b[j]);
     }
-    const float p = (float)pos[t];
     float2 sn[KS], cs[KS];
-#pragma unroll
-    for (int k = 0; k < KS; k++) {
-        const int i = 2 * lane + 64 * k;
-        if (i >= half) continue;
-        sincosf(p * inv_freq[i], &sn[k].x, &cs[k].x);
-        sincosf(p * inv_freq[i + 1], &sn[k].y, &cs[k].y);
-    }
+    rope_sincos<KS>((float)pos[t], inv_freq, half, lane, sn, cs);
     float2 wa[KS], wb[KS];
-    if (norm_w) {
-#pragma unroll
-        for (int k = 0; k < KS; k++) {
-            const int i = 2 * lane + 64 * k;
-            if (i >= half) continue;
-            wa[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(norm_w + i));
-            wb[k] = __bfloat1622float2(*(const __nv_bfloat162 *)(norm_w + half + i));
-        }
-    }
+    if (norm_w)
+        rope_load_pairs<KS>(norm_w, half, lane, wa, wb);
 #pragma unroll
     for (int j = 0; j < R; j++) {
         if (j >= nh) continue;
