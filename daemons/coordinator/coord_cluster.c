@@ -268,6 +268,34 @@ static const int state_push[PROTO_STATE_MAX] = {
     [PROTO_STATE_FAILED] = PROTO_CTL_STOP,
 };
 
+/* The state a restarted coordinator resumes in (restore_state): a pause, a drain or a fatal
+ * error on its way to FAILED outlive a crash; a stop does not (starting again is how a
+ * stopped run goes on). */
+static void save_state(struct coord *co)
+{
+    ledger_meta_set(co->ledger, "state", proto_state_name((unsigned)co->state));
+    ledger_meta_set(co->ledger, "reason", co->reason);
+    ledger_meta_set_u64(co->ledger, "fatal", co->fatal);
+    ledger_meta_set_u64(co->ledger, "finishing", co->finishing);
+}
+
+static void restore_state(struct coord *co)
+{
+    char name[32];
+    uint64_t v;
+    if (ledger_meta_get(co->ledger, "state", name, sizeof name) != 1)
+        return;
+    for (int s = PROTO_STATE_PAUSED; s <= PROTO_STATE_DRAINING; s++)
+        if (!strcmp(name, proto_state_name((unsigned)s))) {
+            co->state = s;
+            ledger_meta_get(co->ledger, "reason", co->reason, sizeof co->reason);
+            co->fatal = ledger_meta_get_u64(co->ledger, "fatal", &v) == 1 && v;
+            co->finishing = s == PROTO_STATE_DRAINING && ledger_meta_get_u64(co->ledger, "finishing", &v) == 1 && v;
+            log_notice("resuming %s%s%s%s", proto_state_name((unsigned)s), co->reason[0] ? ": " : "", co->reason,
+                       co->fatal ? " (a fatal error: it ends FAILED)" : "");
+        }
+}
+
 void coord_set_state(struct coord *co, int state, const char *reason)
 {
     if (co->state == state)
@@ -291,8 +319,7 @@ void coord_set_state(struct coord *co, int state, const char *reason)
                 push_control(m, cmd, co->reason);
     if (state == PROTO_STATE_STOPPED || state == PROTO_STATE_FAILED)
         co->stopped_ms = mono_ms();
-    ledger_meta_set(co->ledger, "state", proto_state_name(state));
-    ledger_meta_set(co->ledger, "reason", co->reason);
+    save_state(co);
     daemon_notify_status(&co->d, "%s%s%s", proto_state_name(state), co->reason[0] ? ": " : "", co->reason);
     grant_leases(co);
 }
@@ -390,8 +417,8 @@ static void try_form_group(struct coord *co)
 static void group_fail(struct coord *co, const char *why)
 {
     struct dgroup *g = &co->grp;
-    if (!g->active)
-        return;
+    if (!g->active || co->state >= PROTO_STATE_STOPPED)
+        return;     /* stopped: the ledger is finalized as it stands, no generation follows */
     g->active = false;
     int64_t limit = g->ckpt_gen == g->gen && g->ckpt_dir[0] ? (int64_t)g->ckpt_step : -1;
     add_limit(co, g->gen, limit);
@@ -528,7 +555,8 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
         }
     }
     int cmd = state_push[co->state];
-    if (m->role != PROTO_ROLE_CTL && cmd && co->state != PROTO_STATE_RUNNING)
+    if (m->role != PROTO_ROLE_CTL && cmd && co->state != PROTO_STATE_RUNNING &&
+        !(m->role == PROTO_ROLE_TARGET && co->finishing))   /* the final drain is the drafters' */
         push_control(m, cmd, co->reason);
 }
 
@@ -682,8 +710,18 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
         }
     } else if (e->code == -DF_ENAN) {
         log_error(0, "%s reports a non-finite value: %s: pausing the cluster", m->name, e->message);
-        if (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING)
+        if (co->state == PROTO_STATE_DRAINING) {
+            /* The poisoned drafters write no final checkpoint, so the drain would never end:
+             * on the way to FAILED it ends now, else the operator decides. */
+            char again[sizeof reason + 48];
+            snprintf(again, sizeof again, "%s (the drain is off: resume, then drain again)", reason);
+            if (co->fatal)
+                coord_set_state(co, PROTO_STATE_FAILED, co->reason);
+            else
+                coord_set_state(co, PROTO_STATE_PAUSED, again);
+        } else if (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING) {
             coord_set_state(co, PROTO_STATE_PAUSED, reason);
+        }
     } else {
         log_warn(0, "error from %s (pid %d): %s (%s)", m->name, (int)m->pid, e->message, err_str(e->code));
     }
@@ -736,6 +774,7 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
             /* The operator's drain outranks the final one: the targets leave too, and a lost
              * drafter no longer sends the run back to RUNNING. */
             co->finishing = false;
+            save_state(co);
             for (struct member *t = co->members; t; t = t->next)
                 if (t->role == PROTO_ROLE_TARGET)
                     push_control(t, PROTO_CTL_DRAIN, reason);
@@ -874,8 +913,9 @@ void coord_member_gone(struct member *m, const char *reason)
         }
         m->leases = 0;
     }
+    if (m->role == PROTO_ROLE_DRAFTER && m->rank >= 0 && co->grp.rank_member[m->rank] == m)
+        co->grp.rank_member[m->rank] = NULL;    /* m is freed next, whatever the state */
     if (m->role == PROTO_ROLE_DRAFTER && m->rank >= 0 && co->grp.active && co->state < PROTO_STATE_STOPPED) {
-        co->grp.rank_member[m->rank] = NULL;
         if (alive == 0)
             group_fail(co, why);
         else if (!co->grp.rank_deadline_ms)
@@ -1164,6 +1204,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     if (!lc.rows && (r = build_epoch(co, 0, 1, err, errlen)) < 0)
         return r;
     if (lc.rows) {
+        restore_state(co);
         co->recovering = true;
         co->recovery_until_ms = mono_ms() + (uint64_t)cfg->coordinator.recovery_ms;
         if (co->grp.active)

@@ -1,0 +1,210 @@
+/* test_coordinator_states.c: the cluster state and the drafter group around a stop and a
+ * coordinator restart.
+ *  1. Two drafters form a group and hang up while alive, one before `stop`, one after, while
+ *     a target stays connected: the rank deadline passes in the STOPPED state and the
+ *     coordinator still exits 0 (it once rolled the group back through a freed member).
+ *  2. A paused cluster is still paused after the coordinator is SIGKILLed and restarted: no
+ *     lease is granted until `resume` (it came back running).
+ *  3. A non-finite loss reported during a drain pauses the cluster (the poisoned drafters write
+ *     no final checkpoint, so the drain would never end); resume, then drain again. */
+#include "tests/test_coord_util.h"
+
+static pid_t kids[4];
+
+static void cleanup(void)
+{
+    for (int i = 0; i < 4; i++)
+        tc_kill(kids[i]);
+    tc_kill(TC.coord);
+    ring_unlink(TC.ring);
+}
+
+static char *status_str(const char *key)
+{
+    static char v[64];
+    snprintf(v, sizeof v, "(down)");
+    cJSON *s = tc_query(PROTO_Q_STATUS);
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(s, key);
+    if (cJSON_IsString(o))
+        snprintf(v, sizeof v, "%s", o->valuestring);
+    cJSON_Delete(s);
+    return v;
+}
+
+static void control(enum proto_control_cmd cmd)
+{
+    struct client *c = tc_ctl(5000);
+    CHECK(c);
+    char *json = NULL, err[256];
+    int status = -1;
+    CHECK_OK(client_control(c, cmd, "test", &json, &status, err, sizeof err));
+    CHECK_INT(status, ==, 0);
+    free(json);
+    client_free(c);
+}
+
+/* A drafter that joins, waits for its GROUP, says so on `ready`, and on a byte from `go`
+ * closes its connection and stays alive without a word. */
+static pid_t fork_quiet_drafter(int device, int ready, int go)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid)
+        return pid;
+    struct client *c = peer_connect(PROTO_ROLE_DRAFTER, device);
+    client_join_group(c);
+    struct proto_msg m;
+    char err[256], b;
+    uint64_t end = mono_ms() + 20000;
+    int got = 0;
+    while (!got && mono_ms() < end)
+        got = client_poll(c, 50, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP;
+    if (!got || write(ready, "r", 1) != 1)
+        _exit(5);
+    while (read(go, &b, 1) != 1) {
+        if (client_poll(c, 20, &m, err, sizeof err) < 0)
+            _exit(6);
+    }
+    client_free(c);
+    for (;;)
+        pause();
+}
+
+/* A target that stays connected (heartbeats) and ignores everything, STOP included. */
+static pid_t fork_deaf_target(void)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid)
+        return pid;
+    struct client *c = peer_connect(PROTO_ROLE_TARGET, 0);
+    struct proto_msg m;
+    char err[256];
+    for (;;)
+        client_poll(c, 20, &m, err, sizeof err);
+}
+
+static int wait_exit(pid_t pid, int ms)
+{
+    uint64_t end = mono_ms() + (uint64_t)ms * (uint64_t)test_time_scale();
+    int st;
+    while (mono_ms() < end) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        tc_sleep_ms(20);
+    }
+    return -1;
+}
+
+static void group_hangs_up_around_stop(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 2\n[coordinator]\ndead_after_ms = 1000\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    int ready[2], go[2][2];
+    CHECK(pipe(ready) == 0 && pipe(go[0]) == 0 && pipe(go[1]) == 0);
+    kids[0] = fork_quiet_drafter(0, ready[1], go[0][0]);
+    kids[1] = fork_quiet_drafter(1, ready[1], go[1][0]);
+    kids[2] = fork_deaf_target();
+    char b;
+    CHECK(read(ready[0], &b, 1) == 1 && read(ready[0], &b, 1) == 1);
+    CHECK(write(go[1][1], "g", 1) == 1);        /* rank 1 hangs up: the rank deadline starts */
+    tc_sleep_ms(300);
+    control(PROTO_CTL_STOP);
+    CHECK(write(go[0][1], "g", 1) == 1);        /* rank 0 hangs up in STOPPED: its member is freed */
+    /* the coordinator waits dead_after_ms for the deaf target; the rank deadline passes first */
+    int rc = wait_exit(TC.coord, 10000);
+    CHECK_INT(rc, ==, 0);
+    TC.coord = 0;
+    for (int i = 0; i < 3; i++) {
+        tc_kill(kids[i]);
+        kids[i] = 0;
+    }
+    ring_unlink(TC.ring);
+    unlink(TC.ledger);
+    printf("ok: group hung up around a stop, coordinator exit %d\n", rc);
+}
+
+static void pause_survives_restart(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    control(PROTO_CTL_PAUSE);
+    CHECK_STR(status_str("state"), "paused");
+    tc_kill(TC.coord);
+    tc_start_coord();
+    /* after the recovery window (recovery_ms 600) it is still paused: no lease for a target */
+    struct client *t = peer_connect(PROTO_ROLE_TARGET, 0);
+    CHECK_INT(client_welcome(t)->cluster_state, ==, PROTO_STATE_PAUSED);
+    CHECK_OK(client_lease_request(t, 1));
+    struct proto_msg m;
+    char err[256];
+    int granted = 0;
+    uint64_t end = mono_ms() + 1500 * (uint64_t)test_time_scale();
+    while (mono_ms() < end)
+        granted |= client_poll(t, 50, &m, err, sizeof err) > 0 && m.type == PROTO_LEASE_GRANT;
+    CHECK(!granted);
+    CHECK_STR(status_str("state"), "paused");
+    control(PROTO_CTL_RESUME);
+    end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (!granted && mono_ms() < end)
+        granted = client_poll(t, 50, &m, err, sizeof err) > 0 && m.type == PROTO_LEASE_GRANT;
+    CHECK(granted);
+    client_free(t);
+    printf("ok: paused across a coordinator restart, leases after resume\n");
+}
+
+static void nan_during_drain(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    kids[0] = tc_fork_target(0, 0, NULL);
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    struct ring *r = peer_ring();
+    client_join_group(d);
+    struct proto_msg m;
+    char err[256];
+    uint64_t gen = 0, end = mono_ms() + 10000 * (uint64_t)test_time_scale();
+    while (!gen && mono_ms() < end)
+        if (client_poll(d, 50, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
+            gen = m.group.generation;
+    CHECK(gen);
+    unsigned slot;
+    int rr;
+    while ((rr = ring_claim_read(r, NULL, 50, &slot)) == -DF_ETIMEOUT && mono_ms() < end)
+        client_poll(d, 0, &m, err, sizeof err);
+    CHECK_OK(rr);
+    uint64_t id = ring_slot_header(r, slot)->batch_id;
+    CHECK_OK(ring_release(r, slot));
+    CHECK_OK(client_trained(d, id, 1, 0, gen));     /* trained, not checkpointed: the drain waits */
+    tc_wait_num("batches.trained", 1, 5000);
+    control(PROTO_CTL_DRAIN);
+    CHECK_STR(status_str("state"), "draining");
+    CHECK_OK(client_error(d, 0, -DF_ENAN, "loss is nan at step 2"));
+    end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (strcmp(status_str("state"), "paused") && mono_ms() < end)
+        client_poll(d, 20, &m, err, sizeof err);
+    CHECK_STR(status_str("state"), "paused");
+    control(PROTO_CTL_RESUME);
+    CHECK_STR(status_str("state"), "running");
+    client_free(d);
+    ring_detach(r);
+    printf("ok: a non-finite loss during a drain pauses the cluster\n");
+}
+
+int main(void)
+{
+    atexit(cleanup);
+    tc_shared_init();
+    group_hangs_up_around_stop();
+    pause_survives_restart();
+    tc_kill(TC.coord);
+    TC.coord = 0;
+    ring_unlink(TC.ring);
+    unlink(TC.ledger);
+    nan_during_drain();
+    return 0;
+}
