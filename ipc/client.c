@@ -18,6 +18,7 @@
 
 #define FAIL(code, ...) do { if (err && errlen) snprintf(err, errlen, __VA_ARGS__); return (code); } while (0)
 #define RETURNED_MAX 4096
+#define HELD_MAX 32
 
 struct queued {
     struct proto_msg m;
@@ -55,6 +56,8 @@ struct client {
 
     struct outbox_ent *out;
     size_t n_out, cap_out;
+    struct proto_msg held[HELD_MAX];    /* skip reports and errors written while disconnected */
+    size_t n_held;
     uint64_t next_seq;
 
     struct proto_heartbeat hb;
@@ -466,6 +469,10 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
             FAIL(r, "replay to %s: %s", c->where, err_str(r));
         c->st.events_replayed++;
     }
+    for (size_t i = 0; i < c->n_held; i++)
+        if ((r = send_msg(c, &c->held[i])) < 0)
+            FAIL(r, "replay to %s: %s", c->where, err_str(r));
+    c->n_held = 0;
     if (c->want) {
         struct proto_msg lr = { .type = PROTO_LEASE_REQUEST, .lease_request.n = c->want };
         if ((r = send_msg(c, &lr)) < 0)
@@ -641,6 +648,24 @@ static int send_soft(struct client *c, const struct proto_msg *m)
     return r == -ENOTCONN || r == -EPIPE || r == -ECONNRESET ? 0 : r;
 }
 
+/* Send now, or hold for the next connection: a drafter's skip report and its errors are not
+ * events (no ACK, no seq) but must not vanish with the connection (a NaN must still pause the
+ * cluster). The oldest goes when more than HELD_MAX pile up. */
+static int send_held(struct client *c, const struct proto_msg *m)
+{
+    maybe_reconnect(c, NULL, 0);
+    heartbeat_due(c);
+    int r = send_msg(c, m);
+    if (r != -ENOTCONN && r != -EPIPE && r != -ECONNRESET)
+        return r;
+    if (c->n_held == HELD_MAX) {
+        memmove(c->held, c->held + 1, (HELD_MAX - 1) * sizeof c->held[0]);
+        c->n_held--;
+    }
+    c->held[c->n_held++] = *m;
+    return 0;
+}
+
 static int send_event(struct client *c, struct proto_msg *m)
 {
     if (c->n_out == c->cap_out) {
@@ -680,7 +705,7 @@ int client_lease_return(struct client *c, uint64_t batch)
 int client_batch_skipped(struct client *c, uint64_t batch)
 {
     struct proto_msg m = { .type = PROTO_LEASE_RETURN, .batch.batch_id = batch };
-    return send_soft(c, &m);
+    return send_held(c, &m);
 }
 
 int client_published(struct client *c, uint64_t batch, uint32_t slot, uint32_t n_tokens)
@@ -728,7 +753,7 @@ int client_error(struct client *c, int fatal, int code, const char *fmt, ...)
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     proto_strset(m.error.message, sizeof m.error.message, text);
-    return send_soft(c, &m);
+    return send_held(c, &m);
 }
 
 const struct client_lease *client_lease_find(const struct client *c, uint64_t batch) { return lease_get(c, batch); }

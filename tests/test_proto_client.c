@@ -1,6 +1,7 @@
 /* test_proto_client.c: the client library against a scripted coordinator (a forked child that
- * speaks the protocol frame by frame), for answers a real coordinator never gives, and for
- * client_idle: heartbeats go on, a message pushed meanwhile waits for client_poll. */
+ * speaks the protocol frame by frame), for answers a real coordinator never gives, for
+ * client_idle (heartbeats go on, a message pushed meanwhile waits for client_poll), and for
+ * reports written while disconnected (held, then sent on the next connection). */
 #include <errno.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -194,6 +195,62 @@ static void test_idle_keeps_heartbeat(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+/* A drafter's skip report and its error written while the coordinator is away are held and
+ * sent on the next connection (they are not ACKed events, but a NaN must still pause the
+ * cluster and the skipped batch must be queued again). */
+static void test_held_until_reconnect(int lfd)
+{
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        int fd = accept(lfd, NULL, NULL);   /* the first connection: hung up at once */
+        if (fd < 0)
+            _exit(2);
+        read_hello(fd);
+        send_welcome(fd, 10000, 0);
+        close(fd);
+        if ((fd = accept(lfd, NULL, NULL)) < 0)
+            _exit(2);
+        read_hello(fd);
+        send_welcome(fd, 10000, 0);
+        static uint8_t buf[1 << 16];
+        size_t have = 0, off = 0;
+        ssize_t k;
+        while (have < sizeof buf && (k = read(fd, buf + have, sizeof buf - have)) > 0)
+            have += (size_t)k;
+        int skipped = 0, nan = 0;
+        while (have - off >= sizeof(struct proto_hdr)) {
+            const struct proto_hdr *hd = (const struct proto_hdr *)(buf + off);
+            size_t n = sizeof *hd + hd->len;
+            struct proto_msg m;
+            if (n > have - off || proto_decode(buf + off, n, &m, NULL, 0) < 0)
+                _exit(7);
+            skipped += m.type == PROTO_LEASE_RETURN && m.batch.batch_id == 7;
+            nan += m.type == PROTO_ERROR && m.error.code == -DF_ENAN;
+            off += n;
+        }
+        _exit(skipped == 1 && nan == 1 ? 0 : 10 + 2 * skipped + nan);
+    }
+    struct client *c = NULL;
+    struct client_opts o = opts();
+    o.role = PROTO_ROLE_DRAFTER;
+    o.reconnect_ms = 300;           /* the two reports are written while disconnected */
+    char err[512] = "";
+    CHECK_OK(client_open(&c, &o, err, sizeof err));
+    struct proto_msg m;
+    for (int i = 0; i < 100 && client_connected(c); i++)
+        client_poll(c, 10, &m, err, sizeof err);
+    CHECK(!client_connected(c));
+    CHECK_OK(client_batch_skipped(c, 7));
+    CHECK_OK(client_error(c, 0, -DF_ENAN, "loss is nan"));
+    for (int i = 0; i < 200 && !client_connected(c); i++)
+        client_poll(c, 10, &m, err, sizeof err);
+    CHECK(client_connected(c));
+    client_idle(c, 100, err, sizeof err);
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -203,6 +260,7 @@ int main(void)
     test_regrants_delivered(lfd);
     test_regrant_count_is_not_trusted(lfd);
     test_idle_keeps_heartbeat(lfd);
+    test_held_until_reconnect(lfd);
     close(lfd);
     unlink(g_sock);
     printf("ok\n");
