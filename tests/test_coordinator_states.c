@@ -6,7 +6,9 @@
  *  2. A paused cluster is still paused after the coordinator is SIGKILLed and restarted: no
  *     lease is granted until `resume` (it came back running).
  *  3. A non-finite loss reported during a drain pauses the cluster (the poisoned drafters write
- *     no final checkpoint, so the drain would never end); resume, then drain again. */
+ *     no final checkpoint, so the drain would never end); resume, then drain again.
+ *  4. A drafter whose GROUP was lost with its connection (it reconnects holding no rank and asks
+ *     to join again) gets its rank in the running generation back, not silence. */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -195,6 +197,33 @@ static void nan_during_drain(void)
     printf("ok: a non-finite loss during a drain pauses the cluster\n");
 }
 
+static void group_lost_in_transit(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 2\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    int ready[2], go[2];
+    CHECK(pipe(ready) == 0 && pipe(go) == 0);
+    kids[0] = fork_quiet_drafter(0, ready[1], go[0]);
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 1);
+    client_join_group(d);
+    char b;
+    CHECK(read(ready[0], &b, 1) == 1);      /* rank 0 has its GROUP: the generation is formed */
+    client_free(d);                         /* rank 1's GROUP is unread: lost with the connection */
+    d = peer_connect(PROTO_ROLE_DRAFTER, 1);
+    client_join_group(d);
+    struct proto_msg m;
+    char err[256];
+    int rank = -1;
+    uint64_t end = mono_ms() + 3000 * (uint64_t)test_time_scale();
+    while (rank < 0 && mono_ms() < end)
+        if (client_poll(d, 50, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
+            rank = (int)m.group.rank;
+    CHECK_INT(rank, ==, 1);
+    client_free(d);
+    printf("ok: a GROUP lost with the connection is sent again on the next JOIN_GROUP\n");
+}
+
 int main(void)
 {
     atexit(cleanup);
@@ -206,5 +235,14 @@ int main(void)
     ring_unlink(TC.ring);
     unlink(TC.ledger);
     nan_during_drain();
+    for (int i = 0; i < 4; i++) {
+        tc_kill(kids[i]);
+        kids[i] = 0;
+    }
+    tc_kill(TC.coord);
+    TC.coord = 0;
+    ring_unlink(TC.ring);
+    unlink(TC.ledger);
+    group_lost_in_transit();
     return 0;
 }

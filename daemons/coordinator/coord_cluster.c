@@ -382,6 +382,21 @@ static int by_device(const void *a, const void *b)
     return x->device != y->device ? (x->device < y->device ? -1 : 1) : (x->id < y->id ? -1 : x->id > y->id);
 }
 
+/* Drafter m (the same process as rank r of the running generation) takes its rank back. */
+static void reseat(struct coord *co, struct member *m, uint32_t r)
+{
+    struct dgroup *g = &co->grp;
+    g->rank_member[r] = m;
+    m->rank = (int)r;
+    m->joined = true;
+    int missing = 0;
+    for (uint32_t k = 0; k < g->world; k++)
+        missing += !g->rank_member[k];
+    if (!missing)
+        g->rank_deadline_ms = 0;
+    log_notice("%s rejoined group generation %" PRIu64 " as rank %u", m->name, g->gen, r);
+}
+
 static void try_form_group(struct coord *co)
 {
     struct dgroup *g = &co->grp;
@@ -537,15 +552,7 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
         uint32_t r = h->group_rank;
         if (g->active && h->group_generation == g->gen && r < g->world && g->rank_token[r] == m->token &&
             !g->rank_member[r]) {
-            g->rank_member[r] = m;
-            m->rank = (int)r;
-            m->joined = true;
-            int missing = 0;
-            for (uint32_t k = 0; k < g->world; k++)
-                missing += !g->rank_member[k];
-            if (!missing)
-                g->rank_deadline_ms = 0;
-            log_notice("%s rejoined group generation %" PRIu64 " as rank %u", m->name, g->gen, r);
+            reseat(co, m, r);
         } else {
             struct proto_msg msg = { .type = PROTO_RESTART };
             msg.restart.generation = g->gen + 1;
@@ -848,6 +855,14 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
     case PROTO_JOIN_GROUP:
         if (role != PROTO_ROLE_DRAFTER)
             break;
+        if (m->rank < 0 && co->grp.active)
+            /* Its GROUP was lost with the connection (it asks again, holding no rank): the
+             * generation was formed with it, and its peers wait for it in the collective. */
+            for (uint32_t r = 0; r < co->grp.world; r++)
+                if (co->grp.rank_token[r] == m->token && !co->grp.rank_member[r]) {
+                    reseat(co, m, r);
+                    break;
+                }
         if (m->rank >= 0 && co->grp.active) {
             send_group(co, m);
             return;
