@@ -8,7 +8,10 @@
  *  3. A non-finite loss reported during a drain pauses the cluster (the poisoned drafters write
  *     no final checkpoint, so the drain would never end); resume, then drain again.
  *  4. A drafter whose GROUP was lost with its connection (it reconnects holding no rank and asks
- *     to join again) gets its rank in the running generation back, not silence. */
+ *     to join again) gets its rank in the running generation back, not silence.
+ *  5. After a coordinator restart the drafter (back in its group) takes a published batch from
+ *     the ring just before the recovery window ends and reports it a step later: the batch
+ *     stays published meanwhile (it was queued again, then trained twice). */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -224,6 +227,109 @@ static void group_lost_in_transit(void)
     printf("ok: a GROUP lost with the connection is sent again on the next JOIN_GROUP\n");
 }
 
+/* The batch's state in the in-flight list ("leased", "published", "trained"), or "queued". */
+static const char *batch_state(uint64_t id)
+{
+    static char st[32];
+    snprintf(st, sizeof st, "queued");
+    cJSON *doc = tc_query(PROTO_Q_BATCHES);
+    const cJSON *b;
+    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(doc, "in_flight")) {
+        const cJSON *bid = cJSON_GetObjectItemCaseSensitive(b, "id"), *s = cJSON_GetObjectItemCaseSensitive(b, "state");
+        if (cJSON_IsNumber(bid) && (uint64_t)bid->valuedouble == id && cJSON_IsString(s))
+            snprintf(st, sizeof st, "%s", s->valuestring);
+    }
+    cJSON_Delete(doc);
+    return st;
+}
+
+/* A target that leases one batch, publishes it, waits for the ACK and exits: its batch id. */
+static uint64_t publish_one(void)
+{
+    int fd[2];
+    CHECK(pipe(fd) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (!pid) {
+        struct client *t = peer_connect(PROTO_ROLE_TARGET, 0);
+        struct ring *r = peer_ring();
+        struct dataset ds;
+        char err[512];
+        struct proto_msg m;
+        if (dataset_open(&ds, TC.data, DATASET_OPEN_NO_CHECKSUM, err, sizeof err) < 0 || client_lease_request(t, 1) < 0)
+            _exit(2);
+        while (client_poll(t, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_LEASE_GRANT)
+            ;
+        unsigned slot;
+        if (ring_claim_write(r, 1000, &slot) < 0)
+            _exit(3);
+        int n = tc_fill_publish(t, r, &ds, m.grant.batch_id, m.grant.epoch, m.grant.n_tokens, slot);
+        if (n <= 0 || client_published(t, m.grant.batch_id, slot, (uint32_t)n) < 0)
+            _exit(4);
+        struct client_stats st;
+        do {
+            client_poll(t, 20, &m, err, sizeof err);
+            client_get_stats(t, &st);
+        } while (st.outbox);
+        uint64_t id = m.grant.batch_id;
+        _exit(write(fd[1], &id, sizeof id) == sizeof id ? 0 : 5);
+    }
+    uint64_t id = 0;
+    CHECK(read(fd[0], &id, sizeof id) == sizeof id);
+    CHECK_INT(waitpid(pid, NULL, 0), ==, pid);
+    close(fd[0]);
+    close(fd[1]);
+    return id;
+}
+
+static void poll_for(struct client *c, int ms)
+{
+    struct proto_msg m;
+    char err[256];
+    uint64_t end = mono_ms() + (uint64_t)ms;
+    do
+        client_poll(c, 10, &m, err, sizeof err);
+    while (mono_ms() < end);
+}
+
+static void late_trained_after_restart(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    struct ring *r = peer_ring();
+    char err[512];
+    client_join_group(d);
+    struct proto_msg m;
+    uint64_t gen = 0, end = mono_ms() + 10000 * (uint64_t)test_time_scale();
+    while (!gen && mono_ms() < end)
+        if (client_poll(d, 20, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
+            gen = m.group.generation;
+    CHECK(gen);
+    uint64_t id = publish_one();
+    CHECK_STR(batch_state(id), "published");
+
+    tc_kill(TC.coord);
+    tc_start_coord();                               /* recovery_ms = 600 from here */
+    poll_for(d, 200);
+    CHECK(client_connected(d));
+    unsigned slot;
+    CHECK_OK(ring_claim_read(r, NULL, 1000, &slot));
+    CHECK_INT(ring_slot_header(r, slot)->batch_id, ==, id);
+    CHECK_OK(ring_release(r, slot));                /* taken; its TRAINED comes after the window */
+    poll_for(d, 800 * test_time_scale());
+    CHECK_STR(batch_state(id), "published");
+    CHECK_OK(client_trained(d, id, 1, 0, gen));
+    end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (strcmp(batch_state(id), "trained") && mono_ms() < end)
+        poll_for(d, 20);
+    CHECK_STR(batch_state(id), "trained");
+    client_free(d);
+    ring_detach(r);
+    printf("ok: a batch taken just before the recovery window ended stays published until its TRAINED\n");
+}
+
 int main(void)
 {
     atexit(cleanup);
@@ -244,5 +350,14 @@ int main(void)
     ring_unlink(TC.ring);
     unlink(TC.ledger);
     group_lost_in_transit();
+    for (int i = 0; i < 4; i++) {
+        tc_kill(kids[i]);
+        kids[i] = 0;
+    }
+    tc_kill(TC.coord);
+    TC.coord = 0;
+    ring_unlink(TC.ring);
+    unlink(TC.ledger);
+    late_trained_after_restart();
     return 0;
 }

@@ -945,9 +945,20 @@ void coord_member_gone(struct member *m, const char *reason)
 static void end_recovery(struct coord *co)
 {
     co->recovering = false;
-    const struct ring_slot_stat *s = slot_snapshot(co);
+    struct dgroup *g = &co->grp;
+    if (g->active)
+        for (uint32_t r = 0; r < g->world; r++)
+            if (!g->rank_member[r]) {
+                /* the rollback also re-queues what its drafters took from the ring */
+                group_fail(co, "a drafter did not come back after the coordinator restart");
+                break;
+            }
+    /* A published batch no slot holds was taken by a drafter. With the whole group back, that
+     * drafter reports it (TRAINED, perhaps a step late, or skipped): it stays published. With
+     * no group, nobody will: it is queued again. */
+    const struct ring_slot_stat *s = g->active ? NULL : slot_snapshot(co);
     uint64_t lost = 0;
-    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built && !g->active; e++)
         for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
             struct batch *b = &co->ep[e].b[i];
             if (b->row.state == BATCH_PUBLISHED && slot_holding(co, s, b->row.id) < 0) {
@@ -955,13 +966,6 @@ static void end_recovery(struct coord *co)
                 lost++;
             }
         }
-    struct dgroup *g = &co->grp;
-    if (g->active)
-        for (uint32_t r = 0; r < g->world; r++)
-            if (!g->rank_member[r]) {
-                group_fail(co, "a drafter did not come back after the coordinator restart");
-                break;
-            }
     log_notice("recovery done: %" PRIu64 " publications lost while the coordinator was down", lost);
     if (co->state == PROTO_STATE_STARTING)
         coord_set_state(co, PROTO_STATE_RUNNING, "");
