@@ -34,6 +34,7 @@ struct coll_hdr {
     int32_t creator_pid;
     uint32_t pad;
     alignas(64) _Atomic int32_t abort_code;     /* 0, or the negative error every rank returns */
+    alignas(64) _Atomic uint64_t decided;       /* (last decided barrier << 1) | 1 if it was aborted */
     alignas(64) _Atomic uint32_t bar_word;      /* futex: bumped on each arrival and on abort/leave */
     _Atomic uint32_t bar_waiters;
     alignas(64) _Atomic uint64_t rank_token[COLL_MAX_WORLD];  /* owner token; 0 = not joined / left */
@@ -143,6 +144,11 @@ static bool peer_gone(struct coll *c, int j, uint64_t k)
     return proc_token_alive(tok) == 0;
 }
 
+/* Barrier k ends one way for every rank: the first rank to see all arrived (complete) or an
+ * abort (peer dead, deadline, coll_abort) decides it with one CAS on `decided`, and all
+ * ranks return that. (Deciding each on its own view let a late arrival complete on one rank
+ * while another timed out.) A barrier that completed before an abort leaves the abort to the
+ * next call. */
 static int barrier(struct coll *c)
 {
     struct coll_hdr *h = c->h;
@@ -159,29 +165,36 @@ static int barrier(struct coll *c)
     uint64_t next_check = start + CHECK_SLICE_NS;
     for (;;) {
         uint32_t seen = atomic_load(&h->bar_word);
-        int lag = -1;
-        for (int j = 0; j < c->world && lag < 0; j++)
-            if (atomic_load(&h->arrived[j].n) < k)
-                lag = j;
-        if (lag < 0)   /* complete: a later abort concerns the next call */
-            return 0;
-        if ((ab = atomic_load(&h->abort_code)))
-            return ab;
+        uint64_t d = atomic_load(&h->decided);
+        if (d >> 1 >= k)
+            return d >> 1 > k || !(d & 1) ? 0 : atomic_load(&h->abort_code);
+        uint64_t undecided = (k - 1) << 1;
+        bool all = true;
+        for (int j = 0; j < c->world && all; j++)
+            all = atomic_load(&h->arrived[j].n) >= k;
+        if (all) {
+            atomic_compare_exchange_strong(&h->decided, &undecided, k << 1);
+            continue;
+        }
+        if (atomic_load(&h->abort_code)) {
+            atomic_compare_exchange_strong(&h->decided, &undecided, k << 1 | 1);
+            continue;
+        }
         uint64_t now = mono_ns();
         if (now >= next_check) {
             for (int j = 0; j < c->world; j++)
                 if (atomic_load(&h->arrived[j].n) < k && peer_gone(c, j, k)) {
                     coll_abort(c, -DF_EDEAD);
-                    return atomic_load(&h->abort_code);
+                    break;
                 }
             if (c->idle)
                 c->idle(c->idle_arg);
             next_check = mono_ns() + CHECK_SLICE_NS;
         }
-        if (deadline && now >= deadline) {
+        if (deadline && now >= deadline)
             coll_abort(c, -DF_ETIMEOUT);
-            return atomic_load(&h->abort_code);
-        }
+        if (atomic_load(&h->abort_code))
+            continue;
         uint64_t until = next_check;
         if (deadline && deadline < until)
             until = deadline;

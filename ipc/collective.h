@@ -6,7 +6,7 @@
 
 /* Bump COLL_VERSION whenever the shared layout in collective.c changes. */
 #define COLL_MAGIC   0x4c4c4f43484c4644ull  /* "DFLHCOLL" little-endian */
-#define COLL_VERSION 1u
+#define COLL_VERSION 2u
 
 struct coll;
 
