@@ -11,7 +11,10 @@
  *     to join again) gets its rank in the running generation back, not silence.
  *  5. After a coordinator restart the drafter (back in its group) takes a published batch from
  *     the ring just before the recovery window ends and reports it a step later: the batch
- *     stays published meanwhile (it was queued again, then trained twice). */
+ *     stays published meanwhile (it was queued again, then trained twice).
+ *  6. A target that leased a batch and lost its connection keeps the lease while it lives, far
+ *     past dead_after_ms (it may still publish it: re-leasing it had two targets publish one
+ *     batch); once it is dead the batch is queued again at once. */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -330,6 +333,46 @@ static void late_trained_after_restart(void)
     printf("ok: a batch taken just before the recovery window ended stays published until its TRAINED\n");
 }
 
+static void detached_target_keeps_lease(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n[coordinator]\ndead_after_ms = 300\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    int fd[2];
+    CHECK(pipe(fd) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (!pid) {
+        struct client *t = peer_connect(PROTO_ROLE_TARGET, 0);
+        struct proto_msg m;
+        char err[256];
+        if (client_lease_request(t, 1) < 0)
+            _exit(2);
+        while (client_poll(t, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_LEASE_GRANT)
+            ;
+        uint64_t id = m.grant.batch_id;
+        client_free(t);                     /* cut off, alive, holding the lease */
+        if (write(fd[1], &id, sizeof id) != sizeof id)
+            _exit(3);
+        for (;;)
+            pause();
+    }
+    kids[0] = pid;
+    uint64_t id = 0;
+    CHECK(read(fd[0], &id, sizeof id) == sizeof id);
+    tc_sleep_ms(1500);                      /* five times dead_after_ms */
+    CHECK_STR(batch_state(id), "leased");
+    tc_kill(pid);
+    kids[0] = 0;
+    uint64_t end = mono_ms() + 3000 * (uint64_t)test_time_scale();
+    while (strcmp(batch_state(id), "queued") && mono_ms() < end)
+        tc_sleep_ms(20);
+    CHECK_STR(batch_state(id), "queued");
+    close(fd[0]);
+    close(fd[1]);
+    printf("ok: a live target cut off keeps its lease; dead, the batch is queued again\n");
+}
+
 int main(void)
 {
     atexit(cleanup);
@@ -359,5 +402,10 @@ int main(void)
     ring_unlink(TC.ring);
     unlink(TC.ledger);
     late_trained_after_restart();
+    tc_kill(TC.coord);
+    TC.coord = 0;
+    ring_unlink(TC.ring);
+    unlink(TC.ledger);
+    detached_target_keeps_lease();
     return 0;
 }

@@ -1011,26 +1011,28 @@ void coord_tick(struct coord *co)
         }
     }
     /* Detached owners: a socket hang-up can arrive while the process is still in exit(),
-     * so liveness is checked again here; a dead owner is handled at once. */
+     * so liveness is checked again here; a dead owner's leases go back at once. A live one
+     * keeps them until it reconnects (they are re-granted) or exits: it may still publish
+     * them (frozen, or cut off while its forward ran), and a batch published by two targets
+     * is trained twice. A hung target is the watchdog's to kill. */
     const struct ring_slot_stat *s = NULL;
     uint64_t n_leased = 0;
     for (struct batch *b = co->leased, *next; b; b = next) {
         next = b->lnext;        /* lease_lost takes b (only b) off the list */
-        int dead = 0;
-        if (!b->holder)
-            dead = proc_token_alive(b->row.owner) == 0;
-        if (b->holder || (!dead && (co->recovering || !b->detached_until_ms || now < b->detached_until_ms))) {
+        if (b->holder || proc_token_alive(b->row.owner) != 0) {
+            if (!b->holder && !co->recovering && b->detached_until_ms && now >= b->detached_until_ms) {
+                log_warn(0, "batch " BID ": its target (pid %d) is alive but has not come back for %" PRIu64
+                         " ms: the lease waits for it to reconnect or exit", BARGS(b->row.id),
+                         proc_token_pid(b->row.owner), now - b->detached_until_ms + dead_after);
+                b->detached_until_ms = 0;   /* said once */
+            }
             n_leased++;
             continue;
         }
-        if (dead) {
-            struct ring_reclaim rc = { 0 };
-            ring_reclaim_owner(co->ring, b->row.owner, &rc);
-            s = NULL;
-        }
-        if (!s)
-            s = slot_snapshot(co);
-        lease_lost(co, b, s, dead ? "its target died" : "its target did not come back in time");
+        struct ring_reclaim rc = { 0 };
+        ring_reclaim_owner(co->ring, b->row.owner, &rc);
+        s = slot_snapshot(co);
+        lease_lost(co, b, s, "its target died");
     }
     if (n_leased != co->counts[BATCH_LEASED]) {
         /* cannot happen while every state change goes through batch_set; if it does, rebuild */
