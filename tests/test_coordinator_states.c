@@ -14,7 +14,10 @@
  *     stays published meanwhile (it was queued again, then trained twice).
  *  6. A target that leased a batch and lost its connection keeps the lease while it lives, far
  *     past dead_after_ms (it may still publish it: re-leasing it had two targets publish one
- *     batch); once it is dead the batch is queued again at once. */
+ *     batch); once it is dead the batch is queued again at once.
+ *  7. A target's PUBLISHED that arrives after its batch was trained and rolled back (the drafter
+ *     took the slot, reported TRAINED and died before a checkpoint) is refused: that copy is
+ *     gone from the ring, and the batch is queued again, not left published in no slot. */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -373,6 +376,91 @@ static void detached_target_keeps_lease(void)
     printf("ok: a live target cut off keeps its lease; dead, the batch is queued again\n");
 }
 
+static void late_published_after_rollback(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    int tp[2], tgo[2], dp[2];
+    CHECK(pipe(tp) == 0 && pipe(tgo) == 0 && pipe(dp) == 0);
+    pid_t t = fork();       /* the target: publishes into the ring, reports it only on `tgo` */
+    CHECK(t >= 0);
+    if (!t) {
+        struct client *c = peer_connect(PROTO_ROLE_TARGET, 0);
+        struct ring *r = peer_ring();
+        struct dataset ds;
+        char err[512], b;
+        struct proto_msg m;
+        if (dataset_open(&ds, TC.data, DATASET_OPEN_NO_CHECKSUM, err, sizeof err) < 0 || client_lease_request(c, 1) < 0)
+            _exit(2);
+        while (client_poll(c, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_LEASE_GRANT)
+            ;
+        uint64_t id = m.grant.batch_id;
+        unsigned slot;
+        int n;
+        if (ring_claim_write(r, 1000, &slot) < 0 ||
+            (n = tc_fill_publish(c, r, &ds, id, m.grant.epoch, m.grant.n_tokens, slot)) <= 0)
+            _exit(3);
+        if (write(tp[1], &id, sizeof id) != sizeof id)
+            _exit(4);
+        while (read(tgo[0], &b, 1) != 1)
+            client_poll(c, 10, &m, err, sizeof err);
+        client_published(c, id, slot, (uint32_t)n);
+        struct client_stats st;
+        do {
+            client_poll(c, 10, &m, err, sizeof err);
+            client_get_stats(c, &st);
+        } while (st.outbox);
+        _exit(st.nacks == 1 && st.last_nack_status == -DF_ESTATE ? 0 : 5);
+    }
+    kids[0] = t;
+    uint64_t id = 0;
+    CHECK(read(tp[0], &id, sizeof id) == sizeof id);
+    pid_t d = fork();       /* the drafter: takes the slot, reports TRAINED, then is killed */
+    CHECK(d >= 0);
+    if (!d) {
+        struct client *c = peer_connect(PROTO_ROLE_DRAFTER, 0);
+        struct ring *r = peer_ring();
+        struct proto_msg m;
+        char err[256];
+        uint64_t gen = 0;
+        client_join_group(c);
+        while (!gen && client_poll(c, 50, &m, err, sizeof err) >= 0)
+            if (m.type == PROTO_GROUP)
+                gen = m.group.generation;
+        unsigned slot;
+        if (ring_claim_read(r, NULL, 5000, &slot) < 0 || ring_slot_header(r, slot)->batch_id != id ||
+            ring_release(r, slot) < 0 || client_trained(c, id, 1, 0, gen) < 0)
+            _exit(2);
+        struct client_stats st;
+        do {
+            client_poll(c, 10, &m, err, sizeof err);
+            client_get_stats(c, &st);
+        } while (st.outbox);
+        if (write(dp[1], "t", 1) != 1)
+            _exit(3);
+        for (;;)
+            client_poll(c, 10, &m, err, sizeof err);
+    }
+    kids[1] = d;
+    char b;
+    CHECK(read(dp[0], &b, 1) == 1);
+    CHECK_STR(batch_state(id), "trained");
+    tc_kill(d);                             /* no checkpoint: the generation is rolled back */
+    kids[1] = 0;
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (strcmp(batch_state(id), "queued") && mono_ms() < end)
+        tc_sleep_ms(20);
+    CHECK_STR(batch_state(id), "queued");
+    CHECK(write(tgo[1], "g", 1) == 1);      /* now the target's PUBLISHED arrives */
+    int st;
+    CHECK_INT(waitpid(t, &st, 0), ==, t);
+    kids[0] = 0;
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);   /* refused with -DF_ESTATE */
+    CHECK_STR(batch_state(id), "queued");
+    printf("ok: a PUBLISHED arriving after its copy was trained and rolled back is refused\n");
+}
+
 int main(void)
 {
     atexit(cleanup);
@@ -407,5 +495,10 @@ int main(void)
     ring_unlink(TC.ring);
     unlink(TC.ledger);
     detached_target_keeps_lease();
+    tc_kill(TC.coord);
+    TC.coord = 0;
+    ring_unlink(TC.ring);
+    unlink(TC.ledger);
+    late_published_after_rollback();
     return 0;
 }

@@ -588,6 +588,15 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
         send_ack(m, p->seq, -DF_ESTATE);
         return;
     }
+    if (!(st == BATCH_LEASED && b->holder == m) && slot_holding(co, slot_snapshot(co), b->row.id) != (int)p->slot) {
+        /* Not its lease any more (queued again meanwhile) and its copy is gone from the ring: a
+         * drafter took it and that training does not count (rolled back, or skipped). The batch
+         * waits for a new publication. */
+        log_notice("%s published batch " BID " in slot %u, but it is %s and that slot no longer holds it: refused",
+                   m->name, BARGS(b->row.id), p->slot, batch_state_name(st));
+        send_ack(m, p->seq, -DF_ESTATE);
+        return;
+    }
     if (st == BATCH_LEASED && b->holder && b->holder != m) {
         struct member *other = b->holder;
         other->leases--;
