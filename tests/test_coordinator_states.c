@@ -17,7 +17,10 @@
  *     batch); once it is dead the batch is queued again at once.
  *  7. A target's PUBLISHED that arrives after its batch was trained and rolled back (the drafter
  *     took the slot, reported TRAINED and died before a checkpoint) is refused: that copy is
- *     gone from the ring, and the batch is queued again, not left published in no slot. */
+ *     gone from the ring, and the batch is queued again, not left published in no slot.
+ *  8. The same when the rollback comes first: the drafter took the copy, its generation ended
+ *     (a peer died), and only then did its TRAINED and the target's PUBLISHED arrive, while the
+ *     batch was still that target's lease. */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -461,6 +464,93 @@ static void late_published_after_rollback(void)
     printf("ok: a PUBLISHED arriving after its copy was trained and rolled back is refused\n");
 }
 
+static void late_trained_then_published(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 2\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    int tp[2], tgo[2], dp[2], dgo[2], ready[2], qgo[2];
+    CHECK(pipe(tp) == 0 && pipe(tgo) == 0 && pipe(dp) == 0 && pipe(dgo) == 0 && pipe(ready) == 0 && pipe(qgo) == 0);
+    pid_t t = fork();       /* the target: publishes into the ring, reports it only on `tgo` */
+    CHECK(t >= 0);
+    if (!t) {
+        struct client *c = peer_connect(PROTO_ROLE_TARGET, 0);
+        struct ring *r = peer_ring();
+        struct dataset ds;
+        char err[512], b;
+        struct proto_msg m;
+        if (dataset_open(&ds, TC.data, DATASET_OPEN_NO_CHECKSUM, err, sizeof err) < 0 || client_lease_request(c, 1) < 0)
+            _exit(2);
+        while (client_poll(c, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_LEASE_GRANT)
+            ;
+        uint64_t id = m.grant.batch_id;
+        unsigned slot;
+        int n;
+        if (ring_claim_write(r, 1000, &slot) < 0 ||
+            (n = tc_fill_publish(c, r, &ds, id, m.grant.epoch, m.grant.n_tokens, slot)) <= 0)
+            _exit(3);
+        if (write(tp[1], &id, sizeof id) != sizeof id)
+            _exit(4);
+        while (read(tgo[0], &b, 1) != 1)
+            client_poll(c, 10, &m, err, sizeof err);
+        client_published(c, id, slot, (uint32_t)n);
+        struct client_stats st;
+        do {
+            client_poll(c, 10, &m, err, sizeof err);
+            client_get_stats(c, &st);
+        } while (st.outbox);
+        for (;;)
+            client_poll(c, 10, &m, err, sizeof err);
+    }
+    kids[0] = t;
+    uint64_t id = 0;
+    CHECK(read(tp[0], &id, sizeof id) == sizeof id);
+    kids[1] = fork_quiet_drafter(1, ready[1], qgo[0]);
+    pid_t d = fork();       /* rank 0: takes the copy; reports TRAINED only after the RESTART */
+    CHECK(d >= 0);
+    if (!d) {
+        struct client *c = peer_connect(PROTO_ROLE_DRAFTER, 0);
+        struct ring *r = peer_ring();
+        struct proto_msg m;
+        char err[256];
+        uint64_t gen = 0;
+        client_join_group(c);
+        while (!gen && client_poll(c, 50, &m, err, sizeof err) >= 0)
+            if (m.type == PROTO_GROUP)
+                gen = m.group.generation;
+        unsigned slot;
+        if (ring_claim_read(r, NULL, 5000, &slot) < 0 || ring_slot_header(r, slot)->batch_id != id ||
+            ring_release(r, slot) < 0 || write(dp[1], "c", 1) != 1)
+            _exit(2);
+        while (client_poll(c, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_RESTART)
+            ;
+        client_trained(c, id, 1, 0, gen);
+        struct client_stats st;
+        do {
+            client_poll(c, 10, &m, err, sizeof err);
+            client_get_stats(c, &st);
+        } while (st.outbox);
+        if (write(dp[1], "t", 1) != 1)
+            _exit(3);
+        for (;;)
+            client_poll(c, 10, &m, err, sizeof err);
+    }
+    kids[2] = d;
+    char b;
+    CHECK(read(ready[0], &b, 1) == 1);      /* the generation is formed */
+    CHECK(read(dp[0], &b, 1) == 1);         /* rank 0 took the copy */
+    tc_kill(kids[1]);                       /* rank 1 dies: the generation ends */
+    kids[1] = 0;
+    CHECK(read(dp[0], &b, 1) == 1);         /* rank 0's TRAINED of the ended generation is in */
+    CHECK_STR(batch_state(id), "leased");
+    CHECK(write(tgo[1], "g", 1) == 1);      /* now the target's PUBLISHED */
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (strcmp(batch_state(id), "queued") && mono_ms() < end)
+        tc_sleep_ms(20);
+    CHECK_STR(batch_state(id), "queued");
+    printf("ok: a copy trained by an ended generation before its PUBLISHED came is queued again\n");
+}
+
 int main(void)
 {
     atexit(cleanup);
@@ -500,5 +590,10 @@ int main(void)
     ring_unlink(TC.ring);
     unlink(TC.ledger);
     late_published_after_rollback();
+    tc_kill(TC.coord);
+    TC.coord = 0;
+    ring_unlink(TC.ring);
+    unlink(TC.ledger);
+    late_trained_then_published();
     return 0;
 }

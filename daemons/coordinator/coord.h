@@ -31,8 +31,12 @@ struct batch {
     struct member *holder;          /* LEASED to this live connection; NULL = detached */
     uint64_t detached_until_ms;     /* LEASED + detached: re-queue after this (mono) */
     struct batch *lnext, *lprev;    /* LEASED: its place in coord.leased */
-    bool skip_reported;             /* LEASED: a drafter consumed it without training it before its
-                                       target's PUBLISHED arrived; settled when that arrives */
+    bool consumed_early;            /* LEASED: a drafter took it from the ring before its target's
+                                       PUBLISHED arrived, and that training does not count (a skipped
+                                       step, or a generation rolled back); settled on PUBLISHED */
+    uint64_t gens_ended_at_grant;   /* LEASED: generations up to this one had ended when it was
+                                       granted (a TRAINED of one of them is of an older copy);
+                                       UINT64_MAX when unknown (granted before a restart) */
 };
 
 struct epoch_state {

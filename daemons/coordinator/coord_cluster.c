@@ -105,7 +105,7 @@ static void batch_set(struct coord *co, struct batch *b, int state)
 static void requeue(struct coord *co, struct batch *b, const char *why)
 {
     log_info("batch " BID " back to the queue: %s", BARGS(b->row.id), why);
-    b->skip_reported = false;
+    b->consumed_early = false;
     batch_set(co, b, BATCH_PENDING);
     heap_push(co, b->row.id);
     co->requeues++;
@@ -249,9 +249,8 @@ static void grant_leases(struct coord *co)
             b->holder = m;
             b->row.owner = m->token;
             b->row.leases++;
+            b->gens_ended_at_grant = co->grp.active ? co->grp.gen - 1 : co->grp.gen;
             batch_set(co, b, BATCH_LEASED);
-            b->holder = m;
-            b->row.owner = m->token;
             m->leases++;
             m->want--;
             send_grant(co, m, b, 0);
@@ -610,10 +609,10 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
     batch_set(co, b, BATCH_PUBLISHED);
     m->published++;
     send_ack(m, p->seq, 0);
-    if (b->skip_reported) {
-        b->skip_reported = false;
+    if (b->consumed_early) {
+        b->consumed_early = false;
         if (slot_holding(co, slot_snapshot(co), b->row.id) < 0) {
-            requeue(co, b, "consumed but not trained by a drafter (reported before its publication)");
+            requeue(co, b, "taken by a drafter before its publication arrived, and not trained (skipped or rolled back)");
             grant_leases(co);
         }
     }
@@ -640,6 +639,8 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
         ledger_train_add(co->ledger, b->row.id, t->generation, t->step, t->rank, 1);
         if (b->row.state == BATCH_PUBLISHED && slot_holding(co, slot_snapshot(co), b->row.id) < 0)
             requeue(co, b, "trained by a drafter generation that was rolled back");
+        else if (b->row.state == BATCH_LEASED && t->generation > b->gens_ended_at_grant)
+            b->consumed_early = true;   /* the copy of this lease, taken before its PUBLISHED came */
         send_ack(m, t->seq, 0);
         return;
     }
@@ -852,7 +853,7 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
             requeue(co, b, "consumed but not trained by a drafter");
             grant_leases(co);
         } else if (b && b->row.state == BATCH_LEASED) {
-            b->skip_reported = true;
+            b->consumed_early = true;
         }
         return;
     }
@@ -1122,6 +1123,7 @@ static int load_row(void *ctx, const struct ledger_batch *row)
     }
     struct batch *b = &ep->b[row->idx];
     b->row = *row;
+    b->gens_ended_at_grant = UINT64_MAX;
     if (row->state == BATCH_LEASED)
         coord_leased_link(co, b);
     ep->loaded++;
