@@ -187,6 +187,38 @@ static __attribute__((unused)) void tc_wait_num(const char *path, double value, 
     TEST_FAIL("status.%s stayed at %g, wanted >= %g", path, v, value);
 }
 
+/* The batch's state in the coordinator's in-flight list ("leased", "published", "trained"), or
+ * "queued" when it is not in flight (pending or done). */
+static __attribute__((unused)) const char *tc_batch_state(uint64_t id)
+{
+    static char st[32];
+    snprintf(st, sizeof st, "queued");
+    cJSON *doc = tc_query(PROTO_Q_BATCHES);
+    const cJSON *b;
+    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(doc, "in_flight")) {
+        const cJSON *bid = cJSON_GetObjectItemCaseSensitive(b, "id"), *s = cJSON_GetObjectItemCaseSensitive(b, "state");
+        if (cJSON_IsNumber(bid) && (uint64_t)bid->valuedouble == id && cJSON_IsString(s))
+            snprintf(st, sizeof st, "%s", s->valuestring);
+    }
+    cJSON_Delete(doc);
+    return st;
+}
+
+/* Exit code of child pid (128 + signal when killed), or -1 when it is still running after
+ * timeout_ms. */
+static __attribute__((unused)) int tc_exit_status(pid_t pid, int timeout_ms)
+{
+    uint64_t end = mono_ms() + (uint64_t)timeout_ms;
+    int st;
+    while (mono_ms() < end) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        tc_sleep_ms(20);
+    }
+    return -1;
+}
+
 static __attribute__((unused)) void tc_kill(pid_t pid)
 {
     if (pid > 0) {

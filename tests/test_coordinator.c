@@ -18,19 +18,6 @@ static void cleanup(void)
     ring_unlink(TC.ring);
 }
 
-static int exit_status(pid_t pid, int timeout_ms)
-{
-    uint64_t end = mono_ms() + (uint64_t)timeout_ms;
-    int st;
-    while (mono_ms() < end) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        tc_sleep_ms(20);
-    }
-    return -1;
-}
-
 int main(void)
 {
     atexit(cleanup);
@@ -82,16 +69,16 @@ int main(void)
     CHECK(tc_status_num("ring.slots") == 6);
 
     /* The run completes: the coordinator drains, stops every daemon and exits 0. */
-    int rc = exit_status(TC.coord, 60000);
+    int rc = tc_exit_status(TC.coord, 60000);
     if (rc != 0) {
         if (system("tail -30 \"$TMPDIR\"/coordinator.log >&2")) {}
         TEST_FAIL("coordinator exit status %d", rc);
     }
     TC.coord = 0;
     for (int i = 0; i < 2; i++) {
-        CHECK_INT(exit_status(targets[i], 10000), ==, 0);
+        CHECK_INT(tc_exit_status(targets[i], 10000), ==, 0);
         targets[i] = 0;
-        CHECK_INT(exit_status(drafters[i], 10000), ==, 0);
+        CHECK_INT(tc_exit_status(drafters[i], 10000), ==, 0);
         drafters[i] = 0;
     }
 

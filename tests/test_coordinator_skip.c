@@ -36,31 +36,14 @@ static uint64_t take_one(struct client *d, struct ring *r, unsigned *keep)
     return id;
 }
 
-/* The batch's state in the coordinator's in-flight list ("leased", "published", "trained"), or
- * "queued" when it is not in flight (pending or done). */
-static const char *batch_state(uint64_t id)
-{
-    static char st[32];
-    snprintf(st, sizeof st, "queued");
-    cJSON *doc = tc_query(PROTO_Q_BATCHES);
-    const cJSON *b;
-    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(doc, "in_flight")) {
-        const cJSON *bid = cJSON_GetObjectItemCaseSensitive(b, "id"), *s = cJSON_GetObjectItemCaseSensitive(b, "state");
-        if (cJSON_IsNumber(bid) && (uint64_t)bid->valuedouble == id && cJSON_IsString(s))
-            snprintf(st, sizeof st, "%s", s->valuestring);
-    }
-    cJSON_Delete(doc);
-    return st;
-}
-
 /* Wait (up to 5 s, scaled) until the batch is queued again (nobody leases it meanwhile). */
 static void wait_queued(uint64_t id)
 {
     uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(batch_state(id), "queued") && mono_ms() < end)
+    while (strcmp(tc_batch_state(id), "queued") && mono_ms() < end)
         tc_sleep_ms(50);
-    if (strcmp(batch_state(id), "queued"))
-        TEST_FAIL("batch %llu stayed %s, not queued again", (unsigned long long)id, batch_state(id));
+    if (strcmp(tc_batch_state(id), "queued"))
+        TEST_FAIL("batch %llu stayed %s, not queued again", (unsigned long long)id, tc_batch_state(id));
 }
 
 int main(void)
@@ -96,7 +79,7 @@ int main(void)
     CHECK_OK(client_batch_skipped(d, skipped));
     tc_sleep_ms(300);   /* nothing to wait for: the report must have no effect */
     CHECK_INT(tc_status_num("batches.requeued"), ==, 1);
-    CHECK_STR(batch_state(skipped), "published");
+    CHECK_STR(tc_batch_state(skipped), "published");
     CHECK_OK(ring_release(r, slot));
     for (int i = 0; i < n_passed; i++)     /* they were taken without training too */
         CHECK_OK(client_batch_skipped(d, passed[i]));
@@ -167,7 +150,7 @@ int main(void)
     CHECK_INT(take_one(d, r, NULL), ==, id);
     CHECK_OK(client_batch_skipped(d, id));
     tc_sleep_ms(300);   /* the report first: the batch is still LEASED for the coordinator */
-    CHECK_STR(batch_state(id), "leased");
+    CHECK_STR(tc_batch_state(id), "leased");
     CHECK(write(go[1], "g", 1) == 1);
     wait_queued(id);    /* without the fix it stays "published" in no slot: never trained */
     printf("batch %llu, skipped before its PUBLISHED arrived, queued again\n", (unsigned long long)id);

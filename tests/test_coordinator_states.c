@@ -25,14 +25,6 @@
 
 static pid_t kids[4];
 
-static void cleanup(void)
-{
-    for (int i = 0; i < 4; i++)
-        tc_kill(kids[i]);
-    tc_kill(TC.coord);
-    ring_unlink(TC.ring);
-}
-
 static char *status_str(const char *key)
 {
     static char v[64];
@@ -98,19 +90,6 @@ static pid_t fork_deaf_target(void)
         client_poll(c, 20, &m, err, sizeof err);
 }
 
-static int wait_exit(pid_t pid, int ms)
-{
-    uint64_t end = mono_ms() + (uint64_t)ms * (uint64_t)test_time_scale();
-    int st;
-    while (mono_ms() < end) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        tc_sleep_ms(20);
-    }
-    return -1;
-}
-
 static void group_hangs_up_around_stop(void)
 {
     tc_setup(NULL, "[drafter]\nworld_size = 2\n[coordinator]\ndead_after_ms = 1000\n");
@@ -128,15 +107,9 @@ static void group_hangs_up_around_stop(void)
     control(PROTO_CTL_STOP);
     CHECK(write(go[0][1], "g", 1) == 1);        /* rank 0 hangs up in STOPPED: its member is freed */
     /* the coordinator waits dead_after_ms for the deaf target; the rank deadline passes first */
-    int rc = wait_exit(TC.coord, 10000);
+    int rc = tc_exit_status(TC.coord, 10000 * test_time_scale());
     CHECK_INT(rc, ==, 0);
     TC.coord = 0;
-    for (int i = 0; i < 3; i++) {
-        tc_kill(kids[i]);
-        kids[i] = 0;
-    }
-    ring_unlink(TC.ring);
-    unlink(TC.ledger);
     printf("ok: group hung up around a stop, coordinator exit %d\n", rc);
 }
 
@@ -236,58 +209,82 @@ static void group_lost_in_transit(void)
     printf("ok: a GROUP lost with the connection is sent again on the next JOIN_GROUP\n");
 }
 
-/* The batch's state in the in-flight list ("leased", "published", "trained"), or "queued". */
-static const char *batch_state(uint64_t id)
+/* A target: leases one batch, writes it into the ring and its id to id_fd; with go_fd >= 0 it
+ * reports PUBLISHED only once a byte comes on go_fd. It exits when the report is answered:
+ * 0 accepted, 1 refused with -DF_ESTATE, more: trouble. */
+static pid_t fork_publisher(int id_fd, int go_fd)
 {
-    static char st[32];
-    snprintf(st, sizeof st, "queued");
-    cJSON *doc = tc_query(PROTO_Q_BATCHES);
-    const cJSON *b;
-    cJSON_ArrayForEach(b, cJSON_GetObjectItemCaseSensitive(doc, "in_flight")) {
-        const cJSON *bid = cJSON_GetObjectItemCaseSensitive(b, "id"), *s = cJSON_GetObjectItemCaseSensitive(b, "state");
-        if (cJSON_IsNumber(bid) && (uint64_t)bid->valuedouble == id && cJSON_IsString(s))
-            snprintf(st, sizeof st, "%s", s->valuestring);
-    }
-    cJSON_Delete(doc);
-    return st;
-}
-
-/* A target that leases one batch, publishes it, waits for the ACK and exits: its batch id. */
-static uint64_t publish_one(void)
-{
-    int fd[2];
-    CHECK(pipe(fd) == 0);
     pid_t pid = fork();
     CHECK(pid >= 0);
-    if (!pid) {
-        struct client *t = peer_connect(PROTO_ROLE_TARGET, 0);
-        struct ring *r = peer_ring();
-        struct dataset ds;
-        char err[512];
-        struct proto_msg m;
-        if (dataset_open(&ds, TC.data, DATASET_OPEN_NO_CHECKSUM, err, sizeof err) < 0 || client_lease_request(t, 1) < 0)
-            _exit(2);
-        while (client_poll(t, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_LEASE_GRANT)
-            ;
-        unsigned slot;
-        if (ring_claim_write(r, 1000, &slot) < 0)
-            _exit(3);
-        int n = tc_fill_publish(t, r, &ds, m.grant.batch_id, m.grant.epoch, m.grant.n_tokens, slot);
-        if (n <= 0 || client_published(t, m.grant.batch_id, slot, (uint32_t)n) < 0)
-            _exit(4);
-        struct client_stats st;
-        do {
-            client_poll(t, 20, &m, err, sizeof err);
-            client_get_stats(t, &st);
-        } while (st.outbox);
-        uint64_t id = m.grant.batch_id;
-        _exit(write(fd[1], &id, sizeof id) == sizeof id ? 0 : 5);
-    }
+    if (pid)
+        return pid;
+    struct client *c = peer_connect(PROTO_ROLE_TARGET, 0);
+    struct ring *r = peer_ring();
+    struct dataset ds;
+    char err[512], b;
+    struct proto_msg m;
+    if (dataset_open(&ds, TC.data, DATASET_OPEN_NO_CHECKSUM, err, sizeof err) < 0 || client_lease_request(c, 1) < 0)
+        _exit(2);
+    while (client_poll(c, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_LEASE_GRANT)
+        ;
+    uint64_t id = m.grant.batch_id;
+    unsigned slot;
+    int n;
+    if (ring_claim_write(r, 1000, &slot) < 0 || (n = tc_fill_publish(c, r, &ds, id, m.grant.epoch, m.grant.n_tokens, slot)) <= 0)
+        _exit(3);
+    if (write(id_fd, &id, sizeof id) != sizeof id)
+        _exit(4);
+    while (go_fd >= 0 && read(go_fd, &b, 1) != 1)
+        client_poll(c, 10, &m, err, sizeof err);
+    client_published(c, id, slot, (uint32_t)n);
+    struct client_stats st;
+    do {
+        client_poll(c, 10, &m, err, sizeof err);
+        client_get_stats(c, &st);
+    } while (st.outbox);
+    _exit(!st.nacks ? 0 : st.last_nack_status == -DF_ESTATE ? 1 : 5);
+}
+
+/* A drafter (device 0): joins, takes the copy of batch id from the ring ("c" on done_fd), with
+ * after_restart waits for its generation to end, then reports TRAINED of that generation
+ * ("t" on done_fd once acknowledged), and stays connected. */
+static pid_t fork_taker(uint64_t id, int done_fd, int after_restart)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid)
+        return pid;
+    struct client *c = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    struct ring *r = peer_ring();
+    struct proto_msg m;
+    char err[256];
+    uint64_t gen = 0;
+    client_join_group(c);
+    while (!gen && client_poll(c, 50, &m, err, sizeof err) >= 0)
+        if (m.type == PROTO_GROUP)
+            gen = m.group.generation;
+    unsigned slot;
+    if (ring_claim_read(r, NULL, 5000, &slot) < 0 || ring_slot_header(r, slot)->batch_id != id ||
+        ring_release(r, slot) < 0 || write(done_fd, "c", 1) != 1)
+        _exit(2);
+    while (after_restart && client_poll(c, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_RESTART)
+        ;
+    client_trained(c, id, 1, 0, gen);
+    struct client_stats st;
+    do {
+        client_poll(c, 10, &m, err, sizeof err);
+        client_get_stats(c, &st);
+    } while (st.outbox);
+    if (write(done_fd, "t", 1) != 1)
+        _exit(3);
+    for (;;)
+        client_poll(c, 10, &m, err, sizeof err);
+}
+
+static uint64_t read_id(int fd)
+{
     uint64_t id = 0;
-    CHECK(read(fd[0], &id, sizeof id) == sizeof id);
-    CHECK_INT(waitpid(pid, NULL, 0), ==, pid);
-    close(fd[0]);
-    close(fd[1]);
+    CHECK(read(fd, &id, sizeof id) == sizeof id);
     return id;
 }
 
@@ -316,8 +313,14 @@ static void late_trained_after_restart(void)
         if (client_poll(d, 20, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
             gen = m.group.generation;
     CHECK(gen);
-    uint64_t id = publish_one();
-    CHECK_STR(batch_state(id), "published");
+    int fd[2];
+    CHECK(pipe(fd) == 0);
+    pid_t t = fork_publisher(fd[1], -1);
+    uint64_t id = read_id(fd[0]);
+    CHECK_INT(tc_exit_status(t, 10000 * test_time_scale()), ==, 0);
+    close(fd[0]);
+    close(fd[1]);
+    CHECK_STR(tc_batch_state(id), "published");
 
     tc_kill(TC.coord);
     tc_start_coord();                               /* recovery_ms = 600 from here */
@@ -328,12 +331,12 @@ static void late_trained_after_restart(void)
     CHECK_INT(ring_slot_header(r, slot)->batch_id, ==, id);
     CHECK_OK(ring_release(r, slot));                /* taken; its TRAINED comes after the window */
     poll_for(d, 800 * test_time_scale());
-    CHECK_STR(batch_state(id), "published");
+    CHECK_STR(tc_batch_state(id), "published");
     CHECK_OK(client_trained(d, id, 1, 0, gen));
     end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(batch_state(id), "trained") && mono_ms() < end)
+    while (strcmp(tc_batch_state(id), "trained") && mono_ms() < end)
         poll_for(d, 20);
-    CHECK_STR(batch_state(id), "trained");
+    CHECK_STR(tc_batch_state(id), "trained");
     client_free(d);
     ring_detach(r);
     printf("ok: a batch taken just before the recovery window ended stays published until its TRAINED\n");
@@ -367,13 +370,13 @@ static void detached_target_keeps_lease(void)
     uint64_t id = 0;
     CHECK(read(fd[0], &id, sizeof id) == sizeof id);
     tc_sleep_ms(1500);                      /* five times dead_after_ms */
-    CHECK_STR(batch_state(id), "leased");
+    CHECK_STR(tc_batch_state(id), "leased");
     tc_kill(pid);
     kids[0] = 0;
     uint64_t end = mono_ms() + 3000 * (uint64_t)test_time_scale();
-    while (strcmp(batch_state(id), "queued") && mono_ms() < end)
+    while (strcmp(tc_batch_state(id), "queued") && mono_ms() < end)
         tc_sleep_ms(20);
-    CHECK_STR(batch_state(id), "queued");
+    CHECK_STR(tc_batch_state(id), "queued");
     close(fd[0]);
     close(fd[1]);
     printf("ok: a live target cut off keeps its lease; dead, the batch is queued again\n");
@@ -386,81 +389,24 @@ static void late_published_after_rollback(void)
     tc_start_coord();
     int tp[2], tgo[2], dp[2];
     CHECK(pipe(tp) == 0 && pipe(tgo) == 0 && pipe(dp) == 0);
-    pid_t t = fork();       /* the target: publishes into the ring, reports it only on `tgo` */
-    CHECK(t >= 0);
-    if (!t) {
-        struct client *c = peer_connect(PROTO_ROLE_TARGET, 0);
-        struct ring *r = peer_ring();
-        struct dataset ds;
-        char err[512], b;
-        struct proto_msg m;
-        if (dataset_open(&ds, TC.data, DATASET_OPEN_NO_CHECKSUM, err, sizeof err) < 0 || client_lease_request(c, 1) < 0)
-            _exit(2);
-        while (client_poll(c, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_LEASE_GRANT)
-            ;
-        uint64_t id = m.grant.batch_id;
-        unsigned slot;
-        int n;
-        if (ring_claim_write(r, 1000, &slot) < 0 ||
-            (n = tc_fill_publish(c, r, &ds, id, m.grant.epoch, m.grant.n_tokens, slot)) <= 0)
-            _exit(3);
-        if (write(tp[1], &id, sizeof id) != sizeof id)
-            _exit(4);
-        while (read(tgo[0], &b, 1) != 1)
-            client_poll(c, 10, &m, err, sizeof err);
-        client_published(c, id, slot, (uint32_t)n);
-        struct client_stats st;
-        do {
-            client_poll(c, 10, &m, err, sizeof err);
-            client_get_stats(c, &st);
-        } while (st.outbox);
-        _exit(st.nacks == 1 && st.last_nack_status == -DF_ESTATE ? 0 : 5);
-    }
+    pid_t t = fork_publisher(tp[1], tgo[0]);    /* reports PUBLISHED only on `tgo` */
     kids[0] = t;
-    uint64_t id = 0;
-    CHECK(read(tp[0], &id, sizeof id) == sizeof id);
-    pid_t d = fork();       /* the drafter: takes the slot, reports TRAINED, then is killed */
-    CHECK(d >= 0);
-    if (!d) {
-        struct client *c = peer_connect(PROTO_ROLE_DRAFTER, 0);
-        struct ring *r = peer_ring();
-        struct proto_msg m;
-        char err[256];
-        uint64_t gen = 0;
-        client_join_group(c);
-        while (!gen && client_poll(c, 50, &m, err, sizeof err) >= 0)
-            if (m.type == PROTO_GROUP)
-                gen = m.group.generation;
-        unsigned slot;
-        if (ring_claim_read(r, NULL, 5000, &slot) < 0 || ring_slot_header(r, slot)->batch_id != id ||
-            ring_release(r, slot) < 0 || client_trained(c, id, 1, 0, gen) < 0)
-            _exit(2);
-        struct client_stats st;
-        do {
-            client_poll(c, 10, &m, err, sizeof err);
-            client_get_stats(c, &st);
-        } while (st.outbox);
-        if (write(dp[1], "t", 1) != 1)
-            _exit(3);
-        for (;;)
-            client_poll(c, 10, &m, err, sizeof err);
-    }
+    uint64_t id = read_id(tp[0]);
+    pid_t d = fork_taker(id, dp[1], 0);        /* takes the copy, reports TRAINED */
     kids[1] = d;
     char b;
-    CHECK(read(dp[0], &b, 1) == 1);
-    CHECK_STR(batch_state(id), "trained");
+    CHECK(read(dp[0], &b, 1) == 1 && read(dp[0], &b, 1) == 1);
+    CHECK_STR(tc_batch_state(id), "trained");
     tc_kill(d);                             /* no checkpoint: the generation is rolled back */
     kids[1] = 0;
     uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(batch_state(id), "queued") && mono_ms() < end)
+    while (strcmp(tc_batch_state(id), "queued") && mono_ms() < end)
         tc_sleep_ms(20);
-    CHECK_STR(batch_state(id), "queued");
+    CHECK_STR(tc_batch_state(id), "queued");
     CHECK(write(tgo[1], "g", 1) == 1);      /* now the target's PUBLISHED arrives */
-    int st;
-    CHECK_INT(waitpid(t, &st, 0), ==, t);
+    CHECK_INT(tc_exit_status(t, 5000 * test_time_scale()), ==, 1);     /* refused with -DF_ESTATE */
     kids[0] = 0;
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);   /* refused with -DF_ESTATE */
-    CHECK_STR(batch_state(id), "queued");
+    CHECK_STR(tc_batch_state(id), "queued");
     printf("ok: a PUBLISHED arriving after its copy was trained and rolled back is refused\n");
 }
 
@@ -471,70 +417,11 @@ static void late_trained_then_published(void)
     tc_start_coord();
     int tp[2], tgo[2], dp[2], dgo[2], ready[2], qgo[2];
     CHECK(pipe(tp) == 0 && pipe(tgo) == 0 && pipe(dp) == 0 && pipe(dgo) == 0 && pipe(ready) == 0 && pipe(qgo) == 0);
-    pid_t t = fork();       /* the target: publishes into the ring, reports it only on `tgo` */
-    CHECK(t >= 0);
-    if (!t) {
-        struct client *c = peer_connect(PROTO_ROLE_TARGET, 0);
-        struct ring *r = peer_ring();
-        struct dataset ds;
-        char err[512], b;
-        struct proto_msg m;
-        if (dataset_open(&ds, TC.data, DATASET_OPEN_NO_CHECKSUM, err, sizeof err) < 0 || client_lease_request(c, 1) < 0)
-            _exit(2);
-        while (client_poll(c, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_LEASE_GRANT)
-            ;
-        uint64_t id = m.grant.batch_id;
-        unsigned slot;
-        int n;
-        if (ring_claim_write(r, 1000, &slot) < 0 ||
-            (n = tc_fill_publish(c, r, &ds, id, m.grant.epoch, m.grant.n_tokens, slot)) <= 0)
-            _exit(3);
-        if (write(tp[1], &id, sizeof id) != sizeof id)
-            _exit(4);
-        while (read(tgo[0], &b, 1) != 1)
-            client_poll(c, 10, &m, err, sizeof err);
-        client_published(c, id, slot, (uint32_t)n);
-        struct client_stats st;
-        do {
-            client_poll(c, 10, &m, err, sizeof err);
-            client_get_stats(c, &st);
-        } while (st.outbox);
-        for (;;)
-            client_poll(c, 10, &m, err, sizeof err);
-    }
+    pid_t t = fork_publisher(tp[1], tgo[0]);    /* reports PUBLISHED only on `tgo` */
     kids[0] = t;
-    uint64_t id = 0;
-    CHECK(read(tp[0], &id, sizeof id) == sizeof id);
+    uint64_t id = read_id(tp[0]);
     kids[1] = fork_quiet_drafter(1, ready[1], qgo[0]);
-    pid_t d = fork();       /* rank 0: takes the copy; reports TRAINED only after the RESTART */
-    CHECK(d >= 0);
-    if (!d) {
-        struct client *c = peer_connect(PROTO_ROLE_DRAFTER, 0);
-        struct ring *r = peer_ring();
-        struct proto_msg m;
-        char err[256];
-        uint64_t gen = 0;
-        client_join_group(c);
-        while (!gen && client_poll(c, 50, &m, err, sizeof err) >= 0)
-            if (m.type == PROTO_GROUP)
-                gen = m.group.generation;
-        unsigned slot;
-        if (ring_claim_read(r, NULL, 5000, &slot) < 0 || ring_slot_header(r, slot)->batch_id != id ||
-            ring_release(r, slot) < 0 || write(dp[1], "c", 1) != 1)
-            _exit(2);
-        while (client_poll(c, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_RESTART)
-            ;
-        client_trained(c, id, 1, 0, gen);
-        struct client_stats st;
-        do {
-            client_poll(c, 10, &m, err, sizeof err);
-            client_get_stats(c, &st);
-        } while (st.outbox);
-        if (write(dp[1], "t", 1) != 1)
-            _exit(3);
-        for (;;)
-            client_poll(c, 10, &m, err, sizeof err);
-    }
+    pid_t d = fork_taker(id, dp[1], 1);        /* rank 0: takes the copy, reports it after the RESTART */
     kids[2] = d;
     char b;
     CHECK(read(ready[0], &b, 1) == 1);      /* the generation is formed */
@@ -542,58 +429,40 @@ static void late_trained_then_published(void)
     tc_kill(kids[1]);                       /* rank 1 dies: the generation ends */
     kids[1] = 0;
     CHECK(read(dp[0], &b, 1) == 1);         /* rank 0's TRAINED of the ended generation is in */
-    CHECK_STR(batch_state(id), "leased");
+    CHECK_STR(tc_batch_state(id), "leased");
     CHECK(write(tgo[1], "g", 1) == 1);      /* now the target's PUBLISHED */
+    CHECK_INT(tc_exit_status(t, 5000 * test_time_scale()), ==, 0);     /* its lease: accepted */
+    kids[0] = 0;
     uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(batch_state(id), "queued") && mono_ms() < end)
+    while (strcmp(tc_batch_state(id), "queued") && mono_ms() < end)
         tc_sleep_ms(20);
-    CHECK_STR(batch_state(id), "queued");
+    CHECK_STR(tc_batch_state(id), "queued");
     printf("ok: a copy trained by an ended generation before its PUBLISHED came is queued again\n");
+}
+
+/* Between parts: every child, the coordinator, the ring and the ledger go. */
+static void reset(void)
+{
+    for (int i = 0; i < 4; i++) {
+        tc_kill(kids[i]);
+        kids[i] = 0;
+    }
+    tc_kill(TC.coord);
+    TC.coord = 0;
+    ring_unlink(TC.ring);
+    unlink(TC.ledger);
 }
 
 int main(void)
 {
-    atexit(cleanup);
+    void (*part[])(void) = { group_hangs_up_around_stop, pause_survives_restart, nan_during_drain,
+                             group_lost_in_transit, late_trained_after_restart, detached_target_keeps_lease,
+                             late_published_after_rollback, late_trained_then_published };
+    atexit(reset);
     tc_shared_init();
-    group_hangs_up_around_stop();
-    pause_survives_restart();
-    tc_kill(TC.coord);
-    TC.coord = 0;
-    ring_unlink(TC.ring);
-    unlink(TC.ledger);
-    nan_during_drain();
-    for (int i = 0; i < 4; i++) {
-        tc_kill(kids[i]);
-        kids[i] = 0;
+    for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {
+        reset();
+        part[i]();
     }
-    tc_kill(TC.coord);
-    TC.coord = 0;
-    ring_unlink(TC.ring);
-    unlink(TC.ledger);
-    group_lost_in_transit();
-    for (int i = 0; i < 4; i++) {
-        tc_kill(kids[i]);
-        kids[i] = 0;
-    }
-    tc_kill(TC.coord);
-    TC.coord = 0;
-    ring_unlink(TC.ring);
-    unlink(TC.ledger);
-    late_trained_after_restart();
-    tc_kill(TC.coord);
-    TC.coord = 0;
-    ring_unlink(TC.ring);
-    unlink(TC.ledger);
-    detached_target_keeps_lease();
-    tc_kill(TC.coord);
-    TC.coord = 0;
-    ring_unlink(TC.ring);
-    unlink(TC.ledger);
-    late_published_after_rollback();
-    tc_kill(TC.coord);
-    TC.coord = 0;
-    ring_unlink(TC.ring);
-    unlink(TC.ledger);
-    late_trained_then_published();
     return 0;
 }

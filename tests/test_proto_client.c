@@ -55,6 +55,25 @@ static void read_hello(int fd)
         _exit(6);
 }
 
+/* Every frame the client sends until it closes the connection, handed to fn one by one. */
+static void read_frames(int fd, void (*fn)(const struct proto_msg *m, void *arg), void *arg)
+{
+    static uint8_t buf[1 << 16];
+    size_t have = 0, off = 0;
+    ssize_t k;
+    while (have < sizeof buf && (k = read(fd, buf + have, sizeof buf - have)) > 0)
+        have += (size_t)k;
+    while (have - off >= sizeof(struct proto_hdr)) {
+        const struct proto_hdr *hd = (const struct proto_hdr *)(buf + off);
+        size_t n = sizeof *hd + hd->len;
+        struct proto_msg m;
+        if (n > have - off || proto_decode(buf + off, n, &m, NULL, 0) < 0)
+            _exit(7);
+        fn(&m, arg);
+        off += n;
+    }
+}
+
 static void send_welcome(int fd, uint32_t heartbeat_ms, uint32_t n_regrants)
 {
     struct proto_msg w = { .type = PROTO_WELCOME };
@@ -146,6 +165,11 @@ static void test_regrants_delivered(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+static void count_heartbeat(const struct proto_msg *m, void *arg)
+{
+    *(int *)arg += m->type == PROTO_HEARTBEAT;
+}
+
 /* client_idle (a daemon waiting for its checkpoint write): the heartbeat keeps going and a
  * CONTROL pushed meanwhile is kept for the next client_poll. The server counts heartbeats. */
 static void test_idle_keeps_heartbeat(int lfd)
@@ -163,22 +187,8 @@ static void test_idle_keeps_heartbeat(int lfd)
         ctl.control.cmd = PROTO_CTL_PAUSE;
         proto_strset(ctl.control.reason, sizeof ctl.control.reason, "pushed while idle");
         send_frame(fd, &ctl);
-        /* every frame the client sends until it closes: count the heartbeats */
-        static uint8_t buf[1 << 16];
-        size_t have = 0, off = 0;
-        ssize_t k;
-        while (have < sizeof buf && (k = read(fd, buf + have, sizeof buf - have)) > 0)
-            have += (size_t)k;
         int beats = 0;
-        while (have - off >= sizeof(struct proto_hdr)) {
-            const struct proto_hdr *hd = (const struct proto_hdr *)(buf + off);
-            size_t n = sizeof *hd + hd->len;
-            struct proto_msg m;
-            if (n > have - off || proto_decode(buf + off, n, &m, NULL, 0) < 0)
-                _exit(7);
-            beats += m.type == PROTO_HEARTBEAT;
-            off += n;
-        }
+        read_frames(fd, count_heartbeat, &beats);
         _exit(beats >= 4 ? 0 : 10 + beats);
     }
     struct client *c = NULL;
@@ -193,6 +203,13 @@ static void test_idle_keeps_heartbeat(int lfd)
     CHECK_STR(m.control.reason, "pushed while idle");
     client_free(c);
     CHECK_INT(reap(srv), ==, 0);
+}
+
+static void count_held(const struct proto_msg *m, void *arg)
+{
+    int *seen = arg;
+    seen[0] += m->type == PROTO_LEASE_RETURN && m->batch.batch_id == 7;
+    seen[1] += m->type == PROTO_ERROR && m->error.code == -DF_ENAN;
 }
 
 /* A drafter's skip report and its error written while the coordinator is away are held and
@@ -213,23 +230,9 @@ static void test_held_until_reconnect(int lfd)
             _exit(2);
         read_hello(fd);
         send_welcome(fd, 10000, 0);
-        static uint8_t buf[1 << 16];
-        size_t have = 0, off = 0;
-        ssize_t k;
-        while (have < sizeof buf && (k = read(fd, buf + have, sizeof buf - have)) > 0)
-            have += (size_t)k;
-        int skipped = 0, nan = 0;
-        while (have - off >= sizeof(struct proto_hdr)) {
-            const struct proto_hdr *hd = (const struct proto_hdr *)(buf + off);
-            size_t n = sizeof *hd + hd->len;
-            struct proto_msg m;
-            if (n > have - off || proto_decode(buf + off, n, &m, NULL, 0) < 0)
-                _exit(7);
-            skipped += m.type == PROTO_LEASE_RETURN && m.batch.batch_id == 7;
-            nan += m.type == PROTO_ERROR && m.error.code == -DF_ENAN;
-            off += n;
-        }
-        _exit(skipped == 1 && nan == 1 ? 0 : 10 + 2 * skipped + nan);
+        int seen[2] = { 0, 0 };     /* skip reports of batch 7, NaN errors */
+        read_frames(fd, count_held, seen);
+        _exit(seen[0] == 1 && seen[1] == 1 ? 0 : 10 + 2 * seen[0] + seen[1]);
     }
     struct client *c = NULL;
     struct client_opts o = opts();
