@@ -44,7 +44,7 @@ for ph in $phases; do
     asan)  run_phase asan SAN=address,undefined ;;
     # TSan does not follow memory shared between processes: the ring, collective and
     # coordinator have thread variants of their concurrent tests; those run here.
-    tsan)  run_phase tsan SAN=thread -- "${TSAN_TESTS:-_thread|coordinator|ledger}" ;;
+    tsan)  run_phase tsan SAN=thread -- "${TSAN_TESTS:-_thread|_race|coordinator|ledger}" ;;
     # Every libFuzzer target for a bounded time (tools/fuzz.sh --ci); one result.
     fuzz)  echo "=== fuzz: tools/fuzz.sh --ci"
            if tools/fuzz.sh --ci; then total_p=$((total_p + 1)); else total_f=$((total_f + 1)); fi ;;
