@@ -164,6 +164,8 @@ static struct batch *next_pending(struct coord *co)
 
 /* ---- ring lookups ---- */
 
+/* Every slot's state now. Never NULL: callers take "no slot holds it" as "consumed" and queue
+ * the batch again, so an unknown answer would have batches trained twice. */
 static struct ring_slot_stat *slot_snapshot(struct coord *co)
 {
     static struct ring_slot_stat *slots;
@@ -175,8 +177,10 @@ static struct ring_slot_stat *slot_snapshot(struct coord *co)
         slots = calloc(n, sizeof *slots);
     }
     struct ring_stats st;
-    if (!slots || ring_stats(co->ring, &st, slots) < 0)
-        return NULL;
+    if (!slots || ring_stats(co->ring, &st, slots) < 0) {
+        log_error(-ENOMEM, "ring %s: no memory for a snapshot of its %u slots", co->ring_name, n);
+        exit(DAEMON_EX_FAILURE);    /* systemd restarts it; the ledger is consistent */
+    }
     return slots;
 }
 
