@@ -135,10 +135,13 @@ deps:
 	tools/install-deps.sh
 
 install: $(BIN_PATHS)
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)/etc/dflash
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)/etc/dflash \
+	  $(DESTDIR)$(PREFIX)/share/doc/dflash
 	install -m 0755 $(BIN_PATHS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 README.md docs/*.md $(DESTDIR)$(PREFIX)/share/doc/dflash/
 	for u in systemd/*.service systemd/*.target; do \
-	  sed 's|@BINDIR@|$(PREFIX)/bin|g' $$u > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u); done
+	  sed 's|@BINDIR@|$(PREFIX)/bin|g; s|@DOCDIR@|$(PREFIX)/share/doc/dflash|g' $$u \
+	    > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u); done
 	install -m 0644 etc/dflash.ini $(DESTDIR)/etc/dflash/dflash.ini
 
 clean:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# drafter_gpu.sh: the CUDA drafter check in one call on the GPU machine (one or two GPUs), from the
+# drafter_gpu.sh: the CUDA drafter check in one run on a CUDA host (one or two GPUs), from the
 # repo root: a full build (nvcc: sm_90a code + compute_90 PTX) in its own build dir, every GPU test
 # (tests/run.sh 'cuda|gpukern|nccl|gpu_cluster'; the two-GPU ones skip on one GPU), the realistic-
 # shape parity against PyTorch (bench/drafter_parity_gpu.sh) first so its test runs in that pass,

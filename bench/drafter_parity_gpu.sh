@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# drafter_parity_gpu.sh: the CUDA drafter step against PyTorch at a realistic shape, in one call on the
-# GPU machine, from the repo root (`.devdeps` carried): tools/parity_drafter_torch.py (hidden 1024,
+# drafter_parity_gpu.sh: the CUDA drafter step against PyTorch at a realistic shape, in one run on a
+# CUDA host, from the repo root (tools/device-env.sh supplies missing -dev packages): tools/parity_drafter_torch.py (hidden 1024,
 # 2 layers, 16/8 heads x 128, vocab 32000, sequences 3072 + 2048 + 1008, 512 anchors each, block 16)
 # writes the drafter checkpoint, the batch and the PyTorch bf16 / fp32 loss and gradients while only
 # what tests/test_drafter_cuda_torch.c needs is built (nvcc, sm_90); then the test runs on them.

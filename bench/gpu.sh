@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu.sh: the whole CUDA target check on the GPU machine, in one call, from the repo root:
+# gpu.sh: the whole CUDA target check on a CUDA host, in one run, from the repo root:
 # build (nvcc, sm_90), every GPU test, compute-sanitizer memcheck + racecheck on the tiny runs,
 # transformers parity on a realistic Qwen3, then the Qwen3-8B-shape bench; a short table last.
 #   bench/gpu.sh [steps]    steps: any of build tests san parity bench (default: all)
@@ -46,8 +46,8 @@ GK_TESTS="embed rmsnorm rope swiglu gemm attention"
 TARGETS="$B/tests/test_target_cuda $B/tests/test_target_cuda_hf $B/bench/target_bench"
 for t in $GK_TESTS; do TARGETS="$TARGETS $B/tests/test_gpukern_$t"; done
 if has build; then
-  # Other parts of model/ may be mid-edit in a shared checkout: if the full library does not build,
-  # build one from just what the target needs.
+  # If the full library does not build (e.g. another part of model/ is broken), build one from just
+  # what the target needs.
   if ! step build 300 make -j${JOBS:-16} BUILD=$B LIBDIRS="common ipc model" $TARGETS; then
     MIN_C="common/err.c common/proc.c ipc/ring.c model/target.c model/target_cpu.c model/cpu_ops.c model/hfconfig.c model/safetensors.c"
     step build_minimal 300 make -j${JOBS:-16} BUILD=$B LIBDIRS="common ipc model" LIB_SRC="$MIN_C" \

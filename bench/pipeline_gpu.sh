@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# pipeline_gpu.sh: the whole pipeline on two GPUs in one call, from the repo root: build (nvcc), then
+# pipeline_gpu.sh: the whole pipeline on two GPUs in one run, from the repo root: build (nvcc), then
 # coordinator + target-d@0 (GPU 0, CUDA) + drafter-d@1 (GPU 1, CUDA; on one GPU drafter-d@0 beside the
 # target, see PIPE_SHARE_GPU) train for SECONDS (default 300)
 # on a random Qwen3 target of small-realistic shape; halfway the target is SIGKILLed and restarted by
@@ -12,7 +12,7 @@
 # (default "build run test"), PIPE_BUDGET
 # (s, default 520: the run is shortened rather than cut off), PIPE_SHAPE (realistic | small | tiny;
 # tiny with PIPE_BACKEND=cpu checks this script on a machine without a GPU).
-# Logs: $OUT when set (the device machine), else build-gpu/pipeline-logs.
+# Logs: $OUT when set, else build-gpu/pipeline-logs.
 set -u
 cd "$(dirname "$0")/.."
 T_START=$(date +%s)
@@ -65,7 +65,7 @@ run_pipeline() {
   esac
   local t0 py TORCH_PY=
   t0=$(date +%s)
-  # The interpreter with torch (PATH's python3 on the GPU machine, not always /usr/bin/python3).
+  # The interpreter with torch (PATH's python3 on a GPU host, not always /usr/bin/python3).
   for py in python3 /usr/bin/python3 /usr/local/bin/python3; do
     if [[ -z $TORCH_PY ]] && command -v "$py" >/dev/null && "$py" -c 'import torch, safetensors' 2>/dev/null; then
       TORCH_PY=$(command -v "$py")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# profile_gpu.sh: where the CUDA drafter's training step spends its time, on the GPU machine, from
+# profile_gpu.sh: where the CUDA drafter's training step spends its time, on a CUDA host, from
 # the repo root: builds drafter_bench and the attention test (nvcc, sm_90), times the attention
 # kernels (random and sorted anchors, the backward's query and key passes apart) and checks the
 # LM head + CE kernels (test_gpukern_lmhead_ce), then runs

@@ -61,7 +61,7 @@
  *     idempotently (state only moves forward, except by a generation rollback).
  *  5. Any daemon: HEARTBEAT(stats) every heartbeat period; ERROR(fatal, code, message).
  *     s acts: non-fatal = logged and counted; code DF_ENAN = cluster paused (PAUSE
- *     pushed); fatal = drain, then stop with the reason.
+ *     pushed); fatal = drain, then FAILED with the reason (the coordinator exits 78).
  *  6. s pushes CONTROL(PAUSE|RESUME|DRAIN|STOP, reason) to daemons. On DRAIN targets
  *     finish/return their leases and drafters write a final checkpoint; STOP = exit.
  *  7. dflashctl (role CTL): QUERY(what) -> REPLY(status, JSON text); CONTROL(cmd) ->

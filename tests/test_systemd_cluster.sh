@@ -38,7 +38,7 @@ cl_ini_add drafter.checkpoint_every=50 data.epochs=50
 U=$T/units
 mkdir -p "$U/dflash.target.wants"
 for f in systemd/*.service systemd/*.target; do
-  sed "s|@BINDIR@|$CL_BIN|g" "$f" >"$U/$(basename "$f")"
+  sed "s|@BINDIR@|$CL_BIN|g; s|@DOCDIR@|$CL_SRC/docs|g" "$f" >"$U/$(basename "$f")"
 done
 dropin() {  # dropin UNIT LOGNAME [extra Service lines]
   mkdir -p "$U/$1.d"

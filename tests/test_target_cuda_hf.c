@@ -1,6 +1,6 @@
 /* test_target_cuda_hf.c: the CUDA target forward on a Qwen3 of realistic shape (hidden 1024, 24 layers,
  * random weights) against transformers, on one packed batch. The data comes from
- * `tools/bench_target_hf.py parity --out DIR` (run on the GPU machine; DIR/model, DIR/ref.safetensors);
+ * `tools/bench_target_hf.py parity --out DIR` (run on a CUDA host; DIR/model, DIR/ref.safetensors);
  * DFLASH_HF_PARITY_DIR=DIR selects it, else the test skips (77), as it does without a GPU.
  * Per captured layer it prints the relative error of the CUDA forward against transformers in bf16
  * and in fp32, and of transformers bf16 against fp32. Pass: within 1e-2 of the fp32 run, or no

@@ -26,15 +26,18 @@ UNITS="dflash-coordinator.service dflash-target@.service dflash-drafter@.service
 for u in $UNITS; do
   f=$T/root/opt/dflash/lib/systemd/system/$u
   [[ -f $f ]] || fail "install: unit $u missing"
-  grep -q '@BINDIR@' "$f" && fail "install: $u still has @BINDIR@"
-  cmp -s <(sed 's|@BINDIR@|/opt/dflash/bin|g' "systemd/$u") "$f" || fail "install: $u is not the substituted source"
+  grep -q '@BINDIR@\|@DOCDIR@' "$f" && fail "install: $u still has @BINDIR@ or @DOCDIR@"
+  cmp -s <(sed 's|@BINDIR@|/opt/dflash/bin|g; s|@DOCDIR@|/opt/dflash/share/doc/dflash|g' "systemd/$u") "$f" ||
+    fail "install: $u is not the substituted source"
+  doc=$(sed -n 's|^Documentation=file://||p' "$f")
+  [[ -f $T/root$doc ]] || fail "install: $u names $doc, which is not installed"
 done
-echo "make install: binaries, units, config in place"
+echo "make install: binaries, units, config, docs in place"
 
 # systemd-analyze verify needs the ExecStart binaries: point @BINDIR@ at the build.
 mkdir -p "$T/u"
 abs=$(cd "$BIN" && pwd)
-for u in $UNITS; do sed "s|@BINDIR@|$abs|g" "systemd/$u" >"$T/u/$u"; done
+for u in $UNITS; do sed "s|@BINDIR@|$abs|g; s|@DOCDIR@|$PWD/docs|g" "systemd/$u" >"$T/u/$u"; done
 (cd "$T/u" && systemd-analyze verify --man=no ./dflash.target ./dflash-coordinator.service \
   ./dflash-target@0.service ./dflash-drafter@3.service) >"$T/verify.log" 2>&1
 rc=$?

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# bench_target_hf.py: the transformers side of the CUDA target checks, run on the GPU machine.
+# bench_target_hf.py: the transformers side of the CUDA target checks, run on a CUDA host.
 #
 #   parity --out DIR   random Qwen3 of realistic shape (hidden 1024, 24 layers, GQA 16/8, head_dim
 #                      128), saved to DIR/model (bf16 safetensors, transformers-5 config); a packed

@@ -1,5 +1,6 @@
-# device-env.sh: source on the GPU machine (no apt there) to use the Debian
-# packages carried in .devdeps/: `. tools/device-env.sh` from the repo root.
+# device-env.sh: on a host that lacks libuv, inih, cJSON, SQLite and libsystemd and has no apt,
+# unpacks the Debian packages in .devdeps/ and points the compiler and loader at them:
+# `. tools/device-env.sh` from the repo root.
 D=${DEVDEPS_ROOT:-/tmp/dflash-devdeps}
 if [ ! -d "$D/usr" ]; then
   for f in .devdeps/*.deb; do dpkg -x "$f" "$D"; done

@@ -3,7 +3,7 @@
 # Builds tiny random Qwen3 and Llama checkpoints, runs 3 sequences each alone in fp32 with
 # output_hidden_states=True, and writes the checkpoints plus every hidden state for the C tests.
 #
-# Output (--out DIR; --tar FILE packs DIR as golden/ into FILE, the device machine returns few files):
+# Output (--out DIR; --tar FILE packs DIR as golden/ into FILE, one file to copy):
 #   qwen3/      config.json (transformers-5 form) + model.safetensors (bf16, tied embeddings)
 #   llama/      config.json (transformers-5 form) + 3 fp32 shards + model.safetensors.index.json
 #               (GQA, Llama-3 rope scaling, attention and MLP biases, untied LM head)

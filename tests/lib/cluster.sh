@@ -241,7 +241,7 @@ EOF2
 }
 
 # Rows as the sqlite3 shell prints them ('|' between columns); Python's sqlite3 where the shell
-# is missing (the GPU machine has none).
+# is missing (some GPU hosts have none).
 cl_sql() {
   if command -v sqlite3 >/dev/null; then
     sqlite3 -batch -noheader "$CL_DIR/state/$CL_NAME-ledger.db" "$1"
