@@ -76,7 +76,7 @@ const struct cfg_key cfg_keys[] = {
     D(drafter, grad_clip, 0, 1e9, "1.0", "global gradient norm clip (0 = off)"),
     I(drafter, checkpoint_every, 1, 1 << 30, "1000", "steps between checkpoints"),
     S(drafter, checkpoint_dir, "", "empty = <state_dir>/checkpoints"),
-    S(drafter, metrics_path, "", "empty = <state_dir>/metrics-rank<N>.jsonl"),
+    S(drafter, metrics_path, "", "empty = <state_dir>/metrics-rank<N>.jsonl; set: every rank appends its lines (each names its rank) to this one file"),
     I(drafter, seed, 0, 4294967295.0, "42", "init and anchor seed"),
     I(drafter, threads, 1, 1024, "1", "CPU backend threads"),
     I(drafter, devices, 1, 1024, "8", "instance index must be below this"),
