@@ -397,13 +397,21 @@ static int checkpoint(struct dft *f, const char *why, int wait)
     return started && wait ? ckpt_collect(f, 1) : 0;
 }
 
+static void flush_events(struct dft *f, uint64_t ms);
+
 /* After a group step: a rank voting to stop, the periodic step, or a drain with nothing left. */
 static void checkpoint_if_due(struct dft *f, int ghave, int gstop)
 {
     int64_t step = step_count(f);
-    if (gstop)
+    if (gstop) {
+        /* The group's checkpoint first, then every rank waits until the coordinator has it:
+         * a rank leaving earlier ends the generation, which would roll back to the one before. */
         checkpoint(f, "a rank is stopping", 1);
-    else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
+        if (f->rank == 0)
+            flush_events(f, 10000);     /* CHECKPOINTED acknowledged */
+        if (f->coll && coll_barrier(f->coll) < 0)
+            log_warn(0, "a peer left before the stop checkpoint was recorded");
+    } else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
         checkpoint(f, "periodic", 0);
     else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step))
         checkpoint(f, "draining", 1);
