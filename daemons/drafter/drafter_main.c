@@ -706,31 +706,49 @@ static void floats_to_metrics(const float *in, struct drafter_metrics *m)
         v[i] = in[i];
 }
 
+/* A batch whose payload cannot be trained (a header out of the ring's bounds, tokens out of the
+ * vocabulary, ...): reported, and handed back so its target publishes it again. */
+static void reject_batch(struct dft *f, unsigned slot, uint64_t batch_id, int code, const char *why)
+{
+    log_error(code, "slot %u, batch %" PRIu64 ": %s", slot, batch_id, why);
+    client_error(f->cl, 0, code, "slot %u batch %" PRIu64 ": %s", slot, batch_id, why);
+    client_batch_skipped(f->cl, batch_id);
+}
+
 /* Train on the slot's batch: gradients into dr->grads, metric sums into *m. The slot is
  * released as soon as its data has been read. Returns 1 trained, 0 nothing usable, <0 fatal. */
 static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m, uint64_t *batch_id,
                         uint32_t *n_seqs)
 {
-    const struct ring_payload *p = ring_slot_header(f->ring, slot);
+    /* The header is read once, and bounded by the ring's layout before anything is indexed
+     * with it: a slot is shared memory, written by another process. */
+    const volatile struct ring_payload *p = ring_slot_header(f->ring, slot);
+    const struct ring_layout *lay = ring_layout(f->ring);
+    *batch_id = p->batch_id;
+    *n_seqs = p->n_seqs;
+    uint32_t epoch = p->epoch, n_tokens = p->n_tokens;
+    if (*n_seqs > lay->max_seqs || n_tokens > lay->max_tokens || n_tokens > (uint32_t)f->dr->max_tokens) {
+        char why[128];
+        snprintf(why, sizeof why, "%u sequences / %u tokens: beyond the ring's slots (%u / %u) or the drafter (%d)",
+                 *n_seqs, n_tokens, lay->max_seqs, lay->max_tokens, f->dr->max_tokens);
+        ring_release(f->ring, slot);
+        reject_batch(f, slot, *batch_id, -DF_ERANGE, why);
+        return 0;
+    }
     struct obj_batch b = {
         .tokens = ring_slot_tokens(f->ring, slot),
         .loss_mask = ring_slot_loss_mask(f->ring, slot),
         .cu_seqlens = ring_slot_cu_seqlens(f->ring, slot),
-        .n_seqs = (int)p->n_seqs,
-        .n_tokens = (int)p->n_tokens,
+        .n_seqs = (int)*n_seqs,
+        .n_tokens = (int)n_tokens,
         .hidden_bf16 = ring_slot_hidden(f->ring, slot),
         .hidden_pitch = ring_hidden_pitch(f->ring) / 2,
     };
     char err[512];
-    *batch_id = p->batch_id;
-    *n_seqs = p->n_seqs;
-    uint32_t epoch = p->epoch;
     int r = obj_batch_check(&b, f->dc.vocab_size, err, sizeof err);
-    if (r < 0 || b.n_tokens > f->dr->max_tokens) {
-        log_error(r, "slot %u, batch %" PRIu64 ": %s", slot, *batch_id, r < 0 ? err : "too many tokens");
-        client_error(f->cl, 0, r < 0 ? r : -DF_ERANGE, "slot %u batch %" PRIu64 ": %s", slot, *batch_id,
-                     r < 0 ? err : "too many tokens");
+    if (r < 0) {
         ring_release(f->ring, slot);
+        reject_batch(f, slot, *batch_id, r, err);
         return 0;
     }
     struct obj_rng_key key = { .seed = (uint64_t)f->cfg->drafter.seed, .epoch = epoch, .batch_id = *batch_id,
@@ -1065,8 +1083,7 @@ static int fill_feed(struct dft *f, uint64_t *idle_ns)
         uint64_t id = ring_slot_header(f->ring, slot)->batch_id;
         r = feed_stage(f->feed, slot);
         if (r == -DF_ERANGE) {
-            log_error(r, "slot %u, batch %" PRIu64 ": header out of the ring's bounds", slot, id);
-            client_error(f->cl, 0, r, "slot %u batch %" PRIu64 ": header out of the ring's bounds", slot, id);
+            reject_batch(f, slot, id, r, "header out of the ring's bounds");
             continue;
         }
         if (r < 0) {
@@ -1091,8 +1108,7 @@ static int enqueue_batch(struct dft *f, uint64_t *batch_id, uint32_t *epoch, uin
         char err[512];
         int r = obj_batch_check(&fb->b, f->dc.vocab_size, err, sizeof err);
         if (r < 0) {
-            log_error(r, "slot %u, batch %" PRIu64 ": %s", fb->slot, fb->batch_id, err);
-            client_error(f->cl, 0, r, "slot %u batch %" PRIu64 ": %s", fb->slot, fb->batch_id, err);
+            reject_batch(f, fb->slot, fb->batch_id, r, err);
             feed_consumed(f->feed, NULL);
             continue;
         }

@@ -286,7 +286,7 @@ static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char
         uint32_t len = dataset_sample_len(&t->ds, s);
         if (l->max_seq_len && len > l->max_seq_len)
             len = l->max_seq_len;
-        if (n + len > lay->max_tokens) {
+        if (len > lay->max_tokens - n) {    /* n <= max_tokens: no wrap */
             snprintf(err, errlen, "batch %" PRIu64 ": more tokens than the grant says (%u)", l->batch_id, l->n_tokens);
             return -DF_ERANGE;
         }
