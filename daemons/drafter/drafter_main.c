@@ -439,6 +439,13 @@ static void set_heartbeat(struct dft *f)
     client_set_heartbeat(f->cl, &hb);
 }
 
+#ifdef DFLASH_HAVE_CUDA
+static void hand_back(uint64_t batch_id, void *cl)
+{
+    client_batch_skipped(cl, batch_id);
+}
+#endif
+
 /* broken: the group failed, so a collective may never complete: abort rather than finish it. */
 static void leave_group_how(struct dft *f, int broken)
 {
@@ -447,11 +454,11 @@ static void leave_group_how(struct dft *f, int broken)
         nccl_coll_abort(f->nccl, -DF_EDEAD);
     nccl_coll_close(f->nccl);
     f->nccl = NULL;
-    /* Staged slots not yet released go back to READY for the next generation; the batches of
-     * steps in flight are handed back below (the coordinator re-queues those it has not re-queued
-     * already), the next GROUP reloads the weights. */
+    /* Staged slots not yet released go back to READY for the next generation; staged batches
+     * whose slot was released and the batches of steps in flight are handed back (the coordinator
+     * re-queues those it has not re-queued already); the next GROUP reloads the weights. */
     if (f->feed)
-        feed_drop_all(f->feed);
+        feed_drop_all(f->feed, hand_back, f->cl);
     /* Steps whose results were never read: their batches were consumed and not reported. */
     for (int i = 0; i < f->fl_n; i++) {
         const struct step_rec *rec = &f->fl[(f->fl_head + i) % STEPS_IN_FLIGHT];

@@ -92,7 +92,7 @@ void feed_free(struct feed *f)
     if (!f)
         return;
     cudaSetDevice(f->device);
-    feed_drop_all(f);
+    feed_drop_all(f, NULL, NULL);
     for (int i = 0; i < FEED_DEPTH; i++) {
         if (f->dev[i])
             cudaFree(f->dev[i]);
@@ -225,7 +225,7 @@ int feed_consumed(struct feed *f, void *input_event)
     return cudaStreamWaitEvent(f->copy, (cudaEvent_t)input_event, 0) == cudaSuccess ? 0 : -DF_ECUDA;
 }
 
-void feed_drop_all(struct feed *f)
+void feed_drop_all(struct feed *f, void (*released)(uint64_t batch_id, void *arg), void *arg)
 {
     if (f->copy)
         cudaStreamSynchronize(f->copy);
@@ -233,6 +233,8 @@ void feed_drop_all(struct feed *f)
         struct feed_entry *e = at(f, i);
         if (e->fb.held && !e->lost)
             ring_requeue(f->ring, e->fb.slot);
+        else if (!e->fb.held && !e->lost && released)
+            released(e->fb.batch_id, arg);
     }
     f->n = 0;
     f->head = 0;

@@ -47,5 +47,6 @@ struct feed_batch *feed_front(struct feed *f, int *lost, int *rc);
 int feed_consumed(struct feed *f, void *input_event);
 
 /* Drop every staged batch (leaving a group): slots still held go back to READY (ring_requeue) so
- * another generation trains them; released ones are the coordinator's to re-queue. */
-void feed_drop_all(struct feed *f);
+ * another generation trains them; for each one whose slot was already released, released(batch_id,
+ * arg) (may be NULL): only a report makes the coordinator publish it again. */
+void feed_drop_all(struct feed *f, void (*released)(uint64_t batch_id, void *arg), void *arg);
