@@ -616,6 +616,16 @@ void client_free(struct client *c)
 const struct proto_welcome *client_welcome(const struct client *c) { return &c->welcome; }
 int client_connected(const struct client *c) { return c->fd >= 0; }
 int client_ended(const struct client *c) { return c->ended; }
+
+int client_interrupt_queued(const struct client *c)
+{
+    for (size_t i = 0; i < c->q_len; i++) {
+        const struct proto_msg *m = &c->q[(c->q_head + i) % c->q_cap].m;
+        if (m->type == PROTO_RESTART || (m->type == PROTO_CONTROL && m->control.cmd == PROTO_CTL_STOP))
+            return (int)m->type;
+    }
+    return 0;
+}
 int client_fd(const struct client *c) { return c->fd; }
 
 void client_get_stats(const struct client *c, struct client_stats *st)

@@ -82,6 +82,10 @@ int client_connected(const struct client *c);
  * this client again, so events still unacknowledged never will be. */
 int client_ended(const struct client *c);
 int client_fd(const struct client *c);      /* -1 while disconnected */
+/* PROTO_RESTART or PROTO_CONTROL (a STOP) when such a pushed message waits unread in the queue
+ * (the first of them), else 0: a daemon blocked in a long wait (a collective of its group) may
+ * give that wait up and read it. */
+int client_interrupt_queued(const struct client *c);
 void client_get_stats(const struct client *c, struct client_stats *st);
 
 /* Sending. All return 0 (sent, or queued while disconnected) or <0. */

@@ -48,7 +48,7 @@ struct coll {
     struct map_ent *map;
     int rank, world;
     int timeout_ms;
-    void (*idle)(void *arg);
+    int (*idle)(void *arg);
     void *idle_arg;
     uint64_t chunk;
     uint64_t bar_seq;   /* barriers this rank has entered */
@@ -187,8 +187,8 @@ static int barrier(struct coll *c)
                     coll_abort(c, -DF_EDEAD);
                     break;
                 }
-            if (c->idle)
-                c->idle(c->idle_arg);
+            if (c->idle && c->idle(c->idle_arg))
+                coll_abort(c, -ECANCELED);
             next_check = mono_ns() + CHECK_SLICE_NS;
         }
         if (deadline && now >= deadline)
@@ -392,7 +392,10 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
             return -DF_ETIMEOUT;
         }
         if (c->idle && mono_ns() >= next_idle) {
-            c->idle(c->idle_arg);
+            if (c->idle(c->idle_arg)) {
+                snprintf(err, errlen, "collective %s: rank %d stopped waiting for rank 0", name, c->rank);
+                return -ECANCELED;
+            }
             next_idle = mono_ns() + CHECK_SLICE_NS;
         }
         /* Nothing to wait on before the object exists: poll with a growing nap. */

@@ -19,8 +19,10 @@ struct coll_opts {
     unsigned mode;         /* permission bits of the shm object (0 = 0600) */
     /* Optional: called about every 50 ms while this rank waits (for rank 0's object, for its
      * peers in any collective), so a daemon can keep its heartbeat and watchdog going while a
-     * peer is slow (e.g. writing a checkpoint). It must not call this group's collectives. */
-    void (*idle)(void *arg);
+     * peer is slow (e.g. writing a checkpoint). It must not call this group's collectives. A
+     * non-zero return gives the wait up (the group is over, e.g. the coordinator restarts it):
+     * the call returns -ECANCELED, and so does every later one (coll_abort). */
+    int (*idle)(void *arg);
     void *idle_arg;
 };
 

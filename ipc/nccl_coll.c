@@ -16,13 +16,17 @@
 
 _Static_assert(sizeof(ncclUniqueId) == NCCL_COLL_ID_BYTES, "ncclUniqueId size");
 
-#define POLL_NS 20000   /* between polls of a pending NCCL operation or CUDA event */
+#define POLL_NS 20000       /* between polls of a pending NCCL operation or CUDA event */
+#define IDLE_NS 50000000ull /* between calls of the idle hook while waiting */
 
 struct nccl_coll {
     ncclComm_t comm;        /* NULL once aborted */
     int rank, world, device;
     int timeout_ms;
     int abort_code;         /* 0 while healthy */
+    int (*idle)(void *);
+    void *idle_arg;
+    uint64_t next_idle_ns;
 };
 
 static uint64_t deadline_of(int timeout_ms)
@@ -30,10 +34,25 @@ static uint64_t deadline_of(int timeout_ms)
     return timeout_ms < 0 ? UINT64_MAX : mono_ns() + (uint64_t)timeout_ms * 1000000ull;
 }
 
-static void nap(void)
+/* One poll interval of a wait; the idle hook every IDLE_NS. 0, or non-zero when the hook gave
+ * the wait up (the group is aborted then). */
+static int nap(struct nccl_coll *c)
 {
     struct timespec ts = { 0, POLL_NS };
     nanosleep(&ts, NULL);
+    if (!c->idle)
+        return 0;
+    uint64_t now = mono_ns();
+    if (!c->next_idle_ns) {
+        c->next_idle_ns = now + IDLE_NS;
+    } else if (now >= c->next_idle_ns) {
+        if (c->idle(c->idle_arg)) {
+            nccl_coll_abort(c, -ECANCELED);
+            return 1;
+        }
+        c->next_idle_ns = mono_ns() + IDLE_NS;
+    }
+    return 0;
 }
 
 int nccl_coll_available(void) { return 1; }
@@ -84,12 +103,13 @@ static int settle(struct nccl_coll *c, uint64_t deadline, const char *what, char
             nccl_coll_abort(c, code);
             return code;
         }
-        nap();
+        if (nap(c))
+            return df_fail(err, errlen, c->abort_code, "nccl rank %d/%d: %s: given up", c->rank, c->world, what);
     }
 }
 
 int nccl_coll_open(struct nccl_coll **out, const uint8_t id[NCCL_COLL_ID_BYTES], int rank, int world,
-                   int device, int timeout_ms, char *err, size_t errlen)
+                   int device, int timeout_ms, int (*idle)(void *), void *idle_arg, char *err, size_t errlen)
 {
     *out = NULL;
     if (!id || world < 1 || rank < 0 || rank >= world || device < 0)
@@ -106,6 +126,8 @@ int nccl_coll_open(struct nccl_coll **out, const uint8_t id[NCCL_COLL_ID_BYTES],
     c->world = world;
     c->device = device;
     c->timeout_ms = timeout_ms;
+    c->idle = idle;
+    c->idle_arg = idle_arg;
     ncclUniqueId u;
     memcpy(&u, id, sizeof u);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -193,7 +215,8 @@ int nccl_coll_wait(struct nccl_coll *c, void *event)
             nccl_coll_abort(c, -DF_ETIMEOUT);
             return -DF_ETIMEOUT;
         }
-        nap();
+        if (nap(c))
+            return c->abort_code;
     }
 }
 
@@ -232,9 +255,9 @@ int nccl_coll_make_id(uint8_t id[NCCL_COLL_ID_BYTES], char *err, size_t errlen)
 }
 
 int nccl_coll_open(struct nccl_coll **out, const uint8_t id[NCCL_COLL_ID_BYTES], int rank, int world,
-                   int device, int timeout_ms, char *err, size_t errlen)
+                   int device, int timeout_ms, int (*idle)(void *), void *idle_arg, char *err, size_t errlen)
 {
-    (void)id; (void)rank; (void)world; (void)device; (void)timeout_ms;
+    (void)id; (void)rank; (void)world; (void)device; (void)timeout_ms; (void)idle; (void)idle_arg;
     *out = NULL;
     return df_fail(err, errlen, -DF_EUNSUPPORTED, "nccl_coll: built without NCCL");
 }

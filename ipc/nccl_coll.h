@@ -19,10 +19,14 @@ int nccl_coll_make_id(uint8_t id[NCCL_COLL_ID_BYTES], char *err, size_t errlen);
 /* Join the group of `id` as `rank` of `world` on CUDA device `device` (made current). Returns
  * when every rank has joined: 0, -DF_ETIMEOUT (not all joined within timeout_ms; the attempt is
  * aborted), -DF_ECUDA (NCCL or CUDA failed; err says which call and why), -EINVAL.
- * timeout_ms also bounds every later nccl_coll_wait (-1 = no limit). NCCL_NVLS_ENABLE=0 is put
- * in the environment unless it is already set (NVLink multicast stays off). */
+ * timeout_ms also bounds every later nccl_coll_wait (-1 = no limit). idle(idle_arg) (may be NULL)
+ * is called about every 50 ms while this rank waits, in the join and in nccl_coll_wait, so a
+ * daemon keeps its heartbeat and watchdog going while a peer is slow; it must not call this
+ * group. A non-zero return gives the wait up: the group is aborted with -ECANCELED.
+ * NCCL_NVLS_ENABLE=0 is put in the environment unless it is already set (NVLink multicast
+ * stays off). */
 int nccl_coll_open(struct nccl_coll **out, const uint8_t id[NCCL_COLL_ID_BYTES], int rank, int world,
-                   int device, int timeout_ms, char *err, size_t errlen);
+                   int device, int timeout_ms, int (*idle)(void *), void *idle_arg, char *err, size_t errlen);
 
 /* Enqueue on `stream` (a cudaStream_t of the group's device) the in-place sums over all ranks of
  * f32 (n floats) and f64 (n64 doubles; may be NULL with n64 = 0), as one NCCL group: gradients and

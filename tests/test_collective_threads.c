@@ -90,7 +90,7 @@ static void *abort_main(void *arg)
 
 struct idle_arg { int rank; int rc; _Atomic int calls; };
 
-static void count_idle(void *arg) { atomic_fetch_add(&((struct idle_arg *)arg)->calls, 1); }
+static int count_idle(void *arg) { atomic_fetch_add(&((struct idle_arg *)arg)->calls, 1); return 0; }
 
 static void *idle_main(void *arg)
 {

@@ -33,6 +33,7 @@ struct report {
     int done[N_WHO];
     int timeout_rc;
     double timeout_s;
+    int idle_calls;             /* the idle hook while the lone rank waited */
     /* then, n_params floats each: step-0 gradients (summed, unscaled) and final parameters */
 };
 
@@ -167,7 +168,7 @@ static int rank_main(int rank, int id_fd)
     struct drafter_cuda *dc = make_cuda(rank);
     struct nccl_coll *c = NULL;
     double t0 = gk_now();
-    if (nccl_coll_open(&c, id, rank, 2, rank, 60000, err, sizeof err) < 0)
+    if (nccl_coll_open(&c, id, rank, 2, rank, 60000, NULL, NULL, err, sizeof err) < 0)
         TEST_FAIL("rank %d: %s", rank, err);
     printf("rank %d: joined the NCCL group in %.2f s\n", rank, gk_now() - t0);
     CHECK_INT(nccl_coll_rank(c), ==, rank);
@@ -211,7 +212,14 @@ static int rank_main(int rank, int id_fd)
     return 0;
 }
 
-/* Rank 0 of a world of 2 whose rank 1 never comes: the join must give up. */
+static int count_idle(void *n)
+{
+    ++*(int *)n;
+    return 0;
+}
+
+/* Rank 0 of a world of 2 whose rank 1 never comes: the join must give up, calling its idle hook
+ * (a daemon's heartbeat) all the while. */
 static int timeout_main(void)
 {
     uint8_t id[NCCL_COLL_ID_BYTES];
@@ -220,7 +228,7 @@ static int timeout_main(void)
         TEST_FAIL("%s", err);
     struct nccl_coll *c = NULL;
     double t0 = gk_now();
-    rep->timeout_rc = nccl_coll_open(&c, id, 0, 2, 0, 3000, err, sizeof err);
+    rep->timeout_rc = nccl_coll_open(&c, id, 0, 2, 0, 3000, count_idle, &rep->idle_calls, err, sizeof err);
     rep->timeout_s = gk_now() - t0;
     printf("lone rank: nccl_coll_open -> %d after %.2f s: %s\n", rep->timeout_rc, rep->timeout_s, err);
     nccl_coll_close(c);
@@ -406,6 +414,8 @@ int main(void)
     printf("lone rank: join returned %d after %.2f s (timeout 3 s)\n", rep->timeout_rc, rep->timeout_s);
     CHECK_INT(rep->timeout_rc, ==, -DF_ETIMEOUT);
     CHECK(rep->timeout_s >= 2.5 && rep->timeout_s < 30.0);
+    printf("lone rank: idle hook called %d times while waiting\n", rep->idle_calls);
+    CHECK_INT(rep->idle_calls, >=, 20);
 
     munmap(mem, bytes);
     drafter_free(host);

@@ -297,16 +297,20 @@ static int gpu_settle(struct dft *f);
 #endif
 
 /* Waiting for something slow (a peer, a checkpoint write): the heartbeat and the watchdog go
- * on; pushed messages stay queued for the loop. */
-static void keep_alive(void *arg)
+ * on; pushed messages stay queued for the loop. Non-zero when a collective's wait is to be given
+ * up: a RESTART is queued (the generation is over), or a STOP while joining (in a group a STOP
+ * waits for the step, so that rank 0 still writes the stop checkpoint). */
+static int keep_alive(void *arg)
 {
     struct dft *f = arg;
     daemon_watchdog(&f->d);
-    if (f->cl) {
-        char err[256];
-        set_heartbeat(f);
-        client_idle(f->cl, 0, err, sizeof err);
-    }
+    if (!f->cl)
+        return 0;
+    char err[256];
+    set_heartbeat(f);
+    client_idle(f->cl, 0, err, sizeof err);
+    int q = client_interrupt_queued(f->cl);
+    return q == PROTO_RESTART || (q == PROTO_CONTROL && !f->in_group);
 }
 
 /* A finished background write: report it. The state it holds stays the lineage head's successor
@@ -602,7 +606,7 @@ static int open_nccl(struct dft *f, int timeout_ms, char *err, size_t errlen)
     }
     daemon_notify_status(&f->d, "joining the NCCL group of generation %" PRIu64, f->generation);
     daemon_watchdog(&f->d);
-    r = nccl_coll_open(&f->nccl, id, f->rank, f->world, f->d.index, timeout_ms, err, errlen);
+    r = nccl_coll_open(&f->nccl, id, f->rank, f->world, f->d.index, timeout_ms, keep_alive, f, err, errlen);
     daemon_watchdog(&f->d);
     return r;
 }
@@ -1349,6 +1353,12 @@ int main(int argc, char **argv)
         if (f->have_group) {
             if ((r = enter_group(f, err, sizeof err)) < 0) {
                 log_error(r, "joining generation %" PRIu64 ": %s", f->grp.generation, err);
+                if (r == -ECANCELED || r == -DF_ETIMEOUT || r == -DF_EDEAD || r == -DF_EPEER) {
+                    /* a peer did not come, or the coordinator ended the generation: the next */
+                    if ((r = group_broken(f, r)) < 0)
+                        goto out;
+                    continue;
+                }
                 client_error(f->cl, 0, r, "%s: joining generation %" PRIu64 ": %s", f->d.ident, f->grp.generation, err);
                 flush_events(f, 2000);
                 goto out;

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# test_cluster_group_form_kill.sh: a drafter dies while its group is being formed. Rank 1 joins
+# and is frozen (SIGSTOP), rank 0 starts, the generation forms and rank 0 waits in the collective
+# for rank 1; rank 1 is SIGKILLed. The coordinator ends the generation, and rank 0 gives its wait
+# up at once on the RESTART (it once sat out the whole collective timeout, then exited 1). With
+# rank 1 started again the next generation forms and the run drains cleanly.
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib/cluster.sh
+T=${DFLASH_TEST_TMP:-$(mktemp -d)}
+trap 'cl_kill drafter1 CONT; cl_cleanup' EXIT
+fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+
+cl_init "$T/c" 2000 || exit 1
+cl_ini_add drafter.world_size=2 drafter.collective_timeout_ms=120000
+cl_start coord coordinator-d -c "$CL_INI"
+cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+cl_ring_hold || fail "no ring"
+cl_start target0 target-d -c "$CL_INI" -i 0
+cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+cl_wait 'len(drafters()) == 1' 30 coord || fail "drafter 1 did not register"
+for ((i = 0; i < 300; i++)); do grep -q "ready: drafter" "$CL_DIR/drafter1.log" && break; sleep 0.1; done
+sleep 0.5                                   # its JOIN_GROUP is out
+cl_kill drafter1 STOP
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+cl_wait 's["group"]["active"]' 30 coord || fail "the group did not form"
+sleep 1                                     # rank 0 waits in the collective for rank 1
+cl_log "generation 1 formed with a frozen rank 1: SIGKILL it"
+cl_kill drafter1 KILL
+cl_wait_exit drafter1 10
+t0=$(date +%s)
+for ((i = 0; i < 200; i++)); do grep -q "restarts as generation" "$CL_DIR/drafter0.log" && break; sleep 0.1; done
+grep -q "restarts as generation" "$CL_DIR/drafter0.log" || fail "rank 0 did not take the RESTART"
+cl_alive drafter0 || fail "rank 0 exited: $(tail -n 3 "$CL_DIR/drafter0.log")"
+cl_log "rank 0 took the RESTART after $(($(date +%s) - t0)) s and waits for the next generation"
+
+cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+cl_wait 's["group"]["active"] and s["group"]["generation"] >= 2 and step() >= 5' 60 coord ||
+  fail "the next generation did not train"
+"$CL_BIN/dflashctl" -s "$CL_SOCK" drain >/dev/null || fail "dflashctl drain"
+for n in coord target0 drafter0 drafter1; do cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"; done
+[[ $(cl_sql 'SELECT count(*) FROM batches WHERE state NOT IN (0, 4)') == 0 ]] || fail "ledger not consistent after the drain"
+echo "ok: a rank lost while its group formed: the survivor restarted at once, generation $(cl_sql 'SELECT max(gen) FROM trains') trained"
