@@ -612,8 +612,15 @@ int ckpt_latest(const char *root, char *dir, size_t dir_len, int64_t *step)
 /* ---- load ---- */
 
 /* Read and verify optimizer.bin into master/m/v (n_params floats each) and *hout; applies nothing. */
+static void progress(const struct ckpt_load_opts *o)
+{
+    if (o && o->progress)
+        o->progress(o->progress_arg);
+}
+
 static int load_optimizer(const char *path, const struct drafter *d, struct opt_header *hout,
-                          float *master, float *m, float *v, char *err, size_t errlen)
+                          float *master, float *m, float *v, const struct ckpt_load_opts *o, char *err,
+                          size_t errlen)
 {
     _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -643,10 +650,13 @@ static int load_optimizer(const char *path, const struct drafter *d, struct opt_
     size_t nb = d->n_params * sizeof(float);
     uint64_t hash = fnv1a(FNV_INIT, &h, sizeof h), want;
     r = fileio_read_all(fd, master, nb);
+    progress(o);
     if (r == 0)
         r = fileio_read_all(fd, m, nb);
+    progress(o);
     if (r == 0)
         r = fileio_read_all(fd, v, nb);
+    progress(o);
     if (r == 0)
         r = fileio_read_all(fd, &want, sizeof want);
     if (r < 0) {
@@ -669,9 +679,10 @@ static int load_optimizer(const char *path, const struct drafter *d, struct opt_
     return 0;
 }
 
-int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, bool require_optimizer,
+int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, const struct ckpt_load_opts *o,
               char *err, size_t errlen)
 {
+    const bool require_optimizer = !o || !o->weights_only_ok;
     struct drafter_config saved;
     char path[4096];
     int r = ckpt_read_config(dir, &saved, err, errlen);
@@ -700,11 +711,12 @@ int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, b
             snprintf(err, errlen, "%s: %s: %s", path, t->name, err_str(r));
             goto out;
         }
+        progress(o);
     }
     struct opt_header h;
     memset(&h, 0, sizeof h);
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_OPTIMIZER);
-    r = load_optimizer(path, d, &h, master, m, v, err, errlen);
+    r = load_optimizer(path, d, &h, master, m, v, o, err, errlen);
     if (r == -DF_EMISSING && !require_optimizer) {
         /* weights only: bf16 values, fresh optimizer */
         memcpy(d->params, w, d->n_params * sizeof(float));

@@ -53,10 +53,17 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
 int ckpt_check_config(const struct drafter_config *saved, const struct drafter_config *want,
                       const char *path, char *err, size_t errlen);
 
+struct ckpt_load_opts {
+    bool weights_only_ok;           /* without optimizer.bin: the bf16 weights, a fresh optimizer */
+    void (*progress)(void *arg);    /* optional: called between the reads (each tensor, each optimizer
+                                       array), so a daemon loading many GB keeps its heartbeat */
+    void *progress_arg;
+};
+
 /* Load <dir> into `d` (made for the same config): config.json is checked against d->cfg, every
  * tensor of model.safetensors by name and shape. With optimizer.bin (layout hash and checksum
  * checked) the fp32 master weights, moments, step and *ts are restored exactly; without it
- * (require_optimizer false) the bf16 weights are loaded, the optimizer starts fresh and *ts is
- * zeroed. */
-int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, bool require_optimizer,
+ * (o->weights_only_ok) the bf16 weights are loaded, the optimizer starts fresh and *ts is zeroed.
+ * o NULL: optimizer.bin required, no progress calls. */
+int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, const struct ckpt_load_opts *o,
               char *err, size_t errlen);

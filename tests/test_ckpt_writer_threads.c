@@ -53,7 +53,7 @@ static void loads_as(struct fixture *f, const char *dir, const struct state *s, 
     char err[512] = "";
     struct drafter *c = fixture_drafter(f, 64);
     struct ckpt_train_state ts;
-    if (ckpt_load(dir, c, &ts, true, err, sizeof err) < 0)
+    if (ckpt_load(dir, c, &ts, NULL, err, sizeof err) < 0)
         TEST_FAIL("ckpt_load %s: %s", dir, err);
     CHECK_INT(ts.step, ==, step);
     CHECK_INT(c->opt->step, ==, s->step);

@@ -130,7 +130,7 @@ int main(void)
     struct drafter *d = NULL;
     if (drafter_create(&d, &cfg, embed, lm_head, T, nb, 1, err, sizeof err) < 0)
         TEST_FAIL("drafter_create: %s", err);
-    if (ckpt_load(ckdir, d, NULL, false, err, sizeof err) < 0)
+    if (ckpt_load(ckdir, d, NULL, &(struct ckpt_load_opts){ .weights_only_ok = true }, err, sizeof err) < 0)
         TEST_FAIL("ckpt_load: %s", err);
     printf("drafter: hidden %d, %d layers, %d/%d heads x %d, intermediate %d, vocab %d, %d captured layers, "
            "%.1f M parameters\n", cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,

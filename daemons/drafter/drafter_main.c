@@ -256,6 +256,14 @@ static int gpu_load(struct dft *f, char *err, size_t errlen)
 }
 #endif
 
+static int keep_alive(void *arg);
+
+/* A load of many GB: the heartbeat and the watchdog go on between its reads. */
+static void load_progress(void *f)
+{
+    keep_alive(f);
+}
+
 /* Weights for a new group: the group's checkpoint, or a fresh init (same seed on every rank). */
 static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen)
 {
@@ -272,7 +280,8 @@ static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen
     memset(&f->ts, 0, sizeof f->ts);
     f->ts.seed = (uint64_t)f->cfg->drafter.seed;
     if (dir[0]) {
-        r = ckpt_load(dir, f->dr, &f->ts, true, err, errlen);
+        struct ckpt_load_opts lo = { .progress = load_progress, .progress_arg = f };
+        r = ckpt_load(dir, f->dr, &f->ts, &lo, err, errlen);
         if (r < 0)
             return r;
         log_notice("loaded checkpoint %s (step %" PRId64 ", epoch %" PRIu64 ")", dir, f->ts.step, f->ts.epoch);
