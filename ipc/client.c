@@ -660,7 +660,8 @@ static int send_soft(struct client *c, const struct proto_msg *m)
 
 /* Send now, or hold for the next connection: a drafter's skip report and its errors are not
  * events (no ACK, no seq) but must not vanish with the connection (a NaN must still pause the
- * cluster). The oldest goes when more than HELD_MAX pile up. */
+ * cluster). When more than HELD_MAX pile up the oldest error goes (a skip report only when all
+ * are skip reports: a lost one leaves its batch to the coordinator's orphan sweep). */
 static int send_held(struct client *c, const struct proto_msg *m)
 {
     maybe_reconnect(c, NULL, 0);
@@ -669,7 +670,10 @@ static int send_held(struct client *c, const struct proto_msg *m)
     if (r != -ENOTCONN && r != -EPIPE && r != -ECONNRESET)
         return r;
     if (c->n_held == HELD_MAX) {
-        memmove(c->held, c->held + 1, (HELD_MAX - 1) * sizeof c->held[0]);
+        size_t k = 0;
+        while (k < HELD_MAX - 1 && c->held[k].type != PROTO_ERROR)
+            k++;
+        memmove(c->held + k, c->held + k + 1, (HELD_MAX - 1 - k) * sizeof c->held[0]);
         c->n_held--;
     }
     c->held[c->n_held++] = *m;

@@ -20,7 +20,13 @@
  *     gone from the ring, and the batch is queued again, not left published in no slot.
  *  8. The same when the rollback comes first: the drafter took the copy, its generation ended
  *     (a peer died), and only then did its TRAINED and the target's PUBLISHED arrive, while the
- *     batch was still that target's lease. */
+ *     batch was still that target's lease.
+ *  9. A published batch taken from the ring by a drafter that never reports it (its report lost
+ *     with a crashed coordinator, say) is queued again once the reports' grace is over
+ *     (drafter.collective_timeout_ms + 2 x coordinator.dead_after_ms), and not before.
+ * 10. A drain started by a stop signal (systemd stopping the service) and cut short by a kill
+ *     is not resumed: the next start runs (it drained at once, wrote the stop note, and every
+ *     daemon started then found nothing to do). */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -440,6 +446,75 @@ static void late_trained_then_published(void)
     printf("ok: a copy trained by an ended generation before its PUBLISHED came is queued again\n");
 }
 
+static void silent_taker(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\ncollective_timeout_ms = 400\n[coordinator]\ndead_after_ms = 300\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    struct ring *r = peer_ring();
+    client_join_group(d);
+    int fd[2];
+    CHECK(pipe(fd) == 0);
+    pid_t t = fork_publisher(fd[1], -1);
+    uint64_t id = read_id(fd[0]);
+    CHECK_INT(tc_exit_status(t, 10000 * test_time_scale()), ==, 0);
+    close(fd[0]);
+    close(fd[1]);
+    unsigned slot;
+    CHECK_OK(ring_claim_read(r, NULL, 1000, &slot));
+    CHECK_INT(ring_slot_header(r, slot)->batch_id, ==, id);
+    CHECK_OK(ring_release(r, slot));                /* taken; no TRAINED, no skip report */
+    poll_for(d, 500);                               /* within the grace (1000 ms) */
+    CHECK_STR(tc_batch_state(id), "published");
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (strcmp(tc_batch_state(id), "queued") && mono_ms() < end)
+        poll_for(d, 50);
+    CHECK_STR(tc_batch_state(id), "queued");
+    client_free(d);
+    ring_detach(r);
+    printf("ok: a published batch taken and never reported is queued again after the grace\n");
+}
+
+/* A target that leases a batch and then neither publishes nor returns it (nor reads a DRAIN). */
+static pid_t fork_holding_target(void)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid)
+        return pid;
+    struct client *c = peer_connect(PROTO_ROLE_TARGET, 0);
+    char err[256];
+    if (client_lease_request(c, 1) < 0)
+        _exit(2);
+    for (;;)
+        client_idle(c, 50, err, sizeof err);
+}
+
+static void signal_drain_not_resumed(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    kids[0] = fork_holding_target();
+    tc_wait_num("batches.leased", 1, 5000);
+    kill(TC.coord, SIGTERM);                        /* a drain that cannot finish: a lease is held */
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (strcmp(status_str("state"), "draining") && mono_ms() < end)
+        tc_sleep_ms(20);
+    CHECK_STR(status_str("state"), "draining");
+    tc_kill(TC.coord);
+    tc_start_coord();
+    end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (strcmp(status_str("state"), "running") && mono_ms() < end)
+        tc_sleep_ms(20);
+    CHECK_STR(status_str("state"), "running");
+    char note[500];
+    snprintf(note, sizeof note, "%s.stopped", TC.sock);
+    CHECK(access(note, F_OK) != 0);
+    printf("ok: a drain on a stop signal, cut short, is not resumed: the next start runs\n");
+}
+
 /* Between parts: every child, the coordinator, the ring and the ledger go. */
 static void reset(void)
 {
@@ -457,7 +532,8 @@ int main(void)
 {
     void (*part[])(void) = { group_hangs_up_around_stop, pause_survives_restart, nan_during_drain,
                              group_lost_in_transit, late_trained_after_restart, detached_target_keeps_lease,
-                             late_published_after_rollback, late_trained_then_published };
+                             late_published_after_rollback, late_trained_then_published, silent_taker,
+                             signal_drain_not_resumed };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

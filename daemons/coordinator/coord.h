@@ -34,6 +34,7 @@ struct batch {
     bool consumed_early;            /* LEASED: a drafter took it from the ring before its target's
                                        PUBLISHED arrived, and that training does not count (a skipped
                                        step, or a generation rolled back); settled on PUBLISHED */
+    uint64_t orphan_since_ms;       /* PUBLISHED: no slot has held it since (mono; 0 = in a slot) */
     uint64_t gens_ended_at_grant;   /* LEASED: generations up to this one had ended when it was
                                        granted (a TRAINED of one of them is of an older copy);
                                        UINT64_MAX when unknown (granted before a restart) */
@@ -166,6 +167,7 @@ struct coord {
     char reason[PROTO_TEXT_MAX];    /* why paused / draining / failed */
     bool fatal;                     /* draining because of a fatal error: end FAILED */
     bool finishing;                 /* draining for the run's final checkpoint: drafters only */
+    int signal_drain_from;          /* draining on a stop signal: the state before it, else -1 */
     bool recovering;                /* restarted from a ledger: waiting for peers */
     uint64_t recovery_until_ms;
     uint64_t stopped_ms;            /* when STOPPED/FAILED was entered */

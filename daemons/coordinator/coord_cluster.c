@@ -87,6 +87,7 @@ static void batch_set(struct coord *co, struct batch *b, int state)
         coord_leased_link(co, b);
     b->row.state = state;
     b->row.updated_ms = wall_ms();
+    b->orphan_since_ms = 0;
     if (state != BATCH_LEASED) {
         b->holder = NULL;
         b->detached_until_ms = 0;
@@ -276,7 +277,10 @@ static const int state_push[PROTO_STATE_MAX] = {
  * stopped run goes on). */
 static void save_state(struct coord *co)
 {
-    ledger_meta_set(co->ledger, "state", proto_state_name((unsigned)co->state));
+    /* A drain on a stop signal (systemd stopping the service) is not the operator's: cut short,
+     * the next start goes on as before it. */
+    int state = co->state == PROTO_STATE_DRAINING && co->signal_drain_from >= 0 ? co->signal_drain_from : co->state;
+    ledger_meta_set(co->ledger, "state", proto_state_name((unsigned)state));
     ledger_meta_set(co->ledger, "reason", co->reason);
     ledger_meta_set_u64(co->ledger, "fatal", co->fatal);
     ledger_meta_set_u64(co->ledger, "finishing", co->finishing);
@@ -313,8 +317,10 @@ void coord_set_state(struct coord *co, int state, const char *reason)
     else
         log_notice("cluster %s -> %s%s%s", proto_state_name(old), proto_state_name(state), co->reason[0] ? ": " : "",
                    co->reason);
-    if (state != PROTO_STATE_DRAINING)
+    if (state != PROTO_STATE_DRAINING) {
         co->finishing = false;
+        co->signal_drain_from = -1;
+    }
     int cmd = state_push[state];
     if (cmd && !(old == PROTO_STATE_STARTING && state == PROTO_STATE_RUNNING))
         for (struct member *m = co->members; m; m = m->next)
@@ -789,6 +795,10 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
             refused = "only a paused cluster can resume";
         break;
     case PROTO_CTL_DRAIN:
+        if (co->state == PROTO_STATE_DRAINING && co->signal_drain_from >= 0) {
+            co->signal_drain_from = -1;     /* the operator's drain now: a restart resumes it */
+            save_state(co);
+        }
         if (co->state < PROTO_STATE_DRAINING) {
             coord_set_state(co, PROTO_STATE_DRAINING, reason);
         } else if (co->finishing) {
@@ -968,8 +978,9 @@ static void end_recovery(struct coord *co)
                 break;
             }
     /* A published batch no slot holds was taken by a drafter. With the whole group back, that
-     * drafter reports it (TRAINED, perhaps a step late, or skipped): it stays published. With
-     * no group, nobody will: it is queued again. */
+     * drafter reports it (TRAINED, perhaps a step late, or skipped): it stays published, and the
+     * orphan sweep queues it again if no report ever comes. With no group, nobody will report
+     * it: it is queued again now. */
     const struct ring_slot_stat *s = g->active ? NULL : slot_snapshot(co);
     uint64_t lost = 0;
     for (uint32_t e = 0; e < co->epochs && co->ep[e].built && !g->active; e++)
@@ -1008,6 +1019,37 @@ static void check_done(struct coord *co)
                             all_built && c[BATCH_CHECKPOINTED] == co->total_batches ? "run complete: every batch checkpointed"
                                                                                     : "drained");
     }
+}
+
+/* Published batches that no slot holds were taken by a drafter, whose TRAINED (or skip report)
+ * follows within a step or two, or within a collective's timeout when a peer is slow. One that
+ * nothing reports for longer (the report was lost with a coordinator that crashed, or its effect
+ * was) would keep the run from ever ending: it is queued again. */
+static void sweep_orphans(struct coord *co, uint64_t now)
+{
+    static uint64_t last;
+    uint64_t grace = (uint64_t)co->cfg->drafter.collective_timeout_ms + 2ull * (uint64_t)co->cfg->coordinator.dead_after_ms;
+    if (co->recovering || !co->counts[BATCH_PUBLISHED] || now - last < (grace / 2 < 5000 ? grace / 2 : 5000))
+        return;
+    last = now;
+    const struct ring_slot_stat *s = slot_snapshot(co);
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+            struct batch *b = &co->ep[e].b[i];
+            if (b->row.state != BATCH_PUBLISHED)
+                continue;
+            if (slot_holding(co, s, b->row.id) >= 0)
+                b->orphan_since_ms = 0;
+            else if (!b->orphan_since_ms)
+                b->orphan_since_ms = now;
+            else if (now - b->orphan_since_ms > grace) {
+                char why[96];
+                snprintf(why, sizeof why, "taken from the ring and not reported by any drafter for %" PRIu64 " s",
+                         (now - b->orphan_since_ms) / 1000);
+                log_warn(0, "batch " BID ": %s: queued again", BARGS(b->row.id), why);
+                requeue(co, b, why);
+            }
+        }
 }
 
 void coord_tick(struct coord *co)
@@ -1075,6 +1117,7 @@ void coord_tick(struct coord *co)
                        rc.reading_requeued);
         last_reclaim = now;
     }
+    sweep_orphans(co, now);
     grant_leases(co);
     if (!co->recovering)
         check_done(co);
@@ -1090,10 +1133,12 @@ void coord_tick(struct coord *co)
 
 void coord_signal_stop(struct coord *co, int hard)
 {
-    if (hard || co->state >= PROTO_STATE_DRAINING)
+    if (hard || co->state >= PROTO_STATE_DRAINING) {
         coord_set_state(co, co->fatal ? PROTO_STATE_FAILED : PROTO_STATE_STOPPED, "stop signal");
-    else
+    } else {
+        co->signal_drain_from = co->state == PROTO_STATE_STARTING ? PROTO_STATE_RUNNING : co->state;
         coord_set_state(co, PROTO_STATE_DRAINING, "stop signal: draining");
+    }
 }
 
 /* ---- start: dataset, schedule, ledger recovery ---- */

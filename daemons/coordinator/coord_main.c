@@ -152,6 +152,7 @@ int main(int argc, char **argv)
     co->start_wall_ms = wall_ms();
     co->start_mono_ms = mono_ms();
     co->next_member_id = 1;
+    co->signal_drain_from = -1;
     co->exit_code = DAEMON_EX_FAILURE;
     signal(SIGPIPE, SIG_IGN);
     if ((r = daemon_lock(&co->d, err, sizeof err)) < 0) {

@@ -571,9 +571,8 @@ static void flush_events(struct dft *f, uint64_t ms)
         client_get_stats(f->cl, &st);
         if (!st.outbox || client_ended(f->cl) || mono_ms() > deadline || daemon_stop_requested() > 1)
             return;
-        struct proto_msg m;
         char err[256];
-        if (client_poll(f->cl, 50, &m, err, sizeof err) < 0)
+        if (client_idle(f->cl, 50, err, sizeof err) < 0)   /* pushed messages stay queued */
             return;
         daemon_watchdog(&f->d);
     }

@@ -571,9 +571,8 @@ static void flush_events(struct tgt *t, uint64_t ms)
         client_get_stats(t->cl, &st);
         if (!st.outbox || client_ended(t->cl) || mono_ms() > deadline || daemon_stop_requested() > 1)
             return;
-        struct proto_msg m;
         char err[256];
-        if (client_poll(t->cl, 50, &m, err, sizeof err) < 0)
+        if (client_idle(t->cl, 50, err, sizeof err) < 0)   /* pushed messages stay queued */
             return;
         daemon_watchdog(&t->d);
     }
