@@ -858,11 +858,6 @@ static void step_done(struct dft *f, int have, uint64_t batch_id, const struct p
     f->ts.batch_in_epoch += (uint64_t)ghave;
     f->ts.samples += gseqs;
     f->ts.tokens += (uint64_t)gm->tokens;
-    if (have) {
-        f->batches++;
-        client_trained(f->cl, batch_id, step, (uint32_t)f->rank, f->generation);
-    }
-    report_peers(f, peers, step);
     f->loss = drafter_metrics_loss(gm);
     f->accuracy = drafter_metrics_accuracy(gm);
     f->accept_len = drafter_metrics_accept_len(gm);
@@ -875,7 +870,14 @@ static void step_done(struct dft *f, int have, uint64_t batch_id, const struct p
         double rate = gm->tokens / rate_s;
         f->tokens_per_s = f->tokens_per_s ? 0.8 * f->tokens_per_s + 0.2 * rate : rate;
     }
+    /* The metrics row before the reports: a rank killed in between leaves no trained batch
+     * without its row (rank 0 reports every rank's batch). */
     write_metrics(f, gm, info, batch_id, have);
+    if (have) {
+        f->batches++;
+        client_trained(f->cl, batch_id, step, (uint32_t)f->rank, f->generation);
+    }
+    report_peers(f, peers, step);
 }
 
 /* One iteration of the group: maybe a batch, the small all-reduce, maybe a step. */
