@@ -43,6 +43,31 @@ static char *status_str(const char *key)
     return v;
 }
 
+/* Wait (up to ms, scaled) for the batch's state to be `want`, polling `keep` meanwhile (a client
+ * whose heartbeat must go on; NULL: none), then check it. */
+static void expect_batch(uint64_t id, const char *want, struct client *keep, int ms)
+{
+    uint64_t end = mono_ms() + (uint64_t)ms * (uint64_t)test_time_scale();
+    struct proto_msg m;
+    char err[256];
+    while (strcmp(tc_batch_state(id), want) && mono_ms() < end) {
+        if (keep)
+            client_poll(keep, 20, &m, err, sizeof err);
+        else
+            tc_sleep_ms(20);
+    }
+    CHECK_STR(tc_batch_state(id), want);
+}
+
+/* The same for the cluster's state. */
+static void expect_state(const char *want, int ms)
+{
+    uint64_t end = mono_ms() + (uint64_t)ms * (uint64_t)test_time_scale();
+    while (strcmp(status_str("state"), want) && mono_ms() < end)
+        tc_sleep_ms(20);
+    CHECK_STR(status_str("state"), want);
+}
+
 static void control(enum proto_control_cmd cmd)
 {
     struct client *c = tc_ctl(5000);
@@ -339,10 +364,7 @@ static void late_trained_after_restart(void)
     poll_for(d, 800 * test_time_scale());
     CHECK_STR(tc_batch_state(id), "published");
     CHECK_OK(client_trained(d, id, 1, 0, gen));
-    end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(tc_batch_state(id), "trained") && mono_ms() < end)
-        poll_for(d, 20);
-    CHECK_STR(tc_batch_state(id), "trained");
+    expect_batch(id, "trained", d, 5000);
     client_free(d);
     ring_detach(r);
     printf("ok: a batch taken just before the recovery window ended stays published until its TRAINED\n");
@@ -379,10 +401,7 @@ static void detached_target_keeps_lease(void)
     CHECK_STR(tc_batch_state(id), "leased");
     tc_kill(pid);
     kids[0] = 0;
-    uint64_t end = mono_ms() + 3000 * (uint64_t)test_time_scale();
-    while (strcmp(tc_batch_state(id), "queued") && mono_ms() < end)
-        tc_sleep_ms(20);
-    CHECK_STR(tc_batch_state(id), "queued");
+    expect_batch(id, "queued", NULL, 3000);
     close(fd[0]);
     close(fd[1]);
     printf("ok: a live target cut off keeps its lease; dead, the batch is queued again\n");
@@ -405,10 +424,7 @@ static void late_published_after_rollback(void)
     CHECK_STR(tc_batch_state(id), "trained");
     tc_kill(d);                             /* no checkpoint: the generation is rolled back */
     kids[1] = 0;
-    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(tc_batch_state(id), "queued") && mono_ms() < end)
-        tc_sleep_ms(20);
-    CHECK_STR(tc_batch_state(id), "queued");
+    expect_batch(id, "queued", NULL, 5000);
     CHECK(write(tgo[1], "g", 1) == 1);      /* now the target's PUBLISHED arrives */
     CHECK_INT(tc_exit_status(t, 5000 * test_time_scale()), ==, 1);     /* refused with -DF_ESTATE */
     kids[0] = 0;
@@ -439,10 +455,7 @@ static void late_trained_then_published(void)
     CHECK(write(tgo[1], "g", 1) == 1);      /* now the target's PUBLISHED */
     CHECK_INT(tc_exit_status(t, 5000 * test_time_scale()), ==, 0);     /* its lease: accepted */
     kids[0] = 0;
-    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(tc_batch_state(id), "queued") && mono_ms() < end)
-        tc_sleep_ms(20);
-    CHECK_STR(tc_batch_state(id), "queued");
+    expect_batch(id, "queued", NULL, 5000);
     printf("ok: a copy trained by an ended generation before its PUBLISHED came is queued again\n");
 }
 
@@ -467,10 +480,7 @@ static void silent_taker(void)
     CHECK_OK(ring_release(r, slot));                /* taken; no TRAINED, no skip report */
     poll_for(d, 500);                               /* within the grace (1000 ms) */
     CHECK_STR(tc_batch_state(id), "published");
-    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(tc_batch_state(id), "queued") && mono_ms() < end)
-        poll_for(d, 50);
-    CHECK_STR(tc_batch_state(id), "queued");
+    expect_batch(id, "queued", d, 5000);
     client_free(d);
     ring_detach(r);
     printf("ok: a published batch taken and never reported is queued again after the grace\n");
@@ -499,16 +509,10 @@ static void signal_drain_not_resumed(void)
     kids[0] = fork_holding_target();
     tc_wait_num("batches.leased", 1, 5000);
     kill(TC.coord, SIGTERM);                        /* a drain that cannot finish: a lease is held */
-    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(status_str("state"), "draining") && mono_ms() < end)
-        tc_sleep_ms(20);
-    CHECK_STR(status_str("state"), "draining");
+    expect_state("draining", 5000);
     tc_kill(TC.coord);
     tc_start_coord();
-    end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(status_str("state"), "running") && mono_ms() < end)
-        tc_sleep_ms(20);
-    CHECK_STR(status_str("state"), "running");
+    expect_state("running", 5000);
     char note[500];
     snprintf(note, sizeof note, "%s.stopped", TC.sock);
     CHECK(access(note, F_OK) != 0);
