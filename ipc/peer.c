@@ -54,6 +54,21 @@ int peer_connect_failed(struct daemon *d, const char *sock, int r, const char *e
     return DAEMON_EX_OK;
 }
 
+void peer_flush_events(struct daemon *d, struct client *cl, uint64_t ms)
+{
+    uint64_t deadline = mono_ms() + ms;
+    struct client_stats st;
+    for (;;) {
+        client_get_stats(cl, &st);
+        if (!st.outbox || client_ended(cl) || mono_ms() > deadline || daemon_stop_requested() > 1)
+            return;
+        char err[256];
+        if (client_idle(cl, 50, err, sizeof err) < 0)
+            return;
+        daemon_watchdog(d);
+    }
+}
+
 int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(cl);

@@ -21,6 +21,11 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
  * and gives DAEMON_EX_FAILURE. The daemon's exit code. */
 int peer_connect_failed(struct daemon *d, const char *sock, int r, const char *err);
 
+/* Wait (at most ms) until the coordinator acknowledged every event in cl's outbox, feeding d's
+ * watchdog; pushed messages stay queued. Returns early when the cluster has ended (stop note) or
+ * on a second stop signal. */
+void peer_flush_events(struct daemon *d, struct client *cl, uint64_t ms);
+
 /* Attach the ring named in the coordinator's WELCOME (any mode), retrying for up to 2 s while
  * it is being created (-EAGAIN). */
 int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen);

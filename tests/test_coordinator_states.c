@@ -68,6 +68,20 @@ static void expect_state(const char *want, int ms)
     CHECK_STR(status_str("state"), want);
 }
 
+/* JOIN_GROUP, then the GROUP (its generation 0 when none came within ms, scaled). */
+static struct proto_group join_group_wait(struct client *d, int ms)
+{
+    struct proto_msg m;
+    char err[256];
+    struct proto_group g = { .generation = 0 };
+    client_join_group(d);
+    uint64_t end = mono_ms() + (uint64_t)ms * (uint64_t)test_time_scale();
+    while (!g.generation && mono_ms() < end)
+        if (client_poll(d, 20, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
+            g = m.group;
+    return g;
+}
+
 static void control(enum proto_control_cmd cmd)
 {
     struct client *c = tc_ctl(5000);
@@ -182,14 +196,11 @@ static void nan_during_drain(void)
     kids[0] = tc_fork_target(0, 0, NULL);
     struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
     struct ring *r = peer_ring();
-    client_join_group(d);
+    uint64_t gen = join_group_wait(d, 10000).generation;
+    CHECK(gen);
     struct proto_msg m;
     char err[256];
-    uint64_t gen = 0, end = mono_ms() + 10000 * (uint64_t)test_time_scale();
-    while (!gen && mono_ms() < end)
-        if (client_poll(d, 50, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
-            gen = m.group.generation;
-    CHECK(gen);
+    uint64_t end = mono_ms() + 10000 * (uint64_t)test_time_scale();
     unsigned slot;
     int rr;
     while ((rr = ring_claim_read(r, NULL, 50, &slot)) == -DF_ETIMEOUT && mono_ms() < end)
@@ -227,15 +238,9 @@ static void group_lost_in_transit(void)
     CHECK(read(ready[0], &b, 1) == 1);      /* rank 0 has its GROUP: the generation is formed */
     client_free(d);                         /* rank 1's GROUP is unread: lost with the connection */
     d = peer_connect(PROTO_ROLE_DRAFTER, 1);
-    client_join_group(d);
-    struct proto_msg m;
-    char err[256];
-    int rank = -1;
-    uint64_t end = mono_ms() + 3000 * (uint64_t)test_time_scale();
-    while (rank < 0 && mono_ms() < end)
-        if (client_poll(d, 50, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
-            rank = (int)m.group.rank;
-    CHECK_INT(rank, ==, 1);
+    struct proto_group g = join_group_wait(d, 3000);
+    CHECK(g.generation);
+    CHECK_INT(g.rank, ==, 1);
     client_free(d);
     printf("ok: a GROUP lost with the connection is sent again on the next JOIN_GROUP\n");
 }
@@ -319,6 +324,19 @@ static uint64_t read_id(int fd)
     return id;
 }
 
+/* A target publishes one batch and exits once its PUBLISHED is acknowledged: the batch id. */
+static uint64_t publish_one(void)
+{
+    int fd[2];
+    CHECK(pipe(fd) == 0);
+    pid_t t = fork_publisher(fd[1], -1);
+    uint64_t id = read_id(fd[0]);
+    CHECK_INT(tc_exit_status(t, 10000 * test_time_scale()), ==, 0);
+    close(fd[0]);
+    close(fd[1]);
+    return id;
+}
+
 static void poll_for(struct client *c, int ms)
 {
     struct proto_msg m;
@@ -336,21 +354,9 @@ static void late_trained_after_restart(void)
     tc_start_coord();
     struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
     struct ring *r = peer_ring();
-    char err[512];
-    client_join_group(d);
-    struct proto_msg m;
-    uint64_t gen = 0, end = mono_ms() + 10000 * (uint64_t)test_time_scale();
-    while (!gen && mono_ms() < end)
-        if (client_poll(d, 20, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
-            gen = m.group.generation;
+    uint64_t gen = join_group_wait(d, 10000).generation;
     CHECK(gen);
-    int fd[2];
-    CHECK(pipe(fd) == 0);
-    pid_t t = fork_publisher(fd[1], -1);
-    uint64_t id = read_id(fd[0]);
-    CHECK_INT(tc_exit_status(t, 10000 * test_time_scale()), ==, 0);
-    close(fd[0]);
-    close(fd[1]);
+    uint64_t id = publish_one();
     CHECK_STR(tc_batch_state(id), "published");
 
     tc_kill(TC.coord);
@@ -467,13 +473,7 @@ static void silent_taker(void)
     struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
     struct ring *r = peer_ring();
     client_join_group(d);
-    int fd[2];
-    CHECK(pipe(fd) == 0);
-    pid_t t = fork_publisher(fd[1], -1);
-    uint64_t id = read_id(fd[0]);
-    CHECK_INT(tc_exit_status(t, 10000 * test_time_scale()), ==, 0);
-    close(fd[0]);
-    close(fd[1]);
+    uint64_t id = publish_one();
     unsigned slot;
     CHECK_OK(ring_claim_read(r, NULL, 1000, &slot));
     CHECK_INT(ring_slot_header(r, slot)->batch_id, ==, id);

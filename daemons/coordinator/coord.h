@@ -29,7 +29,8 @@ static inline void coord_timer_note(struct coord_timer *t, uint64_t t0_ns)
 struct batch {
     struct ledger_batch row;        /* the durable part; written through on every change */
     struct member *holder;          /* LEASED to this live connection; NULL = detached */
-    uint64_t detached_until_ms;     /* LEASED + detached: re-queue after this (mono) */
+    uint64_t detached_until_ms;     /* LEASED + detached: warn once after this (mono) that its live
+                                       target has not come back */
     struct batch *lnext, *lprev;    /* LEASED: its place in coord.leased */
     bool consumed_early;            /* LEASED: a drafter took it from the ring before its target's
                                        PUBLISHED arrived, and that training does not count (a skipped

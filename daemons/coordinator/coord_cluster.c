@@ -300,6 +300,7 @@ static void restore_state(struct coord *co)
             co->finishing = s == PROTO_STATE_DRAINING && ledger_meta_get_u64(co->ledger, "finishing", &v) == 1 && v;
             log_notice("resuming %s%s%s%s", proto_state_name((unsigned)s), co->reason[0] ? ": " : "", co->reason,
                        co->fatal ? " (a fatal error: it ends FAILED)" : "");
+            break;
         }
 }
 
@@ -981,16 +982,18 @@ static void end_recovery(struct coord *co)
      * drafter reports it (TRAINED, perhaps a step late, or skipped): it stays published, and the
      * orphan sweep queues it again if no report ever comes. With no group, nobody will report
      * it: it is queued again now. */
-    const struct ring_slot_stat *s = g->active ? NULL : slot_snapshot(co);
     uint64_t lost = 0;
-    for (uint32_t e = 0; e < co->epochs && co->ep[e].built && !g->active; e++)
-        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
-            struct batch *b = &co->ep[e].b[i];
-            if (b->row.state == BATCH_PUBLISHED && slot_holding(co, s, b->row.id) < 0) {
-                requeue(co, b, "its slot no longer holds it after the coordinator restart");
-                lost++;
+    if (!g->active) {
+        const struct ring_slot_stat *s = slot_snapshot(co);
+        for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+            for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+                struct batch *b = &co->ep[e].b[i];
+                if (b->row.state == BATCH_PUBLISHED && slot_holding(co, s, b->row.id) < 0) {
+                    requeue(co, b, "its slot no longer holds it after the coordinator restart");
+                    lost++;
+                }
             }
-        }
+    }
     log_notice("recovery done: %" PRIu64 " publications lost while the coordinator was down", lost);
     if (co->state == PROTO_STATE_STARTING)
         coord_set_state(co, PROTO_STATE_RUNNING, "");

@@ -410,8 +410,6 @@ static int checkpoint(struct dft *f, const char *why, int wait)
     return started && wait ? ckpt_collect(f, 1) : 0;
 }
 
-static void flush_events(struct dft *f, uint64_t ms);
-
 /* After a group step: a rank voting to stop, the periodic step, or a drain with nothing left. */
 static void checkpoint_if_due(struct dft *f, int ghave, int gstop)
 {
@@ -421,7 +419,7 @@ static void checkpoint_if_due(struct dft *f, int ghave, int gstop)
          * a rank leaving earlier ends the generation, which would roll back to the one before. */
         checkpoint(f, "a rank is stopping", 1);
         if (f->rank == 0)
-            flush_events(f, 10000);     /* CHECKPOINTED acknowledged */
+            peer_flush_events(&f->d, f->cl, 10000);     /* CHECKPOINTED acknowledged */
         if (f->coll && coll_barrier(f->coll) < 0)
             log_warn(0, "a peer left before the stop checkpoint was recorded");
     } else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
@@ -561,21 +559,6 @@ static int pump(struct dft *f, int timeout_ms)
         f->stop_vote = 1;
     }
     return 0;
-}
-
-static void flush_events(struct dft *f, uint64_t ms)
-{
-    uint64_t deadline = mono_ms() + ms;
-    struct client_stats st;
-    for (;;) {
-        client_get_stats(f->cl, &st);
-        if (!st.outbox || client_ended(f->cl) || mono_ms() > deadline || daemon_stop_requested() > 1)
-            return;
-        char err[256];
-        if (client_idle(f->cl, 50, err, sizeof err) < 0)   /* pushed messages stay queued */
-            return;
-        daemon_watchdog(&f->d);
-    }
 }
 
 /* total_steps = 0: the cosine horizon is the run's batches over the group. */
@@ -1327,7 +1310,7 @@ int main(int argc, char **argv)
     if ((r = attach_ring(f, err, sizeof err)) < 0) {
         log_error(r, "%s", err);
         client_error(f->cl, 1, r, "%s: %s", f->d.ident, err);
-        flush_events(f, 2000);
+        peer_flush_events(&f->d, f->cl, 2000);
         code = r == -DF_ELAYOUT ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
         goto out;
     }
@@ -1370,7 +1353,7 @@ int main(int argc, char **argv)
                     continue;
                 }
                 client_error(f->cl, 0, r, "%s: joining generation %" PRIu64 ": %s", f->d.ident, f->grp.generation, err);
-                flush_events(f, 2000);
+                peer_flush_events(&f->d, f->cl, 2000);
                 goto out;
             }
         }
@@ -1413,7 +1396,7 @@ int main(int argc, char **argv)
         checkpoint(f, "stop", 1);
     ckpt_collect(f, 1);
     daemon_notify_stopping(&f->d, "leaving at step %" PRId64, step_count(f));
-    flush_events(f, 5000);
+    peer_flush_events(&f->d, f->cl, 5000);
     log_notice("leaving at step %" PRId64 " after %" PRIu64 " batches, %.1f s idle waiting for slots", step_count(f),
                f->batches, f->idle_s);
     code = DAEMON_EX_OK;

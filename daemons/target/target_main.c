@@ -562,22 +562,6 @@ static int want_leases(struct tgt *t)
     return 0;
 }
 
-/* Wait (bounded) until the coordinator acknowledged every PUBLISHED event. */
-static void flush_events(struct tgt *t, uint64_t ms)
-{
-    uint64_t deadline = mono_ms() + ms;
-    struct client_stats st;
-    for (;;) {
-        client_get_stats(t->cl, &st);
-        if (!st.outbox || client_ended(t->cl) || mono_ms() > deadline || daemon_stop_requested() > 1)
-            return;
-        char err[256];
-        if (client_idle(t->cl, 50, err, sizeof err) < 0)   /* pushed messages stay queued */
-            return;
-        daemon_watchdog(&t->d);
-    }
-}
-
 int main(int argc, char **argv)
 {
     static struct tgt tg;
@@ -627,7 +611,7 @@ int main(int argc, char **argv)
     if ((r = attach(t, err, sizeof err)) < 0) {
         log_error(r, "%s", err);
         client_error(t->cl, 1, r, "%s: %s", t->d.ident, err);
-        flush_events(t, 2000);
+        peer_flush_events(&t->d, t->cl, 2000);
         code = r == -DF_ELAYOUT ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
         goto out;
     }
@@ -693,7 +677,7 @@ int main(int argc, char **argv)
         goto out;
 #endif
     daemon_notify_stopping(&t->d, "%s after %" PRIu64 " batches", t->stop_now ? "stopped" : "drained", t->batches);
-    flush_events(t, 3000);
+    peer_flush_events(&t->d, t->cl, 3000);
     log_notice("%s after %" PRIu64 " batches (%" PRIu64 " tokens)", t->stop_now ? "stopped" : "drained", t->batches,
                t->tokens);
     code = DAEMON_EX_OK;
