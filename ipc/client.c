@@ -25,7 +25,7 @@ struct queued {
 };
 
 struct outbox_ent {
-    struct proto_msg m;         /* PUBLISHED / TRAINED / CHECKPOINTED, seq set */
+    struct proto_msg m;         /* PUBLISHED / TRAINED / SKIPPED / CHECKPOINTED, seq set */
 };
 
 struct client {
@@ -56,7 +56,7 @@ struct client {
 
     struct outbox_ent *out;
     size_t n_out, cap_out;
-    struct proto_msg held[HELD_MAX];    /* skip reports and errors written while disconnected */
+    struct proto_msg held[HELD_MAX];    /* errors written while disconnected */
     size_t n_held;
     uint64_t next_seq;
 
@@ -140,7 +140,7 @@ static struct client_lease *lease_add(struct client *c, const struct proto_msg *
     memcpy(s, m->samples, (size_t)m->grant.n_samples * 4);
     struct client_lease *l = &c->leases[c->n_leases++];
     *l = (struct client_lease){ m->grant.batch_id, m->grant.epoch, m->grant.n_samples, m->grant.n_tokens,
-                                m->grant.max_seq_len, s };
+                                m->grant.max_seq_len, m->grant.lease, s };
     return l;
 }
 
@@ -658,10 +658,9 @@ static int send_soft(struct client *c, const struct proto_msg *m)
     return r == -ENOTCONN || r == -EPIPE || r == -ECONNRESET ? 0 : r;
 }
 
-/* Send now, or hold for the next connection: a drafter's skip report and its errors are not
- * events (no ACK, no seq) but must not vanish with the connection (a NaN must still pause the
- * cluster). When more than HELD_MAX pile up the oldest error goes (a skip report only when all
- * are skip reports: a lost one leaves its batch to the coordinator's orphan sweep). */
+/* Send now, or hold for the next connection: errors are not events (no ACK, no seq) but must
+ * not vanish with the connection (a NaN must still pause the cluster). When more than HELD_MAX
+ * pile up the oldest goes. */
 static int send_held(struct client *c, const struct proto_msg *m)
 {
     maybe_reconnect(c, NULL, 0);
@@ -670,10 +669,7 @@ static int send_held(struct client *c, const struct proto_msg *m)
     if (r != -ENOTCONN && r != -EPIPE && r != -ECONNRESET)
         return r;
     if (c->n_held == HELD_MAX) {
-        size_t k = 0;
-        while (k < HELD_MAX - 1 && c->held[k].type != PROTO_ERROR)
-            k++;
-        memmove(c->held + k, c->held + k + 1, (HELD_MAX - 1 - k) * sizeof c->held[0]);
+        memmove(c->held, c->held + 1, (HELD_MAX - 1) * sizeof c->held[0]);
         c->n_held--;
     }
     c->held[c->n_held++] = *m;
@@ -716,10 +712,11 @@ int client_lease_return(struct client *c, uint64_t batch)
     return send_soft(c, &m);
 }
 
-int client_batch_skipped(struct client *c, uint64_t batch)
+int client_batch_skipped(struct client *c, uint64_t batch, uint32_t lease)
 {
-    struct proto_msg m = { .type = PROTO_LEASE_RETURN, .batch.batch_id = batch };
-    return send_held(c, &m);
+    struct proto_msg m = { .type = PROTO_SKIPPED };
+    m.skipped = (struct proto_skipped){ 0, batch, lease, 0 };
+    return send_event(c, &m);
 }
 
 int client_published(struct client *c, uint64_t batch, uint32_t slot, uint32_t n_tokens)
@@ -738,10 +735,11 @@ int client_join_group(struct client *c)
     return send_soft(c, &m);
 }
 
-int client_trained(struct client *c, uint64_t batch, uint64_t step, uint32_t rank, uint64_t generation)
+int client_trained(struct client *c, uint64_t batch, uint32_t lease, uint64_t step, uint32_t rank,
+                   uint64_t generation)
 {
     struct proto_msg m = { .type = PROTO_TRAINED };
-    m.trained = (struct proto_trained){ 0, batch, step, generation, rank, 0 };
+    m.trained = (struct proto_trained){ 0, batch, step, generation, rank, lease };
     return send_event(c, &m);
 }
 

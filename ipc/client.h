@@ -59,6 +59,7 @@ struct client_lease {
     uint32_t n_samples;
     uint32_t n_tokens;
     uint32_t max_seq_len;
+    uint32_t lease;             /* the batch's lease number: written into its slot (ring_payload.lease) */
     uint32_t *samples;          /* dataset sample indices */
 };
 
@@ -93,12 +94,14 @@ void client_set_heartbeat(struct client *c, const struct proto_heartbeat *hb);  
 int client_heartbeat_now(struct client *c);
 int client_lease_request(struct client *c, uint32_t n);
 int client_lease_return(struct client *c, uint64_t batch_id);
-/* Drafters: the batch was taken from its slot but not trained (e.g. a skipped
- * non-finite step); the coordinator queues it to be published again. */
-int client_batch_skipped(struct client *c, uint64_t batch_id);
+/* Drafters: the copy of the batch with lease number `lease` (its slot's ring_payload.lease) was
+ * taken from its slot but not trained (e.g. a skipped non-finite step); the coordinator queues
+ * the batch to be published again unless it already moved on. An event: kept until ACKed. */
+int client_batch_skipped(struct client *c, uint64_t batch_id, uint32_t lease);
 int client_published(struct client *c, uint64_t batch_id, uint32_t slot, uint32_t n_tokens);
 int client_join_group(struct client *c);
-int client_trained(struct client *c, uint64_t batch_id, uint64_t step, uint32_t rank, uint64_t generation);
+int client_trained(struct client *c, uint64_t batch_id, uint32_t lease, uint64_t step, uint32_t rank,
+                   uint64_t generation);
 int client_checkpointed(struct client *c, uint64_t step, uint64_t generation, const char *dir);
 int client_error(struct client *c, int fatal, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 

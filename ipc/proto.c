@@ -33,6 +33,7 @@ static const struct {
     [PROTO_QUERY]         = { "QUERY", sizeof(struct proto_query), 0 },
     [PROTO_REPLY]         = { "REPLY", sizeof(struct proto_reply), 1 },
     [PROTO_AUTH]          = { "AUTH", sizeof(struct proto_auth), 0 },
+    [PROTO_SKIPPED]       = { "SKIPPED", sizeof(struct proto_skipped), 0 },
 };
 
 static const char *const role_names[] = { [PROTO_ROLE_TARGET] = "target", [PROTO_ROLE_DRAFTER] = "drafter", [PROTO_ROLE_CTL] = "ctl" };
@@ -126,7 +127,8 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
             FAIL(-DF_ERANGE, "%s: n_samples=%u out of range [1, %u]", tn, m->grant.n_samples, PROTO_MAX_SAMPLES);
         if (m->grant.flags & ~PROTO_GRANT_REGRANT)
             FAIL(-DF_EFORMAT, "%s: unknown flags 0x%x", tn, m->grant.flags);
-        ZERO(m->grant.pad, "pad");
+        if (m->grant.lease < 1)
+            FAIL(-DF_ERANGE, "%s: lease number 0 (they start at 1)", tn);
         if (payload != sizeof(struct proto_lease_grant) + 4ull * m->grant.n_samples)
             FAIL(-DF_EFORMAT, "%s: payload %u bytes, %u samples need %llu", tn, payload, m->grant.n_samples,
                  (unsigned long long)(sizeof(struct proto_lease_grant) + 4ull * m->grant.n_samples));
@@ -138,7 +140,13 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
         STR_OK(m->group.ckpt_dir, "ckpt_dir");
         break;
     case PROTO_TRAINED:
-        ZERO(m->trained.pad, "pad");
+        if (m->trained.lease < 1)
+            FAIL(-DF_ERANGE, "%s: lease number 0 (they start at 1)", tn);
+        break;
+    case PROTO_SKIPPED:
+        if (m->skipped.lease < 1)
+            FAIL(-DF_ERANGE, "%s: lease number 0 (they start at 1)", tn);
+        ZERO(m->skipped.pad, "pad");
         break;
     case PROTO_CHECKPOINTED:
         STR_OK(m->checkpointed.dir, "dir");

@@ -7,7 +7,8 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 3                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT */
+#define PROTO_VERSION 4                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
+                                              4: lease numbers, SKIPPED */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -54,8 +55,13 @@
  *     returns every batch trained after the checkpoint to pending (targets publish it
  *     again), and a slot READING by the dead drafter goes back to READY. A drafter that
  *     consumed a slot but will not train it (a non-finite step it skipped) sends
- *     LEASE_RETURN(batch): the batch goes back to pending.
- *  4. PUBLISHED, TRAINED and CHECKPOINTED carry a sequence number; s answers each with
+ *     SKIPPED(batch, lease): the batch goes back to pending.
+ *     Lease numbers: every grant of a batch carries the batch's count of leases so far
+ *     (LEASE_GRANT.lease, 1 for the first; a REGRANT repeats it). The target writes it into
+ *     the slot (ring_payload.lease); the drafter names it in TRAINED and SKIPPED. So s tells
+ *     the copy a report is about: a late report about an earlier copy of a batch that has
+ *     been queued again since never moves the current copy.
+ *  4. PUBLISHED, TRAINED, SKIPPED and CHECKPOINTED carry a sequence number; s answers each with
  *     ACK(seq) after the ledger transaction holding it is durable. The client keeps
  *     un-acked events and sends them again after a reconnect; s handles repeats
  *     idempotently (state only moves forward, except by a generation rollback).
@@ -93,6 +99,7 @@ enum proto_type {
     PROTO_QUERY = 18,
     PROTO_REPLY = 19,
     PROTO_AUTH = 20,
+    PROTO_SKIPPED = 21,
     PROTO_TYPE_MAX
 };
 
@@ -181,7 +188,7 @@ struct proto_lease_grant {
     uint32_t n_samples;
     uint32_t n_tokens;              /* sum of the samples' lengths after truncation */
     uint32_t max_seq_len;           /* truncation applied to each sample */
-    uint32_t pad;
+    uint32_t lease;                 /* the batch's lease number (>= 1; see rule 3) */
 };
 _Static_assert(sizeof(struct proto_lease_grant) == 32, "wire size");
 
@@ -213,9 +220,17 @@ struct proto_trained {
     uint64_t step;
     uint64_t generation;
     uint32_t rank;
-    uint32_t pad;
+    uint32_t lease;                 /* lease number of the copy trained (its slot's ring_payload.lease) */
 };
 _Static_assert(sizeof(struct proto_trained) == 40, "wire size");
+
+struct proto_skipped {
+    uint64_t seq;
+    uint64_t batch_id;
+    uint32_t lease;                 /* lease number of the copy taken from the ring and not trained */
+    uint32_t pad;
+};
+_Static_assert(sizeof(struct proto_skipped) == 24, "wire size");
 
 struct proto_checkpointed {
     uint64_t seq;
@@ -286,6 +301,7 @@ struct proto_msg {
         struct proto_published published;
         struct proto_group group;
         struct proto_trained trained;
+        struct proto_skipped skipped;
         struct proto_checkpointed checkpointed;
         struct proto_ack ack;
         struct proto_error error;

@@ -14,7 +14,7 @@
  *     loss_mask[max_tokens] u8, padding to 4096, then hidden [max_tokens, L*H] bf16.
  * Bump RING_VERSION whenever anything in this layout or the state encoding changes. */
 #define RING_MAGIC        0x474e495248534c46ull /* "FLSHRING" little-endian */
-#define RING_VERSION      1u
+#define RING_VERSION      2u   /* 2: ring_payload.lease */
 #define RING_MAX_LAYERS   64
 #define RING_ALIGN        4096u   /* tensor area and slot stride alignment (DMA, cudaHostRegister) */
 
@@ -44,7 +44,9 @@ struct ring_payload {
     uint32_t flags;         /* producer-defined */
     uint64_t checksum;      /* producer-defined (0 = none) */
     uint64_t producer;      /* owner token of the writer, set by ring_publish */
-    uint64_t reserved[3];
+    uint32_t lease;         /* producer-defined: dflash targets write the coordinator's lease number */
+    uint32_t reserved32;
+    uint64_t reserved[2];
 };
 _Static_assert(sizeof(struct ring_payload) == 64, "ring_payload is part of the shm layout");
 

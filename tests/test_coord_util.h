@@ -291,6 +291,7 @@ static __attribute__((unused)) int tc_fill_publish(struct client *c, struct ring
     }
     p->batch_id = id;
     p->epoch = epoch;
+    p->lease = l ? l->lease : 0;
     p->n_seqs = l ? l->n_samples : 0;
     p->n_tokens = n;
     if (!l || !client_lease_held(c, id) || n != want_tokens) {
@@ -413,11 +414,12 @@ static __attribute__((unused)) void peer_drafter(int device, int work_ms, int ck
         if (ring_claim_read(r, NULL, 20, &slot) < 0)
             continue;
         uint64_t id = ring_slot_header(r, slot)->batch_id;
+        uint32_t lease = ring_slot_header(r, slot)->lease;
         tc_sleep_ms(work_ms);
         if (ring_release(r, slot) < 0)
             continue;
         uint64_t step = atomic_fetch_add(&TS->step[gen % 64], 1) + 1;
-        client_trained(c, id, step, (uint32_t)rank, gen);
+        client_trained(c, id, lease, step, (uint32_t)rank, gen);
         atomic_fetch_add(&TS->trained, 1);
         if (rank > 0 && !stray_sent) {
             snprintf(dir, sizeof dir, "%s/stray-rank%d", TC.dir, rank);

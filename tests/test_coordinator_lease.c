@@ -29,7 +29,7 @@ static void drafter_main(int in)
     uint64_t batch;
     if (read(in, &batch, sizeof batch) != sizeof batch)
         _exit(11);
-    CHECK_OK(client_trained(c, batch, 1, 0, gen));
+    CHECK_OK(client_trained(c, batch, 1 /* its first lease */, 1, 0, gen));
     struct client_stats st;
     end = mono_ms() + 10000;
     do {

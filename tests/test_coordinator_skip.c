@@ -1,7 +1,8 @@
 /* test_coordinator_skip.c: a drafter that took a batch from its slot but did not train it
  * (a skipped non-finite step) reports it; the coordinator queues the batch again and a
- * target publishes it anew, so the run can still train every batch exactly once. Also when
- * the report arrives before the target's PUBLISHED (the drafter read the slot first). */
+ * target publishes it anew, so the run can still train every batch exactly once. A late report
+ * about an earlier copy (lease number) changes nothing; a report that arrives before the
+ * target's PUBLISHED (the drafter read the slot first) still counts. */
 #include <poll.h>
 #include "tests/test_coord_util.h"
 
@@ -15,9 +16,14 @@ static void cleanup(void)
     ring_unlink(TC.ring);
 }
 
-/* Claim the next READY slot (waiting up to 10 s) and return its batch id; the slot is freed
- * unless keep is given, which then receives the slot still READING. */
-static uint64_t take_one(struct client *d, struct ring *r, unsigned *keep)
+struct copy {
+    uint64_t id;
+    uint32_t lease;
+};
+
+/* Claim the next READY slot (waiting up to 10 s) and return the batch copy it holds; the slot
+ * is freed unless keep is given, which then receives the slot still READING. */
+static struct copy take_one(struct client *d, struct ring *r, unsigned *keep)
 {
     struct ring_pick pick = { .policy = RING_PICK_OLDEST, .min_ready = 1 };
     char err[512];
@@ -28,12 +34,12 @@ static uint64_t take_one(struct client *d, struct ring *r, unsigned *keep)
     while ((rr = ring_claim_read(r, &pick, 50, &slot)) == -DF_ETIMEOUT && mono_ms() < end)
         client_poll(d, 0, &m, err, sizeof err);     /* keep heartbeating */
     CHECK_OK(rr);
-    uint64_t id = ring_slot_header(r, slot)->batch_id;
+    struct copy c = { ring_slot_header(r, slot)->batch_id, ring_slot_header(r, slot)->lease };
     if (keep)
         *keep = slot;
     else
         CHECK_OK(ring_release(r, slot));
-    return id;
+    return c;
 }
 
 /* Wait (up to 5 s, scaled) until the batch is queued again (nobody leases it meanwhile). */
@@ -57,33 +63,46 @@ int main(void)
 
     struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
     struct ring *r = peer_ring();
-    uint64_t skipped = take_one(d, r, NULL);
+    struct copy skipped = take_one(d, r, NULL);
+    CHECK_INT(skipped.lease, ==, 1);
     CHECK_INT(tc_status_num("batches.requeued"), ==, 0);
-    CHECK_OK(client_batch_skipped(d, skipped));
+    CHECK_OK(client_batch_skipped(d, skipped.id, skipped.lease));
     tc_wait_num("batches.requeued", 1, 5000);
 
-    /* The target publishes it again; other batches pass by meanwhile. */
+    /* The target publishes it again (its second lease); other batches pass by meanwhile. */
     unsigned slot = 0;
     int seen = 0, n_passed = 0;
-    uint64_t passed[200];
+    struct copy passed[200], again = { 0 };
     for (int i = 0; i < 200 && !seen; i++) {
-        uint64_t id = take_one(d, r, &slot);
-        seen = id == skipped;
-        if (!seen) {
+        struct copy c = take_one(d, r, &slot);
+        seen = c.id == skipped.id;
+        if (seen) {
+            again = c;
+        } else {
             CHECK_OK(ring_release(r, slot));
-            passed[n_passed++] = id;
+            passed[n_passed++] = c;
         }
     }
     CHECK(seen);
+    CHECK_INT(again.lease, ==, 2);
     /* While it sits in a slot (READING here), a stray report must not re-queue it. */
-    CHECK_OK(client_batch_skipped(d, skipped));
+    CHECK_OK(client_batch_skipped(d, again.id, again.lease));
     tc_sleep_ms(300);   /* nothing to wait for: the report must have no effect */
     CHECK_INT(tc_status_num("batches.requeued"), ==, 1);
-    CHECK_STR(tc_batch_state(skipped), "published");
+    CHECK_STR(tc_batch_state(skipped.id), "published");
     CHECK_OK(ring_release(r, slot));
+    /* Taken from the ring now (its training report on its way, say): a late report about the
+     * first copy must not queue it a third time; it would then be trained twice. */
+    CHECK_OK(client_batch_skipped(d, skipped.id, skipped.lease));
+    tc_sleep_ms(300);
+    CHECK_INT(tc_status_num("batches.requeued"), ==, 1);
+    CHECK_STR(tc_batch_state(skipped.id), "published");
+    CHECK_OK(client_batch_skipped(d, again.id, again.lease));
+    tc_wait_num("batches.requeued", 2, 5000);
     for (int i = 0; i < n_passed; i++)     /* they were taken without training too */
-        CHECK_OK(client_batch_skipped(d, passed[i]));
-    printf("skipped batch %llu published again\n", (unsigned long long)skipped);
+        CHECK_OK(client_batch_skipped(d, passed[i].id, passed[i].lease));
+    printf("skipped batch %llu published again; a late report of its first copy ignored\n",
+           (unsigned long long)skipped.id);
 
     /* The report before the publication: a target (a child; the forked one is stopped and the
      * ring emptied, its batches reported skipped so they are queued again) publishes into the
@@ -95,8 +114,9 @@ int main(void)
     struct ring_pick any = { .policy = RING_PICK_OLDEST, .min_ready = 1 };
     while (ring_claim_read(r, &any, 300, &s2) == 0) {
         uint64_t b = ring_slot_header(r, s2)->batch_id;
+        uint32_t lease = ring_slot_header(r, s2)->lease;
         CHECK_OK(ring_release(r, s2));
-        CHECK_OK(client_batch_skipped(d, b));
+        CHECK_OK(client_batch_skipped(d, b, lease));
     }
     int ready[2], go[2];
     CHECK(pipe(ready) == 0 && pipe(go) == 0);
@@ -147,8 +167,9 @@ int main(void)
         publisher = 0;
         TEST_FAIL("the publishing target exited (status %d) before it published", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     }
-    CHECK_INT(take_one(d, r, NULL), ==, id);
-    CHECK_OK(client_batch_skipped(d, id));
+    struct copy early = take_one(d, r, NULL);
+    CHECK_INT(early.id, ==, id);
+    CHECK_OK(client_batch_skipped(d, early.id, early.lease));
     tc_sleep_ms(300);   /* the report first: the batch is still LEASED for the coordinator */
     CHECK_STR(tc_batch_state(id), "leased");
     CHECK(write(go[1], "g", 1) == 1);

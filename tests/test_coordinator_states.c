@@ -207,8 +207,9 @@ static void nan_during_drain(void)
         client_poll(d, 0, &m, err, sizeof err);
     CHECK_OK(rr);
     uint64_t id = ring_slot_header(r, slot)->batch_id;
+    uint32_t lease = ring_slot_header(r, slot)->lease;
     CHECK_OK(ring_release(r, slot));
-    CHECK_OK(client_trained(d, id, 1, 0, gen));     /* trained, not checkpointed: the drain waits */
+    CHECK_OK(client_trained(d, id, lease, 1, 0, gen));     /* trained, not checkpointed: the drain waits */
     tc_wait_num("batches.trained", 1, 5000);
     control(PROTO_CTL_DRAIN);
     CHECK_STR(status_str("state"), "draining");
@@ -300,12 +301,14 @@ static pid_t fork_taker(uint64_t id, int done_fd, int after_restart)
         if (m.type == PROTO_GROUP)
             gen = m.group.generation;
     unsigned slot;
-    if (ring_claim_read(r, NULL, 5000, &slot) < 0 || ring_slot_header(r, slot)->batch_id != id ||
-        ring_release(r, slot) < 0 || write(done_fd, "c", 1) != 1)
+    if (ring_claim_read(r, NULL, 5000, &slot) < 0 || ring_slot_header(r, slot)->batch_id != id)
+        _exit(2);
+    uint32_t lease = ring_slot_header(r, slot)->lease;
+    if (ring_release(r, slot) < 0 || write(done_fd, "c", 1) != 1)
         _exit(2);
     while (after_restart && client_poll(c, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_RESTART)
         ;
-    client_trained(c, id, 1, 0, gen);
+    client_trained(c, id, lease, 1, 0, gen);
     struct client_stats st;
     do {
         client_poll(c, 10, &m, err, sizeof err);
@@ -366,10 +369,11 @@ static void late_trained_after_restart(void)
     unsigned slot;
     CHECK_OK(ring_claim_read(r, NULL, 1000, &slot));
     CHECK_INT(ring_slot_header(r, slot)->batch_id, ==, id);
+    uint32_t lease = ring_slot_header(r, slot)->lease;
     CHECK_OK(ring_release(r, slot));                /* taken; its TRAINED comes after the window */
     poll_for(d, 800 * test_time_scale());
     CHECK_STR(tc_batch_state(id), "published");
-    CHECK_OK(client_trained(d, id, 1, 0, gen));
+    CHECK_OK(client_trained(d, id, lease, 1, 0, gen));
     expect_batch(id, "trained", d, 5000);
     client_free(d);
     ring_detach(r);

@@ -103,10 +103,11 @@ int main(void)
     memset(&m, 0, sizeof m);
     m.type = PROTO_LEASE_GRANT;
     m.grant = (struct proto_lease_grant){ .batch_id = 1ull << 40, .epoch = 2, .flags = PROTO_GRANT_REGRANT,
-                                          .n_samples = 1000, .n_tokens = 16000, .max_seq_len = 4096 };
+                                          .n_samples = 1000, .n_tokens = 16000, .max_seq_len = 4096, .lease = 2 };
     m.samples = samples;
     roundtrip(&m, &d);
     CHECK_INT(d.grant.n_samples, ==, 1000);
+    CHECK_INT(d.grant.lease, ==, 2);
     for (uint32_t i = 0; i < 1000; i++)
         CHECK_INT(proto_grant_sample(&d, i), ==, samples[i]);
 
@@ -144,9 +145,17 @@ int main(void)
 
     memset(&m, 0, sizeof m);
     m.type = PROTO_TRAINED;
-    m.trained = (struct proto_trained){ .seq = 1, .batch_id = 2, .step = 3, .generation = 4, .rank = 1 };
+    m.trained = (struct proto_trained){ .seq = 1, .batch_id = 2, .step = 3, .generation = 4, .rank = 1, .lease = 5 };
     roundtrip(&m, &d);
     CHECK_INT(d.trained.generation, ==, 4);
+    CHECK_INT(d.trained.lease, ==, 5);
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_SKIPPED;
+    m.skipped = (struct proto_skipped){ .seq = 6, .batch_id = 7, .lease = 8 };
+    roundtrip(&m, &d);
+    CHECK_INT(d.skipped.batch_id, ==, 7);
+    CHECK_INT(d.skipped.lease, ==, 8);
 
     memset(&m, 0, sizeof m);
     m.type = PROTO_CHECKPOINTED;
@@ -315,12 +324,16 @@ int main(void)
     memset(&m, 0, sizeof m);
     m.type = PROTO_LEASE_GRANT;
     m.grant.n_samples = 3;
+    m.grant.lease = 1;
     m.samples = samples;
     n = proto_encode(&m, buf, sizeof buf, err, sizeof err);
     CHECK(n > 0);
-    uint32_t four = 4;
+    uint32_t four = 4, zero = 0;
     memcpy(buf + sizeof *h + offsetof(struct proto_lease_grant, n_samples), &four, 4);
     expect_reject(buf, (size_t)n, -DF_EFORMAT, "4 samples need");
+    memcpy(buf + sizeof *h + offsetof(struct proto_lease_grant, n_samples), &m.grant.n_samples, 4);
+    memcpy(buf + sizeof *h + offsetof(struct proto_lease_grant, lease), &zero, 4);
+    expect_reject(buf, (size_t)n, -DF_ERANGE, "lease number 0");
     m.grant.n_samples = PROTO_MAX_SAMPLES + 1;
     CHECK(proto_encode(&m, buf, sizeof buf, err, sizeof err) < 0);
 

@@ -102,7 +102,7 @@ static pid_t serve(int lfd, uint32_t announced, uint32_t sent, int hang_up)
         uint32_t sample = i;
         struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = &sample };
         g.grant = (struct proto_lease_grant){ .batch_id = 100 + i, .flags = PROTO_GRANT_REGRANT, .n_samples = 1,
-                                              .n_tokens = 5, .max_seq_len = 64 };
+                                              .n_tokens = 5, .max_seq_len = 64, .lease = 1 };
         send_frame(fd, &g);
     }
     if (!hang_up) {
@@ -208,13 +208,13 @@ static void test_idle_keeps_heartbeat(int lfd)
 static void count_held(const struct proto_msg *m, void *arg)
 {
     int *seen = arg;
-    seen[0] += m->type == PROTO_LEASE_RETURN && m->batch.batch_id == 7;
+    seen[0] += m->type == PROTO_SKIPPED && m->skipped.batch_id == 7 && m->skipped.lease == 3;
     seen[1] += m->type == PROTO_ERROR && m->error.code == -DF_ENAN;
 }
 
-/* A drafter's skip report and its error written while the coordinator is away are held and
- * sent on the next connection (they are not ACKed events, but a NaN must still pause the
- * cluster and the skipped batch must be queued again). */
+/* A drafter's skip report (an event, kept until ACKed) and its error (held: not an event, but a
+ * NaN must still pause the cluster) written while the coordinator is away are sent on the next
+ * connection. */
 static void test_held_until_reconnect(int lfd)
 {
     pid_t srv = fork();
@@ -244,7 +244,7 @@ static void test_held_until_reconnect(int lfd)
     for (int i = 0; i < 100 && client_connected(c); i++)
         client_poll(c, 10, &m, err, sizeof err);
     CHECK(!client_connected(c));
-    CHECK_OK(client_batch_skipped(c, 7));
+    CHECK_OK(client_batch_skipped(c, 7, 3));
     CHECK_OK(client_error(c, 0, -DF_ENAN, "loss is nan"));
     for (int i = 0; i < 200 && !client_connected(c); i++)
         client_poll(c, 10, &m, err, sizeof err);

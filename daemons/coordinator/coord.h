@@ -36,9 +36,6 @@ struct batch {
                                        PUBLISHED arrived, and that training does not count (a skipped
                                        step, or a generation rolled back); settled on PUBLISHED */
     uint64_t orphan_since_ms;       /* PUBLISHED: no slot has held it since (mono; 0 = in a slot) */
-    uint64_t gens_ended_at_grant;   /* LEASED: generations up to this one had ended when it was
-                                       granted (a TRAINED of one of them is of an older copy);
-                                       UINT64_MAX when unknown (granted before a restart) */
 };
 
 struct epoch_state {

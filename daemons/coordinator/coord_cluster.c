@@ -233,7 +233,8 @@ static void send_grant(struct coord *co, struct member *m, struct batch *b, int 
     struct proto_msg msg = { .type = PROTO_LEASE_GRANT };
     msg.grant = (struct proto_lease_grant){ .batch_id = b->row.id, .epoch = b->row.epoch,
                                             .flags = regrant ? PROTO_GRANT_REGRANT : 0, .n_samples = b->row.n_samples,
-                                            .n_tokens = b->row.n_tokens, .max_seq_len = co->sp.max_seq_len };
+                                            .n_tokens = b->row.n_tokens, .max_seq_len = co->sp.max_seq_len,
+                                            .lease = b->row.leases };
     msg.samples = s->samples + s->first[b->row.idx];
     coord_send(m, &msg);
 }
@@ -254,7 +255,6 @@ static void grant_leases(struct coord *co)
             b->holder = m;
             b->row.owner = m->token;
             b->row.leases++;
-            b->gens_ended_at_grant = co->grp.active ? co->grp.gen - 1 : co->grp.gen;
             batch_set(co, b, BATCH_LEASED);
             m->leases++;
             m->want--;
@@ -629,6 +629,21 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
     }
 }
 
+/* A drafter took the copy of batch b with lease number `lease` from the ring, and that training
+ * does not count (a skipped step, or a generation rolled back). Only the current copy matters: a
+ * report about an earlier one (the batch was queued again since) changes nothing. */
+static void not_trained(struct coord *co, struct batch *b, uint32_t lease, const char *why)
+{
+    if (lease != b->row.leases)
+        return;
+    if (b->row.state == BATCH_PUBLISHED && slot_holding(co, slot_snapshot(co), b->row.id) < 0) {
+        requeue(co, b, why);
+        grant_leases(co);
+    } else if (b->row.state == BATCH_LEASED) {
+        b->consumed_early = true;   /* read before its PUBLISHED arrived: settled in on_published */
+    }
+}
+
 static void on_trained(struct coord *co, struct member *m, const struct proto_trained *t)
 {
     struct batch *b = coord_batch(co, t->batch_id);
@@ -648,10 +663,7 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
     }
     if (!kept) {
         ledger_train_add(co->ledger, b->row.id, t->generation, t->step, t->rank, 1);
-        if (b->row.state == BATCH_PUBLISHED && slot_holding(co, slot_snapshot(co), b->row.id) < 0)
-            requeue(co, b, "trained by a drafter generation that was rolled back");
-        else if (b->row.state == BATCH_LEASED && t->generation > b->gens_ended_at_grant)
-            b->consumed_early = true;   /* the copy of this lease, taken before its PUBLISHED came */
+        not_trained(co, b, t->lease, "trained by a drafter generation that was rolled back");
         send_ack(m, t->seq, 0);
         return;
     }
@@ -849,27 +861,25 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
         grant_leases(co);
         return;
     case PROTO_LEASE_RETURN: {
+        if (role != PROTO_ROLE_TARGET)
+            break;
         struct batch *b = coord_batch(co, msg->batch.batch_id);
-        if (role == PROTO_ROLE_TARGET) {
-            if (b && b->row.state == BATCH_LEASED && b->holder == m) {
-                m->leases--;
-                requeue(co, b, "returned by its target");
-                grant_leases(co);
-            }
-            return;
+        if (b && b->row.state == BATCH_LEASED && b->holder == m) {
+            m->leases--;
+            requeue(co, b, "returned by its target");
+            grant_leases(co);
         }
+        return;
+    }
+    case PROTO_SKIPPED: {
         if (role != PROTO_ROLE_DRAFTER)
             break;
-        /* A drafter consumed the slot but did not train it (a skipped non-finite step):
-         * the batch is in no slot any more, so only a new publication can deliver it. The
-         * target's PUBLISHED may still be on its way (the drafter read the slot first): then
-         * on_published settles it. */
-        if (b && b->row.state == BATCH_PUBLISHED && slot_holding(co, slot_snapshot(co), b->row.id) < 0) {
-            requeue(co, b, "consumed but not trained by a drafter");
-            grant_leases(co);
-        } else if (b && b->row.state == BATCH_LEASED) {
-            b->consumed_early = true;
-        }
+        /* A drafter consumed the slot but did not train it (a skipped non-finite step): the
+         * batch is in no slot any more, so only a new publication can deliver it. */
+        struct batch *b = coord_batch(co, msg->skipped.batch_id);
+        if (b)
+            not_trained(co, b, msg->skipped.lease, "consumed but not trained by a drafter");
+        send_ack(m, msg->skipped.seq, b ? 0 : -DF_ERANGE);
         return;
     }
     case PROTO_PUBLISHED:
@@ -1175,7 +1185,6 @@ static int load_row(void *ctx, const struct ledger_batch *row)
     }
     struct batch *b = &ep->b[row->idx];
     b->row = *row;
-    b->gens_ended_at_grant = UINT64_MAX;
     if (row->state == BATCH_LEASED)
         coord_leased_link(co, b);
     ep->loaded++;

@@ -37,13 +37,21 @@
 enum { SM_HAVE, SM_STOP, SM_SEQS, SM_NAN, SM_METRICS, SM_N = SM_METRICS + DRAFTER_METRICS_N };
 
 /* CUDA: a step enqueued but whose result (read a step later) is not applied yet. */
+/* A batch taken from the ring: its id and the lease number of that copy (ring_payload.lease),
+ * which every report about it names. */
+struct batch_ref {
+    uint64_t id;
+    uint32_t lease, pad;
+};
+
 /* One rank's batch in a step, as the group's all-gather hands it to every rank. */
 struct peer_batch {
-    uint64_t have, batch_id;
+    uint64_t have;
+    struct batch_ref b;
 };
 
 struct step_rec {
-    uint64_t batch_id;
+    struct batch_ref b;
     uint32_t epoch;
     int have;                   /* this rank's batch is in the step */
     int ghave;                  /* batches in the step over the group */
@@ -451,9 +459,9 @@ static void set_heartbeat(struct dft *f)
 }
 
 #ifdef DFLASH_HAVE_CUDA
-static void hand_back(uint64_t batch_id, void *cl)
+static void hand_back(uint64_t batch_id, uint32_t lease, void *cl)
 {
-    client_batch_skipped(cl, batch_id);
+    client_batch_skipped(cl, batch_id, lease);
 }
 #endif
 
@@ -474,7 +482,7 @@ static void leave_group_how(struct dft *f, int broken)
     for (int i = 0; i < f->fl_n; i++) {
         const struct step_rec *rec = &f->fl[(f->fl_head + i) % STEPS_IN_FLIGHT];
         if (rec->have)
-            client_batch_skipped(f->cl, rec->batch_id);
+            client_batch_skipped(f->cl, rec->b.id, rec->b.lease);
     }
     f->fl_n = 0;
     f->fl_head = 0;
@@ -604,9 +612,9 @@ static int open_nccl(struct dft *f, int timeout_ms, char *err, size_t errlen)
 #endif
 
 /* Every rank's batch of this step into pb[world] on every rank (world > 1). */
-static int gather_batches(struct dft *f, int have, uint64_t batch_id, struct peer_batch *pb)
+static int gather_batches(struct dft *f, int have, struct batch_ref b, struct peer_batch *pb)
 {
-    struct peer_batch mine = { (uint64_t)have, batch_id };
+    struct peer_batch mine = { (uint64_t)have, b };
     return coll_allgather(f->coll, &mine, sizeof mine, pb);
 }
 
@@ -620,7 +628,7 @@ static void report_peers(struct dft *f, const struct peer_batch *pb, uint64_t st
         return;
     for (int r = 1; r < f->world; r++)
         if (pb[r].have)
-            client_trained(f->cl, pb[r].batch_id, step, (uint32_t)r, f->generation);
+            client_trained(f->cl, pb[r].b.id, pb[r].b.lease, step, (uint32_t)r, f->generation);
 }
 
 /* Apply a GROUP: weights from its checkpoint, the collective of its generation. */
@@ -710,23 +718,24 @@ static void floats_to_metrics(const float *in, struct drafter_metrics *m)
 
 /* A batch whose payload cannot be trained (a header out of the ring's bounds, tokens out of the
  * vocabulary, ...): reported, and handed back so its target publishes it again. */
-static void reject_batch(struct dft *f, unsigned slot, uint64_t batch_id, int code, const char *why)
+static void reject_batch(struct dft *f, unsigned slot, struct batch_ref b, int code, const char *why)
 {
-    log_error(code, "slot %u, batch %" PRIu64 ": %s", slot, batch_id, why);
-    client_error(f->cl, 0, code, "slot %u batch %" PRIu64 ": %s", slot, batch_id, why);
-    client_batch_skipped(f->cl, batch_id);
+    log_error(code, "slot %u, batch %" PRIu64 ": %s", slot, b.id, why);
+    client_error(f->cl, 0, code, "slot %u batch %" PRIu64 ": %s", slot, b.id, why);
+    client_batch_skipped(f->cl, b.id, b.lease);
 }
 
 /* Train on the slot's batch: gradients into dr->grads, metric sums into *m. The slot is
  * released as soon as its data has been read. Returns 1 trained, 0 nothing usable, <0 fatal. */
-static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m, uint64_t *batch_id,
+static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m, struct batch_ref *ref,
                         uint32_t *n_seqs)
 {
     /* The header is read once, and bounded by the ring's layout before anything is indexed
      * with it: a slot is shared memory, written by another process. */
     const volatile struct ring_payload *p = ring_slot_header(f->ring, slot);
     const struct ring_layout *lay = ring_layout(f->ring);
-    *batch_id = p->batch_id;
+    *ref = (struct batch_ref){ p->batch_id, p->lease, 0 };
+    uint64_t batch_id = ref->id;
     *n_seqs = p->n_seqs;
     uint32_t epoch = p->epoch, n_tokens = p->n_tokens;
     if (*n_seqs > lay->max_seqs || n_tokens > lay->max_tokens || n_tokens > (uint32_t)f->dr->max_tokens) {
@@ -734,7 +743,7 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
         snprintf(why, sizeof why, "%u sequences / %u tokens: beyond the ring's slots (%u / %u) or the drafter (%d)",
                  *n_seqs, n_tokens, lay->max_seqs, lay->max_tokens, f->dr->max_tokens);
         ring_release(f->ring, slot);
-        reject_batch(f, slot, *batch_id, -DF_ERANGE, why);
+        reject_batch(f, slot, *ref, -DF_ERANGE, why);
         return 0;
     }
     struct obj_batch b = {
@@ -750,15 +759,15 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
     int r = obj_batch_check(&b, f->dc.vocab_size, err, sizeof err);
     if (r < 0) {
         ring_release(f->ring, slot);
-        reject_batch(f, slot, *batch_id, r, err);
+        reject_batch(f, slot, *ref, r, err);
         return 0;
     }
-    struct obj_rng_key key = { .seed = (uint64_t)f->cfg->drafter.seed, .epoch = epoch, .batch_id = *batch_id,
+    struct obj_rng_key key = { .seed = (uint64_t)f->cfg->drafter.seed, .epoch = epoch, .batch_id = batch_id,
                                .rank = (uint32_t)f->rank };
     int nb = obj_sample_anchors(&b, (int)f->cfg->drafter.num_anchors, &key, f->blocks, f->max_blocks, f->work);
     if (nb < 0) {
         ring_release(f->ring, slot);
-        log_error(nb, "anchors of batch %" PRIu64, *batch_id);
+        log_error(nb, "anchors of batch %" PRIu64, batch_id);
         return nb;
     }
     if (nb > 0) {
@@ -771,12 +780,12 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
     }
     int rel = ring_release(f->ring, slot);
     if (r < 0) {
-        log_error(r, "forward/backward of batch %" PRIu64, *batch_id);
+        log_error(r, "forward/backward of batch %" PRIu64, batch_id);
         return r;
     }
     if (rel == -DF_ESTATE) {
         /* Reclaimed while we read it (we were taken for dead): it is delivered again. */
-        log_warn(rel, "slot %u of batch %" PRIu64 " was reclaimed during the step: not counted", slot, *batch_id);
+        log_warn(rel, "slot %u of batch %" PRIu64 " was reclaimed during the step: not counted", slot, batch_id);
         return 0;
     }
     if (epoch != f->ts.epoch)
@@ -807,10 +816,10 @@ static int group_broken(struct dft *f, int code)
 
 /* The group broke while this rank held a consumed, untrained batch: hand it back (its slot is
  * gone, so only a new publication delivers it; the coordinator may have re-queued it already). */
-static int broken_with(struct dft *f, int have, uint64_t batch_id, int code)
+static int broken_with(struct dft *f, int have, struct batch_ref b, int code)
 {
     if (have)
-        client_batch_skipped(f->cl, batch_id);
+        client_batch_skipped(f->cl, b.id, b.lease);
     return group_broken(f, code);
 }
 
@@ -833,7 +842,7 @@ static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const
 /* A trained step's bookkeeping, the same on both backends: counters, the TRAINED reports, the
  * latest metrics and the JSONL row. step_ms: what the step took; rate_s: the time its tokens/s
  * is over (0: no figure yet). */
-static void step_done(struct dft *f, int have, uint64_t batch_id, const struct peer_batch *peers, int ghave,
+static void step_done(struct dft *f, int have, struct batch_ref b, const struct peer_batch *peers, int ghave,
                       uint64_t gseqs, uint64_t step, int rc, const struct drafter_metrics *gm,
                       const struct drafter_step_info *info, double step_ms, double rate_s)
 {
@@ -855,10 +864,10 @@ static void step_done(struct dft *f, int have, uint64_t batch_id, const struct p
     }
     /* The metrics row before the reports: a rank killed in between leaves no trained batch
      * without its row (rank 0 reports every rank's batch). */
-    write_metrics(f, gm, info, batch_id, have);
+    write_metrics(f, gm, info, b.id, have);
     if (have) {
         f->batches++;
-        client_trained(f->cl, batch_id, step, (uint32_t)f->rank, f->generation);
+        client_trained(f->cl, b.id, b.lease, step, (uint32_t)f->rank, f->generation);
     }
     report_peers(f, peers, step);
 }
@@ -871,14 +880,14 @@ static int iterate(struct dft *f)
                     f->state == PROTO_STATE_STARTING;
     unsigned slot;
     int have = 0, r;
-    uint64_t batch_id = 0;
+    struct batch_ref b = { 0 };
     uint32_t n_seqs = 0;
     struct drafter_metrics m = { 0 };
     int slice = (int)daemon_wait_slice_ms(&f->d, 200);
     if (consuming && !f->stop_vote) {
         r = ring_claim_read(f->ring, &f->pick, slice, &slot);
         if (r == 0) {
-            have = consume_slot(f, slot, &m, &batch_id, &n_seqs);
+            have = consume_slot(f, slot, &m, &b, &n_seqs);
             if (have < 0)
                 return have;
         } else if (r != -DF_ETIMEOUT && r != -EINTR) {
@@ -903,9 +912,9 @@ static int iterate(struct dft *f)
     sm[SM_NAN] = have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum)) ? 1.0f : 0.0f;
     metrics_to_floats(&m, sm + SM_METRICS);
     if (f->coll && (r = coll_allreduce_sum(f->coll, sm, SM_N)) < 0)
-        return broken_with(f, have, batch_id, r);
-    if (f->coll && (r = gather_batches(f, have, batch_id, f->peers)) < 0)
-        return broken_with(f, have, batch_id, r);
+        return broken_with(f, have, b, r);
+    if (f->coll && (r = gather_batches(f, have, b, f->peers)) < 0)
+        return broken_with(f, have, b, r);
     struct drafter_metrics gm;
     floats_to_metrics(sm + SM_METRICS, &gm);
     int ghave = (int)sm[SM_HAVE], gstop = sm[SM_STOP] > 0;
@@ -915,20 +924,20 @@ static int iterate(struct dft *f)
          * consumed untrained: each rank hands its own back to be published again. */
         f->poisoned = 1;
         if (have)
-            client_batch_skipped(f->cl, batch_id);
+            client_batch_skipped(f->cl, b.id, b.lease);
         if (have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum))) {
-            log_error(-DF_ENAN, "batch %" PRIu64 ": the loss is not finite: step skipped, cluster pausing", batch_id);
+            log_error(-DF_ENAN, "batch %" PRIu64 ": the loss is not finite: step skipped, cluster pausing", b.id);
             client_error(f->cl, 0, -DF_ENAN, "%s: batch %" PRIu64 " at step %" PRId64 ": loss is not finite",
-                         f->d.ident, batch_id, drafter_step_count(f->dr) + 1);
+                         f->d.ident, b.id, drafter_step_count(f->dr) + 1);
         }
     } else if (ghave > 0) {
         if (f->coll && (r = coll_allreduce_sum(f->coll, f->dr->grads, f->dr->n_params)) < 0)
-            return broken_with(f, have, batch_id, r);
+            return broken_with(f, have, b, r);
         r = drafter_optimizer_step(f->dr, gm.weight_sum, &f->topt, &info);
         if (r == -DF_ENAN) {
             f->poisoned = 1;
             if (have)
-                client_batch_skipped(f->cl, batch_id);
+                client_batch_skipped(f->cl, b.id, b.lease);
             log_error(r, "gradient norm is not finite at step %" PRId64 ": step skipped", info.step + 1);
             if (f->rank == 0)
                 client_error(f->cl, 0, -DF_ENAN, "%s: gradient norm not finite at step %" PRId64, f->d.ident,
@@ -940,7 +949,7 @@ static int iterate(struct dft *f)
             /* -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
             uint64_t t2 = mono_ns();
             f->dirty = 1;
-            step_done(f, have, batch_id, f->coll ? f->peers : NULL, ghave, (uint64_t)sm[SM_SEQS],
+            step_done(f, have, b, f->coll ? f->peers : NULL, ghave, (uint64_t)sm[SM_SEQS],
                       (uint64_t)drafter_step_count(f->dr), r, &gm, &info, (double)(t2 - t1) / 1e6,
                       (double)(t2 - t0) / 1e9 + 1e-9);
         }
@@ -981,12 +990,12 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
          * Its batches were consumed untrained: each rank hands its own back. */
         f->poisoned = 1;
         if (rec->have)
-            client_batch_skipped(f->cl, rec->batch_id);
+            client_batch_skipped(f->cl, rec->b.id, rec->b.lease);
         log_error(rc, "step %" PRId64 ": loss sum %g / gradient norm %g not finite: step skipped, cluster pausing",
                   info->step + 1, gm->loss_sum, info->grad_norm);
         if (f->rank == 0)
             client_error(f->cl, 0, -DF_ENAN, "%s: loss or gradient norm not finite at step %" PRId64 " (batch %" PRId64
-                         " of rank 0)", f->d.ident, info->step + 1, rec->have ? (int64_t)rec->batch_id : (int64_t)-1);
+                         " of rank 0)", f->d.ident, info->step + 1, rec->have ? (int64_t)rec->b.id : (int64_t)-1);
         return;
     }
     /* 0, or -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
@@ -999,7 +1008,7 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
     /* Steps are pipelined: their rate is from result to result. */
     double dt = f->last_result_ns ? (double)(now - f->last_result_ns) / 1e9 : 0;
     f->last_result_ns = now;
-    step_done(f, rec->have, rec->batch_id, rec->peers, rec->ghave, rec->gseqs, (uint64_t)info->step, rc, gm, info,
+    step_done(f, rec->have, rec->b, rec->peers, rec->ghave, rec->gseqs, (uint64_t)info->step, rc, gm, info,
               dt * 1e3, dt);
 }
 
@@ -1084,10 +1093,11 @@ static int fill_feed(struct dft *f, uint64_t *idle_ns)
             log_error(r, "ring_claim_read");
             return r;
         }
-        uint64_t id = ring_slot_header(f->ring, slot)->batch_id;
+        const struct ring_payload *p = ring_slot_header(f->ring, slot);
+        struct batch_ref b = { p->batch_id, p->lease, 0 };
         r = feed_stage(f->feed, slot);
         if (r == -DF_ERANGE) {
-            reject_batch(f, slot, id, r, "header out of the ring's bounds");
+            reject_batch(f, slot, b, r, "header out of the ring's bounds");
             continue;
         }
         if (r < 0) {
@@ -1099,7 +1109,7 @@ static int fill_feed(struct dft *f, uint64_t *idle_ns)
 }
 
 /* Enqueue the forward/backward of the oldest staged batch. 1 enqueued, 0 nothing usable, <0. */
-static int enqueue_batch(struct dft *f, uint64_t *batch_id, uint32_t *epoch, uint32_t *n_seqs)
+static int enqueue_batch(struct dft *f, struct batch_ref *b, uint32_t *epoch, uint32_t *n_seqs)
 {
     int lost, rc;
     struct feed_batch *fb;
@@ -1112,7 +1122,7 @@ static int enqueue_batch(struct dft *f, uint64_t *batch_id, uint32_t *epoch, uin
         char err[512];
         int r = obj_batch_check(&fb->b, f->dc.vocab_size, err, sizeof err);
         if (r < 0) {
-            reject_batch(f, fb->slot, fb->batch_id, r, err);
+            reject_batch(f, fb->slot, (struct batch_ref){ fb->batch_id, fb->lease, 0 }, r, err);
             feed_consumed(f->feed, NULL);
             continue;
         }
@@ -1135,7 +1145,7 @@ static int enqueue_batch(struct dft *f, uint64_t *batch_id, uint32_t *epoch, uin
                                 (cudaStream_t)drafter_cuda_stream(f->gpu)) != cudaSuccess)
                 return -DF_ECUDA;
         }
-        *batch_id = fb->batch_id;
+        *b = (struct batch_ref){ fb->batch_id, fb->lease, 0 };
         *epoch = fb->epoch;
         *n_seqs = (uint32_t)fb->b.n_seqs;
         if ((r = feed_consumed(f->feed, drafter_cuda_input_event(f->gpu))) < 0)
@@ -1166,18 +1176,18 @@ static int iterate_cuda(struct dft *f)
             idle_ns += mono_ns() - w;
         }
     }
-    uint64_t batch_id = 0;
+    struct batch_ref b = { 0 };
     uint32_t epoch = 0, n_seqs = 0;
     int have = 0;
     /* Staged batches are trained even after a stop vote: their slots are already released. */
-    if ((consuming || f->stop_vote) && (have = enqueue_batch(f, &batch_id, &epoch, &n_seqs)) < 0)
+    if ((consuming || f->stop_vote) && (have = enqueue_batch(f, &b, &epoch, &n_seqs)) < 0)
         return have;
     float sm[3] = { (float)have, f->stop_vote && !feed_count(f->feed) ? 1.0f : 0.0f, (float)n_seqs };
     if (f->coll && (r = coll_allreduce_sum(f->coll, sm, 3)) < 0)
-        return broken_with(f, have, batch_id, r);
+        return broken_with(f, have, b, r);
     int ghave = (int)sm[SM_HAVE], gstop = sm[SM_STOP] > 0;
-    if (f->coll && (r = gather_batches(f, have, batch_id, f->peers)) < 0)
-        return broken_with(f, have, batch_id, r);
+    if (f->coll && (r = gather_batches(f, have, b, f->peers)) < 0)
+        return broken_with(f, have, b, r);
     if (ghave > 0) {
         cudaStream_t s = (cudaStream_t)drafter_cuda_stream(f->gpu);
         size_t n;
@@ -1187,9 +1197,9 @@ static int iterate_cuda(struct dft *f)
                       cudaMemsetAsync(mv, 0, DRAFTER_METRICS_N * sizeof *mv, s) != cudaSuccess))
             return -DF_ECUDA;   /* this rank adds nothing to the sums */
         if (f->nccl && (r = nccl_coll_allreduce_sum(f->nccl, g, n, mv, DRAFTER_METRICS_N, s)) < 0)
-            return broken_with(f, have, batch_id, r);
+            return broken_with(f, have, b, r);
         if (f->fl_n == STEPS_IN_FLIGHT && (r = gpu_results(f, STEPS_IN_FLIGHT - 1, &failed)) < 0)
-            return failed ? broken_with(f, have, batch_id, r) : r;
+            return failed ? broken_with(f, have, b, r) : r;
         if ((r = drafter_cuda_optimizer_step_async(f->gpu, &f->topt)) < 0) {
             log_error(r, "optimizer step");
             return r;
@@ -1202,7 +1212,7 @@ static int iterate_cuda(struct dft *f)
             pb = f->fl_peers + (size_t)at * (size_t)f->world;
             memcpy(pb, f->peers, (size_t)f->world * sizeof *pb);
         }
-        f->fl[at] = (struct step_rec){ .batch_id = batch_id, .epoch = epoch, .have = have, .ghave = ghave,
+        f->fl[at] = (struct step_rec){ .b = b, .epoch = epoch, .have = have, .ghave = ghave,
                                        .gseqs = (uint32_t)sm[SM_SEQS], .peers = pb };
         f->fl_n++;
         f->dirty = 1;

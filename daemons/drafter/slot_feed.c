@@ -153,8 +153,8 @@ int feed_stage(struct feed *f, unsigned slot)
                                              .cu_seqlens = f->cu[buf], .n_seqs = (int)n_seqs,
                                              .n_tokens = (int)n_tokens, .hidden_bf16 = f->dev[buf],
                                              .hidden_pitch = pitch / 2 },
-                                      .batch_id = p->batch_id, .epoch = p->epoch, .slot = slot, .held = 1,
-                                      .buf = buf } };
+                                      .batch_id = p->batch_id, .lease = p->lease, .epoch = p->epoch, .slot = slot,
+                                      .held = 1, .buf = buf } };
     f->n++;
     return 0;
 }
@@ -225,7 +225,7 @@ int feed_consumed(struct feed *f, void *input_event)
     return cudaStreamWaitEvent(f->copy, (cudaEvent_t)input_event, 0) == cudaSuccess ? 0 : -DF_ECUDA;
 }
 
-void feed_drop_all(struct feed *f, void (*released)(uint64_t batch_id, void *arg), void *arg)
+void feed_drop_all(struct feed *f, void (*released)(uint64_t batch_id, uint32_t lease, void *arg), void *arg)
 {
     if (f->copy)
         cudaStreamSynchronize(f->copy);
@@ -234,7 +234,7 @@ void feed_drop_all(struct feed *f, void (*released)(uint64_t batch_id, void *arg
         if (e->fb.held && !e->lost)
             ring_requeue(f->ring, e->fb.slot);
         else if (!e->fb.held && !e->lost && released)
-            released(e->fb.batch_id, arg);
+            released(e->fb.batch_id, e->fb.lease, arg);
     }
     f->n = 0;
     f->head = 0;

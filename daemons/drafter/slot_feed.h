@@ -11,6 +11,7 @@
 struct feed_batch {
     struct obj_batch b;         /* tokens / loss_mask / cu_seqlens: host copies; hidden_bf16: device */
     uint64_t batch_id;
+    uint32_t lease;             /* the copy's lease number (ring_payload.lease) */
     uint32_t epoch;
     unsigned slot;
     int held;                   /* the slot is still READING by this process */
@@ -48,5 +49,5 @@ int feed_consumed(struct feed *f, void *input_event);
 
 /* Drop every staged batch (leaving a group): slots still held go back to READY (ring_requeue) so
  * another generation trains them; for each one whose slot was already released, released(batch_id,
- * arg) (may be NULL): only a report makes the coordinator publish it again. */
-void feed_drop_all(struct feed *f, void (*released)(uint64_t batch_id, void *arg), void *arg);
+ * lease, arg) (may be NULL): only a report makes the coordinator publish it again. */
+void feed_drop_all(struct feed *f, void (*released)(uint64_t batch_id, uint32_t lease, void *arg), void *arg);

@@ -298,6 +298,7 @@ static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char
     struct ring_payload *p = ring_slot_header(t->ring, slot);
     p->batch_id = l->batch_id;
     p->epoch = l->epoch;
+    p->lease = l->lease;
     p->n_seqs = l->n_samples;
     p->n_tokens = n;
     p->flags = 0;

@@ -232,7 +232,7 @@ static void seeds_proto(void)
         case PROTO_LEASE_REQUEST: m.lease_request.n = 2; break;
         case PROTO_LEASE_GRANT:
             m.grant = (struct proto_lease_grant){ .batch_id = 11, .epoch = 1, .n_samples = 3, .n_tokens = 40,
-                                                  .max_seq_len = 4096 };
+                                                  .max_seq_len = 4096, .lease = 1 };
             m.samples = samples;
             break;
         case PROTO_LEASE_REVOKE: case PROTO_LEASE_RETURN: m.batch.batch_id = 11; break;
@@ -242,7 +242,10 @@ static void seeds_proto(void)
             proto_strset(m.group.coll_name, sizeof m.group.coll_name, "/dflash-x-coll-2");
             proto_strset(m.group.ckpt_dir, sizeof m.group.ckpt_dir, "/var/lib/dflash/checkpoints/step-0000000100");
             break;
-        case PROTO_TRAINED: m.trained = (struct proto_trained){ .seq = 2, .batch_id = 11, .step = 101, .generation = 2 }; break;
+        case PROTO_TRAINED:
+            m.trained = (struct proto_trained){ .seq = 2, .batch_id = 11, .step = 101, .generation = 2, .lease = 1 };
+            break;
+        case PROTO_SKIPPED: m.skipped = (struct proto_skipped){ .seq = 4, .batch_id = 11, .lease = 2 }; break;
         case PROTO_CHECKPOINTED:
             m.checkpointed = (struct proto_checkpointed){ .seq = 3, .step = 200, .generation = 2 };
             proto_strset(m.checkpointed.dir, sizeof m.checkpointed.dir, "/ckpt/step-0000000200");

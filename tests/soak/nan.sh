@@ -12,7 +12,7 @@
 # `dflashctl resume` and the run completes: every batch trained exactly once in the lineage
 # (tests/soak/check_run.py), the ring ends FREE, nothing left in /dev/shm, no socket left.
 # The batches of the skipped step (the poisoned one and every other rank's) are handed back
-# (LEASE_RETURN from the drafter) and published again after the resume.
+# (SKIPPED from the drafter) and published again after the resume.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib/cluster.sh
