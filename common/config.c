@@ -3,6 +3,8 @@
 #include <errno.h>
 #include <ini.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -112,7 +114,7 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
     switch (k->type) {
     case CFG_INT: {
         errno = 0;
-        long long v = strtoll(val, &end, 0);
+        long long v = strtoll(val, &end, 10);     /* base 10: "010" is ten, not eight */
         if (errno || end == val || *end) {
             snprintf(err, errlen, "not an integer: '%s'", val);
             return -EINVAL;
@@ -170,13 +172,41 @@ struct load_ctx {
     int fail_line;
 };
 
-/* inih reads one line per call, so the line count at handler time is its line. */
+#define CFG_MAX_LINE 4096   /* inih's line buffer (heap); a longer line is an error, never split */
+
+static void fail_at(struct load_ctx *c, int lineno, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The first failure wins: inih reports the first bad line, and so does the message. */
+static void fail_at(struct load_ctx *c, int lineno, int code, const char *fmt, ...)
+{
+    if (c->failed)
+        return;
+    int n = snprintf(c->err, c->errlen, "%s:%d: ", c->path, lineno);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < c->errlen)
+        vsnprintf(c->err + n, c->errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    c->failed = code;
+    c->fail_line = lineno;
+}
+
+/* inih reads one line per call, so the line count at handler time is its line. A line that
+ * does not fit inih's buffer would come back in pieces, the tail parsed as a line of its own
+ * (a commented-out setting could come alive): it ends the parse with an error instead. */
 static char *ini_read_line(char *buf, int size, void *stream)
 {
     struct load_ctx *c = stream;
     char *s = fgets(buf, size, c->f);
-    if (s)
-        c->lineno++;
+    if (!s)
+        return NULL;
+    c->lineno++;
+    size_t n = strlen(s);
+    if (n == (size_t)size - 1 && s[n - 1] != '\n' && !feof(c->f)) {
+        fail_at(c, c->lineno, -EINVAL, "line longer than %d bytes", size - 3);
+        return NULL;
+    }
     return s;
 }
 
@@ -189,17 +219,12 @@ static int on_ini(void *user, const char *section, const char *name, const char 
         return 1;
     const struct cfg_key *k = cfg_find(section, name);
     if (!k) {
-        snprintf(c->err, c->errlen, "%s:%d: %s.%s: %s", c->path, lineno, section, name,
-                 section_known(section) ? "unknown key" : "unknown section");
-        c->failed = -EINVAL;
-        c->fail_line = lineno;
+        fail_at(c, lineno, -EINVAL, "%s.%s: %s", section, name, section_known(section) ? "unknown key" : "unknown section");
         return 0;
     }
     int r = cfg_store(c->cfg, k, value, why, sizeof why);
     if (r < 0) {
-        snprintf(c->err, c->errlen, "%s:%d: %s.%s: %s", c->path, lineno, section, name, why);
-        c->failed = r;
-        c->fail_line = lineno;
+        fail_at(c, lineno, r, "%s.%s: %s", section, name, why);
         return 0;
     }
     return 1;
@@ -223,6 +248,13 @@ int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
         return r;
     }
     struct load_ctx c = { cfg, path, err, errlen, 0, f, 0, 0 };
+    /* Debian's inih takes these at run time: a heap line buffer of CFG_MAX_LINE bytes, and no
+     * continuation lines (an indented "key = value" would be glued to the key before it). */
+    ini_use_stack = false;
+    ini_allow_realloc = false;
+    ini_initial_alloc = CFG_MAX_LINE;
+    ini_max_line = CFG_MAX_LINE;
+    ini_allow_multiline = false;
     int r = ini_parse_stream(ini_read_line, &c, on_ini, &c);
     fclose(f);
     /* inih reports the first bad line; a syntax error before the key we refused wins. */

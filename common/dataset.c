@@ -216,7 +216,7 @@ int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err
 /* ---- writer ---- */
 
 struct dataset_writer {
-    char path[512], tmp[540];
+    char path[512], tmp[512 + 16];
     int fd;                     /* the output temp file: header hole + tokens */
     FILE *maskf;                /* loss mask, unlinked temp file, appended at finish */
     struct dataset_index_entry *index;
@@ -247,6 +247,11 @@ int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t 
     *out = NULL;
     if (vocab_size > DATASET_MAX_VOCAB)
         return fail(err, errlen, path, -DF_ERANGE, "vocab size %u above %u", vocab_size, DATASET_MAX_VOCAB);
+    if (strlen(path) >= sizeof ((struct dataset_writer *)0)->path) {
+        snprintf(err, errlen, "output path longer than %zu bytes: %.80s...", sizeof ((struct dataset_writer *)0)->path - 1,
+                 path);
+        return -ENAMETOOLONG;
+    }
     struct dataset_writer *w = calloc(1, sizeof *w);
     if (!w)
         return -ENOMEM;
@@ -282,6 +287,9 @@ int dataset_writer_add(struct dataset_writer *w, const uint32_t *tokens, const u
         if (w->vocab && tokens[i] >= w->vocab)
             return fail(err, errlen, w->path, -DF_ERANGE, "sample %llu: token %u: id %u >= vocab size %u",
                         (unsigned long long)w->n_samples, i, tokens[i], w->vocab);
+        if (tokens[i] >= DATASET_MAX_VOCAB)     /* vocab unset: it becomes max id + 1 */
+            return fail(err, errlen, w->path, -DF_ERANGE, "sample %llu: token %u: id %u >= %u, no vocabulary is that large",
+                        (unsigned long long)w->n_samples, i, tokens[i], DATASET_MAX_VOCAB);
         if (mask[i] > 1)
             return fail(err, errlen, w->path, -DF_EFORMAT, "sample %llu: token %u: loss mask %u is not 0 or 1",
                         (unsigned long long)w->n_samples, i, mask[i]);

@@ -492,10 +492,20 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
          * never leaves step-N missing (the coordinator may already hold it as durable). */
         if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
             snprintf(old, sizeof old, "%s", tmp);
-        } else if ((errno != EINVAL && errno != ENOSYS) || rename(final, old) < 0 || rename(tmp, final) < 0) {
-            /* (the two renames only where the file system cannot exchange) */
+        } else if ((errno != EINVAL && errno != ENOSYS) || rename(final, old) < 0) {
             r = -errno;
             snprintf(err, errlen, "replace %s: %s", final, strerror(-r));
+            remove_dir(tmp);
+            return r;
+        } else if (rename(tmp, final) < 0) {
+            /* (two renames only where the file system cannot exchange) The old one goes back:
+             * a failed replay never loses the checkpoint the coordinator holds as durable. */
+            r = -errno;
+            if (rename(old, final) < 0)
+                snprintf(err, errlen, "replace %s: %s; the previous one is left at %s", final, strerror(-r), old);
+            else
+                snprintf(err, errlen, "replace %s: %s", final, strerror(-r));
+            fsync_path(root, O_RDONLY | O_DIRECTORY);
             remove_dir(tmp);
             return r;
         }
@@ -638,9 +648,13 @@ static int load_optimizer(const char *path, const struct drafter *d, struct opt_
         snprintf(err, errlen, "%s: not a dflash optimizer state", path);
         return -DF_EMAGIC;
     }
-    if (h.version != OPT_VERSION || h.header_size != sizeof h) {
+    if (h.version != OPT_VERSION) {
         snprintf(err, errlen, "%s: version %u, this build reads %d", path, h.version, OPT_VERSION);
         return -DF_EVERSION;
+    }
+    if (h.header_size != sizeof h) {
+        snprintf(err, errlen, "%s: header_size %u, version %u has %zu", path, h.header_size, h.version, sizeof h);
+        return -DF_EFORMAT;
     }
     if (h.n_params != d->n_params || h.layout_hash != layout_hash(d)) {
         snprintf(err, errlen, "%s: parameter layout (%" PRIu64 " params) does not match this drafter (%zu)",

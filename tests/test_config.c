@@ -52,6 +52,29 @@ int main(void)
     expect_error("[drafter]\ngamma = -2\n", "drafter.gamma: -2 out of range");
     expect_error("[drafter]\ngamma = nan\n", "drafter.gamma: not a number");
     expect_error("[ring\nslots=3\n", ":1: syntax error");
+    expect_error("[ring]\nslots = 8\nbogus = 1\nalso = 2\n", ":3: ring.bogus: unknown key");     /* the first */
+
+    /* A line too long for the reader is refused, never split: the tail of this comment would
+     * otherwise come alive as "seed = 99". */
+    static char x[5001], longline[6000];
+    memset(x, 'x', 5000);
+    snprintf(longline, sizeof longline, "[data]\n# %s seed = 99\n", x);
+    expect_error(longline, ":2: line longer than 4093 bytes");
+    /* One that fits, as long as the longest string key allows. */
+    char dir[300], text2[400];
+    memset(dir, 'd', 250);
+    dir[0] = '/';
+    dir[250] = 0;
+    snprintf(text2, sizeof text2, "[cluster]\nstate_dir = %s\n", dir);
+    p = write_tmp("long.ini", text2);
+    CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
+    CHECK_STR(cfg.cluster.state_dir, dir);
+    /* Indented keys are keys (no continuation lines), integers are decimal. */
+    p = write_tmp("indent.ini", "[data]\n    epochs = 010\n    seed = 7\n");
+    CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
+    CHECK_INT(cfg.data.epochs, ==, 10);
+    CHECK_INT(cfg.data.seed, ==, 7);
+
     CHECK(cfg_load(&cfg, "/nonexistent/x.ini", err, sizeof err) < 0);
     CHECK_CONTAINS(err, "/nonexistent/x.ini: cannot open");
 

@@ -28,6 +28,17 @@ expect_err '{"input_ids":[1,2],"loss_mask":[1,5]}' "loss_mask\[1\]: not 0 or 1" 
 expect_err '{"input_ids":[]}' "input_ids: empty" ""
 expect_err '{"input_ids":[1,-3]}' "input_ids\[1\]: not a token id" ""
 expect_err 'not json' "not valid JSON" ""
+expect_err '{"input_ids":[5,6,7]}{"input_ids":[8,9]}' "more after the JSON object" ""
+expect_err '{"input_ids":[1,2]} trailing' "more after the JSON object" ""
+expect_err '[1,2]' "not a JSON object" ""
+expect_err '{"input_ids":[1,2,3,4294967295]}' "sample 0: token 3: id 4294967295 >= 1073741824, no vocabulary is that large" ""
+# A failed build leaves the file it would have replaced as it was.
+printf '%s\n' '{"input_ids":[1,2,3,4294967295]}' > "$T/bad.jsonl"
+if "$D" build -o "$T/a.bin" "$T/bad.jsonl" 2>/dev/null; then fail "accepted an id beyond any vocabulary"; fi
+"$D" verify "$T/a.bin" | grep -q ok || fail "a failed build damaged the file it would have replaced"
+long=$T/$(printf 'd%.0s' {1..200})/$(printf 'e%.0s' {1..200})/$(printf 'f%.0s' {1..100})/train.bin
+if "$D" build -o "$long" "$T/in.jsonl" 2>"$T/err.txt"; then fail "accepted a path of ${#long} bytes"; fi
+grep -q "output path longer than 511 bytes" "$T/err.txt" || fail "long path message: $(cat "$T/err.txt")"
 "$D" synth -o "$T/s.bin" -n 50 -v 64 --min-len 4 --max-len 32 >/dev/null || fail "synth"
 "$D" verify "$T/s.bin" >/dev/null || fail "synth output does not verify"
 head -c 1000 "$T/s.bin" > "$T/cut.bin"

@@ -45,11 +45,21 @@ static int grow(struct buf *b, size_t n)
 /* One JSONL line into b; returns token count or <0 with the reason in why. */
 static long parse_line(const char *line, struct buf *b, char *why, size_t whylen)
 {
-    cJSON *j = cJSON_Parse(line);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithOpts(line, &end, 0);
     long n = -1;
     if (!j) {
         snprintf(why, whylen, "not valid JSON");
         return -1;
+    }
+    end += strspn(end, " \t\r\n");
+    if (*end) {
+        snprintf(why, whylen, "more after the JSON object (one object per line)");
+        goto out;
+    }
+    if (!cJSON_IsObject(j)) {
+        snprintf(why, whylen, "not a JSON object");
+        goto out;
     }
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
     const cJSON *mask = cJSON_GetObjectItemCaseSensitive(j, "loss_mask");
@@ -279,7 +289,7 @@ static int parse_u64(const char *s, uint64_t *out)
 {
     char *end;
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
+    unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end || *s == '-')
         return -1;
     *out = v;
