@@ -208,8 +208,8 @@ int nccl_coll_wait(struct nccl_coll *c, void *event)
         }
         ncclResult_t st;
         if (ncclCommGetAsyncError(c->comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
-            nccl_coll_abort(c, -DF_ECUDA);
-            return -DF_ECUDA;
+            nccl_coll_abort(c, -DF_EPEER);
+            return -DF_EPEER;
         }
         if (mono_ns() >= deadline) {
             nccl_coll_abort(c, -DF_ETIMEOUT);

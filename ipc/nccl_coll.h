@@ -37,8 +37,9 @@ int nccl_coll_allreduce_sum(struct nccl_coll *c, float *f32, size_t n, double *f
 int nccl_coll_broadcast(struct nccl_coll *c, void *buf, size_t bytes, int root, void *stream);
 
 /* Wait on the host for `event` (a cudaEvent_t recorded after collectives of this group), at most
- * the open timeout, watching NCCL's asynchronous errors: 0, or -DF_ETIMEOUT / -DF_ECUDA with the
- * group aborted (a stalled or dead peer can no longer hang the caller). */
+ * the open timeout, watching NCCL's asynchronous errors: 0, or with the group aborted (a stalled
+ * or dead peer can no longer hang the caller) -DF_ETIMEOUT, -DF_EPEER (NCCL reported an error of
+ * the communicator: the group failed) or -DF_ECUDA (this GPU failed: the event cannot be read). */
 int nccl_coll_wait(struct nccl_coll *c, void *event);
 
 /* Abort the communicator (kernels of this group stop); later calls return `code` (negative). */

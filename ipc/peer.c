@@ -69,6 +69,15 @@ void peer_flush_events(struct daemon *d, struct client *cl, uint64_t ms)
     }
 }
 
+void peer_report_exit(struct daemon *d, struct client *cl, int code, int *reported)
+{
+    if (!cl || code >= 0 || *reported || !client_connected(cl))
+        return;
+    *reported = 1;
+    client_error(cl, 0, code, "%s exits: %s (its log says more)", d->ident, err_str(code));
+    peer_flush_events(d, cl, 2000);
+}
+
 int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(cl);

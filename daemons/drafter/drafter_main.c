@@ -80,6 +80,7 @@ struct dft {
     int max_blocks;
 
     struct client *cl;
+    int reported;                   /* an error naming why this daemon fails went out already */
     struct ring *ring;
     struct coll *coll;
     int cuda;                   /* drafter.backend = cuda: device = the instance index */
@@ -811,6 +812,7 @@ static int group_broken(struct dft *f, int code)
     }
     client_error(f->cl, 0, code, "drafter group generation %" PRIu64 " collective failed and was not restarted",
                  f->generation);
+    f->reported = 1;
     return code;
 }
 
@@ -1024,8 +1026,8 @@ static int release_slots(struct dft *f, int wait)
     return r < 0 ? r : 0;
 }
 
-/* Read results until at most `keep` steps are in flight. 0; -DF_EDEAD-like codes from the NCCL
- * wait (*group_failed set); -DF_ECUDA. */
+/* Read results until at most `keep` steps are in flight. 0; the NCCL wait's codes of a failed
+ * group (*group_failed set); -DF_ECUDA: this GPU failed (the process must go). */
 static int gpu_results(struct dft *f, int keep, int *group_failed)
 {
     *group_failed = 0;
@@ -1036,7 +1038,9 @@ static int gpu_results(struct dft *f, int keep, int *group_failed)
         if ((r = release_slots(f, !f->nccl)) < 0)
             return r;
         if (f->nccl && (r = nccl_coll_wait(f->nccl, drafter_cuda_result_event(f->gpu))) < 0) {
-            *group_failed = 1;
+            *group_failed = r != -DF_ECUDA;
+            if (r == -DF_ECUDA)
+                log_error(r, "waiting for a step on GPU %d", f->d.index);
             return r;
         }
         struct drafter_metrics gm;
@@ -1170,6 +1174,12 @@ static int iterate_cuda(struct dft *f)
         /* paused (or stopping with nothing staged): keep the group in step, slowly */
         if ((r = gpu_results(f, 0, &failed)) < 0)
             return failed ? group_broken(f, r) : r;
+        if (!f->stop_vote && feed_count(f->feed)) {
+            /* Staged batches would sit out the pause, however long: the coordinator would take
+             * those whose slots are released for lost and queue them again. Handed back now. */
+            log_info("paused: %d staged batch%s handed back", feed_count(f->feed), feed_count(f->feed) == 1 ? "" : "es");
+            feed_drop_all(f->feed, hand_back, f->cl);
+        }
         if (!f->stop_vote) {
             uint64_t w = mono_ns();
             usleep((useconds_t)daemon_wait_slice_ms(&f->d, 200) * 1000);
@@ -1320,6 +1330,7 @@ int main(int argc, char **argv)
     if ((r = attach_ring(f, err, sizeof err)) < 0) {
         log_error(r, "%s", err);
         client_error(f->cl, 1, r, "%s: %s", f->d.ident, err);
+        f->reported = 1;
         peer_flush_events(&f->d, f->cl, 2000);
         code = r == -DF_ELAYOUT ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
         goto out;
@@ -1363,6 +1374,7 @@ int main(int argc, char **argv)
                     continue;
                 }
                 client_error(f->cl, 0, r, "%s: joining generation %" PRIu64 ": %s", f->d.ident, f->grp.generation, err);
+                f->reported = 1;
                 peer_flush_events(&f->d, f->cl, 2000);
                 goto out;
             }
@@ -1422,6 +1434,8 @@ out:
 #endif
     ckpt_collect(f, 1);        /* a complete checkpoint is worth finishing, even on an error */
     ckpt_writer_free(f->writer);
+    if (code == DAEMON_EX_FAILURE)
+        peer_report_exit(&f->d, f->cl, r, &f->reported);
     coll_close(f->coll);
     if (f->metrics)
         fclose(f->metrics);

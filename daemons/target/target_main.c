@@ -34,6 +34,7 @@ struct tgt {
 
     struct target *model;
     struct client *cl;
+    int reported;                   /* an error naming why this daemon fails went out already */
     struct ring *ring;
     struct dataset ds;
     char sock[108];
@@ -385,6 +386,7 @@ static int pack_lease(struct tgt *t, uint64_t batch_id, unsigned slot)
         ring_abort_write(t->ring, slot);
         log_error(r, "%s", err);
         client_error(t->cl, 1, r, "%s", err);
+        t->reported = 1;
         return r;
     }
     return 1;
@@ -440,9 +442,16 @@ static int run_batch(struct tgt *t, uint64_t batch_id)
         ring_abort_write(t->ring, slot);
         log_error(r, "target_forward of batch %" PRIu64, batch_id);
         client_error(t->cl, 0, r, "target_forward of batch %" PRIu64 ": %s", batch_id, err_str(r));
+        t->reported = 1;
         return r;
     }
     uint32_t n_tokens = p->n_tokens;
+    /* A revoke that came during the forward (seconds on the CPU) must be read before publishing:
+     * the coordinator may have had the batch trained meanwhile. */
+    if ((r = pump(t, 0)) < 0) {
+        ring_abort_write(t->ring, slot);
+        return r;
+    }
     queue_remove(t, batch_id);
     if ((r = publish(t, batch_id, slot, n_tokens)) <= 0)
         return r;
@@ -526,6 +535,7 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
         ring_abort_write(t->ring, slot);
         log_error(r, "target_pipe_submit of batch %" PRIu64, batch_id);
         client_error(t->cl, 0, r, "forward of batch %" PRIu64 ": %s", batch_id, err_str(r));
+        t->reported = 1;
         return r;
     }
     queue_remove(t, batch_id);
@@ -612,6 +622,7 @@ int main(int argc, char **argv)
     if ((r = attach(t, err, sizeof err)) < 0) {
         log_error(r, "%s", err);
         client_error(t->cl, 1, r, "%s: %s", t->d.ident, err);
+        t->reported = 1;
         peer_flush_events(&t->d, t->cl, 2000);
         code = r == -DF_ELAYOUT ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
         goto out;
@@ -637,7 +648,7 @@ int main(int argc, char **argv)
     uint64_t last_status = 0;
     while (!t->stop_now) {
 #ifdef DFLASH_HAVE_TARGET_CUDA
-        if (poll_pipe(t) < 0)
+        if ((r = poll_pipe(t)) < 0)
             goto out;
 #endif
         if ((r = pump(t, 0)) < 0)
@@ -674,7 +685,7 @@ int main(int argc, char **argv)
     /* The batches still in the pipeline are finished and published (or dropped if revoked). */
     if (t->pipe && target_pipe_drain(t->pipe) < 0 && !t->pipe_error)
         t->pipe_error = -DF_ECUDA;
-    if (t->pipe_error)
+    if ((r = t->pipe_error) < 0)
         goto out;
 #endif
     daemon_notify_stopping(&t->d, "%s after %" PRIu64 " batches", t->stop_now ? "stopped" : "drained", t->batches);
@@ -686,6 +697,8 @@ out:
 #ifdef DFLASH_HAVE_TARGET_CUDA
     target_pipe_free(t->pipe);      /* its last callbacks still talk to the coordinator */
 #endif
+    if (code == DAEMON_EX_FAILURE)
+        peer_report_exit(&t->d, t->cl, r, &t->reported);
     client_free(t->cl);
 #ifdef DFLASH_HAVE_TARGET_CUDA
     if (t->ring_pinned)
