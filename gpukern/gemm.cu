@@ -1,15 +1,20 @@
 /* gemm.cu: row-major bf16 GEMM mapped onto cuBLASLt's column-major matmul; the algorithm
- * heuristic runs once per shape (and operand alignment) and is cached. */
+ * heuristic runs once per shape (and operand alignment) and is cached. The row count M of packed
+ * batches changes from call to call: it is bucketed (m_bucket), the bucket's plan serves every M
+ * in it with its layouts set to the real M at the call (host-side attributes: no allocation), so
+ * the target's forward stops creating plans once each bucket has been seen. (A GEMM whose K is
+ * the token count, as a weight gradient's, still gets a plan per count: K decides the split.) */
 #include <cublasLt.h>
 #include <stdlib.h>
 #include <string.h>
 #include "gpukern/gemm.h"
 #include "gpukern/gk_impl.cuh"
 
-enum { GEMM_CACHE = 64 };
+enum { GEMM_CACHE = 128 };
 
 struct gemm_key {
-    int ta, tb, M, N, K;
+    int ta, tb, M, N, K;            /* M: the bucket (or the exact M when `exact`) */
+    int exact;                      /* the bucket's algorithm refused this M: a plan of its own */
     long lda, ldb, ldc, ldd;
     int has_c, align_a, align_b, align_c, align_d, cd_f32;
 };
@@ -20,6 +25,7 @@ struct gemm_plan {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc, ld;
     cublasLtMatmulAlgo_t algo;
+    int cur_M;                      /* the M the layouts describe now */
 };
 
 struct gk_gemm {
@@ -28,6 +34,7 @@ struct gk_gemm {
     size_t ws_bytes;
     struct gemm_plan plans[GEMM_CACHE];
     int next;
+    long made;
 };
 
 static void plan_done(struct gemm_plan *p)
@@ -75,6 +82,8 @@ extern "C" int gk_gemm_create(gk_gemm **out, size_t workspace_bytes, char *err, 
     return 0;
 }
 
+extern "C" long gk_gemm_plans_made(const gk_gemm *g) { return g ? g->made : 0; }
+
 static int ptr_align(const void *p)
 {
     uintptr_t u = (uintptr_t)p;
@@ -120,6 +129,8 @@ static int plan_make(gk_gemm *g, const struct gemm_key *k, struct gemm_plan *p)
     LT(cublasLtMatmulAlgoGetHeuristic(g->lt, p->desc, p->la, p->lb, p->lc, p->ld, pref, 1, &res, &found));
     if (found < 1) goto fail;
     p->algo = res.algo;
+    p->cur_M = k->M;
+    g->made++;
     cublasLtMatmulPreferenceDestroy(pref);
     p->used = 1;
     return 0;
@@ -132,6 +143,43 @@ fail:
     if (p->desc) cublasLtMatmulDescDestroy(p->desc);
     memset(p, 0, sizeof(*p));
     return -DF_ECUDA;
+}
+
+/* Row counts up to 64 are their own bucket; then powers of two up to 2048; then multiples of 1024. */
+static int m_bucket(int M)
+{
+    if (M <= 64) return M;
+    if (M > 2048) return (int)(((long)M + 1023) / 1024 * 1024);
+    int b = 128;
+    while (b < M) b <<= 1;
+    return b;
+}
+
+/* Point the plan's layouts at M rows (our row-major M = cuBLAS's column count n). */
+static int plan_set_m(struct gemm_plan *p, int M)
+{
+    if (p->cur_M == M) return 0;
+    uint64_t n = (uint64_t)M;
+    cublasLtMatrixLayoutAttribute_t lb_dim = p->key.ta ? CUBLASLT_MATRIX_LAYOUT_ROWS : CUBLASLT_MATRIX_LAYOUT_COLS;
+    if (cublasLtMatrixLayoutSetAttribute(p->lb, lb_dim, &n, sizeof(n)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_COLS, &n, sizeof(n)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutSetAttribute(p->ld, CUBLASLT_MATRIX_LAYOUT_COLS, &n, sizeof(n)) != CUBLAS_STATUS_SUCCESS) {
+        p->cur_M = -1;
+        return -DF_ECUDA;
+    }
+    p->cur_M = M;
+    return 0;
+}
+
+static struct gemm_plan *plan_get(gk_gemm *g, const struct gemm_key *k, int *rc)
+{
+    for (int i = 0; i < GEMM_CACHE; i++)
+        if (g->plans[i].used && !memcmp(&g->plans[i].key, k, sizeof(*k))) return &g->plans[i];
+    struct gemm_plan *p = &g->plans[g->next];
+    g->next = (g->next + 1) % GEMM_CACHE;
+    plan_done(p);
+    *rc = plan_make(g, k, p);
+    return *rc ? NULL : p;
 }
 
 extern "C" int gk_gemm_bf16(gk_gemm *g, cudaStream_t stream, int trans_a, int trans_b, int M, int N,
@@ -152,23 +200,25 @@ extern "C" int gk_gemm_bf16_cd(gk_gemm *g, cudaStream_t stream, int trans_a, int
     if (M == 0 || N == 0) return 0;
     struct gemm_key k;
     memset(&k, 0, sizeof(k));
-    k.ta = !!trans_a; k.tb = !!trans_b; k.M = M; k.N = N; k.K = K;
+    k.ta = !!trans_a; k.tb = !!trans_b; k.M = m_bucket(M); k.N = N; k.K = K;
     k.lda = lda; k.ldb = ldb; k.ldc = has_c ? ldc : 0; k.ldd = ldd; k.has_c = has_c; k.cd_f32 = !!cd_f32;
     k.align_a = ptr_align(A); k.align_b = ptr_align(B);
     k.align_c = has_c ? ptr_align(C) : ptr_align(D); k.align_d = ptr_align(D);
-    struct gemm_plan *p = NULL;
-    for (int i = 0; i < GEMM_CACHE; i++)
-        if (g->plans[i].used && !memcmp(&g->plans[i].key, &k, sizeof(k))) { p = &g->plans[i]; break; }
-    if (!p) {
-        p = &g->plans[g->next];
-        g->next = (g->next + 1) % GEMM_CACHE;
-        plan_done(p);
-        int r = plan_make(g, &k, p);
-        if (r) return r;
-    }
+    int r = 0;
+    struct gemm_plan *p = plan_get(g, &k, &r);
+    if (!p || (r = plan_set_m(p, M)) < 0) return r ? r : -DF_ECUDA;
     cublasStatus_t s = cublasLtMatmul(g->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta,
                                       has_c ? C : D, p->lc, D, p->ld, &p->algo, g->workspace,
                                       g->ws_bytes, stream);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED && k.M != M) {
+        /* (checked on the host before anything is enqueued) the bucket's algorithm cannot do
+         * this M: an exact plan for it */
+        k.M = M;
+        k.exact = 1;
+        if (!(p = plan_get(g, &k, &r))) return r;
+        s = cublasLtMatmul(g->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, has_c ? C : D, p->lc, D, p->ld,
+                           &p->algo, g->workspace, g->ws_bytes, stream);
+    }
     if (s != CUBLAS_STATUS_SUCCESS) return -DF_ECUDA;
     return 0;
 }

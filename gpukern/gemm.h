@@ -10,6 +10,9 @@ typedef struct gk_gemm gk_gemm;
 GK_API int gk_gemm_create(gk_gemm **out, size_t workspace_bytes, char *err, size_t errlen);
 /* Accepts NULL. Frees the workspace (cudaFree synchronises the device). */
 GK_API void gk_gemm_free(gk_gemm *g);
+/* Plans made so far (a descriptor set + an algorithm heuristic each): after the first batches of
+ * a run it should stop growing, whatever the row counts of later calls. */
+GK_API long gk_gemm_plans_made(const gk_gemm *g);
 
 /* D[M,N] = alpha * op(A) op(B) + beta * C, everything row-major bf16, strides in elements.
  * op(A) is A stored [M,K] (lda >= K), or with trans_a A stored [K,M] (lda >= M);

@@ -5,10 +5,14 @@
 #ifdef DFLASH_HAVE_CUDA
 #include "gpukern/gemm.h"
 
-static void one(gk_gemm *g, int ta, int tb, int M, int N, int K, int with_c, int c_is_d, int offset)
+/* fixed_lda > 0: that lda and no random padding anywhere (calls differing in M only share a plan
+ * key); 0: random padding. */
+static void one_ld(gk_gemm *g, int ta, int tb, int M, int N, int K, int with_c, int c_is_d, int offset, long fixed_lda)
 {
-    const long lda = ((ta ? M : K) + 7) / 8 * 8 + 8 * gk_rng_int(0, 2) + offset, ldb = (tb ? K : N) + 8 * gk_rng_int(0, 2);
-    const long ldd = N + 8 * gk_rng_int(0, 2), ldc = c_is_d ? ldd : N + 8 * gk_rng_int(0, 2);
+    const int fixed = fixed_lda > 0;
+    const long lda = fixed ? fixed_lda : ((ta ? M : K) + 7) / 8 * 8 + 8 * gk_rng_int(0, 2) + offset;
+    const long ldb = (tb ? K : N) + (fixed ? 0 : 8 * gk_rng_int(0, 2));
+    const long ldd = N + (fixed ? 0 : 8 * gk_rng_int(0, 2)), ldc = c_is_d ? ldd : N + (fixed ? 0 : 8 * gk_rng_int(0, 2));
     const long arows = ta ? K : M, brows = tb ? N : K;
     float *a, *b, *c;
     uint16_t *ha = gk_rand_bf16((size_t)arows * lda + offset, 1.0f, 0.f, &a);
@@ -38,6 +42,11 @@ static void one(gk_gemm *g, int ta, int tb, int M, int N, int K, int with_c, int
     cudaFree(da); cudaFree(db); cudaFree(dc);
     if (!c_is_d) cudaFree(dd);
     free(ha); free(hb); free(hc); free(a); free(b); free(c); free(out); free(ref);
+}
+
+static void one(gk_gemm *g, int ta, int tb, int M, int N, int K, int with_c, int c_is_d, int offset)
+{
+    one_ld(g, ta, tb, M, N, K, with_c, c_is_d, offset, 0);
 }
 
 int main(void)
@@ -86,6 +95,18 @@ int main(void)
     /* repeated shape: served from the plan cache */
     one(g, 0, 1, 256, 512, 256, 0, 0, 0);
     one(g, 0, 1, 256, 512, 256, 0, 0, 0);
+    /* Row counts of packed batches change every call: every M of a bucket shares its plan, the
+     * layouts set to the real M (a wrong row count shows as a wrong product). */
+    for (int ta = 0; ta < 2; ta++) {
+        const int ms[] = { 1100, 2048, 1025, 1537, 2047, 1300 };
+        long before = 0;
+        for (int i = 0; i < 6; i++) {
+            one_ld(g, ta, 1, ms[i], 384, 256, 0, 0, 0, ta ? 2048 : 256);
+            if (i == 0)
+                before = gk_gemm_plans_made(g);
+        }
+        CHECK_INT(gk_gemm_plans_made(g), ==, before);   /* one plan for M in (1024, 2048] */
+    }
     CHECK_INT(gk_gemm_bf16(g, 0, 0, 1, 16, 16, 16, 1.f, (void *)16, 8, (void *)16, 16, 0.f, NULL, 0, (void *)16, 16),
               ==, -EINVAL);  /* lda < K */
     CUDA_CHECK(cudaDeviceSynchronize());
