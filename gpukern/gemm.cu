@@ -201,6 +201,7 @@ extern "C" int gk_gemm_bf16_cd(gk_gemm *g, cudaStream_t stream, int trans_a, int
     struct gemm_key k;
     memset(&k, 0, sizeof(k));
     k.ta = !!trans_a; k.tb = !!trans_b; k.M = m_bucket(M); k.N = N; k.K = K;
+    if (trans_a && k.M > lda) k.M = (int)lda;   /* A stored [K, M]: its layout's rows cannot pass lda */
     k.lda = lda; k.ldb = ldb; k.ldc = has_c ? ldc : 0; k.ldd = ldd; k.has_c = has_c; k.cd_f32 = !!cd_f32;
     k.align_a = ptr_align(A); k.align_b = ptr_align(B);
     k.align_c = has_c ? ptr_align(C) : ptr_align(D); k.align_d = ptr_align(D);
