@@ -50,6 +50,7 @@ struct ring_hdr {
     _Atomic uint64_t aborted;
     _Atomic uint64_t reclaimed_writing;
     _Atomic uint64_t reclaimed_reading;
+    _Atomic uint64_t retracted;
 };
 _Static_assert(sizeof(struct ring_hdr) <= HDR_SIZE, "ring header must fit its page");
 
@@ -773,6 +774,25 @@ int ring_requeue(struct ring *r, unsigned slot)
     return 0;
 }
 
+int ring_retract(struct ring *r, unsigned slot, uint64_t batch_id)
+{
+    int rc = check_slot(r, slot);
+    if (rc < 0)
+        return rc;
+    struct ring_ctl *c = &r->ctl[slot];
+    uint64_t w = atomic_load(&c->word);
+    /* The bookkeeping of a READY slot was written before the CAS that made it READY, and the
+     * CAS below fails if the slot changed hands since this load. */
+    if (W_STATE(w) != RING_READY || atomic_load(&c->batch_id) != batch_id)
+        return -DF_ESTATE;
+    if (!cas(c, &w, W_MAKE(RING_FREE, 0)))
+        return -DF_ESTATE;
+    touch(c);
+    atomic_fetch_add_explicit(&r->h->retracted, 1, memory_order_relaxed);
+    signal_word(&r->h->free_word, &r->h->free_waiters);
+    return 0;
+}
+
 /* ---- reclaim ---------------------------------------------------------------- */
 
 /* Take one slot away from `owner` if it still holds it; exactly one CAS decides. */
@@ -872,6 +892,7 @@ int ring_stats(const struct ring *r, struct ring_stats *st, struct ring_slot_sta
     st->published = atomic_load(&h->published);
     st->consumed = atomic_load(&h->consumed);
     st->aborted = atomic_load(&h->aborted);
+    st->retracted = atomic_load(&h->retracted);
     st->reclaimed_writing = atomic_load(&h->reclaimed_writing);
     st->reclaimed_reading = atomic_load(&h->reclaimed_reading);
     st->writers_waiting = atomic_load(&h->free_waiters);

@@ -128,6 +128,11 @@ int ring_release(struct ring *r, unsigned slot);
 /* READING(owner) -> READY with its original seq (give it back undelivered). */
 int ring_requeue(struct ring *r, unsigned slot);
 
+/* READY -> FREE without delivering: for the coordinator, a published copy of a batch that must
+ * not be trained (it was trained already). Only while the slot is READY with batch_id: 0, or
+ * -DF_ESTATE (taken by a reader meanwhile, or it holds another batch now), -EROFS. */
+int ring_retract(struct ring *r, unsigned slot, uint64_t batch_id);
+
 /* Wake every process waiting in claim_write/claim_read so it re-checks (e.g. on shutdown
  * paired with a short timeout loop in the caller). */
 void ring_wake_all(struct ring *r);
@@ -175,7 +180,7 @@ struct ring_stats {
     uint32_t nslots;
     uint32_t count[4];          /* slots per enum ring_state */
     uint32_t stuck_writing;
-    uint64_t published, consumed, aborted;
+    uint64_t published, consumed, aborted, retracted;
     uint64_t reclaimed_writing, reclaimed_reading;
     uint32_t writers_waiting, readers_waiting;
     pid_t creator_pid;

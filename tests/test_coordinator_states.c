@@ -469,6 +469,46 @@ static void late_trained_then_published(void)
     printf("ok: a copy trained by an ended generation before its PUBLISHED came is queued again\n");
 }
 
+/* A copy READY in the ring of a batch that has been trained meanwhile (its lease revoked too
+ * late: the target had published already) is taken out of the ring, not trained a second time. */
+static void trained_copy_retracted(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    struct ring *r = peer_ring();
+    uint64_t gen = join_group_wait(d, 10000).generation;
+    CHECK(gen);
+    int tp[2], tgo[2];
+    CHECK(pipe(tp) == 0 && pipe(tgo) == 0);
+    pid_t t = fork_publisher(tp[1], tgo[0]);    /* its copy is READY; PUBLISHED only on `tgo` */
+    kids[0] = t;
+    uint64_t id = read_id(tp[0]);
+    CHECK_OK(client_trained(d, id, 1, 1, 0, gen));     /* trained meanwhile (the lease is revoked) */
+    expect_batch(id, "trained", d, 5000);
+    CHECK(write(tgo[1], "g", 1) == 1);
+    CHECK_INT(tc_exit_status(t, 5000 * test_time_scale()), ==, 0);
+    kids[0] = 0;
+    struct ring_stats rs;
+    struct ring_slot_stat ss[16];
+    CHECK_OK(ring_stats(r, &rs, ss));
+    for (uint32_t i = 0; i < rs.nslots && i < 16; i++)
+        if ((ss[i].state == RING_READY || ss[i].state == RING_READING) && ss[i].batch_id == id)
+            TEST_FAIL("trained batch %llu is still in slot %u (%s)", (unsigned long long)id, i,
+                      ring_state_name(ss[i].state));
+    CHECK_INT(rs.retracted, ==, 1);
+    CHECK_INT(tc_status_num("batches.retracted"), ==, 1);
+    CHECK_STR(tc_batch_state(id), "trained");
+    close(tp[0]);
+    close(tp[1]);
+    close(tgo[0]);
+    close(tgo[1]);
+    client_free(d);
+    ring_detach(r);
+    printf("ok: a READY copy of a batch trained meanwhile is taken out of the ring\n");
+}
+
 static void silent_taker(void)
 {
     tc_setup(NULL, "[drafter]\nworld_size = 1\ncollective_timeout_ms = 400\n[coordinator]\ndead_after_ms = 300\n");
@@ -541,7 +581,7 @@ int main(void)
     void (*part[])(void) = { group_hangs_up_around_stop, pause_survives_restart, nan_during_drain,
                              group_lost_in_transit, late_trained_after_restart, detached_target_keeps_lease,
                              late_published_after_rollback, late_trained_then_published, silent_taker,
-                             signal_drain_not_resumed };
+                             signal_drain_not_resumed, trained_copy_retracted };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

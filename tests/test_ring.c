@@ -368,6 +368,24 @@ static void test_transitions(void)
     CHECK_INT(st.reclaimed_reading, ==, 1);
     CHECK_INT(ring_claim_read(r, NULL, 0, &s), ==, -DF_ETIMEOUT);
 
+    /* retract: READY -> FREE, only with the batch it was published with, never once taken */
+    CHECK_OK(ring_claim_write(r, 0, &w));
+    fill_payload(r, w, 300, 5);
+    CHECK_OK(ring_publish(r, w));
+    CHECK_INT(ring_retract(r, w, 301), ==, -DF_ESTATE);
+    CHECK_OK(ring_retract(r, w, 300));
+    CHECK_INT(ring_retract(r, w, 300), ==, -DF_ESTATE);
+    CHECK_INT(ring_claim_read(r, NULL, 0, &s), ==, -DF_ETIMEOUT);  /* never delivered */
+    CHECK_OK(ring_claim_write(r, 0, &w));
+    fill_payload(r, w, 302, 5);
+    CHECK_OK(ring_publish(r, w));
+    CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+    CHECK_INT(ring_retract(r, s, 302), ==, -DF_ESTATE);     /* a reader has it */
+    CHECK_OK(ring_release(r, s));
+    CHECK_OK(ring_stats(r, &st, ss));
+    CHECK_INT(st.retracted, ==, 1);
+    CHECK_INT(st.count[RING_FREE], ==, 4);
+
     /* a lease-form owner is reclaimed explicitly and skipped by the dead scan */
     uint64_t lease = proc_token_lease(42), self = ring_owner(r);
     CHECK_OK(ring_set_owner(r, lease));

@@ -175,6 +175,7 @@ struct coord {
     struct error_rec errors[COORD_ERRORS_KEPT];
     uint64_t n_errors, n_fatal;
     uint64_t duplicates;            /* duplicate publications / trainings seen */
+    uint64_t retracted;             /* copies of trained batches taken out of the ring */
     uint64_t requeues;              /* leases that went back to the queue */
     uint64_t start_wall_ms, start_mono_ms;
     uint64_t last_status_ms;

@@ -577,6 +577,18 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
         push_control(m, cmd, co->reason);
 }
 
+/* A copy of batch b READY in `slot` that must not be delivered: b is trained already (a lease
+ * revoked too late, a copy queued again while the first was still being trained), or it is a
+ * second copy beside the one b is published in. It leaves the ring unless a drafter has taken it
+ * meanwhile (then its training shows as a duplicate). */
+static void retract_copy(struct coord *co, struct batch *b, int slot, const char *why)
+{
+    if (slot < 0 || ring_retract(co->ring, (unsigned)slot, b->row.id) < 0)
+        return;
+    co->retracted++;
+    log_notice("batch " BID ": its copy in slot %d taken out of the ring: %s", BARGS(b->row.id), slot, why);
+}
+
 static void on_published(struct coord *co, struct member *m, const struct proto_published *p)
 {
     struct batch *b = coord_batch(co, p->batch_id);
@@ -587,6 +599,9 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
     }
     int st = b->row.state;
     if (st >= BATCH_PUBLISHED) {
+        if (st >= BATCH_TRAINED || b->row.slot != (int32_t)p->slot)
+            retract_copy(co, b, (int)p->slot, st >= BATCH_TRAINED ? "the batch is trained already"
+                                                                   : "the batch is published in another slot");
         if (b->row.owner == m->token && (st != BATCH_PUBLISHED || b->row.slot == (int32_t)p->slot)) {
             /* a replay after a reconnect, or TRAINED overtook it (both came from one lease) */
             send_ack(m, p->seq, 0);
@@ -688,6 +703,10 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
         b->holder->leases--;
         coord_send(b->holder, &rv);
     }
+    if (b->row.state == BATCH_PUBLISHED && t->lease != b->row.leases)
+        /* an earlier copy was trained (the batch had been queued again meanwhile): the current
+         * one must not be */
+        retract_copy(co, b, b->row.slot, "an earlier copy of it was trained");
     b->row.gen = t->generation;
     b->row.step = t->step;
     batch_set(co, b, ckpt ? BATCH_CHECKPOINTED : BATCH_TRAINED);

@@ -94,6 +94,7 @@ static cJSON *ring_json(struct coord *co, int slots)
     cJSON_AddNumberToObject(o, "published", (double)st.published);
     cJSON_AddNumberToObject(o, "consumed", (double)st.consumed);
     cJSON_AddNumberToObject(o, "aborted", (double)st.aborted);
+    cJSON_AddNumberToObject(o, "retracted", (double)st.retracted);
     cJSON_AddNumberToObject(o, "reclaimed_writing", (double)st.reclaimed_writing);
     cJSON_AddNumberToObject(o, "reclaimed_reading", (double)st.reclaimed_reading);
     cJSON_AddNumberToObject(o, "writers_waiting", st.writers_waiting);
@@ -131,6 +132,7 @@ static cJSON *counts_json(struct coord *co)
         cJSON_AddNumberToObject(o, batch_state_name(s), (double)co->counts[s]);
     cJSON_AddNumberToObject(o, "requeued", (double)co->requeues);
     cJSON_AddNumberToObject(o, "duplicates", (double)co->duplicates);
+    cJSON_AddNumberToObject(o, "retracted", (double)co->retracted);
     return o;
 }
 

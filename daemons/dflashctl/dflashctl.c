@@ -94,8 +94,9 @@ static void show_daemon_rows(const cJSON *daemons)
 static void show_counts(const cJSON *b)
 {
     printf("batches: %.0f total: pending %.0f, leased %.0f, published %.0f, trained %.0f, checkpointed %.0f"
-           " (re-queued %.0f, duplicates %.0f)\n", num(b, "total"), num(b, "pending"), num(b, "leased"),
-           num(b, "published"), num(b, "trained"), num(b, "checkpointed"), num(b, "requeued"), num(b, "duplicates"));
+           " (re-queued %.0f, duplicates %.0f, extra copies retracted %.0f)\n", num(b, "total"), num(b, "pending"),
+           num(b, "leased"), num(b, "published"), num(b, "trained"), num(b, "checkpointed"), num(b, "requeued"),
+           num(b, "duplicates"), num(b, "retracted"));
 }
 
 static void show_errors_rows(const cJSON *errors)
