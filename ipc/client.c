@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 #include "common/err.h"
+#include "common/log.h"
 #include "common/proc.h"
 #include "common/timeutil.h"
 #include "ipc/client.h"
@@ -678,6 +679,15 @@ static int send_held(struct client *c, const struct proto_msg *m)
 
 static int send_event(struct client *c, struct proto_msg *m)
 {
+    /* An event the encoder refuses (e.g. a lease number 0 read from a spoiled slot) must not
+     * enter the outbox: it would stay there, and every replay would stop at it. */
+    uint8_t probe[sizeof(struct proto_hdr) + sizeof(struct proto_checkpointed)];  /* the largest event */
+    char why[200];
+    int64_t n = proto_encode(m, probe, sizeof probe, why, sizeof why);
+    if (n < 0) {
+        log_error((int)n, "%s: not sent: %s", proto_type_name(m->type), why);
+        return (int)n;
+    }
     if (c->n_out == c->cap_out) {
         size_t cap = c->cap_out ? c->cap_out * 2 : 32;
         void *p = realloc(c->out, cap * sizeof *c->out);

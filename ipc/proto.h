@@ -59,8 +59,14 @@
  *     Lease numbers: every grant of a batch carries the batch's count of leases so far
  *     (LEASE_GRANT.lease, 1 for the first; a REGRANT repeats it). The target writes it into
  *     the slot (ring_payload.lease); the drafter names it in TRAINED and SKIPPED. So s tells
- *     the copy a report is about: a late report about an earlier copy of a batch that has
- *     been queued again since never moves the current copy.
+ *     the copy a report is about: a SKIPPED, or a TRAINED of a rolled-back generation, about
+ *     an earlier copy of a batch that has been queued again since never queues the current
+ *     copy again. A TRAINED that counts (its generation kept) about an earlier copy makes the
+ *     batch trained: the current copy's lease is revoked, or its READY slot taken back
+ *     (ring_retract); a copy a drafter has taken already is trained twice (counted).
+ *     A SKIPPED that arrives before the target's PUBLISHED is held in s's memory only: if s
+ *     restarts in between, the orphan sweep (a published batch no slot holds and nobody
+ *     reports) queues the batch again.
  *  4. PUBLISHED, TRAINED, SKIPPED and CHECKPOINTED carry a sequence number; s answers each with
  *     ACK(seq) after the ledger transaction holding it is durable. The client keeps
  *     un-acked events and sends them again after a reconnect; s handles repeats

@@ -718,12 +718,14 @@ static void floats_to_metrics(const float *in, struct drafter_metrics *m)
 }
 
 /* A batch whose payload cannot be trained (a header out of the ring's bounds, tokens out of the
- * vocabulary, ...): reported, and handed back so its target publishes it again. */
+ * vocabulary, ...): reported, and handed back so its target publishes it again. A header without
+ * a lease number names no copy: the coordinator's orphan sweep queues that batch again. */
 static void reject_batch(struct dft *f, unsigned slot, struct batch_ref b, int code, const char *why)
 {
     log_error(code, "slot %u, batch %" PRIu64 ": %s", slot, b.id, why);
     client_error(f->cl, 0, code, "slot %u batch %" PRIu64 ": %s", slot, b.id, why);
-    client_batch_skipped(f->cl, b.id, b.lease);
+    if (b.lease)
+        client_batch_skipped(f->cl, b.id, b.lease);
 }
 
 /* Train on the slot's batch: gradients into dr->grads, metric sums into *m. The slot is
@@ -739,6 +741,11 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
     uint64_t batch_id = ref->id;
     *n_seqs = p->n_seqs;
     uint32_t epoch = p->epoch, n_tokens = p->n_tokens;
+    if (!ref->lease) {
+        ring_release(f->ring, slot);
+        reject_batch(f, slot, *ref, -DF_EFORMAT, "lease number 0: not written by a dflash target");
+        return 0;
+    }
     if (*n_seqs > lay->max_seqs || n_tokens > lay->max_tokens || n_tokens > (uint32_t)f->dr->max_tokens) {
         char why[128];
         snprintf(why, sizeof why, "%u sequences / %u tokens: beyond the ring's slots (%u / %u) or the drafter (%d)",
@@ -1099,6 +1106,11 @@ static int fill_feed(struct dft *f, uint64_t *idle_ns)
         }
         const struct ring_payload *p = ring_slot_header(f->ring, slot);
         struct batch_ref b = { p->batch_id, p->lease, 0 };
+        if (!b.lease) {
+            ring_release(f->ring, slot);
+            reject_batch(f, slot, b, -DF_EFORMAT, "lease number 0: not written by a dflash target");
+            continue;
+        }
         r = feed_stage(f->feed, slot);
         if (r == -DF_ERANGE) {
             reject_batch(f, slot, b, r, "header out of the ring's bounds");
