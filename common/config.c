@@ -204,7 +204,7 @@ static char *ini_read_line(char *buf, int size, void *stream)
     c->lineno++;
     size_t n = strlen(s);
     if (n == (size_t)size - 1 && s[n - 1] != '\n' && !feof(c->f)) {
-        fail_at(c, c->lineno, -EINVAL, "line longer than %d bytes", size - 3);
+        fail_at(c, c->lineno, -EINVAL, "line longer than %d bytes", size - 2);
         return NULL;
     }
     return s;

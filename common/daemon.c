@@ -146,9 +146,10 @@ int daemon_key_line(const struct daemon *d, const char *section, const char *key
     _cleanup_fclose_ FILE *f = fopen(d->config_path, "r");
     if (!f)
         return 0;
-    char line[1024], cur[128] = "";
+    char *line = NULL, cur[128] = "";
+    size_t cap = 0;
     int lineno = 0, found = 0;
-    while (fgets(line, sizeof line, f)) {
+    while (getline(&line, &cap, f) >= 0) {     /* whole lines, however long: the count is the loader's */
         lineno++;
         char *s = trim(line);
         if (!*s || *s == '#' || *s == ';')
@@ -168,6 +169,7 @@ int daemon_key_line(const struct daemon *d, const char *section, const char *key
         if (!strcmp(cur, section) && !strcmp(trim(s), key))
             found = lineno; /* the last assignment wins, as in the loader */
     }
+    free(line);
     return found;
 }
 

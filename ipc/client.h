@@ -16,8 +16,8 @@
  * After a reconnect it says HELLO with the same owner token (and drafter group rank and
  * generation), reconciles leases (a held lease the coordinator did not re-grant is
  * dropped and reported to the daemon as a LEASE_REVOKE), sends again every event the
- * old coordinator did not ACK (PUBLISHED, TRAINED, CHECKPOINTED), then the skip reports
- * and errors written while disconnected (held, at most 32), and asks again for leases
+ * old coordinator did not ACK (PUBLISHED, TRAINED, SKIPPED, CHECKPOINTED), then the errors
+ * written while disconnected (held, at most 32, the oldest dropped), and asks again for leases
  * still wanted. Events are therefore delivered at least once; the coordinator
  * applies them idempotently. With client_opts.stop_note, a coordinator that ended the
  * cluster meanwhile shows up as a pushed CONTROL STOP.

@@ -129,8 +129,9 @@ int ring_release(struct ring *r, unsigned slot);
 int ring_requeue(struct ring *r, unsigned slot);
 
 /* READY -> FREE without delivering: for the coordinator, a published copy of a batch that must
- * not be trained (it was trained already). Only while the slot is READY with batch_id: 0, or
- * -DF_ESTATE (taken by a reader meanwhile, or it holds another batch now), -EROFS. */
+ * not be trained (trained already, or a second copy of a batch published elsewhere). Only while
+ * the slot is READY with batch_id: 0, or -DF_ESTATE (taken by a reader meanwhile, or it holds
+ * another batch now), -EROFS, -EINVAL (no such slot). */
 int ring_retract(struct ring *r, unsigned slot, uint64_t batch_id);
 
 /* Wake every process waiting in claim_write/claim_read so it re-checks (e.g. on shutdown

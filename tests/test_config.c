@@ -59,7 +59,7 @@ int main(void)
     static char x[5001], longline[6000];
     memset(x, 'x', 5000);
     snprintf(longline, sizeof longline, "[data]\n# %s seed = 99\n", x);
-    expect_error(longline, ":2: line longer than 4093 bytes");
+    expect_error(longline, ":2: line longer than 4094 bytes");
     /* One that fits, as long as the longest string key allows. */
     char dir[300], text2[400];
     memset(dir, 'd', 250);
