@@ -832,17 +832,33 @@ static int broken_with(struct dft *f, int have, struct batch_ref b, int code)
     return group_broken(f, code);
 }
 
+/* One JSON line per step. Rank 0's line of a group step also lists every rank's batch
+ * ("group_batches"): a peer killed between the step and its own line leaves that batch trained
+ * (rank 0 reports it, and may checkpoint it) without a line of its own. */
 static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const struct drafter_step_info *info,
-                          uint64_t batch_id, int have)
+                          uint64_t batch_id, int have, const struct peer_batch *peers)
 {
     if (!f->metrics)
         return;
+    char group[1024] = "";
+    if (f->rank == 0 && f->world > 1 && peers) {
+        size_t n = (size_t)snprintf(group, sizeof group, ",\"group_batches\":[");
+        for (int r = 0, first = 1; r < f->world && n < sizeof group; r++)
+            if (peers[r].have) {
+                n += (size_t)snprintf(group + n, sizeof group - n, "%s%" PRIu64, first ? "" : ",", peers[r].b.id);
+                first = 0;
+            }
+        if (n + 2 < sizeof group)
+            memcpy(group + n, "]", 2);
+        else
+            group[0] = 0;   /* a group too large for the line: no list rather than a cut one */
+    }
     fprintf(f->metrics,
             "{\"time\":%.3f,\"rank\":%d,\"generation\":%" PRIu64 ",\"step\":%" PRId64 ",\"epoch\":%" PRIu64
-            ",\"batch\":%" PRId64 ",\"loss\":%.6g,\"accuracy\":%.6g,\"accept_len\":%.6g,\"grad_norm\":%.6g"
+            ",\"batch\":%" PRId64 "%s,\"loss\":%.6g,\"accuracy\":%.6g,\"accept_len\":%.6g,\"grad_norm\":%.6g"
             ",\"lr\":%.6g,\"tokens\":%.0f,\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"idle_frac\":%.3f"
             ",\"samples\":%" PRIu64 ",\"idle_s\":%.3f}\n",
-            now_s(), f->rank, f->generation, info->step, f->ts.epoch, have ? (int64_t)batch_id : (int64_t)-1,
+            now_s(), f->rank, f->generation, info->step, f->ts.epoch, have ? (int64_t)batch_id : (int64_t)-1, group,
             drafter_metrics_loss(gm), drafter_metrics_accuracy(gm), drafter_metrics_accept_len(gm), info->grad_norm,
             info->lr, gm->tokens, f->tokens_per_s, f->step_ms, f->idle_frac, f->ts.samples, f->idle_s);
     fflush(f->metrics);
@@ -873,7 +889,7 @@ static void step_done(struct dft *f, int have, struct batch_ref b, const struct 
     }
     /* The metrics row before the reports: a rank killed in between leaves no trained batch
      * without its row (rank 0 reports every rank's batch). */
-    write_metrics(f, gm, info, b.id, have);
+    write_metrics(f, gm, info, b.id, have, peers);
     if (have) {
         f->batches++;
         client_trained(f->cl, b.id, b.lease, step, (uint32_t)f->rank, f->generation);

@@ -94,7 +94,7 @@ def main():
         fail("final checkpoint %s: %s" % (head_dir, e))
 
     # The drafters' metrics: each batch of the lineage once (a SIGKILL may cut the last line).
-    seen, cut, nonfinite = {}, 0, 0
+    seen, listed, cut, nonfinite = {}, set(), 0, 0
     for path in sorted(glob.glob(os.path.join(state, "metrics-rank*.jsonl"))):
         for line in open(path):
             try:
@@ -102,13 +102,17 @@ def main():
             except ValueError:
                 cut += 1
                 continue
-            if m["batch"] < 0 or not kept(m["generation"], m["step"]):
+            if not kept(m["generation"], m["step"]):
+                continue
+            # rank 0 lists the group's batches of the step: a peer killed before its own line
+            listed.update(m.get("group_batches", []))
+            if m["batch"] < 0:
                 continue
             if not (abs(m["loss"]) < float("inf")):
                 nonfinite += 1
             seen.setdefault(m["batch"], []).append((m["generation"], m["step"], m["rank"]))
     twice = {b: v for b, v in seen.items() if len(v) > 1}
-    missing = [b for b in done if b not in seen]
+    missing = [b for b in done if b not in seen and b not in listed]
     done_set = set(done)
     extra = [b for b in seen if b not in done_set]
     if twice:
