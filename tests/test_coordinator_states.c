@@ -188,16 +188,25 @@ static void pause_survives_restart(void)
     printf("ok: paused across a coordinator restart, leases after resume\n");
 }
 
-static void nan_during_drain(void)
+/* A coordinator for a group of one drafter, this process being that drafter: its generation. */
+static uint64_t start_as_drafter(struct client **d, struct ring **r)
 {
     tc_setup(NULL, "[drafter]\nworld_size = 1\n");
     tc_dataset(TC.data, 200, 16, 64, 1000);
     tc_start_coord();
-    kids[0] = tc_fork_target(0, 0, NULL);
-    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
-    struct ring *r = peer_ring();
-    uint64_t gen = join_group_wait(d, 10000).generation;
+    *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    *r = peer_ring();
+    uint64_t gen = join_group_wait(*d, 10000).generation;
     CHECK(gen);
+    return gen;
+}
+
+static void nan_during_drain(void)
+{
+    struct client *d;
+    struct ring *r;
+    uint64_t gen = start_as_drafter(&d, &r);
+    kids[0] = tc_fork_target(0, 0, NULL);
     struct proto_msg m;
     char err[256];
     uint64_t end = mono_ms() + 10000 * (uint64_t)test_time_scale();
@@ -352,13 +361,9 @@ static void poll_for(struct client *c, int ms)
 
 static void late_trained_after_restart(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
-    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
-    struct ring *r = peer_ring();
-    uint64_t gen = join_group_wait(d, 10000).generation;
-    CHECK(gen);
+    struct client *d;
+    struct ring *r;
+    uint64_t gen = start_as_drafter(&d, &r);
     uint64_t id = publish_one();
     CHECK_STR(tc_batch_state(id), "published");
 
@@ -473,13 +478,9 @@ static void late_trained_then_published(void)
  * late: the target had published already) is taken out of the ring, not trained a second time. */
 static void trained_copy_retracted(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
-    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
-    struct ring *r = peer_ring();
-    uint64_t gen = join_group_wait(d, 10000).generation;
-    CHECK(gen);
+    struct client *d;
+    struct ring *r;
+    uint64_t gen = start_as_drafter(&d, &r);
     int tp[2], tgo[2];
     CHECK(pipe(tp) == 0 && pipe(tgo) == 0);
     pid_t t = fork_publisher(tp[1], tgo[0]);    /* its copy is READY; PUBLISHED only on `tgo` */
