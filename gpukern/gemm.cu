@@ -2,8 +2,9 @@
  * heuristic runs once per shape (and operand alignment) and is cached. The row count M of packed
  * batches changes from call to call: it is bucketed (m_bucket), the bucket's plan serves every M
  * in it with its layouts set to the real M at the call (host-side attributes: no allocation), so
- * the target's forward stops creating plans once each bucket has been seen. (A GEMM whose K is
- * the token count, as a weight gradient's, still gets a plan per count: K decides the split.) */
+ * the target's forward and the drafter's linear layers stop creating plans once each bucket has
+ * been seen. (N and K stay exact: the callers' are model dimensions. The drafter's weight
+ * gradients, whose K is the token count, go through cublasGemmEx: gpukern/gemmx.cu.) */
 #include <cublasLt.h>
 #include <stdlib.h>
 #include <string.h>
