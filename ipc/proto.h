@@ -64,9 +64,9 @@
  *     copy again. A TRAINED that counts (its generation kept) about an earlier copy makes the
  *     batch trained: the current copy's lease is revoked, or its READY slot taken back
  *     (ring_retract); a copy a drafter has taken already is trained twice (counted).
- *     A SKIPPED that arrives before the target's PUBLISHED is held in s's memory only: if s
- *     restarts in between, the orphan sweep (a published batch no slot holds and nobody
- *     reports) queues the batch again.
+ *     A SKIPPED (or a rolled-back TRAINED) that arrives before the target's PUBLISHED is
+ *     recorded in the ledger (table untrained) before its ACK: the PUBLISHED, also after a
+ *     restart of s in between, then queues the batch again.
  *  4. PUBLISHED, TRAINED, SKIPPED and CHECKPOINTED carry a sequence number; s answers each with
  *     ACK(seq) after the ledger transaction holding it is durable. The client keeps
  *     un-acked events and sends them again after a reconnect; s handles repeats

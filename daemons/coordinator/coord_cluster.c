@@ -655,7 +655,10 @@ static void not_trained(struct coord *co, struct batch *b, uint32_t lease, const
         requeue(co, b, why);
         grant_leases(co);
     } else if (b->row.state == BATCH_LEASED) {
-        b->consumed_early = true;   /* read before its PUBLISHED arrived: settled in on_published */
+        /* read before its PUBLISHED arrived: settled in on_published (kept in the ledger: the
+         * report is acknowledged, a restart in between must not forget it) */
+        b->consumed_early = true;
+        ledger_untrained_add(co->ledger, b->row.id, lease);
     }
 }
 
@@ -1291,6 +1294,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
             return -DF_ELAYOUT;
         }
     }
+    for (struct batch *b = co->leased; b; b = b->lnext)
+        b->consumed_early = ledger_untrained_has(co->ledger, b->row.id, b->row.leases) == 1;
     ledger_generation_foreach(co->ledger, load_gen, co);
     uint64_t v;
     if (ledger_meta_get_u64(co->ledger, "group_gen", &v) == 1)

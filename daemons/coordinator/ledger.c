@@ -10,7 +10,7 @@
 
 enum {
     ST_META_GET, ST_META_SET, ST_BATCH_INS, ST_BATCH_UPD, ST_BATCH_ALL, ST_TRAIN_ADD, ST_TRAIN_RB,
-    ST_CKPT_ADD, ST_GEN_SET, ST_GEN_ALL, ST_ERR_ADD, ST_N
+    ST_CKPT_ADD, ST_GEN_SET, ST_GEN_ALL, ST_ERR_ADD, ST_UNTRAINED_ADD, ST_UNTRAINED_HAS, ST_N
 };
 
 static const char *const sql_text[ST_N] = {
@@ -30,6 +30,9 @@ static const char *const sql_text[ST_N] = {
                    " ON CONFLICT(gen) DO UPDATE SET keep_limit = excluded.keep_limit",
     [ST_GEN_ALL] = "SELECT gen, keep_limit FROM generations ORDER BY gen",
     [ST_ERR_ADD] = "INSERT INTO errors(ms, role, device, pid, fatal, code, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    [ST_UNTRAINED_ADD] = "INSERT OR IGNORE INTO untrained(batch, lease, ms) VALUES (?1, ?2,"
+                         " CAST(strftime('%s','now') AS INTEGER) * 1000)",
+    [ST_UNTRAINED_HAS] = "SELECT 1 FROM untrained WHERE batch = ?1 AND lease = ?2",
 };
 
 static const char schema[] =
@@ -44,7 +47,9 @@ static const char schema[] =
     "CREATE TABLE IF NOT EXISTS checkpoints(gen INTEGER NOT NULL, step INTEGER NOT NULL, dir TEXT NOT NULL, ms INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS generations(gen INTEGER PRIMARY KEY, keep_limit INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS errors(ms INTEGER NOT NULL, role TEXT NOT NULL, device INTEGER NOT NULL,"
-    "  pid INTEGER NOT NULL, fatal INTEGER NOT NULL, code INTEGER NOT NULL, message TEXT NOT NULL);";
+    "  pid INTEGER NOT NULL, fatal INTEGER NOT NULL, code INTEGER NOT NULL, message TEXT NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS untrained(batch INTEGER NOT NULL, lease INTEGER NOT NULL, ms INTEGER NOT NULL,"
+    "  PRIMARY KEY(batch, lease));";
 
 struct ledger {
     sqlite3 *db;
@@ -271,6 +276,24 @@ int ledger_train_add(struct ledger *l, uint64_t batch, uint64_t gen, uint64_t st
     sqlite3_bind_int64(s, 4, rank);
     sqlite3_bind_int(s, 5, rolled_back);
     return run(l, s);
+}
+
+int ledger_untrained_add(struct ledger *l, uint64_t batch, uint32_t lease)
+{
+    sqlite3_stmt *s = l->st[ST_UNTRAINED_ADD];
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)batch);
+    sqlite3_bind_int64(s, 2, lease);
+    return run(l, s);
+}
+
+int ledger_untrained_has(struct ledger *l, uint64_t batch, uint32_t lease)
+{
+    sqlite3_stmt *s = l->st[ST_UNTRAINED_HAS];
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)batch);
+    sqlite3_bind_int64(s, 2, lease);
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : -EIO;
 }
 
 int ledger_train_rollback(struct ledger *l, uint64_t gen, int64_t after_step)

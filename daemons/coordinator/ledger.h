@@ -50,6 +50,11 @@ int ledger_batch_foreach(struct ledger *l, int (*fn)(void *ctx, const struct led
 
 /* Training log: one row per TRAINED report; rolled_back marks steps discarded by a group restart. */
 int ledger_train_add(struct ledger *l, uint64_t batch, uint64_t gen, uint64_t step, uint32_t rank, int rolled_back);
+/* A copy of batch (lease number `lease`) was taken from the ring before its PUBLISHED arrived, and
+ * that training does not count: the batch is queued again once the PUBLISHED comes, also after a
+ * restart in between. ledger_untrained_has: 1 recorded, 0 not, <0 error. */
+int ledger_untrained_add(struct ledger *l, uint64_t batch, uint32_t lease);
+int ledger_untrained_has(struct ledger *l, uint64_t batch, uint32_t lease);
 /* Mark the log rows of generation gen with step > after_step rolled back. */
 int ledger_train_rollback(struct ledger *l, uint64_t gen, int64_t after_step);
 
