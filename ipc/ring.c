@@ -774,16 +774,18 @@ int ring_requeue(struct ring *r, unsigned slot)
     return 0;
 }
 
-int ring_retract(struct ring *r, unsigned slot, uint64_t batch_id)
+int ring_retract(struct ring *r, unsigned slot, uint64_t batch_id, uint32_t keep_lease)
 {
     int rc = check_slot(r, slot);
     if (rc < 0)
         return rc;
     struct ring_ctl *c = &r->ctl[slot];
     uint64_t w = atomic_load(&c->word);
-    /* The bookkeeping of a READY slot was written before the CAS that made it READY, and the
-     * CAS below fails if the slot changed hands since this load. */
+    /* The bookkeeping and the payload header of a READY slot were written before the CAS that
+     * made it READY, and the CAS below fails if the slot changed hands since this load. */
     if (W_STATE(w) != RING_READY || atomic_load(&c->batch_id) != batch_id)
+        return -DF_ESTATE;
+    if (keep_lease && ((volatile struct ring_payload *)ring_slot_header(r, slot))->lease == keep_lease)
         return -DF_ESTATE;
     if (!cas(c, &w, W_MAKE(RING_FREE, 0)))
         return -DF_ESTATE;

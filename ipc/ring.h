@@ -130,9 +130,10 @@ int ring_requeue(struct ring *r, unsigned slot);
 
 /* READY -> FREE without delivering: for the coordinator, a published copy of a batch that must
  * not be trained (trained already, or a second copy of a batch published elsewhere). Only while
- * the slot is READY with batch_id: 0, or -DF_ESTATE (taken by a reader meanwhile, or it holds
- * another batch now), -EROFS, -EINVAL (no such slot). */
-int ring_retract(struct ring *r, unsigned slot, uint64_t batch_id);
+ * the slot is READY with batch_id, and (keep_lease != 0) its payload's lease is not keep_lease:
+ * 0, or -DF_ESTATE (taken by a reader meanwhile, another batch, or the copy to keep), -EROFS,
+ * -EINVAL (no such slot). */
+int ring_retract(struct ring *r, unsigned slot, uint64_t batch_id, uint32_t keep_lease);
 
 /* Wake every process waiting in claim_write/claim_read so it re-checks (e.g. on shutdown
  * paired with a short timeout loop in the caller). */

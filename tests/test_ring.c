@@ -371,16 +371,18 @@ static void test_transitions(void)
     /* retract: READY -> FREE, only with the batch it was published with, never once taken */
     CHECK_OK(ring_claim_write(r, 0, &w));
     fill_payload(r, w, 300, 5);
+    ring_slot_header(r, w)->lease = 2;
     CHECK_OK(ring_publish(r, w));
-    CHECK_INT(ring_retract(r, w, 301), ==, -DF_ESTATE);
-    CHECK_OK(ring_retract(r, w, 300));
-    CHECK_INT(ring_retract(r, w, 300), ==, -DF_ESTATE);
+    CHECK_INT(ring_retract(r, w, 301, 0), ==, -DF_ESTATE);
+    CHECK_INT(ring_retract(r, w, 300, 2), ==, -DF_ESTATE);      /* the copy to keep */
+    CHECK_OK(ring_retract(r, w, 300, 3));
+    CHECK_INT(ring_retract(r, w, 300, 0), ==, -DF_ESTATE);
     CHECK_INT(ring_claim_read(r, NULL, 0, &s), ==, -DF_ETIMEOUT);  /* never delivered */
     CHECK_OK(ring_claim_write(r, 0, &w));
     fill_payload(r, w, 302, 5);
     CHECK_OK(ring_publish(r, w));
     CHECK_OK(ring_claim_read(r, NULL, 0, &s));
-    CHECK_INT(ring_retract(r, s, 302), ==, -DF_ESTATE);     /* a reader has it */
+    CHECK_INT(ring_retract(r, s, 302, 0), ==, -DF_ESTATE);     /* a reader has it */
     CHECK_OK(ring_release(r, s));
     CHECK_OK(ring_stats(r, &st, ss));
     CHECK_INT(st.retracted, ==, 1);

@@ -577,16 +577,26 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
         push_control(m, cmd, co->reason);
 }
 
-/* A copy of batch b READY in `slot` that must not be delivered: b is trained already (a lease
- * revoked too late, a copy queued again while the first was still being trained), or it is a
- * second copy beside the one b is published in. It leaves the ring unless a drafter has taken it
- * meanwhile (then its training shows as a duplicate). */
-static void retract_copy(struct coord *co, struct batch *b, int slot, const char *why)
+/* A copy of batch b READY in `slot` that must not be delivered leaves the ring, unless a drafter
+ * has taken it meanwhile (then its training shows as a duplicate) or its lease is keep_lease (the
+ * current copy of a published batch: an older one goes instead). */
+static int retract_copy(struct coord *co, struct batch *b, int slot, uint32_t keep_lease, const char *why)
 {
-    if (slot < 0 || ring_retract(co->ring, (unsigned)slot, b->row.id) < 0)
-        return;
+    if (slot < 0 || ring_retract(co->ring, (unsigned)slot, b->row.id, keep_lease) < 0)
+        return -1;
     co->retracted++;
     log_notice("batch " BID ": its copy in slot %d taken out of the ring: %s", BARGS(b->row.id), slot, why);
+    return 0;
+}
+
+/* b is trained (a lease revoked too late, or a copy queued again while the first was still being
+ * trained): every copy still READY is redundant. */
+static void retract_all(struct coord *co, struct batch *b, const char *why)
+{
+    const struct ring_slot_stat *s = slot_snapshot(co);
+    for (uint32_t i = 0; i < ring_layout(co->ring)->nslots; i++)
+        if (s[i].state == RING_READY && s[i].batch_id == b->row.id)
+            retract_copy(co, b, (int)i, 0, why);
 }
 
 static void on_published(struct coord *co, struct member *m, const struct proto_published *p)
@@ -599,9 +609,10 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
     }
     int st = b->row.state;
     if (st >= BATCH_PUBLISHED) {
-        if (st >= BATCH_TRAINED || b->row.slot != (int32_t)p->slot)
-            retract_copy(co, b, (int)p->slot, st >= BATCH_TRAINED ? "the batch is trained already"
-                                                                   : "the batch is published in another slot");
+        if (st >= BATCH_TRAINED)
+            retract_all(co, b, "the batch is trained already");
+        else if (b->row.slot != (int32_t)p->slot)
+            retract_copy(co, b, (int)p->slot, b->row.leases, "a second copy of a published batch");
         if (b->row.owner == m->token && (st != BATCH_PUBLISHED || b->row.slot == (int32_t)p->slot)) {
             /* a replay after a reconnect, or TRAINED overtook it (both came from one lease) */
             send_ack(m, p->seq, 0);
@@ -709,7 +720,7 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
     if (b->row.state == BATCH_PUBLISHED && t->lease != b->row.leases)
         /* an earlier copy was trained (the batch had been queued again meanwhile): the current
          * one must not be */
-        retract_copy(co, b, b->row.slot, "an earlier copy of it was trained");
+        retract_all(co, b, "an earlier copy of it was trained");
     b->row.gen = t->generation;
     b->row.step = t->step;
     batch_set(co, b, ckpt ? BATCH_CHECKPOINTED : BATCH_TRAINED);
@@ -1349,6 +1360,7 @@ void coord_ring_reconcile(struct coord *co)
                 lost++;
             } else if ((b->row.state == BATCH_PENDING || b->row.state == BATCH_LEASED) && slot >= 0) {
                 b->row.slot = slot;
+                b->consumed_early = false;
                 batch_set(co, b, BATCH_PUBLISHED);
                 adopted++;
             } else if (b->row.state == BATCH_LEASED) {

@@ -484,9 +484,11 @@ static void on_copied(void *ctx, int status)
         return;
     }
     /* A revoke that came while the batch was on the GPU is read first (pump never touches the
-     * pipe; a failing connection is the main loop's to handle). */
-    pump(t, 0);
-    int r = publish(t, f->batch_id, f->slot, f->n_tokens);
+     * pipe; a refusal by the coordinator ends the main loop through pipe_error). */
+    int r = pump(t, 0);
+    if (r < 0 && !t->pipe_error)
+        t->pipe_error = r;     /* refused by the coordinator: the main loop ends */
+    r = publish(t, f->batch_id, f->slot, f->n_tokens);
     if (r < 0 && !t->pipe_error)
         t->pipe_error = r;
     if (r <= 0)
