@@ -90,6 +90,16 @@ int main(void)
     CHECK_OK(ledger_commit(l, err, sizeof err));
     CHECK_OK(ledger_audit(l, &a));
     CHECK_INT(a.checkpointed_not_once, ==, 1);                  /* the audit sees a double training */
+
+    /* An early hand-back, by batch and lease number; kept across a reopen, a repeat is one row. */
+    CHECK_OK(ledger_untrained_add(l, 4, 2));
+    CHECK_OK(ledger_untrained_add(l, 4, 2));
+    CHECK_OK(ledger_commit(l, err, sizeof err));
+    ledger_close(l);
+    CHECK_OK(ledger_open(&l, path, err, sizeof err));
+    CHECK_INT(ledger_untrained_has(l, 4, 2), ==, 1);
+    CHECK_INT(ledger_untrained_has(l, 4, 3), ==, 0);
+    CHECK_INT(ledger_untrained_has(l, 5, 2), ==, 0);
     ledger_close(l);
 
     /* A path that cannot be created is named in the error. */

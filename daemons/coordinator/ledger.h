@@ -1,5 +1,5 @@
 /* ledger.h: the durable record of the run in SQLite (WAL, synchronous=FULL): every batch's
- * state, the training log, checkpoints, generations, errors and run metadata. */
+ * state, the training log, checkpoints, generations, errors, early hand-backs and run metadata. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
