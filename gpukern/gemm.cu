@@ -206,21 +206,18 @@ extern "C" int gk_gemm_bf16_cd(gk_gemm *g, cudaStream_t stream, int trans_a, int
     k.lda = lda; k.ldb = ldb; k.ldc = has_c ? ldc : 0; k.ldd = ldd; k.has_c = has_c; k.cd_f32 = !!cd_f32;
     k.align_a = ptr_align(A); k.align_b = ptr_align(B);
     k.align_c = has_c ? ptr_align(C) : ptr_align(D); k.align_d = ptr_align(D);
-    int r = 0;
-    struct gemm_plan *p = plan_get(g, &k, &r);
-    if (!p || (r = plan_set_m(p, M)) < 0) return r ? r : -DF_ECUDA;
-    cublasStatus_t s = cublasLtMatmul(g->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta,
-                                      has_c ? C : D, p->lc, D, p->ld, &p->algo, g->workspace,
-                                      g->ws_bytes, stream);
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED && k.M != M) {
+    for (;;) {
+        int r = 0;
+        struct gemm_plan *p = plan_get(g, &k, &r);
+        if (!p) return r;
+        if ((r = plan_set_m(p, M)) < 0) return r;
+        cublasStatus_t s = cublasLtMatmul(g->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, has_c ? C : D, p->lc,
+                                          D, p->ld, &p->algo, g->workspace, g->ws_bytes, stream);
+        if (s == CUBLAS_STATUS_SUCCESS) return 0;
+        if (s != CUBLAS_STATUS_NOT_SUPPORTED || k.M == M) return -DF_ECUDA;
         /* (checked on the host before anything is enqueued) the bucket's algorithm cannot do
          * this M: an exact plan for it */
         k.M = M;
         k.exact = 1;
-        if (!(p = plan_get(g, &k, &r))) return r;
-        s = cublasLtMatmul(g->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, has_c ? C : D, p->lc, D, p->ld,
-                           &p->algo, g->workspace, g->ws_bytes, stream);
     }
-    if (s != CUBLAS_STATUS_SUCCESS) return -DF_ECUDA;
-    return 0;
 }

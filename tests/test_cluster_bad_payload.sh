@@ -10,14 +10,11 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
-T=${DFLASH_TEST_TMP:-$(mktemp -d)}
-trap 'cl_cleanup' EXIT
-fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+cl_test_init
 
 cl_init "$T/c" 200 || exit 1
 cl_ini_add drafter.collective_timeout_ms=2000     # the orphan sweep's grace: 2 s + 2 x dead_after_ms
-cl_start coord coordinator-d -c "$CL_INI"
-cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+cl_start_coord || fail "coordinator did not come up"
 cl_ring_hold || fail "no ring"
 total=$(cl_json 's["batches"]["total"]')
 cl_start target0 target-d -c "$CL_INI" -i 0

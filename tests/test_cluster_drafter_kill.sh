@@ -7,14 +7,11 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
-T=${DFLASH_TEST_TMP:-$(mktemp -d)}
-trap 'cl_cleanup' EXIT
-fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+cl_test_init
 
 cl_init "$T/c" 6000 || exit 1
 cl_ini_add drafter.world_size=2 drafter.checkpoint_every=50
-cl_start coord coordinator-d -c "$CL_INI"
-cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+cl_start_coord || fail "coordinator did not come up"
 cl_ring_hold || fail "no ring"
 total=$(cl_json 's["batches"]["total"]')
 for i in 0 1; do

@@ -8,9 +8,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
-T=${DFLASH_TEST_TMP:-$(mktemp -d)}
-trap 'cl_cleanup' EXIT
-fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+cl_test_init
 
 cl_init "$T/c" 3000 || exit 1
 cl_ini_add drafter.world_size=2 drafter.checkpoint_every=1000 drafter.debug_ckpt_delay_ms=1500

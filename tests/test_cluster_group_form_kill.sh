@@ -7,14 +7,11 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
-T=${DFLASH_TEST_TMP:-$(mktemp -d)}
-trap 'cl_kill drafter1 CONT; cl_cleanup' EXIT
-fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+cl_test_init 'cl_kill drafter1 CONT'
 
 cl_init "$T/c" 2000 || exit 1
 cl_ini_add drafter.world_size=2 drafter.collective_timeout_ms=120000
-cl_start coord coordinator-d -c "$CL_INI"
-cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+cl_start_coord || fail "coordinator did not come up"
 cl_ring_hold || fail "no ring"
 cl_start target0 target-d -c "$CL_INI" -i 0
 cl_start drafter1 drafter-d -c "$CL_INI" -i 1

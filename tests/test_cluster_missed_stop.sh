@@ -8,15 +8,12 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
-T=${DFLASH_TEST_TMP:-$(mktemp -d)}
-trap 'cl_kill target0 CONT; cl_kill drafter0 CONT; cl_cleanup' EXIT
-fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+cl_test_init 'cl_kill target0 CONT; cl_kill drafter0 CONT'
 
 cl_init "$T/c" 6000 || exit 1
 cl_ini_add drafter.checkpoint_every=1000 data.epochs=50
 D=$CL_DIR
-cl_start coord coordinator-d -c "$CL_INI"
-cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+cl_start_coord || fail "coordinator did not come up"
 cl_start target0 target-d -c "$CL_INI" -i 0
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait 'step() >= 5 and len(targets()) == 1' 120 coord || fail "no training"

@@ -10,9 +10,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
-T=${DFLASH_TEST_TMP:-$(mktemp -d)}
-trap 'cl_cleanup' EXIT
-fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+cl_test_init
 
 one_run() {
   cl_init "$T/c$1" 600 || exit 1

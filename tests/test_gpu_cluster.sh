@@ -13,9 +13,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
-T=${DFLASH_TEST_TMP:-$(mktemp -d)}
-trap 'cl_cleanup' EXIT
-fail() { echo "FAIL: $*"; cl_logs 25; exit 1; }
+cl_test_init
 export NCCL_NVLS_ENABLE=0
 
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -72,8 +70,7 @@ EOF
 
 phase_kill() {
   gpu_init kill
-  cl_start coord coordinator-d -c "$CL_INI"
-  cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+  cl_start_coord || fail "coordinator did not come up"
   cl_ring_hold || fail "no ring"
   cl_start target0 target-d -c "$CL_INI" -i 0
   cl_start drafter1 drafter-d -c "$CL_INI" -i 1
@@ -111,8 +108,7 @@ phase_kill() {
 phase_dp() {
   gpu_init dp
   cl_ini_add drafter.world_size=2
-  cl_start coord coordinator-d -c "$CL_INI"
-  cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+  cl_start_coord || fail "coordinator did not come up"
   cl_ring_hold || fail "no ring"
   cl_start target0 target-d -c "$CL_INI" -i 0
   cl_start drafter0 drafter-d -c "$CL_INI" -i 0
@@ -138,8 +134,7 @@ EOF
 phase_nan() {
   gpu_init nan
   cl_ini_add drafter.debug_nan_step=60 drafter.checkpoint_every=25
-  cl_start coord coordinator-d -c "$CL_INI"
-  cl_wait 's["state"] == "running"' 30 coord || fail "coordinator did not come up"
+  cl_start_coord || fail "coordinator did not come up"
   cl_start target0 target-d -c "$CL_INI" -i 0
   cl_start drafter1 drafter-d -c "$CL_INI" -i 1
   cl_wait 's["state"] == "paused" and [e for e in s["errors"] if "not finite" in e["message"]]' 90 coord ||

@@ -31,7 +31,7 @@ struct batch {
     struct member *holder;          /* LEASED to this live connection; NULL = detached */
     uint64_t detached_until_ms;     /* LEASED + detached: warn once after this (mono) that its live
                                        target has not come back */
-    struct batch *lnext, *lprev;    /* LEASED: its place in coord.leased */
+    struct batch *lnext, *lprev;    /* LEASED / PUBLISHED: its place in coord.leased / coord.published */
     bool consumed_early;            /* LEASED: a drafter took it from the ring before its target's
                                        PUBLISHED arrived, and that training does not count (a skipped
                                        step, or a generation rolled back); settled on PUBLISHED */
@@ -146,6 +146,7 @@ struct coord {
     uint64_t commits;               /* ledger transactions */
     struct coord_timer commit, check;   /* its own timings (a commit; the periodic checks), in the status */
     struct batch *leased;           /* every LEASED batch (the periodic checks walk these, not all) */
+    struct batch *published;        /* every PUBLISHED batch (the orphan sweep walks these) */
     uint64_t total_batches;         /* over built epochs */
     /* pending batch ids: a min-heap with lazy deletion (state checked on pop) */
     uint64_t *heap;
@@ -206,22 +207,29 @@ void coord_signal_stop(struct coord *co, int hard);
 void coord_set_state(struct coord *co, int state, const char *reason);
 struct batch *coord_batch(struct coord *co, uint64_t id);
 
-/* coord.leased: linked when a batch becomes LEASED, unlinked when it stops being LEASED. */
-static inline void coord_leased_link(struct coord *co, struct batch *b)
+/* The list of the batches in `state`: LEASED and PUBLISHED ones are few, and the periodic checks
+ * walk these rather than every batch (NULL for the other states). A batch is linked when it
+ * enters the state and unlinked when it leaves it (batch_set). */
+static inline struct batch **coord_state_list(struct coord *co, int state)
 {
-    b->lprev = NULL;
-    b->lnext = co->leased;
-    if (co->leased)
-        co->leased->lprev = b;
-    co->leased = b;
+    return state == BATCH_LEASED ? &co->leased : state == BATCH_PUBLISHED ? &co->published : NULL;
 }
 
-static inline void coord_leased_unlink(struct coord *co, struct batch *b)
+static inline void coord_list_link(struct batch **head, struct batch *b)
+{
+    b->lprev = NULL;
+    b->lnext = *head;
+    if (*head)
+        (*head)->lprev = b;
+    *head = b;
+}
+
+static inline void coord_list_unlink(struct batch **head, struct batch *b)
 {
     if (b->lprev)
         b->lprev->lnext = b->lnext;
     else
-        co->leased = b->lnext;
+        *head = b->lnext;
     if (b->lnext)
         b->lnext->lprev = b->lprev;
     b->lnext = b->lprev = NULL;

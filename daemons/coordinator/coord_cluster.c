@@ -81,10 +81,13 @@ static void batch_set(struct coord *co, struct batch *b, int state)
 {
     co->counts[b->row.state]--;
     co->counts[state]++;
-    if (b->row.state == BATCH_LEASED && state != BATCH_LEASED)
-        coord_leased_unlink(co, b);
-    else if (b->row.state != BATCH_LEASED && state == BATCH_LEASED)
-        coord_leased_link(co, b);
+    struct batch **from = coord_state_list(co, b->row.state), **to = coord_state_list(co, state);
+    if (from != to) {
+        if (from)
+            coord_list_unlink(from, b);
+        if (to)
+            coord_list_link(to, b);
+    }
     b->row.state = state;
     b->row.updated_ms = wall_ms();
     b->orphan_since_ms = 0;
@@ -1028,14 +1031,13 @@ static void end_recovery(struct coord *co)
     uint64_t lost = 0;
     if (!g->active) {
         const struct ring_slot_stat *s = slot_snapshot(co);
-        for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
-            for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
-                struct batch *b = &co->ep[e].b[i];
-                if (b->row.state == BATCH_PUBLISHED && slot_holding(co, s, b->row.id) < 0) {
-                    requeue(co, b, "its slot no longer holds it after the coordinator restart");
-                    lost++;
-                }
+        for (struct batch *b = co->published, *next; b; b = next) {
+            next = b->lnext;    /* requeue takes b (only b) off the list */
+            if (slot_holding(co, s, b->row.id) < 0) {
+                requeue(co, b, "its slot no longer holds it after the coordinator restart");
+                lost++;
             }
+        }
     }
     log_notice("recovery done: %" PRIu64 " publications lost while the coordinator was down", lost);
     if (co->state == PROTO_STATE_STARTING)
@@ -1079,23 +1081,20 @@ static void sweep_orphans(struct coord *co, uint64_t now)
         return;
     last = now;
     const struct ring_slot_stat *s = slot_snapshot(co);
-    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
-        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
-            struct batch *b = &co->ep[e].b[i];
-            if (b->row.state != BATCH_PUBLISHED)
-                continue;
-            if (slot_holding(co, s, b->row.id) >= 0)
-                b->orphan_since_ms = 0;
-            else if (!b->orphan_since_ms)
-                b->orphan_since_ms = now;
-            else if (now - b->orphan_since_ms > grace) {
-                char why[96];
-                snprintf(why, sizeof why, "taken from the ring and not reported by any drafter for %" PRIu64 " s",
-                         (now - b->orphan_since_ms) / 1000);
-                log_warn(0, "batch " BID ": %s: queued again", BARGS(b->row.id), why);
-                requeue(co, b, why);
-            }
+    for (struct batch *b = co->published, *next; b; b = next) {
+        next = b->lnext;        /* requeue takes b (only b) off the list */
+        if (slot_holding(co, s, b->row.id) >= 0)
+            b->orphan_since_ms = 0;
+        else if (!b->orphan_since_ms)
+            b->orphan_since_ms = now;
+        else if (now - b->orphan_since_ms > grace) {
+            char why[96];
+            snprintf(why, sizeof why, "taken from the ring and not reported by any drafter for %" PRIu64 " s",
+                     (now - b->orphan_since_ms) / 1000);
+            log_warn(0, "batch " BID ": %s: queued again", BARGS(b->row.id), why);
+            requeue(co, b, why);
         }
+    }
 }
 
 void coord_tick(struct coord *co)
@@ -1144,7 +1143,7 @@ void coord_tick(struct coord *co)
         for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
             for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++)
                 if (co->ep[e].b[i].row.state == BATCH_LEASED)
-                    coord_leased_link(co, &co->ep[e].b[i]);
+                    coord_list_link(&co->leased, &co->ep[e].b[i]);
     }
     struct dgroup *g = &co->grp;
     for (uint32_t r = 0; g->active && co->state < PROTO_STATE_STOPPED && r < g->world; r++)
@@ -1218,8 +1217,8 @@ static int load_row(void *ctx, const struct ledger_batch *row)
     }
     struct batch *b = &ep->b[row->idx];
     b->row = *row;
-    if (row->state == BATCH_LEASED)
-        coord_leased_link(co, b);
+    if (coord_state_list(co, row->state))
+        coord_list_link(coord_state_list(co, row->state), b);
     ep->loaded++;
     co->counts[row->state]++;
     if (row->state == BATCH_PENDING)

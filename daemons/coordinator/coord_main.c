@@ -55,8 +55,8 @@ static void finalize_ledger(struct coord *co)
             struct batch *b = &co->ep[e].b[i];
             int st = b->row.state;
             if (st == BATCH_LEASED || st == BATCH_PUBLISHED || st == BATCH_TRAINED) {
-                if (st == BATCH_LEASED)
-                    coord_leased_unlink(co, b);
+                if (coord_state_list(co, st))
+                    coord_list_unlink(coord_state_list(co, st), b);
                 co->counts[st]--;
                 co->counts[BATCH_PENDING]++;
                 b->row.state = BATCH_PENDING;

@@ -728,6 +728,18 @@ static void reject_batch(struct dft *f, unsigned slot, struct batch_ref b, int c
         client_batch_skipped(f->cl, b.id, b.lease);
 }
 
+/* The batch and copy a claimed slot holds. A header without a lease number was not written by a
+ * dflash target: the slot is released and the batch rejected (0); else 1. */
+static int slot_ref(struct dft *f, unsigned slot, const volatile struct ring_payload *p, struct batch_ref *ref)
+{
+    *ref = (struct batch_ref){ p->batch_id, p->lease, 0 };
+    if (ref->lease)
+        return 1;
+    ring_release(f->ring, slot);
+    reject_batch(f, slot, *ref, -DF_EFORMAT, "lease number 0: not written by a dflash target");
+    return 0;
+}
+
 /* Train on the slot's batch: gradients into dr->grads, metric sums into *m. The slot is
  * released as soon as its data has been read. Returns 1 trained, 0 nothing usable, <0 fatal. */
 static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m, struct batch_ref *ref,
@@ -737,19 +749,14 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
      * with it: a slot is shared memory, written by another process. */
     const volatile struct ring_payload *p = ring_slot_header(f->ring, slot);
     const struct ring_layout *lay = ring_layout(f->ring);
-    *ref = (struct batch_ref){ p->batch_id, p->lease, 0 };
-    uint64_t batch_id = ref->id;
-    *n_seqs = p->n_seqs;
-    uint32_t epoch = p->epoch, n_tokens = p->n_tokens;
-    if (!ref->lease) {
-        ring_release(f->ring, slot);
-        reject_batch(f, slot, *ref, -DF_EFORMAT, "lease number 0: not written by a dflash target");
+    if (!slot_ref(f, slot, p, ref))
         return 0;
-    }
-    if (*n_seqs > lay->max_seqs || n_tokens > lay->max_tokens || n_tokens > (uint32_t)f->dr->max_tokens) {
+    uint64_t batch_id = ref->id;
+    uint32_t seqs = p->n_seqs, epoch = p->epoch, n_tokens = p->n_tokens;
+    if (seqs > lay->max_seqs || n_tokens > lay->max_tokens || n_tokens > (uint32_t)f->dr->max_tokens) {
         char why[128];
         snprintf(why, sizeof why, "%u sequences / %u tokens: beyond the ring's slots (%u / %u) or the drafter (%d)",
-                 *n_seqs, n_tokens, lay->max_seqs, lay->max_tokens, f->dr->max_tokens);
+                 seqs, n_tokens, lay->max_seqs, lay->max_tokens, f->dr->max_tokens);
         ring_release(f->ring, slot);
         reject_batch(f, slot, *ref, -DF_ERANGE, why);
         return 0;
@@ -758,7 +765,7 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
         .tokens = ring_slot_tokens(f->ring, slot),
         .loss_mask = ring_slot_loss_mask(f->ring, slot),
         .cu_seqlens = ring_slot_cu_seqlens(f->ring, slot),
-        .n_seqs = (int)*n_seqs,
+        .n_seqs = (int)seqs,
         .n_tokens = (int)n_tokens,
         .hidden_bf16 = ring_slot_hidden(f->ring, slot),
         .hidden_pitch = ring_hidden_pitch(f->ring) / 2,
@@ -799,6 +806,7 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
     if (epoch != f->ts.epoch)
         f->ts.batch_in_epoch = 0;
     f->ts.epoch = epoch;
+    *n_seqs = seqs;     /* only a trained batch's sequences count */
     return 1;
 }
 
@@ -1120,13 +1128,9 @@ static int fill_feed(struct dft *f, uint64_t *idle_ns)
             log_error(r, "ring_claim_read");
             return r;
         }
-        const struct ring_payload *p = ring_slot_header(f->ring, slot);
-        struct batch_ref b = { p->batch_id, p->lease, 0 };
-        if (!b.lease) {
-            ring_release(f->ring, slot);
-            reject_batch(f, slot, b, -DF_EFORMAT, "lease number 0: not written by a dflash target");
+        struct batch_ref b;
+        if (!slot_ref(f, slot, ring_slot_header(f->ring, slot), &b))
             continue;
-        }
         r = feed_stage(f->feed, slot);
         if (r == -DF_ERANGE) {
             reject_batch(f, slot, b, r, "header out of the ring's bounds");

@@ -220,10 +220,25 @@ cl_ring_hold() {
 
 # cl_start_cluster [N]: coordinator (up and running, its ring held), then N targets and N drafters
 # (instances 0..N-1). Says what failed and returns 1.
+# A test script's set-up (after sourcing this file): T, the test's scratch dir (DFLASH_TEST_TMP or a
+# new temp dir); cl_cleanup on exit, after the command in $1 if given (e.g. a SIGCONT to a daemon
+# the test stopped); fail MSG: says FAIL, shows the daemons' log tails and exits 1.
+cl_test_init() {
+  T=${DFLASH_TEST_TMP:-$(mktemp -d)}
+  # shellcheck disable=SC2064  # $1 is expanded now, on purpose
+  trap "${1:+$1; }cl_cleanup" EXIT
+  fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+}
+
+# Start the coordinator and wait (30 s, scaled) until it runs.
+cl_start_coord() {
+  cl_start coord coordinator-d -c "$CL_INI"
+  cl_wait 's["state"] == "running"' 30 coord
+}
+
 cl_start_cluster() {
   local n=${1:-2} i
-  cl_start coord coordinator-d -c "$CL_INI"
-  cl_wait 's["state"] == "running"' 30 coord || { echo "coordinator did not come up"; return 1; }
+  cl_start_coord || { echo "coordinator did not come up"; return 1; }
   cl_ring_hold || { echo "no ring"; return 1; }
   for ((i = 0; i < n; i++)); do
     cl_start target$i target-d -c "$CL_INI" -i $i
