@@ -13,6 +13,7 @@
 #include "common/daemon.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/recent_ids.h"
 #include "common/timeutil.h"
 #include "ipc/client.h"
 #include "ipc/collective.h"
@@ -131,6 +132,11 @@ struct dft {
     double ckpt_pause_ms, ckpt_write_ms;    /* rank 0's last checkpoint */
     double idle_s;              /* total time waiting for slots with nothing to compute */
     uint64_t last_step_end_ns;
+    uint64_t repeats;           /* copies of batches already trained, left out of steps */
+
+    /* Batches the group trained in this generation (the same on every rank: built from the
+     * gathered batches of each trained step, cleared on entering a generation). */
+    struct recent_ids trained;
 };
 
 static double now_s(void) { return (double)wall_ms() / 1000.0; }
@@ -619,6 +625,67 @@ static int gather_batches(struct dft *f, int have, struct batch_ref b, struct pe
     return coll_allgather(f->coll, &mine, sizeof mine, pb);
 }
 
+/* Batch id is trained in this generation, or in a step still in flight (CUDA). The same on every
+ * rank: both come from the gathered batches of the group's steps. */
+static int trained_already(const struct dft *f, uint64_t id)
+{
+    if (recent_ids_has(&f->trained, id))
+        return 1;
+#ifdef DFLASH_HAVE_CUDA
+    for (int i = 0; i < f->fl_n; i++) {
+        const struct step_rec *rec = &f->fl[(f->fl_head + i) % STEPS_IN_FLIGHT];
+        if (rec->have && rec->b.id == id)
+            return 1;
+        for (int r = 0; rec->peers && r < f->world; r++)
+            if (rec->peers[r].have && rec->peers[r].b.id == id)
+                return 1;
+    }
+#endif
+    return 0;
+}
+
+/* A batch queued again while its first copy was being trained reaches the ring twice, and the
+ * coordinator can take only a READY copy back out: a drafter may hold the other. Such a repeat
+ * (its batch trained already, or held by a lower rank in the same step) is left out of the step:
+ * no gradients, no report; the report of the first training stands. Every rank decides the same
+ * from the step's gathered batches (f->peers, whose entries it clears). Returns 1 when this
+ * rank's own batch is left out. */
+static int leave_out_repeats(struct dft *f, int have, struct batch_ref b)
+{
+    struct peer_batch one = { (uint64_t)have, b };
+    struct peer_batch *pb = f->coll ? f->peers : &one;
+    int n = f->coll ? f->world : 1, self = f->coll ? f->rank : 0, mine = 0;
+    for (int r = 0; r < n; r++) {
+        int repeat = pb[r].have && trained_already(f, pb[r].b.id);
+        for (int q = 0; q < r && pb[r].have && !repeat; q++)
+            repeat = pb[q].have && pb[q].b.id == pb[r].b.id;
+        if (!repeat)
+            continue;
+        pb[r].have = 0;
+        if (r == self) {
+            mine = 1;
+            f->repeats++;
+            log_warn(0, "batch %" PRIu64 ": its copy with lease %u is a repeat (the group trained the batch in"
+                     " generation %" PRIu64 " already, or trains it in this step): left out", b.id, b.lease,
+                     f->generation);
+        }
+    }
+    return mine;
+}
+
+/* A trained step's batches, remembered for leave_out_repeats(). */
+static void remember_trained(struct dft *f, int have, struct batch_ref b, const struct peer_batch *peers)
+{
+    if (!peers) {
+        if (have)
+            recent_ids_add(&f->trained, b.id);
+        return;
+    }
+    for (int r = 0; r < f->world; r++)
+        if (peers[r].have)
+            recent_ids_add(&f->trained, peers[r].b.id);
+}
+
 /* Rank 0 reports its peers' batches of a trained step too, ahead of any checkpoint on the same
  * connection: the coordinator never holds a checkpoint without knowing every batch in it, even
  * when a peer dies with its own TRAINED unsent (e.g. while the coordinator was down). The
@@ -682,6 +749,7 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     if (f->total_steps_hint && !f->cfg->drafter.total_steps)
         f->topt.total_steps = (int64_t)((f->total_steps_hint + (uint64_t)f->world - 1) / (uint64_t)f->world);
     f->in_group = 1;
+    recent_ids_clear(&f->trained);
     if (!f->metrics || f->metrics_rank != f->rank) {
         char path[CFG_STR_MAX + 64];
         if (f->cfg->drafter.metrics_path[0])
@@ -898,6 +966,7 @@ static void step_done(struct dft *f, int have, struct batch_ref b, const struct 
     /* The metrics row before the reports: a rank killed in between leaves no trained batch
      * without its row (rank 0 reports every rank's batch). */
     write_metrics(f, gm, info, b.id, have, peers);
+    remember_trained(f, have, b, peers);
     if (have) {
         f->batches++;
         client_trained(f->cl, b.id, b.lease, step, (uint32_t)f->rank, f->generation);
@@ -936,6 +1005,13 @@ static int iterate(struct dft *f)
                  drafter_step_count(f->dr) + 1);
         m.loss_sum = NAN;
     }
+    if (f->coll && (r = gather_batches(f, have, b, f->peers)) < 0)
+        return broken_with(f, have, b, r);
+    if (leave_out_repeats(f, have, b)) {
+        have = 0;
+        n_seqs = 0;
+        memset(&m, 0, sizeof m);
+    }
     if (!have)
         memset(f->dr->grads, 0, f->dr->n_params * sizeof(float));
     float sm[SM_N] = { 0 };
@@ -945,8 +1021,6 @@ static int iterate(struct dft *f)
     sm[SM_NAN] = have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum)) ? 1.0f : 0.0f;
     metrics_to_floats(&m, sm + SM_METRICS);
     if (f->coll && (r = coll_allreduce_sum(f->coll, sm, SM_N)) < 0)
-        return broken_with(f, have, b, r);
-    if (f->coll && (r = gather_batches(f, have, b, f->peers)) < 0)
         return broken_with(f, have, b, r);
     struct drafter_metrics gm;
     floats_to_metrics(sm + SM_METRICS, &gm);
@@ -1224,12 +1298,16 @@ static int iterate_cuda(struct dft *f)
     /* Staged batches are trained even after a stop vote: their slots are already released. */
     if ((consuming || f->stop_vote) && (have = enqueue_batch(f, &b, &epoch, &n_seqs)) < 0)
         return have;
+    if (f->coll && (r = gather_batches(f, have, b, f->peers)) < 0)
+        return broken_with(f, have, b, r);
+    if (leave_out_repeats(f, have, b)) {
+        have = 0;       /* its pass was enqueued: the sums below get zeros instead */
+        n_seqs = 0;
+    }
     float sm[3] = { (float)have, f->stop_vote && !feed_count(f->feed) ? 1.0f : 0.0f, (float)n_seqs };
     if (f->coll && (r = coll_allreduce_sum(f->coll, sm, 3)) < 0)
         return broken_with(f, have, b, r);
     int ghave = (int)sm[SM_HAVE], gstop = sm[SM_STOP] > 0;
-    if (f->coll && (r = gather_batches(f, have, b, f->peers)) < 0)
-        return broken_with(f, have, b, r);
     if (ghave > 0) {
         cudaStream_t s = (cudaStream_t)drafter_cuda_stream(f->gpu);
         size_t n;
