@@ -6,21 +6,32 @@
 # batch is copied over slots 1 and 2 (their own batches are then published in no slot: the
 # orphan sweep queues them again), then a two-rank group starts. The repeats must be left out,
 # not trained again: the run completes with every batch trained exactly once (each repeat was
-# once trained again and counted as a duplicate).
+# once trained again and counted as a duplicate). Then, on a CUDA build with a GPU, the same with
+# one drafter on the CUDA backend (its steps are pipelined: a repeat may meet its batch in a step
+# still in flight).
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
 cl_test_init
 
-cl_init "$T/c" 200 || exit 1
-cl_ini_add drafter.world_size=2 drafter.collective_timeout_ms=2000   # the orphan sweep's grace: 2 s + 2 x dead_after_ms
-cl_start_coord || fail "coordinator did not come up"
-cl_ring_hold || fail "no ring"
-total=$(cl_json 's["batches"]["total"]')
-cl_start target0 target-d -c "$CL_INI" -i 0
-for ((i = 0; i < 300; i++)); do [[ $(cl_ring_states 4) == "READY READY READY READY" ]] && break; sleep 0.1; done
-[[ $(cl_ring_states 4) == "READY READY READY READY" ]] || fail "the ring did not fill: $(cl_ring_states 4)"
-rep=$("$CL_PY" - "/dev/shm/dflash-$CL_NAME" <<'PY'
+# phase NAME WORLD [ini settings...]: a fresh cluster with the ring full, slot 0 copied over slots
+# 1 and 2, then WORLD drafters; checks as above.
+phase() {
+  local name=$1 world=$2 i n
+  shift 2
+  cl_cleanup
+  cl_init "$T/$name" 200 || exit 1
+  # the orphan sweep's grace: 2 s + 2 x dead_after_ms
+  cl_ini_add drafter.world_size="$world" drafter.collective_timeout_ms=2000 "$@"
+  cl_start_coord || fail "coordinator did not come up"
+  cl_ring_hold || fail "no ring"
+  local total
+  total=$(cl_json 's["batches"]["total"]')
+  cl_start target0 target-d -c "$CL_INI" -i 0
+  for ((i = 0; i < 300; i++)); do [[ $(cl_ring_states 4) == "READY READY READY READY" ]] && break; sleep 0.1; done
+  [[ $(cl_ring_states 4) == "READY READY READY READY" ]] || fail "the ring did not fill: $(cl_ring_states 4)"
+  local rep
+  rep=$("$CL_PY" - "/dev/shm/dflash-$CL_NAME" <<'PY'
 import os, struct, sys
 fd = os.open(sys.argv[1], os.O_RDWR)
 slot_off, stride = struct.unpack("<QQ", os.pread(fd, 16, 32))
@@ -30,15 +41,27 @@ for s in (1, 2):
 print(struct.unpack("<Q", first[:8])[0])
 PY
 ) || fail "could not copy the slot"
-cl_log "batch $rep in slots 0, 1 and 2"
-cl_start drafter0 drafter-d -c "$CL_INI" -i 0
-cl_start drafter1 drafter-d -c "$CL_INI" -i 1
-cl_wait_exit coord 120 || fail "the run did not complete: coordinator '$CL_RC', $(cl_json 's["batches"]')"
-for n in target0 drafter0 drafter1; do cl_wait_exit $n 30 || fail "$n exited with '$CL_RC'"; done
-left=$(cat "$CL_DIR"/drafter[01].log | grep -c "batch $rep: its copy with lease [0-9]* is a repeat")
-[[ $left == 2 ]] || fail "$left of 2 repeats of batch $rep left out"
-grep -q "trained again" "$CL_DIR/coord.log" && fail "the coordinator saw a batch trained twice"
-[[ $(cl_sql 'SELECT count(*) FROM batches WHERE state != 4') == 0 ]] || fail "not every batch is checkpointed"
-once=$(cl_sql 'SELECT count(*) FROM batches b WHERE (SELECT count(*) FROM trains t WHERE t.batch = b.id AND t.rolled_back = 0) = 1')
-[[ $once == "$total" ]] || fail "$once of $total batches trained exactly once"
-echo "ok: two repeats of batch $rep left out; $total batches trained once each"
+  cl_log "$name: batch $rep in slots 0, 1 and 2"
+  for ((i = 0; i < world; i++)); do cl_start drafter$i drafter-d -c "$CL_INI" -i $i; done
+  cl_wait_exit coord 120 || fail "the run did not complete: coordinator '$CL_RC', $(cl_json 's["batches"]')"
+  for ((i = 0; i < world; i++)); do cl_wait_exit drafter$i 30 || fail "drafter$i exited with '$CL_RC'"; done
+  cl_wait_exit target0 30 || fail "target0 exited with '$CL_RC'"
+  n=$(cat "$CL_DIR"/drafter*.log | grep -c "batch $rep: its copy with lease [0-9]* is a repeat")
+  [[ $n == 2 ]] || fail "$name: $n of 2 repeats of batch $rep left out"
+  grep -q "trained again" "$CL_DIR/coord.log" && fail "$name: the coordinator saw a batch trained twice"
+  [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state != 4') == 0 ]] || fail "$name: not every batch is checkpointed"
+  n=$(cl_sql 'SELECT count(*) FROM batches b WHERE (SELECT count(*) FROM trains t WHERE t.batch = b.id AND t.rolled_back = 0) = 1')
+  [[ $n == "$total" ]] || fail "$name: $n of $total batches trained exactly once"
+  echo "ok: $name: two repeats of batch $rep left out; $total batches trained once each"
+}
+
+phase cpu 2
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU' &&
+  CL_MKMODEL_ARGS="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --layers 4" cl_init "$T/probe" 8 &&
+  cl_ini_add drafter.backend=cuda && "$CL_BIN/drafter-d" -c "$CL_INI" -i 0 -t >/dev/null 2>&1; then
+  export NCCL_NVLS_ENABLE=0
+  CL_MKMODEL_ARGS="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --layers 4" \
+    phase cuda 1 drafter.backend=cuda
+else
+  echo "(no CUDA drafter here: the CUDA phase is not run)"
+fi
