@@ -1,9 +1,11 @@
-/* test_target_revoke.c: a lease revoked while target-d (CPU) runs the forward of its batch is
+/* test_target_revoke.c: a lease revoked while target-d runs the forward of its batch is
  * dropped, not published. The coordinator revokes a lease when the batch was trained meanwhile
  * (here: a TRAINED of the current generation arrives for the leased batch); a copy published
  * anyway would sit READY in the ring and be trained a second time. The target is stopped right
  * after it claimed the slot for that batch (DFLASH_RING_STOP_AT), the revoke is sent, then it
- * goes on: it must read the revoke before it publishes. */
+ * goes on: it must read the revoke before it publishes. On the CPU backend, then (a CUDA build
+ * with a GPU; argument "cuda") on the CUDA backend, where the publication is in the callback of
+ * the slot's copies. Each phase is a child process (`test_target_revoke cpu|cuda`). */
 #include "tests/test_coord_util.h"
 
 static pid_t target;
@@ -45,18 +47,26 @@ static int log_has(const char *path, const char *needle)
     return found;
 }
 
-int main(void)
+static int phase(const char *backend)
 {
     atexit(cleanup);
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char model[400], extra[1024], cmd[1200], log[400];
     snprintf(model, sizeof model, "%s/model", tmp);
-    snprintf(cmd, sizeof cmd, "python3 %s/tools/mkmodel.py %s --vocab 256 >/dev/null", test_srcdir(), model);
+    /* a shape the CUDA kernels take (head dim 64) */
+    snprintf(cmd, sizeof cmd, "python3 %s/tools/mkmodel.py %s --vocab 256 --hidden 256 --heads 4 --kv-heads 2 "
+             "--head-dim 64 --intermediate 512 --layers 4 >/dev/null", test_srcdir(), model);
     CHECK(system(cmd) == 0);
     snprintf(extra, sizeof extra,
              "[model]\npath = %s\ndraft_layers = 1\n[coordinator]\nring_hidden = 0\n[drafter]\nworld_size = 1\n"
-             "[target]\nprefetch = 1\nbackend = cpu\n", model);
+             "[target]\nprefetch = 1\nbackend = %s\n", model, backend);
     tc_setup(NULL, extra);
+    if (!strcmp(backend, "cuda")) {
+        snprintf(cmd, sizeof cmd, "nvidia-smi -L 2>/dev/null | grep -q '^GPU' && %s -c %s -i 0 -t >/dev/null 2>&1",
+                 tc_bin("bin/target-d"), TC.ini);
+        if (system(cmd) != 0)
+            SKIP("no CUDA target backend here (a CPU-only build, or no GPU)\n");
+    }
     tc_dataset(TC.data, 40, 8, 100, 256);
     tc_start_coord();
 
@@ -108,8 +118,35 @@ int main(void)
     if (!log_has(log, "revoked during its forward"))
         TEST_FAIL("target-d did not drop the revoked batch %llu (see %s)", (unsigned long long)id, log);
     CHECK_STR(tc_batch_state(id), "trained");
-    printf("batch %llu, revoked during its forward, was dropped\n", (unsigned long long)id);
+    printf("%s: batch %llu, revoked during its forward, was dropped\n", backend, (unsigned long long)id);
     ring_detach(r);
     client_free(d);
     return 0;
+}
+
+/* Run `self backend` to its end: its exit status (0, 77 skipped, else failed). */
+static int run_phase(const char *self, const char *backend)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        execl(self, self, backend, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        return phase(argv[1]);
+    int rc = run_phase(argv[0], "cpu");
+    if (rc != 0)
+        return rc;
+    rc = run_phase(argv[0], "cuda");
+    if (rc == 77)
+        printf("(the CUDA phase was not run)\n");
+    return rc == 77 ? 0 : rc;
 }
