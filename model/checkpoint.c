@@ -621,16 +621,21 @@ int ckpt_latest(const char *root, char *dir, size_t dir_len, int64_t *step)
 
 /* ---- load ---- */
 
-/* Read and verify optimizer.bin into master/m/v (n_params floats each) and *hout; applies nothing. */
 static void progress(const struct ckpt_load_opts *o)
 {
     if (o && o->progress)
         o->progress(o->progress_arg);
 }
 
-static int load_optimizer(const char *path, const struct drafter *d, struct opt_header *hout,
-                          float *master, float *m, float *v, const struct ckpt_load_opts *o, char *err,
-                          size_t errlen)
+#define LOAD_CHUNK (4u << 20)   /* floats per read while verifying optimizer.bin (16 MiB) */
+
+/* optimizer.bin, opened and verified without keeping its arrays: the header, then master / m / v
+ * read a chunk at a time (buf: LOAD_CHUNK floats), hashed, master checked against the bf16 weights
+ * w it was rounded to. On success *fd_out is left open, positioned at the arrays, for
+ * apply_optimizer(), and *st_out is the file's stat. Applies nothing. */
+static int verify_optimizer(const char *path, const struct drafter *d, const float *w, float *buf,
+                            struct opt_header *hout, int *fd_out, struct stat *st_out,
+                            const struct ckpt_load_opts *o, char *err, size_t errlen)
 {
     _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -661,19 +666,32 @@ static int load_optimizer(const char *path, const struct drafter *d, struct opt_
                  path, h.n_params, d->n_params);
         return -DF_ELAYOUT;
     }
-    size_t nb = d->n_params * sizeof(float);
+    if (fstat(fd, st_out) < 0) {
+        r = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-r));
+        return r;
+    }
     uint64_t hash = fnv1a(FNV_INIT, &h, sizeof h), want;
-    r = fileio_read_all(fd, master, nb);
-    progress(o);
-    if (r == 0)
-        r = fileio_read_all(fd, m, nb);
-    progress(o);
-    if (r == 0)
-        r = fileio_read_all(fd, v, nb);
-    progress(o);
-    if (r == 0)
-        r = fileio_read_all(fd, &want, sizeof want);
-    if (r < 0) {
+    for (int a = 0; a < 3; a++) {       /* master, m, v */
+        for (size_t at = 0; at < d->n_params; at += LOAD_CHUNK) {
+            size_t n = d->n_params - at < LOAD_CHUNK ? d->n_params - at : LOAD_CHUNK;
+            if ((r = fileio_read_all(fd, buf, n * sizeof(float))) < 0) {
+                snprintf(err, errlen, "%s: %s", path, r == -DF_ETRUNC ? "file too short" : strerror(-r));
+                return r;
+            }
+            hash = fnv1a(hash, buf, n * sizeof(float));
+            /* the master weights must be the ones model.safetensors was rounded from */
+            for (size_t i = 0; a == 0 && i < n; i++)
+                if (cpu_bf16_to_f32_one(cpu_f32_to_bf16_one(buf[i])) != w[at + i] &&
+                    !(buf[i] != buf[i] && w[at + i] != w[at + i])) {
+                    snprintf(err, errlen, "%s: master weights do not belong to %s (element %zu)", path,
+                             CKPT_WEIGHTS, at + i);
+                    return -DF_ECHECKSUM;
+                }
+            progress(o);
+        }
+    }
+    if ((r = fileio_read_all(fd, &want, sizeof want)) < 0) {
         snprintf(err, errlen, "%s: %s", path, r == -DF_ETRUNC ? "file too short" : strerror(-r));
         return r;
     }
@@ -682,14 +700,46 @@ static int load_optimizer(const char *path, const struct drafter *d, struct opt_
         snprintf(err, errlen, "%s: trailing bytes", path);
         return -DF_EFORMAT;
     }
-    hash = fnv1a(hash, master, nb);
-    hash = fnv1a(hash, m, nb);
-    hash = fnv1a(hash, v, nb);
     if (hash != want) {
         snprintf(err, errlen, "%s: checksum mismatch (corrupt file)", path);
         return -DF_ECHECKSUM;
     }
+    if (lseek(fd, (off_t)sizeof h, SEEK_SET) < 0) {
+        r = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-r));
+        return r;
+    }
     *hout = h;
+    *fd_out = fd;
+    fd = -1;
+    return 0;
+}
+
+/* The verified arrays, read again straight into the drafter. A checkpoint is never changed in
+ * place (it is written beside and renamed): the file's size and modification time are compared
+ * with the first read's, and a failure here leaves the drafter half loaded. */
+static int apply_optimizer(int fd, const char *path, const struct stat *st0, struct drafter *d,
+                           const struct ckpt_load_opts *o, char *err, size_t errlen)
+{
+    float *dst[3] = { d->params, d->opt->m, d->opt->v };
+    int r = 0;
+    for (int a = 0; a < 3 && r == 0; a++) {
+        r = fileio_read_all(fd, dst[a], d->n_params * sizeof(float));
+        progress(o);
+    }
+    struct stat st;
+    if (r == 0 && fstat(fd, &st) < 0)
+        r = -errno;
+    if (r < 0) {
+        snprintf(err, errlen, "%s: %s (the drafter is half loaded)", path,
+                 r == -DF_ETRUNC ? "file too short" : strerror(-r));
+        return r;
+    }
+    if (st.st_size != st0->st_size || st.st_mtim.tv_sec != st0->st_mtim.tv_sec ||
+        st.st_mtim.tv_nsec != st0->st_mtim.tv_nsec) {
+        snprintf(err, errlen, "%s: changed while it was loaded (the drafter is half loaded)", path);
+        return -DF_ECHECKSUM;
+    }
     return 0;
 }
 
@@ -710,9 +760,12 @@ int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, c
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_WEIGHTS);
     if ((r = st_open_file(&st, path, err, errlen)) < 0)
         return r;
-    size_t nb = d->n_params * sizeof(float) + 1;
-    float *w = malloc(nb), *master = malloc(nb), *m = malloc(nb), *v = malloc(nb);
-    if (!w || !master || !m || !v) {
+    /* Everything is checked before the drafter is touched: the bf16 weights are staged (one
+     * array), optimizer.bin is verified a chunk at a time, then read again into place. */
+    size_t chunk = d->n_params < LOAD_CHUNK ? d->n_params : LOAD_CHUNK;
+    float *w = malloc(d->n_params * sizeof(float) + 1), *buf = malloc(chunk * sizeof(float) + 1);
+    int fd = -1;
+    if (!w || !buf) {
         r = -ENOMEM;
         goto out;
     }
@@ -728,9 +781,10 @@ int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, c
         progress(o);
     }
     struct opt_header h;
+    struct stat st0;
     memset(&h, 0, sizeof h);
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_OPTIMIZER);
-    r = load_optimizer(path, d, &h, master, m, v, o, err, errlen);
+    r = verify_optimizer(path, d, w, buf, &h, &fd, &st0, o, err, errlen);
     if (r == -DF_EMISSING && !require_optimizer) {
         /* weights only: bf16 values, fresh optimizer */
         memcpy(d->params, w, d->n_params * sizeof(float));
@@ -742,30 +796,18 @@ int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, c
         r = 0;
         goto out;
     }
-    if (r < 0)
+    if (r < 0 || (r = apply_optimizer(fd, path, &st0, d, o, err, errlen)) < 0)
         goto out;
-    /* the master weights must be the ones model.safetensors was rounded from */
-    for (size_t i = 0; i < d->n_params; i++)
-        if (cpu_bf16_to_f32_one(cpu_f32_to_bf16_one(master[i])) != w[i] &&
-            !(master[i] != master[i] && w[i] != w[i])) {
-            snprintf(err, errlen, "%s: master weights do not belong to %s (element %zu)", path,
-                     CKPT_WEIGHTS, i);
-            r = -DF_ECHECKSUM;
-            goto out;
-        }
-    memcpy(d->params, master, d->n_params * sizeof(float));
-    memcpy(d->opt->m, m, d->n_params * sizeof(float));
-    memcpy(d->opt->v, v, d->n_params * sizeof(float));
     d->opt->step = h.opt_step;
     if (ts)
         *ts = (struct ckpt_train_state){ .step = h.step, .epoch = h.epoch,
                                          .batch_in_epoch = h.batch_in_epoch, .seed = h.seed,
                                          .samples = h.samples, .tokens = h.tokens };
 out:
+    if (fd >= 0)
+        close(fd);
     free(w);
-    free(master);
-    free(m);
-    free(v);
+    free(buf);
     st_close(st);
     return r;
 }

@@ -4,6 +4,7 @@
  * corrupt optimizer state and a missing config. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
@@ -97,6 +98,60 @@ static void expect_load_error(const char *dir, struct drafter *d, const char *ne
         TEST_FAIL("loading %s succeeded; expected an error about %s", dir, needle);
     printf("expected error: %s\n", err);
     CHECK_CONTAINS(err, needle);
+}
+
+/* A drafter of more parameters than one chunk of the load's verification (4 Mi floats): the
+ * chunks add up to the whole, a master weight of the second chunk is checked (by its index), and
+ * a refused checkpoint leaves the drafter it was loaded into as it was. */
+static void multi_chunk_load(const char *root)
+{
+    struct drafter_config c;
+    fixture_config(&c);
+    c.hidden_size = 512;
+    c.num_layers = 1;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 64;
+    c.intermediate_size = 2048;
+    float *embed = calloc((size_t)c.vocab_size * c.hidden_size, sizeof(float));
+    float *head = calloc((size_t)c.vocab_size * c.hidden_size, sizeof(float));
+    CHECK(embed && head);
+    char err[512] = "", dir[1024], path[1200];
+    struct drafter *a = NULL, *b = NULL;
+    CHECK_OK(drafter_create(&a, &c, embed, head, 64, 8, 1, err, sizeof err));
+    CHECK_OK(drafter_create(&b, &c, embed, head, 64, 8, 2, err, sizeof err));
+    CHECK_INT(a->n_params, >, (size_t)(4u << 20) + 1000);
+    for (size_t i = 0; i < a->n_params; i++) {
+        a->opt->m[i] = a->params[i] * 0.5f + 1e-3f;
+        a->opt->v[i] = a->params[i] * a->params[i] + 1e-6f;
+    }
+    a->opt->step = 3;
+    struct ckpt_train_state ts = { .step = 3, .seed = 5 }, got;
+    CHECK_OK(ckpt_save(root, a, &ts, dir, sizeof dir, err, sizeof err));
+    CHECK_OK(ckpt_load(dir, b, &got, NULL, err, sizeof err));
+    same_state(a, b);
+    CHECK_INT(got.step, ==, 3);
+
+    /* master weight 4 Mi + 5 (the second chunk) no longer rounds to its bf16 weight */
+    struct drafter *fresh = NULL;
+    CHECK_OK(drafter_create(&fresh, &c, embed, head, 64, 8, 3, err, sizeof err));
+    drafter_free(b);
+    CHECK_OK(drafter_create(&b, &c, embed, head, 64, 8, 3, err, sizeof err));
+    snprintf(path, sizeof path, "%s/optimizer.bin", dir);
+    int fd = open(path, O_WRONLY);
+    CHECK(fd >= 0);
+    float bad = 1234.5f;
+    CHECK(pwrite(fd, &bad, sizeof bad, 128 + 4 * ((off_t)(4u << 20) + 5)) == sizeof bad);
+    close(fd);
+    expect_load_error(dir, b, "element 4194309");
+    same_state(fresh, b);
+    printf("%zu parameters: loaded over %zu chunks; a bad master weight in the second refused, the drafter left as it was\n",
+           a->n_params, (a->n_params + (4u << 20) - 1) / (4u << 20));
+    drafter_free(a);
+    drafter_free(b);
+    drafter_free(fresh);
+    free(embed);
+    free(head);
 }
 
 int main(void)
@@ -228,7 +283,8 @@ int main(void)
     if (ckpt_load(dir, b, &ts2, &lo, err, sizeof err) < 0)
         TEST_FAIL("ckpt_load: %s", err);
     CHECK(!memcmp(&ts, &ts2, sizeof ts));
-    CHECK_INT(calls, ==, b->n_tensors + 3);     /* between the reads: every tensor, every optimizer array */
+    /* between the reads: every tensor, each optimizer array verified (one chunk each here), read into place */
+    CHECK_INT(calls, ==, b->n_tensors + 6);
     same_state(a, b);
     train(b, &g, 4, 8);
     struct drafter *c = fixture_drafter(&f, 64);
@@ -377,5 +433,8 @@ int main(void)
     drafter_free(c);
     fixture_done(&f);
     fixture_done(&g);
+
+    snprintf(root, sizeof root, "%s/ckpt-big-%d", tmp ? tmp : "/tmp", (int)getpid());
+    multi_chunk_load(root);
     return 0;
 }
