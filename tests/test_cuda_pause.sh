@@ -37,7 +37,7 @@ cl_log "paused with the drafter stopped at its first claim; it goes on"
 kill -CONT "$pid"
 for ((i = 0; i < 100; i++)); do grep -q "staged batch.* handed back" "$CL_DIR/drafter0.log" && break; sleep 0.1; done
 grep "staged batch.* handed back" "$CL_DIR/drafter0.log" || fail "the drafter did not hand back its staged batches"
-sleep "$(cl_scaled 10)"     # past the orphan sweep's grace (8 s)
+sleep "$(cl_scaled 20)"     # past the orphan sweep's grace (8 s) and two of its rounds (4 s apart)
 "$CL_BIN/dflashctl" -s "$CL_SOCK" resume >/dev/null || fail "dflashctl resume"
 cl_wait_exit coord 120 || fail "the run did not complete: coordinator '$CL_RC', $(cl_json 's["batches"]')"
 for n in target0 drafter0; do cl_wait_exit $n 30 || fail "$n exited with '$CL_RC'"; done
