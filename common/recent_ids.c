@@ -16,3 +16,10 @@ int recent_ids_has(const struct recent_ids *s, uint64_t id)
             return 1;
     return 0;
 }
+
+void recent_ids_forget(struct recent_ids *s, uint64_t id)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (s->id[i] == id)
+            s->id[i] = UINT64_MAX;
+}

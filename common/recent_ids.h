@@ -18,3 +18,6 @@ void recent_ids_add(struct recent_ids *s, uint64_t id);
 
 /* 1 when id is among the ids kept, else 0. */
 int recent_ids_has(const struct recent_ids *s, uint64_t id);
+
+/* Forgets every entry of id (it keeps its place, as no id). id must not be UINT64_MAX. */
+void recent_ids_forget(struct recent_ids *s, uint64_t id);

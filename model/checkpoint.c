@@ -672,6 +672,7 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
         return r;
     }
     uint64_t hash = fnv1a(FNV_INIT, &h, sizeof h), want;
+    size_t stray = SIZE_MAX;            /* the first master weight its bf16 weight was not rounded from */
     for (int a = 0; a < 3; a++) {       /* master, m, v */
         for (size_t at = 0; at < d->n_params; at += LOAD_CHUNK) {
             size_t n = d->n_params - at < LOAD_CHUNK ? d->n_params - at : LOAD_CHUNK;
@@ -681,13 +682,10 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
             }
             hash = fnv1a(hash, buf, n * sizeof(float));
             /* the master weights must be the ones model.safetensors was rounded from */
-            for (size_t i = 0; a == 0 && i < n; i++)
+            for (size_t i = 0; a == 0 && stray == SIZE_MAX && i < n; i++)
                 if (cpu_bf16_to_f32_one(cpu_f32_to_bf16_one(buf[i])) != w[at + i] &&
-                    !(buf[i] != buf[i] && w[at + i] != w[at + i])) {
-                    snprintf(err, errlen, "%s: master weights do not belong to %s (element %zu)", path,
-                             CKPT_WEIGHTS, at + i);
-                    return -DF_ECHECKSUM;
-                }
+                    !(buf[i] != buf[i] && w[at + i] != w[at + i]))
+                    stray = at + i;
             progress(o);
         }
     }
@@ -700,8 +698,12 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
         snprintf(err, errlen, "%s: trailing bytes", path);
         return -DF_EFORMAT;
     }
-    if (hash != want) {
+    if (hash != want) {     /* a damaged file first: its master weights mismatch too */
         snprintf(err, errlen, "%s: checksum mismatch (corrupt file)", path);
+        return -DF_ECHECKSUM;
+    }
+    if (stray != SIZE_MAX) {
+        snprintf(err, errlen, "%s: master weights do not belong to %s (element %zu)", path, CKPT_WEIGHTS, stray);
         return -DF_ECHECKSUM;
     }
     if (lseek(fd, (off_t)sizeof h, SEEK_SET) < 0) {

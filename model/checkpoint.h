@@ -66,6 +66,8 @@ struct ckpt_load_opts {
  * (o->weights_only_ok) the bf16 weights are loaded, the optimizer starts fresh and *ts is zeroed.
  * o NULL: optimizer.bin required, no progress calls. Everything is verified before `d` is touched,
  * so a refused checkpoint leaves it as it was; the load stages one array of n_params floats (the
- * bf16 weights) and reads optimizer.bin twice (verified a chunk at a time, then read into place). */
+ * bf16 weights) and reads optimizer.bin twice (verified a chunk at a time, then read into place).
+ * Only a read error or a change to optimizer.bin during that second read leaves `d` half loaded
+ * (the error says so). */
 int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, const struct ckpt_load_opts *o,
               char *err, size_t errlen);

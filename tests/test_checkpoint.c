@@ -101,8 +101,8 @@ static void expect_load_error(const char *dir, struct drafter *d, const char *ne
 }
 
 /* A drafter of more parameters than one chunk of the load's verification (4 Mi floats): the
- * chunks add up to the whole, a master weight of the second chunk is checked (by its index), and
- * a refused checkpoint leaves the drafter it was loaded into as it was. */
+ * chunks add up to the whole, the second chunk is hashed and its master weights checked (by
+ * index), and a refused checkpoint leaves the drafter it was loaded into as it was. */
 static void multi_chunk_load(const char *root)
 {
     struct drafter_config c;
@@ -132,17 +132,29 @@ static void multi_chunk_load(const char *root)
     same_state(a, b);
     CHECK_INT(got.step, ==, 3);
 
-    /* master weight 4 Mi + 5 (the second chunk) no longer rounds to its bf16 weight */
+    /* master weight 4 Mi + 5 (the second chunk) changed: a damaged file; then, with its checksum
+     * made to match, a master weight that no longer rounds to its bf16 weight */
     struct drafter *fresh = NULL;
     CHECK_OK(drafter_create(&fresh, &c, embed, head, 64, 8, 3, err, sizeof err));
     drafter_free(b);
     CHECK_OK(drafter_create(&b, &c, embed, head, 64, 8, 3, err, sizeof err));
     snprintf(path, sizeof path, "%s/optimizer.bin", dir);
-    int fd = open(path, O_WRONLY);
-    CHECK(fd >= 0);
+    size_t len = 128 + 3 * a->n_params * sizeof(float) + 8;
+    unsigned char *file = malloc(len);
+    int fd = open(path, O_RDWR);
+    CHECK(fd >= 0 && file);
+    CHECK(pread(fd, file, len, 0) == (ssize_t)len);
     float bad = 1234.5f;
-    CHECK(pwrite(fd, &bad, sizeof bad, 128 + 4 * ((off_t)(4u << 20) + 5)) == sizeof bad);
+    memcpy(file + 128 + 4 * ((size_t)(4u << 20) + 5), &bad, sizeof bad);
+    CHECK(pwrite(fd, file, len, 0) == (ssize_t)len);
+    expect_load_error(dir, b, "checksum mismatch");
+    same_state(fresh, b);
+    uint64_t h = 0xcbf29ce484222325ull;     /* FNV-1a over everything before the checksum */
+    for (size_t i = 0; i < len - 8; i++)
+        h = (h ^ file[i]) * 0x100000001b3ull;
+    CHECK(pwrite(fd, &h, sizeof h, (off_t)(len - 8)) == sizeof h);
     close(fd);
+    free(file);
     expect_load_error(dir, b, "element 4194309");
     same_state(fresh, b);
     printf("%zu parameters: loaded over %zu chunks; a bad master weight in the second refused, the drafter left as it was\n",

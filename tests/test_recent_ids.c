@@ -1,4 +1,5 @@
-/* test_recent_ids.c: the window of recent ids keeps exactly the last RECENT_IDS_CAP added. */
+/* test_recent_ids.c: the window of recent ids keeps exactly the last RECENT_IDS_CAP added, and
+ * forgets one on request. */
 #include "common/recent_ids.h"
 #include "tests/test.h"
 
@@ -22,6 +23,10 @@ int main(void)
         if (recent_ids_has(&s, i * 1000003ull) != (i > n - RECENT_IDS_CAP))
             TEST_FAIL("id %llu of %llu: kept %d", (unsigned long long)i, (unsigned long long)n,
                       recent_ids_has(&s, i * 1000003ull));
-    printf("ok: the last %d of %llu ids kept\n", RECENT_IDS_CAP, (unsigned long long)n);
+    /* a forgotten id is gone, its neighbours stay */
+    recent_ids_forget(&s, n * 1000003ull);
+    CHECK(!recent_ids_has(&s, n * 1000003ull));
+    CHECK(recent_ids_has(&s, (n - 1) * 1000003ull));
+    printf("ok: the last %d of %llu ids kept; one forgotten\n", RECENT_IDS_CAP, (unsigned long long)n);
     return 0;
 }

@@ -50,8 +50,12 @@ static int log_has(const char *path, const char *needle)
 static int phase(const char *backend)
 {
     atexit(cleanup);
-    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    char model[400], extra[1024], cmd[1200], log[400];
+    /* each phase in a directory of its own: logs, model, ring and socket names */
+    static char tmp[300];
+    snprintf(tmp, sizeof tmp, "%s/%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", backend);
+    CHECK(mkdir(tmp, 0700) == 0 || errno == EEXIST);
+    setenv("TMPDIR", tmp, 1);
+    char model[400], extra[1024], cmd[1200], log[400], line[96];
     snprintf(model, sizeof model, "%s/model", tmp);
     /* a shape the CUDA kernels take (head dim 64) */
     snprintf(cmd, sizeof cmd, "python3 %s/tools/mkmodel.py %s --vocab 256 --hidden 256 --heads 4 --kv-heads 2 "
@@ -105,8 +109,9 @@ static int phase(const char *backend)
     CHECK_STR(tc_batch_state(id), "trained");
 
     CHECK(kill(target, SIGCONT) == 0);
+    snprintf(line, sizeof line, "batch %llu was revoked during its forward", (unsigned long long)id);
     end = mono_ms() + 10000 * (uint64_t)test_time_scale();
-    while (!log_has(log, "revoked during its forward") && mono_ms() < end)
+    while (!log_has(log, line) && mono_ms() < end)
         client_poll(d, 20, &m, err, sizeof err);
     struct ring *r = peer_ring();
     struct ring_stats rs;
@@ -115,7 +120,7 @@ static int phase(const char *backend)
     for (uint32_t i = 0; i < rs.nslots && i < 16; i++)
         if ((ss[i].state == RING_READY || ss[i].state == RING_READING) && ss[i].batch_id == id)
             TEST_FAIL("batch %llu, revoked during its forward, was published in slot %u", (unsigned long long)id, i);
-    if (!log_has(log, "revoked during its forward"))
+    if (!log_has(log, line))
         TEST_FAIL("target-d did not drop the revoked batch %llu (see %s)", (unsigned long long)id, log);
     CHECK_STR(tc_batch_state(id), "trained");
     printf("%s: batch %llu, revoked during its forward, was dropped\n", backend, (unsigned long long)id);

@@ -132,10 +132,10 @@ struct dft {
     double ckpt_pause_ms, ckpt_write_ms;    /* rank 0's last checkpoint */
     double idle_s;              /* total time waiting for slots with nothing to compute */
     uint64_t last_step_end_ns;
-    uint64_t repeats;           /* copies of batches already trained, left out of steps */
 
-    /* Batches the group trained in this generation (the same on every rank: built from the
-     * gathered batches of each trained step, cleared on entering a generation). */
+    /* Batches the group trained in this generation, the CUDA backend's steps in flight included
+     * (the same on every rank: built from the gathered batches of each step as it is taken,
+     * cleared on entering a generation; a skipped step's batches are taken out again). */
     struct recent_ids trained;
 };
 
@@ -625,25 +625,6 @@ static int gather_batches(struct dft *f, int have, struct batch_ref b, struct pe
     return coll_allgather(f->coll, &mine, sizeof mine, pb);
 }
 
-/* Batch id is trained in this generation, or in a step still in flight (CUDA). The same on every
- * rank: both come from the gathered batches of the group's steps. */
-static int trained_already(const struct dft *f, uint64_t id)
-{
-    if (recent_ids_has(&f->trained, id))
-        return 1;
-#ifdef DFLASH_HAVE_CUDA
-    for (int i = 0; i < f->fl_n; i++) {
-        const struct step_rec *rec = &f->fl[(f->fl_head + i) % STEPS_IN_FLIGHT];
-        if (rec->have && rec->b.id == id)
-            return 1;
-        for (int r = 0; rec->peers && r < f->world; r++)
-            if (rec->peers[r].have && rec->peers[r].b.id == id)
-                return 1;
-    }
-#endif
-    return 0;
-}
-
 /* A batch queued again while its first copy was being trained reaches the ring twice, and the
  * coordinator can take only a READY copy back out: a drafter may hold the other. Such a repeat
  * (its batch trained already, or held by a lower rank in the same step) is left out of the step:
@@ -656,7 +637,7 @@ static int leave_out_repeats(struct dft *f, int have, struct batch_ref b)
     struct peer_batch *pb = f->coll ? f->peers : &one;
     int n = f->coll ? f->world : 1, self = f->coll ? f->rank : 0, mine = 0;
     for (int r = 0; r < n; r++) {
-        int repeat = pb[r].have && trained_already(f, pb[r].b.id);
+        int repeat = pb[r].have && recent_ids_has(&f->trained, pb[r].b.id);
         for (int q = 0; q < r && pb[r].have && !repeat; q++)
             repeat = pb[q].have && pb[q].b.id == pb[r].b.id;
         if (!repeat)
@@ -664,7 +645,6 @@ static int leave_out_repeats(struct dft *f, int have, struct batch_ref b)
         pb[r].have = 0;
         if (r == self) {
             mine = 1;
-            f->repeats++;
             log_warn(0, "batch %" PRIu64 ": its copy with lease %u is a repeat (the group trained the batch in"
                      " generation %" PRIu64 " already, or trains it in this step): left out", b.id, b.lease,
                      f->generation);
@@ -673,17 +653,20 @@ static int leave_out_repeats(struct dft *f, int have, struct batch_ref b)
     return mine;
 }
 
-/* A trained step's batches, remembered for leave_out_repeats(). */
-static void remember_trained(struct dft *f, int have, struct batch_ref b, const struct peer_batch *peers)
+/* A step's batches (peers: world > 1, else this rank's b when have), remembered for
+ * leave_out_repeats() as the step is taken (on every rank at the same point), or forgotten again
+ * when the step was skipped: its batches are handed back and come again. */
+static void remember_step(struct dft *f, int have, struct batch_ref b, const struct peer_batch *peers, int forget)
 {
-    if (!peers) {
-        if (have)
-            recent_ids_add(&f->trained, b.id);
-        return;
+    for (int r = 0; r < (peers ? f->world : 1); r++) {
+        const struct batch_ref *x = peers ? &peers[r].b : &b;
+        if (peers ? !peers[r].have : !have)
+            continue;
+        if (forget)
+            recent_ids_forget(&f->trained, x->id);
+        else
+            recent_ids_add(&f->trained, x->id);
     }
-    for (int r = 0; r < f->world; r++)
-        if (peers[r].have)
-            recent_ids_add(&f->trained, peers[r].b.id);
 }
 
 /* Rank 0 reports its peers' batches of a trained step too, ahead of any checkpoint on the same
@@ -811,7 +794,7 @@ static int slot_ref(struct dft *f, unsigned slot, const volatile struct ring_pay
 /* Train on the slot's batch: gradients into dr->grads, metric sums into *m. The slot is
  * released as soon as its data has been read. Returns 1 trained, 0 nothing usable, <0 fatal. */
 static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m, struct batch_ref *ref,
-                        uint32_t *n_seqs)
+                        uint32_t *n_seqs, uint32_t *epoch_out)
 {
     /* The header is read once, and bounded by the ring's layout before anything is indexed
      * with it: a slot is shared memory, written by another process. */
@@ -871,10 +854,8 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
         log_warn(rel, "slot %u of batch %" PRIu64 " was reclaimed during the step: not counted", slot, batch_id);
         return 0;
     }
-    if (epoch != f->ts.epoch)
-        f->ts.batch_in_epoch = 0;
-    f->ts.epoch = epoch;
     *n_seqs = seqs;     /* only a trained batch's sequences count */
+    *epoch_out = epoch;
     return 1;
 }
 
@@ -966,7 +947,6 @@ static void step_done(struct dft *f, int have, struct batch_ref b, const struct 
     /* The metrics row before the reports: a rank killed in between leaves no trained batch
      * without its row (rank 0 reports every rank's batch). */
     write_metrics(f, gm, info, b.id, have, peers);
-    remember_trained(f, have, b, peers);
     if (have) {
         f->batches++;
         client_trained(f->cl, b.id, b.lease, step, (uint32_t)f->rank, f->generation);
@@ -983,13 +963,13 @@ static int iterate(struct dft *f)
     unsigned slot;
     int have = 0, r;
     struct batch_ref b = { 0 };
-    uint32_t n_seqs = 0;
+    uint32_t n_seqs = 0, epoch = 0;
     struct drafter_metrics m = { 0 };
     int slice = (int)daemon_wait_slice_ms(&f->d, 200);
     if (consuming && !f->stop_vote) {
         r = ring_claim_read(f->ring, &f->pick, slice, &slot);
         if (r == 0) {
-            have = consume_slot(f, slot, &m, &b, &n_seqs);
+            have = consume_slot(f, slot, &m, &b, &n_seqs, &epoch);
             if (have < 0)
                 return have;
         } else if (r != -DF_ETIMEOUT && r != -EINTR) {
@@ -1011,6 +991,11 @@ static int iterate(struct dft *f)
         have = 0;
         n_seqs = 0;
         memset(&m, 0, sizeof m);
+    }
+    if (have) {
+        if (epoch != f->ts.epoch)
+            f->ts.batch_in_epoch = 0;
+        f->ts.epoch = epoch;
     }
     if (!have)
         memset(f->dr->grads, 0, f->dr->n_params * sizeof(float));
@@ -1059,6 +1044,7 @@ static int iterate(struct dft *f)
             step_done(f, have, b, f->coll ? f->peers : NULL, ghave, (uint64_t)sm[SM_SEQS],
                       (uint64_t)drafter_step_count(f->dr), r, &gm, &info, (double)(t2 - t1) / 1e6,
                       (double)(t2 - t0) / 1e9 + 1e-9);
+            remember_step(f, have, b, f->coll ? f->peers : NULL, 0);
         }
     }
     uint64_t t3 = mono_ns();
@@ -1096,6 +1082,7 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
         /* Skipped on every rank (all see the same summed metrics); the weights are untouched.
          * Its batches were consumed untrained: each rank hands its own back. */
         f->poisoned = 1;
+        remember_step(f, rec->have, rec->b, rec->peers, 1);
         if (rec->have)
             client_batch_skipped(f->cl, rec->b.id, rec->b.lease);
         log_error(rc, "step %" PRId64 ": loss sum %g / gradient norm %g not finite: step skipped, cluster pausing",
@@ -1335,6 +1322,7 @@ static int iterate_cuda(struct dft *f)
         f->fl[at] = (struct step_rec){ .b = b, .epoch = epoch, .have = have, .ghave = ghave,
                                        .gseqs = (uint32_t)sm[SM_SEQS], .peers = pb };
         f->fl_n++;
+        remember_step(f, have, b, pb, 0);
         f->dirty = 1;
     }
     /* One step stays in flight while the group keeps stepping; none when it stops. */
