@@ -850,8 +850,10 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
         return r;
     }
     if (rel == -DF_ESTATE) {
-        /* Reclaimed while we read it (we were taken for dead): it is delivered again. */
+        /* Reclaimed while we read it (we were taken for dead): it is delivered again. Its
+         * gradients (zeroed by the caller) and metric sums do not go into the step. */
         log_warn(rel, "slot %u of batch %" PRIu64 " was reclaimed during the step: not counted", slot, batch_id);
+        memset(m, 0, sizeof *m);
         return 0;
     }
     *n_seqs = seqs;     /* only a trained batch's sequences count */
