@@ -5,7 +5,8 @@
  * after it claimed the slot for that batch (DFLASH_RING_STOP_AT), the revoke is sent, then it
  * goes on: it must read the revoke before it publishes. On the CPU backend, then (a CUDA build
  * with a GPU; argument "cuda") on the CUDA backend, where the publication is in the callback of
- * the slot's copies. Each phase is a child process (`test_target_revoke cpu|cuda`). */
+ * the slot's copies (the revoke is read by whichever comes first, the main loop or that callback;
+ * here usually the main loop). Each phase is a child process (`test_target_revoke cpu|cuda`). */
 #include "tests/test_coord_util.h"
 
 static pid_t target;
