@@ -510,6 +510,47 @@ static void trained_copy_retracted(void)
     printf("ok: a READY copy of a batch trained meanwhile is taken out of the ring\n");
 }
 
+/* The same copy, but its target dies before its PUBLISHED: no message about it comes, and the
+ * coordinator's sweep of the ring takes it out. */
+static void trained_copy_of_dead_target_retracted(void)
+{
+    struct client *d;
+    struct ring *r;
+    uint64_t gen = start_as_drafter(&d, &r);
+    int tp[2], tgo[2];
+    CHECK(pipe(tp) == 0 && pipe(tgo) == 0);
+    pid_t t = fork_publisher(tp[1], tgo[0]);    /* its copy is READY; PUBLISHED only on `tgo` */
+    kids[0] = t;
+    uint64_t id = read_id(tp[0]);
+    tc_kill(t);                                 /* dies with its PUBLISHED unsent */
+    kids[0] = 0;
+    CHECK_OK(client_trained(d, id, 1, 1, 0, gen));     /* trained from another copy */
+    expect_batch(id, "trained", d, 5000);
+    struct ring_stats rs;
+    struct ring_slot_stat ss[16];
+    int held = 1;
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (held && mono_ms() < end) {
+        client_poll(d, 20, &(struct proto_msg){ 0 }, (char[256]){ 0 }, 256);
+        CHECK_OK(ring_stats(r, &rs, ss));
+        held = 0;
+        for (uint32_t i = 0; i < rs.nslots && i < 16; i++)
+            held |= (ss[i].state == RING_READY || ss[i].state == RING_READING) && ss[i].batch_id == id;
+    }
+    if (held)
+        TEST_FAIL("trained batch %llu is still READY in the ring 5 s after it was trained", (unsigned long long)id);
+    CHECK_INT(rs.retracted, ==, 1);
+    CHECK_INT(tc_status_num("batches.retracted"), ==, 1);
+    CHECK_STR(tc_batch_state(id), "trained");
+    for (int i = 0; i < 2; i++) {
+        close(tp[i]);
+        close(tgo[i]);
+    }
+    client_free(d);
+    ring_detach(r);
+    printf("ok: a READY copy of a trained batch that no PUBLISHED announces is taken out of the ring\n");
+}
+
 static void silent_taker(void)
 {
     tc_setup(NULL, "[drafter]\nworld_size = 1\ncollective_timeout_ms = 400\n[coordinator]\ndead_after_ms = 300\n");
@@ -582,7 +623,7 @@ int main(void)
     void (*part[])(void) = { group_hangs_up_around_stop, pause_survives_restart, nan_during_drain,
                              group_lost_in_transit, late_trained_after_restart, detached_target_keeps_lease,
                              late_published_after_rollback, late_trained_then_published, silent_taker,
-                             signal_drain_not_resumed, trained_copy_retracted };
+                             signal_drain_not_resumed, trained_copy_retracted, trained_copy_of_dead_target_retracted };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

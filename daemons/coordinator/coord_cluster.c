@@ -1097,6 +1097,24 @@ static void sweep_orphans(struct coord *co, uint64_t now)
     }
 }
 
+/* A READY copy of a batch trained already is redundant however it got there (a target that died
+ * between publishing and its PUBLISHED; a drafter's held slot put back at a group restart after
+ * the batch was trained from another copy): it leaves the ring before a drafter takes it. The
+ * messages that make a batch trained retract at once; this catches the rest within a tick. */
+static void sweep_trained_copies(struct coord *co)
+{
+    if (co->recovering)
+        return;
+    const struct ring_slot_stat *s = slot_snapshot(co);
+    for (uint32_t i = 0; i < ring_layout(co->ring)->nslots; i++) {
+        if (s[i].state != RING_READY)
+            continue;
+        struct batch *b = coord_batch(co, s[i].batch_id);
+        if (b && b->row.state >= BATCH_TRAINED)
+            retract_copy(co, b, (int)i, 0, "the batch is trained already");
+    }
+}
+
 void coord_tick(struct coord *co)
 {
     uint64_t now = mono_ms();
@@ -1163,6 +1181,7 @@ void coord_tick(struct coord *co)
         last_reclaim = now;
     }
     sweep_orphans(co, now);
+    sweep_trained_copies(co);
     grant_leases(co);
     if (!co->recovering)
         check_done(co);
