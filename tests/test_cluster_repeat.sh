@@ -37,8 +37,11 @@ import os, struct, sys
 fd = os.open(sys.argv[1], os.O_RDWR)
 slot_off, stride = struct.unpack("<QQ", os.pread(fd, 16, 32))
 first = os.pread(fd, stride, slot_off)
+# ring_ctl (64-byte blocks from offset 4096): batch_id at 24, n_tokens at 32, as ring_publish sets them
+ctl0 = os.pread(fd, 12, 4096 + 24)
 for s in (1, 2):
     os.pwrite(fd, first, slot_off + s * stride)
+    os.pwrite(fd, ctl0, 4096 + 64 * s + 24)
 print(struct.unpack("<Q", first[:8])[0])
 PY
 ) || fail "could not copy the slot"
@@ -48,9 +51,9 @@ PY
   for ((i = 0; i < world; i++)); do cl_wait_exit drafter$i 30 || fail "drafter$i exited with '$CL_RC'"; done
   cl_wait_exit target0 30 || fail "target0 exited with '$CL_RC'"
   # Each extra copy is left out by the drafters, or taken out of the ring by the coordinator
-  # once the batch is trained (if no drafter took it first); the first two copies are taken
-  # together (one step of two ranks; on CUDA, one step enqueued and the next staged), so at
-  # least one repeat reaches a drafter.
+  # once the batch is trained (if no drafter took it first); the first two copies (slots 0 and
+  # 1, the oldest) are taken together (one step of two ranks; on CUDA, one step enqueued and the
+  # next staged, before any result), so at least one repeat reaches a drafter.
   local left out
   left=$(cat "$CL_DIR"/drafter*.log | grep -c "batch $rep: its copy with lease [0-9]* is a repeat")
   out=$(grep -c "batch $((rep >> 32)):$((rep & 0xffffffff)): its copy in slot [0-9]* taken out of the ring" "$CL_DIR/coord.log")

@@ -530,7 +530,9 @@ static void trained_copy_of_dead_target_retracted(void)
     struct ring_slot_stat ss[16];
     int held = 1;
     uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (held && mono_ms() < end) {
+    rs.retracted = 0;
+    /* (the slot turns FREE a moment before the ring's count of retracts moves) */
+    while ((held || rs.retracted != 1) && mono_ms() < end) {
         client_poll(d, 20, &(struct proto_msg){ 0 }, (char[256]){ 0 }, 256);
         CHECK_OK(ring_stats(r, &rs, ss));
         held = 0;

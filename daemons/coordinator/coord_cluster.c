@@ -1099,8 +1099,9 @@ static void sweep_orphans(struct coord *co, uint64_t now)
 
 /* A READY copy of a batch trained already is redundant however it got there (a target that died
  * between publishing and its PUBLISHED; a drafter's held slot put back at a group restart after
- * the batch was trained from another copy): it leaves the ring before a drafter takes it. The
- * messages that make a batch trained retract at once; this catches the rest within a tick. */
+ * the batch was trained from another copy): it leaves the ring unless a drafter takes it first
+ * (the drafter group then leaves it out of its step if it trained the batch in its generation).
+ * The messages that make a batch trained retract at once; this catches the rest within a tick. */
 static void sweep_trained_copies(struct coord *co)
 {
     if (co->recovering)
