@@ -17,9 +17,7 @@ cl_ini_add drafter.collective_timeout_ms=2000     # the orphan sweep's grace: 2 
 cl_start_coord || fail "coordinator did not come up"
 cl_ring_hold || fail "no ring"
 total=$(cl_json 's["batches"]["total"]')
-cl_start target0 target-d -c "$CL_INI" -i 0
-for ((i = 0; i < 300; i++)); do [[ $(cl_ring_states 4) == "READY READY READY READY" ]] && break; sleep 0.1; done
-[[ $(cl_ring_states 4) == "READY READY READY READY" ]] || fail "the ring did not fill: $(cl_ring_states 4)"
+cl_fill_ring || fail "the ring did not fill: $(cl_ring_states 4)"
 "$CL_PY" - "/dev/shm/dflash-$CL_NAME" <<'PY' || fail "could not spoil the slots"
 import os, struct, sys
 fd = os.open(sys.argv[1], os.O_RDWR)

@@ -28,9 +28,7 @@ phase() {
   cl_ring_hold || fail "no ring"
   local total
   total=$(cl_json 's["batches"]["total"]')
-  cl_start target0 target-d -c "$CL_INI" -i 0
-  for ((i = 0; i < 300; i++)); do [[ $(cl_ring_states 4) == "READY READY READY READY" ]] && break; sleep 0.1; done
-  [[ $(cl_ring_states 4) == "READY READY READY READY" ]] || fail "the ring did not fill: $(cl_ring_states 4)"
+  cl_fill_ring || fail "the ring did not fill: $(cl_ring_states 4)"
   local rep
   rep=$("$CL_PY" - "/dev/shm/dflash-$CL_NAME" <<'PY'
 import os, struct, sys

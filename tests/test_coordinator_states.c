@@ -474,18 +474,26 @@ static void late_trained_then_published(void)
     printf("ok: a copy trained by an ended generation before its PUBLISHED came is queued again\n");
 }
 
+/* A drafter of a one-rank group (*d, *r, *gen), and a target (kids[0]) whose copy of one batch is
+ * READY in the ring with its PUBLISHED withheld until a byte arrives on tgo[0]. The batch id. */
+static uint64_t withheld_copy(struct client **d, struct ring **r, uint64_t *gen, int tp[2], int tgo[2])
+{
+    *gen = start_as_drafter(d, r);
+    CHECK(pipe(tp) == 0 && pipe(tgo) == 0);
+    kids[0] = fork_publisher(tp[1], tgo[0]);
+    return read_id(tp[0]);
+}
+
 /* A copy READY in the ring of a batch that has been trained meanwhile (its lease revoked too
  * late: the target had published already) is taken out of the ring, not trained a second time. */
 static void trained_copy_retracted(void)
 {
     struct client *d;
     struct ring *r;
-    uint64_t gen = start_as_drafter(&d, &r);
+    uint64_t gen;
     int tp[2], tgo[2];
-    CHECK(pipe(tp) == 0 && pipe(tgo) == 0);
-    pid_t t = fork_publisher(tp[1], tgo[0]);    /* its copy is READY; PUBLISHED only on `tgo` */
-    kids[0] = t;
-    uint64_t id = read_id(tp[0]);
+    uint64_t id = withheld_copy(&d, &r, &gen, tp, tgo);
+    pid_t t = kids[0];
     CHECK_OK(client_trained(d, id, 1, 1, 0, gen));     /* trained meanwhile (the lease is revoked) */
     expect_batch(id, "trained", d, 5000);
     CHECK(write(tgo[1], "g", 1) == 1);
@@ -516,13 +524,10 @@ static void trained_copy_of_dead_target_retracted(void)
 {
     struct client *d;
     struct ring *r;
-    uint64_t gen = start_as_drafter(&d, &r);
+    uint64_t gen;
     int tp[2], tgo[2];
-    CHECK(pipe(tp) == 0 && pipe(tgo) == 0);
-    pid_t t = fork_publisher(tp[1], tgo[0]);    /* its copy is READY; PUBLISHED only on `tgo` */
-    kids[0] = t;
-    uint64_t id = read_id(tp[0]);
-    tc_kill(t);                                 /* dies with its PUBLISHED unsent */
+    uint64_t id = withheld_copy(&d, &r, &gen, tp, tgo);
+    tc_kill(kids[0]);                           /* dies with its PUBLISHED unsent */
     kids[0] = 0;
     CHECK_OK(client_trained(d, id, 1, 1, 0, gen));     /* trained from another copy */
     expect_batch(id, "trained", d, 5000);

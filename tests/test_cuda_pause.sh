@@ -20,9 +20,7 @@ cl_ini_add drafter.backend=cuda drafter.collective_timeout_ms=2000
 cl_start_coord || fail "coordinator did not come up"
 cl_ring_hold || fail "no ring"
 total=$(cl_json 's["batches"]["total"]')
-cl_start target0 target-d -c "$CL_INI" -i 0
-for ((i = 0; i < 300; i++)); do [[ $(cl_ring_states 4) == "READY READY READY READY" ]] && break; sleep 0.1; done
-[[ $(cl_ring_states 4) == "READY READY READY READY" ]] || fail "the ring did not fill: $(cl_ring_states 4)"
+cl_fill_ring || fail "the ring did not fill: $(cl_ring_states 4)"
 
 DFLASH_RING_STOP_AT=claimed_read cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 pid=$(cl_pid drafter0)

@@ -236,6 +236,17 @@ cl_start_coord() {
   cl_wait 's["state"] == "running"' 30 coord
 }
 
+# Start target0 and wait (30 s) until the ring's 4 slots are all READY; 1 if they are not.
+cl_fill_ring() {
+  local i
+  cl_start target0 target-d -c "$CL_INI" -i 0
+  for ((i = 0; i < 300; i++)); do
+    [[ $(cl_ring_states 4) == "READY READY READY READY" ]] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 cl_start_cluster() {
   local n=${1:-2} i
   cl_start_coord || { echo "coordinator did not come up"; return 1; }
