@@ -627,6 +627,12 @@ static void progress(const struct ckpt_load_opts *o)
         o->progress(o->progress_arg);
 }
 
+/* What a failed fileio_read_all means, for a message. */
+static const char *read_why(int r)
+{
+    return r == -DF_ETRUNC ? "file too short" : strerror(-r);
+}
+
 #define LOAD_CHUNK (4u << 20)   /* floats per read while verifying optimizer.bin (16 MiB) */
 
 /* optimizer.bin, opened and verified without keeping its arrays: the header, then master / m / v
@@ -646,7 +652,7 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
     struct opt_header h;
     int r = fileio_read_all(fd, &h, sizeof h);
     if (r < 0) {
-        snprintf(err, errlen, "%s: header: %s", path, r == -DF_ETRUNC ? "file too short" : strerror(-r));
+        snprintf(err, errlen, "%s: header: %s", path, read_why(r));
         return r;
     }
     if (memcmp(h.magic, OPT_MAGIC, 8)) {
@@ -677,7 +683,7 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
         for (size_t at = 0; at < d->n_params; at += LOAD_CHUNK) {
             size_t n = d->n_params - at < LOAD_CHUNK ? d->n_params - at : LOAD_CHUNK;
             if ((r = fileio_read_all(fd, buf, n * sizeof(float))) < 0) {
-                snprintf(err, errlen, "%s: %s", path, r == -DF_ETRUNC ? "file too short" : strerror(-r));
+                snprintf(err, errlen, "%s: %s", path, read_why(r));
                 return r;
             }
             hash = fnv1a(hash, buf, n * sizeof(float));
@@ -690,7 +696,7 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
         }
     }
     if ((r = fileio_read_all(fd, &want, sizeof want)) < 0) {
-        snprintf(err, errlen, "%s: %s", path, r == -DF_ETRUNC ? "file too short" : strerror(-r));
+        snprintf(err, errlen, "%s: %s", path, read_why(r));
         return r;
     }
     char extra;
@@ -733,8 +739,7 @@ static int apply_optimizer(int fd, const char *path, const struct stat *st0, str
     if (r == 0 && fstat(fd, &st) < 0)
         r = -errno;
     if (r < 0) {
-        snprintf(err, errlen, "%s: %s (the drafter is half loaded)", path,
-                 r == -DF_ETRUNC ? "file too short" : strerror(-r));
+        snprintf(err, errlen, "%s: %s (the drafter is half loaded)", path, read_why(r));
         return r;
     }
     if (st.st_size != st0->st_size || st.st_mtim.tv_sec != st0->st_mtim.tv_sec ||

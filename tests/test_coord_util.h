@@ -254,6 +254,20 @@ static __attribute__((unused)) struct client *peer_connect(enum proto_role role,
     return c;
 }
 
+/* JOIN_GROUP, then the GROUP (its generation 0 when none came within ms, scaled). */
+static __attribute__((unused)) struct proto_group tc_join_group(struct client *d, int ms)
+{
+    struct proto_msg m;
+    char err[256];
+    struct proto_group g = { .generation = 0 };
+    client_join_group(d);
+    uint64_t end = mono_ms() + (uint64_t)ms * (uint64_t)test_time_scale();
+    while (!g.generation && mono_ms() < end)
+        if (client_poll(d, 20, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
+            g = m.group;
+    return g;
+}
+
 static __attribute__((unused)) struct ring *peer_ring(void)
 {
     struct ring *r = NULL;

@@ -158,14 +158,7 @@ int main(void)
     struct ring *r = peer_ring();
     /* In a group (of one): a restarted coordinator then leaves published batches alone at the
      * end of its recovery window (the group may still report them). */
-    struct proto_msg gm;
-    char gerr[256];
-    uint64_t gend = mono_ms() + 10000 * (uint64_t)test_time_scale();
-    int grouped = 0;
-    client_join_group(d);
-    while (!grouped && mono_ms() < gend)
-        grouped = client_poll(d, 20, &gm, gerr, sizeof gerr) > 0 && gm.type == PROTO_GROUP;
-    CHECK(grouped);
+    CHECK(tc_join_group(d, 10000).generation);
     struct copy skipped = take_one(d, r, NULL);
     CHECK_INT(skipped.lease, ==, 1);
     CHECK_INT(tc_status_num("batches.requeued"), ==, 0);

@@ -68,20 +68,6 @@ static void expect_state(const char *want, int ms)
     CHECK_STR(status_str("state"), want);
 }
 
-/* JOIN_GROUP, then the GROUP (its generation 0 when none came within ms, scaled). */
-static struct proto_group join_group_wait(struct client *d, int ms)
-{
-    struct proto_msg m;
-    char err[256];
-    struct proto_group g = { .generation = 0 };
-    client_join_group(d);
-    uint64_t end = mono_ms() + (uint64_t)ms * (uint64_t)test_time_scale();
-    while (!g.generation && mono_ms() < end)
-        if (client_poll(d, 20, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
-            g = m.group;
-    return g;
-}
-
 static void control(enum proto_control_cmd cmd)
 {
     struct client *c = tc_ctl(5000);
@@ -196,7 +182,7 @@ static uint64_t start_as_drafter(struct client **d, struct ring **r)
     tc_start_coord();
     *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
     *r = peer_ring();
-    uint64_t gen = join_group_wait(*d, 10000).generation;
+    uint64_t gen = tc_join_group(*d, 10000).generation;
     CHECK(gen);
     return gen;
 }
@@ -248,7 +234,7 @@ static void group_lost_in_transit(void)
     CHECK(read(ready[0], &b, 1) == 1);      /* rank 0 has its GROUP: the generation is formed */
     client_free(d);                         /* rank 1's GROUP is unread: lost with the connection */
     d = peer_connect(PROTO_ROLE_DRAFTER, 1);
-    struct proto_group g = join_group_wait(d, 3000);
+    struct proto_group g = tc_join_group(d, 3000);
     CHECK(g.generation);
     CHECK_INT(g.rank, ==, 1);
     client_free(d);

@@ -78,11 +78,7 @@ static int phase(const char *backend)
     struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
     struct proto_msg m;
     char err[512];
-    uint64_t gen = 0, end = mono_ms() + 10000 * (uint64_t)test_time_scale();
-    client_join_group(d);
-    while (!gen && mono_ms() < end)
-        if (client_poll(d, 20, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
-            gen = m.group.generation;
+    uint64_t gen = tc_join_group(d, 10000).generation, end;
     CHECK(gen);
 
     /* target-d stops (SIGSTOP) right after claiming the slot for its first batch */

@@ -592,14 +592,22 @@ static int retract_copy(struct coord *co, struct batch *b, int slot, uint32_t ke
     return 0;
 }
 
-/* b is trained (a lease revoked too late, or a copy queued again while the first was still being
- * trained): every copy still READY is redundant. */
-static void retract_all(struct coord *co, struct batch *b, const char *why)
+/* A READY copy of a batch trained already is redundant however it got there (a lease revoked
+ * too late; a copy queued again while the first was being trained; a target that died between
+ * publishing and its PUBLISHED; a drafter's held slot put back at a group restart): it leaves the
+ * ring unless a drafter takes it first (the drafter group then leaves it out of its step if it
+ * trained the batch in its generation). Run on the messages that make such a copy, and every
+ * tick for the ones no message announces. */
+static void retract_trained_copies(struct coord *co)
 {
     const struct ring_slot_stat *s = slot_snapshot(co);
-    for (uint32_t i = 0; i < ring_layout(co->ring)->nslots; i++)
-        if (s[i].state == RING_READY && s[i].batch_id == b->row.id)
-            retract_copy(co, b, (int)i, 0, why);
+    for (uint32_t i = 0; i < ring_layout(co->ring)->nslots; i++) {
+        if (s[i].state != RING_READY)
+            continue;
+        struct batch *b = coord_batch(co, s[i].batch_id);
+        if (b && b->row.state >= BATCH_TRAINED)
+            retract_copy(co, b, (int)i, 0, "the batch is trained already");
+    }
 }
 
 static void on_published(struct coord *co, struct member *m, const struct proto_published *p)
@@ -613,7 +621,7 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
     int st = b->row.state;
     if (st >= BATCH_PUBLISHED) {
         if (st >= BATCH_TRAINED)
-            retract_all(co, b, "the batch is trained already");
+            retract_trained_copies(co);
         else if (b->row.slot != (int32_t)p->slot)
             retract_copy(co, b, (int)p->slot, b->row.leases, "a second copy of a published batch");
         if (b->row.owner == m->token && (st != BATCH_PUBLISHED || b->row.slot == (int32_t)p->slot)) {
@@ -720,13 +728,14 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
         b->holder->leases--;
         coord_send(b->holder, &rv);
     }
-    if (b->row.state == BATCH_PUBLISHED && t->lease != b->row.leases)
-        /* an earlier copy was trained (the batch had been queued again meanwhile): the current
-         * one must not be */
-        retract_all(co, b, "an earlier copy of it was trained");
+    /* an earlier copy was trained (the batch had been queued again meanwhile): the current one
+     * must not be */
+    int earlier = b->row.state == BATCH_PUBLISHED && t->lease != b->row.leases;
     b->row.gen = t->generation;
     b->row.step = t->step;
     batch_set(co, b, ckpt ? BATCH_CHECKPOINTED : BATCH_TRAINED);
+    if (earlier)
+        retract_trained_copies(co);
     ledger_train_add(co->ledger, b->row.id, t->generation, t->step, t->rank, 0);
     m->trained += (int)t->rank == m->rank;
     send_ack(m, t->seq, 0);
@@ -1097,25 +1106,6 @@ static void sweep_orphans(struct coord *co, uint64_t now)
     }
 }
 
-/* A READY copy of a batch trained already is redundant however it got there (a target that died
- * between publishing and its PUBLISHED; a drafter's held slot put back at a group restart after
- * the batch was trained from another copy): it leaves the ring unless a drafter takes it first
- * (the drafter group then leaves it out of its step if it trained the batch in its generation).
- * The messages that make a batch trained retract at once; this catches the rest within a tick. */
-static void sweep_trained_copies(struct coord *co)
-{
-    if (co->recovering)
-        return;
-    const struct ring_slot_stat *s = slot_snapshot(co);
-    for (uint32_t i = 0; i < ring_layout(co->ring)->nslots; i++) {
-        if (s[i].state != RING_READY)
-            continue;
-        struct batch *b = coord_batch(co, s[i].batch_id);
-        if (b && b->row.state >= BATCH_TRAINED)
-            retract_copy(co, b, (int)i, 0, "the batch is trained already");
-    }
-}
-
 void coord_tick(struct coord *co)
 {
     uint64_t now = mono_ms();
@@ -1182,7 +1172,8 @@ void coord_tick(struct coord *co)
         last_reclaim = now;
     }
     sweep_orphans(co, now);
-    sweep_trained_copies(co);
+    if (!co->recovering)
+        retract_trained_copies(co);
     grant_leases(co);
     if (!co->recovering)
         check_done(co);

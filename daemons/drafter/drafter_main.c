@@ -57,7 +57,7 @@ struct step_rec {
     int have;                   /* this rank's batch is in the step */
     int ghave;                  /* batches in the step over the group */
     uint32_t gseqs;             /* sequences in the step over the group */
-    const struct peer_batch *peers; /* world > 1: every rank's batch of the step */
+    struct peer_batch *peers;   /* world > 1: every rank's batch of the step */
 };
 #define STEPS_IN_FLIGHT 4       /* drafter_cuda keeps up to 4 unread results */
 
@@ -625,6 +625,15 @@ static int gather_batches(struct dft *f, int have, struct batch_ref b, struct pe
     return coll_allgather(f->coll, &mine, sizeof mine, pb);
 }
 
+/* A step's batches, *n of them: every rank's (peers, world > 1), else this rank's alone, put in *one. */
+static struct peer_batch *step_batches(const struct dft *f, int have, struct batch_ref b, struct peer_batch *peers,
+                                       struct peer_batch *one, int *n)
+{
+    *one = (struct peer_batch){ (uint64_t)have, b };
+    *n = peers ? f->world : 1;
+    return peers ? peers : one;
+}
+
 /* A batch queued again while its first copy was being trained reaches the ring twice, and the
  * coordinator can take only a READY copy back out: a drafter may hold the other. Such a repeat
  * (its batch trained already, or held by a lower rank in the same step) is left out of the step:
@@ -633,9 +642,9 @@ static int gather_batches(struct dft *f, int have, struct batch_ref b, struct pe
  * rank's own batch is left out. */
 static int leave_out_repeats(struct dft *f, int have, struct batch_ref b)
 {
-    struct peer_batch one = { (uint64_t)have, b };
-    struct peer_batch *pb = f->coll ? f->peers : &one;
-    int n = f->coll ? f->world : 1, self = f->coll ? f->rank : 0, mine = 0;
+    struct peer_batch one;
+    int n, mine = 0, self = f->coll ? f->rank : 0;
+    struct peer_batch *pb = step_batches(f, have, b, f->coll ? f->peers : NULL, &one, &n);
     for (int r = 0; r < n; r++) {
         int repeat = pb[r].have && recent_ids_has(&f->trained, pb[r].b.id);
         for (int q = 0; q < r && pb[r].have && !repeat; q++)
@@ -656,16 +665,18 @@ static int leave_out_repeats(struct dft *f, int have, struct batch_ref b)
 /* A step's batches (peers: world > 1, else this rank's b when have), remembered for
  * leave_out_repeats() as the step is taken (on every rank at the same point), or forgotten again
  * when the step was skipped: its batches are handed back and come again. */
-static void remember_step(struct dft *f, int have, struct batch_ref b, const struct peer_batch *peers, int forget)
+static void remember_step(struct dft *f, int have, struct batch_ref b, struct peer_batch *peers, int forget)
 {
-    for (int r = 0; r < (peers ? f->world : 1); r++) {
-        const struct batch_ref *x = peers ? &peers[r].b : &b;
-        if (peers ? !peers[r].have : !have)
+    struct peer_batch one;
+    int n;
+    const struct peer_batch *pb = step_batches(f, have, b, peers, &one, &n);
+    for (int r = 0; r < n; r++) {
+        if (!pb[r].have)
             continue;
         if (forget)
-            recent_ids_forget(&f->trained, x->id);
+            recent_ids_forget(&f->trained, pb[r].b.id);
         else
-            recent_ids_add(&f->trained, x->id);
+            recent_ids_add(&f->trained, pb[r].b.id);
     }
 }
 
