@@ -544,6 +544,89 @@ static void trained_copy_of_dead_target_retracted(void)
     printf("ok: a READY copy of a trained batch that no PUBLISHED announces is taken out of the ring\n");
 }
 
+/* A drafter (device 0) of a one-rank group: takes the copy of the next batch in the ring, reports
+ * it TRAINED and checkpointed at step 1 (its id on done_fd once both are acknowledged) and keeps
+ * the slot claimed until it is killed. */
+static pid_t fork_holder(int ready_fd, int done_fd)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid)
+        return pid;
+    struct client *c = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    struct ring *r = peer_ring();
+    struct proto_msg m;
+    char err[256];
+    uint64_t gen = tc_join_group(c, 10000).generation;
+    unsigned slot;
+    if (!gen || write(ready_fd, "g", 1) != 1 || ring_claim_read(r, NULL, 10000, &slot) < 0)
+        _exit(2);
+    uint64_t id = ring_slot_header(r, slot)->batch_id;
+    client_trained(c, id, ring_slot_header(r, slot)->lease, 1, 0, gen);
+    client_checkpointed(c, 1, gen, "/nonexistent/ckpt-step1");
+    struct client_stats st;
+    do {
+        client_poll(c, 10, &m, err, sizeof err);
+        client_get_stats(c, &st);
+    } while (st.outbox);
+    if (st.nacks || write(done_fd, &id, sizeof id) != sizeof id)
+        _exit(3);
+    for (;;)
+        client_poll(c, 10, &m, err, sizeof err);
+}
+
+/* A drafter dies holding a slot whose batch is checkpointed (e.g. a second copy it had staged):
+ * the reclaim puts the copy back to READY and a standby drafter forms the next generation in the
+ * same breath. The new group remembers nothing it trained, so the copy must be out of the ring
+ * before its GROUP goes out. The coordinator is stopped while the holder dies, so that the
+ * hang-up, the reclaim and the new group come in one callback, ahead of any tick's sweep. */
+static void trained_copy_retracted_at_group_start(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    int rp[2], dp[2];
+    CHECK(pipe(rp) == 0 && pipe(dp) == 0);
+    kids[1] = fork_holder(rp[1], dp[1]);
+    char g;
+    CHECK(read(rp[0], &g, 1) == 1);                 /* generation 1 formed with the holder */
+    uint64_t pub = publish_one();
+    uint64_t id = read_id(dp[0]);
+    CHECK_INT(id, ==, pub);
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 1);
+    struct ring *r = peer_ring();
+    tc_wait_num("batches.checkpointed", 1, 5000);
+    client_join_group(d);                           /* standby: the group has its one rank */
+    poll_for(d, 300);
+    kill(TC.coord, SIGSTOP);
+    tc_kill(kids[1]);
+    kids[1] = 0;
+    kill(TC.coord, SIGCONT);
+    struct proto_msg m;
+    char err[256];
+    uint64_t gen = 0, end = mono_ms() + 10000 * (uint64_t)test_time_scale();
+    while (gen < 2 && mono_ms() < end)
+        if (client_poll(d, 5, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
+            gen = m.group.generation;
+    CHECK_INT(gen, ==, 2);
+    struct ring_stats rs;
+    struct ring_slot_stat ss[16];
+    CHECK_OK(ring_stats(r, &rs, ss));
+    for (uint32_t i = 0; i < rs.nslots && i < 16; i++)
+        if (ss[i].state == RING_READY && ss[i].batch_id == id)
+            TEST_FAIL("checkpointed batch %llu is READY in slot %u when generation 2 starts", (unsigned long long)id, i);
+    CHECK_INT(rs.retracted, ==, 1);
+    CHECK_INT(tc_status_num("batches.checkpointed"), ==, 1);
+    CHECK_STR(tc_batch_state(id), "queued");        /* (not in flight: done) */
+    for (int i = 0; i < 2; i++) {
+        close(rp[i]);
+        close(dp[i]);
+    }
+    client_free(d);
+    ring_detach(r);
+    printf("ok: a READY copy of a checkpointed batch is out of the ring before the next generation starts\n");
+}
+
 static void silent_taker(void)
 {
     tc_setup(NULL, "[drafter]\nworld_size = 1\ncollective_timeout_ms = 400\n[coordinator]\ndead_after_ms = 300\n");
@@ -616,7 +699,8 @@ int main(void)
     void (*part[])(void) = { group_hangs_up_around_stop, pause_survives_restart, nan_during_drain,
                              group_lost_in_transit, late_trained_after_restart, detached_target_keeps_lease,
                              late_published_after_rollback, late_trained_then_published, silent_taker,
-                             signal_drain_not_resumed, trained_copy_retracted, trained_copy_of_dead_target_retracted };
+                             signal_drain_not_resumed, trained_copy_retracted, trained_copy_of_dead_target_retracted,
+                             trained_copy_retracted_at_group_start };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

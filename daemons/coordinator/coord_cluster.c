@@ -410,6 +410,8 @@ static void reseat(struct coord *co, struct member *m, uint32_t r)
     log_notice("%s rejoined group generation %" PRIu64 " as rank %u", m->name, g->gen, r);
 }
 
+static void retract_trained_copies(struct coord *co);
+
 static void try_form_group(struct coord *co)
 {
     struct dgroup *g = &co->grp;
@@ -435,6 +437,11 @@ static void try_form_group(struct coord *co)
         cand[r]->rank = (int)r;
     }
     save_group(co);
+    /* A new generation starts with an empty memory of what was trained (the drafter group's
+     * repeat check): READY copies of trained batches (e.g. the slots a dead drafter held, put
+     * back by the reclaim just now) leave the ring before any of its ranks can take one. */
+    if (!co->recovering)
+        retract_trained_copies(co);
     log_notice("drafter group generation %" PRIu64 " formed: %u ranks, from checkpoint %s", g->gen, g->world,
                g->ckpt_dir[0] ? g->ckpt_dir : "(none: fresh start)");
     for (uint32_t r = 0; r < g->world; r++)
@@ -596,8 +603,8 @@ static int retract_copy(struct coord *co, struct batch *b, int slot, uint32_t ke
  * too late; a copy queued again while the first was being trained; a target that died between
  * publishing and its PUBLISHED; a drafter's held slot put back at a group restart): it leaves the
  * ring unless a drafter takes it first (the drafter group then leaves it out of its step if it
- * trained the batch in its generation). Run on the messages that make such a copy, and every
- * tick for the ones no message announces. */
+ * trained the batch in its generation). Run on the messages that make such a copy, when a
+ * drafter group forms, and every tick for the ones no message announces. */
 static void retract_trained_copies(struct coord *co)
 {
     const struct ring_slot_stat *s = slot_snapshot(co);
