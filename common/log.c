@@ -6,12 +6,17 @@
 #include <strings.h>
 #include <unistd.h>
 #include <errno.h>
+#include <pthread.h>
 #include "common/log.h"
 #include "common/err.h"
+
+#define LAST_ERROR_MAX 512
 
 static const char *g_ident = "dflash";
 static enum log_level g_level = LOG_LVL_INFO;
 static int g_prefix = -1;
+static pthread_mutex_t g_last_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_last[LAST_ERROR_MAX];
 
 void log_init(const char *ident, enum log_level level)
 {
@@ -42,13 +47,14 @@ void log_msg(enum log_level lvl, int err, const char *fmt, ...)
         [LOG_LVL_INFO] = "info", [LOG_LVL_DEBUG] = "debug",
     };
     char line[2048];
-    int n;
+    int n, body;
     if (g_prefix < 0)
         g_prefix = getenv("JOURNAL_STREAM") != NULL || !isatty(STDERR_FILENO);
     if (g_prefix)
         n = snprintf(line, sizeof line, "<%d>%s: ", (int)lvl, g_ident);
     else
         n = snprintf(line, sizeof line, "%s: %s: ", g_ident, names[lvl]);
+    body = n;
     va_list ap;
     va_start(ap, fmt);
     n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
@@ -59,8 +65,22 @@ void log_msg(enum log_level lvl, int err, const char *fmt, ...)
         n += snprintf(line + n, sizeof line - (size_t)n, ": %s", err_str(err));
     if (n > (int)sizeof line - 2)
         n = (int)sizeof line - 2;
+    if (lvl == LOG_LVL_ERR) {
+        pthread_mutex_lock(&g_last_mu);
+        snprintf(g_last, sizeof g_last, "%.*s", n - body, line + body);
+        pthread_mutex_unlock(&g_last_mu);
+    }
     line[n++] = '\n';
     /* One write per line so lines of concurrent processes never interleave. */
     ssize_t w = write(STDERR_FILENO, line, (size_t)n);
     (void)w;
+}
+
+void log_last_error(char *buf, size_t len)
+{
+    if (!len)
+        return;
+    pthread_mutex_lock(&g_last_mu);
+    snprintf(buf, len, "%s", g_last);
+    pthread_mutex_unlock(&g_last_mu);
 }

@@ -74,7 +74,12 @@ void peer_report_exit(struct daemon *d, struct client *cl, int code, int *report
     if (!cl || code >= 0 || *reported || !client_connected(cl))
         return;
     *reported = 1;
-    client_error(cl, 0, code, "%s exits: %s (its log says more)", d->ident, err_str(code));
+    char last[PROTO_TEXT_MAX];
+    log_last_error(last, sizeof last);
+    if (last[0])
+        client_error(cl, 0, code, "%s exits: %s; its last error: %s", d->ident, err_str(code), last);
+    else
+        client_error(cl, 0, code, "%s exits: %s (its log says more)", d->ident, err_str(code));
     peer_flush_events(d, cl, 2000);
 }
 

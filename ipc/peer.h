@@ -27,7 +27,8 @@ int peer_connect_failed(struct daemon *d, const char *sock, int r, const char *e
 void peer_flush_events(struct daemon *d, struct client *cl, uint64_t ms);
 
 /* A daemon leaving with a failure (code < 0) that it has not reported yet (*reported == 0): while
- * connected, the reason goes to the coordinator as a non-fatal ERROR "<ident> exits: <reason>"
+ * connected, the reason goes to the coordinator as a non-fatal ERROR "<ident> exits: <reason>; its
+ * last error: <the last error line it logged>"
  * (systemd restarts the daemon; the error log keeps why), with up to 2 s for it and the outbox to
  * go out, and *reported is set. Disconnected (or cl NULL): only the daemon's own log has it. */
 void peer_report_exit(struct daemon *d, struct client *cl, int code, int *reported);
