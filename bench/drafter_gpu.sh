@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # drafter_gpu.sh: the CUDA drafter check in one run on a CUDA host (one or two GPUs), from the
 # repo root: a full build (nvcc: sm_90a code + compute_90 PTX) in its own build dir, every GPU test
-# (tests/run.sh 'cuda|gpukern|nccl|gpu_cluster|target_revoke|cluster_repeat'; the two-GPU ones skip on one GPU), the realistic-
+# (tests/run.sh 'cuda|gpukern|nccl|gpu_cluster|target_revoke|cluster_repeat|exit_report'; the two-GPU ones skip on one GPU), the realistic-
 # shape parity against PyTorch (bench/drafter_parity_gpu.sh) first so its test runs in that pass,
 # compute-sanitizer (memcheck of the tiny drafter steps, memcheck + racecheck of the attention and the
 # norm-backward tests),
@@ -47,7 +47,7 @@ mkdir -p "$LOG/parity"
 step parity 150 env OUT=$LOG/parity bash bench/drafter_parity_gpu.sh
 grep -h "loss\|cosine\|PASS\|FAIL" "$LOG/parity/test.log" 2>/dev/null | tail -n 6 | tee -a "$SUMMARY"
 [[ -d /tmp/dflash-drafter-parity ]] && export DFLASH_DRAFTER_PARITY_DIR=/tmp/dflash-drafter-parity
-step gpu_tests 300 env BUILD=$B TEST_TIMEOUT=150 tests/run.sh 'cuda|gpukern|nccl|gpu_cluster|target_revoke|cluster_repeat'
+step gpu_tests 300 env BUILD=$B TEST_TIMEOUT=150 tests/run.sh 'cuda|gpukern|nccl|gpu_cluster|target_revoke|cluster_repeat|exit_report'
 grep -h "^PASS\|^FAIL\|^SKIP\|passed" "$LOG/gpu_tests.log" | tee -a "$SUMMARY"
 TL=$B/test-logs
 grep -h "^wgmma\|^mma\|^simple\|^warpgroup" "$TL/test_gpukern_dflash_attn.log" | tee -a "$SUMMARY"
