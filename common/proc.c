@@ -11,7 +11,7 @@
 
 /* Reads /proc/<pid>/stat; fields after the command name (which may hold spaces and
  * parentheses) are located from the last ')'. */
-static int read_stat(pid_t pid, char *state, uint64_t *ticks)
+static int read_stat(pid_t pid, char *state, long *threads, uint64_t *ticks)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -31,14 +31,20 @@ static int read_stat(pid_t pid, char *state, uint64_t *ticks)
         return -EIO;
     p += 2;                 /* field 3: state */
     *state = *p;
-    /* field 22 (starttime) is 19 fields after field 3 */
+    /* field 20 (num_threads) and field 22 (starttime), counted from field 3 */
+    char *end;
     for (int f = 3; f < 22; f++) {
         p = strchr(p, ' ');
         if (!p)
             return -EIO;
         p++;
+        if (f + 1 == 20) {
+            errno = 0;
+            *threads = strtol(p, &end, 10);
+            if (errno || end == p)
+                return -EIO;
+        }
     }
-    char *end;
     errno = 0;
     unsigned long long v = strtoull(p, &end, 10);
     if (errno || end == p)
@@ -50,13 +56,17 @@ static int read_stat(pid_t pid, char *state, uint64_t *ticks)
 int proc_start_time(pid_t pid, uint64_t *ticks)
 {
     char state = 0;
+    long threads = 0;
     if (pid <= 0)
         return -EINVAL;
-    int r = read_stat(pid, &state, ticks);
+    int r = read_stat(pid, &state, &threads, ticks);
     if (r < 0)
         return r;
-    /* A zombie has released its memory and mappings: for ownership it is gone. */
-    if (state == 'Z' || state == 'X' || state == 'x')
+    /* A zombie whose threads are all gone has released its memory and mappings (and its device
+     * contexts): for ownership it is gone. A leader that exited before its other threads shows
+     * 'Z' too while they still run (or still tear down a GPU context that may be copying into a
+     * slot): alive until the count of threads falls to its own. */
+    if (state == 'X' || state == 'x' || (state == 'Z' && threads <= 1))
         return -ESRCH;
     return 0;
 }

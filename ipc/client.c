@@ -380,7 +380,7 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
     ssize_t sent = send(fd, hello, len, MSG_NOSIGNAL);
     explicit_bzero(hello, sizeof hello);
     if (sent != (ssize_t)len) {
-        r = -errno;
+        r = sent < 0 ? -errno : -EIO;   /* a short send sets no errno */
         /* Refused on accept (e.g. SO_PEERCRED): the reason is still readable. */
         uint8_t buf[1024];
         struct pollfd p = { .fd = fd, .events = POLLIN };
@@ -500,9 +500,9 @@ static int maybe_reconnect(struct client *c, char *err, size_t errlen)
     uint64_t now = mono_ms();
     if (now < c->next_reconnect_ms)
         return -ENOTCONN;
+    c->next_reconnect_ms = now + (uint64_t)c->o.reconnect_ms;  /* a caller waiting sleeps till then */
     if (c->ended)
         return -ESHUTDOWN;
-    c->next_reconnect_ms = now + (uint64_t)c->o.reconnect_ms;
     char why[256];
     int r = handshake(c, 0, why, sizeof why);
     if (r == -DF_EPEER)
@@ -650,13 +650,14 @@ int client_heartbeat_now(struct client *c)
     return r == -ENOTCONN ? 0 : r;
 }
 
-/* Send now, or leave for the reconnect; never an error for a lost connection. */
+/* Send now, or leave for the reconnect; never an error for a lost connection (whatever the
+ * send failed with: a reset, a timeout of SO_SNDTIMEO, ... send_msg hung up on all of them). */
 static int send_soft(struct client *c, const struct proto_msg *m)
 {
     maybe_reconnect(c, NULL, 0);
     heartbeat_due(c);
     int r = send_msg(c, m);
-    return r == -ENOTCONN || r == -EPIPE || r == -ECONNRESET ? 0 : r;
+    return r < 0 && c->fd < 0 ? 0 : r;
 }
 
 /* Send now, or hold for the next connection: errors are not events (no ACK, no seq) but must
@@ -667,8 +668,8 @@ static int send_held(struct client *c, const struct proto_msg *m)
     maybe_reconnect(c, NULL, 0);
     heartbeat_due(c);
     int r = send_msg(c, m);
-    if (r != -ENOTCONN && r != -EPIPE && r != -ECONNRESET)
-        return r;
+    if (r >= 0 || c->fd >= 0)
+        return r;       /* sent, or refused by the encoder */
     if (c->n_held == HELD_MAX) {
         memmove(c->held, c->held + 1, (HELD_MAX - 1) * sizeof c->held[0]);
         c->n_held--;

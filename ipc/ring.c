@@ -73,6 +73,11 @@ struct ring {
     unsigned char *base;
     size_t size;
     uint32_t nslots;
+    /* The layout and geometry checked at create/attach. Every address and bound is computed from
+     * this private copy, never from the shared header, which any process mapping the ring
+     * writable could overwrite later. */
+    struct ring_layout layout;
+    uint64_t slot_off, slot_stride, hidden_off, hidden_pitch;
     bool rdonly;
     bool owner_set;                 /* owner given explicitly (lease): keep across fork */
     uint64_t owner;
@@ -175,6 +180,17 @@ static int geometry(const struct ring_layout *l, struct geo *g)
         __builtin_add_overflow(all, g->slot_off, &g->total) || g->total > (uint64_t)SSIZE_MAX)
         return -EOVERFLOW;
     return 0;
+}
+
+/* The handle's private copy of a checked layout and its geometry. */
+static void handle_geometry(struct ring *r, const struct ring_layout *l, const struct geo *g)
+{
+    r->layout = *l;
+    r->nslots = l->nslots;
+    r->slot_off = g->slot_off;
+    r->slot_stride = g->slot_stride;
+    r->hidden_off = g->hidden_off;
+    r->hidden_pitch = g->hidden_pitch;
 }
 
 static int name_check(const char *name, char *err, size_t errlen)
@@ -325,7 +341,7 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
     h->created_wall_ms = wall_ms();
     atomic_store(&h->next_seq, 1);
     r->ctl = (struct ring_ctl *)(r->base + g.ctl_off);
-    r->nslots = layout->nslots;
+    handle_geometry(r, &h->layout, &g);
     uint64_t now = mono_ns();
     for (uint32_t i = 0; i < r->nslots; i++)
         atomic_store_explicit(&r->ctl[i].t_ns, now, memory_order_relaxed);
@@ -457,7 +473,7 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
     }
     close(fd);
     r->ctl = (struct ring_ctl *)(r->base + hdr.ctl_off);
-    r->nslots = hdr.layout.nslots;
+    handle_geometry(r, &hdr.layout, &g);
     if (!rdonly && (rc = owner_refresh(r)) < 0) {
         snprintf(err, errlen, "ring %s: cannot read own process start time: %s", name, strerror(-rc));
         ring_detach(r);
@@ -473,17 +489,17 @@ fail_close:
 
 /* ---- accessors ---------------------------------------------------------------- */
 
-const struct ring_layout *ring_layout(const struct ring *r) { return &r->h->layout; }
+const struct ring_layout *ring_layout(const struct ring *r) { return &r->layout; }
 const char *ring_name(const struct ring *r) { return r->name; }
 void *ring_base(const struct ring *r) { return r->base; }
 size_t ring_map_size(const struct ring *r) { return r->size; }
-size_t ring_slot_stride(const struct ring *r) { return r->h->slot_stride; }
-size_t ring_hidden_pitch(const struct ring *r) { return r->h->hidden_pitch; }
-size_t ring_hidden_bytes(const struct ring *r) { return r->h->hidden_pitch * r->h->layout.max_tokens; }
+size_t ring_slot_stride(const struct ring *r) { return r->slot_stride; }
+size_t ring_hidden_pitch(const struct ring *r) { return r->hidden_pitch; }
+size_t ring_hidden_bytes(const struct ring *r) { return r->hidden_pitch * r->layout.max_tokens; }
 
 static inline unsigned char *slot_base(const struct ring *r, unsigned slot)
 {
-    return r->base + r->h->slot_off + (uint64_t)slot * r->h->slot_stride;
+    return r->base + r->slot_off + (uint64_t)slot * r->slot_stride;
 }
 
 struct ring_payload *ring_slot_header(const struct ring *r, unsigned slot)
@@ -498,17 +514,17 @@ int32_t *ring_slot_cu_seqlens(const struct ring *r, unsigned slot)
 
 uint32_t *ring_slot_tokens(const struct ring *r, unsigned slot)
 {
-    return (uint32_t *)(ring_slot_cu_seqlens(r, slot) + r->h->layout.max_seqs + 1);
+    return (uint32_t *)(ring_slot_cu_seqlens(r, slot) + r->layout.max_seqs + 1);
 }
 
 uint8_t *ring_slot_loss_mask(const struct ring *r, unsigned slot)
 {
-    return (uint8_t *)(ring_slot_tokens(r, slot) + r->h->layout.max_tokens);
+    return (uint8_t *)(ring_slot_tokens(r, slot) + r->layout.max_tokens);
 }
 
 void *ring_slot_hidden(const struct ring *r, unsigned slot)
 {
-    return slot_base(r, slot) + r->h->hidden_off;
+    return slot_base(r, slot) + r->hidden_off;
 }
 
 uint64_t ring_owner(const struct ring *r) { return r->owner; }
@@ -643,7 +659,7 @@ int ring_publish(struct ring *r, unsigned slot)
     uint64_t w = W_MAKE(RING_WRITING, r->owner);
     if (atomic_load(&c->word) != w)
         return -DF_ESTATE;
-    if (p->n_tokens > r->h->layout.max_tokens || p->n_seqs > r->h->layout.max_seqs)
+    if (p->n_tokens > r->layout.max_tokens || p->n_seqs > r->layout.max_seqs)
         return -DF_ERANGE;
     hook(RING_HOOK_BEFORE_PUBLISH, slot);
     uint64_t seq = atomic_fetch_add(&r->h->next_seq, 1);

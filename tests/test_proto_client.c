@@ -3,6 +3,7 @@
  * client_idle (heartbeats go on, a message pushed meanwhile waits for client_poll), and for
  * reports written while disconnected (held, then sent on the next connection). */
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -261,6 +262,67 @@ static void test_held_until_reconnect(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+static void count_marked(const struct proto_msg *m, void *arg)
+{
+    struct { char text[64]; int seen; } *want = arg;
+    want->seen += m->type == PROTO_ERROR && !strcmp(m->error.message, want->text);
+}
+
+/* An error whose send times out (a coordinator that stopped reading: SO_SNDTIMEO ends the send
+ * with EAGAIN, and the client hangs up) is held for the next connection like one written while
+ * disconnected, not dropped. */
+static void test_held_after_send_timeout(int lfd)
+{
+    int last_fd[2];
+    CHECK(pipe(last_fd) == 0);
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        int fd = accept(lfd, NULL, NULL);   /* the first connection: never read */
+        if (fd < 0)
+            _exit(2);
+        read_hello(fd);
+        send_welcome(fd, 10000, 0);
+        struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+        if (poll(&p, 1, 20000) != 1)        /* until the client gives up on it */
+            _exit(3);
+        close(fd);
+        if ((fd = accept(lfd, NULL, NULL)) < 0)
+            _exit(2);
+        read_hello(fd);
+        send_welcome(fd, 10000, 0);
+        struct { char text[64]; int seen; } want = { "", 0 };
+        int last;
+        if (read(last_fd[0], &last, sizeof last) != sizeof last)
+            _exit(4);
+        snprintf(want.text, sizeof want.text, "filler %d", last);
+        read_frames(fd, count_marked, &want);
+        _exit(want.seen == 1 ? 0 : 10 + want.seen);
+    }
+    struct client *c = NULL;
+    struct client_opts o = opts();
+    o.role = PROTO_ROLE_DRAFTER;
+    o.reply_timeout_ms = 300;       /* also the send timeout */
+    o.reconnect_ms = 100;
+    char err[512] = "";
+    CHECK_OK(client_open(&c, &o, err, sizeof err));
+    int k;
+    for (k = 0; k < 100000 && client_connected(c); k++)
+        client_error(c, 0, -EIO, "filler %d", k);
+    CHECK(!client_connected(c));
+    int last = k - 1;               /* the one whose send timed out */
+    CHECK_INT(write(last_fd[1], &last, sizeof last), ==, sizeof last);
+    struct proto_msg m;
+    for (int i = 0; i < 300 && !client_connected(c); i++)
+        client_poll(c, 10, &m, err, sizeof err);
+    CHECK(client_connected(c));
+    client_idle(c, 100, err, sizeof err);
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+    close(last_fd[0]);
+    close(last_fd[1]);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -271,6 +333,7 @@ int main(void)
     test_regrant_count_is_not_trusted(lfd);
     test_idle_keeps_heartbeat(lfd);
     test_held_until_reconnect(lfd);
+    test_held_after_send_timeout(lfd);
     close(lfd);
     unlink(g_sock);
     printf("ok\n");

@@ -1,6 +1,7 @@
 /* test_ring.c: ring creation, header validation, posix_fallocate on a full /dev/shm,
  * single-process transitions, pick policies, blocking waits, reclaim and stats. */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -25,6 +26,30 @@ static struct ring_layout small_layout(uint32_t nslots)
                              .max_tokens = 64, .max_seqs = 4 };
     l.layer_ids[0] = 1; l.layer_ids[1] = 9; l.layer_ids[2] = 17;
     return l;
+}
+
+/* A thread that returns once a byte arrives on *(int *)fd. */
+static void *wait_for_byte(void *fd)
+{
+    char b;
+    if (read(*(int *)fd, &b, 1) != 1)
+        return NULL;
+    return NULL;
+}
+
+/* The state letter of /proc/<pid>/stat, 0 when unreadable. */
+static char stat_state(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : 0;
 }
 
 static void test_proc_tokens(void)
@@ -59,6 +84,35 @@ static void test_proc_tokens(void)
     CHECK_INT(proc_token_alive(child), ==, 0);
     CHECK_INT(waitpid(pid, NULL, 0), ==, pid);
     CHECK_INT(proc_token_alive(child), ==, 0);
+
+    /* A leader that exited while another thread runs shows 'Z': still alive, until that thread
+     * is gone too. */
+    int go[2];
+    CHECK_OK(pipe(go));
+    pid = fork();
+    if (pid == 0) {
+        uint64_t t;
+        pthread_t th;
+        proc_self_token(&t);
+        if (write(pfd[1], &t, sizeof t) != sizeof t || pthread_create(&th, NULL, wait_for_byte, &go[0]) != 0)
+            _exit(2);
+        pthread_exit(NULL);
+    }
+    CHECK_INT(read(pfd[0], &child, sizeof child), ==, sizeof child);
+    char state = 0;
+    for (int i = 0; i < 500 && state != 'Z'; i++) {
+        state = stat_state(pid);
+        if (state != 'Z')
+            usleep(10000);
+    }
+    CHECK_INT(state, ==, 'Z');
+    CHECK_INT(proc_token_alive(child), ==, 1);
+    CHECK_INT(write(go[1], "g", 1), ==, 1);
+    CHECK_OK(waitid(P_PID, pid, &si, WEXITED | WNOWAIT));
+    CHECK_INT(proc_token_alive(child), ==, 0);
+    CHECK_INT(waitpid(pid, NULL, 0), ==, pid);
+    close(go[0]);
+    close(go[1]);
     close(pfd[0]);
     close(pfd[1]);
 }
@@ -154,6 +208,26 @@ static void test_validation(void)
     CHECK_CONTAINS(err, "corrupt header");
     poke(g_name, 40, &stride, 8);
     CHECK_OK(ring_attach(&a, g_name, &l, 0, err, sizeof err));
+
+    /* The header spoiled after attach (a writer gone astray): addresses and bounds come from
+     * what was checked at attach, not from the shared bytes. Layout at offset 64: nslots, hidden,
+     * n_layers, layer_ids[RING_MAX_LAYERS], dtype, max_tokens, max_seqs. */
+    unsigned char *slot1 = (unsigned char *)ring_slot_header(a, 1), *hid1 = ring_slot_hidden(a, 1);
+    uint32_t slots_at = 64, max_tokens_at = 64 + 4 * (4 + RING_MAX_LAYERS), huge = 1u << 30;
+    uint64_t wild = 1ull << 40;
+    poke(g_name, 40, &wild, 8);
+    poke(g_name, slots_at, &huge, 4);
+    poke(g_name, max_tokens_at, &huge, 4);
+    CHECK_INT(ring_layout(a)->nslots, ==, l.nslots);
+    CHECK_INT(ring_layout(a)->max_tokens, ==, l.max_tokens);
+    CHECK_INT(ring_slot_stride(a), ==, stride);
+    CHECK((unsigned char *)ring_slot_header(a, 1) == slot1 && ring_slot_hidden(a, 1) == hid1);
+    struct ring_stats spoiled;
+    CHECK_OK(ring_stats(a, &spoiled, NULL));
+    CHECK_INT(spoiled.nslots, ==, l.nslots);
+    poke(g_name, 40, &stride, 8);
+    poke(g_name, slots_at, &l.nslots, 4);
+    poke(g_name, max_tokens_at, &l.max_tokens, 4);
     ring_detach(a);
 
     /* truncated: header intact but slots cut off; then cut inside the header */
