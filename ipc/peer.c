@@ -83,6 +83,28 @@ void peer_report_exit(struct daemon *d, struct client *cl, int code, int *report
     peer_flush_events(d, cl, 2000);
 }
 
+int peer_check_ring(const struct ring *r, const struct proto_welcome *w, char *err, size_t errlen)
+{
+    if (!r)
+        return 0;
+    if (strcmp(w->ring_name, ring_name(r)) || w->ring_slots != ring_layout(r)->nslots) {
+        snprintf(err, errlen, "the coordinator's ring is now %s (%u slots), this daemon maps %s (%u slots)",
+                 w->ring_name, w->ring_slots, ring_name(r), ring_layout(r)->nslots);
+        return -DF_EPEER;
+    }
+    int same = ring_same_object(r, w->ring_name);
+    if (same < 0) {
+        log_warn(same, "ring %s: cannot tell whether it is still the object this daemon maps", w->ring_name);
+        return 0;
+    }
+    if (!same) {
+        snprintf(err, errlen, "ring %s was made anew while the coordinator was away: this daemon maps the old one",
+                 w->ring_name);
+        return -DF_EPEER;
+    }
+    return 0;
+}
+
 int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(cl);

@@ -78,6 +78,8 @@ struct ring {
      * writable could overwrite later. */
     struct ring_layout layout;
     uint64_t slot_off, slot_stride, hidden_off, hidden_pitch;
+    dev_t dev;                      /* the shm object mapped (ring_same_object) */
+    ino_t ino;
     bool rdonly;
     bool owner_set;                 /* owner given explicitly (lease): keep across fork */
     uint64_t owner;
@@ -288,6 +290,11 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
                  rc == -EEXIST ? " (another ring of that name exists)" : "");
         goto fail_free;
     }
+    struct stat made;
+    if (fstat(fd, &made) == 0) {
+        r->dev = made.st_dev;
+        r->ino = made.st_ino;
+    }
     /* The umask may have cut bits the caller asked for. */
     if (fchmod(fd, mode) < 0) {
         rc = -errno;
@@ -474,6 +481,8 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
     close(fd);
     r->ctl = (struct ring_ctl *)(r->base + hdr.ctl_off);
     handle_geometry(r, &hdr.layout, &g);
+    r->dev = st.st_dev;
+    r->ino = st.st_ino;
     if (!rdonly && (rc = owner_refresh(r)) < 0) {
         snprintf(err, errlen, "ring %s: cannot read own process start time: %s", name, strerror(-rc));
         ring_detach(r);
@@ -483,6 +492,17 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
     return 0;
 
 fail_close:
+    close(fd);
+    return rc;
+}
+
+int ring_same_object(const struct ring *r, const char *name)
+{
+    int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -errno;
+    struct stat st;
+    int rc = fstat(fd, &st) < 0 ? -errno : st.st_dev == r->dev && st.st_ino == r->ino;
     close(fd);
     return rc;
 }

@@ -86,6 +86,9 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
 void ring_detach(struct ring *r);
 /* Remove the shm object name; mappings stay valid. 0, or -errno (-ENOENT if absent). */
 int ring_unlink(const char *name);
+/* 1 when the shm object now called name is the one r maps; 0 when it is another (re-created
+ * meanwhile) or none; -errno when that cannot be told. */
+int ring_same_object(const struct ring *r, const char *name);
 
 const struct ring_layout *ring_layout(const struct ring *r);
 const char *ring_name(const struct ring *r);

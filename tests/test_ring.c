@@ -352,6 +352,27 @@ static void fill_payload(struct ring *r, unsigned s, uint64_t batch, uint32_t nt
     ring_slot_cu_seqlens(r, s)[1] = (int32_t)ntok;
 }
 
+/* ring_same_object: the creator's and an attacher's handle name the object; a ring made anew
+ * under the same name (the old one removed) is another; none at all is not it either. */
+static void test_same_object(void)
+{
+    struct ring_layout l = small_layout(4);
+    struct ring *r = NULL, *a = NULL, *again = NULL;
+    CHECK_OK(ring_create(&r, g_name, &l, NULL, err, sizeof err));
+    CHECK_OK(ring_attach(&a, g_name, &l, 0, err, sizeof err));
+    CHECK_INT(ring_same_object(r, g_name), ==, 1);
+    CHECK_INT(ring_same_object(a, g_name), ==, 1);
+    CHECK_OK(ring_unlink(g_name));
+    CHECK_INT(ring_same_object(a, g_name), ==, 0);
+    CHECK_OK(ring_create(&again, g_name, &l, NULL, err, sizeof err));
+    CHECK_INT(ring_same_object(a, g_name), ==, 0);
+    CHECK_INT(ring_same_object(again, g_name), ==, 1);
+    ring_detach(a);
+    ring_detach(r);
+    ring_detach(again);
+    CHECK_OK(ring_unlink(g_name));
+}
+
 static void test_transitions(void)
 {
     struct ring_layout l = small_layout(4);
@@ -680,6 +701,7 @@ int main(void)
     test_proc_tokens();
     test_validation();
     test_full_shm();
+    test_same_object();
     test_transitions();
     test_pick();
     test_blocking();

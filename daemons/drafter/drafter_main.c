@@ -82,6 +82,7 @@ struct dft {
 
     struct client *cl;
     int reported;                   /* an error naming why this daemon fails went out already */
+    int ring_stale;                 /* a reconnect named another ring object: leave */
     struct ring *ring;
     struct coll *coll;
     int cuda;                   /* drafter.backend = cuda: device = the instance index */
@@ -521,10 +522,16 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         f->have_group = 0;
         f->await_restart = 0;
         break;
-    case PROTO_WELCOME:
+    case PROTO_WELCOME: {
+        char why[400];
+        if (peer_check_ring(f->ring, &m->welcome, why, sizeof why) < 0) {
+            log_error(-DF_EPEER, "%s", why);
+            f->ring_stale = 1;
+        }
         f->state = (int)m->welcome.cluster_state;
         log_notice("reconnected to the coordinator (cluster %s)", proto_state_name(m->welcome.cluster_state));
         break;
+    }
     case PROTO_CONTROL:
         log_notice("%s%s%s", proto_control_name(m->control.cmd), m->control.reason[0] ? ": " : "", m->control.reason);
         switch (m->control.cmd) {
@@ -565,6 +572,8 @@ static int pump(struct dft *f, int timeout_ms)
         timeout_ms = 0;
     }
     daemon_watchdog(&f->d);
+    if (f->ring_stale)
+        return -DF_EPEER;
     if (r < 0) {
         log_error(r, "coordinator: %s", err);
         return r;
