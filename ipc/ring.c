@@ -906,8 +906,10 @@ int ring_reclaim_dead(struct ring *r, struct ring_reclaim *out)
         }
         if (!alive)
             reclaim_slot(r, i, w, &tmp);
-        else if (s == RING_WRITING && now - atomic_load_explicit(&r->ctl[i].t_ns, memory_order_relaxed) > stuck_ns)
-            tmp.stuck_writing++;
+        else if (s == RING_WRITING) {
+            uint64_t t = atomic_load_explicit(&r->ctl[i].t_ns, memory_order_relaxed);
+            tmp.stuck_writing += t < now && now - t > stuck_ns;     /* (t may be after now) */
+        }
     }
     if (out)
         *out = tmp;
