@@ -246,6 +246,21 @@ static void group_lost_in_transit(void)
     printf("ok: a GROUP lost with the connection is sent again on the next JOIN_GROUP\n");
 }
 
+/* Poll c (every poll_ms) until the coordinator has answered every event it sent, or for at
+ * most ms (scaled; 0: no limit): c's stats then. */
+static struct client_stats await_answers(struct client *c, int poll_ms, int ms)
+{
+    struct client_stats st;
+    struct proto_msg m;
+    char err[256];
+    uint64_t end = ms ? mono_ms() + (uint64_t)ms * (uint64_t)test_time_scale() : UINT64_MAX;
+    do {
+        client_poll(c, poll_ms, &m, err, sizeof err);
+        client_get_stats(c, &st);
+    } while (st.outbox && mono_ms() < end);
+    return st;
+}
+
 /* Set before fork_publisher: its copy must be out of the ring by the time its PUBLISHED is
  * answered (exit 6 when that slot is still READY with its batch). */
 static int publisher_expects_retract;
@@ -278,11 +293,7 @@ static pid_t fork_publisher(int id_fd, int go_fd)
     while (go_fd >= 0 && read(go_fd, &b, 1) != 1)
         client_poll(c, 10, &m, err, sizeof err);
     client_published(c, id, slot, (uint32_t)n);
-    struct client_stats st;
-    do {
-        client_poll(c, 10, &m, err, sizeof err);
-        client_get_stats(c, &st);
-    } while (st.outbox);
+    struct client_stats st = await_answers(c, 10, 0);
     struct ring_stats rs;
     struct ring_slot_stat ss[16];
     if (publisher_expects_retract && ring_stats(r, &rs, ss) == 0 && slot < 16 && ss[slot].state == RING_READY &&
@@ -318,11 +329,7 @@ static pid_t fork_taker(uint64_t id, int done_fd, int after_restart)
     while (after_restart && client_poll(c, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_RESTART)
         ;
     client_trained(c, id, lease, 1, 0, gen);
-    struct client_stats st;
-    do {
-        client_poll(c, 10, &m, err, sizeof err);
-        client_get_stats(c, &st);
-    } while (st.outbox);
+    await_answers(c, 10, 0);
     if (write(done_fd, "t", 1) != 1)
         _exit(3);
     for (;;)
@@ -502,15 +509,7 @@ static void trained_copy_retracted(void)
     drafter_extra = NULL;
     pid_t t = kids[0];
     CHECK_OK(client_trained(d, id, 1, 1, 0, gen));     /* trained meanwhile (the lease is revoked) */
-    struct client_stats cs;
-    struct proto_msg m;
-    char err[256];
-    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    do {
-        client_poll(d, 1, &m, err, sizeof err);
-        client_get_stats(d, &cs);
-    } while (cs.outbox && mono_ms() < end);
-    CHECK_INT(cs.outbox, ==, 0);
+    CHECK_INT(await_answers(d, 1, 5000).outbox, ==, 0);
     CHECK(write(tgo[1], "g", 1) == 1);
     CHECK_INT(tc_exit_status(t, 5000 * test_time_scale()), ==, 0);
     kids[0] = 0;
@@ -594,12 +593,7 @@ static pid_t fork_holder(int ready_fd, int done_fd)
     uint64_t id = ring_slot_header(r, slot)->batch_id;
     client_trained(c, id, ring_slot_header(r, slot)->lease, 1, 0, gen);
     client_checkpointed(c, 1, gen, "/nonexistent/ckpt-step1");
-    struct client_stats st;
-    do {
-        client_poll(c, 10, &m, err, sizeof err);
-        client_get_stats(c, &st);
-    } while (st.outbox);
-    if (st.nacks || write(done_fd, &id, sizeof id) != sizeof id)
+    if (await_answers(c, 10, 0).nacks || write(done_fd, &id, sizeof id) != sizeof id)
         _exit(3);
     for (;;)
         client_poll(c, 10, &m, err, sizeof err);
