@@ -88,7 +88,6 @@ int main(int argc, char **argv)
     printf("pause: %.1f ms vs %.1f ms synchronous: %.1fx shorter\n", pause_sum / reps, sync_sum / reps,
            sync_sum / pause_sum);
     ckpt_writer_free(w);
-    ckpt_prune(root, 0);
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     if (system(cmd) != 0)

@@ -539,10 +539,8 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-int ckpt_prune(const char *root, int keep)
+int ckpt_prune(const char *root, int keep, int64_t written)
 {
-    if (keep <= 0)
-        return 0;
     DIR *dir = opendir(root);
     if (!dir)
         return 0;
@@ -555,7 +553,13 @@ int ckpt_prune(const char *root, int keep)
             n++;
     closedir(dir);
     qsort(steps, (size_t)n, sizeof *steps, cmp_i64);
-    for (int i = 0; i < n - keep; i++) {
+    int upto = n;           /* steps[0 .. upto) are at or before `written` */
+    while (upto > 0 && steps[upto - 1] > written)
+        upto--;
+    for (int i = 0; i < n; i++) {
+        int stale = i >= upto, old = keep > 0 && i < upto - keep;
+        if (!stale && !old)
+            continue;
         char path[2048];
         snprintf(path, sizeof path, "%s/step-%010" PRId64, root, steps[i]);
         if (remove_dir(path) == 0)

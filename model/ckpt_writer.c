@@ -86,7 +86,7 @@ static void *writer_main(void *arg)
     }
     res->rc = ckpt_save(w->root, &w->view, &w->ts, res->dir, sizeof res->dir, res->err, sizeof res->err);
     if (res->rc == 0) {
-        res->pruned = ckpt_prune(w->root, w->keep);
+        res->pruned = ckpt_prune(w->root, w->keep, w->ts.step);
         res->stale = ckpt_remove_stale(w->root);
     }
     res->write_ms = (double)(mono_ns() - w->t0) / 1e6;

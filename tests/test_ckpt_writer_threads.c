@@ -176,17 +176,40 @@ int main(void)
     ts.step = 9;
     CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 12, "last"));
     ckpt_writer_free(w);
-    CHECK_INT(ckpt_prune(root, 1), ==, 1);
+    CHECK_INT(ckpt_prune(root, 1, 9), ==, 1);
     snprintf(path, sizeof path, "%s/step-0000000009/optimizer.bin", root);
     CHECK(access(path, F_OK) == 0);
     CHECK_INT(count_step_dirs(root), ==, 1);
+
+    /* Steps past the one written are from a generation that ended (the group restarted from an
+     * earlier checkpoint): they go, and do not count against `keep`, which would prune the new
+     * checkpoint itself. */
+    for (int st = 12; st <= 14; st++) {
+        snprintf(path, sizeof path, "%s/step-%010d", root, st);
+        CHECK(mkdir(path, 0755) == 0);
+    }
+    CHECK_INT(ckpt_prune(root, 1, 9), ==, 3);
+    CHECK_INT(count_step_dirs(root), ==, 1);
+    CHECK(access(path, F_OK) != 0);
+    snprintf(path, sizeof path, "%s/step-0000000009/optimizer.bin", root);
+    CHECK(access(path, F_OK) == 0);
+    snprintf(path, sizeof path, "%s/step-0000000020", root);
+    CHECK(mkdir(path, 0755) == 0);
+    ts.step = 10;                           /* the writer prunes after its write */
+    w = NULL;
+    CHECK_OK(ckpt_writer_create(&w, 1));
+    CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 13, "after a rollback"));
+    ckpt_writer_free(w);
+    CHECK_INT(count_step_dirs(root), ==, 1);
+    snprintf(path, sizeof path, "%s/step-0000000010/optimizer.bin", root);
+    CHECK(access(path, F_OK) == 0);
 
     drop_state(&s4);
     drop_state(&s6);
     drop_state(&s8);
     drafter_free(a);
     fixture_done(&f);
-    CHECK_INT(ckpt_prune(root, 0), ==, 0);
+    CHECK_INT(ckpt_prune(root, 0, INT64_MAX), ==, 0);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     CHECK(system(cmd) == 0);
