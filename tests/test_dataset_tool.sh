@@ -16,6 +16,14 @@ printf '%s\n' '{"input_ids":[1,2,3],"loss_mask":[0,1,1]}' '' '{"input_ids":[7,8]
 "$D" build -o "$T/b.bin" < "$T/out.jsonl" >/dev/null || fail "build from stdin"
 "$D" info "$T/b.bin" | grep -q "vocab 9" || fail "vocab = max id + 1"
 
+# A read error part way (here: an input that is a directory) is not the end of the input: no
+# dataset from what was read before it, and the old output stays.
+cp "$T/a.bin" "$T/keep.bin"
+mkdir -p "$T/adir"
+if "$D" build -o "$T/keep.bin" -v 10 "$T/in.jsonl" "$T/adir" 2>"$T/err.txt"; then fail "a read error was taken as the end of the input"; fi
+grep -q "$T/adir:1: read error" "$T/err.txt" || fail "read error message: $(cat "$T/err.txt")"
+cmp -s "$T/a.bin" "$T/keep.bin" || fail "the output was replaced after a read error"
+
 expect_err() {  # input, needle, extra args
   printf '%s\n' "$1" > "$T/bad.jsonl"
   if "$D" build -o "$T/bad.bin" $3 "$T/bad.jsonl" 2>"$T/err.txt"; then fail "accepted: $1"; fi

@@ -75,6 +75,24 @@ def main():
         proc = subprocess.Popen([tool, "build", "-o", args.output, "-v", vocab, "-"], stdin=subprocess.PIPE, text=True)
         out = proc.stdin
 
+    try:
+        n_ok, n_bad = convert(args, tok, out)
+    except BaseException:
+        # A stop on a bad record (or anything else) must not let dflash-data see a clean end of
+        # its input: it would finish and rename a partial dataset over the output file.
+        if proc:
+            proc.kill()
+            proc.wait()
+        raise
+    if proc:
+        proc.stdin.close()
+        if proc.wait() != 0:
+            sys.exit("convert_conversations.py: dflash-data build failed")
+    print(f"convert_conversations.py: {n_ok} conversations, {n_bad} skipped", file=sys.stderr)
+
+
+def convert(args, tok, out):
+    """Every record of the inputs to `out`: (converted, skipped)."""
     n_ok = n_bad = 0
     files = args.input or ["-"]
     for path in files:
@@ -101,11 +119,7 @@ def main():
             n_ok += 1
         if f is not sys.stdin:
             f.close()
-    if proc:
-        proc.stdin.close()
-        if proc.wait() != 0:
-            sys.exit("convert_conversations.py: dflash-data build failed")
-    print(f"convert_conversations.py: {n_ok} conversations, {n_bad} skipped", file=sys.stderr)
+    return n_ok, n_bad
 
 
 if __name__ == "__main__":

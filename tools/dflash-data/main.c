@@ -155,6 +155,12 @@ static int cmd_build(const char *out, uint32_t vocab, char **inputs, int n_input
                 goto done;
             }
         }
+        if (ferror(in)) {       /* not the end of the input: a partial dataset must not replace the output */
+            fprintf(stderr, "dflash-data: %s:%ld: read error: %s\n", name, lineno + 1, strerror(errno));
+            if (in != stdin)
+                fclose(in);
+            goto done;
+        }
         if (in != stdin)
             fclose(in);
     }
