@@ -140,6 +140,13 @@ static int check_ring_layout(struct tgt *t, char *err, size_t errlen)
                  ring_name(t->ring), l->hidden, l->n_layers, t->hf.hidden_size, t->n_ids, t->cfg->model.path);
         return -DF_ELAYOUT;
     }
+    if (l->max_tokens > (uint32_t)t->cfg->ring.max_tokens) {
+        /* its forward buffers are sized by its own ring.max_tokens: a full slot would not fit */
+        snprintf(err, errlen, "ring %s carries %u tokens a slot, this target's ring.max_tokens is %lld: the "
+                 "coordinator's and the targets' configs must agree", ring_name(t->ring), l->max_tokens,
+                 (long long)t->cfg->ring.max_tokens);
+        return -DF_ELAYOUT;
+    }
     for (int i = 0; i < t->n_ids; i++)
         if (l->layer_ids[i] != (uint32_t)t->ids[i]) {
             snprintf(err, errlen, "ring %s captured layer %d is %u, this target's is %d", ring_name(t->ring), i,
@@ -296,14 +303,21 @@ static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char
         uint32_t len = dataset_sample_len(&t->ds, s);
         if (l->max_seq_len && len > l->max_seq_len)
             len = l->max_seq_len;
-        if (len > lay->max_tokens - n) {    /* n <= max_tokens: no wrap */
-            snprintf(err, errlen, "batch %" PRIu64 ": more tokens than the grant says (%u)", l->batch_id, l->n_tokens);
-            return -DF_ERANGE;
+        if (len > l->n_tokens - n) {        /* n <= n_tokens <= max_tokens: no wrap */
+            snprintf(err, errlen, "batch %" PRIu64 ": %s holds more tokens for its samples than the coordinator's "
+                     "grant (%u): this target's dataset is not the coordinator's (data.path)", l->batch_id, t->ds.path,
+                     l->n_tokens);
+            return -DF_EPEER;
         }
         memcpy(tok + n, dataset_sample_tokens(&t->ds, s), (size_t)len * 4);
         memcpy(mask + n, dataset_sample_mask(&t->ds, s), len);
         n += len;
         cu[i + 1] = (int32_t)n;
+    }
+    if (n != l->n_tokens) {
+        snprintf(err, errlen, "batch %" PRIu64 ": %s holds %u tokens for its samples, the coordinator's grant %u: "
+                 "this target's dataset is not the coordinator's (data.path)", l->batch_id, t->ds.path, n, l->n_tokens);
+        return -DF_EPEER;
     }
     struct ring_payload *p = ring_slot_header(t->ring, slot);
     p->batch_id = l->batch_id;

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# test_cluster_mismatch.sh: a target whose view of the run differs from the coordinator's says so
+# and stops, instead of a restart loop or silently wrong training data:
+#  - its own ring.max_tokens is smaller than the ring's slots (its forward buffers are sized by
+#    it): exit 78, the unit is not restarted, the message names ring.max_tokens (a fatal error:
+#    the cluster fails);
+#  - the dataset file at data.path is not the one the coordinator scheduled (here: rebuilt in
+#    place with one more token in every sample): the first batch it packs holds more tokens than
+#    the grant; a fatal error naming the file, the cluster fails, no batch is published.
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib/cluster.sh
+cl_test_init
+
+cl_init "$T/c" 200 || exit 1
+cl_start_coord || fail "coordinator did not come up"
+
+cl_start small target-d -c "$CL_INI" -i 0 -o ring.max_tokens=256
+cl_wait_exit small 60
+[[ $CL_RC == 78 ]] || fail "a target with a smaller ring.max_tokens exited with '$CL_RC', wanted 78"
+grep -q "carries 512 tokens a slot, this target's ring.max_tokens is 256" "$CL_DIR/small.log" ||
+  fail "no clear message: $(tail -n 3 "$CL_DIR/small.log")"
+cl_wait_exit coord 30
+[[ $CL_RC != 0 ]] || fail "the coordinator ended the run as done"
+cl_log "smaller ring.max_tokens: $(grep -h "carries" "$CL_DIR/small.log" | sed 's/^<[0-9]>//')"
+
+cl_init "$T/c2" 200 || exit 1
+cl_start_coord || fail "second coordinator did not come up"
+
+"$CL_BIN/dflash-data" dump "$CL_DIR/data.bin" |
+  "$CL_PY" -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    r["input_ids"].append(1); r["loss_mask"].append(1)
+    print(json.dumps(r))' >"$T/longer.jsonl" || fail "dump"
+"$CL_BIN/dflash-data" build -o "$CL_DIR/data.bin" -v 256 "$T/longer.jsonl" >/dev/null || fail "rebuild"
+cl_start target0 target-d -c "$CL_INI" -i 0
+cl_wait_exit target0 60
+[[ $CL_RC == 1 ]] || fail "the target on another dataset exited with '$CL_RC', wanted 1"
+grep -q "$CL_DIR/data.bin holds .* for its samples.*this target's dataset is not the coordinator's (data.path)" \
+  "$CL_DIR/target0.log" || fail "no clear message: $(tail -n 3 "$CL_DIR/target0.log")"
+cl_wait_exit coord 30
+[[ $CL_RC != 0 ]] || fail "the coordinator ended the run as done"
+grep -q "exiting: failed: .*this target's dataset is not the coordinator's" "$CL_DIR/coord.log" ||
+  fail "the cluster did not fail on the fatal error: $(tail -n 2 "$CL_DIR/coord.log")"
+[[ $(cl_sql 'SELECT count(*) FROM batches WHERE state >= 2') == 0 ]] || fail "a batch was published from the other dataset"
+cl_log "other dataset: $(grep -h "not the coordinator's" "$CL_DIR/target0.log" | head -n 1 | sed 's/^<[0-9]>//')"
+echo "ok: a smaller ring.max_tokens and another dataset are refused with the reason"
