@@ -122,6 +122,11 @@ done
 rc=$?
 grep -q "this build has no NCCL\|this build has no CUDA" "$T/o.out" && { [[ $rc == 78 ]] || fail "no NCCL: exit $rc"; } ||
   { [[ $rc == 0 ]] || fail "drafter-d cuda world 2: exit $rc: $(tail -2 "$T/o.out")"; }
+# A cluster.group that names no group (looked up at a real start, when the socket is made).
+timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.group=dflash-no-such-group >"$T/g.out" 2>&1
+rc=$?
+[[ $rc == 78 ]] && grep -q "cluster.group: no such group 'dflash-no-such-group'" "$T/g.out" ||
+  fail "unknown cluster.group: exit $rc: $(tail -2 "$T/g.out")"
 # A missing config file is a config error too.
 "$CL_BIN/drafter-d" -c "$T/nope.ini" -i 0 >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "$T/nope.ini: cannot open" "$T/o.out" || fail "missing file: $(tail -2 "$T/o.out")"

@@ -177,6 +177,8 @@ int main(int argc, char **argv)
     daemon_notify_status(&co->d, "opening the control socket");
     if ((r = coord_server_start(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
+        if (r == -ENOENT)       /* cluster.group names no group: a config error, not restarted */
+            co->exit_code = DAEMON_EX_CONFIG;
         goto out;
     }
     daemon_notify_status(&co->d, "opening the ring");

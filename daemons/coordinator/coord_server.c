@@ -511,9 +511,9 @@ void coord_server_close(struct coord *co)
 {
     while (co->members)
         coord_close_member(co->members, "coordinator stopping");
-    if (!uv_is_closing((uv_handle_t *)&co->server))
-        uv_close((uv_handle_t *)&co->server, NULL);
     /* A handle's loop is set by its init: a start that failed early left the rest untouched. */
+    if (co->server.loop && !uv_is_closing((uv_handle_t *)&co->server))
+        uv_close((uv_handle_t *)&co->server, NULL);
     if (co->tcp_server.loop && !uv_is_closing((uv_handle_t *)&co->tcp_server))
         uv_close((uv_handle_t *)&co->tcp_server, NULL);
     if (co->flush_check.loop) {
