@@ -74,6 +74,27 @@ int main(void)
     CHECK_INT(next_control(d), ==, PROTO_CTL_RESUME);
     CHECK_STR(state(), "running");
 
+    /* A ctl client reports nothing: its ERROR (even "fatal") is refused, the cluster runs on. */
+    struct client *ctl = tc_ctl(5000);
+    CHECK(ctl);
+    client_error(ctl, 1, -DF_ELAYOUT, "a ctl client pretending to be a daemon");
+    struct proto_msg pm;
+    for (int i = 0; i < 50 && client_connected(ctl); i++)
+        client_poll(ctl, 20, &pm, err, sizeof err);
+    CHECK(!client_connected(ctl));
+    client_free(ctl);
+    CHECK_STR(state(), "running");
+    CHECK_INT(tc_status_num("error_count"), ==, 2);
+
+    /* A daemon sending errors in a loop: at most COORD_ERRORS_PER_WINDOW (50) of its errors are
+     * recorded per window (2 of them so far, unless the window turned meanwhile). */
+    for (int i = 0; i < 300; i++)
+        CHECK_OK(client_error(d, 0, -EIO, "flood %d", i));
+    tc_wait_num("error_count", 50, 5000);
+    client_idle(d, 500, err, sizeof err);
+    CHECK(tc_status_num("error_count") <= 52);
+    CHECK_STR(state(), "running");
+
     CHECK_OK(client_error(d, 1, -DF_ELAYOUT, "target layout differs from the ring"));
     CHECK_INT(next_control(d), ==, PROTO_CTL_DRAIN);
     CHECK_INT(next_control(d), ==, PROTO_CTL_STOP);

@@ -73,6 +73,8 @@ struct member {
     uint32_t leases;                /* targets: leases held */
     uint64_t published, trained;    /* events counted for status */
     bool joined;                    /* drafters: JOIN_GROUP received, waiting or in the group */
+    uint64_t err_window_ms;         /* ERRORs recorded in the current window (COORD_ERRORS_PER_WINDOW) */
+    uint32_t err_n, err_unrecorded;
     int rank;                       /* in the active group, else -1 */
     uint8_t *rx;
     size_t rx_len, rx_cap;
@@ -98,6 +100,11 @@ struct error_rec {
     char message[PROTO_TEXT_MAX];
 };
 #define COORD_ERRORS_KEPT 64
+/* A daemon's non-fatal ERRORs recorded (log, error log, ledger) per 10 s window; more are
+ * counted and said once when the window ends: one stuck in a loop cannot fill the disk. A
+ * fatal one, or the first non-finite one, always counts; each still acts (pause, fail). */
+#define COORD_ERRORS_PER_WINDOW 50
+#define COORD_ERRORS_WINDOW_MS 10000
 
 struct dgroup {
     uint64_t gen;                   /* latest generation formed (0 = none yet) */

@@ -789,9 +789,28 @@ static void on_checkpointed(struct coord *co, struct member *m, const struct pro
     send_ack(m, c->seq, 0);
 }
 
+/* Whether m's next ERROR is recorded (COORD_ERRORS_PER_WINDOW). */
+static bool error_budget(struct member *m, bool must)
+{
+    uint64_t now = mono_ms();
+    if (now - m->err_window_ms >= COORD_ERRORS_WINDOW_MS) {
+        if (m->err_unrecorded)
+            log_warn(0, "%s sent %u more errors in %d s than are recorded (%d)", m->name, m->err_unrecorded,
+                     COORD_ERRORS_WINDOW_MS / 1000, COORD_ERRORS_PER_WINDOW);
+        m->err_window_ms = now;
+        m->err_n = m->err_unrecorded = 0;
+    }
+    if (++m->err_n <= COORD_ERRORS_PER_WINDOW || must)
+        return true;
+    m->err_unrecorded++;
+    return false;
+}
+
 static void on_error(struct coord *co, struct member *m, const struct proto_error *e)
 {
-    record_error(co, m, (int)e->fatal, e->code, e->message);
+    bool rec = error_budget(m, e->fatal);   /* beyond it: not recorded, but it still acts */
+    if (rec)
+        record_error(co, m, (int)e->fatal, e->code, e->message);
     char reason[PROTO_TEXT_MAX + 80];
     snprintf(reason, sizeof reason, "%s: %s", m->name, e->message);
     if (e->fatal) {
@@ -801,7 +820,8 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
             coord_set_state(co, PROTO_STATE_DRAINING, reason);
         }
     } else if (e->code == -DF_ENAN) {
-        log_error(0, "%s reports a non-finite value: %s: pausing the cluster", m->name, e->message);
+        if (rec)
+            log_error(0, "%s reports a non-finite value: %s: pausing the cluster", m->name, e->message);
         if (co->state == PROTO_STATE_DRAINING) {
             /* The poisoned drafters write no final checkpoint, so the drain would never end:
              * on the way to FAILED it ends now, else the operator decides. */
@@ -814,7 +834,7 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
         } else if (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING) {
             coord_set_state(co, PROTO_STATE_PAUSED, reason);
         }
-    } else {
+    } else if (rec) {
         log_warn(0, "error from %s (pid %d): %s (%s)", m->name, (int)m->pid, e->message, err_str(e->code));
     }
 }
@@ -968,6 +988,8 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
         on_checkpointed(co, m, &msg->checkpointed);
         return;
     case PROTO_ERROR:
+        if (role != PROTO_ROLE_TARGET && role != PROTO_ROLE_DRAFTER)
+            break;      /* a ctl client reports nothing, and must not fail the cluster */
         on_error(co, m, &msg->error);
         return;
     case PROTO_CONTROL:
