@@ -1,6 +1,8 @@
 /* test_coordinator_access.c: the control socket refuses what it must and keeps serving:
- * garbage, truncated, oversized, wrong-version frames, a non-HELLO first message, a peer
- * with a disallowed uid/gid (dropped privileges in a child); an allowed group gets in. */
+ * garbage, truncated, oversized, wrong-version frames, a non-HELLO first message, no HELLO at
+ * all, a peer that never reads its replies, a peer with a disallowed uid/gid (dropped
+ * privileges in a child); an allowed group gets in. */
+#include <dirent.h>
 #include <grp.h>
 #include <pwd.h>
 #include <sys/socket.h>
@@ -59,6 +61,83 @@ static void still_serving(struct client *c)
     CHECK_INT(status, ==, 0);
     CHECK_CONTAINS(json, "\"state\":\"running\"");
     free(json);
+}
+
+/* Open descriptors of the coordinator process. */
+static int coord_fds(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)TC.coord);
+    DIR *d = opendir(path);
+    CHECK(d);
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* A peer that never says HELLO is refused after the HELLO timeout (5 s). */
+static void silent_peer_refused(void)
+{
+    int fd = raw_connect();
+    struct timeval tv = { 15, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t buf[4096];
+    size_t n = 0;
+    ssize_t k;
+    uint64_t t0 = mono_ms();
+    while ((k = recv(fd, buf + n, sizeof buf - n, 0)) > 0)
+        n += (size_t)k;
+    close(fd);
+    CHECK(mono_ms() - t0 >= 4000);
+    struct proto_msg m;
+    char err[256];
+    CHECK_OK(proto_decode(buf, n, &m, err, sizeof err));
+    CHECK_INT(m.type, ==, PROTO_REFUSE);
+    CHECK_CONTAINS(m.refuse.message, "no HELLO within 5000 ms");
+    printf("  refused: %s\n", m.refuse.message);
+}
+
+/* A ctl peer that sends queries and never reads the replies: closed once 32 MiB wait for it,
+ * its descriptor gone within the close grace although it still reads nothing; meanwhile the
+ * coordinator serves the others. */
+static void deaf_peer_closed(struct client *c)
+{
+    int base = coord_fds();
+    int fd = raw_connect();
+    uint8_t frame[512] __attribute__((aligned(8)));
+    struct proto_msg h = { .type = PROTO_HELLO };
+    h.hello.role = PROTO_ROLE_CTL;
+    h.hello.device = -1;
+    h.hello.pid = (uint32_t)getpid();
+    h.hello.group_rank = PROTO_NONE32;
+    int64_t n = proto_encode(&h, frame, sizeof frame, NULL, 0);
+    CHECK(n > 0 && send(fd, frame, (size_t)n, MSG_NOSIGNAL) == n);
+    struct proto_msg q = { .type = PROTO_QUERY, .query = { PROTO_Q_STATUS, 0 } };
+    n = proto_encode(&q, frame, sizeof frame, NULL, 0);
+    CHECK(n > 0);
+    struct timeval tv = { 0, 200000 };
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int sent = 0;
+    uint64_t end = mono_ms() + 30000 * (uint64_t)test_time_scale();
+    while (mono_ms() < end && send(fd, frame, (size_t)n, MSG_NOSIGNAL) == n)
+        sent++;                     /* until the coordinator stops reading us (or hangs up) */
+    CHECK(coord_fds() >= base);     /* (it may be closed already) */
+    still_serving(c);
+    int fds = coord_fds();
+    end = mono_ms() + 20000 * (uint64_t)test_time_scale();
+    while (fds > base && mono_ms() < end) {
+        tc_sleep_ms(100);
+        fds = coord_fds();
+    }
+    CHECK_INT(fds, ==, base);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "grep -q 'does not read what it is sent' '%s/coordinator.log'", TC.dir);
+    CHECK_INT(system(cmd), ==, 0);
+    close(fd);
+    still_serving(c);
+    printf("  a peer that does not read: closed after %d queries\n", sent);
 }
 
 /* In a child: become uid/gid, then try to talk; returns the child's exit code:
@@ -132,6 +211,10 @@ int main(void)
     struct proto_msg q = { .type = PROTO_QUERY, .query = { PROTO_Q_STATUS, 0 } };
     n = proto_encode(&q, frame, sizeof frame, NULL, 0);
     expect_refused(frame, (size_t)n, 0, "first message must be HELLO");
+    still_serving(c);
+
+    silent_peer_refused();
+    deaf_peer_closed(c);
     still_serving(c);
 
     /* The socket itself is 0660. */

@@ -80,6 +80,8 @@ struct member {
     size_t rx_len, rx_cap;
     uint8_t *tx;                    /* encoded frames held until the ledger commit */
     size_t tx_len, tx_cap;
+    bool tx_over;                   /* more than COORD_TX_MAX not yet read by the peer: closed */
+    uint64_t close_deadline_ms;     /* closing: handle closed now, pending writes cancelled */
 };
 
 /* A member that left, kept for `dflashctl daemons` (alive = false). */
@@ -100,6 +102,10 @@ struct error_rec {
     char message[PROTO_TEXT_MAX];
 };
 #define COORD_ERRORS_KEPT 64
+/* Bytes a peer may leave unread (queued in libuv plus held for the next flush) before it is
+ * closed; a closed peer's last writes get COORD_CLOSE_GRACE_MS, then its handle is closed. */
+#define COORD_TX_MAX (32u << 20)
+#define COORD_CLOSE_GRACE_MS 5000
 /* A daemon's non-fatal ERRORs recorded (log, error log, ledger) per 10 s window; more are
  * counted and said once when the window ends: one stuck in a loop cannot fill the disk. A
  * fatal one, or the first non-finite one, always counts; each still acts (pause, fail). */
@@ -163,6 +169,7 @@ struct coord {
     struct ledger *ledger;
 
     struct member *members;         /* connected peers (any role, after accept) */
+    struct member *closing;         /* closed, waiting for their last writes (or the deadline) */
     uint64_t next_member_id;
     struct departed departed[COORD_DEPARTED_MAX];
     size_t n_departed, departed_next;

@@ -17,8 +17,9 @@
 #include "daemons/coordinator/coord.h"
 #include "ipc/net.h"
 
-/* A TCP peer has this long to AUTH and say HELLO; unauthenticated peers at most this many. */
-#define TCP_AUTH_TIMEOUT_MS 5000
+/* A peer has this long to say HELLO (over TCP: AUTH and HELLO); unauthenticated TCP peers at
+ * most this many. */
+#define HELLO_TIMEOUT_MS 5000
 #define TCP_PENDING_MAX 16
 
 struct write_req {
@@ -56,11 +57,16 @@ static int write_now(struct member *m, uint8_t *buf, size_t len)
 
 int coord_send(struct member *m, const struct proto_msg *msg)
 {
-    if (m->closing)
+    if (m->closing || m->tx_over)
         return 0;
     int64_t n = proto_encoded_size(msg);
     if (n < 0)
         return (int)n;
+    if (m->stream.write_queue_size + m->tx_len + (size_t)n > COORD_TX_MAX) {
+        /* A peer that does not read: closed at the flush (not here, inside some handler). */
+        m->tx_over = true;
+        return -ENOBUFS;
+    }
     if (m->tx_cap - m->tx_len < (size_t)n) {
         size_t cap = m->tx_cap ? m->tx_cap : 4096;
         while (cap - m->tx_len < (size_t)n)
@@ -95,7 +101,14 @@ void coord_flush(struct coord *co)
             exit(DAEMON_EX_FAILURE);
         }
     }
-    for (struct member *m = co->members; m; m = m->next) {
+    for (struct member *m = co->members, *next; m; m = next) {
+        next = m->next;     /* a close takes m (only m) off the list */
+        if (m->tx_over) {
+            log_warn(0, "%s (pid %d, member %llu) does not read what it is sent (%zu bytes waiting): closed", m->name,
+                     (int)m->pid, (unsigned long long)m->id, m->stream.write_queue_size + m->tx_len);
+            coord_close_member(m, "does not read what it is sent");
+            continue;
+        }
         if (!m->tx_len || m->closing)
             continue;
         uint8_t *buf = m->tx;
@@ -110,6 +123,14 @@ void coord_flush(struct coord *co)
 static void on_closed(uv_handle_t *h)
 {
     struct member *m = (struct member *)h;
+    if (m->closing) {       /* off the closing list */
+        if (m->prev)
+            m->prev->next = m->next;
+        else if (m->co->closing == m)
+            m->co->closing = m->next;
+        if (m->next)
+            m->next->prev = m->prev;
+    }
     free(m->rx);
     free(m->tx);
     free(m);
@@ -166,9 +187,14 @@ void coord_close_member(struct member *m, const char *reason)
         co->members = m->next;
     if (m->next)
         m->next->prev = m->prev;
-    m->prev = m->next = NULL;
+    m->prev = NULL;
+    m->next = co->closing;
+    if (co->closing)
+        co->closing->prev = m;
+    co->closing = m;
+    m->close_deadline_ms = mono_ms() + COORD_CLOSE_GRACE_MS;
     /* Frames not yet committed are dropped; a REFUSE already handed to libuv goes out
-     * before the shutdown completes. */
+     * before the shutdown completes, if the peer reads it (else coord_server_tick closes). */
     uv_shutdown_t *req = malloc(sizeof *req);
     if (!req || uv_shutdown(req, &m->stream, on_shutdown) < 0) {
         free(req);
@@ -261,7 +287,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     m->rx_len += (size_t)nread;
     m->last_seen_ms = mono_ms();
     size_t off = 0;
-    while (!m->closing) {
+    while (!m->closing && !m->tx_over) {    /* (tx_over: it does not read; closed at the flush) */
         char err[256];
         int64_t n = proto_frame_size(m->rx + off, m->rx_len - off, err, sizeof err);
         if (n > 0 && m->is_tcp && !m->authed && !auth_header_ok(m->rx + off)) {
@@ -368,14 +394,16 @@ static void tcp_accepted(struct coord *co, struct member *m)
 
 void coord_server_tick(struct coord *co)
 {
-    if (!co->tcp_on)
-        return;
     uint64_t now = mono_ms();
     for (struct member *m = co->members, *next; m; m = next) {
         next = m->next;
-        if (m->is_tcp && !m->role && !m->closing && now - m->connected_ms > TCP_AUTH_TIMEOUT_MS)
-            coord_refuse(m, -DF_ETIMEOUT, "no AUTH and HELLO within %d ms", TCP_AUTH_TIMEOUT_MS);
+        if (!m->role && !m->closing && now - m->connected_ms > HELLO_TIMEOUT_MS)
+            coord_refuse(m, -DF_ETIMEOUT, "no %sHELLO within %d ms", m->is_tcp ? "AUTH and " : "", HELLO_TIMEOUT_MS);
     }
+    /* Closed peers that do not take their last writes (a REFUSE, a reply): closed hard. */
+    for (struct member *m = co->closing; m; m = m->next)
+        if (now >= m->close_deadline_ms && !uv_is_closing(&m->handle))
+            uv_close(&m->handle, on_closed);
 }
 
 static void on_connection(uv_stream_t *server, int status)
