@@ -102,6 +102,52 @@ int main(void)
     CHECK_INT(ledger_untrained_has(l, 5, 2), ==, 0);
     ledger_close(l);
 
+    /* A write that fails mid-batch (the disk is full: here max_page_count) spoils the whole
+     * batch: later writes are refused, the commit fails naming why, and none of the batch's
+     * writes reach the file, not even the ones after the failure. */
+    CHECK_OK(ledger_open(&l, path, err, sizeof err));
+    CHECK_OK(ledger_meta_set(l, "before", "1"));
+    CHECK_OK(ledger_commit(l, err, sizeof err));
+    CHECK_OK(sqlite3_exec(l->db, "PRAGMA max_page_count = 1", NULL, NULL, NULL));   /* no new page */
+    char big[3000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    int failed_at = -1;
+    for (int i = 0; i < 100 && failed_at < 0; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "k%d", i);
+        if (ledger_meta_set(l, key, big) < 0)
+            failed_at = i;
+    }
+    CHECK(failed_at >= 0);
+    CHECK_OK(sqlite3_exec(l->db, "PRAGMA max_page_count = 1000000", NULL, NULL, NULL));
+    CHECK(ledger_meta_set(l, "after", "1") < 0);        /* refused: the batch is spoiled */
+    CHECK(ledger_dirty(l));
+    CHECK(ledger_commit(l, err, sizeof err) < 0);
+    printf("expected error: %s\n", err);
+    CHECK_CONTAINS(err, path);
+    CHECK_CONTAINS(err, "not on disk");
+    ledger_close(l);
+    CHECK_OK(ledger_open(&l, path, err, sizeof err));
+    char v[16];
+    CHECK_INT(ledger_meta_get(l, "before", v, sizeof v), ==, 1);
+    CHECK_INT(ledger_meta_get(l, "k0", v, sizeof v), ==, 0);
+    CHECK_INT(ledger_meta_get(l, "after", v, sizeof v), ==, 0);
+
+    /* BEGIN refused (another process holds the write lock past the busy timeout): the batch
+     * is spoiled the same way, not silently left uncommitted. */
+    sqlite3 *other;
+    CHECK_INT(sqlite3_open(path, &other), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_exec(other, "BEGIN IMMEDIATE", NULL, NULL, NULL), ==, SQLITE_OK);
+    sqlite3_busy_timeout(l->db, 100);
+    CHECK(ledger_meta_set(l, "busy", "1") < 0);
+    CHECK(ledger_dirty(l));
+    CHECK(ledger_commit(l, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "begin");
+    sqlite3_exec(other, "ROLLBACK", NULL, NULL, NULL);
+    sqlite3_close(other);
+    ledger_close(l);
+
     /* A path that cannot be created is named in the error. */
     CHECK(ledger_open(&l, "/nonexistent-dir/x.db", err, sizeof err) < 0);
     CHECK_CONTAINS(err, "/nonexistent-dir/x.db");

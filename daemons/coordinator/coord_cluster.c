@@ -1331,8 +1331,12 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         return -DF_ELAYOUT;
     }
     struct load_ctx lc = { co, err, errlen, 0 };
-    if ((r = ledger_batch_foreach(co->ledger, load_row, &lc)) < 0)
+    err[0] = 0;
+    if ((r = ledger_batch_foreach(co->ledger, load_row, &lc)) < 0) {
+        if (!err[0])    /* (a row load_row refused says why itself) */
+            snprintf(err, errlen, "%s: reading the batches: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
         return r;
+    }
     for (uint32_t e = 0; e < co->epochs; e++) {
         if (co->ep[e].built && co->ep[e].loaded != co->ep[e].s.n_batches) {
             snprintf(err, errlen, "%s: epoch %u has %u of its %u batches", co->ledger_path, e, co->ep[e].loaded,
@@ -1346,13 +1350,21 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     }
     for (struct batch *b = co->leased; b; b = b->lnext)
         b->consumed_early = ledger_untrained_has(co->ledger, b->row.id, b->row.leases) == 1;
-    ledger_generation_foreach(co->ledger, load_gen, co);
     uint64_t v;
+    char toks[4096];
+    /* A read that fails here would silently restart the lineage: the start fails instead. */
+    if ((r = ledger_generation_foreach(co->ledger, load_gen, co)) < 0 ||
+        (r = ledger_meta_get_u64(co->ledger, "group_gen", &v)) < 0 ||
+        (r = ledger_meta_get(co->ledger, "group_tokens", toks, sizeof toks)) < 0 ||
+        (r = ledger_meta_get(co->ledger, "ckpt_dir", co->grp.ckpt_dir, sizeof co->grp.ckpt_dir)) < 0) {
+        snprintf(err, errlen, "%s: reading the drafter group's lineage: %s", co->ledger_path,
+                 ledger_errmsg(co->ledger, r));
+        return r;
+    }
     if (ledger_meta_get_u64(co->ledger, "group_gen", &v) == 1)
         co->grp.gen = v;
     if (ledger_meta_get_u64(co->ledger, "group_active", &v) == 1)
         co->grp.active = v != 0;
-    char toks[4096];
     if (ledger_meta_get(co->ledger, "group_tokens", toks, sizeof toks) == 1) {
         char *p = toks;
         for (uint32_t k = 0; k < co->grp.world && *p; k++) {
@@ -1365,7 +1377,6 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         co->grp.ckpt_gen = v;
     if (ledger_meta_get_u64(co->ledger, "ckpt_step", &v) == 1)
         co->grp.ckpt_step = v;
-    ledger_meta_get(co->ledger, "ckpt_dir", co->grp.ckpt_dir, sizeof co->grp.ckpt_dir);
 
     co->state = PROTO_STATE_STARTING;
     if (!lc.rows && (r = build_epoch(co, 0, 1, err, errlen)) < 0)

@@ -55,6 +55,12 @@ struct ledger {
     sqlite3 *db;
     sqlite3_stmt *st[ST_N];
     int in_tx;
+    /* A write of this event batch failed (or SQLite rolled the transaction back under it): from
+     * then on writes are refused and the commit fails, so nothing is answered on state that is
+     * not on disk; the coordinator restarts from the last commit. */
+    int failed;
+    char fail_msg[256];
+    char why[160];                  /* a read that found the file wrong (ledger_errmsg) */
     char path[512];
 };
 
@@ -62,12 +68,38 @@ static const char *const state_names[BATCH_NSTATES] = { "pending", "leased", "pu
 const char *batch_state_name(int s) { return s >= 0 && s < BATCH_NSTATES ? state_names[s] : "?"; }
 
 const char *ledger_path(const struct ledger *l) { return l->path; }
-int ledger_dirty(const struct ledger *l) { return l->in_tx; }
+
+const char *ledger_errmsg(const struct ledger *l, int code)
+{
+    if (l->why[0])
+        return l->why;
+    int rc = sqlite3_errcode(l->db);
+    return rc != SQLITE_OK && rc != SQLITE_ROW && rc != SQLITE_DONE ? sqlite3_errmsg(l->db) : err_str(code);
+}
+int ledger_dirty(const struct ledger *l) { return l->in_tx || l->failed; }
 
 static int sql_err(struct ledger *l, int rc)
 {
     (void)l;
-    return rc == SQLITE_FULL ? -ENOSPC : rc == SQLITE_IOERR ? -EIO : rc == SQLITE_BUSY ? -EBUSY : -DF_EFORMAT;
+    switch (rc & 0xff) {    /* the primary code of an extended one */
+    case SQLITE_FULL: return -ENOSPC;
+    case SQLITE_IOERR: return -EIO;
+    case SQLITE_BUSY: case SQLITE_LOCKED: return -EBUSY;
+    case SQLITE_READONLY: return -EROFS;
+    case SQLITE_NOMEM: return -ENOMEM;
+    case SQLITE_CANTOPEN: case SQLITE_PERM: return -EACCES;
+    default: return -DF_EFORMAT;
+    }
+}
+
+/* A write failed with rc: remembered (the first one) and every later write refused. */
+static int write_failed(struct ledger *l, int rc, const char *what)
+{
+    if (!l->failed) {
+        l->failed = rc ? rc : SQLITE_ERROR;
+        snprintf(l->fail_msg, sizeof l->fail_msg, "%s: %s", what, rc ? sqlite3_errmsg(l->db) : "rolled back");
+    }
+    return sql_err(l, l->failed);
 }
 
 void ledger_close(struct ledger *l)
@@ -125,17 +157,26 @@ fail:
 
 static int begin(struct ledger *l)
 {
+    if (l->failed)
+        return sql_err(l, l->failed);
     if (l->in_tx)
         return 0;
     int rc = sqlite3_exec(l->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
     if (rc != SQLITE_OK)
-        return sql_err(l, rc);
+        return write_failed(l, rc, "begin");
     l->in_tx = 1;
     return 0;
 }
 
 int ledger_commit(struct ledger *l, char *err, size_t errlen)
 {
+    if (l->failed) {
+        snprintf(err, errlen, "%s: %s: the writes since the last commit are not on disk", l->path, l->fail_msg);
+        if (!sqlite3_get_autocommit(l->db))
+            sqlite3_exec(l->db, "ROLLBACK", NULL, NULL, NULL);
+        l->in_tx = 0;
+        return sql_err(l, l->failed);   /* it stays failed: a restart is the way on */
+    }
     if (!l->in_tx)
         return 0;
     int rc = sqlite3_exec(l->db, "COMMIT", NULL, NULL, NULL);
@@ -162,7 +203,19 @@ static int run(struct ledger *l, sqlite3_stmt *s)
     int rc = sqlite3_step(s);
     sqlite3_reset(s);
     sqlite3_clear_bindings(s);
-    return rc == SQLITE_DONE ? 0 : sql_err(l, rc);
+    if (rc != SQLITE_DONE) {
+        char what[48];      /* "INSERT INTO meta", "UPDATE batches", ... */
+        const char *q = sqlite3_sql(s);
+        size_t n = strcspn(q, "(");
+        const char *set = strstr(q, " SET ");
+        if (set && (size_t)(set - q) < n)
+            n = (size_t)(set - q);
+        snprintf(what, sizeof what, "%.*s", (int)(n < sizeof what ? n : sizeof what - 1), q);
+        return write_failed(l, rc, what);
+    }
+    if (sqlite3_get_autocommit(l->db))
+        return write_failed(l, 0, "the transaction");     /* rolled back by SQLite under us */
+    return 0;
 }
 
 int ledger_meta_get(struct ledger *l, const char *key, char *val, size_t cap)
@@ -255,6 +308,8 @@ int ledger_batch_foreach(struct ledger *l, int (*fn)(void *ctx, const struct led
             .updated_ms = (uint64_t)sqlite3_column_int64(s, 11),
         };
         if (b.state < 0 || b.state >= BATCH_NSTATES) {
+            snprintf(l->why, sizeof l->why, "batch %llu has state %d, not one of 0..%d", (unsigned long long)b.id,
+                     b.state, BATCH_NSTATES - 1);
             r = -DF_EFORMAT;
             break;
         }

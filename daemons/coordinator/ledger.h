@@ -31,6 +31,8 @@ struct ledger;
 /* Open or create the database at path, with its schema. Errors name the file. */
 int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen);
 void ledger_close(struct ledger *l);        /* NULL is fine; commits nothing */
+/* Why the last call failed: SQLite's message, else the text of code. */
+const char *ledger_errmsg(const struct ledger *l, int code);
 const char *ledger_path(const struct ledger *l);
 
 /* Writes go into one open transaction, begun on the first write; ledger_commit makes
