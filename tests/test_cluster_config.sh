@@ -122,6 +122,20 @@ done
 rc=$?
 grep -q "this build has no NCCL\|this build has no CUDA" "$T/o.out" && { [[ $rc == 78 ]] || fail "no NCCL: exit $rc"; } ||
   { [[ $rc == 0 ]] || fail "drafter-d cuda world 2: exit $rc: $(tail -2 "$T/o.out")"; }
+# A drafter shape refused names the key it came from: a [drafter] key, or the target's config.json.
+"$CL_BIN/drafter-d" -c "$CL_INI" -i 0 -o drafter.num_heads=3 -t >"$T/o.out" 2>&1
+rc=$?
+[[ $rc == 78 ]] && grep -q "override drafter.num_heads: drafter shape: drafter config: num_attention_heads 3" "$T/o.out" ||
+  fail "drafter shape from [drafter]: exit $rc: $(tail -1 "$T/o.out")"
+cp -r "$CL_DIR/model" "$T/model-theta"
+"$CL_PY" - "$T/model-theta/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); c["rope_theta"] = 0.5; json.dump(c, open(sys.argv[1], "w"))
+PY
+"$CL_BIN/drafter-d" -c "$CL_INI" -i 0 -o model.path="$T/model-theta" -t >"$T/o.out" 2>&1
+rc=$?
+[[ $rc == 78 ]] && grep -q "model.path: $T/model-theta/config.json: drafter shape: drafter config: rope_theta 0.5" "$T/o.out" ||
+  fail "drafter shape from config.json: exit $rc: $(tail -1 "$T/o.out")"
 # A cluster.group that names no group (looked up at a real start, when the socket is made).
 timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.group=dflash-no-such-group >"$T/g.out" 2>&1
 rc=$?

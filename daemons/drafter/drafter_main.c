@@ -144,6 +144,27 @@ static double now_s(void) { return (double)wall_ms() / 1000.0; }
 
 /* ---- configuration --------------------------------------------------------------------- */
 
+/* A drafter shape refused ("drafter config: <field> ..."): blamed on the key it came from, a
+ * [drafter] or [model] key, else the target's config.json, which the rest comes from. */
+static int shape_error(struct daemon *d, const char *why, char *err, size_t errlen)
+{
+    static const struct { const char *field, *section, *key; } from[] = {
+        { "num_attention_heads", "drafter", "num_heads" }, { "num_key_value_heads", "drafter", "num_kv_heads" },
+        { "head_dim", "drafter", "head_dim" }, { "intermediate_size", "drafter", "intermediate_size" },
+        { "block_size", "drafter", "block_size" }, { "mask_token_id", "drafter", "mask_token_id" },
+        { "num_hidden_layers", "model", "draft_layers" }, { "target_layer_ids", "model", "capture_layers" },
+    };
+    const char *field = strstr(why, "drafter config: ");
+    field = field ? field + strlen("drafter config: ") : why;
+    for (size_t i = 0; i < sizeof from / sizeof from[0]; i++) {
+        const char *at = strstr(field, from[i].field);
+        if (at && at - field < 8)   /* the field the message starts with ("%d target_layer_ids": a count first) */
+            return daemon_key_error(d, from[i].section, from[i].key, err, errlen, "drafter shape: %s", why);
+    }
+    return daemon_key_error(d, "model", "path", err, errlen, "%s/config.json: drafter shape: %s", d->cfg.model.path,
+                            why);
+}
+
 static int check_config(struct dft *f, char *err, size_t errlen)
 {
     const struct dflash_cfg *cfg = f->cfg;
@@ -200,7 +221,7 @@ static int check_config(struct dft *f, char *err, size_t errlen)
     if (r >= 0)
         r = drafter_config_validate(&f->dc, why, sizeof why);
     if (r < 0)
-        return daemon_key_error(d, "drafter", "block_size", err, errlen, "drafter shape: %s", why);
+        return shape_error(d, why, err, errlen);
     if (daemon_socket_path(d, f->sock, sizeof f->sock) < 0)
         return daemon_key_error(d, "cluster", cfg->cluster.socket[0] ? "socket" : "runtime_dir", err, errlen,
                                 "the control socket path is longer than a unix socket address allows");
