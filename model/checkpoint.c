@@ -683,6 +683,8 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
     }
     uint64_t hash = fnv1a(FNV_INIT, &h, sizeof h), want;
     size_t stray = SIZE_MAX;            /* the first master weight its bf16 weight was not rounded from */
+    size_t nonfinite = SIZE_MAX;        /* the first NaN or infinity, of array nf_array */
+    int nf_array = 0;
     for (int a = 0; a < 3; a++) {       /* master, m, v */
         for (size_t at = 0; at < d->n_params; at += LOAD_CHUNK) {
             size_t n = d->n_params - at < LOAD_CHUNK ? d->n_params - at : LOAD_CHUNK;
@@ -696,6 +698,16 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
                 if (cpu_bf16_to_f32_one(cpu_f32_to_bf16_one(buf[i])) != w[at + i] &&
                     !(buf[i] != buf[i] && w[at + i] != w[at + i]))
                     stray = at + i;
+            if (nonfinite == SIZE_MAX) {
+                float acc = 0;              /* x - x is 0 for a finite x, NaN for inf or NaN */
+                for (size_t i = 0; i < n; i++)
+                    acc += buf[i] - buf[i];
+                for (size_t i = 0; acc != 0 && i < n && nonfinite == SIZE_MAX; i++)
+                    if (!isfinite(buf[i])) {
+                        nonfinite = at + i;
+                        nf_array = a;
+                    }
+            }
             progress(o);
         }
     }
@@ -711,6 +723,11 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
     if (hash != want) {     /* a damaged file first: its master weights mismatch too */
         snprintf(err, errlen, "%s: checksum mismatch (corrupt file)", path);
         return -DF_ECHECKSUM;
+    }
+    if (nonfinite != SIZE_MAX) {
+        static const char *const names[3] = { "master weight", "first moment", "second moment" };
+        snprintf(err, errlen, "%s: %s %zu is NaN or infinite", path, names[nf_array], nonfinite);
+        return -DF_ENAN;
     }
     if (stray != SIZE_MAX) {
         snprintf(err, errlen, "%s: master weights do not belong to %s (element %zu)", path, CKPT_WEIGHTS, stray);

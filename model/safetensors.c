@@ -422,6 +422,37 @@ const char *st_source(const struct st_set *s)
     return s->source;
 }
 
+/* Is raw element i of a float tensor NaN or infinite (all exponent bits set)? */
+static bool nonfinite_at(const unsigned char *p, enum st_dtype dt, int64_t i)
+{
+    if (dt == ST_F32) {
+        uint32_t v;
+        memcpy(&v, p + 4 * i, 4);
+        return (v & 0x7f800000u) == 0x7f800000u;
+    }
+    uint16_t v;
+    memcpy(&v, p + 2 * i, 2);
+    return dt == ST_BF16 ? (v & 0x7f80u) == 0x7f80u : (v & 0x7c00u) == 0x7c00u;
+}
+
+/* The first element of t that is NaN or infinite, -1 when none: one pass, blocks of 4096
+ * (a branch-free test per block, then the element). */
+static int64_t first_nonfinite(const struct st_tensor *t)
+{
+    const unsigned char *p = t->data;
+    for (int64_t b = 0; b < t->numel; b += 4096) {
+        int64_t e = t->numel - b < 4096 ? t->numel : b + 4096;
+        unsigned bad = 0;
+        for (int64_t i = b; i < e; i++)
+            bad |= nonfinite_at(p, t->dtype, i);
+        if (bad)
+            for (int64_t i = b; i < e; i++)
+                if (nonfinite_at(p, t->dtype, i))
+                    return i;
+    }
+    return -1;
+}
+
 int st_expect(const struct st_set *s, const char *name, int ndim, const int64_t *shape,
               const struct st_tensor **out, char *err, size_t errlen)
 {
@@ -441,6 +472,10 @@ int st_expect(const struct st_set *s, const char *name, int ndim, const int64_t 
         return df_fail(err, errlen, -DF_ESHAPE, "%s: tensor '%s': shape %s does not match config.json (expected %s)",
                     t->file, name, got, want);
     }
+    int64_t bad = first_nonfinite(t);
+    if (bad >= 0)
+        return df_fail(err, errlen, -DF_ENAN, "%s: tensor '%s': element %lld is NaN or infinite", t->file, name,
+                       (long long)bad);
     if (out)
         *out = t;
     return 0;

@@ -42,8 +42,9 @@ size_t st_count(const struct st_set *s);
 const struct st_tensor *st_at(const struct st_set *s, size_t i);   /* sorted by name */
 const char *st_source(const struct st_set *s);  /* the dir or file it was opened from */
 
-/* Find a float tensor (BF16/F16/F32) of exactly this shape; errors name the file and tensor:
- * -DF_EMISSING, -DF_EUNSUPPORTED (dtype), -DF_ESHAPE ("... does not match config.json"). */
+/* Find a float tensor (BF16/F16/F32) of exactly this shape, every element finite; errors name
+ * the file and tensor: -DF_EMISSING, -DF_EUNSUPPORTED (dtype), -DF_ESHAPE ("... does not match
+ * config.json"), -DF_ENAN (the first element that is NaN or infinite). One pass over its data. */
 int st_expect(const struct st_set *s, const char *name, int ndim, const int64_t *shape,
               const struct st_tensor **out, char *err, size_t errlen);
 

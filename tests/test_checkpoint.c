@@ -153,9 +153,20 @@ static void multi_chunk_load(const char *root)
     for (size_t i = 0; i < len - 8; i++)
         h = (h ^ file[i]) * 0x100000001b3ull;
     CHECK(pwrite(fd, &h, sizeof h, (off_t)(len - 8)) == sizeof h);
+    expect_load_error(dir, b, "element 4194309");
+    same_state(fresh, b);
+    /* the master weight put back, a second moment made NaN (checksum matching): refused as such */
+    memcpy(file + 128 + 4 * ((size_t)(4u << 20) + 5), &a->params[(4u << 20) + 5], sizeof(float));
+    float nan = NAN;
+    memcpy(file + 128 + 4 * (2 * a->n_params + 77), &nan, sizeof nan);
+    h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len - 8; i++)
+        h = (h ^ file[i]) * 0x100000001b3ull;
+    memcpy(file + len - 8, &h, sizeof h);
+    CHECK(pwrite(fd, file, len, 0) == (ssize_t)len);
     close(fd);
     free(file);
-    expect_load_error(dir, b, "element 4194309");
+    expect_load_error(dir, b, "second moment 77 is NaN or infinite");
     same_state(fresh, b);
     printf("%zu parameters: loaded over %zu chunks; a bad master weight in the second refused, the drafter left as it was\n",
            a->n_params, (a->n_params + (4u << 20) - 1) / (4u << 20));

@@ -136,6 +136,20 @@ PY
 rc=$?
 [[ $rc == 78 ]] && grep -q "model.path: $T/model-theta/config.json: drafter shape: drafter config: rope_theta 0.5" "$T/o.out" ||
   fail "drafter shape from config.json: exit $rc: $(tail -1 "$T/o.out")"
+# Weights with a NaN: target-d refuses the model at its start (78), naming file, tensor, element.
+cp -r "$CL_DIR/model" "$T/model-nan"
+"$CL_PY" - "$T/model-nan/model.safetensors" <<'PY'
+import json, struct, sys
+f = open(sys.argv[1], "r+b")
+n = struct.unpack("<Q", f.read(8))[0]
+t = json.loads(f.read(n))["model.layers.1.mlp.down_proj.weight"]
+f.seek(8 + n + t["data_offsets"][0] + 3 * {"BF16": 2, "F16": 2, "F32": 4}[t["dtype"]])
+f.write({"BF16": b"\xc0\x7f", "F16": b"\x00\x7e", "F32": b"\x00\x00\xc0\x7f"}[t["dtype"]])
+PY
+timeout 60 "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o model.path="$T/model-nan" >"$T/o.out" 2>&1
+rc=$?
+[[ $rc == 78 ]] && grep -q "model-nan/model.safetensors: tensor 'model.layers.1.mlp.down_proj.weight': element 3 is NaN or infinite" "$T/o.out" ||
+  fail "NaN weights: exit $rc: $(tail -1 "$T/o.out")"
 # A cluster.group that names no group (looked up at a real start, when the socket is made).
 timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.group=dflash-no-such-group >"$T/g.out" 2>&1
 rc=$?

@@ -120,6 +120,30 @@ static void test_valid(void)
     CHECK_INT(st_expect(s, "missing.weight", 1, one, &t, err, sizeof err), ==, -DF_EMISSING);
     CHECK_CONTAINS(err, "'missing.weight' not found");
     CHECK_CONTAINS(err, p);
+    /* a weight with an infinity (b[2]), in every float dtype: refused, the element named */
+    int64_t four[1] = { 4 };
+    CHECK_INT(st_expect(s, "b", 1, four, &t, err, sizeof err), ==, -DF_ENAN);
+    CHECK_CONTAINS(err, "'b': element 2 is NaN or infinite");
+    CHECK_CONTAINS(err, p);
+    CHECK_OK(st_expect(s, "c", 1, four, &t, err, sizeof err));     /* 65504: finite */
+    st_close(s);
+    float fnan[5000];
+    uint16_t hnan[3] = { 0x3c00, 0x0000, 0x7e00 };                /* F16 NaN at 2 */
+    for (int i = 0; i < 5000; i++)
+        fnan[i] = (float)i;
+    fnan[4321] = NAN;                                             /* in the second block of 4096 */
+    static unsigned char big[5000 * 4 + 6];
+    memcpy(big, fnan, sizeof fnan);
+    memcpy(big + sizeof fnan, hnan, sizeof hnan);
+    const char *pn = tpath("nan.safetensors");
+    write_st(pn, "{\"f\":{\"dtype\":\"F32\",\"shape\":[5000],\"data_offsets\":[0,20000]},"
+                 "\"h\":{\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[20000,20006]}}", big, sizeof big, -1);
+    CHECK_OK(st_open_file(&s, pn, err, sizeof err));
+    int64_t n5000[1] = { 5000 }, n3[1] = { 3 };
+    CHECK_INT(st_expect(s, "f", 1, n5000, &t, err, sizeof err), ==, -DF_ENAN);
+    CHECK_CONTAINS(err, "'f': element 4321 is NaN or infinite");
+    CHECK_INT(st_expect(s, "h", 1, n3, &t, err, sizeof err), ==, -DF_ENAN);
+    CHECK_CONTAINS(err, "'h': element 2 is NaN or infinite");
     st_close(s);
     st_close(NULL);
 
