@@ -74,6 +74,13 @@ PY
 if "$CTL" -s "$T/nope.sock" status 2>"$T/err.txt"; then fail "bad socket path exited 0"; fi
 grep -q "cannot connect to $T/nope.sock: No such file or directory" "$T/err.txt" || fail "bad socket message: $(cat "$T/err.txt")"
 if "$CTL" -s "$S" frobnicate 2>/dev/null; then fail "unknown command exited 0"; fi
+# Bad arguments: a usage error (64) that says which.
+"$CTL" -s "$S" -n abc batches 2>"$T/err.txt"; rc=$?
+[[ $rc == 64 ]] && grep -q "\-n abc: not a count" "$T/err.txt" || fail "-n abc: exit $rc: $(cat "$T/err.txt")"
+"$CTL" -s "$S" -n -1 batches 2>"$T/err.txt"; rc=$?
+[[ $rc == 64 ]] || fail "-n -1: exit $rc"
+"$CTL" --connect 2>"$T/err.txt"; rc=$?
+[[ $rc == 64 ]] && grep -q "\-\-connect needs a value" "$T/err.txt" || fail "--connect last: exit $rc: $(cat "$T/err.txt")"
 # The socket from the config file.
 "$CTL" -c "$T/dflash.ini" status >/dev/null || fail "-c CONFIG"
 

@@ -148,6 +148,14 @@ int main(void)
     sqlite3_close(other);
     ledger_close(l);
 
+    /* A ledger of a newer schema is refused, not misread. */
+    CHECK_INT(sqlite3_open(path, &other), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_exec(other, "PRAGMA user_version = 7", NULL, NULL, NULL), ==, SQLITE_OK);
+    sqlite3_close(other);
+    CHECK_INT(ledger_open(&l, path, err, sizeof err), ==, -DF_EVERSION);
+    CHECK_CONTAINS(err, "ledger schema 7, this build reads schema 1");
+    CHECK_CONTAINS(err, path);
+
     /* A path that cannot be created is named in the error. */
     CHECK(ledger_open(&l, "/nonexistent-dir/x.db", err, sizeof err) < 0);
     CHECK_CONTAINS(err, "/nonexistent-dir/x.db");

@@ -51,6 +51,9 @@ static const char schema[] =
     "CREATE TABLE IF NOT EXISTS untrained(batch INTEGER NOT NULL, lease INTEGER NOT NULL, ms INTEGER NOT NULL,"
     "  PRIMARY KEY(batch, lease));";
 
+#define LEDGER_SCHEMA 1       /* PRAGMA user_version of the tables below */
+#define LEDGER_SCHEMA_STR "1"
+
 struct ledger {
     sqlite3 *db;
     sqlite3_stmt *st[ST_N];
@@ -140,6 +143,25 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
         ledger_close(l);
         return r;
     }
+    /* The schema's version: 0 (a new file, or one from before it was kept) is this one. A
+     * newer one is refused rather than misread. */
+    sqlite3_stmt *uv = NULL;
+    int version = -1;
+    what = "schema version";
+    if ((rc = sqlite3_prepare_v2(l->db, "PRAGMA user_version", -1, &uv, NULL)) != SQLITE_OK)
+        goto fail;
+    if (sqlite3_step(uv) == SQLITE_ROW)
+        version = sqlite3_column_int(uv, 0);
+    sqlite3_finalize(uv);
+    if (version > LEDGER_SCHEMA) {
+        snprintf(err, errlen, "%s: ledger schema %d, this build reads schema %d (written by a newer dflash)", path,
+                 version, LEDGER_SCHEMA);
+        ledger_close(l);
+        return -DF_EVERSION;
+    }
+    if (version < LEDGER_SCHEMA &&
+        (rc = sqlite3_exec(l->db, "PRAGMA user_version = " LEDGER_SCHEMA_STR, NULL, NULL, NULL)) != SQLITE_OK)
+        goto fail;
     what = "prepare";
     for (int i = 0; i < ST_N; i++)
         if ((rc = sqlite3_prepare_v3(l->db, sql_text[i], -1, SQLITE_PREPARE_PERSISTENT, &l->st[i], NULL)) != SQLITE_OK)

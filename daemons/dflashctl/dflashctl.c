@@ -51,6 +51,11 @@ static int query(struct ctx *x, enum proto_query_what what, void (*show)(const c
     }
     if (x->json) {
         puts(json);
+    } else if (status < 0) {    /* e.g. a reply too large for one frame: say why, not a table */
+        cJSON *doc = cJSON_Parse(json);
+        const cJSON *e = doc ? obj(doc, "error") : NULL;
+        fprintf(stderr, "dflashctl: %s\n", cJSON_IsString(e) ? e->valuestring : "the coordinator refused the query");
+        cJSON_Delete(doc);
     } else {
         cJSON *doc = cJSON_Parse(json);
         if (!doc) {
@@ -206,6 +211,8 @@ static int control(struct ctx *x, enum proto_control_cmd cmd, int argc, char **a
     cJSON *doc = cJSON_Parse(json);
     if (x->json)
         puts(json);
+    else if (!doc)
+        fprintf(stderr, "dflashctl: the coordinator sent malformed JSON\n");
     else if (status < 0)
         fprintf(stderr, "dflashctl: %s: %s\n", proto_control_name(cmd), str(doc, "error"));
     else
@@ -270,12 +277,24 @@ int main(int argc, char **argv)
                 x.token_file = argv[++i];
         } else if ((!strcmp(a, "-s") || !strcmp(a, "-c") || !strcmp(a, "-n")) && i + 1 < argc) {
             const char *v = argv[++i];
-            if (a[1] == 's')
+            if (a[1] == 's') {
                 x.socket = v;
-            else if (a[1] == 'c')
+            } else if (a[1] == 'c') {
                 config = v;
-            else
-                x.limit = (uint32_t)strtoul(v, NULL, 10);
+            } else {
+                char *end;
+                errno = 0;
+                unsigned long n = strtoul(v, &end, 10);
+                if (errno || end == v || *end || v[0] == '-' || n < 1 || n > 1000000) {
+                    fprintf(stderr, "dflashctl: -n %s: not a count in [1, 1000000]\n", v);
+                    return EX_USAGE;
+                }
+                x.limit = (uint32_t)n;
+            }
+        } else if (!strcmp(a, "--connect") || !strcmp(a, "--token-file") || !strcmp(a, "-s") || !strcmp(a, "-c") ||
+                   !strcmp(a, "-n")) {
+            fprintf(stderr, "dflashctl: %s needs a value\n", a);
+            return EX_USAGE;
         } else {
             fprintf(stderr, "dflashctl: unknown option '%s'\n", a);
             usage(stderr);
