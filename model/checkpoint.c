@@ -676,6 +676,20 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
                  path, h.n_params, d->n_params);
         return -DF_ELAYOUT;
     }
+    /* The steps: not negative, and the one its directory is named for (a step-N dir copied or
+     * renamed by hand would resume the wrong step: the run's lineage is by step). */
+    char dirname_[PATH_MAX];
+    snprintf(dirname_, sizeof dirname_, "%s", path);
+    char *slash = strrchr(dirname_, '/');
+    if (slash)
+        *slash = 0;
+    slash = strrchr(dirname_, '/');
+    int64_t named = step_of_dir(slash ? slash + 1 : dirname_);
+    if (h.step < 0 || h.opt_step < 0 || (named >= 0 && h.step != named)) {
+        snprintf(err, errlen, "%s: step %" PRId64 " (optimizer step %" PRId64 ") in a directory named for step %" PRId64,
+                 path, h.step, h.opt_step, named);
+        return -DF_EFORMAT;
+    }
     if (fstat(fd, st_out) < 0) {
         r = -errno;
         snprintf(err, errlen, "%s: %s", path, strerror(-r));

@@ -131,6 +131,18 @@ static void multi_chunk_load(const char *root)
     CHECK_OK(ckpt_load(dir, b, &got, NULL, err, sizeof err));
     same_state(a, b);
     CHECK_INT(got.step, ==, 3);
+    /* the same files in a directory named for another step: refused (the lineage is by step) */
+    char moved[1100], cmd[2400];
+    snprintf(moved, sizeof moved, "%s/step-0000000005", root);
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", dir, moved);
+    CHECK(system(cmd) == 0);
+    struct drafter *c2 = NULL;
+    CHECK_OK(drafter_create(&c2, &c, embed, head, 64, 8, 4, err, sizeof err));
+    CHECK(ckpt_load(moved, c2, &got, NULL, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "step 3 (optimizer step 3) in a directory named for step 5");
+    drafter_free(c2);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", moved);
+    CHECK(system(cmd) == 0);
 
     /* master weight 4 Mi + 5 (the second chunk) changed: a damaged file; then, with its checksum
      * made to match, a master weight that no longer rounds to its bf16 weight */
