@@ -228,6 +228,12 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
         if (n < 4096)
             break;
     }
+    if (ferror(f)) {
+        int e = errno ? errno : EIO;
+        free(text);
+        snprintf(err, errlen, "%s: read: %s", path, strerror(e));
+        return -e;
+    }
     text[len] = 0;
     cJSON *j = cJSON_Parse(text);
     free(text);

@@ -322,6 +322,11 @@ static int read_text(const char *path, size_t max, char **out, char *err, size_t
     if (!buf)
         return -ENOMEM;
     size_t n = fread(buf, 1, (size_t)st.st_size, f);
+    if (ferror(f)) {        /* not "not valid JSON": say it could not be read */
+        int e = errno ? errno : EIO;
+        free(buf);
+        return df_fail(err, errlen, -e, "%s: read: %s", path, strerror(e));
+    }
     buf[n] = 0;
     *out = buf;
     return 0;

@@ -140,6 +140,12 @@ static void multi_chunk_load(const char *root)
     CHECK_OK(drafter_create(&c2, &c, embed, head, 64, 8, 4, err, sizeof err));
     CHECK(ckpt_load(moved, c2, &got, NULL, err, sizeof err) < 0);
     CHECK_CONTAINS(err, "step 3 (optimizer step 3) in a directory named for step 5");
+    /* a config.json that cannot be read is said so, not "not a JSON object" */
+    snprintf(cmd, sizeof cmd, "rm '%s/config.json' && mkdir '%s/config.json'", moved, moved);
+    CHECK(system(cmd) == 0);
+    struct drafter_config rc;
+    CHECK(ckpt_read_config(moved, &rc, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "config.json: read: Is a directory");
     drafter_free(c2);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", moved);
     CHECK(system(cmd) == 0);
