@@ -41,6 +41,8 @@ struct client {
     uint64_t token, start_ticks;
     pid_t pid;
     struct proto_welcome welcome;
+    client_welcome_check_fn welcome_check;
+    void *welcome_check_arg;
 
     uint8_t *rx;
     size_t rx_len, rx_cap;
@@ -69,6 +71,7 @@ struct client {
     int join_pending;           /* JOIN_GROUP sent, GROUP not yet received */
     uint64_t next_reconnect_ms;
     int ended;                  /* the stop note was found while disconnected: no more reconnects */
+    char refused[PROTO_TEXT_MAX]; /* the welcome check said no: why (no more reconnects either) */
     struct client_stats st;
 };
 
@@ -406,6 +409,20 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
         disconnect(c);
         FAIL(-DF_EPEER, "coordinator answered HELLO with %s", proto_type_name(in.type));
     }
+    if (!first && c->welcome_check) {
+        char why[PROTO_TEXT_MAX];
+        why[0] = 0;
+        if ((r = c->welcome_check(c->welcome_check_arg, &in.welcome, why, sizeof why)) < 0) {
+            /* before any replay: nothing of this connection's past goes to this coordinator */
+            struct proto_msg e = { .type = PROTO_ERROR };
+            e.error.code = r;
+            proto_strset(e.error.message, sizeof e.error.message, why);
+            send_msg(c, &e);
+            disconnect(c);
+            snprintf(c->refused, sizeof c->refused, "%s", why);     /* no more reconnects */
+            FAIL(-DF_EPEER, "%s", why);
+        }
+    }
     c->welcome = in.welcome;
     rx_consume(c, n);
 
@@ -503,6 +520,8 @@ static int maybe_reconnect(struct client *c, char *err, size_t errlen)
     c->next_reconnect_ms = now + (uint64_t)c->o.reconnect_ms;  /* a caller waiting sleeps till then */
     if (c->ended)
         return -ESHUTDOWN;
+    if (c->refused[0])
+        FAIL(-DF_EPEER, "%s", c->refused);
     char why[256];
     int r = handshake(c, 0, why, sizeof why);
     if (r == -DF_EPEER)
@@ -638,6 +657,12 @@ void client_get_stats(const struct client *c, struct client_stats *st)
 }
 
 void client_set_heartbeat(struct client *c, const struct proto_heartbeat *hb) { c->hb = *hb; }
+
+void client_set_welcome_check(struct client *c, client_welcome_check_fn fn, void *arg)
+{
+    c->welcome_check = fn;
+    c->welcome_check_arg = arg;
+}
 
 int client_heartbeat_now(struct client *c)
 {

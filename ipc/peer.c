@@ -83,13 +83,13 @@ void peer_report_exit(struct daemon *d, struct client *cl, int code, int *report
     peer_flush_events(d, cl, 2000);
 }
 
-int peer_check_ring(const struct ring *r, const struct proto_welcome *w, char *err, size_t errlen)
+static int check_ring(void *arg, const struct proto_welcome *w, char *why, size_t len)
 {
-    if (!r)
-        return 0;
+    const struct peer_ring_watch *pw = arg;
+    const struct ring *r = pw->ring;
     if (strcmp(w->ring_name, ring_name(r)) || w->ring_slots != ring_layout(r)->nslots) {
-        snprintf(err, errlen, "the coordinator's ring is now %s (%u slots), this daemon maps %s (%u slots)",
-                 w->ring_name, w->ring_slots, ring_name(r), ring_layout(r)->nslots);
+        snprintf(why, len, "%s exits: the coordinator's ring is now %s (%u slots), this daemon maps %s (%u slots)",
+                 pw->d->ident, w->ring_name, w->ring_slots, ring_name(r), ring_layout(r)->nslots);
         return -DF_EPEER;
     }
     int same = ring_same_object(r, w->ring_name);
@@ -98,11 +98,17 @@ int peer_check_ring(const struct ring *r, const struct proto_welcome *w, char *e
         return 0;
     }
     if (!same) {
-        snprintf(err, errlen, "ring %s was made anew while the coordinator was away: this daemon maps the old one",
-                 w->ring_name);
+        snprintf(why, len, "%s exits: ring %s was made anew while the coordinator was away: this daemon maps the old one",
+                 pw->d->ident, w->ring_name);
         return -DF_EPEER;
     }
     return 0;
+}
+
+void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r)
+{
+    *w = (struct peer_ring_watch){ d, r };
+    client_set_welcome_check(cl, check_ring, w);
 }
 
 int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen)

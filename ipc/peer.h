@@ -33,13 +33,19 @@ void peer_flush_events(struct daemon *d, struct client *cl, uint64_t ms);
  * go out, and *reported is set. Disconnected (or cl NULL): only the daemon's own log has it. */
 void peer_report_exit(struct daemon *d, struct client *cl, int code, int *reported);
 
-/* After a reconnect: the ring the coordinator's WELCOME names must still be the shm object r
- * maps. A coordinator that came back may have made a new one (the old object was removed, e.g.
- * /dev/shm cleaned, or an idle incompatible one replaced); a daemon writing or reading the old
- * mapping would work beside the cluster. 0 when it is the same (or it cannot be told: the
- * error is logged as a warning); -DF_EPEER with err when not: the daemon exits and attaches the
- * new ring when it is started again. */
-int peer_check_ring(const struct ring *r, const struct proto_welcome *w, char *err, size_t errlen);
+/* On a reconnect the ring the coordinator's WELCOME names must still be the shm object this
+ * daemon maps. A coordinator that came back may have made a new one (the old object was
+ * removed, e.g. /dev/shm cleaned, or an idle incompatible one replaced); a daemon writing or
+ * reading the old mapping would work beside the cluster. peer_watch_ring makes that the
+ * client's welcome check (client_set_welcome_check): checked before anything of the old
+ * connection is replayed; when it fails, "<ident> exits: <why>" goes to the coordinator, the
+ * client gives up (-DF_EPEER) and the daemon exits, to attach the new ring when started again.
+ * It cannot be told (e.g. no access to /dev/shm): a warning, and the daemon goes on. */
+struct peer_ring_watch {
+    const struct daemon *d;
+    const struct ring *ring;
+};
+void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r);
 
 /* Attach the ring named in the coordinator's WELCOME (any mode), retrying for up to 2 s while
  * it is being created (-EAGAIN). */

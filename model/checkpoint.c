@@ -547,6 +547,8 @@ static int cmp_i64(const void *a, const void *b)
 
 int ckpt_prune(const char *root, int keep, int64_t written)
 {
+    if (keep <= 0)
+        return 0;           /* keep them all */
     DIR *dir = opendir(root);
     if (!dir)
         return 0;
@@ -563,7 +565,7 @@ int ckpt_prune(const char *root, int keep, int64_t written)
     while (upto > 0 && steps[upto - 1] > written)
         upto--;
     for (int i = 0; i < n; i++) {
-        int stale = i >= upto, old = keep > 0 && i < upto - keep;
+        int stale = i >= upto, old = i < upto - keep;
         if (!stale && !old)
             continue;
         char path[2048];

@@ -32,10 +32,10 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
 int ckpt_write_files(const char *dir, const struct drafter *d, const struct ckpt_train_state *ts,
                      char *err, size_t errlen);
 
-/* After the checkpoint of step `written` is in place: remove every step-N directory of root past
- * it (left by a drafter generation that ended: the group restarted from an earlier checkpoint,
- * so they are in no lineage, and counting them would prune the new one), then all but the newest
- * `keep` of the rest (keep 0: none of those). Returns how many were removed. */
+/* After the checkpoint of step `written` is in place, with keep > 0: remove every step-N
+ * directory of root past it (left by a drafter generation that ended: the group restarted from
+ * an earlier checkpoint, so they are in no lineage, and counting them would prune the new one),
+ * then all but the newest `keep` of the rest. keep 0: nothing is removed. Returns how many were. */
 int ckpt_prune(const char *root, int keep, int64_t written);
 
 /* Remove the temp dirs of writes that were interrupted (a crash mid-write): every .tmp-step-* /

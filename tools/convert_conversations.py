@@ -79,10 +79,16 @@ def main():
         n_ok, n_bad = convert(args, tok, out)
     except BaseException:
         # A stop on a bad record (or anything else) must not let dflash-data see a clean end of
-        # its input: it would finish and rename a partial dataset over the output file.
+        # its input: it would finish and rename a partial dataset over the output file. A line
+        # it refuses makes it stop and remove its temp file; a kill if it does not.
         if proc:
-            proc.kill()
-            proc.wait()
+            try:
+                proc.stdin.write("\n(input ended early: convert_conversations.py stopped)\n")
+                proc.stdin.close()
+                proc.wait(timeout=60)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
         raise
     if proc:
         proc.stdin.close()

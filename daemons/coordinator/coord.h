@@ -81,6 +81,7 @@ struct member {
     uint8_t *tx;                    /* encoded frames held until the ledger commit */
     size_t tx_len, tx_cap;
     bool tx_over;                   /* more than COORD_TX_MAX not yet read by the peer: closed */
+    bool write_failed;              /* closed by the next flush */
     uint64_t close_deadline_ms;     /* closing: handle closed now, pending writes cancelled */
 };
 
@@ -106,9 +107,9 @@ struct error_rec {
  * closed; a closed peer's last writes get COORD_CLOSE_GRACE_MS, then its handle is closed. */
 #define COORD_TX_MAX (32u << 20)
 #define COORD_CLOSE_GRACE_MS 5000
-/* A daemon's non-fatal ERRORs recorded (log, error log, ledger) per 10 s window; more are
- * counted and said once when the window ends: one stuck in a loop cannot fill the disk. A
- * fatal one, or the first non-finite one, always counts; each still acts (pause, fail). */
+/* A daemon's ERRORs recorded (log, error log, ledger) per 10 s window; more are counted and
+ * said with its first error after the window: one stuck in a loop cannot fill the disk. A fatal
+ * one, or a non-finite one that pauses the cluster, always counts; each still acts. */
 #define COORD_ERRORS_PER_WINDOW 50
 #define COORD_ERRORS_WINDOW_MS 10000
 

@@ -808,7 +808,9 @@ static bool error_budget(struct member *m, bool must)
 
 static void on_error(struct coord *co, struct member *m, const struct proto_error *e)
 {
-    bool rec = error_budget(m, e->fatal);   /* beyond it: not recorded, but it still acts */
+    /* Beyond the budget an error is not recorded, but it still acts; a fatal one, and a
+     * non-finite one that pauses the cluster, are always recorded. */
+    bool rec = error_budget(m, e->fatal || (e->code == -DF_ENAN && co->state != PROTO_STATE_PAUSED));
     if (rec)
         record_error(co, m, (int)e->fatal, e->code, e->message);
     char reason[PROTO_TEXT_MAX + 80];

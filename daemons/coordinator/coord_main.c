@@ -48,7 +48,8 @@ static void on_tick(uv_timer_t *t)
 }
 
 /* Clean stop: nothing stays half-done in the ledger once the ring is gone. -1 when that could
- * not be written: the ledger keeps the run as it was, to be resumed by the next start. */
+ * not be written: the ledger keeps the batches in flight as they were, and the next start's
+ * recovery queues them again (the daemons have left on the STOP already). */
 static int finalize_ledger(struct coord *co)
 {
     for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
@@ -75,7 +76,8 @@ static int finalize_ledger(struct coord *co)
     }
     char err[512];
     if (ledger_commit(co->ledger, err, sizeof err) < 0) {
-        log_error(0, "the run's end is not in the ledger (the next start resumes it): %s", err);
+        log_error(0, "the batches in flight at the stop are not settled in the ledger (the next start's recovery "
+                  "does it): %s", err);
         return -1;
     }
     return 0;
@@ -225,11 +227,8 @@ int main(int argc, char **argv)
 
     daemon_notify_stopping(&co->d, "%s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
     bool clean = co->state == PROTO_STATE_STOPPED || co->state == PROTO_STATE_FAILED;
-    if (clean && finalize_ledger(co) < 0) {
-        /* No stop note and the ring stays: the daemons wait for the next coordinator. */
-        co->exit_code = DAEMON_EX_FAILURE;
-        goto out;
-    }
+    if (clean)
+        finalize_ledger(co);    /* on failure the next start's recovery settles those batches */
     co->exit_code = co->state == PROTO_STATE_FAILED ? DAEMON_EX_CONFIG : DAEMON_EX_OK;
     log_notice("exiting: %s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
     /* A daemon (re)started from now on finds the note and exits 0 instead of waiting for us. */
@@ -247,8 +246,8 @@ out:
     uv_loop_close(co->loop);
     if (co->ring) {
         ring_detach(co->ring);
-        if (co->exit_code == DAEMON_EX_OK || (co->state == PROTO_STATE_FAILED && co->exit_code != DAEMON_EX_FAILURE))
-            ring_unlink(co->ring_name);     /* the run ended (done, or FAILED and recorded) */
+        if (co->exit_code == DAEMON_EX_OK || co->state == PROTO_STATE_FAILED)
+            ring_unlink(co->ring_name);
     }
     coord_cluster_done(co);
     daemon_done(&co->d);

@@ -90,6 +90,18 @@ int coord_send(struct member *m, const struct proto_msg *msg)
 void coord_flush(struct coord *co)
 {
     char err[512];
+    /* Closes first: a member gone writes the ledger and queues frames for others (grants,
+     * GROUPs), which must not leave before the commit that records them. */
+    for (struct member *m = co->members, *next; m; m = next) {
+        next = m->next;     /* a close takes m (only m) off the list */
+        if (m->tx_over) {
+            log_warn(0, "%s (pid %d, member %llu) does not read what it is sent (%zu bytes waiting): closed", m->name,
+                     (int)m->pid, (unsigned long long)m->id, m->stream.write_queue_size + m->tx_len);
+            coord_close_member(m, "does not read what it is sent");
+        } else if (m->write_failed) {
+            coord_close_member(m, "write failed");
+        }
+    }
     if (ledger_dirty(co->ledger)) {
         uint64_t t0 = mono_ns();
         int r = ledger_commit(co->ledger, err, sizeof err);
@@ -101,22 +113,15 @@ void coord_flush(struct coord *co)
             exit(DAEMON_EX_FAILURE);
         }
     }
-    for (struct member *m = co->members, *next; m; m = next) {
-        next = m->next;     /* a close takes m (only m) off the list */
-        if (m->tx_over) {
-            log_warn(0, "%s (pid %d, member %llu) does not read what it is sent (%zu bytes waiting): closed", m->name,
-                     (int)m->pid, (unsigned long long)m->id, m->stream.write_queue_size + m->tx_len);
-            coord_close_member(m, "does not read what it is sent");
-            continue;
-        }
-        if (!m->tx_len || m->closing)
+    for (struct member *m = co->members; m; m = m->next) {
+        if (!m->tx_len || m->closing || m->tx_over)
             continue;
         uint8_t *buf = m->tx;
         size_t len = m->tx_len;
         m->tx = NULL;
         m->tx_len = m->tx_cap = 0;
         if (write_now(m, buf, len) < 0)
-            coord_close_member(m, "write failed");
+            m->write_failed = true;     /* closed by the next flush, before its commit */
     }
 }
 
@@ -392,7 +397,9 @@ static void tcp_accepted(struct coord *co, struct member *m)
     uv_read_start(&m->stream, on_alloc, on_read);
 }
 
-void coord_server_tick(struct coord *co)
+/* Peers without a HELLO past the timeout. Run after the loop's reads (check phase), so a HELLO
+ * that waited in the socket through a stall of the loop is read first. */
+static void hello_timeouts(struct coord *co)
 {
     uint64_t now = mono_ms();
     for (struct member *m = co->members, *next; m; m = next) {
@@ -400,6 +407,11 @@ void coord_server_tick(struct coord *co)
         if (!m->role && !m->closing && now - m->connected_ms > HELLO_TIMEOUT_MS)
             coord_refuse(m, -DF_ETIMEOUT, "no %sHELLO within %d ms", m->is_tcp ? "AUTH and " : "", HELLO_TIMEOUT_MS);
     }
+}
+
+void coord_server_tick(struct coord *co)
+{
+    uint64_t now = mono_ms();
     /* Closed peers that do not take their last writes (a REFUSE, a reply): closed hard. */
     for (struct member *m = co->closing; m; m = m->next)
         if (now >= m->close_deadline_ms && !uv_is_closing(&m->handle))
@@ -464,6 +476,7 @@ static void on_connection(uv_stream_t *server, int status)
 
 static void on_check(uv_check_t *h)
 {
+    hello_timeouts(h->data);
     coord_flush(h->data);
 }
 

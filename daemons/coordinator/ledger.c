@@ -134,15 +134,6 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
     rc = sqlite3_exec(l->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;", NULL, NULL, NULL);
     if (rc != SQLITE_OK)
         goto fail;
-    char *msg = NULL;
-    rc = sqlite3_exec(l->db, schema, NULL, NULL, &msg);
-    if (rc != SQLITE_OK) {
-        snprintf(err, errlen, "%s: schema: %s", path, msg ? msg : sqlite3_errstr(rc));
-        sqlite3_free(msg);
-        int r = sql_err(l, rc);
-        ledger_close(l);
-        return r;
-    }
     /* The schema's version: 0 (a new file, or one from before it was kept) is this one. A
      * newer one is refused rather than misread. */
     sqlite3_stmt *uv = NULL;
@@ -162,6 +153,15 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
     if (version < LEDGER_SCHEMA &&
         (rc = sqlite3_exec(l->db, "PRAGMA user_version = " LEDGER_SCHEMA_STR, NULL, NULL, NULL)) != SQLITE_OK)
         goto fail;
+    char *msg = NULL;
+    rc = sqlite3_exec(l->db, schema, NULL, NULL, &msg);
+    if (rc != SQLITE_OK) {
+        snprintf(err, errlen, "%s: schema: %s", path, msg ? msg : sqlite3_errstr(rc));
+        sqlite3_free(msg);
+        int r = sql_err(l, rc);
+        ledger_close(l);
+        return r;
+    }
     what = "prepare";
     for (int i = 0; i < ST_N; i++)
         if ((rc = sqlite3_prepare_v3(l->db, sql_text[i], -1, SQLITE_PREPARE_PERSISTENT, &l->st[i], NULL)) != SQLITE_OK)

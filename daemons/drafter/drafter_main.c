@@ -82,7 +82,7 @@ struct dft {
 
     struct client *cl;
     int reported;                   /* an error naming why this daemon fails went out already */
-    int ring_stale;                 /* a reconnect named another ring object: leave */
+    struct peer_ring_watch ring_watch;  /* a reconnect naming another ring object ends the client */
     struct ring *ring;
     struct coll *coll;
     int cuda;                   /* drafter.backend = cuda: device = the instance index */
@@ -145,24 +145,28 @@ static double now_s(void) { return (double)wall_ms() / 1000.0; }
 /* ---- configuration --------------------------------------------------------------------- */
 
 /* A drafter shape refused ("drafter config: <field> ..."): blamed on the key it came from, a
- * [drafter] or [model] key, else the target's config.json, which the rest comes from. */
+ * [drafter] or [model] key when that key set it, else the target's config.json. */
 static int shape_error(struct daemon *d, const char *why, char *err, size_t errlen)
 {
-    static const struct { const char *field, *section, *key; } from[] = {
-        { "num_attention_heads", "drafter", "num_heads" }, { "num_key_value_heads", "drafter", "num_kv_heads" },
-        { "head_dim", "drafter", "head_dim" }, { "intermediate_size", "drafter", "intermediate_size" },
-        { "block_size", "drafter", "block_size" }, { "mask_token_id", "drafter", "mask_token_id" },
-        { "num_hidden_layers", "model", "draft_layers" }, { "target_layer_ids", "model", "capture_layers" },
+    const struct dflash_cfg *c = &d->cfg;
+    const struct { const char *field, *section, *key; bool set; } from[] = {
+        { "num_attention_heads", "drafter", "num_heads", c->drafter.num_heads != 0 },
+        { "num_key_value_heads", "drafter", "num_kv_heads", c->drafter.num_kv_heads != 0 },
+        { "head_dim", "drafter", "head_dim", c->drafter.head_dim != 0 },
+        { "intermediate_size", "drafter", "intermediate_size", c->drafter.intermediate_size != 0 },
+        { "block_size", "drafter", "block_size", true },
+        { "mask_token_id", "drafter", "mask_token_id", c->drafter.mask_token_id >= 0 },
+        { "num_hidden_layers", "model", "draft_layers", true },
+        { "target_layer_ids", "model", c->model.capture_layers[0] ? "capture_layers" : "draft_layers", true },
     };
     const char *field = strstr(why, "drafter config: ");
     field = field ? field + strlen("drafter config: ") : why;
     for (size_t i = 0; i < sizeof from / sizeof from[0]; i++) {
         const char *at = strstr(field, from[i].field);
-        if (at && at - field < 8)   /* the field the message starts with ("%d target_layer_ids": a count first) */
+        if (at && at - field < 8 && from[i].set) /* the field the message starts with ("%d target_layer_ids") */
             return daemon_key_error(d, from[i].section, from[i].key, err, errlen, "drafter shape: %s", why);
     }
-    return daemon_key_error(d, "model", "path", err, errlen, "%s/config.json: drafter shape: %s", d->cfg.model.path,
-                            why);
+    return daemon_key_error(d, "model", "path", err, errlen, "%s/config.json: drafter shape: %s", c->model.path, why);
 }
 
 static int check_config(struct dft *f, char *err, size_t errlen)
@@ -543,16 +547,10 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         f->have_group = 0;
         f->await_restart = 0;
         break;
-    case PROTO_WELCOME: {
-        char why[400];
-        if (peer_check_ring(f->ring, &m->welcome, why, sizeof why) < 0) {
-            log_error(-DF_EPEER, "%s", why);
-            f->ring_stale = 1;
-        }
+    case PROTO_WELCOME:
         f->state = (int)m->welcome.cluster_state;
         log_notice("reconnected to the coordinator (cluster %s)", proto_state_name(m->welcome.cluster_state));
         break;
-    }
     case PROTO_CONTROL:
         log_notice("%s%s%s", proto_control_name(m->control.cmd), m->control.reason[0] ? ": " : "", m->control.reason);
         switch (m->control.cmd) {
@@ -593,8 +591,6 @@ static int pump(struct dft *f, int timeout_ms)
         timeout_ms = 0;
     }
     daemon_watchdog(&f->d);
-    if (f->ring_stale)
-        return -DF_EPEER;
     if (r < 0) {
         log_error(r, "coordinator: %s", err);
         return r;
@@ -1398,6 +1394,7 @@ static int attach_ring(struct dft *f, char *err, size_t errlen)
     int r = peer_attach_ring(f->cl, &f->ring, err, errlen);
     if (r < 0)
         return r;
+    peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring);
     const struct ring_layout *l = ring_layout(f->ring);
     if (l->hidden != (uint32_t)f->dc.hidden_size || l->n_layers != (uint32_t)f->n_ids || l->dtype != RING_DTYPE_BF16) {
         snprintf(err, errlen, "ring %s holds hidden %u x %u layers, this drafter expects hidden %d x %d layers",

@@ -35,7 +35,7 @@ struct tgt {
     struct target *model;
     struct client *cl;
     int reported;                   /* an error naming why this daemon fails went out already */
-    int ring_stale;                 /* a reconnect named another ring object: leave */
+    struct peer_ring_watch ring_watch;  /* a reconnect naming another ring object ends the client */
     struct ring *ring;
     struct dataset ds;
     char sock[108];
@@ -214,18 +214,12 @@ static void handle_msg(struct tgt *t, const struct proto_msg *m)
         queue_remove(t, m->batch.batch_id);
         log_info("lease of batch %" PRIu64 " revoked", m->batch.batch_id);
         break;
-    case PROTO_WELCOME: {
+    case PROTO_WELCOME:
         /* Reconnected (coordinator restart): leases not re-granted were revoked already. */
-        char why[400];
-        if (peer_check_ring(t->ring, &m->welcome, why, sizeof why) < 0) {
-            log_error(-DF_EPEER, "%s", why);
-            t->ring_stale = 1;
-        }
         t->state = (int)m->welcome.cluster_state;
         log_notice("reconnected to the coordinator (member %" PRIu64 ", cluster %s)", m->welcome.member_id,
                    proto_state_name(m->welcome.cluster_state));
         break;
-    }
     case PROTO_CONTROL:
         log_notice("%s%s%s", proto_control_name(m->control.cmd), m->control.reason[0] ? ": " : "", m->control.reason);
         switch (m->control.cmd) {
@@ -265,8 +259,6 @@ static int pump(struct tgt *t, int timeout_ms)
         timeout_ms = 0;
     }
     daemon_watchdog(&t->d);
-    if (t->ring_stale)
-        return -DF_EPEER;
     if (r < 0) {
         log_error(r, "coordinator: %s", err);
         return r;
@@ -577,6 +569,7 @@ static int attach(struct tgt *t, char *err, size_t errlen)
     int r = peer_attach_ring(t->cl, &t->ring, err, errlen);
     if (r < 0)
         return r;
+    peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring);
     if ((r = check_ring_layout(t, err, errlen)) < 0)
         return r;
     r = dataset_open(&t->ds, w->dataset_path, DATASET_OPEN_NO_CHECKSUM, err, errlen);
