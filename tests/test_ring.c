@@ -94,6 +94,7 @@ static void test_proc_tokens(void)
         uint64_t t;
         pthread_t th;
         proc_self_token(&t);
+        close(go[1]);       /* the parent gone without its byte (a failed CHECK): EOF ends the thread */
         if (write(pfd[1], &t, sizeof t) != sizeof t || pthread_create(&th, NULL, wait_for_byte, &go[0]) != 0)
             _exit(2);
         pthread_exit(NULL);
