@@ -67,6 +67,14 @@ void dataset_close(struct dataset *ds);   /* zero-filled or half-opened is fine 
 static inline uint32_t dataset_sample_len(const struct dataset *ds, uint64_t i) { return ds->index[i].length; }
 static inline const uint32_t *dataset_sample_tokens(const struct dataset *ds, uint64_t i) { return ds->tokens + ds->index[i].offset; }
 static inline const uint8_t *dataset_sample_mask(const struct dataset *ds, uint64_t i) { return ds->mask + ds->index[i].offset; }
+/* Sample i's entry still inside the token section: dataset_open checked every entry, but a file
+ * rewritten in place under the mapping can change them (a rename-replace, as dflash-data does,
+ * cannot). */
+static inline int dataset_sample_in_bounds(const struct dataset *ds, uint64_t i)
+{
+    uint64_t off = ds->index[i].offset, len = ds->index[i].length;
+    return off <= ds->n_tokens && len <= ds->n_tokens - off;
+}
 
 /* Incremental 64-bit hash used for the checksum (not cryptographic). */
 struct dataset_hash { uint64_t h; uint64_t total; uint8_t tail[8]; unsigned ntail; };

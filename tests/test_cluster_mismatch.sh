@@ -4,9 +4,11 @@
 #  - its own ring.max_tokens is smaller than the ring's slots (its forward buffers are sized by
 #    it): exit 78, the unit is not restarted, the message names ring.max_tokens (a fatal error:
 #    the cluster fails);
-#  - the dataset file at data.path is not the one the coordinator scheduled (here: rebuilt in
-#    place with one more token in every sample): the first batch it packs holds more tokens than
-#    the grant; a fatal error naming the file, the cluster fails, no batch is published.
+#  - the dataset file at data.path is not the one the coordinator scheduled (here: rebuilt with
+#    one more token in every sample): the first batch it packs holds more tokens than the grant; a
+#    fatal error naming the file, the cluster fails, no batch is published;
+#  - the dataset rewritten in place under a running target (its index now pointing outside the
+#    tokens): the next batch it packs is refused, naming the file, not read out of bounds.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -46,4 +48,25 @@ grep -q "exiting: failed: .*this target's dataset is not the coordinator's" "$CL
   fail "the cluster did not fail on the fatal error: $(tail -n 2 "$CL_DIR/coord.log")"
 [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state >= 2') == 0 ]] || fail "a batch was published from the other dataset"
 cl_log "other dataset: $(grep -h "not the coordinator's" "$CL_DIR/target0.log" | head -n 1 | sed 's/^<[0-9]>//')"
-echo "ok: a smaller ring.max_tokens and another dataset are refused with the reason"
+
+cl_init "$T/c3" 200 || exit 1
+cl_start_coord || fail "third coordinator did not come up"
+cl_ring_hold || fail "no ring"
+cl_fill_ring || fail "the ring did not fill: $(cl_ring_states 4)"
+"$CL_PY" - "$CL_DIR/data.bin" <<'PY' || fail "cannot rewrite the dataset in place"
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(128)
+n_samples, n_tokens = struct.unpack_from("<QQ", h, 16)
+index_off = struct.unpack_from("<Q", h, 56)[0]
+for i in range(n_samples):            # every entry's first token: past the end of the tokens
+    f.seek(index_off + 16 * i)
+    f.write(struct.pack("<Q", n_tokens))
+PY
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0      # frees slots: the target packs its next lease
+cl_wait_exit target0 60
+[[ $CL_RC == 1 ]] || fail "the target on a dataset rewritten in place exited with '$CL_RC', wanted 1"
+grep -q "$CL_DIR/data.bin changed while in use (sample [0-9]* points outside its tokens)" "$CL_DIR/target0.log" ||
+  fail "no clear message: $(tail -n 3 "$CL_DIR/target0.log")"
+cl_log "rewritten in place: $(grep -h "changed while in use" "$CL_DIR/target0.log" | head -n 1 | sed 's/^<[0-9]>//')"
+echo "ok: a smaller ring.max_tokens, another dataset and one rewritten in place are refused with the reason"

@@ -292,6 +292,12 @@ static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char
                      l->batch_id, s, t->ds.n_samples);
             return -DF_ERANGE;
         }
+        if (!dataset_sample_in_bounds(&t->ds, s)) {
+            snprintf(err, errlen, "batch %" PRIu64 ": %s changed while in use (sample %" PRIu64 " points outside its "
+                     "tokens): replace a dataset by renaming a new file over it, never in place", l->batch_id,
+                     t->ds.path, s);
+            return -DF_EFORMAT;
+        }
         uint32_t len = dataset_sample_len(&t->ds, s);
         if (l->max_seq_len && len > l->max_seq_len)
             len = l->max_seq_len;
