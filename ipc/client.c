@@ -411,7 +411,7 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
     }
     if (!first && c->welcome_check) {
         char why[PROTO_TEXT_MAX];
-        why[0] = 0;
+        snprintf(why, sizeof why, "the welcome check refused the coordinator");
         if ((r = c->welcome_check(c->welcome_check_arg, &in.welcome, why, sizeof why)) < 0) {
             /* before any replay: nothing of this connection's past goes to this coordinator */
             struct proto_msg e = { .type = PROTO_ERROR };
@@ -514,14 +514,14 @@ static int maybe_reconnect(struct client *c, char *err, size_t errlen)
 {
     if (c->fd >= 0)
         return 0;
+    if (c->refused[0])
+        FAIL(-DF_EPEER, "%s", c->refused);
     uint64_t now = mono_ms();
     if (now < c->next_reconnect_ms)
         return -ENOTCONN;
     c->next_reconnect_ms = now + (uint64_t)c->o.reconnect_ms;  /* a caller waiting sleeps till then */
     if (c->ended)
         return -ESHUTDOWN;
-    if (c->refused[0])
-        FAIL(-DF_EPEER, "%s", c->refused);
     char why[256];
     int r = handshake(c, 0, why, sizeof why);
     if (r == -DF_EPEER)

@@ -810,7 +810,9 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
 {
     /* Beyond the budget an error is not recorded, but it still acts; a fatal one, and a
      * non-finite one that pauses the cluster, are always recorded. */
-    bool rec = error_budget(m, e->fatal || (e->code == -DF_ENAN && co->state != PROTO_STATE_PAUSED));
+    bool pauses = e->code == -DF_ENAN && (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING ||
+                                          co->state == PROTO_STATE_DRAINING);
+    bool rec = error_budget(m, e->fatal || pauses);
     if (rec)
         record_error(co, m, (int)e->fatal, e->code, e->message);
     char reason[PROTO_TEXT_MAX + 80];
