@@ -428,37 +428,25 @@ const char *st_source(const struct st_set *s)
 }
 
 /* The first element of t that is NaN or infinite (all exponent bits set), -1 when none. One
- * pass, a block of 4096 at a time copied out of the mapping (unaligned there) and tested
- * without a branch per element, so it runs at memory speed; the element is looked up only in
- * a block that has one. */
+ * pass over 16-bit words, a block of 4096 elements at a time copied out of the mapping
+ * (unaligned there) and tested without a branch per element, so it runs at memory speed; the
+ * element is looked up only in a block that has one. An F32's exponent sits in its high word
+ * (little-endian: the second) exactly where a BF16's does. */
 static int64_t first_nonfinite(const struct st_tensor *t)
 {
     enum { B = 4096 };
+    const unsigned words = t->dtype == ST_F32 ? 2 : 1, hi = words - 1;
+    const uint16_t exp = t->dtype == ST_F16 ? 0x7c00u : 0x7f80u;
     const unsigned char *p = t->data;
-    if (t->dtype == ST_F32) {
-        uint32_t blk[B];
-        for (int64_t b = 0; b < t->numel; b += B) {
-            int64_t n = t->numel - b < B ? t->numel - b : B;
-            memcpy(blk, p + 4 * b, (size_t)n * 4);
-            unsigned bad = 0;
-            for (int64_t i = 0; i < n; i++)
-                bad |= (blk[i] & 0x7f800000u) == 0x7f800000u;
-            for (int64_t i = 0; bad && i < n; i++)
-                if ((blk[i] & 0x7f800000u) == 0x7f800000u)
-                    return b + i;
-        }
-        return -1;
-    }
-    const uint16_t exp = t->dtype == ST_BF16 ? 0x7f80u : 0x7c00u;     /* BF16, F16 */
-    uint16_t blk[B];
+    uint16_t blk[2 * B];
     for (int64_t b = 0; b < t->numel; b += B) {
         int64_t n = t->numel - b < B ? t->numel - b : B;
-        memcpy(blk, p + 2 * b, (size_t)n * 2);
+        memcpy(blk, p + 2 * words * (size_t)b, 2 * words * (size_t)n);
         unsigned bad = 0;
         for (int64_t i = 0; i < n; i++)
-            bad |= (blk[i] & exp) == exp;
+            bad |= (blk[words * i + hi] & exp) == exp;
         for (int64_t i = 0; bad && i < n; i++)
-            if ((blk[i] & exp) == exp)
+            if ((blk[words * i + hi] & exp) == exp)
                 return b + i;
     }
     return -1;

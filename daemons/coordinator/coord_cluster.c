@@ -1354,33 +1354,28 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     }
     for (struct batch *b = co->leased; b; b = b->lnext)
         b->consumed_early = ledger_untrained_has(co->ledger, b->row.id, b->row.leases) == 1;
-    uint64_t v;
-    char toks[4096];
-    /* A read that fails here would silently restart the lineage: the start fails instead. */
+    /* The drafter group's lineage, each key read once (a missing key leaves its default). A
+     * read that fails would silently restart the lineage: the start fails instead. */
+    uint64_t active = 0;
+    char toks[4096] = "";
     if ((r = ledger_generation_foreach(co->ledger, load_gen, co)) < 0 ||
-        (r = ledger_meta_get_u64(co->ledger, "group_gen", &v)) < 0 ||
+        (r = ledger_meta_get_u64(co->ledger, "group_gen", &co->grp.gen)) < 0 ||
+        (r = ledger_meta_get_u64(co->ledger, "group_active", &active)) < 0 ||
         (r = ledger_meta_get(co->ledger, "group_tokens", toks, sizeof toks)) < 0 ||
+        (r = ledger_meta_get_u64(co->ledger, "ckpt_gen", &co->grp.ckpt_gen)) < 0 ||
+        (r = ledger_meta_get_u64(co->ledger, "ckpt_step", &co->grp.ckpt_step)) < 0 ||
         (r = ledger_meta_get(co->ledger, "ckpt_dir", co->grp.ckpt_dir, sizeof co->grp.ckpt_dir)) < 0) {
         snprintf(err, errlen, "%s: reading the drafter group's lineage: %s", co->ledger_path,
                  ledger_errmsg(co->ledger, r));
         return r;
     }
-    if (ledger_meta_get_u64(co->ledger, "group_gen", &v) == 1)
-        co->grp.gen = v;
-    if (ledger_meta_get_u64(co->ledger, "group_active", &v) == 1)
-        co->grp.active = v != 0;
-    if (ledger_meta_get(co->ledger, "group_tokens", toks, sizeof toks) == 1) {
-        char *p = toks;
-        for (uint32_t k = 0; k < co->grp.world && *p; k++) {
-            co->grp.rank_token[k] = strtoull(p, &p, 10);
-            if (*p == ',')
-                p++;
-        }
+    co->grp.active = active != 0;
+    char *p = toks;
+    for (uint32_t k = 0; k < co->grp.world && *p; k++) {
+        co->grp.rank_token[k] = strtoull(p, &p, 10);
+        if (*p == ',')
+            p++;
     }
-    if (ledger_meta_get_u64(co->ledger, "ckpt_gen", &v) == 1)
-        co->grp.ckpt_gen = v;
-    if (ledger_meta_get_u64(co->ledger, "ckpt_step", &v) == 1)
-        co->grp.ckpt_step = v;
 
     co->state = PROTO_STATE_STARTING;
     if (!lc.rows && (r = build_epoch(co, 0, 1, err, errlen)) < 0)

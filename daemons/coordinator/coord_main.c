@@ -47,10 +47,10 @@ static void on_tick(uv_timer_t *t)
     }
 }
 
-/* Clean stop: nothing stays half-done in the ledger once the ring is gone. -1 when that could
- * not be written: the ledger keeps the batches in flight as they were, and the next start's
- * recovery queues them again (the daemons have left on the STOP already). */
-static int finalize_ledger(struct coord *co)
+/* Clean stop: nothing stays half-done in the ledger once the ring is gone. When that cannot be
+ * written, the ledger keeps the batches in flight as they were and the next start's recovery
+ * queues them again (the daemons have left on the STOP already). */
+static void finalize_ledger(struct coord *co)
 {
     for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
         for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
@@ -75,12 +75,9 @@ static int finalize_ledger(struct coord *co)
         ledger_meta_set_u64(co->ledger, "group_active", 0);
     }
     char err[512];
-    if (ledger_commit(co->ledger, err, sizeof err) < 0) {
+    if (ledger_commit(co->ledger, err, sizeof err) < 0)
         log_error(0, "the batches in flight at the stop are not settled in the ledger (the next start's recovery "
                   "does it): %s", err);
-        return -1;
-    }
-    return 0;
 }
 
 /* cluster.tcp_listen + cluster.tcp_token_file: the address resolved once, the token read
@@ -228,7 +225,7 @@ int main(int argc, char **argv)
     daemon_notify_stopping(&co->d, "%s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
     bool clean = co->state == PROTO_STATE_STOPPED || co->state == PROTO_STATE_FAILED;
     if (clean)
-        finalize_ledger(co);    /* on failure the next start's recovery settles those batches */
+        finalize_ledger(co);
     co->exit_code = co->state == PROTO_STATE_FAILED ? DAEMON_EX_CONFIG : DAEMON_EX_OK;
     log_notice("exiting: %s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
     /* A daemon (re)started from now on finds the note and exits 0 instead of waiting for us. */

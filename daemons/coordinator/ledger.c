@@ -52,7 +52,8 @@ static const char schema[] =
     "  PRIMARY KEY(batch, lease));";
 
 #define LEDGER_SCHEMA 1       /* PRAGMA user_version of the tables below */
-#define LEDGER_SCHEMA_STR "1"
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 struct ledger {
     sqlite3 *db;
@@ -151,7 +152,7 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
         return -DF_EVERSION;
     }
     if (version < LEDGER_SCHEMA &&
-        (rc = sqlite3_exec(l->db, "PRAGMA user_version = " LEDGER_SCHEMA_STR, NULL, NULL, NULL)) != SQLITE_OK)
+        (rc = sqlite3_exec(l->db, "PRAGMA user_version = " STR(LEDGER_SCHEMA), NULL, NULL, NULL)) != SQLITE_OK)
         goto fail;
     char *msg = NULL;
     rc = sqlite3_exec(l->db, schema, NULL, NULL, &msg);

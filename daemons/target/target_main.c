@@ -302,10 +302,8 @@ static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char
         if (l->max_seq_len && len > l->max_seq_len)
             len = l->max_seq_len;
         if (len > l->n_tokens - n) {        /* n <= n_tokens <= max_tokens: no wrap */
-            snprintf(err, errlen, "batch %" PRIu64 ": %s holds more tokens for its samples than the coordinator's "
-                     "grant (%u): this target's dataset is not the coordinator's (data.path)", l->batch_id, t->ds.path,
-                     l->n_tokens);
-            return -DF_EPEER;
+            n = UINT32_MAX;                 /* more than the grant: told below */
+            break;
         }
         memcpy(tok + n, dataset_sample_tokens(&t->ds, s), (size_t)len * 4);
         memcpy(mask + n, dataset_sample_mask(&t->ds, s), len);
@@ -313,8 +311,9 @@ static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char
         cu[i + 1] = (int32_t)n;
     }
     if (n != l->n_tokens) {
-        snprintf(err, errlen, "batch %" PRIu64 ": %s holds %u tokens for its samples, the coordinator's grant %u: "
-                 "this target's dataset is not the coordinator's (data.path)", l->batch_id, t->ds.path, n, l->n_tokens);
+        snprintf(err, errlen, "batch %" PRIu64 ": %s holds %s tokens for its samples than the coordinator's grant (%u): "
+                 "this target's dataset is not the coordinator's (data.path)", l->batch_id, t->ds.path,
+                 n > l->n_tokens ? "more" : "fewer", l->n_tokens);
         return -DF_EPEER;
     }
     struct ring_payload *p = ring_slot_header(t->ring, slot);
