@@ -651,6 +651,62 @@ static void trained_copy_retracted_at_group_start(void)
     printf("ok: a READY copy of a checkpointed batch is out of the ring before the next generation starts\n");
 }
 
+/* The same while the coordinator is in its recovery window after a restart: the holder dies
+ * before the window ends and the standby forms generation 2 within it. (The retract waited for
+ * the window's end, so the new generation could take the copy and train the batch again.) */
+static void trained_copy_retracted_in_recovery(void)
+{
+    char extra[128];
+    int window_ms = 8000 * test_time_scale();
+    snprintf(extra, sizeof extra, "[drafter]\nworld_size = 1\n[coordinator]\nrecovery_ms = %d\n", window_ms);
+    tc_setup(NULL, extra);
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    int rp[2], dp[2];
+    CHECK(pipe(rp) == 0 && pipe(dp) == 0);
+    kids[1] = fork_holder(rp[1], dp[1]);
+    char g;
+    CHECK(read(rp[0], &g, 1) == 1);
+    uint64_t pub = publish_one();
+    uint64_t id = read_id(dp[0]);
+    CHECK_INT(id, ==, pub);
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 1);
+    struct ring *r = peer_ring();
+    tc_wait_num("batches.checkpointed", 1, 5000);
+    client_join_group(d);
+    poll_for(d, 300);
+    tc_kill(TC.coord);
+    uint64_t t0 = mono_ms();
+    tc_start_coord();                               /* recovering for window_ms from here */
+    poll_for(d, 300);                               /* both drafters back: the holder in its rank */
+    tc_kill(kids[1]);
+    kids[1] = 0;
+    struct proto_msg m;
+    char err[256];
+    uint64_t gen = 0, end = mono_ms() + 10000 * (uint64_t)test_time_scale();
+    while (gen < 2 && mono_ms() < end)
+        if (client_poll(d, 5, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
+            gen = m.group.generation;
+    CHECK_INT(gen, ==, 2);
+    CHECK(mono_ms() - t0 < (uint64_t)window_ms);    /* it formed within the window */
+    struct ring_stats rs;
+    struct ring_slot_stat ss[16];
+    CHECK_OK(ring_stats(r, &rs, ss));
+    for (uint32_t i = 0; i < rs.nslots && i < 16; i++)
+        if (ss[i].state == RING_READY && ss[i].batch_id == id)
+            TEST_FAIL("checkpointed batch %llu is READY in slot %u when generation 2 starts in the recovery window",
+                      (unsigned long long)id, i);
+    CHECK_INT(rs.retracted, ==, 1);
+    CHECK_STR(tc_batch_state(id), "queued");
+    for (int i = 0; i < 2; i++) {
+        close(rp[i]);
+        close(dp[i]);
+    }
+    client_free(d);
+    ring_detach(r);
+    printf("ok: a READY copy of a checkpointed batch is out of the ring before a generation formed in the recovery window starts\n");
+}
+
 static void silent_taker(void)
 {
     tc_setup(NULL, "[drafter]\nworld_size = 1\ncollective_timeout_ms = 400\n[coordinator]\ndead_after_ms = 300\n");
@@ -724,7 +780,7 @@ int main(void)
                              group_lost_in_transit, late_trained_after_restart, detached_target_keeps_lease,
                              late_published_after_rollback, late_trained_then_published, silent_taker,
                              signal_drain_not_resumed, trained_copy_retracted, trained_copy_of_dead_target_retracted,
-                             trained_copy_retracted_at_group_start };
+                             trained_copy_retracted_at_group_start, trained_copy_retracted_in_recovery };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -439,9 +439,9 @@ static void try_form_group(struct coord *co)
     save_group(co);
     /* A new generation starts with an empty memory of what was trained (the drafter group's
      * repeat check): READY copies of trained batches (e.g. the slots a dead drafter held, put
-     * back by the reclaim just now) leave the ring before any of its ranks can take one. */
-    if (!co->recovering)
-        retract_trained_copies(co);
+     * back by the reclaim just now) leave the ring before any of its ranks can take one, in the
+     * recovery window too (a batch the ledger holds trained is trained). */
+    retract_trained_copies(co);
     log_notice("drafter group generation %" PRIu64 " formed: %u ranks, from checkpoint %s", g->gen, g->world,
                g->ckpt_dir[0] ? g->ckpt_dir : "(none: fresh start)");
     for (uint32_t r = 0; r < g->world; r++)
@@ -1205,8 +1205,7 @@ void coord_tick(struct coord *co)
         last_reclaim = now;
     }
     sweep_orphans(co, now);
-    if (!co->recovering)
-        retract_trained_copies(co);
+    retract_trained_copies(co);
     grant_leases(co);
     if (!co->recovering)
         check_done(co);

@@ -45,10 +45,14 @@ cl_ini_add drafter.world_size=2 drafter.checkpoint_every=10 data.epochs="$epochs
 echo "soak ($mode): run dir $CL_DIR, seed $seed (replay with --seed $seed)"
 "$CL_PY" tests/soak/soak.py --bin "$CL_BIN" --ini "$CL_INI" --sock "$CL_SOCK" --dir "$CL_DIR" --rundir "$CL_DIR/run" \
   --state "$CL_DIR/state" --name "$CL_NAME" --ledger "$CL_DIR/state/$CL_NAME-ledger.db" --kills "$kills" \
-  --seed "$seed" "${extra[@]}" "${pass[@]}"
-rc=$?
+  --seed "$seed" "${extra[@]}" "${pass[@]}" 2>&1 | tee "$CL_DIR/soak-verdict.txt"
+rc=${PIPESTATUS[0]}
 if ((rc != 0)); then
   cl_logs 25
+  # the verdict again, last: a test runner shows only the tail
+  echo "---- soak verdict (seed $seed)"
+  sed -n '/^FAIL: /,$p' "$CL_DIR/soak-verdict.txt"
+  grep -m1 'summary:' "$CL_DIR/soak-verdict.txt"
   exit 1
 fi
 exit 0
