@@ -32,6 +32,8 @@ for t in "${tests[@]}"; do
     0)  pass=$((pass+1)); echo "PASS  $name (${secs}s)";;
     77) skip=$((skip+1)); echo "SKIP  $name ($(grep -m1 SKIP "$logdir/$name.log" | cut -c1-100))";;
     *)  fail=$((fail+1)); failed+=("$name"); echo "FAIL  $name (rc=$rc, ${secs}s)"
+        # the test's own verdict lines first (a long log's tail may not hold them), then the tail
+        grep -m 8 -E '(^|: |  )FAIL' "$logdir/$name.log" | cut -c1-300 | sed 's/^/      ! /'
         tail -n 25 "$logdir/$name.log" | sed 's/^/      | /';;
   esac
 done
