@@ -761,6 +761,48 @@ static void signal_drain_not_resumed(void)
     printf("ok: a drain on a stop signal, cut short, is not resumed: the next start runs\n");
 }
 
+/* A target hangs up holding a WRITING slot and dies a moment later (the coordinator saw it
+ * alive at the hang-up: a process killed shows EOF before it is gone), just as the cluster
+ * stops: the coordinator frees the slot before it leaves (it left the slot WRITING in the ring
+ * it unlinked, the "ring at the end" a kill in a run's last moments left to the soak). */
+static void dead_owner_slot_freed_at_exit(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    int fd[2];
+    CHECK(pipe(fd) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (!pid) {
+        struct client *c = peer_connect(PROTO_ROLE_TARGET, 0);
+        struct ring *tr = peer_ring();
+        unsigned slot;
+        if (ring_claim_write(tr, 1000, &slot) < 0)
+            _exit(2);
+        client_free(c);                             /* hung up, alive, the slot WRITING */
+        if (write(fd[1], "w", 1) != 1)
+            _exit(3);
+        usleep(300000);
+        _exit(0);
+    }
+    kids[0] = pid;
+    char w;
+    CHECK(read(fd[0], &w, 1) == 1);
+    close(fd[0]);
+    close(fd[1]);
+    struct ring *r = peer_ring();
+    control(PROTO_CTL_STOP);
+    CHECK_INT(tc_exit_status(TC.coord, 10000 * test_time_scale()), ==, 0);
+    TC.coord = 0;
+    struct ring_stats rs;
+    CHECK_OK(ring_stats(r, &rs, NULL));
+    CHECK_INT(rs.count[RING_WRITING], ==, 0);
+    CHECK_INT(rs.count[RING_FREE], ==, rs.nslots);
+    ring_detach(r);
+    printf("ok: a slot of a target that died as the cluster stopped is freed before the coordinator leaves\n");
+}
+
 /* Between parts: every child, the coordinator, the ring and the ledger go. */
 static void reset(void)
 {
@@ -780,7 +822,8 @@ int main(void)
                              group_lost_in_transit, late_trained_after_restart, detached_target_keeps_lease,
                              late_published_after_rollback, late_trained_then_published, silent_taker,
                              signal_drain_not_resumed, trained_copy_retracted, trained_copy_of_dead_target_retracted,
-                             trained_copy_retracted_at_group_start, trained_copy_retracted_in_recovery };
+                             trained_copy_retracted_at_group_start, trained_copy_retracted_in_recovery,
+                             dead_owner_slot_freed_at_exit };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

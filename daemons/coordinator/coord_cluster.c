@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
 #include "common/err.h"
 #include "common/log.h"
 #include "common/proc.h"
@@ -615,6 +616,32 @@ static void retract_trained_copies(struct coord *co)
         if (b && b->row.state >= BATCH_TRAINED)
             retract_copy(co, b, (int)i, 0, "the batch is trained already");
     }
+}
+
+/* A clean exit leaves the ring settled: the slots of processes that died since the last look
+ * are reclaimed (a daemon killed in the run's last moments whose hang-up came while it was still
+ * exiting; such an owner gets up to a second to be gone) and READY copies of trained batches
+ * retracted. Slots of owners still alive stay as they are. */
+void coord_ring_settle(struct coord *co)
+{
+    if (!co->ring)
+        return;
+    uint64_t end = mono_ms() + 1000;
+    struct ring_reclaim rc = { 0 };
+    for (;;) {
+        ring_reclaim_dead(co->ring, &rc);
+        const struct ring_slot_stat *s = slot_snapshot(co);
+        int held = 0;
+        for (uint32_t i = 0; i < ring_layout(co->ring)->nslots; i++)
+            held += s[i].state == RING_WRITING || s[i].state == RING_READING;
+        if (!held || mono_ms() >= end)
+            break;
+        usleep(20000);
+    }
+    if (rc.writing_freed || rc.reading_requeued)
+        log_notice("reclaimed slots of dead processes at exit: %u WRITING freed, %u READING requeued",
+                   rc.writing_freed, rc.reading_requeued);
+    retract_trained_copies(co);
 }
 
 static void on_published(struct coord *co, struct member *m, const struct proto_published *p)

@@ -224,8 +224,10 @@ int main(int argc, char **argv)
 
     daemon_notify_stopping(&co->d, "%s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
     bool clean = co->state == PROTO_STATE_STOPPED || co->state == PROTO_STATE_FAILED;
-    if (clean)
+    if (clean) {
+        coord_ring_settle(co);
         finalize_ledger(co);
+    }
     co->exit_code = co->state == PROTO_STATE_FAILED ? DAEMON_EX_CONFIG : DAEMON_EX_OK;
     log_notice("exiting: %s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
     /* A daemon (re)started from now on finds the note and exits 0 instead of waiting for us. */
