@@ -111,7 +111,7 @@ void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct 
     client_set_welcome_check(cl, check_ring, w);
 }
 
-int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen)
+int peer_attach_ring(struct client *cl, const char *sock, struct ring **out, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(cl);
     int r = -EAGAIN;
@@ -120,6 +120,19 @@ int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t err
         if (r != -EAGAIN)
             break;
         usleep(20000);
+    }
+    if (r != -ENOENT)
+        return r;
+    /* Welcomed by a coordinator that was ending the cluster, which removed the ring as it left. */
+    char why[160];
+    if (stop_note_read(sock, why, sizeof why)) {
+        snprintf(err, errlen, "the coordinator has ended the cluster (%s)", why);
+        return -ESHUTDOWN;
+    }
+    if (w->cluster_state == PROTO_STATE_STOPPED || w->cluster_state == PROTO_STATE_FAILED) {
+        snprintf(err, errlen, "the coordinator has ended the cluster (%s; its ring %s is gone)",
+                 proto_state_name(w->cluster_state), w->ring_name);
+        return -ESHUTDOWN;
     }
     return r;
 }

@@ -48,5 +48,7 @@ struct peer_ring_watch {
 void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r);
 
 /* Attach the ring named in the coordinator's WELCOME (any mode), retrying for up to 2 s while
- * it is being created (-EAGAIN). */
-int peer_attach_ring(struct client *cl, struct ring **out, char *err, size_t errlen);
+ * it is being created (-EAGAIN). A ring that is gone because the cluster has ended (the WELCOME
+ * said stopped or failed, or the stop note beside sock is there): -ESHUTDOWN, as from
+ * peer_connect_coordinator (a daemon started in the cluster's last moments has nothing to do). */
+int peer_attach_ring(struct client *cl, const char *sock, struct ring **out, char *err, size_t errlen);

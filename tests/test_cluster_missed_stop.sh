@@ -5,6 +5,9 @@
 # daemon is connected: they never get its STOP. Thawed, each finds no coordinator but its stop
 # note, takes that as the STOP it missed and exits 0 within seconds (without it they would keep
 # reconnecting to a cluster that is over). The drafter writes no checkpoint nobody can record.
+# Then a drafter started in a cluster's last moments: welcomed by a coordinator that has stopped
+# (it waits for a frozen target to leave), it finds the ring removed, as a coordinator that
+# leaves removes it: it has nothing to do and exits 0 (it exited 1, a failure systemd restarts).
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -45,3 +48,21 @@ ckpts_after=$(find "$D/state" -name 'step-*' | wc -l)
 [[ $ckpts_after == "$ckpts_before" ]] || fail "the drafter wrote a checkpoint no coordinator records ($ckpts_before -> $ckpts_after)"
 cl_log "both exited 0: $(grep -h "missed while disconnected" "$D"/target0.log "$D"/drafter0.log | sed 's/^<[0-9]>//' | head -n 1)"
 echo "ok: target and drafter away at the STOP exit 0 from the stop note"
+
+cl_ini_add coordinator.dead_after_ms=20000      # the frozen target keeps the stopped coordinator
+cl_start coord3 coordinator-d -c "$CL_INI"
+cl_wait 's["state"] in ("running", "starting")' 30 coord3 || fail "third coordinator did not come up"
+cl_start target1 target-d -c "$CL_INI" -i 0
+cl_wait 'len(targets()) == 1' 60 coord3 || fail "target did not register"
+cl_kill target1 STOP
+"$CL_BIN/dflashctl" -s "$CL_SOCK" stop "last moments" || fail "dflashctl stop"
+cl_wait 's["state"] == "stopped"' 10 coord3 || fail "not stopped"
+rm -f "/dev/shm/dflash-$CL_NAME"                # what the coordinator does as it leaves
+cl_start drafter1 drafter-d -c "$CL_INI" -i 0
+cl_wait_exit drafter1 30 || fail "drafter started as the cluster ended exited with '$CL_RC': $(tail -n 3 "$D/drafter1.log")"
+grep -q "the coordinator has ended the cluster (stopped; its ring .* is gone): nothing to do" "$D/drafter1.log" ||
+  fail "drafter1: $(tail -n 3 "$D/drafter1.log")"
+cl_kill target1 CONT
+cl_wait_exit target1 20 || fail "target1 exited with '$CL_RC'"
+cl_wait_exit coord3 30 || fail "third coordinator exited with '$CL_RC'"
+echo "ok: a drafter welcomed by a stopped coordinator whose ring is gone exits 0: nothing to do"

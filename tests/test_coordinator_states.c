@@ -803,6 +803,46 @@ static void dead_owner_slot_freed_at_exit(void)
     printf("ok: a slot of a target that died as the cluster stopped is freed before the coordinator leaves\n");
 }
 
+/* The run completes (its one batch checkpointed) and the coordinator is killed while it waits
+ * for the daemons to leave, before its exit closes the group in the ledger; its drafter dies
+ * meanwhile. Started again, the coordinator finds the run complete: the group ends with it (no
+ * rollback, no "a drafter died", no RESTART) and it stops at once, exit 0. */
+static void complete_run_killed_before_exit(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 1, 16, 64, 1000);
+    tc_start_coord();
+    CHECK_INT(tc_status_num("batches.total"), ==, 1);
+    int rp[2], dp[2];
+    CHECK(pipe(rp) == 0 && pipe(dp) == 0);
+    kids[1] = fork_holder(rp[1], dp[1]);
+    char g;
+    CHECK(read(rp[0], &g, 1) == 1);
+    uint64_t pub = publish_one();
+    CHECK_INT(read_id(dp[0]), ==, pub);
+    expect_state("stopped", 5000);                  /* the holder stays: the coordinator waits for it */
+    tc_kill(TC.coord);
+    tc_kill(kids[1]);
+    kids[1] = 0;
+    char log[400], cmd[600];
+    struct stat st;
+    snprintf(log, sizeof log, "%s/coordinator.log", TC.dir);
+    CHECK(stat(log, &st) == 0);                     /* the log is shared by the parts: read past here */
+    tc_start_coord();
+    CHECK_INT(tc_exit_status(TC.coord, 10000 * test_time_scale()), ==, 0);
+    TC.coord = 0;
+    snprintf(cmd, sizeof cmd, "tail -c +%lld %s | grep -q 'generation 1 ends ('", (long long)st.st_size + 1, log);
+    if (system(cmd) == 0)
+        TEST_FAIL("the restarted coordinator ended generation 1 of a complete run as a failed group");
+    snprintf(cmd, sizeof cmd, "tail -c +%lld %s | grep -q 'stopped: run complete'", (long long)st.st_size + 1, log);
+    CHECK(system(cmd) == 0);
+    for (int i = 0; i < 2; i++) {
+        close(rp[i]);
+        close(dp[i]);
+    }
+    printf("ok: a coordinator killed after the run completed finds it complete when started again\n");
+}
+
 /* Between parts: every child, the coordinator, the ring and the ledger go. */
 static void reset(void)
 {
@@ -823,7 +863,7 @@ int main(void)
                              late_published_after_rollback, late_trained_then_published, silent_taker,
                              signal_drain_not_resumed, trained_copy_retracted, trained_copy_of_dead_target_retracted,
                              trained_copy_retracted_at_group_start, trained_copy_retracted_in_recovery,
-                             dead_owner_slot_freed_at_exit };
+                             dead_owner_slot_freed_at_exit, complete_run_killed_before_exit };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -252,6 +252,7 @@ static inline void coord_list_unlink(struct batch **head, struct batch *b)
 int coord_ring_open(struct coord *co, char *err, size_t errlen);       /* coord_ring.c */
 void coord_ring_reconcile(struct coord *co);        /* after (re)attach: adopt READY slots */
 void coord_ring_settle(struct coord *co);           /* clean exit: dead owners' slots, trained copies */
+void coord_group_close(struct coord *co);           /* the group ends with the run */
 
 /* coord_json.c: the answer to QUERY (malloc'd JSON text). */
 char *coord_json(struct coord *co, int what, uint32_t limit);

@@ -503,6 +503,21 @@ static void group_fail(struct coord *co, const char *why)
     grant_leases(co);
 }
 
+/* The group ends with the run (a clean stop; a start that finds the run complete): its training
+ * up to its last checkpoint stands, anything after it is rolled back, and no generation follows. */
+void coord_group_close(struct coord *co)
+{
+    struct dgroup *g = &co->grp;
+    if (!g->active)
+        return;
+    g->active = false;
+    int64_t limit = g->ckpt_gen == g->gen && g->ckpt_dir[0] ? (int64_t)g->ckpt_step : -1;
+    add_limit(co, g->gen, limit);
+    ledger_generation_set(co->ledger, g->gen, limit);
+    ledger_train_rollback(co->ledger, g->gen, limit);
+    ledger_meta_set_u64(co->ledger, "group_active", 0);
+}
+
 /* ---- errors ---- */
 
 static void record_error(struct coord *co, const struct member *m, int fatal, int code, const char *text)
@@ -1114,6 +1129,12 @@ static void end_recovery(struct coord *co)
     grant_leases(co);
 }
 
+/* Every epoch scheduled and every batch of it in a durable checkpoint. */
+static bool run_complete(const struct coord *co)
+{
+    return next_epoch(co) >= co->epochs && co->counts[BATCH_CHECKPOINTED] == co->total_batches;
+}
+
 static void check_done(struct coord *co)
 {
     uint64_t *c = co->counts;
@@ -1133,8 +1154,7 @@ static void check_done(struct coord *co)
             coord_set_state(co, PROTO_STATE_FAILED, co->reason);
         else
             coord_set_state(co, PROTO_STATE_STOPPED,
-                            all_built && c[BATCH_CHECKPOINTED] == co->total_batches ? "run complete: every batch checkpointed"
-                                                                                    : "drained");
+                            run_complete(co) ? "run complete: every batch checkpointed" : "drained");
     }
 }
 
@@ -1408,6 +1428,12 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         return r;
     if (lc.rows) {
         restore_state(co);
+        if (co->grp.active && run_complete(co)) {
+            /* killed after the run completed, before its exit closed the group: nothing of the
+             * group is wanted any more (its ranks are gone or leaving on the STOP) */
+            log_notice("the run is complete: drafter group generation %" PRIu64 " ends with it", co->grp.gen);
+            coord_group_close(co);
+        }
         co->recovering = true;
         co->recovery_until_ms = mono_ms() + (uint64_t)cfg->coordinator.recovery_ms;
         if (co->grp.active)

@@ -68,12 +68,7 @@ static void finalize_ledger(struct coord *co)
                 ledger_batch_update(co->ledger, &b->row);
             }
         }
-    if (co->grp.active) {
-        int64_t limit = co->grp.ckpt_gen == co->grp.gen && co->grp.ckpt_dir[0] ? (int64_t)co->grp.ckpt_step : -1;
-        ledger_generation_set(co->ledger, co->grp.gen, limit);
-        ledger_train_rollback(co->ledger, co->grp.gen, limit);
-        ledger_meta_set_u64(co->ledger, "group_active", 0);
-    }
+    coord_group_close(co);
     char err[512];
     if (ledger_commit(co->ledger, err, sizeof err) < 0)
         log_error(0, "the batches in flight at the stop are not settled in the ledger (the next start's recovery "

@@ -1391,7 +1391,7 @@ static int iterate_cuda(struct dft *f)
 static int attach_ring(struct dft *f, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(f->cl);
-    int r = peer_attach_ring(f->cl, &f->ring, err, errlen);
+    int r = peer_attach_ring(f->cl, f->sock, &f->ring, err, errlen);
     if (r < 0)
         return r;
     peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring);
@@ -1465,7 +1465,11 @@ int main(int argc, char **argv)
         code = peer_connect_failed(&f->d, f->sock, r, err);
         goto out;
     }
-    if ((r = attach_ring(f, err, sizeof err)) < 0) {
+    if ((r = attach_ring(f, err, sizeof err)) == -ESHUTDOWN) {
+        code = peer_connect_failed(&f->d, f->sock, r, err);
+        goto out;
+    }
+    if (r < 0) {
         log_error(r, "%s", err);
         client_error(f->cl, 1, r, "%s: %s", f->d.ident, err);
         f->reported = 1;

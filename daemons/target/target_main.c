@@ -571,7 +571,7 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
 static int attach(struct tgt *t, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(t->cl);
-    int r = peer_attach_ring(t->cl, &t->ring, err, errlen);
+    int r = peer_attach_ring(t->cl, t->sock, &t->ring, err, errlen);
     if (r < 0)
         return r;
     peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring);
@@ -645,7 +645,11 @@ int main(int argc, char **argv)
         code = peer_connect_failed(&t->d, t->sock, r, err);
         goto out;
     }
-    if ((r = attach(t, err, sizeof err)) < 0) {
+    if ((r = attach(t, err, sizeof err)) == -ESHUTDOWN) {
+        code = peer_connect_failed(&t->d, t->sock, r, err);
+        goto out;
+    }
+    if (r < 0) {
         log_error(r, "%s", err);
         client_error(t->cl, 1, r, "%s: %s", t->d.ident, err);
         t->reported = 1;

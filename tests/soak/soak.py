@@ -279,6 +279,8 @@ class Soak:
                 self.fail("the run did not complete within %g minutes" % a.max_minutes)
                 return
             self.reap()
+            if self.coord_done:
+                break       # the run completed: no kill and no start from here on
             self.restart_due()
             self.poll_status()
             if now() - last_ring > 1.0:
@@ -363,7 +365,7 @@ class Soak:
                 d.proc.kill()
                 d.proc.wait()
                 continue
-            if rc != 0:
+            if rc != 0 and not d.killed:
                 self.fail("%s exited %d at the end (ran %.1fs)" % (d.name, rc, now() - d.started))
             d.proc = None
         words = [struct.unpack("<Q", os.pread(self.ring_fd, 8, 4096 + 64 * i))[0] for i in range(a.slots)]
