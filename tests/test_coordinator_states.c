@@ -26,7 +26,12 @@
  *     (drafter.collective_timeout_ms + 2 x coordinator.dead_after_ms), and not before.
  * 10. A drain started by a stop signal (systemd stopping the service) and cut short by a kill
  *     is not resumed: the next start runs (it drained at once, wrote the stop note, and every
- *     daemon started then found nothing to do). */
+ *     daemon started then found nothing to do).
+ * 11-14. READY copies of trained batches leave the ring: when the batch is trained meanwhile, with
+ *     no PUBLISHED to announce them, and before a new generation's GROUP goes out (also in a
+ *     restarted coordinator's recovery window).
+ * 15-16. The run's end: a slot of a target that died as the cluster stopped is freed before the
+ *     coordinator leaves; a coordinator killed after the run completed finds it complete. */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -602,11 +607,18 @@ static pid_t fork_holder(int ready_fd, int done_fd)
 /* A drafter dies holding a slot whose batch is checkpointed (e.g. a second copy it had staged):
  * the reclaim puts the copy back to READY and a standby drafter forms the next generation in the
  * same breath. The new group remembers nothing it trained, so the copy must be out of the ring
- * before its GROUP goes out. The coordinator is stopped while the holder dies, so that the
- * hang-up, the reclaim and the new group come in one callback, ahead of any tick's sweep. */
-static void trained_copy_retracted_at_group_start(void)
+ * before its GROUP goes out. recovery 0: the coordinator is stopped while the holder dies, so that
+ * the hang-up, the reclaim and the new group come in one callback, ahead of any tick's sweep.
+ * recovery 1: the coordinator was restarted just before and is in its recovery window when the
+ * holder dies and the standby forms generation 2 (the retract waited for the window's end, so the
+ * new generation could take the copy and train the batch again). */
+static void trained_copy_out_before_group(int recovery)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    char extra[128];
+    int window_ms = 8000 * test_time_scale();
+    snprintf(extra, sizeof extra, "[drafter]\nworld_size = 1\n[coordinator]\nrecovery_ms = %d\n",
+             recovery ? window_ms : 600);
+    tc_setup(NULL, extra);
     tc_dataset(TC.data, 200, 16, 64, 1000);
     tc_start_coord();
     int rp[2], dp[2];
@@ -622,10 +634,19 @@ static void trained_copy_retracted_at_group_start(void)
     tc_wait_num("batches.checkpointed", 1, 5000);
     client_join_group(d);                           /* standby: the group has its one rank */
     poll_for(d, 300);
-    kill(TC.coord, SIGSTOP);
-    tc_kill(kids[1]);
+    uint64_t t0 = mono_ms();
+    if (recovery) {
+        tc_kill(TC.coord);
+        t0 = mono_ms();
+        tc_start_coord();                           /* recovering for window_ms from here */
+        poll_for(d, 300);                           /* both drafters back: the holder in its rank */
+        tc_kill(kids[1]);
+    } else {
+        kill(TC.coord, SIGSTOP);
+        tc_kill(kids[1]);
+        kill(TC.coord, SIGCONT);
+    }
     kids[1] = 0;
-    kill(TC.coord, SIGCONT);
     struct proto_msg m;
     char err[256];
     uint64_t gen = 0, end = mono_ms() + 10000 * (uint64_t)test_time_scale();
@@ -633,12 +654,15 @@ static void trained_copy_retracted_at_group_start(void)
         if (client_poll(d, 5, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
             gen = m.group.generation;
     CHECK_INT(gen, ==, 2);
+    if (recovery)
+        CHECK(mono_ms() - t0 < (uint64_t)window_ms);    /* it formed within the window */
     struct ring_stats rs;
     struct ring_slot_stat ss[16];
     CHECK_OK(ring_stats(r, &rs, ss));
     for (uint32_t i = 0; i < rs.nslots && i < 16; i++)
         if (ss[i].state == RING_READY && ss[i].batch_id == id)
-            TEST_FAIL("checkpointed batch %llu is READY in slot %u when generation 2 starts", (unsigned long long)id, i);
+            TEST_FAIL("checkpointed batch %llu is READY in slot %u when generation 2 starts%s", (unsigned long long)id,
+                      i, recovery ? " in the recovery window" : "");
     CHECK_INT(rs.retracted, ==, 1);
     CHECK_INT(tc_status_num("batches.checkpointed"), ==, 1);
     CHECK_STR(tc_batch_state(id), "queued");        /* (not in flight: done) */
@@ -648,64 +672,12 @@ static void trained_copy_retracted_at_group_start(void)
     }
     client_free(d);
     ring_detach(r);
-    printf("ok: a READY copy of a checkpointed batch is out of the ring before the next generation starts\n");
+    printf("ok: a READY copy of a checkpointed batch is out of the ring before the next generation starts%s\n",
+           recovery ? " (formed in the recovery window)" : "");
 }
 
-/* The same while the coordinator is in its recovery window after a restart: the holder dies
- * before the window ends and the standby forms generation 2 within it. (The retract waited for
- * the window's end, so the new generation could take the copy and train the batch again.) */
-static void trained_copy_retracted_in_recovery(void)
-{
-    char extra[128];
-    int window_ms = 8000 * test_time_scale();
-    snprintf(extra, sizeof extra, "[drafter]\nworld_size = 1\n[coordinator]\nrecovery_ms = %d\n", window_ms);
-    tc_setup(NULL, extra);
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
-    int rp[2], dp[2];
-    CHECK(pipe(rp) == 0 && pipe(dp) == 0);
-    kids[1] = fork_holder(rp[1], dp[1]);
-    char g;
-    CHECK(read(rp[0], &g, 1) == 1);
-    uint64_t pub = publish_one();
-    uint64_t id = read_id(dp[0]);
-    CHECK_INT(id, ==, pub);
-    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 1);
-    struct ring *r = peer_ring();
-    tc_wait_num("batches.checkpointed", 1, 5000);
-    client_join_group(d);
-    poll_for(d, 300);
-    tc_kill(TC.coord);
-    uint64_t t0 = mono_ms();
-    tc_start_coord();                               /* recovering for window_ms from here */
-    poll_for(d, 300);                               /* both drafters back: the holder in its rank */
-    tc_kill(kids[1]);
-    kids[1] = 0;
-    struct proto_msg m;
-    char err[256];
-    uint64_t gen = 0, end = mono_ms() + 10000 * (uint64_t)test_time_scale();
-    while (gen < 2 && mono_ms() < end)
-        if (client_poll(d, 5, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP)
-            gen = m.group.generation;
-    CHECK_INT(gen, ==, 2);
-    CHECK(mono_ms() - t0 < (uint64_t)window_ms);    /* it formed within the window */
-    struct ring_stats rs;
-    struct ring_slot_stat ss[16];
-    CHECK_OK(ring_stats(r, &rs, ss));
-    for (uint32_t i = 0; i < rs.nslots && i < 16; i++)
-        if (ss[i].state == RING_READY && ss[i].batch_id == id)
-            TEST_FAIL("checkpointed batch %llu is READY in slot %u when generation 2 starts in the recovery window",
-                      (unsigned long long)id, i);
-    CHECK_INT(rs.retracted, ==, 1);
-    CHECK_STR(tc_batch_state(id), "queued");
-    for (int i = 0; i < 2; i++) {
-        close(rp[i]);
-        close(dp[i]);
-    }
-    client_free(d);
-    ring_detach(r);
-    printf("ok: a READY copy of a checkpointed batch is out of the ring before a generation formed in the recovery window starts\n");
-}
+static void trained_copy_retracted_at_group_start(void) { trained_copy_out_before_group(0); }
+static void trained_copy_retracted_in_recovery(void) { trained_copy_out_before_group(1); }
 
 static void silent_taker(void)
 {
