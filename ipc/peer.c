@@ -32,7 +32,11 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
             snprintf(err, errlen, "the coordinator has ended the cluster (%s)", why);
             return -ESHUTDOWN;
         }
-        if (mono_ms() > deadline || daemon_stop_requested())
+        if (daemon_stop_requested()) {
+            snprintf(err, errlen, "stopped while waiting for the coordinator at %s", sock);
+            return -ECANCELED;
+        }
+        if (mono_ms() > deadline)
             return r;
         if (!warned++)
             log_info("waiting for the coordinator at %s", sock);
@@ -43,6 +47,13 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
 
 int peer_connect_failed(struct daemon *d, const char *sock, int r, const char *err)
 {
+    if (r == -ECANCELED) {
+        /* a stop (systemctl stop) before there was a cluster to leave: a clean exit */
+        log_notice("%s", err);
+        daemon_notify_ready(d, "%s", err);
+        daemon_notify_stopping(d, "stopped before connecting");
+        return DAEMON_EX_OK;
+    }
     if (r != -ESHUTDOWN) {
         log_error(0, "coordinator %s: %s", sock, err);
         return DAEMON_EX_FAILURE;

@@ -9,7 +9,7 @@
 /* Connect as `role` (PROTO_ROLE_*) to the coordinator at sock. While it is not there yet
  * (-ENOENT, -ECONNREFUSED, -EAGAIN) or the connection is lost or unanswered during the HELLO
  * (-EPIPE, -ECONNRESET, -DF_ETIMEOUT) retry every 200 ms for up to 5 x coordinator.dead_after_ms
- * + 30 s or until a stop signal; any other error returns at once. -ESHUTDOWN (err says why):
+ * + 30 s; any other error returns at once. A stop signal meanwhile: -ECANCELED. -ESHUTDOWN (err says why):
  * there is no coordinator because it stopped the cluster (its stop note is there, ipc/stopnote.h),
  * so a daemon started after the end has nothing to do, as if it had been told STOP. */
 int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struct client **out, char *err,
@@ -17,7 +17,8 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
 
 /* What a daemon does when peer_connect_coordinator returned r < 0 (err its text): -ESHUTDOWN
  * logs "nothing to do", tells systemd READY then STOPPING (a Type=notify unit that exits before
- * READY counts as failed and is restarted) and gives DAEMON_EX_OK; anything else logs the error
+ * READY counts as failed and is restarted) and gives DAEMON_EX_OK; -ECANCELED (stopped while
+ * waiting) the same, a clean exit; anything else logs the error
  * and gives DAEMON_EX_FAILURE. The daemon's exit code. */
 int peer_connect_failed(struct daemon *d, const char *sock, int r, const char *err);
 

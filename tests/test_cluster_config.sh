@@ -66,7 +66,7 @@ done
 cl_start tgt target-d -c "$CL_INI" -i 0 -o target.prefetch=3
 for ((i = 0; i < 100; i++)); do grep -q "waiting for the coordinator" "$CL_DIR/tgt.log" && break; sleep 0.1; done
 cl_kill tgt TERM
-cl_wait_exit tgt 10
+cl_wait_exit tgt 10 || fail "target-d stopped while waiting for the coordinator exited '$CL_RC', not 0"
 check_print "$CL_DIR/tgt.log" target.prefetch=3 || fail "target-d start printed config"
 echo "printed configuration matches the file"
 
