@@ -279,6 +279,13 @@ static int handle_frame(struct client *c, const struct proto_msg *m, char *err, 
         for (size_t i = 0; i < c->n_out; i++) {
             uint64_t seq = c->out[i].m.published.seq;   /* seq is the first field of every event */
             if (seq == m->ack.seq) {
+                const struct proto_msg *e = &c->out[i].m;
+                if (e->type == PROTO_CHECKPOINTED && !m->ack.status &&
+                    (e->checkpointed.generation != c->st.ckpt_accepted_gen ||
+                     (int64_t)e->checkpointed.step > c->st.ckpt_accepted_step)) {
+                    c->st.ckpt_accepted_step = (int64_t)e->checkpointed.step;
+                    c->st.ckpt_accepted_gen = e->checkpointed.generation;
+                }
                 c->out[i] = c->out[--c->n_out];
                 c->st.events_acked++;
                 break;
@@ -568,6 +575,7 @@ int client_open(struct client **out, const struct client_opts *o, char *err, siz
     struct client *c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
+    c->st.ckpt_accepted_step = -1;
     c->o = *o;
     if (!c->o.reply_timeout_ms)
         c->o.reply_timeout_ms = 5000;

@@ -69,6 +69,8 @@ struct client_stats {
     uint64_t nacks;             /* ACKs with a non-zero status */
     int32_t last_nack_status;
     uint32_t outbox;            /* events not yet acknowledged */
+    int64_t ckpt_accepted_step; /* the newest CHECKPOINTED acknowledged with status 0 (-1: none) */
+    uint64_t ckpt_accepted_gen; /* ... and its generation */
     uint32_t leases_held, leases_wanted;
 };
 

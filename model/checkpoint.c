@@ -545,7 +545,7 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-int ckpt_prune(const char *root, int keep, int64_t written)
+int ckpt_prune(const char *root, int keep, int64_t written, int64_t head)
 {
     if (keep <= 0)
         return 0;           /* keep them all */
@@ -565,7 +565,7 @@ int ckpt_prune(const char *root, int keep, int64_t written)
     while (upto > 0 && steps[upto - 1] > written)
         upto--;
     for (int i = 0; i < n; i++) {
-        int stale = i >= upto, old = i < upto - keep;
+        int stale = i >= upto, old = i < upto - keep && steps[i] < head;
         if (!stale && !old)
             continue;
         char path[2048];

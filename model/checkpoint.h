@@ -35,8 +35,11 @@ int ckpt_write_files(const char *dir, const struct drafter *d, const struct ckpt
 /* After the checkpoint of step `written` is in place, with keep > 0: remove every step-N
  * directory of root past it (left by a drafter generation that ended: the group restarted from
  * an earlier checkpoint, so they are in no lineage, and counting them would prune the new one),
- * then all but the newest `keep` of the rest. keep 0: nothing is removed. Returns how many were. */
-int ckpt_prune(const char *root, int keep, int64_t written);
+ * then of the rest those older than the newest `keep` and older than `head`: the step of the
+ * checkpoint the lineage stands on (the newest the coordinator has accepted; a group that ends
+ * restarts from it), so head and everything newer stay however many they are (-1: no head yet,
+ * nothing goes by age). keep 0: nothing is removed. Returns how many were. */
+int ckpt_prune(const char *root, int keep, int64_t written, int64_t head);
 
 /* Remove the temp dirs of writes that were interrupted (a crash mid-write): every .tmp-step-* /
  * .old-step-* whose lock no writer holds. Returns how many were removed. */

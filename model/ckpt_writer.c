@@ -16,6 +16,7 @@
 
 struct ckpt_writer {
     int keep;
+    _Atomic int64_t head;       /* ckpt_prune's head */
     int delay_ms;               /* debug: wait this long before writing */
     int running;                /* a thread started and not joined */
     pthread_t th;
@@ -37,9 +38,12 @@ int ckpt_writer_create(struct ckpt_writer **out, int keep)
     if (!w)
         return -ENOMEM;
     w->keep = keep;
+    atomic_init(&w->head, -1);
     *out = w;
     return 0;
 }
+
+void ckpt_writer_set_head(struct ckpt_writer *w, int64_t step) { atomic_store(&w->head, step); }
 
 void ckpt_writer_free(struct ckpt_writer *w)
 {
@@ -86,7 +90,7 @@ static void *writer_main(void *arg)
     }
     res->rc = ckpt_save(w->root, &w->view, &w->ts, res->dir, sizeof res->dir, res->err, sizeof res->err);
     if (res->rc == 0) {
-        res->pruned = ckpt_prune(w->root, w->keep, w->ts.step);
+        res->pruned = ckpt_prune(w->root, w->keep, w->ts.step, atomic_load(&w->head));
         res->stale = ckpt_remove_stale(w->root);
     }
     res->write_ms = (double)(mono_ns() - w->t0) / 1e6;

@@ -21,8 +21,12 @@ struct ckpt_result {
     int stale;                  /* leftovers of interrupted writes removed */
 };
 
-/* keep: step-N directories kept under the root after each write (0 = all). */
+/* keep: step-N directories kept under the root after each write (0 = all), besides the head
+ * and those newer (ckpt_prune). */
 int ckpt_writer_create(struct ckpt_writer **out, int keep);
+/* The step of the checkpoint the lineage stands on, for the prunes from now on (-1 at create:
+ * none, nothing goes by age). Any thread. */
+void ckpt_writer_set_head(struct ckpt_writer *w, int64_t step);
 /* Waits for a write in flight (its result is dropped: collect first to report it). */
 void ckpt_writer_free(struct ckpt_writer *w);
 

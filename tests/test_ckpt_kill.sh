@@ -6,20 +6,30 @@
 #    durable;
 #  - rank 0 SIGKILLed with that write in flight: S2 never becomes the head, the group restarts
 #    from S1, and the run completes with every batch trained exactly once (tests/soak/check_run.py).
+#  - the same with drafter.keep_checkpoints = 1 and rank 1 killed instead: rank 0's write of S2
+#    completes after the group ended, and its prune must keep S1, the head the group restarts
+#    from (it removed S1: every drafter then failed to load it, over and over).
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
 cl_test_init
 
-cl_init "$T/c" 1200 || exit 1
-cl_ini_add drafter.world_size=2 drafter.checkpoint_every=25 drafter.debug_ckpt_delay_ms=3000 ring.slots=8
+# phase NAME VICTIM_RANK [ini settings...]
+phase() {
+local pname=$1 vrank=$2
+shift 2
+cl_cleanup
+cl_init "$T/$pname" 1200 || exit 1
+cl_ini_add drafter.world_size=2 drafter.checkpoint_every=25 drafter.debug_ckpt_delay_ms=3000 ring.slots=8 "$@"
 cl_start_cluster 2 || fail "cluster start"
 cl_wait 's["group"]["active"] and step() >= 1' 60 coord || fail "no training"
 
-out=$("$CL_PY" - "$CL_BIN/dflashctl" "$CL_SOCK" "$CL_DIR" "$(cl_scaled 240)" "$(cl_pid drafter0)" "$(cl_pid drafter1)" 2>&1 <<'EOF'
+local out victim s1 s2 at head
+out=$("$CL_PY" - "$CL_BIN/dflashctl" "$CL_SOCK" "$CL_DIR" "$(cl_scaled 240)" "$(cl_pid drafter0)" "$(cl_pid drafter1)" "$vrank" 2>&1 <<'EOF'
 import json, os, re, signal, subprocess, sys, time
 ctl, sock, d, secs = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 names = {int(sys.argv[5]): "drafter0", int(sys.argv[6]): "drafter1"}
+vrank = int(sys.argv[7])
 end = time.time() + secs
 def status():
     p = subprocess.run([ctl, "-s", sock, "--json", "status"], capture_output=True, text=True)
@@ -72,17 +82,20 @@ while time.time() < end:
         head = s["group"]["checkpoint"]["step"]
         if head != s1:
             sys.exit("the head is step %d while step %d is being written (want %d)" % (head, s2, s1))
-        os.kill(r0["pid"], signal.SIGKILL)
-        print("%s %d %d %d" % (name, s1, s2, max(steps)))
+        vpid = r0["pid"] if vrank == 0 else [p for p in names if p != r0["pid"]][0]
+        os.kill(vpid, signal.SIGKILL)
+        print("%s %d %d %d" % (names[vpid], s1, s2, max(steps)))
         sys.exit(0)
     time.sleep(0.02)
 sys.exit("timed out")
 EOF
 ) || fail "the pending-write window: $out"
 read -r victim s1 s2 at <<<"$out"
-cl_log "$victim (rank 0) killed at step $at with the write of step $s2 pending; head step $s1"
+cl_log "$victim (rank $vrank) killed at step $at with the write of step $s2 pending; head step $s1"
 cl_wait_exit "$victim" 10
-grep -q "step-$(printf %010d "$s2") (periodic, written" "$CL_DIR/$victim.log" && fail "step $s2 was written after all"
+if ((vrank == 0)); then
+  grep -q "step-$(printf %010d "$s2") (periodic, written" "$CL_DIR/$victim.log" && fail "step $s2 was written after all"
+fi
 cl_wait 'not s["group"]["active"]' 60 coord || fail "the group did not end"
 head=$(cl_json 's["group"]["checkpoint"]["step"]')
 [[ $head == "$s1" ]] || fail "lineage head is step $head after the kill, want $s1"
@@ -95,4 +108,8 @@ done
 grep -q 'run complete: every batch checkpointed' "$CL_DIR/coord.log" || fail "the run did not complete"
 grep -q "loaded checkpoint .*step-$(printf %010d "$s1")" "$CL_DIR"/drafter*.log || fail "no drafter loaded step $s1"
 "$CL_PY" tests/soak/check_run.py "$CL_DIR/state/$CL_NAME-ledger.db" "$CL_DIR/state" || fail "exactly-once check"
-echo "ok: step $s2 pending while the group trained to step $at; rank 0 killed; resumed from step $s1; every batch once"
+echo "ok ($pname): step $s2 pending while the group trained to step $at; rank $vrank killed; resumed from step $s1; every batch once"
+}
+
+phase rank0 0
+phase keep1 1 drafter.keep_checkpoints=1

@@ -1,7 +1,8 @@
 /* test_ckpt_writer_threads.c: checkpoints written by the background writer while the drafter
  * trains on. The copy-mode snapshot is the state at start, whatever training does meanwhile
  * (bitwise, through a reload); the still-twin mode writes the same; one write at a time (-EBUSY);
- * collect without waiting sees the write finish; old step dirs are pruned to `keep`; a root that
+ * collect without waiting sees the write finish; old step dirs are pruned to `keep`, never the
+ * head (the newest the coordinator accepted) or a newer one; a root that
  * cannot be made is a result with an error naming it, not a crash; the temp dir of an interrupted
  * write is removed after the next write unless a writer still holds its lock. Also run under TSan. */
 #include <dirent.h>
@@ -149,6 +150,7 @@ int main(void)
     CHECK(held >= 0 && flock(held, LOCK_EX) == 0);
     train(a, &f, 2);
     struct state s8 = keep_state(a);
+    ckpt_writer_set_head(w, 6);             /* step 6 accepted: a restart loads it, not step 4 */
     res = write_now(w, root, a, 1, 8);
     CHECK_INT(res.rc, ==, 0);
     CHECK_INT(res.pruned, ==, 1);
@@ -176,7 +178,11 @@ int main(void)
     ts.step = 9;
     CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 12, "last"));
     ckpt_writer_free(w);
-    CHECK_INT(ckpt_prune(root, 1, 9), ==, 1);
+    CHECK_INT(count_step_dirs(root), ==, 3);        /* 6 (the writer's head), 8, 9 */
+    CHECK_INT(ckpt_prune(root, 1, 9, -1), ==, 0);   /* no head: nothing goes by age */
+    CHECK_INT(ckpt_prune(root, 1, 9, 8), ==, 1);    /* step 6; the head (8) stays, and what is newer */
+    CHECK_INT(count_step_dirs(root), ==, 2);
+    CHECK_INT(ckpt_prune(root, 1, 9, 9), ==, 1);
     snprintf(path, sizeof path, "%s/step-0000000009/optimizer.bin", root);
     CHECK(access(path, F_OK) == 0);
     CHECK_INT(count_step_dirs(root), ==, 1);
@@ -188,7 +194,7 @@ int main(void)
         snprintf(path, sizeof path, "%s/step-%010d", root, st);
         CHECK(mkdir(path, 0755) == 0);
     }
-    CHECK_INT(ckpt_prune(root, 1, 9), ==, 3);
+    CHECK_INT(ckpt_prune(root, 1, 9, 9), ==, 3);
     CHECK_INT(count_step_dirs(root), ==, 1);
     CHECK(access(path, F_OK) != 0);
     snprintf(path, sizeof path, "%s/step-0000000009/optimizer.bin", root);
@@ -198,8 +204,15 @@ int main(void)
     ts.step = 10;                           /* the writer prunes after its write */
     w = NULL;
     CHECK_OK(ckpt_writer_create(&w, 1));
+    ckpt_writer_set_head(w, 9);             /* the group restarted from step 9 */
     CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 13, "after a rollback"));
     ckpt_writer_free(w);
+    /* step 20 (past the write) went; step 9 stays until step 10 is accepted: were the group to
+     * end before that, its restart would load step 9 again (keep = 1 removed it: no restart) */
+    CHECK_INT(count_step_dirs(root), ==, 2);
+    snprintf(path, sizeof path, "%s/step-0000000009/optimizer.bin", root);
+    CHECK(access(path, F_OK) == 0);
+    CHECK_INT(ckpt_prune(root, 1, 10, 10), ==, 1);
     CHECK_INT(count_step_dirs(root), ==, 1);
     snprintf(path, sizeof path, "%s/step-0000000010/optimizer.bin", root);
     CHECK(access(path, F_OK) == 0);
@@ -209,7 +222,7 @@ int main(void)
     drop_state(&s8);
     drafter_free(a);
     fixture_done(&f);
-    CHECK_INT(ckpt_prune(root, 0, INT64_MAX), ==, 0);
+    CHECK_INT(ckpt_prune(root, 0, INT64_MAX, INT64_MAX), ==, 0);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     CHECK(system(cmd) == 0);

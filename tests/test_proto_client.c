@@ -323,6 +323,74 @@ static void test_held_after_send_timeout(int lfd)
     close(last_fd[1]);
 }
 
+/* The coordinator's ACKs of CHECKPOINTED: the newest one accepted (status 0) is in the stats, a
+ * refused one (here: step 7) is not, an older step of the same generation does not move it back,
+ * and a new generation's replaces it (drafter-d never prunes the checkpoint a restart loads). */
+static void test_checkpoint_accepted(int lfd)
+{
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        int fd = accept(lfd, NULL, NULL);
+        if (fd < 0)
+            _exit(2);
+        read_hello(fd);
+        send_welcome(fd, 10000, 0);
+        static uint8_t buf[1 << 16];
+        size_t have = 0;
+        ssize_t k;
+        while ((k = read(fd, buf + have, sizeof buf - have)) > 0) {
+            have += (size_t)k;
+            size_t off = 0;
+            while (have - off >= sizeof(struct proto_hdr)) {
+                const struct proto_hdr *hd = (const struct proto_hdr *)(buf + off);
+                size_t n = sizeof *hd + hd->len;
+                struct proto_msg m;
+                if (n > have - off)
+                    break;
+                if (proto_decode(buf + off, n, &m, NULL, 0) < 0)
+                    _exit(7);
+                if (m.type == PROTO_CHECKPOINTED) {
+                    struct proto_msg a = { .type = PROTO_ACK };
+                    a.ack.seq = m.checkpointed.seq;
+                    a.ack.status = m.checkpointed.step == 7 ? -DF_ESTATE : 0;
+                    send_frame(fd, &a);
+                }
+                off += n;
+            }
+            memmove(buf, buf + off, have - off);
+            have -= off;
+        }
+        _exit(0);
+    }
+    struct client *c = NULL;
+    struct client_opts o = opts();
+    o.role = PROTO_ROLE_DRAFTER;
+    char err[512] = "";
+    CHECK_OK(client_open(&c, &o, err, sizeof err));
+    struct client_stats st;
+    client_get_stats(c, &st);
+    CHECK_INT(st.ckpt_accepted_step, ==, -1);
+    static const struct { uint64_t step, gen; int64_t want_step; uint64_t want_gen; } seq[] = {
+        { 5, 2, 5, 2 }, { 7, 2, 5, 2 }, { 3, 2, 5, 2 }, { 2, 3, 2, 3 },
+    };
+    for (size_t i = 0; i < sizeof seq / sizeof seq[0]; i++) {
+        CHECK_OK(client_checkpointed(c, seq[i].step, seq[i].gen, "/nonexistent/ckpt"));
+        struct proto_msg m;
+        for (int k = 0; k < 300; k++) {
+            client_poll(c, 10, &m, err, sizeof err);
+            client_get_stats(c, &st);
+            if (!st.outbox)
+                break;
+        }
+        CHECK_INT(st.outbox, ==, 0);
+        CHECK_INT(st.ckpt_accepted_step, ==, seq[i].want_step);
+        CHECK_INT(st.ckpt_accepted_gen, ==, seq[i].want_gen);
+    }
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -334,6 +402,7 @@ int main(void)
     test_idle_keeps_heartbeat(lfd);
     test_held_until_reconnect(lfd);
     test_held_after_send_timeout(lfd);
+    test_checkpoint_accepted(lfd);
     close(lfd);
     unlink(g_sock);
     printf("ok\n");

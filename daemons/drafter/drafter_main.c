@@ -125,6 +125,7 @@ struct dft {
     struct peer_batch *peers;   /* [world]: the group's batches of the current step */
     int peers_cap;
     int64_t saved_step;
+    int64_t ckpt_head;          /* the checkpoint the lineage stands on (never pruned), -1 none */
     uint64_t total_steps_hint;
 
     /* statistics */
@@ -590,6 +591,14 @@ static int pump(struct dft *f, int timeout_ms)
         handle_msg(f, &m);
         timeout_ms = 0;
     }
+    /* A checkpoint of this generation the coordinator accepted is the one a restart would load:
+     * from now on the prunes keep it (and what is newer). */
+    struct client_stats cs;
+    client_get_stats(f->cl, &cs);
+    if (cs.ckpt_accepted_gen == f->generation && cs.ckpt_accepted_step > f->ckpt_head) {
+        f->ckpt_head = cs.ckpt_accepted_step;
+        ckpt_writer_set_head(f->writer, f->ckpt_head);
+    }
     daemon_watchdog(&f->d);
     if (r < 0) {
         log_error(r, "coordinator: %s", err);
@@ -728,6 +737,8 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     if (r < 0)
         return r;
     f->generation = g->generation;
+    f->ckpt_head = g->ckpt_dir[0] ? (int64_t)g->ckpt_step : -1;
+    ckpt_writer_set_head(f->writer, f->ckpt_head);
     f->rank = (int)g->rank;
     f->world = (int)g->world_size;
     if (f->world > 1 && f->peers_cap < f->world) {   /* sized once per group, never in a step */
@@ -1422,6 +1433,7 @@ int main(int argc, char **argv)
 {
     static struct dft df;
     struct dft *f = &df;
+    f->ckpt_head = -1;
     char err[1024];
     int r = daemon_start(&f->d, "drafter-d", "drafter", 1, argc, argv, err, sizeof err);
     if (r >= 0) {
