@@ -1527,9 +1527,16 @@ int main(int argc, char **argv)
                         goto out;
                     continue;
                 }
-                client_error(f->cl, 0, r, "%s: joining generation %" PRIu64 ": %s", f->d.ident, f->grp.generation, err);
+                /* A checkpoint made for another drafter (its config or optimizer layout differs
+                 * from this one's: the config changed under a state_dir) loads no better after a
+                 * restart: a configuration error that ends the cluster, not a restart loop. */
+                int config = r == -DF_ELAYOUT || r == -DF_EVERSION;
+                client_error(f->cl, config, r, "%s: joining generation %" PRIu64 ": %s", f->d.ident,
+                             f->grp.generation, err);
                 f->reported = 1;
                 peer_flush_events(&f->d, f->cl, 2000);
+                if (config)
+                    code = DAEMON_EX_CONFIG;
                 goto out;
             }
         }
