@@ -550,6 +550,10 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         break;
     case PROTO_WELCOME:
         f->state = (int)m->welcome.cluster_state;
+        /* A drain in force is pushed again (DRAIN) to a daemon that reconnects; none is in force
+         * otherwise (one on a stop signal cut short by a coordinator restart is not resumed). */
+        if (f->state != PROTO_STATE_DRAINING)
+            f->draining = 0;
         log_notice("reconnected to the coordinator (cluster %s)", proto_state_name(m->welcome.cluster_state));
         break;
     case PROTO_CONTROL:
