@@ -10,6 +10,16 @@
 #include "ipc/proto.h"
 #include "ipc/stopnote.h"
 
+/* The coordinator's stop note beside sock: -ESHUTDOWN with err saying why, else 0. */
+static int ended(const char *sock, char *err, size_t errlen)
+{
+    char why[160];
+    if (!stop_note_read(sock, why, sizeof why))
+        return 0;
+    snprintf(err, errlen, "the coordinator has ended the cluster (%s)", why);
+    return -ESHUTDOWN;
+}
+
 int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struct client **out, char *err,
                              size_t errlen)
 {
@@ -27,11 +37,8 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
         if (r == 0 || (r != -ENOENT && r != -ECONNREFUSED && r != -EAGAIN && r != -EPIPE &&
                        r != -ECONNRESET && r != -DF_ETIMEOUT))
             return r;
-        char why[160];
-        if (stop_note_read(sock, why, sizeof why)) {
-            snprintf(err, errlen, "the coordinator has ended the cluster (%s)", why);
+        if (ended(sock, err, errlen))
             return -ESHUTDOWN;
-        }
         if (daemon_stop_requested()) {
             snprintf(err, errlen, "stopped while waiting for the coordinator at %s", sock);
             return -ECANCELED;
@@ -47,21 +54,16 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
 
 int peer_connect_failed(struct daemon *d, const char *sock, int r, const char *err)
 {
-    if (r == -ECANCELED) {
-        /* a stop (systemctl stop) before there was a cluster to leave: a clean exit */
-        log_notice("%s", err);
-        daemon_notify_ready(d, "%s", err);
-        daemon_notify_stopping(d, "stopped before connecting");
-        return DAEMON_EX_OK;
-    }
-    if (r != -ESHUTDOWN) {
+    if (r != -ESHUTDOWN && r != -ECANCELED) {
         log_error(0, "coordinator %s: %s", sock, err);
         return DAEMON_EX_FAILURE;
     }
-    /* started after the end: what STOP would have said */
-    log_notice("%s: nothing to do", err);
-    daemon_notify_ready(d, "nothing to do: %s", err);
-    daemon_notify_stopping(d, "nothing to do");
+    /* Started after the end (what STOP would have said), or stopped (systemctl stop) before
+     * there was a cluster to leave: a clean exit either way. */
+    const char *what = r == -ESHUTDOWN ? ": nothing to do" : "";
+    log_notice("%s%s", err, what);
+    daemon_notify_ready(d, "%s%s", err, what);
+    daemon_notify_stopping(d, "%s", r == -ESHUTDOWN ? "nothing to do" : "stopped before connecting");
     return DAEMON_EX_OK;
 }
 
@@ -135,11 +137,8 @@ int peer_attach_ring(struct client *cl, const char *sock, struct ring **out, cha
     if (r != -ENOENT)
         return r;
     /* Welcomed by a coordinator that was ending the cluster, which removed the ring as it left. */
-    char why[160];
-    if (stop_note_read(sock, why, sizeof why)) {
-        snprintf(err, errlen, "the coordinator has ended the cluster (%s)", why);
+    if (ended(sock, err, errlen))
         return -ESHUTDOWN;
-    }
     if (w->cluster_state == PROTO_STATE_STOPPED || w->cluster_state == PROTO_STATE_FAILED) {
         snprintf(err, errlen, "the coordinator has ended the cluster (%s; its ring %s is gone)",
                  proto_state_name(w->cluster_state), w->ring_name);

@@ -56,23 +56,32 @@ static void read_hello(int fd)
         _exit(6);
 }
 
-/* Every frame the client sends until it closes the connection, handed to fn one by one. */
-static void read_frames(int fd, void (*fn)(const struct proto_msg *m, void *arg), void *arg)
+/* Every frame the client sends until it closes the connection, handed to fn(fd, frame, arg) as
+ * it arrives (fn may answer on fd). */
+static void read_frames(int fd, void (*fn)(int fd, const struct proto_msg *m, void *arg), void *arg)
 {
     static uint8_t buf[1 << 16];
-    size_t have = 0, off = 0;
+    size_t have = 0;
     ssize_t k;
-    while (have < sizeof buf && (k = read(fd, buf + have, sizeof buf - have)) > 0)
+    while (have < sizeof buf && (k = read(fd, buf + have, sizeof buf - have)) > 0) {
         have += (size_t)k;
-    while (have - off >= sizeof(struct proto_hdr)) {
-        const struct proto_hdr *hd = (const struct proto_hdr *)(buf + off);
-        size_t n = sizeof *hd + hd->len;
-        struct proto_msg m;
-        if (n > have - off || proto_decode(buf + off, n, &m, NULL, 0) < 0)
-            _exit(7);
-        fn(&m, arg);
-        off += n;
+        size_t off = 0;
+        while (have - off >= sizeof(struct proto_hdr)) {
+            const struct proto_hdr *hd = (const struct proto_hdr *)(buf + off);
+            size_t n = sizeof *hd + hd->len;
+            struct proto_msg m;
+            if (n > have - off)
+                break;      /* the rest of it comes with the next read */
+            if (proto_decode(buf + off, n, &m, NULL, 0) < 0)
+                _exit(7);
+            fn(fd, &m, arg);
+            off += n;
+        }
+        memmove(buf, buf + off, have - off);
+        have -= off;
     }
+    if (have)
+        _exit(7);   /* a frame cut short */
 }
 
 static void send_welcome(int fd, uint32_t heartbeat_ms, uint32_t n_regrants)
@@ -86,6 +95,17 @@ static void send_welcome(int fd, uint32_t heartbeat_ms, uint32_t n_regrants)
     send_frame(fd, &w);
 }
 
+/* The next connection on lfd, its HELLO read and WELCOME sent (the server child's). */
+static int accept_welcomed(int lfd, uint32_t heartbeat_ms, uint32_t n_regrants)
+{
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        _exit(2);
+    read_hello(fd);
+    send_welcome(fd, heartbeat_ms, n_regrants);
+    return fd;
+}
+
 /* Serve one connection: WELCOME claiming `announced` re-grants, then `sent` grants, then
  * either close (hang_up) or wait for the client to close. */
 static pid_t serve(int lfd, uint32_t announced, uint32_t sent, int hang_up)
@@ -94,11 +114,7 @@ static pid_t serve(int lfd, uint32_t announced, uint32_t sent, int hang_up)
     CHECK(pid >= 0);
     if (pid)
         return pid;
-    int fd = accept(lfd, NULL, NULL);
-    if (fd < 0)
-        _exit(2);
-    read_hello(fd);
-    send_welcome(fd, 10000, announced);
+    int fd = accept_welcomed(lfd, 10000, announced);
     for (uint32_t i = 0; i < sent; i++) {
         uint32_t sample = i;
         struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = &sample };
@@ -166,7 +182,7 @@ static void test_regrants_delivered(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
-static void count_heartbeat(const struct proto_msg *m, void *arg)
+static void count_heartbeat(int fd, const struct proto_msg *m, void *arg)
 {
     *(int *)arg += m->type == PROTO_HEARTBEAT;
 }
@@ -178,11 +194,7 @@ static void test_idle_keeps_heartbeat(int lfd)
     pid_t srv = fork();
     CHECK(srv >= 0);
     if (!srv) {
-        int fd = accept(lfd, NULL, NULL);
-        if (fd < 0)
-            _exit(2);
-        read_hello(fd);
-        send_welcome(fd, 50, 0);
+        int fd = accept_welcomed(lfd, 50, 0);
         usleep(100000);
         struct proto_msg ctl = { .type = PROTO_CONTROL };
         ctl.control.cmd = PROTO_CTL_PAUSE;
@@ -206,7 +218,7 @@ static void test_idle_keeps_heartbeat(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
-static void count_held(const struct proto_msg *m, void *arg)
+static void count_held(int fd, const struct proto_msg *m, void *arg)
 {
     int *seen = arg;
     seen[0] += m->type == PROTO_SKIPPED && m->skipped.batch_id == 7 && m->skipped.lease == 3;
@@ -221,16 +233,9 @@ static void test_held_until_reconnect(int lfd)
     pid_t srv = fork();
     CHECK(srv >= 0);
     if (!srv) {
-        int fd = accept(lfd, NULL, NULL);   /* the first connection: hung up at once */
-        if (fd < 0)
-            _exit(2);
-        read_hello(fd);
-        send_welcome(fd, 10000, 0);
+        int fd = accept_welcomed(lfd, 10000, 0);   /* the first connection: hung up at once */
         close(fd);
-        if ((fd = accept(lfd, NULL, NULL)) < 0)
-            _exit(2);
-        read_hello(fd);
-        send_welcome(fd, 10000, 0);
+        fd = accept_welcomed(lfd, 10000, 0);
         int seen[2] = { 0, 0 };     /* skip reports of batch 7, NaN errors */
         read_frames(fd, count_held, seen);
         _exit(seen[0] == 1 && seen[1] == 1 ? 0 : 10 + 2 * seen[0] + seen[1]);
@@ -262,7 +267,7 @@ static void test_held_until_reconnect(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
-static void count_marked(const struct proto_msg *m, void *arg)
+static void count_marked(int fd, const struct proto_msg *m, void *arg)
 {
     struct { char text[64]; int seen; } *want = arg;
     want->seen += m->type == PROTO_ERROR && !strcmp(m->error.message, want->text);
@@ -278,19 +283,12 @@ static void test_held_after_send_timeout(int lfd)
     pid_t srv = fork();
     CHECK(srv >= 0);
     if (!srv) {
-        int fd = accept(lfd, NULL, NULL);   /* the first connection: never read */
-        if (fd < 0)
-            _exit(2);
-        read_hello(fd);
-        send_welcome(fd, 10000, 0);
+        int fd = accept_welcomed(lfd, 10000, 0);   /* the first connection: never read */
         struct pollfd p = { .fd = fd, .events = POLLRDHUP };
         if (poll(&p, 1, 20000) != 1)        /* until the client gives up on it */
             _exit(3);
         close(fd);
-        if ((fd = accept(lfd, NULL, NULL)) < 0)
-            _exit(2);
-        read_hello(fd);
-        send_welcome(fd, 10000, 0);
+        fd = accept_welcomed(lfd, 10000, 0);
         struct { char text[64]; int seen; } want = { "", 0 };
         int last;
         if (read(last_fd[0], &last, sizeof last) != sizeof last)
@@ -323,6 +321,17 @@ static void test_held_after_send_timeout(int lfd)
     close(last_fd[1]);
 }
 
+/* The server's answer to a CHECKPOINTED: step 7 refused, any other accepted. */
+static void ack_checkpointed(int fd, const struct proto_msg *m, void *arg)
+{
+    if (m->type != PROTO_CHECKPOINTED)
+        return;
+    struct proto_msg a = { .type = PROTO_ACK };
+    a.ack.seq = m->checkpointed.seq;
+    a.ack.status = m->checkpointed.step == 7 ? -DF_ESTATE : 0;
+    send_frame(fd, &a);
+}
+
 /* The coordinator's ACKs of CHECKPOINTED: the newest one accepted (status 0) is in the stats, a
  * refused one (here: step 7) is not, an older step of the same generation does not move it back,
  * and a new generation's replaces it (drafter-d never prunes the checkpoint a restart loads). */
@@ -331,36 +340,8 @@ static void test_checkpoint_accepted(int lfd)
     pid_t srv = fork();
     CHECK(srv >= 0);
     if (!srv) {
-        int fd = accept(lfd, NULL, NULL);
-        if (fd < 0)
-            _exit(2);
-        read_hello(fd);
-        send_welcome(fd, 10000, 0);
-        static uint8_t buf[1 << 16];
-        size_t have = 0;
-        ssize_t k;
-        while ((k = read(fd, buf + have, sizeof buf - have)) > 0) {
-            have += (size_t)k;
-            size_t off = 0;
-            while (have - off >= sizeof(struct proto_hdr)) {
-                const struct proto_hdr *hd = (const struct proto_hdr *)(buf + off);
-                size_t n = sizeof *hd + hd->len;
-                struct proto_msg m;
-                if (n > have - off)
-                    break;
-                if (proto_decode(buf + off, n, &m, NULL, 0) < 0)
-                    _exit(7);
-                if (m.type == PROTO_CHECKPOINTED) {
-                    struct proto_msg a = { .type = PROTO_ACK };
-                    a.ack.seq = m.checkpointed.seq;
-                    a.ack.status = m.checkpointed.step == 7 ? -DF_ESTATE : 0;
-                    send_frame(fd, &a);
-                }
-                off += n;
-            }
-            memmove(buf, buf + off, have - off);
-            have -= off;
-        }
+        int fd = accept_welcomed(lfd, 10000, 0);
+        read_frames(fd, ack_checkpointed, NULL);
         _exit(0);
     }
     struct client *c = NULL;

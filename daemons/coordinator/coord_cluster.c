@@ -449,17 +449,25 @@ static void try_form_group(struct coord *co)
         send_group(co, g->rank_member[r]);
 }
 
+/* The running generation ends: what it trained up to its last checkpoint stands, anything after
+ * it is rolled back (in the ledger; the caller re-queues the batches). */
+static void end_generation(struct coord *co)
+{
+    struct dgroup *g = &co->grp;
+    g->active = false;
+    int64_t limit = g->ckpt_gen == g->gen && g->ckpt_dir[0] ? (int64_t)g->ckpt_step : -1;
+    add_limit(co, g->gen, limit);
+    ledger_generation_set(co->ledger, g->gen, limit);
+    ledger_train_rollback(co->ledger, g->gen, limit);
+}
+
 /* A drafter of the running generation is gone: every rank restarts from the checkpoint. */
 static void group_fail(struct coord *co, const char *why)
 {
     struct dgroup *g = &co->grp;
     if (!g->active || co->state >= PROTO_STATE_STOPPED)
         return;     /* stopped: the ledger is finalized as it stands, no generation follows */
-    g->active = false;
-    int64_t limit = g->ckpt_gen == g->gen && g->ckpt_dir[0] ? (int64_t)g->ckpt_step : -1;
-    add_limit(co, g->gen, limit);
-    ledger_generation_set(co->ledger, g->gen, limit);
-    ledger_train_rollback(co->ledger, g->gen, limit);
+    end_generation(co);
     log_warn(0, "drafter group generation %" PRIu64 " ends (%s): restarting from %s", g->gen, why,
              g->ckpt_dir[0] ? g->ckpt_dir : "scratch");
     const struct ring_slot_stat *s = slot_snapshot(co);
@@ -503,18 +511,13 @@ static void group_fail(struct coord *co, const char *why)
     grant_leases(co);
 }
 
-/* The group ends with the run (a clean stop; a start that finds the run complete): its training
- * up to its last checkpoint stands, anything after it is rolled back, and no generation follows. */
+/* The group ends with the run (a clean stop; a start that finds the run complete): its
+ * generation ends and no other follows. */
 void coord_group_close(struct coord *co)
 {
-    struct dgroup *g = &co->grp;
-    if (!g->active)
+    if (!co->grp.active)
         return;
-    g->active = false;
-    int64_t limit = g->ckpt_gen == g->gen && g->ckpt_dir[0] ? (int64_t)g->ckpt_step : -1;
-    add_limit(co, g->gen, limit);
-    ledger_generation_set(co->ledger, g->gen, limit);
-    ledger_train_rollback(co->ledger, g->gen, limit);
+    end_generation(co);
     ledger_meta_set_u64(co->ledger, "group_active", 0);
 }
 
@@ -645,11 +648,9 @@ void coord_ring_settle(struct coord *co)
     struct ring_reclaim rc = { 0 };
     for (;;) {
         ring_reclaim_dead(co->ring, &rc);
-        const struct ring_slot_stat *s = slot_snapshot(co);
-        int held = 0;
-        for (uint32_t i = 0; i < ring_layout(co->ring)->nslots; i++)
-            held += s[i].state == RING_WRITING || s[i].state == RING_READING;
-        if (!held || mono_ms() >= end)
+        struct ring_stats st;
+        if (ring_stats(co->ring, &st, NULL) < 0 || !(st.count[RING_WRITING] + st.count[RING_READING]) ||
+            mono_ms() >= end)
             break;
         usleep(20000);
     }
