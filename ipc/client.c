@@ -547,7 +547,7 @@ static int maybe_reconnect(struct client *c, char *err, size_t errlen)
     return r;
 }
 
-static void heartbeat_due(struct client *c)
+void client_heartbeat_due(struct client *c)
 {
     uint64_t now = mono_ms();
     if (c->fd >= 0 && c->welcome.heartbeat_ms && now - c->last_hb_ms >= c->welcome.heartbeat_ms)
@@ -688,7 +688,7 @@ int client_heartbeat_now(struct client *c)
 static int send_soft(struct client *c, const struct proto_msg *m)
 {
     maybe_reconnect(c, NULL, 0);
-    heartbeat_due(c);
+    client_heartbeat_due(c);
     int r = send_msg(c, m);
     return r < 0 && c->fd < 0 ? 0 : r;
 }
@@ -699,7 +699,7 @@ static int send_soft(struct client *c, const struct proto_msg *m)
 static int send_held(struct client *c, const struct proto_msg *m)
 {
     maybe_reconnect(c, NULL, 0);
-    heartbeat_due(c);
+    client_heartbeat_due(c);
     int r = send_msg(c, m);
     if (r >= 0 || c->fd >= 0)
         return r;       /* sent, or refused by the encoder */
@@ -825,7 +825,7 @@ static int service(struct client *c, int timeout_ms, struct proto_msg *msg, char
         int r = maybe_reconnect(c, err, errlen);
         if (r == -DF_EPEER || r == -ENOMEM)
             return r;
-        heartbeat_due(c);
+        client_heartbeat_due(c);
         /* Handle every complete frame already received. */
         while (c->fd >= 0) {
             struct proto_msg in;

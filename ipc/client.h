@@ -99,6 +99,9 @@ void client_set_heartbeat(struct client *c, const struct proto_heartbeat *hb);  
 typedef int (*client_welcome_check_fn)(void *arg, const struct proto_welcome *w, char *why, size_t len);
 void client_set_welcome_check(struct client *c, client_welcome_check_fn fn, void *arg);
 int client_heartbeat_now(struct client *c);
+/* The heartbeat if its period is over: one send, no read, no reconnect. For the progress hooks
+ * of a long host computation (a CPU forward or training step), between its layers. */
+void client_heartbeat_due(struct client *c);
 int client_lease_request(struct client *c, uint32_t n);
 int client_lease_return(struct client *c, uint64_t batch_id);
 /* Drafters: the copy of the batch with lease number `lease` (its slot's ring_payload.lease) was

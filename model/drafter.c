@@ -352,6 +352,12 @@ int drafter_init_layer_from(struct drafter *d, int layer, const struct st_set *s
     return 0;
 }
 
+void drafter_set_progress(struct drafter *d, void (*fn)(void *arg), void *arg)
+{
+    d->progress = fn;
+    d->progress_arg = arg;
+}
+
 int64_t drafter_step_count(const struct drafter *d)
 {
     return d->opt->step;

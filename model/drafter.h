@@ -67,6 +67,8 @@ struct drafter {
     int max_tokens;             /* largest n_tokens of a batch */
     int max_blocks;             /* largest number of anchors (blocks) in a batch */
     int head_chunk_rows;        /* LM head + CE rows per chunk */
+    void (*progress)(void *arg);    /* drafter_set_progress */
+    void *progress_arg;
 };
 
 /* Metric sums of one forward. All fields are additive: all-reduce them (sum) across the
@@ -169,6 +171,11 @@ int drafter_optimizer_step(struct drafter *d, double global_weight_sum,
 int drafter_train_step(struct drafter *d, const struct obj_batch *b, int num_anchors, double gamma,
                        const struct obj_rng_key *key, const struct drafter_train_opts *o,
                        struct drafter_metrics *m, struct drafter_step_info *info);
+
+/* A step on the host runs for seconds at realistic sizes: drafter_forward_backward and
+ * drafter_forward call fn(arg) on their own thread after every layer (forward and backward) and
+ * every LM-head chunk, for the caller's heartbeat and watchdog. NULL = none. */
+void drafter_set_progress(struct drafter *d, void (*fn)(void *arg), void *arg);
 
 /* Optimizer steps done so far (restored by checkpoint load). */
 int64_t drafter_step_count(const struct drafter *d);

@@ -497,6 +497,12 @@ static void layer_bwd(struct drafter *d, const struct dims *z, int l, const stru
             z->H, 1);
 }
 
+static void progress(const struct drafter *d)
+{
+    if (d->progress)
+        d->progress(d->progress_arg);
+}
+
 /* LM head + cross entropy over the supervised rows, `head_chunk_rows` at a time: logits of one
  * chunk only, metrics, and (backward) d(final hidden) of those rows. */
 static void head_ce(struct drafter *d, const struct dims *z, struct drafter_metrics *m,
@@ -562,6 +568,7 @@ static void head_ce(struct drafter *d, const struct dims *z, struct drafter_metr
                 memcpy(ws->dfo + (size_t)ws->rows[c0 + i] * z->H, ws->dhc + (size_t)i * z->H,
                        (size_t)z->H * sizeof(float));
         }
+        progress(d);
     }
     /* accepted length: the anchor, then the leading run of supervised, correct slots */
     for (int b = 0; b < z->nb; b++) {
@@ -648,8 +655,10 @@ static int run_pass(struct drafter *d, const struct obj_batch *b, const struct o
         memcpy(ws->X[0] + (size_t)r * z.H, d->embed + (size_t)ws->tok_q[r] * z.H,
                (size_t)z.H * sizeof(float));
 
-    for (int l = 0; l < z.L; l++)
+    for (int l = 0; l < z.L; l++) {
         layer_fwd(d, &z, l, b, blk);
+        progress(d);
+    }
     rms_fwd(ws->fo, ws->frinv, ws->X[z.L], d->params + d->off_norm, (size_t)z.Q, z.H, z.eps);
     head_ce(d, &z, m, block_loss, backward);
     if (!backward)
@@ -659,8 +668,10 @@ static int run_pass(struct drafter *d, const struct obj_batch *b, const struct o
     rms_bwd(ws->dX, ws->dfo, ws->X[z.L], ws->frinv, d->params + d->off_norm, d->grads + d->off_norm,
             ws->dwacc, (size_t)z.Q, z.H, 0);
     memset(ws->dcx, 0, (size_t)z.T * z.H * sizeof(float));
-    for (int l = z.L - 1; l >= 0; l--)
+    for (int l = z.L - 1; l >= 0; l--) {
         layer_bwd(d, &z, l, b, blk);
+        progress(d);
+    }
     rms_bwd(ws->dcpre, ws->dcx, ws->cpre, ws->crinv, d->params + d->off_hidden_norm,
             d->grads + d->off_hidden_norm, ws->dwacc, (size_t)z.T, z.H, 0);
     gemm_tn(z.H, z.LcH, z.T, 1.0f, ws->dcpre, z.H, hs, z.LcH, 1.0f, d->grads + d->off_fc, z.LcH);

@@ -184,6 +184,12 @@ int target_forward(struct target *m, const uint32_t *tokens, const int32_t *cu_s
     return m->ops->forward(m, tokens, cu_seqlens, n_seqs, n_tokens, out, dtype, out_row_pitch_bytes);
 }
 
+void target_set_progress(struct target *m, void (*fn)(void *arg), void *arg)
+{
+    m->progress = fn;
+    m->progress_arg = arg;
+}
+
 const struct hf_config *target_config(const struct target *m)
 {
     return &m->cfg;

@@ -173,6 +173,8 @@ static int cpu_forward(struct target *m, const uint32_t *tokens, const int32_t *
         for (int k = 0; k < m->n_ids; k++)
             if (m->layer_ids[k] == l)
                 write_capture(state, T, H, k, out, dtype, pitch);
+        if (m->progress)
+            m->progress(m->progress_arg);
     }
     return 0;
 }

@@ -30,6 +30,8 @@ struct target {
     struct st_set *st;          /* the checkpoint, mapped */
     const struct target_backend_ops *ops;
     void *impl;                 /* backend state */
+    void (*progress)(void *arg);    /* target_set_progress */
+    void *progress_arg;
 };
 
 /* Per-layer tensors in HF naming (model.layers.N.<suffix>). Entries the architecture or config

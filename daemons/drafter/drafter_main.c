@@ -248,6 +248,17 @@ static int check_config(struct dft *f, char *err, size_t errlen)
 static int ckpt_collect(struct dft *f, int wait);
 static void set_heartbeat(struct dft *f);
 
+/* Between the layers of a step on the CPU (seconds at realistic sizes): a drafter silent for
+ * coordinator.dead_after_ms would be taken for dead (its group failed), and for WatchdogSec
+ * killed. Only sends: the step's own state is not touched. */
+static void step_progress(void *arg)
+{
+    struct dft *f = arg;
+    daemon_watchdog(&f->d);
+    if (f->cl)
+        client_heartbeat_due(f->cl);
+}
+
 /* The host drafter: the model itself on the CPU backend; on CUDA the twin that checkpoints are
  * loaded into and saved from (it never runs a batch, so its activations are minimal). */
 static int make_drafter(struct dft *f, char *err, size_t errlen)
@@ -259,6 +270,8 @@ static int make_drafter(struct dft *f, char *err, size_t errlen)
     int max_tokens = f->cuda ? 2 : (int)l->max_tokens, max_blocks = f->cuda ? 1 : f->max_blocks;
     int r = drafter_create(&f->dr, &f->dc, f->embed, f->lm_head, max_tokens, max_blocks,
                            (uint64_t)f->cfg->drafter.seed, err, errlen);
+    if (r == 0)
+        drafter_set_progress(f->dr, step_progress, f);
     /* CPU: checkpoints copy the state into the writer's snapshot: make it before training */
     if (r == 0 && !f->cuda && (r = ckpt_writer_reserve(f->writer, f->dr->n_params)) < 0)
         snprintf(err, errlen, "checkpoint snapshot of %zu parameters: %s", f->dr->n_params, err_str(r));
@@ -1020,8 +1033,10 @@ static int iterate(struct dft *f)
     uint32_t n_seqs = 0, epoch = 0;
     struct drafter_metrics m = { 0 };
     int slice = (int)daemon_wait_slice_ms(&f->d, 200);
+    uint64_t t_wait = t0;       /* end of the wait for a slot: then the batch's forward/backward */
     if (consuming && !f->stop_vote) {
         r = ring_claim_read(f->ring, &f->pick, slice, &slot);
+        t_wait = mono_ns();
         if (r == 0) {
             have = consume_slot(f, slot, &m, &b, &n_seqs, &epoch);
             if (have < 0)
@@ -1032,8 +1047,8 @@ static int iterate(struct dft *f)
         }
     } else if (!f->stop_vote) {
         usleep((useconds_t)slice * 1000);   /* paused: keep the group in step, slowly */
+        t_wait = mono_ns();
     }
-    uint64_t t1 = mono_ns();
     if (have && f->cfg->drafter.debug_nan_step >= 0 && drafter_step_count(f->dr) + 1 == f->cfg->drafter.debug_nan_step) {
         log_warn(0, "debug: making the loss of step %" PRId64 " NaN (drafter.debug_nan_step)",
                  drafter_step_count(f->dr) + 1);
@@ -1096,16 +1111,16 @@ static int iterate(struct dft *f)
             uint64_t t2 = mono_ns();
             f->dirty = 1;
             step_done(f, have, b, f->coll ? f->peers : NULL, ghave, (uint64_t)sm[SM_SEQS],
-                      (uint64_t)drafter_step_count(f->dr), r, &gm, &info, (double)(t2 - t1) / 1e6,
+                      (uint64_t)drafter_step_count(f->dr), r, &gm, &info, (double)(t2 - t_wait) / 1e6,
                       (double)(t2 - t0) / 1e9 + 1e-9);
             remember_step(f, have, b, f->coll ? f->peers : NULL, 0);
         }
     }
     uint64_t t3 = mono_ns();
     if (f->last_step_end_ns) {
-        double idle = ghave > 0 ? (double)(t1 - t0) / (double)(t3 - t0 + 1) : 1.0;
+        double idle = ghave > 0 ? (double)(t_wait - t0) / (double)(t3 - t0 + 1) : 1.0;
         f->idle_frac = 0.9 * f->idle_frac + 0.1 * idle;
-        f->idle_s += ghave > 0 ? (double)(t1 - t0) / 1e9 : (double)(t3 - t0) / 1e9;
+        f->idle_s += ghave > 0 ? (double)(t_wait - t0) / 1e9 : (double)(t3 - t0) / 1e9;
     }
     f->last_step_end_ns = t3;
 

@@ -246,6 +246,15 @@ static void handle_msg(struct tgt *t, const struct proto_msg *m)
     }
 }
 
+/* Between the layers of a CPU forward (seconds on a large batch): the coordinator would take a
+ * target silent for coordinator.dead_after_ms for dead, systemd one silent for WatchdogSec. */
+static void forward_progress(void *arg)
+{
+    struct tgt *t = arg;
+    daemon_watchdog(&t->d);
+    client_heartbeat_due(t->cl);
+}
+
 /* Handle every message already there, or wait up to timeout_ms for the first one. */
 static int pump(struct tgt *t, int timeout_ms)
 {
@@ -645,6 +654,7 @@ int main(int argc, char **argv)
         code = peer_connect_failed(&t->d, t->sock, r, err);
         goto out;
     }
+    target_set_progress(t->model, forward_progress, t);
     if ((r = attach(t, err, sizeof err)) == -ESHUTDOWN) {
         code = peer_connect_failed(&t->d, t->sock, r, err);
         goto out;
