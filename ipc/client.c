@@ -119,32 +119,42 @@ static struct client_lease *lease_get(const struct client *c, uint64_t batch)
     return NULL;
 }
 
+/* The entries past n_leases keep their sample buffers: once warm, a grant allocates nothing. */
 static void lease_drop(struct client *c, uint64_t batch)
 {
     struct client_lease *l = lease_get(c, batch);
     if (!l)
         return;
-    free(l->samples);
+    struct client_lease gone = *l;
     *l = c->leases[--c->n_leases];
+    c->leases[c->n_leases] = (struct client_lease){ .samples = gone.samples, .samples_cap = gone.samples_cap };
 }
 
 static struct client_lease *lease_add(struct client *c, const struct proto_msg *m)
 {
     if (c->n_leases == c->cap_leases) {
         size_t cap = c->cap_leases ? c->cap_leases * 2 : 8;
-        void *p = realloc(c->leases, cap * sizeof *c->leases);
+        struct client_lease *p = realloc(c->leases, cap * sizeof *c->leases);
         if (!p)
             return NULL;
+        memset(p + c->cap_leases, 0, (cap - c->cap_leases) * sizeof *p);
         c->leases = p;
         c->cap_leases = cap;
     }
-    uint32_t *s = malloc((size_t)m->grant.n_samples * 4);
-    if (!s)
-        return NULL;
-    memcpy(s, m->samples, (size_t)m->grant.n_samples * 4);
-    struct client_lease *l = &c->leases[c->n_leases++];
-    *l = (struct client_lease){ m->grant.batch_id, m->grant.epoch, m->grant.n_samples, m->grant.n_tokens,
-                                m->grant.max_seq_len, m->grant.lease, s };
+    struct client_lease *l = &c->leases[c->n_leases];
+    uint32_t n = m->grant.n_samples;
+    if (l->samples_cap < n) {
+        uint32_t cap = n < 256 ? 256 : n;
+        uint32_t *s = realloc(l->samples, (size_t)cap * 4);
+        if (!s)
+            return NULL;
+        l->samples = s;
+        l->samples_cap = cap;
+    }
+    memcpy(l->samples, m->samples, (size_t)n * 4);
+    *l = (struct client_lease){ m->grant.batch_id, m->grant.epoch, n, m->grant.n_tokens, m->grant.max_seq_len,
+                                m->grant.lease, l->samples, l->samples_cap };
+    c->n_leases++;
     return l;
 }
 
@@ -630,7 +640,7 @@ void client_free(struct client *c)
         return;
     if (c->fd >= 0)
         close(c->fd);
-    for (size_t i = 0; i < c->n_leases; i++)
+    for (size_t i = 0; i < c->cap_leases; i++)
         free(c->leases[i].samples);
     free(c->leases);
     free(c->out);

@@ -61,6 +61,7 @@ struct client_lease {
     uint32_t max_seq_len;
     uint32_t lease;             /* the batch's lease number: written into its slot (ring_payload.lease) */
     uint32_t *samples;          /* dataset sample indices */
+    uint32_t samples_cap;       /* the client's: room in samples (kept for the next grant) */
 };
 
 struct client_stats {

@@ -372,6 +372,76 @@ static void test_checkpoint_accepted(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+static void grant(int fd, uint64_t batch, uint32_t n, uint32_t first)
+{
+    static uint32_t sm[400];
+    for (uint32_t i = 0; i < n; i++)
+        sm[i] = first + i;
+    struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = sm };
+    g.grant = (struct proto_lease_grant){ .batch_id = batch, .n_samples = n, .n_tokens = n, .max_seq_len = 64,
+                                          .lease = 1 };
+    send_frame(fd, &g);
+}
+
+static void check_lease(struct client *c, uint64_t batch, uint32_t n, uint32_t first)
+{
+    const struct client_lease *l = client_lease_find(c, batch);
+    CHECK(l != NULL);
+    CHECK_INT(l->n_samples, ==, n);
+    for (uint32_t i = 0; i < n; i++)
+        CHECK_INT(l->samples[i], ==, first + i);
+}
+
+/* Leases come and go: a dropped lease's sample buffer serves the next grant (no allocation once
+ * warm), a bigger grant grows it, and the leases still held keep their own samples. */
+static void test_lease_churn(int lfd)
+{
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        int fd = accept_welcomed(lfd, 10000, 0);
+        grant(fd, 100, 3, 1);
+        grant(fd, 101, 5, 10);
+        struct proto_msg rv = { .type = PROTO_LEASE_REVOKE, .batch.batch_id = 100 };
+        send_frame(fd, &rv);
+        grant(fd, 102, 7, 20);
+        grant(fd, 103, 300, 1000);
+        char ch;
+        while (read(fd, &ch, 1) > 0)
+            ;
+        _exit(0);
+    }
+    struct client *c = NULL;
+    struct client_opts o = opts();
+    char err[512] = "";
+    CHECK_OK(client_open(&c, &o, err, sizeof err));
+    struct proto_msg m;
+    const uint32_t *buf100 = NULL;  /* 100's samples, when its grant is handed out before the revoke */
+    for (;;) {
+        int held = client_lease_held(c, 103);
+        int r = client_poll(c, held ? 0 : 2000, &m, err, sizeof err);
+        CHECK_INT(r, >=, 0);
+        if (r == 0) {
+            CHECK(held);
+            break;
+        }
+        if (m.type == PROTO_LEASE_GRANT && m.grant.batch_id == 100) {
+            check_lease(c, 100, 3, 1);
+            buf100 = client_lease_find(c, 100)->samples;
+        }
+    }
+    CHECK(!client_lease_held(c, 100));
+    CHECK_INT(client_leases_held(c), ==, 3);
+    check_lease(c, 101, 5, 10);
+    check_lease(c, 102, 7, 20);
+    check_lease(c, 103, 300, 1000);
+    if (buf100)
+        CHECK(client_lease_find(c, 102)->samples == buf100);
+    printf("lease churn: grant 100 %s\n", buf100 ? "handed out, its buffer serves 102" : "revoked while queued");
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -384,6 +454,7 @@ int main(void)
     test_held_until_reconnect(lfd);
     test_held_after_send_timeout(lfd);
     test_checkpoint_accepted(lfd);
+    test_lease_churn(lfd);
     close(lfd);
     unlink(g_sock);
     printf("ok\n");
