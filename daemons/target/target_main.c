@@ -400,7 +400,9 @@ static int claim_slot(struct tgt *t, uint64_t batch_id, unsigned *slot)
     }
 }
 
-/* The claimed slot's lease and packed inputs. 1 packed, 0 lease gone (slot aborted), <0 fatal. */
+/* The claimed slot's lease and packed inputs. 1 packed, 0 lease gone (slot aborted), <0 fatal.
+ * Packed, the batch leaves the queue: a grant of it read from now on (revoked, queued again and
+ * granted anew while this forward runs) is a new lease's, for a forward of its own. */
 static int pack_lease(struct tgt *t, uint64_t batch_id, unsigned slot)
 {
     char err[512];
@@ -418,6 +420,7 @@ static int pack_lease(struct tgt *t, uint64_t batch_id, unsigned slot)
         t->reported = 1;
         return r;
     }
+    queue_remove(t, batch_id);
     return 1;
 }
 
@@ -429,7 +432,11 @@ static int publish(struct tgt *t, uint64_t batch_id, unsigned slot, uint32_t n_t
         log_warn(0, "debug: poisoning batch %" PRIu64 " with NaN (target.debug_nan_batch)", batch_id);
         poison(t, slot, n_tokens);
     }
-    if (!client_lease_held(t->cl, batch_id)) {
+    /* Held under the same lease number: revoked and granted again meanwhile (queued again after
+     * another target's copy went untrained), this copy is an earlier lease's; the new grant's
+     * forward publishes the batch. */
+    const struct client_lease *l = client_lease_find(t->cl, batch_id);
+    if (!l || l->lease != ring_slot_header(t->ring, slot)->lease) {
         ring_abort_write(t->ring, slot);
         log_info("batch %" PRIu64 " was revoked during its forward: dropped", batch_id);
         return 0;
@@ -481,7 +488,6 @@ static int run_batch(struct tgt *t, uint64_t batch_id)
         ring_abort_write(t->ring, slot);
         return r;
     }
-    queue_remove(t, batch_id);
     if ((r = publish(t, batch_id, slot, n_tokens)) <= 0)
         return r;
     uint64_t t4 = mono_ns();
@@ -572,7 +578,6 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
         t->reported = 1;
         return r;
     }
-    queue_remove(t, batch_id);
     return poll_pipe(t);
 }
 #endif
