@@ -132,6 +132,7 @@ static int validate(struct dataset *ds, const char *path, unsigned flags, char *
     ds->n_samples = h->n_samples;
     ds->n_tokens = h->n_tokens;
     ds->vocab_size = h->vocab_size;
+    ds->checksum = h->checksum;
 
     if (!(flags & DATASET_OPEN_NO_CHECKSUM)) {
         struct dataset_hash s;

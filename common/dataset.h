@@ -52,6 +52,7 @@ struct dataset {
     const struct dataset_index_entry *index;
     uint64_t n_samples, n_tokens;
     uint32_t vocab_size;
+    uint64_t checksum;          /* the header's, as opened (identifies the file's contents) */
     char path[256];
 };
 

@@ -1,6 +1,7 @@
 /* peer.c: see peer.h. */
 #include "ipc/peer.h"
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -105,6 +106,12 @@ static int check_ring(void *arg, const struct proto_welcome *w, char *why, size_
                  pw->d->ident, w->ring_name, w->ring_slots, ring_name(r), ring_layout(r)->nslots);
         return -DF_EPEER;
     }
+    if (pw->ds && w->dataset_checksum != pw->ds->checksum) {
+        snprintf(why, len, "%s exits: the coordinator now schedules dataset %s of checksum %016" PRIx64 ", this daemon "
+                 "reads %s of checksum %016" PRIx64, pw->d->ident, w->dataset_path, w->dataset_checksum, pw->ds->path,
+                 pw->ds->checksum);
+        return -DF_EPEER;
+    }
     int same = ring_same_object(r, w->ring_name);
     if (same < 0) {
         log_warn(same, "ring %s: cannot tell whether it is still the object this daemon maps", w->ring_name);
@@ -118,9 +125,10 @@ static int check_ring(void *arg, const struct proto_welcome *w, char *why, size_
     return 0;
 }
 
-void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r)
+void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r,
+                     const struct dataset *ds)
 {
-    *w = (struct peer_ring_watch){ d, r };
+    *w = (struct peer_ring_watch){ d, r, ds };
     client_set_welcome_check(cl, check_ring, w);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <stddef.h>
 #include "common/daemon.h"
+#include "common/dataset.h"
 #include "ipc/client.h"
 #include "ipc/ring.h"
 
@@ -41,12 +42,17 @@ void peer_report_exit(struct daemon *d, struct client *cl, int code, int *report
  * client's welcome check (client_set_welcome_check): checked before anything of the old
  * connection is replayed; when it fails, "<ident> exits: <why>" goes to the coordinator, the
  * client gives up (-DF_EPEER) and the daemon exits, to attach the new ring when started again.
- * It cannot be told (e.g. no access to /dev/shm): a warning, and the daemon goes on. */
+ * It cannot be told (e.g. no access to /dev/shm): a warning, and the daemon goes on.
+ * ds (a target's; NULL for a drafter): the dataset it reads samples from must still be the
+ * coordinator's, by header checksum (a file renamed over the path, then a coordinator restart
+ * that scheduled the new one, would have this target pack another dataset's tokens). */
 struct peer_ring_watch {
     const struct daemon *d;
     const struct ring *ring;
+    const struct dataset *ds;
 };
-void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r);
+void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r,
+                     const struct dataset *ds);
 
 /* Attach the ring named in the coordinator's WELCOME (any mode), retrying for up to 2 s while
  * it is being created (-EAGAIN). A ring that is gone because the cluster has ended (the WELCOME

@@ -7,8 +7,8 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 4                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
-                                              4: lease numbers, SKIPPED */
+#define PROTO_VERSION 5                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
+                                              4: lease numbers, SKIPPED; 5: dataset checksum in WELCOME */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -157,10 +157,11 @@ struct proto_welcome {
     uint32_t world_size;            /* drafter group size */
     uint32_t max_seq_len;           /* samples are truncated to this */
     uint32_t epochs;
+    uint64_t dataset_checksum;      /* the header checksum of the dataset the coordinator schedules */
     char ring_name[PROTO_NAME_MAX]; /* POSIX shm name of the ring */
     char dataset_path[PROTO_PATH_MAX];
 };
-_Static_assert(sizeof(struct proto_welcome) == 360, "wire size");
+_Static_assert(sizeof(struct proto_welcome) == 368, "wire size");
 
 /* Frozen across versions (see top). */
 struct proto_refuse {

@@ -173,8 +173,9 @@ int drafter_train_step(struct drafter *d, const struct obj_batch *b, int num_anc
                        struct drafter_metrics *m, struct drafter_step_info *info);
 
 /* A step on the host runs for seconds at realistic sizes: drafter_forward_backward and
- * drafter_forward call fn(arg) on their own thread after every layer (forward and backward) and
- * every LM-head chunk, for the caller's heartbeat and watchdog. NULL = none. */
+ * drafter_forward call fn(arg) on their own thread after the attention and the MLP of every layer
+ * (forward and backward) and every LM-head chunk, for the caller's heartbeat and watchdog. NULL =
+ * none. */
 void drafter_set_progress(struct drafter *d, void (*fn)(void *arg), void *arg);
 
 /* Optimizer steps done so far (restored by checkpoint load). */

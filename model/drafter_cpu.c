@@ -388,6 +388,12 @@ struct dims {
     float eps;
 };
 
+static void progress(const struct drafter *d)
+{
+    if (d->progress)
+        d->progress(d->progress_arg);
+}
+
 static void layer_fwd(struct drafter *d, const struct dims *z, int l, const struct obj_batch *b,
                       const struct obj_block *blk)
 {
@@ -415,6 +421,7 @@ static void layer_fwd(struct drafter *d, const struct dims *z, int l, const stru
 
     struct attn_dims ad = { z->bs, z->nh, z->nkv, z->hd, z->qd, z->kvd, 1.0f / sqrtf((float)z->hd) };
     attn_fwd(&ad, blk, z->nb, b->cu_seqlens, a, ws->S);
+    progress(d);
 
     memcpy(a->H1, X, Q * z->H * sizeof(float));
     gemm_nt(z->Q, z->H, z->qd, 1.0f, a->O, z->qd, P + o->o, z->qd, 1.0f, a->H1, z->H);
@@ -456,6 +463,7 @@ static void layer_bwd(struct drafter *d, const struct dims *z, int l, const stru
     memcpy(ws->dH1, ws->dX, Q * z->H * sizeof(float));
     rms_bwd(ws->dH1, ws->dBn, a->H1, a->brinv, P + o->post_norm, G + o->post_norm, ws->dwacc, Q,
             z->H, 1);
+    progress(d);
 
     /* attention output projection: H1 = X + O @ Wo^T */
     gemm_tn(z->H, z->qd, z->Q, 1.0f, ws->dH1, z->H, a->O, z->qd, 1.0f, G + o->o, z->qd);
@@ -469,6 +477,7 @@ static void layer_bwd(struct drafter *d, const struct dims *z, int l, const stru
     struct attn_dims ad = { z->bs, z->nh, z->nkv, z->hd, z->qd, z->kvd, 1.0f / sqrtf((float)z->hd) };
     attn_bwd(&ad, blk, z->nb, b->cu_seqlens, a, ws->dO, ws->dQ, ws->dKc, ws->dKb, ws->dVc, ws->dVb,
              ws->S, ws->dP);
+    progress(d);
 
     rope(ws->dQ, Q, z->nh, z->hd, ws->pos_q, ws->cos_t, ws->sin_t, 1);
     rope(ws->dKc, T, z->nkv, z->hd, ws->pos_ctx, ws->cos_t, ws->sin_t, 1);
@@ -495,12 +504,6 @@ static void layer_bwd(struct drafter *d, const struct dims *z, int l, const stru
     memcpy(ws->dX, ws->dH1, Q * z->H * sizeof(float));
     rms_bwd(ws->dX, ws->dA, ws->X[l], a->arinv, P + o->input_norm, G + o->input_norm, ws->dwacc, Q,
             z->H, 1);
-}
-
-static void progress(const struct drafter *d)
-{
-    if (d->progress)
-        d->progress(d->progress_arg);
 }
 
 /* LM head + cross entropy over the supervised rows, `head_chunk_rows` at a time: logits of one

@@ -50,7 +50,7 @@ int target_forward(struct target *m, const uint32_t *tokens, const int32_t *cu_s
                    int n_tokens, void *out, enum out_dtype dtype, size_t out_row_pitch_bytes);
 
 /* A host forward (the CPU backend) runs for seconds on a large batch: it calls fn(arg) on its own
- * thread after every layer, for the caller's heartbeat and watchdog (cheap, never re-entering the
+ * thread after the attention and the MLP of every layer, for the caller's heartbeat and watchdog (cheap, never re-entering the
  * model). A hang inside a layer still starves them. NULL = none; the CUDA backend never calls it. */
 void target_set_progress(struct target *m, void (*fn)(void *arg), void *arg);
 

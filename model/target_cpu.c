@@ -158,6 +158,8 @@ static int cpu_forward(struct target *m, const uint32_t *tokens, const int32_t *
         cpu_rope_apply(c->k, T, NKV, D, c->pos, c->rope_cos, c->rope_sin);
         cpu_attention_varlen(c->attn, c->q, c->k, c->v, cu_seqlens, n_seqs, NH, NKV, D, scale, c->attn_scratch);
         cpu_linear(c->x, c->attn, w[TW_O], w[TW_O_BIAS], T, NH * D, H, 1.0f);      /* x += o_proj(attn) */
+        if (m->progress)
+            m->progress(m->progress_arg);
 
         cpu_rmsnorm(c->h, c->x, w[TW_POST_NORM], T, H, eps);
         cpu_linear(c->gate, c->h, w[TW_GATE], w[TW_GATE_BIAS], T, H, FF, 0.0f);

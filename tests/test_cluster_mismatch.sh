@@ -5,10 +5,14 @@
 #    it): exit 78, the unit is not restarted, the message names ring.max_tokens (a fatal error:
 #    the cluster fails);
 #  - the dataset file at data.path is not the one the coordinator scheduled (here: rebuilt with
-#    one more token in every sample): the first batch it packs holds more tokens than the grant; a
-#    fatal error naming the file, the cluster fails, no batch is published;
+#    one more token in every sample): its checksum is not the one in the coordinator's WELCOME;
+#    exit 78, a fatal error naming the file, the cluster fails, no batch is published;
 #  - the dataset rewritten in place under a running target (its index now pointing outside the
-#    tokens): the next batch it packs is refused, naming the file, not read out of bounds.
+#    tokens): the next batch it packs is refused, naming the file, not read out of bounds;
+#  - the dataset replaced (renamed over) by one of the same sample lengths, other tokens, while
+#    the cluster runs: the coordinator started again refuses its ledger (it was written for the
+#    old file) with the reason; started on a new ledger, the target still reading the old file
+#    leaves (its reconnect's WELCOME names another checksum) instead of packing stale tokens.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -39,15 +43,15 @@ for line in sys.stdin:
 "$CL_BIN/dflash-data" build -o "$CL_DIR/data.bin" -v 256 "$T/longer.jsonl" >/dev/null || fail "rebuild"
 cl_start target0 target-d -c "$CL_INI" -i 0
 cl_wait_exit target0 60
-[[ $CL_RC == 1 ]] || fail "the target on another dataset exited with '$CL_RC', wanted 1"
-grep -q "$CL_DIR/data.bin holds .* for its samples.*this target's dataset is not the coordinator's (data.path)" \
+[[ $CL_RC == 78 ]] || fail "the target on another dataset exited with '$CL_RC', wanted 78"
+grep -q "$CL_DIR/data.bin: checksum [0-9a-f]*, but the coordinator schedules a dataset of checksum [0-9a-f]*: the file was replaced" \
   "$CL_DIR/target0.log" || fail "no clear message: $(tail -n 3 "$CL_DIR/target0.log")"
 cl_wait_exit coord 30
 [[ $CL_RC != 0 ]] || fail "the coordinator ended the run as done"
-grep -q "exiting: failed: .*this target's dataset is not the coordinator's" "$CL_DIR/coord.log" ||
+grep -q "exiting: failed: .*the file was replaced after the coordinator opened it" "$CL_DIR/coord.log" ||
   fail "the cluster did not fail on the fatal error: $(tail -n 2 "$CL_DIR/coord.log")"
 [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state >= 2') == 0 ]] || fail "a batch was published from the other dataset"
-cl_log "other dataset: $(grep -h "not the coordinator's" "$CL_DIR/target0.log" | head -n 1 | sed 's/^<[0-9]>//')"
+cl_log "other dataset: $(grep -h "the file was replaced" "$CL_DIR/target0.log" | head -n 1 | sed 's/^<[0-9]>//')"
 
 cl_init "$T/c3" 200 || exit 1
 cl_start_coord || fail "third coordinator did not come up"
@@ -69,4 +73,34 @@ cl_wait_exit target0 60
 grep -q "$CL_DIR/data.bin changed while in use (sample [0-9]* points outside its tokens)" "$CL_DIR/target0.log" ||
   fail "no clear message: $(tail -n 3 "$CL_DIR/target0.log")"
 cl_log "rewritten in place: $(grep -h "changed while in use" "$CL_DIR/target0.log" | head -n 1 | sed 's/^<[0-9]>//')"
-echo "ok: a smaller ring.max_tokens, another dataset and one rewritten in place are refused with the reason"
+cl_init "$T/c4" 200 || exit 1
+cl_start_coord || fail "fourth coordinator did not come up"
+cl_start target0 target-d -c "$CL_INI" -i 0
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+cl_wait 'step() >= 5' 60 coord || fail "no training"
+"$CL_BIN/dflash-data" dump "$CL_DIR/data.bin" |
+  "$CL_PY" -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    r["input_ids"] = [(t + 1) % 255 for t in r["input_ids"]]
+    print(json.dumps(r))' >"$T/shifted.jsonl" || fail "dump"
+"$CL_BIN/dflash-data" build -o "$CL_DIR/data.new" -v 256 "$T/shifted.jsonl" >/dev/null || fail "rebuild"
+mv "$CL_DIR/data.new" "$CL_DIR/data.bin"                # renamed over: the daemons keep the old file
+cl_kill drafter0 KILL
+cl_kill coord KILL
+cl_wait_exit coord 10
+cl_start coord2 coordinator-d -c "$CL_INI"
+cl_wait_exit coord2 30
+[[ $CL_RC == 78 ]] || fail "the coordinator on a replaced dataset exited with '$CL_RC', wanted 78"
+grep -q "ledger.db was written for a dataset of checksum [0-9a-f]*, $CL_DIR/data.bin now has checksum [0-9a-f]* (replaced)" \
+  "$CL_DIR/coord2.log" || fail "no clear message: $(tail -n 3 "$CL_DIR/coord2.log")"
+cl_log "replaced dataset, coordinator: $(grep -h "(replaced)" "$CL_DIR/coord2.log" | head -n 1 | sed 's/^<[0-9]>//')"
+mv "$CL_DIR"/state/*-ledger.db "$T/old-ledger.db"      # a new run on the new file
+cl_start coord3 coordinator-d -c "$CL_INI"
+cl_wait_exit target0 60
+[[ $CL_RC != timeout ]] || fail "the target reading the old file did not leave"
+grep -q "target-d@0 exits: the coordinator now schedules dataset $CL_DIR/data.bin of checksum [0-9a-f]*, this daemon reads" \
+  "$CL_DIR/target0.log" || fail "no clear message: $(tail -n 3 "$CL_DIR/target0.log")"
+cl_log "replaced dataset, running target: $(grep -h "now schedules dataset" "$CL_DIR/target0.log" | head -n 1 | sed 's/^<[0-9]>//')"
+echo "ok: a smaller ring.max_tokens, another dataset, one rewritten in place and one replaced are refused with the reason"

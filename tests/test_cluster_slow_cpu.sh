@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_cluster_slow_cpu.sh: a CPU forward or training step longer than coordinator.dead_after_ms
 # is not taken for a dead daemon. A deep target (39 layers run per batch) forwards batches of ~4k
-# tokens, and the drafter (vocabulary 16384, 48 anchors of 16 per sequence) trains on them, each
+# tokens, and the drafter (vocabulary 32768, 24 anchors of 16 per sequence) trains on them, each
 # for several times dead_after_ms; both keep their heartbeat going between layers (and LM-head
 # chunks), so the coordinator never closes them for silence: the target keeps its leases, the
 # drafter group is never failed (without: no step at all, every group ends in its first step).
@@ -11,11 +11,11 @@ cd "$(dirname "$0")/.."
 cl_test_init
 
 DEAD_MS=1200
-CL_VOCAB=16384 CL_MKMODEL_ARGS="--hidden 256 --layers 40 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 768" \
+CL_VOCAB=32768 CL_MKMODEL_ARGS="--hidden 256 --layers 40 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 768" \
 CL_MKDATA_ARGS="--min-len 200 --max-len 400" cl_init "$T/c" 60 || exit 1
 cl_ini_add ring.slots=2 ring.max_tokens=4096 model.capture_layers=1,38 data.token_budget=4096 \
   data.max_seq_len=512 data.bucket_width=512 coordinator.heartbeat_ms=100 coordinator.dead_after_ms=$DEAD_MS \
-  drafter.block_size=16 drafter.num_anchors=48
+  drafter.block_size=16 drafter.num_anchors=24
 D=$CL_DIR
 cl_start_coord || fail "coordinator did not come up"
 cl_start target0 target-d -c "$CL_INI" -i 0

@@ -580,6 +580,7 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
                                         .max_seq_len = co->sp.max_seq_len, .epochs = co->epochs };
     proto_strset(w.welcome.ring_name, sizeof w.welcome.ring_name, co->ring_name);
     proto_strset(w.welcome.dataset_path, sizeof w.welcome.dataset_path, co->cfg->data.path);
+    w.welcome.dataset_checksum = co->ds.checksum;
     coord_send(m, &w);
     for (uint32_t i = 0; i < n_regrant; i++)
         send_grant(co, m, regrant[i], 1);
@@ -1379,6 +1380,21 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     } else if (strcmp(old, fp)) {
         snprintf(err, errlen, "%s was written for another dataset or schedule (fingerprint %s, now %s): "
                  "move it away to start a new run", co->ledger_path, old, fp);
+        return -DF_ELAYOUT;
+    }
+    /* The schedule only sees lengths: a dataset replaced by one of the same lengths is told by
+     * its checksum (the batches trained so far hold the old one's tokens). */
+    uint64_t sum;
+    if ((r = ledger_meta_get_u64(co->ledger, "dataset_checksum", &sum)) < 0) {
+        snprintf(err, errlen, "%s: cannot read", co->ledger_path);
+        return r;
+    }
+    if (r == 0) {
+        ledger_meta_set_u64(co->ledger, "dataset_checksum", co->ds.checksum);
+    } else if (sum != co->ds.checksum) {
+        snprintf(err, errlen, "%s was written for a dataset of checksum %016" PRIx64 ", %s now has checksum %016" PRIx64
+                 " (replaced): put the old file back, or move the ledger away to start a new run", co->ledger_path,
+                 sum, cfg->data.path, co->ds.checksum);
         return -DF_ELAYOUT;
     }
     struct load_ctx lc = { co, err, errlen, 0 };

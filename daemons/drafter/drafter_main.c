@@ -1424,7 +1424,7 @@ static int attach_ring(struct dft *f, char *err, size_t errlen)
     int r = peer_attach_ring(f->cl, f->sock, &f->ring, err, errlen);
     if (r < 0)
         return r;
-    peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring);
+    peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring, NULL);
     const struct ring_layout *l = ring_layout(f->ring);
     if (l->hidden != (uint32_t)f->dc.hidden_size || l->n_layers != (uint32_t)f->n_ids || l->dtype != RING_DTYPE_BF16) {
         snprintf(err, errlen, "ring %s holds hidden %u x %u layers, this drafter expects hidden %d x %d layers",

@@ -588,12 +588,18 @@ static int attach(struct tgt *t, char *err, size_t errlen)
     int r = peer_attach_ring(t->cl, t->sock, &t->ring, err, errlen);
     if (r < 0)
         return r;
-    peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring);
     if ((r = check_ring_layout(t, err, errlen)) < 0)
         return r;
     r = dataset_open(&t->ds, w->dataset_path, DATASET_OPEN_NO_CHECKSUM, err, errlen);
     if (r < 0)
         return r;
+    if (t->ds.checksum != w->dataset_checksum) {
+        snprintf(err, errlen, "%s: checksum %016" PRIx64 ", but the coordinator schedules a dataset of checksum %016" PRIx64
+                 ": the file was replaced after the coordinator opened it (restart the coordinator to train on it)",
+                 w->dataset_path, t->ds.checksum, w->dataset_checksum);
+        return -DF_ELAYOUT;
+    }
+    peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring, &t->ds);
     if (t->ds.vocab_size > (uint32_t)t->hf.vocab_size) {
         snprintf(err, errlen, "%s: vocabulary %u is larger than the target's (%d, %s)", w->dataset_path,
                  t->ds.vocab_size, t->hf.vocab_size, t->cfg->model.path);
