@@ -24,8 +24,10 @@
  *
  * Targets: lease a batch with client_lease_request(); grants arrive as LEASE_GRANT
  * whose samples stay valid (client-owned) until the lease is published or returned.
- * Before marking a slot READY, check client_lease_held() (a revoked lease must not be
- * published: abort the slot instead); then ring_publish, then client_published().
+ * Before marking a slot READY, check that the lease is still held under the number the slot
+ * was packed with (client_lease_find()->lease: a revoked lease, or one revoked and granted
+ * anew, must not be published: abort the slot instead); then ring_publish, then
+ * client_published().
  * Drafters: client_join_group(), then wait for GROUP with client_poll(). GROUP.ckpt_dir
  * is the checkpoint to load: never a newer one found on disk (it is not in the lineage).
  * On RESTART: abort the step (ring_requeue the slot being read), reload RESTART.ckpt_dir,
@@ -100,8 +102,9 @@ void client_set_heartbeat(struct client *c, const struct proto_heartbeat *hb);  
 typedef int (*client_welcome_check_fn)(void *arg, const struct proto_welcome *w, char *why, size_t len);
 void client_set_welcome_check(struct client *c, client_welcome_check_fn fn, void *arg);
 int client_heartbeat_now(struct client *c);
-/* The heartbeat if its period is over: one send, no read, no reconnect. For the progress hooks
- * of a long host computation (a CPU forward or training step), between its layers. */
+/* The heartbeat if its period is over: one send, no read, no reconnect (a failed send does
+ * disconnect; the next poll reconnects). For the progress hooks of a long host computation (a
+ * CPU forward or training step), between its layers. */
 void client_heartbeat_due(struct client *c);
 int client_lease_request(struct client *c, uint32_t n);
 int client_lease_return(struct client *c, uint64_t batch_id);

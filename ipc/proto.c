@@ -107,6 +107,7 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
     case PROTO_WELCOME:
         if (m->welcome.cluster_state >= PROTO_STATE_MAX)
             FAIL(-DF_EFORMAT, "%s: bad cluster state %u", tn, m->welcome.cluster_state);
+        ZERO(m->welcome.pad, "pad");
         STR_OK(m->welcome.ring_name, "ring_name");
         STR_OK(m->welcome.dataset_path, "dataset_path");
         break;
@@ -164,7 +165,6 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
     case PROTO_CONTROL:
         if (m->control.cmd < 1 || m->control.cmd >= PROTO_CTL_MAX)
             FAIL(-DF_EFORMAT, "%s: bad command %u", tn, m->control.cmd);
-        ZERO(m->control.pad, "pad");
         STR_OK(m->control.reason, "reason");
         break;
     case PROTO_RESTART:

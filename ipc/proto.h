@@ -8,7 +8,8 @@
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
 #define PROTO_VERSION 5                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
-                                              4: lease numbers, SKIPPED; 5: dataset checksum in WELCOME */
+                                              4: lease numbers, SKIPPED; 5: dataset checksum and operator
+                                              resume count in WELCOME, the count in CONTROL */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -158,10 +159,12 @@ struct proto_welcome {
     uint32_t max_seq_len;           /* samples are truncated to this */
     uint32_t epochs;
     uint64_t dataset_checksum;      /* the header checksum of the dataset the coordinator schedules */
+    uint32_t resumes;               /* the operator's resumes of the run so far (see proto_control) */
+    uint32_t pad;
     char ring_name[PROTO_NAME_MAX]; /* POSIX shm name of the ring */
     char dataset_path[PROTO_PATH_MAX];
 };
-_Static_assert(sizeof(struct proto_welcome) == 368, "wire size");
+_Static_assert(sizeof(struct proto_welcome) == 376, "wire size");
 
 /* Frozen across versions (see top). */
 struct proto_refuse {
@@ -259,7 +262,9 @@ _Static_assert(sizeof(struct proto_error) == 264, "wire size");
 
 struct proto_control {
     uint32_t cmd;                   /* enum proto_control_cmd */
-    uint32_t pad;
+    uint32_t resumes;               /* s->c: the operator's resumes so far, counted by the coordinator
+                                       (kept in its ledger): a daemon away during one learns of it
+                                       from the next WELCOME */
     char reason[PROTO_TEXT_MAX];
 };
 _Static_assert(sizeof(struct proto_control) == 264, "wire size");

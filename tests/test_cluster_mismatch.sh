@@ -96,7 +96,8 @@ cl_wait_exit coord2 30
 grep -q "ledger.db was written for a dataset of checksum [0-9a-f]*, $CL_DIR/data.bin now has checksum [0-9a-f]* (replaced)" \
   "$CL_DIR/coord2.log" || fail "no clear message: $(tail -n 3 "$CL_DIR/coord2.log")"
 cl_log "replaced dataset, coordinator: $(grep -h "(replaced)" "$CL_DIR/coord2.log" | head -n 1 | sed 's/^<[0-9]>//')"
-mv "$CL_DIR"/state/*-ledger.db "$T/old-ledger.db"      # a new run on the new file
+mkdir "$T/old-ledger"
+mv "$CL_DIR"/state/*-ledger.db* "$T/old-ledger/"       # a new run on the new file
 cl_start coord3 coordinator-d -c "$CL_INI"
 cl_wait_exit target0 60
 [[ $CL_RC != timeout ]] || fail "the target reading the old file did not leave"

@@ -16,8 +16,12 @@
 
 static pid_t target;
 
+static pid_t phase_pid;     /* cleanup is the phase's, not a forked helper's */
+
 static void cleanup(void)
 {
+    if (getpid() != phase_pid)
+        return;
     if (target > 0)
         kill(target, SIGCONT);
     tc_kill(target);
@@ -61,6 +65,7 @@ static char g_log[400];
  * target here). */
 static int start(const char *name, const char *backend, int prefetch, int samples, struct client **d, uint64_t *gen)
 {
+    phase_pid = getpid();
     atexit(cleanup);
     static char tmp[300];
     snprintf(tmp, sizeof tmp, "%s/%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name);

@@ -182,6 +182,7 @@ struct coord {
     bool fatal;                     /* draining because of a fatal error: end FAILED */
     bool finishing;                 /* draining for the run's final checkpoint: drafters only */
     int signal_drain_from;          /* draining on a stop signal: the state before it, else -1 */
+    uint32_t resumes;               /* the operator's resumes (dflashctl resume) of this run */
     bool recovering;                /* restarted from a ledger: waiting for peers */
     uint64_t recovery_until_ms;
     uint64_t stopped_ms;            /* when STOPPED/FAILED was entered */

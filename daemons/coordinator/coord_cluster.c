@@ -221,6 +221,7 @@ static void push_control(struct member *m, int cmd, const char *reason)
 {
     struct proto_msg msg = { .type = PROTO_CONTROL };
     msg.control.cmd = (uint32_t)cmd;
+    msg.control.resumes = m->co->resumes;
     proto_strset(msg.control.reason, sizeof msg.control.reason, reason);
     coord_send(m, &msg);
 }
@@ -288,12 +289,15 @@ static void save_state(struct coord *co)
     ledger_meta_set(co->ledger, "reason", co->reason);
     ledger_meta_set_u64(co->ledger, "fatal", co->fatal);
     ledger_meta_set_u64(co->ledger, "finishing", co->finishing);
+    ledger_meta_set_u64(co->ledger, "resumes", co->resumes);
 }
 
 static void restore_state(struct coord *co)
 {
     char name[32];
     uint64_t v;
+    if (ledger_meta_get_u64(co->ledger, "resumes", &v) == 1)
+        co->resumes = (uint32_t)v;
     if (ledger_meta_get(co->ledger, "state", name, sizeof name) != 1)
         return;
     for (int s = PROTO_STATE_PAUSED; s <= PROTO_STATE_DRAINING; s++)
@@ -581,6 +585,7 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
     proto_strset(w.welcome.ring_name, sizeof w.welcome.ring_name, co->ring_name);
     proto_strset(w.welcome.dataset_path, sizeof w.welcome.dataset_path, co->cfg->data.path);
     w.welcome.dataset_checksum = co->ds.checksum;
+    w.welcome.resumes = co->resumes;
     coord_send(m, &w);
     for (uint32_t i = 0; i < n_regrant; i++)
         send_grant(co, m, regrant[i], 1);
@@ -860,7 +865,11 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
     if (rec)
         record_error(co, m, (int)e->fatal, e->code, e->message);
     char reason[PROTO_TEXT_MAX + 80];
-    snprintf(reason, sizeof reason, "%s: %s", m->name, e->message);
+    size_t nl = strlen(m->name);     /* daemons often name themselves already */
+    if (!strncmp(e->message, m->name, nl) && e->message[nl] == ':')
+        snprintf(reason, sizeof reason, "%s", e->message);
+    else
+        snprintf(reason, sizeof reason, "%s: %s", m->name, e->message);
     if (e->fatal) {
         log_error(0, "fatal error from %s (pid %d): %s (%s)", m->name, (int)m->pid, e->message, err_str(e->code));
         if (co->state < PROTO_STATE_DRAINING) {
@@ -922,8 +931,10 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
             refused = "only a running cluster can pause";
         break;
     case PROTO_CTL_RESUME:
-        if (co->state == PROTO_STATE_PAUSED)
+        if (co->state == PROTO_STATE_PAUSED) {
+            co->resumes++;      /* before the RESUME pushes and the saved state carry it */
             coord_set_state(co, PROTO_STATE_RUNNING, "");
+        }
         else if (co->state != PROTO_STATE_RUNNING)
             refused = "only a paused cluster can resume";
         break;

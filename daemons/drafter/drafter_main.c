@@ -117,6 +117,8 @@ struct dft {
     int stop_now;               /* STOP pushed */
     int stop_vote;              /* stop signal: leave after this step, with a checkpoint */
     int poisoned;               /* a non-finite loss was seen: never checkpoint from here */
+    uint32_t resumes;           /* the operator's resumes as the coordinator last said (WELCOME, RESUME) */
+    uint32_t poisoned_at;       /* `resumes` when the non-finite loss was seen */
     int voted_out;              /* CUDA: this rank's stop vote went through: leave */
 
     /* training position */
@@ -547,6 +549,15 @@ static void leave_group(struct dft *f)
     leave_group_how(f, 0);
 }
 
+/* A non-finite loss or norm: no checkpoint until the operator resumes the cluster (it paused on
+ * this rank's report, or rank 0's) after this. */
+static void poison(struct dft *f)
+{
+    if (!f->poisoned)
+        f->poisoned_at = f->resumes;
+    f->poisoned = 1;
+}
+
 static void handle_msg(struct dft *f, const struct proto_msg *m)
 {
     switch (m->type) {
@@ -568,6 +579,12 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         if (f->state != PROTO_STATE_DRAINING)
             f->draining = 0;
         log_notice("reconnected to the coordinator (cluster %s)", proto_state_name(m->welcome.cluster_state));
+        f->resumes = m->welcome.resumes;
+        if (f->poisoned && f->resumes != f->poisoned_at && f->state == PROTO_STATE_RUNNING) {
+            /* its RESUME went out while this drafter was away */
+            log_notice("the cluster was resumed after the non-finite loss: checkpoints again");
+            f->poisoned = 0;
+        }
         break;
     case PROTO_CONTROL:
         log_notice("%s%s%s", proto_control_name(m->control.cmd), m->control.reason[0] ? ": " : "", m->control.reason);
@@ -577,6 +594,7 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
             daemon_notify_status(&f->d, "paused: %s", m->control.reason);
             break;
         case PROTO_CTL_RESUME:
+            f->resumes = m->control.resumes;
             f->state = PROTO_STATE_RUNNING;
             f->draining = 0;    /* e.g. a final drain undone: a peer was lost before its checkpoint */
             f->poisoned = 0;    /* the operator removed the cause */
@@ -1083,7 +1101,7 @@ static int iterate(struct dft *f)
     if (ghave > 0 && sm[SM_NAN] > 0) {
         /* Every rank skips the same step; the weights stay as they were. Its batches were
          * consumed untrained: each rank hands its own back to be published again. */
-        f->poisoned = 1;
+        poison(f);
         if (have)
             client_batch_skipped(f->cl, b.id, b.lease);
         if (have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum))) {
@@ -1096,7 +1114,7 @@ static int iterate(struct dft *f)
             return broken_with(f, have, b, r);
         r = drafter_optimizer_step(f->dr, gm.weight_sum, &f->topt, &info);
         if (r == -DF_ENAN) {
-            f->poisoned = 1;
+            poison(f);
             if (have)
                 client_batch_skipped(f->cl, b.id, b.lease);
             log_error(r, "gradient norm is not finite at step %" PRId64 ": step skipped", info.step + 1);
@@ -1150,7 +1168,7 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
     if (rc == -DF_ENAN) {
         /* Skipped on every rank (all see the same summed metrics); the weights are untouched.
          * Its batches were consumed untrained: each rank hands its own back. */
-        f->poisoned = 1;
+        poison(f);
         remember_step(f, rec->have, rec->b, rec->peers, 1);
         if (rec->have)
             client_batch_skipped(f->cl, rec->b.id, rec->b.lease);
@@ -1445,6 +1463,7 @@ static int attach_ring(struct dft *f, char *err, size_t errlen)
         return -ENOMEM;
     }
     f->state = (int)w->cluster_state;
+    f->resumes = w->resumes;
     return 0;
 }
 

@@ -48,6 +48,7 @@ struct tgt {
         int used;
         unsigned slot;
         uint64_t batch_id;
+        uint32_t lease;                     /* the lease number it was packed under */
         uint32_t n_tokens;
         uint64_t t_claimed, t_submitted;   /* mono_ns */
         double wait_ms;
@@ -403,7 +404,7 @@ static int claim_slot(struct tgt *t, uint64_t batch_id, unsigned *slot)
 /* The claimed slot's lease and packed inputs. 1 packed, 0 lease gone (slot aborted), <0 fatal.
  * Packed, the batch leaves the queue: a grant of it read from now on (revoked, queued again and
  * granted anew while this forward runs) is a new lease's, for a forward of its own. */
-static int pack_lease(struct tgt *t, uint64_t batch_id, unsigned slot)
+static int pack_lease(struct tgt *t, uint64_t batch_id, unsigned slot, uint32_t *lease)
 {
     char err[512];
     const struct client_lease *l = client_lease_find(t->cl, batch_id);
@@ -421,12 +422,14 @@ static int pack_lease(struct tgt *t, uint64_t batch_id, unsigned slot)
         return r;
     }
     queue_remove(t, batch_id);
+    *lease = l->lease;
     return 1;
 }
 
-/* The forward is done and the states are in the slot: deliver it unless the lease was revoked
- * meanwhile (or the slot reclaimed). 1 published, 0 dropped, <0 fatal. */
-static int publish(struct tgt *t, uint64_t batch_id, unsigned slot, uint32_t n_tokens)
+/* The forward is done and the states are in the slot: deliver it unless the lease it was packed
+ * under (`lease`, kept by the caller: the slot is shared memory) was revoked meanwhile, or the slot
+ * reclaimed. 1 published, 0 dropped, <0 fatal. */
+static int publish(struct tgt *t, uint64_t batch_id, uint32_t lease, unsigned slot, uint32_t n_tokens)
 {
     if (t->cfg->target.debug_nan_batch >= 0 && batch_id == (uint64_t)t->cfg->target.debug_nan_batch) {
         log_warn(0, "debug: poisoning batch %" PRIu64 " with NaN (target.debug_nan_batch)", batch_id);
@@ -436,7 +439,7 @@ static int publish(struct tgt *t, uint64_t batch_id, unsigned slot, uint32_t n_t
      * another target's copy went untrained), this copy is an earlier lease's; the new grant's
      * forward publishes the batch. */
     const struct client_lease *l = client_lease_find(t->cl, batch_id);
-    if (!l || l->lease != ring_slot_header(t->ring, slot)->lease) {
+    if (!l || l->lease != lease) {
         ring_abort_write(t->ring, slot);
         log_info("batch %" PRIu64 " was revoked during its forward: dropped", batch_id);
         return 0;
@@ -467,7 +470,8 @@ static int run_batch(struct tgt *t, uint64_t batch_id)
     if (r <= 0)
         return r;
     uint64_t t1 = mono_ns();
-    if ((r = pack_lease(t, batch_id, slot)) <= 0)
+    uint32_t lease;
+    if ((r = pack_lease(t, batch_id, slot, &lease)) <= 0)
         return r;
     struct ring_payload *p = ring_slot_header(t->ring, slot);
     uint64_t t2 = mono_ns();
@@ -488,7 +492,7 @@ static int run_batch(struct tgt *t, uint64_t batch_id)
         ring_abort_write(t->ring, slot);
         return r;
     }
-    if ((r = publish(t, batch_id, slot, n_tokens)) <= 0)
+    if ((r = publish(t, batch_id, lease, slot, n_tokens)) <= 0)
         return r;
     uint64_t t4 = mono_ns();
     t->batches++;
@@ -523,7 +527,7 @@ static void on_copied(void *ctx, int status)
     int r = pump(t, 0);
     if (r < 0 && !t->pipe_error)
         t->pipe_error = r;     /* refused by the coordinator: the main loop ends */
-    r = publish(t, f->batch_id, f->slot, f->n_tokens);
+    r = publish(t, f->batch_id, f->lease, f->slot, f->n_tokens);
     if (r < 0 && !t->pipe_error)
         t->pipe_error = r;
     if (r <= 0)
@@ -554,7 +558,8 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
     if (r <= 0)
         return r;
     uint64_t t1 = mono_ns();
-    if ((r = pack_lease(t, batch_id, slot)) <= 0)
+    uint32_t lease;
+    if ((r = pack_lease(t, batch_id, slot, &lease)) <= 0)
         return r;
     struct inflight *f = NULL;
     for (size_t i = 0; i < sizeof t->inflight / sizeof t->inflight[0] && !f; i++)
@@ -565,8 +570,9 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
         return -DF_ESTATE;
     }
     const struct ring_payload *p = ring_slot_header(t->ring, slot);
-    *f = (struct inflight){ .t = t, .used = 1, .slot = slot, .batch_id = batch_id, .n_tokens = p->n_tokens,
-                            .t_claimed = t1, .t_submitted = mono_ns(), .wait_ms = (double)(t1 - t0) / 1e6 };
+    *f = (struct inflight){ .t = t, .used = 1, .slot = slot, .batch_id = batch_id, .lease = lease,
+                            .n_tokens = p->n_tokens, .t_claimed = t1, .t_submitted = mono_ns(),
+                            .wait_ms = (double)(t1 - t0) / 1e6 };
     r = target_pipe_submit(t->pipe, ring_slot_tokens(t->ring, slot), ring_slot_cu_seqlens(t->ring, slot),
                            (int)p->n_seqs, (int)p->n_tokens, ring_slot_hidden(t->ring, slot),
                            ring_hidden_pitch(t->ring), on_copied, f);

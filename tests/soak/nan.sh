@@ -12,7 +12,10 @@
 # `dflashctl resume` and the run completes: every batch trained exactly once in the lineage
 # (tests/soak/check_run.py), the ring ends FREE, nothing left in /dev/shm, no socket left.
 # The batches of the skipped step (the poisoned one and every other rank's) are handed back
-# (SKIPPED from the drafter) and published again after the resume.
+# (SKIPPED from the drafter) and published again after the resume. In target mode the resume
+# happens while the drafters are away (stopped, the coordinator killed and started again: it
+# comes back paused): they learn of it from the WELCOME of their reconnect (its count of the
+# operator's resumes) and checkpoint again, else the final drain would wait for them forever.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/lib/cluster.sh
@@ -114,6 +117,14 @@ if [[ $mode == target ]]; then
     cl_wait_exit target$i 30 || fail "target $i exited '$CL_RC' on SIGTERM while paused"
     cl_start target$i target-d -c "$CL_INI" -i $i -o target.debug_nan_batch=-1
   done
+  cl_kill drafter0 STOP
+  cl_kill drafter1 STOP
+  cl_kill coord KILL
+  cl_wait_exit coord 10
+  export NOTIFY_SOCKET=$D/notify.sock
+  cl_start coord coordinator-d -c "$CL_INI"
+  unset NOTIFY_SOCKET
+  cl_wait 's["state"] == "paused"' 30 coord || fail "the coordinator did not come back paused"
 else
   # A stop in the poisoned state asks for a final checkpoint: none may be written.
   cl_kill drafter1 TERM
@@ -133,6 +144,15 @@ ctl resume || fail "dflashctl resume"
 cl_wait 's["state"] == "running"' 10 coord || fail "not running after resume"
 grep -q "^STATUS=running" <(sed -n '/^STATUS=paused/,$p' "$D/notify.log") || fail "no STATUS=running after the pause"
 cl_log "resumed"
+if [[ $mode == target ]]; then
+  cl_kill drafter0 CONT
+  cl_kill drafter1 CONT
+  for n in drafter0 drafter1; do
+    for ((i = 0; i < 100; i++)); do grep -q "resumed after the non-finite loss" "$D/$n.log" && break; sleep 0.1; done
+    grep -q "resumed after the non-finite loss" "$D/$n.log" || fail "$n did not learn of the resume on its reconnect"
+  done
+  cl_log "the drafters, away during the resume, learned of it on their reconnect"
+fi
 
 # ---- the run completes ------------------------------------------------------------------------
 # Done (the coordinator leaves), or stuck: nothing left to lease, nothing in the ring, yet
