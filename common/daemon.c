@@ -3,6 +3,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -376,6 +377,34 @@ void daemon_done(struct daemon *d)
     daemon_unlock(d);
 }
 
+static char g_bus_msg[320];
+static size_t g_bus_len;
+
+/* A page of a mapping is gone: a file (the dataset, the model's weights, a checkpoint) or shm
+ * object shrank under this process. Say so (the default action prints nothing useful); the
+ * handler is reset, so the access faults again and the process dies of SIGBUS, a failure
+ * systemd restarts (the files are checked again at load). */
+static void on_bus_error(int sig)
+{
+    ssize_t w = write(STDERR_FILENO, g_bus_msg, g_bus_len);
+    (void)w;
+    (void)sig;
+}
+
+static void bus_error_init(const char *ident)
+{
+    int journal = getenv("JOURNAL_STREAM") != NULL || !isatty(STDERR_FILENO);     /* as log.c */
+    int n = snprintf(g_bus_msg, sizeof g_bus_msg, "%s%s: SIGBUS: a file or shared-memory object mapped by this "
+                     "process shrank under it (a dataset or model rewritten in place? replace a file by renaming a "
+                     "new one over it)\n", journal ? "<2>" : "", ident);
+    g_bus_len = n < 0 ? 0 : (size_t)n < sizeof g_bus_msg ? (size_t)n : sizeof g_bus_msg - 1;
+    struct sigaction sa = { 0 };
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = on_bus_error;
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGBUS, &sa, NULL);
+}
+
 int daemon_start(struct daemon *d, const char *prog, const char *role, int need_index,
                  int argc, char **argv, char *err, size_t errlen)
 {
@@ -387,6 +416,7 @@ int daemon_start(struct daemon *d, const char *prog, const char *role, int need_
     if (r < 0)
         return DAEMON_EX_USAGE;
     log_init(d->ident, LOG_LVL_INFO);
+    bus_error_init(d->ident);
     if (daemon_load_config(d, err, errlen) < 0)
         return DAEMON_EX_CONFIG;
     enum log_level lvl;
