@@ -16,6 +16,7 @@
 #include "common/cleanup.h"
 #include "common/err.h"
 #include "common/fileio.h"
+#include "common/jsonutil.h"
 #include "model/checkpoint.h"
 #include "model/cpu_ops.h"
 #include "model/optim.h"
@@ -237,9 +238,13 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
     text[len] = 0;
     cJSON *j = cJSON_Parse(text);
     free(text);
-    if (!j || !cJSON_IsObject(j)) {
+    char dup[128];
+    if (!j || !cJSON_IsObject(j) || json_duplicate_key(j, dup, sizeof dup)) {
+        if (j && cJSON_IsObject(j))
+            snprintf(err, errlen, "%s: %s appears twice (JSON readers differ on which one counts)", path, dup);
+        else
+            snprintf(err, errlen, "%s: not a JSON object", path);
         cJSON_Delete(j);
-        snprintf(err, errlen, "%s: not a JSON object", path);
         return -DF_EFORMAT;
     }
     int r = 0;

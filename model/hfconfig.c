@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include "common/cleanup.h"
 #include "common/err.h"
+#include "common/jsonutil.h"
 #include "model/hfconfig.h"
 
 #define CONFIG_MAX_BYTES (16 << 20)
@@ -162,6 +163,11 @@ int hf_config_parse(const char *json, const char *path, struct hf_config *cfg, c
                     cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);
     if (!cJSON_IsObject(root)) {
         r = fail(&c, -DF_EFORMAT, "json", "top level is not an object");
+        goto out;
+    }
+    char dup[128];
+    if (json_duplicate_key(root, dup, sizeof dup)) {
+        r = fail(&c, -DF_EFORMAT, dup, "appears twice (JSON readers differ on which one counts)");
         goto out;
     }
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include "common/cleanup.h"
 #include "common/err.h"
+#include "common/jsonutil.h"
 #include "model/cpu_ops.h"
 #include "model/safetensors.h"
 
@@ -350,6 +351,12 @@ static int open_index(struct st_set *s, const char *dir, const char *index, char
         cJSON_Delete(root);
         return df_fail(err, errlen, -DF_EFORMAT, "%s: %s", index, root ? "weight_map missing or not an object"
                                                                     : "not valid JSON");
+    }
+    char dup[256];
+    if (json_duplicate_key(root, dup, sizeof dup)) {
+        r = df_fail(err, errlen, -DF_EFORMAT, "%s: %s appears twice (JSON readers differ on which one counts)", index,
+                    dup);
+        goto out;
     }
     const cJSON *e;
     cJSON_ArrayForEach(e, map) {

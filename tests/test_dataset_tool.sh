@@ -39,6 +39,7 @@ expect_err 'not json' "not valid JSON" ""
 expect_err '{"input_ids":[5,6,7]}{"input_ids":[8,9]}' "more after the JSON object" ""
 expect_err '{"input_ids":[1,2]} trailing' "more after the JSON object" ""
 expect_err '[1,2]' "not a JSON object" ""
+expect_err '{"input_ids":[1,2],"input_ids":[3]}' "input_ids: appears twice" ""
 expect_err '{"input_ids":[1,2,3,4294967295]}' "sample 0: token 3: id 4294967295 >= 1073741824, no vocabulary is that large" ""
 # A failed build leaves the file it would have replaced as it was.
 printf '%s\n' '{"input_ids":[1,2,3,4294967295]}' > "$T/bad.jsonl"

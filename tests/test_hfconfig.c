@@ -123,6 +123,10 @@ static void test_errors(void)
     expect_err("[1]", -DF_EFORMAT, "json", "not an object");
     expect_err("{\"architectures\":[\"LlamaForCausalLM\"],\"num_hidden_layers\":4}", -DF_EMISSING,
                "hidden_size", "missing");
+    /* a key twice: Python's json takes the last, cJSON finds the first: refused, at any depth */
+    expect_err(llama_json("\"hidden_size\":128"), -DF_EFORMAT, "hidden_size", "appears twice");
+    expect_err(llama_json("\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2.0,\"factor\":4.0}"), -DF_EFORMAT,
+               "rope_scaling.factor", "appears twice");
     expect_err(llama_json("\"num_key_value_heads\":3"), -DF_ERANGE, "num_key_value_heads", "does not divide");
     expect_err(llama_json("\"num_key_value_heads\":16"), -DF_ERANGE, "num_key_value_heads", "out of range");
     expect_err(llama_json("\"head_dim\":7"), -DF_ERANGE, "head_dim", "odd");

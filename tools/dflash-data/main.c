@@ -8,6 +8,7 @@
 #include <string.h>
 #include "common/dataset.h"
 #include "common/err.h"
+#include "common/jsonutil.h"
 
 static void usage(FILE *f)
 {
@@ -59,6 +60,11 @@ static long parse_line(const char *line, struct buf *b, char *why, size_t whylen
     }
     if (!cJSON_IsObject(j)) {
         snprintf(why, whylen, "not a JSON object");
+        goto out;
+    }
+    char dup[64];
+    if (json_duplicate_key(j, dup, sizeof dup)) {
+        snprintf(why, whylen, "%s: appears twice (JSON readers differ on which one counts)", dup);
         goto out;
     }
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
