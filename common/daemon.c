@@ -377,31 +377,41 @@ void daemon_done(struct daemon *d)
     daemon_unlock(d);
 }
 
-static char g_bus_msg[320];
-static size_t g_bus_len;
+static char g_bus_msg[3][320];
+static size_t g_bus_len[3];
 
-/* A page of a mapping is gone: a file (the dataset, the model's weights, a checkpoint) or shm
- * object shrank under this process. Say so (the default action prints nothing useful); the
- * handler is reset, so the access faults again and the process dies of SIGBUS, a failure
- * systemd restarts (the files are checked again at load). */
-static void on_bus_error(int sig)
+/* A page of a mapping is gone (BUS_ADRERR): a file (the dataset, the model's weights, a
+ * checkpoint) or shm object shrank under this process. Say so (the default action prints
+ * nothing useful); the handler is reset, so the access faults again and the process dies of
+ * SIGBUS, a failure systemd restarts (the files are checked again at load). */
+static void on_bus_error(int sig, siginfo_t *si, void *uctx)
 {
-    ssize_t w = write(STDERR_FILENO, g_bus_msg, g_bus_len);
+    int saved = errno, k = !si || si->si_code <= 0 ? 2 : si->si_code == BUS_ADRERR ? 0 : 1;
+    ssize_t w = write(STDERR_FILENO, g_bus_msg[k], g_bus_len[k]);
     (void)w;
-    (void)sig;
+    (void)uctx;
+    if (k == 2)
+        raise(sig);     /* sent, not a fault: nothing recurs, the default action comes this way */
+    errno = saved;
 }
 
 static void bus_error_init(const char *ident)
 {
+    static const char *const why[3] = {
+        "a file or shared-memory object mapped by this process shrank under it (a dataset or model rewritten "
+        "in place? replace a file by renaming a new one over it)",
+        "a bus error (a hardware memory error, or an access the CPU cannot make)",
+        "sent by another process",
+    };
     int journal = getenv("JOURNAL_STREAM") != NULL || !isatty(STDERR_FILENO);     /* as log.c */
-    int n = snprintf(g_bus_msg, sizeof g_bus_msg, "%s%s: SIGBUS: a file or shared-memory object mapped by this "
-                     "process shrank under it (a dataset or model rewritten in place? replace a file by renaming a "
-                     "new one over it)\n", journal ? "<2>" : "", ident);
-    g_bus_len = n < 0 ? 0 : (size_t)n < sizeof g_bus_msg ? (size_t)n : sizeof g_bus_msg - 1;
+    for (int k = 0; k < 3; k++) {
+        int n = snprintf(g_bus_msg[k], sizeof g_bus_msg[k], "%s%s: SIGBUS: %s\n", journal ? "<2>" : "", ident, why[k]);
+        g_bus_len[k] = n < 0 ? 0 : (size_t)n < sizeof g_bus_msg[k] ? (size_t)n : sizeof g_bus_msg[k] - 1;
+    }
     struct sigaction sa = { 0 };
     sigemptyset(&sa.sa_mask);
-    sa.sa_handler = on_bus_error;
-    sa.sa_flags = SA_RESETHAND;
+    sa.sa_sigaction = on_bus_error;
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
     sigaction(SIGBUS, &sa, NULL);
 }
 

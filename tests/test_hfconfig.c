@@ -3,7 +3,9 @@
 #include <errno.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cjson/cJSON.h>
 #include "common/err.h"
+#include "common/jsonutil.h"
 #include "model/hfconfig.h"
 #include "tests/test.h"
 
@@ -167,11 +169,31 @@ static void test_errors(void)
                -DF_ERANGE, "vocab_size", "out of range");
 }
 
+/* json_duplicate_key on objects of many keys (sorted, not pairwise), nested in an array. */
+static void test_duplicate_keys(void)
+{
+    char json[8192], path[64];
+    int n = snprintf(json, sizeof json, "{\"a\":[{\"x\":1}, {");
+    for (int i = 0; i < 200; i++)
+        n += snprintf(json + n, sizeof json - (size_t)n, "%s\"k%03d\":%d", i ? "," : "", i, i);
+    snprintf(json + n, sizeof json - (size_t)n, "}]}");
+    cJSON *j = cJSON_Parse(json);
+    CHECK(j);
+    CHECK_INT(json_duplicate_key(j, path, sizeof path), ==, 0);
+    cJSON_Delete(j);
+    snprintf(json + n, sizeof json - (size_t)n, ",\"k117\":0}]}");
+    CHECK((j = cJSON_Parse(json)) != NULL);
+    CHECK_INT(json_duplicate_key(j, path, sizeof path), ==, 1);
+    CHECK_STR(path, "a.k117");
+    cJSON_Delete(j);
+}
+
 int main(void)
 {
     test_golden();
     test_defaults_and_forms();
     test_errors();
+    test_duplicate_keys();
     printf("ok\n");
     return 0;
 }

@@ -68,9 +68,28 @@ int main(void)
                                         .world_size = 2, .max_seq_len = 4096, .epochs = 3 };
     proto_strset(m.welcome.ring_name, sizeof m.welcome.ring_name, "/dflash-x");
     proto_strset(m.welcome.dataset_path, sizeof m.welcome.dataset_path, "/data/set.bin");
-    roundtrip(&m, &d);
+    m.welcome.dataset_checksum = 0x0123456789abcdefull;
+    m.welcome.resumes = 4;
+    int64_t wn = roundtrip(&m, &d);
     CHECK_STR(d.welcome.dataset_path, "/data/set.bin");
     CHECK_INT(d.welcome.n_regrants, ==, 2);
+    CHECK_INT(d.welcome.dataset_checksum, ==, 0x0123456789abcdefull);
+    CHECK_INT(d.welcome.resumes, ==, 4);
+    {
+        uint8_t wb[1024];
+        char werr[256];
+        CHECK_INT(proto_encode(&m, wb, sizeof wb, werr, sizeof werr), ==, wn);
+        ((struct proto_welcome *)(wb + sizeof(struct proto_hdr)))->pad = 1;
+        CHECK(proto_decode(wb, (size_t)wn, &d, werr, sizeof werr) == -DF_EFORMAT);
+        CHECK_CONTAINS(werr, "pad must be 0");
+    }
+
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_CONTROL;
+    m.control.cmd = PROTO_CTL_RESUME;
+    m.control.resumes = 9;
+    roundtrip(&m, &d);
+    CHECK_INT(d.control.resumes, ==, 9);
 
     memset(&m, 0, sizeof m);
     m.type = PROTO_REFUSE;

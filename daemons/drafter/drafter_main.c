@@ -119,6 +119,7 @@ struct dft {
     int poisoned;               /* a non-finite loss was seen: never checkpoint from here */
     uint32_t resumes;           /* the operator's resumes as the coordinator last said (WELCOME, RESUME) */
     uint32_t poisoned_at;       /* `resumes` when the non-finite loss was seen */
+    int poisoned_away;          /* ... while disconnected: the next WELCOME's count is the one */
     int voted_out;              /* CUDA: this rank's stop vote went through: leave */
 
     /* training position */
@@ -550,12 +551,32 @@ static void leave_group(struct dft *f)
 }
 
 /* A non-finite loss or norm: no checkpoint until the operator resumes the cluster (it paused on
- * this rank's report, or rank 0's) after this. */
+ * this rank's report, or rank 0's) after this, i.e. until the coordinator's count of resumes
+ * moves past the one of the NaN. Seen while disconnected, the count this drafter knows may be
+ * stale (resumes while it was away): the report goes out at the reconnect, before the WELCOME is
+ * read, so that WELCOME's count is the one of the NaN. */
 static void poison(struct dft *f)
 {
-    if (!f->poisoned)
+    if (!f->poisoned) {
         f->poisoned_at = f->resumes;
+        f->poisoned_away = !client_connected(f->cl);
+    }
     f->poisoned = 1;
+}
+
+/* The coordinator's count of resumes, from a WELCOME or a CONTROL. */
+static void resumes_seen(struct dft *f, uint32_t resumes, int welcome)
+{
+    f->resumes = resumes;
+    if (!f->poisoned)
+        return;
+    if (welcome && f->poisoned_away) {
+        f->poisoned_at = resumes;
+        f->poisoned_away = 0;
+    } else if (resumes != f->poisoned_at) {
+        log_notice("the cluster was resumed after the non-finite loss: checkpoints again");
+        f->poisoned = 0;
+    }
 }
 
 static void handle_msg(struct dft *f, const struct proto_msg *m)
@@ -579,25 +600,19 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         if (f->state != PROTO_STATE_DRAINING)
             f->draining = 0;
         log_notice("reconnected to the coordinator (cluster %s)", proto_state_name(m->welcome.cluster_state));
-        f->resumes = m->welcome.resumes;
-        if (f->poisoned && f->resumes != f->poisoned_at && f->state == PROTO_STATE_RUNNING) {
-            /* its RESUME went out while this drafter was away */
-            log_notice("the cluster was resumed after the non-finite loss: checkpoints again");
-            f->poisoned = 0;
-        }
+        resumes_seen(f, m->welcome.resumes, 1);     /* a RESUME may have gone out while it was away */
         break;
     case PROTO_CONTROL:
         log_notice("%s%s%s", proto_control_name(m->control.cmd), m->control.reason[0] ? ": " : "", m->control.reason);
+        resumes_seen(f, m->control.resumes, 0);     /* moved: the operator resumed (it removed the cause) */
         switch (m->control.cmd) {
         case PROTO_CTL_PAUSE:
             f->state = PROTO_STATE_PAUSED;
             daemon_notify_status(&f->d, "paused: %s", m->control.reason);
             break;
         case PROTO_CTL_RESUME:
-            f->resumes = m->control.resumes;
             f->state = PROTO_STATE_RUNNING;
             f->draining = 0;    /* e.g. a final drain undone: a peer was lost before its checkpoint */
-            f->poisoned = 0;    /* the operator removed the cause */
             break;
         case PROTO_CTL_DRAIN:
             f->state = PROTO_STATE_DRAINING;
