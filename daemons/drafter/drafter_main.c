@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +121,7 @@ struct dft {
     uint32_t resumes;           /* the operator's resumes as the coordinator last said (WELCOME, RESUME) */
     uint32_t poisoned_at;       /* `resumes` when the non-finite loss was seen */
     int poisoned_away;          /* ... while disconnected: the next WELCOME's count is the one */
+    char nan_report[PROTO_TEXT_MAX]; /* what this rank reported of it ("" = rank 0 reports) */
     int voted_out;              /* CUDA: this rank's stop vote went through: leave */
 
     /* training position */
@@ -550,11 +552,12 @@ static void leave_group(struct dft *f)
     leave_group_how(f, 0);
 }
 
-/* A non-finite loss or norm: no checkpoint until the operator resumes the cluster (it paused on
- * this rank's report, or rank 0's) after this, i.e. until the coordinator's count of resumes
- * moves past the one of the NaN. Seen while disconnected, the count this drafter knows may be
- * stale (resumes while it was away): the report goes out at the reconnect, before the WELCOME is
- * read, so that WELCOME's count is the one of the NaN. */
+/* A non-finite loss or norm (called after its report is sent): no checkpoint until the operator
+ * resumes the cluster (it paused on this rank's report, or rank 0's) after this, i.e. until the
+ * coordinator's count of resumes moves past the one of the NaN. Disconnected (or the report's
+ * send just failed), the count this drafter knows may be stale (resumes while it was away): the
+ * report goes out at the reconnect, before the WELCOME is read, so that WELCOME's count is the one
+ * of the NaN. */
 static void poison(struct dft *f)
 {
     if (!f->poisoned) {
@@ -562,6 +565,17 @@ static void poison(struct dft *f)
         f->poisoned_away = !client_connected(f->cl);
     }
     f->poisoned = 1;
+}
+
+/* The NaN report (an ERROR the cluster pauses on), kept to be sent again if it was lost. */
+static void report_nan(struct dft *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void report_nan(struct dft *f, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f->nan_report, sizeof f->nan_report, fmt, ap);
+    va_end(ap);
+    client_error(f->cl, 0, -DF_ENAN, "%s", f->nan_report);
 }
 
 /* The coordinator's count of resumes, from a WELCOME or a CONTROL. */
@@ -576,6 +590,12 @@ static void resumes_seen(struct dft *f, uint32_t resumes, int welcome)
     } else if (resumes != f->poisoned_at) {
         log_notice("the cluster was resumed after the non-finite loss: checkpoints again");
         f->poisoned = 0;
+        f->nan_report[0] = 0;
+    } else if (welcome && f->state == PROTO_STATE_RUNNING && f->nan_report[0]) {
+        /* Running, not resumed since: the report never reached it (a coordinator that died
+         * with it unread; errors are not acknowledged). */
+        log_warn(-DF_ENAN, "the cluster runs as if this drafter had not reported its non-finite loss: reported again");
+        client_error(f->cl, 0, -DF_ENAN, "%s", f->nan_report);
     }
 }
 
@@ -1116,26 +1136,25 @@ static int iterate(struct dft *f)
     if (ghave > 0 && sm[SM_NAN] > 0) {
         /* Every rank skips the same step; the weights stay as they were. Its batches were
          * consumed untrained: each rank hands its own back to be published again. */
-        poison(f);
         if (have)
             client_batch_skipped(f->cl, b.id, b.lease);
         if (have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum))) {
             log_error(-DF_ENAN, "batch %" PRIu64 ": the loss is not finite: step skipped, cluster pausing", b.id);
-            client_error(f->cl, 0, -DF_ENAN, "%s: batch %" PRIu64 " at step %" PRId64 ": loss is not finite",
-                         f->d.ident, b.id, drafter_step_count(f->dr) + 1);
+            report_nan(f, "%s: batch %" PRIu64 " at step %" PRId64 ": loss is not finite", f->d.ident, b.id,
+                       drafter_step_count(f->dr) + 1);
         }
+        poison(f);      /* after the report: a send that failed holds it for the reconnect */
     } else if (ghave > 0) {
         if (f->coll && (r = coll_allreduce_sum(f->coll, f->dr->grads, f->dr->n_params)) < 0)
             return broken_with(f, have, b, r);
         r = drafter_optimizer_step(f->dr, gm.weight_sum, &f->topt, &info);
         if (r == -DF_ENAN) {
-            poison(f);
             if (have)
                 client_batch_skipped(f->cl, b.id, b.lease);
             log_error(r, "gradient norm is not finite at step %" PRId64 ": step skipped", info.step + 1);
             if (f->rank == 0)
-                client_error(f->cl, 0, -DF_ENAN, "%s: gradient norm not finite at step %" PRId64, f->d.ident,
-                             info.step + 1);
+                report_nan(f, "%s: gradient norm not finite at step %" PRId64, f->d.ident, info.step + 1);
+            poison(f);
         } else if (r < 0 && r != -DF_ERANGE) {
             log_error(r, "optimizer step");
             return r;
@@ -1183,15 +1202,15 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
     if (rc == -DF_ENAN) {
         /* Skipped on every rank (all see the same summed metrics); the weights are untouched.
          * Its batches were consumed untrained: each rank hands its own back. */
-        poison(f);
         remember_step(f, rec->have, rec->b, rec->peers, 1);
         if (rec->have)
             client_batch_skipped(f->cl, rec->b.id, rec->b.lease);
         log_error(rc, "step %" PRId64 ": loss sum %g / gradient norm %g not finite: step skipped, cluster pausing",
                   info->step + 1, gm->loss_sum, info->grad_norm);
         if (f->rank == 0)
-            client_error(f->cl, 0, -DF_ENAN, "%s: loss or gradient norm not finite at step %" PRId64 " (batch %" PRId64
-                         " of rank 0)", f->d.ident, info->step + 1, rec->have ? (int64_t)rec->b.id : (int64_t)-1);
+            report_nan(f, "%s: loss or gradient norm not finite at step %" PRId64 " (batch %" PRId64 " of rank 0)",
+                       f->d.ident, info->step + 1, rec->have ? (int64_t)rec->b.id : (int64_t)-1);
+        poison(f);
         return;
     }
     /* 0, or -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
