@@ -1,6 +1,7 @@
 /* test_proto.c: every message round-trips; truncated, oversized, wrong-version,
  * garbage and non-canonical frames are rejected with a reason. */
 #include <errno.h>
+#include <stddef.h>
 #include "common/err.h"
 #include "ipc/proto.h"
 #include "tests/test.h"
@@ -79,7 +80,8 @@ int main(void)
         uint8_t wb[1024];
         char werr[256];
         CHECK_INT(proto_encode(&m, wb, sizeof wb, werr, sizeof werr), ==, wn);
-        ((struct proto_welcome *)(wb + sizeof(struct proto_hdr)))->pad = 1;
+        uint32_t one = 1;       /* (the payload is not aligned in wb: bytes, not a struct access) */
+        memcpy(wb + sizeof(struct proto_hdr) + offsetof(struct proto_welcome, pad), &one, sizeof one);
         CHECK(proto_decode(wb, (size_t)wn, &d, werr, sizeof werr) == -DF_EFORMAT);
         CHECK_CONTAINS(werr, "pad must be 0");
     }
