@@ -591,9 +591,10 @@ static void resumes_seen(struct dft *f, uint32_t resumes, int welcome)
         log_notice("the cluster was resumed after the non-finite loss: checkpoints again");
         f->poisoned = 0;
         f->nan_report[0] = 0;
-    } else if (welcome && f->state == PROTO_STATE_RUNNING && f->nan_report[0]) {
-        /* Running, not resumed since: the report never reached it (a coordinator that died
-         * with it unread; errors are not acknowledged). */
+    } else if (welcome && (f->state == PROTO_STATE_RUNNING || f->state == PROTO_STATE_STARTING) && f->nan_report[0]) {
+        /* Running (or starting: a restarted coordinator's recovery), not resumed since: the
+         * report never reached it (a coordinator that died with it unread; errors are not
+         * acknowledged). */
         log_warn(-DF_ENAN, "the cluster runs as if this drafter had not reported its non-finite loss: reported again");
         client_error(f->cl, 0, -DF_ENAN, "%s", f->nan_report);
     }
