@@ -18,20 +18,14 @@ static int cmp_key(const void *a, const void *b)
     return strcmp((*(const cJSON *const *)a)->string, (*(const cJSON *const *)b)->string);
 }
 
-/* The first key of object node seen twice, or NULL: pairwise for a few keys, sorted for many
- * (a shard index names every tensor). */
+/* The first key (in sorted order) of object node seen twice, or NULL. */
 static const char *dup_here(const cJSON *node)
 {
     size_t n = 0;
     for (const cJSON *c = node->child; c; c = c->next)
         n++;
-    if (n <= 32) {
-        for (const cJSON *c = node->child; c; c = c->next)
-            for (const cJSON *p = node->child; p != c; p = p->next)
-                if (!strcmp(p->string, c->string))
-                    return c->string;
+    if (n < 2)
         return NULL;
-    }
     const cJSON **v = malloc(n * sizeof *v);
     if (!v)
         return NULL;    /* out of memory: the check is skipped, not failed */
