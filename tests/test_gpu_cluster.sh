@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# test_gpu_cluster.sh: the cluster on the CUDA backends, plain processes, two GPUs (skips with
-# exit 77 without them or without a CUDA build). Small random Qwen3 target (hidden 256, 4 layers,
-# vocab 2048). Phases (GPU_PHASES, default "kill dp nan"), each a fresh cluster:
-#  kill: coordinator + target-d@0 (GPU 0) + drafter-d@1 (GPU 1); the target is SIGKILLed twice
-#        mid-run and restarted by this test; the drafter process keeps training throughout (it
-#        steps on what the ring holds while the target is down); drain: every daemon exits 0, no
-#        batch lost or trained twice, no slot left WRITING/READING, every loss finite, loss falls.
+# test_gpu_cluster.sh: the cluster on the CUDA backends, plain processes (skips with exit 77
+# without a GPU or without a CUDA build). Small random Qwen3 target (hidden 256, 4 layers, vocab
+# 2048). The drafter runs on GPU 1, or on GPU 0 beside the target where there is one GPU. Phases
+# (GPU_PHASES, default "kill dp nan nanbatch"), each a fresh cluster:
+#  kill: coordinator + target-d@0 + one drafter-d; the target is SIGKILLed twice mid-run and
+#        restarted by this test; the drafter process keeps training throughout (it steps on what
+#        the ring holds while the target is down); drain: every daemon exits 0, no batch lost or
+#        trained twice, no slot left WRITING/READING, every loss finite, loss falls.
 #  dp:   two drafters (GPUs 0 and 1, NCCL group of 2) + one target: both ranks see the same summed
-#        metrics at every step (the NCCL all-reduce), drain cleanly.
+#        metrics at every step (the NCCL all-reduce), drain cleanly. Needs two GPUs (left out
+#        with one: NCCL takes one rank per GPU).
 #  nan:  drafter.debug_nan_step poisons one step's loss: the step is skipped, the error reaches
 #        the coordinator, the cluster pauses, no checkpoint is written from then on.
+#  nanbatch: target.debug_nan_batch poisons one batch's captured states: the CUDA drafter (its
+#        result read a step late) skips that step and hands the batch back, the cluster pauses;
+#        the target restarted without the key, `dflashctl resume`: the same drafter process, in
+#        the same generation, trains the batch once it is published again (its group forgot the
+#        skipped step; else it would leave it out as a repeat for ever), checkpoints again, and
+#        the drain finds every batch trained once.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -17,9 +25,12 @@ cl_test_init
 export NCCL_NVLS_ENABLE=0
 
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-((n_gpu >= 2)) || { echo "SKIP: ${n_gpu:-0} GPU(s), two are needed"; exit 77; }
+((n_gpu >= 1)) || { echo "SKIP: no GPU"; exit 77; }
 [[ -x $CL_BIN/target-d ]] || { echo "missing $CL_BIN/target-d (build first)"; exit 1; }
-PHASES=${GPU_PHASES:-kill dp nan}
+PHASES=${GPU_PHASES:-kill dp nan nanbatch}
+# The drafter's instance index is its GPU: 1, or 0 (sharing the target's) on a one-GPU machine.
+DI=$((n_gpu >= 2 ? 1 : 0))
+DR=drafter$DI
 
 # A fresh cluster dir for one phase, CUDA on both sides.
 gpu_init() {
@@ -30,7 +41,7 @@ gpu_init() {
     data.token_budget=4096 data.max_seq_len=512 data.bucket_width=64 data.epochs=100 target.prefetch=3 \
     drafter.block_size=8 drafter.num_anchors=64 drafter.warmup_steps=20 drafter.lr=2e-3 drafter.checkpoint_every=100 \
     drafter.keep_checkpoints=0 drafter.devices=2 target.devices=2
-  if ! "$CL_BIN/target-d" -c "$CL_INI" -i 0 -t >/dev/null 2>&1 || ! "$CL_BIN/drafter-d" -c "$CL_INI" -i 1 -t >/dev/null 2>&1; then
+  if ! "$CL_BIN/target-d" -c "$CL_INI" -i 0 -t >/dev/null 2>&1 || ! "$CL_BIN/drafter-d" -c "$CL_INI" -i $DI -t >/dev/null 2>&1; then
     echo "SKIP: this build has no CUDA target/drafter backend"
     exit 77
   fi
@@ -73,7 +84,7 @@ phase_kill() {
   cl_start_coord || fail "coordinator did not come up"
   cl_ring_hold || fail "no ring"
   cl_start target0 target-d -c "$CL_INI" -i 0
-  cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+  cl_start $DR drafter-d -c "$CL_INI" -i $DI
   cl_wait 'step() >= 100 and len(targets()) == 1' 90 coord || fail "no training"
   cl_log "training: $(cl_json 's["drafter"]')"
   local k s0 s1
@@ -92,12 +103,12 @@ phase_kill() {
     cl_wait 'step() >= '$((s1 + 100))' and [t for t in targets() if t.get("published", 0) >= 3]' 60 coord ||
       fail "training did not resume after restart $k"
   done
-  cl_alive drafter1 || fail "the drafter died"
+  cl_alive $DR || fail "the drafter died"
   cl_wait 'step() >= 1500' 90 coord || fail "not enough steps"
   cl_log "before drain: $(cl_json 's["drafter"]') $(cl_json 's["batches"]')"
-  drain_and_check target0 drafter1
-  [[ $(grep -c "ready: drafter" "$CL_DIR/drafter1.log") == 1 ]] || fail "the drafter was not one process throughout"
-  grep -q "backend cuda" "$CL_DIR/drafter1.log" || fail "the drafter did not run on CUDA"
+  drain_and_check target0 $DR
+  [[ $(grep -c "ready: drafter" "$CL_DIR/$DR.log") == 1 ]] || fail "the drafter was not one process throughout"
+  grep -q "backend cuda" "$CL_DIR/$DR.log" || fail "the drafter did not run on CUDA"
   local n_deaths
   n_deaths=$(grep -c "target-d@0 (pid [0-9]*, member [0-9]*) left" "$CL_DIR/coord.log")
   ((n_deaths >= 2)) || fail "the coordinator saw $n_deaths departures of target 0"
@@ -106,6 +117,10 @@ phase_kill() {
 }
 
 phase_dp() {
+  if ((n_gpu < 2)); then
+    cl_log "dp phase left out: one GPU here, NCCL takes one rank per GPU"
+    return 0
+  fi
   gpu_init dp
   cl_ini_add drafter.world_size=2
   cl_start_coord || fail "coordinator did not come up"
@@ -136,20 +151,56 @@ phase_nan() {
   cl_ini_add drafter.debug_nan_step=60 drafter.checkpoint_every=25
   cl_start_coord || fail "coordinator did not come up"
   cl_start target0 target-d -c "$CL_INI" -i 0
-  cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+  cl_start $DR drafter-d -c "$CL_INI" -i $DI
   cl_wait 's["state"] == "paused" and [e for e in s["errors"] if "not finite" in e["message"]]' 90 coord ||
     fail "the non-finite loss did not pause the cluster"
   cl_log "paused: $(cl_json 's["errors"][0]["message"]')"
   sleep 1
   "$CL_BIN/dflashctl" -s "$CL_SOCK" stop || fail "dflashctl stop"
   local n
-  for n in target0 drafter1 coord; do cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"; done
+  for n in target0 $DR coord; do cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"; done
   local last
   last=$(ls "$CL_DIR/state/checkpoints" | grep '^step-' | sort | tail -n 1)
   [[ $last == step-0000000050 ]] || fail "checkpoints after the NaN step: newest is '$last' (expected step-0000000050)"
-  grep -q "no checkpoint (.*non-finite" "$CL_DIR/drafter1.log" || fail "the drafter did not refuse a checkpoint"
+  grep -q "no checkpoint (.*non-finite" "$CL_DIR/$DR.log" || fail "the drafter did not refuse a checkpoint"
   check_metrics "$CL_DIR/state/metrics-rank0.jsonl"
   cl_log "nan phase ok: newest checkpoint $last"
+}
+
+phase_nanbatch() {
+  local bad=40 i
+  gpu_init nanbatch
+  cl_ini_add drafter.checkpoint_every=25
+  cl_start_coord || fail "coordinator did not come up"
+  cl_start target0 target-d -c "$CL_INI" -i 0 -o target.debug_nan_batch=$bad
+  cl_start $DR drafter-d -c "$CL_INI" -i $DI
+  cl_wait 's["state"] == "paused" and [e for e in s["errors"] if "not finite" in e["message"]]' 90 coord ||
+    fail "the poisoned batch did not pause the cluster"
+  cl_log "paused: $(cl_json 's["errors"][0]["message"]')"
+  grep -q "poisoning batch $bad with NaN" "$CL_DIR/target0.log" || fail "the target did not poison batch $bad"
+  local gen
+  gen=$(cl_json 's["group"]["generation"]')
+  [[ -z $(cl_sql "SELECT 1 FROM trains WHERE batch = $bad") ]] || fail "batch $bad has a training row before the resume"
+  cl_kill target0 TERM
+  cl_wait_exit target0 30 || fail "target 0 exited '$CL_RC' on SIGTERM while paused"
+  cl_start target0 target-d -c "$CL_INI" -i 0 -o target.debug_nan_batch=-1
+  cl_wait '[t for t in targets() if t["pid"] == '"$(cl_pid target0)"']' 30 coord || fail "the target did not come back"
+  [[ $(cl_json 's["state"]') == paused ]] || fail "the target's restart ended the pause"
+  "$CL_BIN/dflashctl" -s "$CL_SOCK" resume || fail "dflashctl resume"
+  # Trained (and checkpointed: the drafter checkpoints again after the resume), in the same
+  # generation, by the drafter process that met the NaN.
+  for ((i = 0; i < 600; i++)); do
+    [[ $(cl_sql "SELECT state FROM batches WHERE id = $bad") == 4 ]] && break
+    sleep 0.1
+  done
+  [[ $(cl_sql "SELECT state FROM batches WHERE id = $bad") == 4 ]] ||
+    fail "batch $bad not trained and checkpointed 60 s after the resume (state $(cl_sql "SELECT state FROM batches WHERE id = $bad"); $(grep -c "is a repeat" "$CL_DIR/$DR.log") repeats left out)"
+  [[ $(cl_json 's["group"]["generation"]') == "$gen" ]] || fail "the drafter group restarted (generation $gen -> $(cl_json 's["group"]["generation"]'))"
+  cl_log "batch $bad trained after the resume: $(cl_sql "SELECT 'generation ' || gen || ' step ' || step FROM trains WHERE batch = $bad AND rolled_back = 0")"
+  drain_and_check target0 $DR
+  [[ $(grep -c "ready: drafter" "$CL_DIR/$DR.log") == 1 ]] || fail "the drafter was not one process throughout"
+  check_metrics "$CL_DIR/state/metrics-rank0.jsonl"
+  cl_log "nanbatch phase ok"
 }
 
 for p in $PHASES; do
