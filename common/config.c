@@ -296,6 +296,18 @@ int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t er
     return r;
 }
 
+/* The shortest decimal that reads back as v: 0.9, not 0.90000000000000002. */
+static void print_double(FILE *f, double v)
+{
+    char buf[32];
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    fputs(buf, f);
+}
+
 void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section)
 {
     for (size_t i = 0; i < cfg_nkeys; i++) {
@@ -305,7 +317,11 @@ void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section)
         const char *p = (const char *)cfg + k->offset;
         switch (k->type) {
         case CFG_INT: fprintf(f, "%s.%s = %lld\n", k->section, k->key, (long long)*(const int64_t *)p); break;
-        case CFG_DOUBLE: fprintf(f, "%s.%s = %.17g\n", k->section, k->key, *(const double *)p); break;
+        case CFG_DOUBLE:
+            fprintf(f, "%s.%s = ", k->section, k->key);
+            print_double(f, *(const double *)p);
+            fputc('\n', f);
+            break;
         case CFG_BOOL: fprintf(f, "%s.%s = %s\n", k->section, k->key, *(const int *)p ? "true" : "false"); break;
         case CFG_STR: fprintf(f, "%s.%s = %s\n", k->section, k->key, p); break;
         }

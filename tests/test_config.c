@@ -83,6 +83,32 @@ int main(void)
     CHECK_INT(ids[4], ==, 33);
     CHECK(cfg_parse_int_list("1,x", ids, 8) < 0);
 
+    /* The effective config is printed with the shortest decimals that read back exactly. */
+    CHECK_OK(cfg_load(&cfg, NULL, err, sizeof err));
+    cfg.drafter.lr = 0.1 + 0.2;         /* 0.30000000000000004 */
+    cfg.drafter.adam_eps = 1e-300;
+    char *out = NULL;
+    size_t outlen = 0;
+    FILE *mf = open_memstream(&out, &outlen);
+    CHECK(mf);
+    cfg_print(&cfg, mf, "drafter");
+    fclose(mf);
+    CHECK_CONTAINS(out, "drafter.beta1 = 0.9\n");
+    CHECK_CONTAINS(out, "drafter.min_lr_ratio = 0.1\n");
+    CHECK_CONTAINS(out, "drafter.lr = 0.30000000000000004\n");
+    CHECK_CONTAINS(out, "drafter.adam_eps = 1e-300\n");
+    struct dflash_cfg back;
+    CHECK_OK(cfg_load(&back, NULL, err, sizeof err));
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        char *eq = strstr(line, " =");
+        CHECK(eq);
+        char assign[600];
+        snprintf(assign, sizeof assign, "%.*s=%s", (int)(eq - line), line, eq[2] ? eq + 3 : "");
+        CHECK_OK(cfg_set(&back, assign, err, sizeof err));     /* every printed line reads back */
+    }
+    free(out);
+    CHECK(!memcmp(&back.drafter, &cfg.drafter, sizeof cfg.drafter));     /* bit for bit */
+
     /* The shipped file loads and documents every key with its default. */
     char shipped[512];
     snprintf(shipped, sizeof shipped, "%s/etc/dflash.ini", test_srcdir());
