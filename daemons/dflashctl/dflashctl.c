@@ -166,6 +166,15 @@ static void show_ring(const cJSON *r)
 
 static void show_daemons(const cJSON *d) { show_daemon_rows(obj(d, "daemons")); }
 
+static const char *num_or_dash(char *buf, size_t n, double v, int have)
+{
+    if (have)
+        snprintf(buf, n, "%.0f", v);
+    else
+        snprintf(buf, n, "-");
+    return buf;
+}
+
 static void show_batches(const cJSON *b)
 {
     show_counts(obj(b, "batches"));
@@ -176,11 +185,15 @@ static void show_batches(const cJSON *b)
     printf("%-12s %-12s %7s %7s %6s %6s %8s %6s %8s\n", "BATCH", "STATE", "SAMPLES", "TOKENS", "LEASES", "SLOT", "HOLDER",
            "GEN", "STEP");
     cJSON_ArrayForEach(e, obj(b, "in_flight")) {
-        char id[32];
+        char id[32], slot[16], holder[16], gen[24], step[24];
         snprintf(id, sizeof id, "%.0f:%.0f", num(e, "epoch"), num(e, "index"));
-        printf("%-12s %-12s %7.0f %7.0f %6.0f %6.0f %8.0f %6.0f %8.0f\n", id, str(e, "state"), num(e, "samples"),
-               num(e, "tokens"), num(e, "leases"), num(e, "slot"), num(e, "holder_pid"), num(e, "generation"),
-               num(e, "step"));
+        /* not in a slot, not held, not trained yet: "-" */
+        int trained = !strcmp(str(e, "state"), "trained");
+        printf("%-12s %-12s %7.0f %7.0f %6.0f %6s %8s %6s %8s\n", id, str(e, "state"), num(e, "samples"),
+               num(e, "tokens"), num(e, "leases"), num_or_dash(slot, sizeof slot, num(e, "slot"), num(e, "slot") >= 0),
+               num_or_dash(holder, sizeof holder, num(e, "holder_pid"), num(e, "holder_pid") > 0),
+               num_or_dash(gen, sizeof gen, num(e, "generation"), trained),
+               num_or_dash(step, sizeof step, num(e, "step"), trained));
     }
 }
 
