@@ -35,7 +35,7 @@ say "training for ${SECS}s (progress from dflashctl status --json every second)"
 "$CL_PY" - "$CL_BIN/dflashctl" "$CL_SOCK" "$SECS" <<'EOF'
 import json, subprocess, sys, time
 ctl, sock, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
-print("%6s %7s %6s %8s %6s %6s %9s %9s  %s" % ("time", "step", "epoch%", "loss", "acc", "accept",
+print("%6s %7s %8s %8s %6s %6s %9s %9s  %s" % ("time", "step", "epoch:%", "loss", "acc", "accept",
       "draft t/s", "target t/s", "ring free/writing/ready/reading"))
 t0 = time.time()
 while time.time() - t0 < secs:
@@ -48,9 +48,10 @@ while time.time() - t0 < secs:
     e, r = s["epoch"], s["ring"]
     ep = s["batches"]["checkpointed"] + s["batches"]["trained"]
     per = e["per_epoch"][e["current"]] if e["per_epoch"] else {"batches": 1}
-    done_in_epoch = ep - sum(x["batches"] for x in e["per_epoch"][:e["current"]])
+    # trained counts batches of the next epoch too (it starts before this one is checkpointed)
+    done_in_epoch = min(ep - sum(x["batches"] for x in e["per_epoch"][:e["current"]]), per["batches"])
     d0 = max(d, key=lambda x: x.get("step", 0)) if d else {}
-    print("%5.0fs %7d %3d:%2.0f%% %8.4f %6.3f %6.2f %9.0f %10.0f  %d/%d/%d/%d" % (
+    print("%5.0fs %7d %3d:%3.0f%% %8.4f %6.3f %6.2f %9.0f %10.0f  %d/%d/%d/%d" % (
         time.time() - t0, d0.get("step", 0), e["current"] + 1, 100.0 * done_in_epoch / max(per["batches"], 1),
         d0.get("loss") or 0, d0.get("accuracy") or 0, d0.get("accept_len") or 0,
         sum(x.get("tokens_per_s", 0) for x in d), sum(x.get("tokens_per_s", 0) for x in t),
