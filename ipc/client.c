@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include "common/asan.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/proc.h"
@@ -119,7 +120,9 @@ static struct client_lease *lease_get(const struct client *c, uint64_t batch)
     return NULL;
 }
 
-/* The entries past n_leases keep their sample buffers: once warm, a grant allocates nothing. */
+/* The entries past n_leases keep their sample buffers: once warm, a grant allocates nothing.
+ * Under ASan a kept buffer is poisoned until a grant takes it: a use of a lease's samples after
+ * the lease ended trips ASan instead of reading another grant's samples. */
 static void lease_drop(struct client *c, uint64_t batch)
 {
     struct client_lease *l = lease_get(c, batch);
@@ -128,6 +131,7 @@ static void lease_drop(struct client *c, uint64_t batch)
     struct client_lease gone = *l;
     *l = c->leases[--c->n_leases];
     c->leases[c->n_leases] = (struct client_lease){ .samples = gone.samples, .samples_cap = gone.samples_cap };
+    df_poison(gone.samples, (size_t)gone.samples_cap * sizeof *gone.samples);
 }
 
 static struct client_lease *lease_add(struct client *c, const struct proto_msg *m)
@@ -143,6 +147,7 @@ static struct client_lease *lease_add(struct client *c, const struct proto_msg *
     }
     struct client_lease *l = &c->leases[c->n_leases];
     uint32_t n = m->grant.n_samples;
+    df_unpoison(l->samples, (size_t)l->samples_cap * sizeof *l->samples);
     if (l->samples_cap < n) {
         uint32_t cap = n < 256 ? 256 : n;
         uint32_t *s = realloc(l->samples, (size_t)cap * 4);

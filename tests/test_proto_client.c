@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "common/asan.h"
 #include "common/err.h"
 #include "ipc/client.h"
 #include "tests/test.h"
@@ -392,25 +393,37 @@ static void check_lease(struct client *c, uint64_t batch, uint32_t n, uint32_t f
         CHECK_INT(l->samples[i], ==, first + i);
 }
 
-/* Leases come and go: a dropped lease's sample buffer serves the next grant (no allocation once
- * warm), a bigger grant grows it, and the leases still held keep their own samples. */
-static void test_lease_churn(int lfd)
+/* A server that welcomes one client, sends what `frames` writes, then reads until it hangs up. */
+static pid_t serve_frames(int lfd, void (*frames)(int fd))
 {
     pid_t srv = fork();
     CHECK(srv >= 0);
     if (!srv) {
         int fd = accept_welcomed(lfd, 10000, 0);
-        grant(fd, 100, 3, 1);
-        grant(fd, 101, 5, 10);
-        struct proto_msg rv = { .type = PROTO_LEASE_REVOKE, .batch.batch_id = 100 };
-        send_frame(fd, &rv);
-        grant(fd, 102, 7, 20);
-        grant(fd, 103, 300, 1000);
+        frames(fd);
         char ch;
         while (read(fd, &ch, 1) > 0)
             ;
         _exit(0);
     }
+    return srv;
+}
+
+/* Leases come and go: a dropped lease's sample buffer serves the next grant (no allocation once
+ * warm), a bigger grant grows it, and the leases still held keep their own samples. */
+static void churn_frames(int fd)
+{
+    grant(fd, 100, 3, 1);
+    grant(fd, 101, 5, 10);
+    struct proto_msg rv = { .type = PROTO_LEASE_REVOKE, .batch.batch_id = 100 };
+    send_frame(fd, &rv);
+    grant(fd, 102, 7, 20);
+    grant(fd, 103, 300, 1000);
+}
+
+static void test_lease_churn(int lfd)
+{
+    pid_t srv = serve_frames(lfd, churn_frames);
     struct client *c = NULL;
     struct client_opts o = opts();
     char err[512] = "";
@@ -442,6 +455,46 @@ static void test_lease_churn(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+/* A lease that ends (published, returned) leaves its sample buffer to the next grant; until then,
+ * under ASan, the buffer is poisoned: a daemon reading a lease's samples after the lease ended is
+ * caught. */
+static void two_grants(int fd)
+{
+    grant(fd, 200, 4, 1);
+    grant(fd, 201, 4, 5);
+}
+
+static void test_ended_lease_poisoned(int lfd)
+{
+    pid_t srv = serve_frames(lfd, two_grants);
+    struct client *c = NULL;
+    struct client_opts o = opts();
+    char err[512] = "";
+    CHECK_OK(client_open(&c, &o, err, sizeof err));
+    struct proto_msg m;
+    const uint32_t *buf[2] = { NULL, NULL };
+    while (!buf[0] || !buf[1]) {
+        CHECK_INT(client_poll(c, 2000, &m, err, sizeof err), >, 0);
+        if (m.type == PROTO_LEASE_GRANT && (m.grant.batch_id == 200 || m.grant.batch_id == 201)) {
+            check_lease(c, m.grant.batch_id, 4, m.grant.batch_id == 200 ? 1 : 5);
+            buf[m.grant.batch_id - 200] = m.samples;
+        }
+    }
+    CHECK(!df_poisoned(buf[0]) && !df_poisoned(buf[1]));
+    CHECK_OK(client_lease_return(c, 200));
+    CHECK_OK(client_published(c, 201, 0, 4));
+    CHECK_INT(client_leases_held(c), ==, 0);
+#ifdef DF_ASAN
+    for (int i = 0; i < 2; i++)
+        CHECK(df_poisoned(buf[i]) && df_poisoned(buf[i] + 3));
+    printf("ended leases: their sample buffers are poisoned until the next grant\n");
+#else
+    printf("ended leases: not an ASan build (the poisoning is checked under SAN=address)\n");
+#endif
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -455,6 +508,7 @@ int main(void)
     test_held_after_send_timeout(lfd);
     test_checkpoint_accepted(lfd);
     test_lease_churn(lfd);
+    test_ended_lease_poisoned(lfd);
     close(lfd);
     unlink(g_sock);
     printf("ok\n");
