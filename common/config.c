@@ -296,10 +296,15 @@ int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t er
     return r;
 }
 
-/* The shortest decimal that reads back as v: 0.9, not 0.90000000000000002. */
+/* The shortest decimal that reads back as v: 0.9, not 0.90000000000000002; whole numbers as
+ * integers (10, not 1e+01). */
 static void print_double(FILE *f, double v)
 {
     char buf[32];
+    if (v == floor(v) && fabs(v) < 1e15) {
+        fprintf(f, "%.0f", v);
+        return;
+    }
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(buf, sizeof buf, "%.*g", prec, v);
         if (strtod(buf, NULL) == v)

@@ -87,6 +87,8 @@ int main(void)
     CHECK_OK(cfg_load(&cfg, NULL, err, sizeof err));
     cfg.drafter.lr = 0.1 + 0.2;         /* 0.30000000000000004 */
     cfg.drafter.adam_eps = 1e-300;
+    cfg.drafter.gamma = 100;
+    cfg.drafter.grad_clip = 1e6;
     char *out = NULL;
     size_t outlen = 0;
     FILE *mf = open_memstream(&out, &outlen);
@@ -97,6 +99,8 @@ int main(void)
     CHECK_CONTAINS(out, "drafter.min_lr_ratio = 0.1\n");
     CHECK_CONTAINS(out, "drafter.lr = 0.30000000000000004\n");
     CHECK_CONTAINS(out, "drafter.adam_eps = 1e-300\n");
+    CHECK_CONTAINS(out, "drafter.gamma = 100\n");
+    CHECK_CONTAINS(out, "drafter.grad_clip = 1000000\n");
     struct dflash_cfg back;
     CHECK_OK(cfg_load(&back, NULL, err, sizeof err));
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
