@@ -22,7 +22,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 # the PyTorch side runs while the test builds
 ( timeout -k 5 190 python3 tools/parity_drafter_torch.py --out "$DIR" >"$DEST/torch.log" 2>&1; echo $? >"$DEST/torch.rc" ) &
 tp=$!
-MIN_C="common/err.c common/fileio.c ipc/nccl_coll.c model/drafter.c model/drafter_cpu.c model/objective.c model/optim.c
+MIN_C="common/err.c common/fileio.c common/jsonutil.c ipc/nccl_coll.c model/drafter.c model/drafter_cpu.c model/objective.c model/optim.c
        model/cpu_ops.c model/safetensors.c model/hfconfig.c model/checkpoint.c model/st_writer.c"
 t0=$(date +%s)
 timeout -k 5 190 make -j${JOBS:-16} BUILD=$B LIB_SRC="$(echo $MIN_C)" CU_SRC="$(echo gpukern/*.cu) model/drafter_cuda.cu" \
