@@ -13,8 +13,7 @@ export NCCL_NVLS_ENABLE=0
 B=build-prof
 DEST=${OUT:-$B/logs}
 mkdir -p "$B" "$DEST"
-MIN_C="common/err.c common/jsonutil.c ipc/nccl_coll.c model/drafter.c model/drafter_cpu.c model/objective.c model/optim.c model/cpu_ops.c model/safetensors.c model/hfconfig.c"
-make -j${JOBS:-16} BUILD=$B LIB_SRC="$MIN_C" CU_SRC="$(echo gpukern/*.cu) model/drafter_cuda.cu" \
+make -j${JOBS:-16} BUILD=$B \
   $B/bench/drafter_bench $B/tests/test_gpukern_dflash_attn $B/tests/test_gpukern_lmhead_ce >"$DEST/build.log" 2>&1 || { tail -30 "$DEST/build.log"; exit 1; }
 $B/tests/test_gpukern_lmhead_ce 2>&1 | tail -4 | tee "$DEST/lmhead_ce.log"
 $B/tests/test_gpukern_dflash_attn --bench 2>&1 | tee "$DEST/attn.log" | grep -h "BENCH\|FAIL"
