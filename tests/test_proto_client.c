@@ -145,6 +145,17 @@ static struct client_opts opts(void)
                                  .reply_timeout_ms = 3000, .reconnect_ms = 50 };
 }
 
+/* A client with the default options, connected. */
+static struct client *open_client(void)
+{
+    struct client *c = NULL;
+    struct client_opts o = opts();
+    char err[512] = "";
+    if (client_open(&c, &o, err, sizeof err) < 0)
+        TEST_FAIL("client_open: %s", err);
+    return c;
+}
+
 /* A WELCOME announcing more re-grants than ever arrive (here: 2^32-1, the count a 32-bit
  * "+1" wraps to 0) must not size anything: the client takes what arrives, then fails cleanly
  * when the connection ends short. */
@@ -166,10 +177,8 @@ static void test_regrant_count_is_not_trusted(int lfd)
 static void test_regrants_delivered(int lfd)
 {
     pid_t srv = serve(lfd, 3, 3, 0);
-    struct client *c = NULL;
-    struct client_opts o = opts();
+    struct client *c = open_client();
     char err[512] = "";
-    CHECK_OK(client_open(&c, &o, err, sizeof err));
     CHECK_INT(client_leases_held(c), ==, 3);
     struct proto_msg m;
     for (int i = 0; i < 3; i++) {
@@ -205,10 +214,8 @@ static void test_idle_keeps_heartbeat(int lfd)
         read_frames(fd, count_heartbeat, &beats);
         _exit(beats >= 4 ? 0 : 10 + beats);
     }
-    struct client *c = NULL;
-    struct client_opts o = opts();
+    struct client *c = open_client();
     char err[512] = "";
-    CHECK_OK(client_open(&c, &o, err, sizeof err));
     CHECK_INT(client_idle(c, 600, err, sizeof err), ==, 0);
     struct proto_msg m;
     CHECK_INT(client_poll(c, 0, &m, err, sizeof err), ==, 1);
@@ -424,10 +431,8 @@ static void churn_frames(int fd)
 static void test_lease_churn(int lfd)
 {
     pid_t srv = serve_frames(lfd, churn_frames);
-    struct client *c = NULL;
-    struct client_opts o = opts();
+    struct client *c = open_client();
     char err[512] = "";
-    CHECK_OK(client_open(&c, &o, err, sizeof err));
     struct proto_msg m;
     const uint32_t *buf100 = NULL;  /* 100's samples, when its grant is handed out before the revoke */
     for (;;) {
@@ -467,10 +472,8 @@ static void two_grants(int fd)
 static void test_ended_lease_poisoned(int lfd)
 {
     pid_t srv = serve_frames(lfd, two_grants);
-    struct client *c = NULL;
-    struct client_opts o = opts();
+    struct client *c = open_client();
     char err[512] = "";
-    CHECK_OK(client_open(&c, &o, err, sizeof err));
     struct proto_msg m;
     const uint32_t *buf[2] = { NULL, NULL };
     while (!buf[0] || !buf[1]) {
