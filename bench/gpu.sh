@@ -46,13 +46,7 @@ GK_TESTS="embed rmsnorm rope swiglu gemm attention"
 TARGETS="$B/tests/test_target_cuda $B/tests/test_target_cuda_hf $B/bench/target_bench"
 for t in $GK_TESTS; do TARGETS="$TARGETS $B/tests/test_gpukern_$t"; done
 if has build; then
-  # If the full library does not build (e.g. another part of model/ is broken), build one from just
-  # what the target needs.
-  if ! step build 300 make -j${JOBS:-16} BUILD=$B LIBDIRS="common ipc model" $TARGETS; then
-    MIN_C="common/err.c common/jsonutil.c common/proc.c ipc/ring.c model/target.c model/target_cpu.c model/cpu_ops.c model/hfconfig.c model/safetensors.c"
-    step build_minimal 300 make -j${JOBS:-16} BUILD=$B LIBDIRS="common ipc model" LIB_SRC="$MIN_C" \
-      CU_SRC="$(echo gpukern/{attention,embed,gemm,residual,rmsnorm,rope,swiglu}.cu) model/target_cuda.cu" $TARGETS
-  fi
+  step build 300 make -j${JOBS:-16} BUILD=$B $TARGETS
 fi
 
 if has tests; then
