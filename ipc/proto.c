@@ -23,7 +23,7 @@ static const struct {
     [PROTO_LEASE_RETURN]  = { "LEASE_RETURN", sizeof(struct proto_batch_ref), 0 },
     [PROTO_PUBLISHED]     = { "PUBLISHED", sizeof(struct proto_published), 0 },
     [PROTO_JOIN_GROUP]    = { "JOIN_GROUP", 0, 0 },
-    [PROTO_GROUP]         = { "GROUP", sizeof(struct proto_group), 0 },
+    [PROTO_GROUP]         = { "GROUP", sizeof(struct proto_group), 1 },
     [PROTO_TRAINED]       = { "TRAINED", sizeof(struct proto_trained), 0 },
     [PROTO_CHECKPOINTED]  = { "CHECKPOINTED", sizeof(struct proto_checkpointed), 0 },
     [PROTO_ACK]           = { "ACK", sizeof(struct proto_ack), 0 },
@@ -139,6 +139,12 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
             FAIL(-DF_ERANGE, "%s: rank %u of world %u", tn, m->group.rank, m->group.world_size);
         STR_OK(m->group.coll_name, "coll_name");
         STR_OK(m->group.ckpt_dir, "ckpt_dir");
+        if (m->group.n_done > PROTO_MAX_GROUP_IDS)
+            FAIL(-DF_ERANGE, "%s: n_done=%u above %u", tn, m->group.n_done, PROTO_MAX_GROUP_IDS);
+        ZERO(m->group.pad, "pad");
+        if (payload != sizeof(struct proto_group) + 8ull * m->group.n_done)
+            FAIL(-DF_EFORMAT, "%s: payload %u bytes, %u batch ids need %llu", tn, payload, m->group.n_done,
+                 (unsigned long long)(sizeof(struct proto_group) + 8ull * m->group.n_done));
         break;
     case PROTO_TRAINED:
         if (m->trained.lease < 1)
@@ -241,6 +247,8 @@ int proto_decode(const void *buf, size_t len, struct proto_msg *m, char *err, si
         return r;
     if (m->type == PROTO_LEASE_GRANT)
         m->samples = payload + fixed;
+    else if (m->type == PROTO_GROUP)
+        m->ids = payload + fixed;
     else if (m->type == PROTO_REPLY)
         m->json = (const char *)payload + fixed;
     return 0;
@@ -253,6 +261,8 @@ int64_t proto_encoded_size(const struct proto_msg *m)
     uint64_t n = sizeof(struct proto_hdr) + types[m->type].size;
     if (m->type == PROTO_LEASE_GRANT)
         n += 4ull * m->grant.n_samples;
+    else if (m->type == PROTO_GROUP)
+        n += 8ull * m->group.n_done;
     else if (m->type == PROTO_REPLY)
         n += m->reply.json_len;
     return n > PROTO_MAX_FRAME ? -E2BIG : (int64_t)n;
@@ -280,6 +290,10 @@ int64_t proto_encode(const struct proto_msg *m, void *buf, size_t cap, char *err
         if (m->grant.n_samples && !m->samples)
             FAIL(-DF_EFORMAT, "LEASE_GRANT: no sample array");
         memcpy(p + sizeof h + fixed, m->samples, 4ull * m->grant.n_samples);
+    } else if (m->type == PROTO_GROUP && m->group.n_done) {
+        if (!m->ids)
+            FAIL(-DF_EFORMAT, "GROUP: no batch id array");
+        memcpy(p + sizeof h + fixed, m->ids, 8ull * m->group.n_done);
     } else if (m->type == PROTO_REPLY && m->reply.json_len) {
         if (!m->json)
             FAIL(-DF_EFORMAT, "REPLY: no json text");

@@ -7,9 +7,11 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 5                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
+#define PROTO_VERSION 6                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
                                               4: lease numbers, SKIPPED; 5: dataset checksum and operator
-                                              resume count in WELCOME, the count in CONTROL */
+                                              resume count in WELCOME, the count in CONTROL; 6: GROUP
+                                              lists the batches kept from earlier generations that
+                                              were leased more than once, and the run's batch count */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -20,6 +22,7 @@
 #define PROTO_AUTH_TOKEN_MAX 256
 #define PROTO_MAX_SAMPLES 65536             /* samples in one lease grant */
 #define PROTO_MAX_LEASE_REQUEST 1024
+#define PROTO_MAX_GROUP_IDS 500000          /* batch ids after a GROUP (4 MB: within a frame) */
 #define PROTO_NONE32 UINT32_MAX
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -48,7 +51,13 @@
  *     a READY slot it published stays and is trained.
  *  3. Drafters: JOIN_GROUP; s answers GROUP once drafter.world_size drafters joined
  *     (rank, world size, generation, 128 group-id bytes, collective shm name, latest
- *     durable checkpoint). After each step every rank sends TRAINED(batch, step, rank,
+ *     durable checkpoint, the run's batch count fixed when the first generation formed:
+ *     every rank's learning-rate schedule spans the same steps), followed by the ids of the batches checkpointed by earlier
+ *     generations that were leased more than once: a copy of one of those may still reach
+ *     the ring from a target that held an older lease (cut off while the batch was leased
+ *     again), and the group leaves it out of its steps like a batch it trained itself. The
+ *     list is the same for every rank of a generation (no earlier generation changes while
+ *     it runs). After each step every rank sends TRAINED(batch, step, rank,
  *     generation). Rank 0 sends CHECKPOINTED(step, dir, generation) once the checkpoint
  *     is durable: every batch trained at step <= that step in that generation becomes
  *     checkpointed. When a drafter dies s bumps the generation, pushes RESTART to the
@@ -82,7 +91,8 @@
  *
  * Frames: proto_hdr then `len` payload bytes. Every payload below is a fixed struct
  * (string fields NUL-terminated inside their arrays, padding zero) except LEASE_GRANT
- * (struct + n_samples u32) and REPLY (struct + json_len bytes of JSON, no NUL).
+ * (struct + n_samples u32), GROUP (struct + n_done u64 batch ids) and REPLY (struct +
+ * json_len bytes of JSON, no NUL).
  */
 
 enum proto_type {
@@ -221,8 +231,12 @@ struct proto_group {
     uint8_t group_id[PROTO_NCCL_ID_BYTES]; /* ncclUniqueId bytes on the CUDA path */
     char coll_name[PROTO_NAME_MAX]; /* shm name of the CPU collective of this generation */
     char ckpt_dir[PROTO_PATH_MAX];  /* latest durable checkpoint; empty = none yet */
+    uint64_t run_batches;           /* the run's batches as fixed at its first generation (the
+                                       learning-rate horizon of drafter.total_steps = 0) */
+    uint32_t n_done;                /* batch ids that follow (rule 3), <= PROTO_MAX_GROUP_IDS */
+    uint32_t pad;
 };
-_Static_assert(sizeof(struct proto_group) == 472, "wire size");
+_Static_assert(sizeof(struct proto_group) == 488, "wire size");
 
 struct proto_trained {
     uint64_t seq;
@@ -324,6 +338,7 @@ struct proto_msg {
         struct proto_auth auth;
     };
     const void *samples;            /* LEASE_GRANT: n_samples LE u32 (maybe unaligned) */
+    const void *ids;                /* GROUP: n_done LE u64 batch ids (maybe unaligned) */
     const char *json;               /* REPLY: json_len bytes, not NUL-terminated */
 };
 
@@ -351,6 +366,14 @@ static inline uint32_t proto_grant_sample(const struct proto_msg *m, uint32_t i)
 {
     uint32_t v;
     __builtin_memcpy(&v, (const uint8_t *)m->samples + (size_t)i * 4, 4);
+    return v;
+}
+
+/* Batch id i of a decoded (or to-be-encoded) GROUP. */
+static inline uint64_t proto_group_id(const struct proto_msg *m, uint32_t i)
+{
+    uint64_t v;
+    __builtin_memcpy(&v, (const uint8_t *)m->ids + (size_t)i * 8, 8);
     return v;
 }
 

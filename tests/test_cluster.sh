@@ -44,6 +44,11 @@ cl_wait 'any(d.get("ckpt_write_ms", 0) > 0 and d.get("ckpt_pause_ms", -1) >= 0 f
   fail "no checkpoint timings in the status"
 "$CL_BIN/dflashctl" -s "$CL_SOCK" daemons | grep -q "ckpt pause [0-9]* ms + write [0-9]* ms" ||
   fail "dflashctl daemons does not show the checkpoint timings: $("$CL_BIN/dflashctl" -s "$CL_SOCK" daemons)"
+# total_steps = 0: both ranks schedule the learning rate over the epoch's batches over the group
+for i in 0 1; do
+  grep -q "lr horizon $(((total + 1) / 2)) steps" "$CL_DIR/drafter$i.log" ||
+    fail "drafter$i: not the lr horizon of $total batches over 2 ranks: $(grep "lr horizon" "$CL_DIR/drafter$i.log")"
+done
 cl_log "draining at $(cl_json 's["batches"]')"
 # dflashctl batches: a trained batch shows its generation and step, one not trained yet "-"; what a
 # batch does not have (a slot, a holder) is "-", never a -1 or a 0 standing for none.

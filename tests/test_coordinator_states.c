@@ -31,7 +31,10 @@
  *     no PUBLISHED to announce them, and before a new generation's GROUP goes out (also in a
  *     restarted coordinator's recovery window).
  * 15-16. The run's end: a slot of a target that died as the cluster stopped is freed before the
- *     coordinator leaves; a coordinator killed after the run completed finds it complete. */
+ *     coordinator leaves; a coordinator killed after the run completed finds it complete.
+ * 17. A batch leased twice (its first target died) and checkpointed by generation 1 is named in
+ *     generation 2's GROUP: a copy of it from an older lease must be left out by the new group,
+ *     which has trained nothing yet. The GROUP carries the run's batch count. */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -676,6 +679,63 @@ static void trained_copy_out_before_group(int recovery)
            recovery ? " (formed in the recovery window)" : "");
 }
 
+static void released_batch_named_in_group(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    int lp[2], rp[2], dp[2];
+    CHECK(pipe(lp) == 0 && pipe(rp) == 0 && pipe(dp) == 0);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (!pid) {                                     /* a target that takes one lease and dies */
+        struct client *t = peer_connect(PROTO_ROLE_TARGET, 0);
+        struct proto_msg m;
+        char err[256];
+        if (client_lease_request(t, 1) < 0)
+            _exit(2);
+        while (client_poll(t, 50, &m, err, sizeof err) >= 0 && m.type != PROTO_LEASE_GRANT)
+            ;
+        if (write(lp[1], &m.grant.batch_id, 8) != 8)
+            _exit(3);
+        for (;;)
+            pause();
+    }
+    kids[0] = pid;
+    uint64_t id = read_id(lp[0]);
+    tc_kill(pid);
+    kids[0] = 0;
+    expect_batch(id, "queued", NULL, 3000);
+    kids[1] = fork_holder(rp[1], dp[1]);
+    char g;
+    CHECK(read(rp[0], &g, 1) == 1);                 /* generation 1 formed with the holder */
+    CHECK_INT(publish_one(), ==, id);               /* its second lease (the lowest id goes first) */
+    CHECK_INT(read_id(dp[0]), ==, id);              /* trained and checkpointed by generation 1 */
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 1);
+    client_join_group(d);                           /* standby */
+    poll_for(d, 300);
+    tc_kill(kids[1]);
+    kids[1] = 0;
+    struct proto_msg m;
+    char err[256];
+    uint64_t end = mono_ms() + 10000 * (uint64_t)test_time_scale();
+    m.type = 0;
+    while (mono_ms() < end && !(m.type == PROTO_GROUP && m.group.generation == 2))
+        if (client_poll(d, 5, &m, err, sizeof err) <= 0)
+            m.type = 0;
+    CHECK_INT(m.type, ==, PROTO_GROUP);
+    CHECK_INT(m.group.n_done, ==, 1);
+    CHECK_INT(proto_group_id(&m, 0), ==, id);
+    CHECK_INT(m.group.run_batches, ==, tc_status_num("epoch.total_batches"));  /* one epoch: exact */
+    for (int i = 0; i < 2; i++) {
+        close(lp[i]);
+        close(rp[i]);
+        close(dp[i]);
+    }
+    client_free(d);
+    printf("ok: a batch checkpointed after two leases is named in the next generation's GROUP\n");
+}
+
 static void trained_copy_retracted_at_group_start(void) { trained_copy_out_before_group(0); }
 static void trained_copy_retracted_in_recovery(void) { trained_copy_out_before_group(1); }
 
@@ -835,7 +895,8 @@ int main(void)
                              late_published_after_rollback, late_trained_then_published, silent_taker,
                              signal_drain_not_resumed, trained_copy_retracted, trained_copy_of_dead_target_retracted,
                              trained_copy_retracted_at_group_start, trained_copy_retracted_in_recovery,
-                             dead_owner_slot_freed_at_exit, complete_run_killed_before_exit };
+                             dead_owner_slot_freed_at_exit, complete_run_killed_before_exit,
+                             released_batch_named_in_group };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -163,6 +163,19 @@ int main(void)
     roundtrip(&m, &d);
     CHECK(!memcmp(d.group.group_id, m.group.group_id, PROTO_NCCL_ID_BYTES));
     CHECK_STR(d.group.ckpt_dir, "/var/lib/dflash/ckpt/step-1000");
+    CHECK_INT(d.group.n_done, ==, 0);
+    /* with the batch ids kept from earlier generations, the most a frame takes */
+    static uint64_t done[PROTO_MAX_GROUP_IDS];
+    for (uint32_t i = 0; i < PROTO_MAX_GROUP_IDS; i++)
+        done[i] = ((uint64_t)(i % 3) << 32) | (i * 2654435761u);
+    m.group.n_done = PROTO_MAX_GROUP_IDS;
+    m.ids = done;
+    CHECK_INT(roundtrip(&m, &d), ==, (int64_t)(sizeof(struct proto_hdr) + sizeof(struct proto_group) +
+                                               8ull * PROTO_MAX_GROUP_IDS));
+    CHECK_INT(d.group.n_done, ==, PROTO_MAX_GROUP_IDS);
+    for (uint32_t i = 0; i < PROTO_MAX_GROUP_IDS; i += 997)
+        CHECK_INT(proto_group_id(&d, i), ==, done[i]);
+    CHECK_INT(proto_group_id(&d, PROTO_MAX_GROUP_IDS - 1), ==, done[PROTO_MAX_GROUP_IDS - 1]);
 
     memset(&m, 0, sizeof m);
     m.type = PROTO_TRAINED;
@@ -357,6 +370,28 @@ int main(void)
     expect_reject(buf, (size_t)n, -DF_ERANGE, "lease number 0");
     m.grant.n_samples = PROTO_MAX_SAMPLES + 1;
     CHECK(proto_encode(&m, buf, sizeof buf, err, sizeof err) < 0);
+
+    /* Groups: the batch id count must match the payload and stay within its bound. */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_GROUP;
+    m.group.world_size = 1;
+    uint64_t ids[3] = { 1, 2, 3 };
+    m.group.n_done = 3;
+    m.ids = ids;
+    n = proto_encode(&m, buf, sizeof buf, err, sizeof err);
+    CHECK(n > 0);
+    memcpy(buf + sizeof *h + offsetof(struct proto_group, n_done), &four, 4);
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "4 batch ids need");
+    memcpy(buf + sizeof *h + offsetof(struct proto_group, n_done), &m.group.n_done, 4);
+    memcpy(buf + sizeof *h + offsetof(struct proto_group, pad), &four, 4);
+    expect_reject(buf, (size_t)n, -DF_EFORMAT, "pad must be 0");
+    uint32_t over = PROTO_MAX_GROUP_IDS + 1;
+    memcpy(buf + sizeof *h + offsetof(struct proto_group, pad), &zero, 4);
+    memcpy(buf + sizeof *h + offsetof(struct proto_group, n_done), &over, 4);
+    expect_reject(buf, (size_t)n, -DF_ERANGE, "n_done=500001 above 500000");
+    m.ids = NULL;
+    CHECK(proto_encode(&m, buf, sizeof buf, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "no batch id array");
 
     /* The encoder refuses invalid messages and too-small buffers. */
     memset(&m, 0, sizeof m);

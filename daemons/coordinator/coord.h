@@ -162,6 +162,8 @@ struct coord {
     struct batch *leased;           /* every LEASED batch (the periodic checks walk these, not all) */
     struct batch *published;        /* every PUBLISHED batch (the orphan sweep walks these) */
     uint64_t total_batches;         /* over built epochs */
+    uint64_t run_batches;           /* the run's batches as estimated when the first generation
+                                       formed (ledger meta "run_batches"; 0 = none formed yet) */
     /* pending batch ids: a min-heap with lazy deletion (state checked on pop) */
     uint64_t *heap;
     size_t heap_len, heap_cap;
@@ -221,6 +223,8 @@ void coord_member_gone(struct member *m, const char *reason);
 void coord_tick(struct coord *co);                  /* timeouts, recovery, completion */
 void coord_signal_stop(struct coord *co, int hard);
 void coord_set_state(struct coord *co, int state, const char *reason);
+/* The run's batches: those of the scheduled epochs, the others counted at epoch 0's size. */
+uint64_t coord_est_batches(const struct coord *co);
 struct batch *coord_batch(struct coord *co, uint64_t id);
 
 /* The list of the batches in `state`: LEASED and PUBLISHED ones are few, and the periodic checks

@@ -344,6 +344,14 @@ void coord_set_state(struct coord *co, int state, const char *reason)
 
 /* ---- drafter group ---- */
 
+uint64_t coord_est_batches(const struct coord *co)
+{
+    uint32_t scheduled = 0;
+    for (uint32_t e = 0; e < co->epochs; e++)
+        scheduled += co->ep[e].built;
+    return co->total_batches + (scheduled ? (uint64_t)(co->epochs - scheduled) * co->ep[0].s.n_batches : 0);
+}
+
 static void save_group(struct coord *co)
 {
     char toks[4096] = "";
@@ -381,17 +389,63 @@ static int64_t gen_limit(const struct coord *co, uint64_t gen)
     return -2;
 }
 
+/* The batches a copy of which the running generation must leave out although it never
+ * trained them: checkpointed by an earlier generation after more than one lease (a target
+ * cut off while its lease was given again may still publish the older copy, and the group's
+ * own memory starts empty). The same list for every send of a generation: only the running
+ * generation changes batches. Returns the count (*ids malloc'd, NULL when 0), or -ENOMEM. */
+static int64_t done_by_earlier(const struct coord *co, uint64_t **ids)
+{
+    size_t n = 0, cap = 0;
+    *ids = NULL;
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+            const struct ledger_batch *row = &co->ep[e].b[i].row;
+            if (row->state != BATCH_CHECKPOINTED || row->gen >= co->grp.gen || row->leases < 2)
+                continue;
+            if (n == PROTO_MAX_GROUP_IDS) {
+                log_warn(0, "more than %u batches kept from earlier generations were leased twice: the group "
+                         "is told of the first %u", PROTO_MAX_GROUP_IDS, PROTO_MAX_GROUP_IDS);
+                return (int64_t)n;
+            }
+            if (n == cap) {
+                cap = cap ? cap * 2 : 256;
+                uint64_t *p = realloc(*ids, cap * sizeof *p);
+                if (!p) {
+                    free(*ids);
+                    *ids = NULL;
+                    return -ENOMEM;
+                }
+                *ids = p;
+            }
+            (*ids)[n++] = row->id;
+        }
+    return (int64_t)n;
+}
+
 static void send_group(struct coord *co, struct member *m)
 {
     struct proto_msg msg = { .type = PROTO_GROUP };
+    uint64_t *ids;
+    int64_t n = done_by_earlier(co, &ids);
+    if (n < 0) {
+        /* Not without it (the generation could train such a copy twice): the peers time out
+         * waiting for this rank, and its JOIN_GROUP after that asks again. */
+        log_error((int)n, "the GROUP for %s is not sent", m->name);
+        return;
+    }
+    msg.group.n_done = (uint32_t)n;
+    msg.ids = ids;
     msg.group.generation = co->grp.gen;
     msg.group.rank = (uint32_t)m->rank;
     msg.group.world_size = co->grp.world;
     msg.group.ckpt_step = co->grp.ckpt_step;
+    msg.group.run_batches = co->run_batches;
     memcpy(msg.group.group_id, co->grp.id, sizeof co->grp.id);
     proto_strset(msg.group.coll_name, sizeof msg.group.coll_name, co->grp.coll_name);
     proto_strset(msg.group.ckpt_dir, sizeof msg.group.ckpt_dir, co->grp.ckpt_dir);
     coord_send(m, &msg);
+    free(ids);
 }
 
 static int by_device(const void *a, const void *b)
@@ -432,6 +486,12 @@ static void try_form_group(struct coord *co)
     qsort(cand, n, sizeof *cand, by_device);
     g->gen++;
     g->active = true;
+    if (!co->run_batches) {
+        /* Fixed once: every rank of every generation schedules its learning rate over the same
+         * steps (the estimate moves as later epochs are scheduled). */
+        co->run_batches = coord_est_batches(co);
+        ledger_meta_set_u64(co->ledger, "run_batches", co->run_batches);
+    }
     g->rank_deadline_ms = 0;
     if (getrandom(g->id, sizeof g->id, 0) != (ssize_t)sizeof g->id)
         for (size_t i = 0; i < sizeof g->id; i++)
@@ -1434,6 +1494,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     char toks[4096] = "";
     if ((r = ledger_generation_foreach(co->ledger, load_gen, co)) < 0 ||
         (r = ledger_meta_get_u64(co->ledger, "group_gen", &co->grp.gen)) < 0 ||
+        (r = ledger_meta_get_u64(co->ledger, "run_batches", &co->run_batches)) < 0 ||
         (r = ledger_meta_get_u64(co->ledger, "group_active", &active)) < 0 ||
         (r = ledger_meta_get(co->ledger, "group_tokens", toks, sizeof toks)) < 0 ||
         (r = ledger_meta_get_u64(co->ledger, "ckpt_gen", &co->grp.ckpt_gen)) < 0 ||

@@ -159,10 +159,7 @@ static cJSON *epoch_json(struct coord *co)
         cJSON_AddNumberToObject(x, "checkpointed", (double)done);
         cJSON_AddItemToArray(per, x);
     }
-    /* Epochs not yet scheduled count with the size of the first one. */
-    uint64_t est_total = co->total_batches;
-    if (scheduled && scheduled < co->epochs)
-        est_total += (uint64_t)(co->epochs - scheduled) * co->ep[0].s.n_batches;
+    uint64_t est_total = coord_est_batches(co);
     cJSON_AddNumberToObject(o, "epochs", co->epochs);
     cJSON_AddNumberToObject(o, "current", current < co->epochs ? current : co->epochs - 1);
     cJSON_AddNumberToObject(o, "scheduled", scheduled);

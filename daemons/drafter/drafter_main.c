@@ -14,7 +14,7 @@
 #include "common/daemon.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "common/recent_ids.h"
+#include "common/id_set.h"
 #include "common/timeutil.h"
 #include "ipc/client.h"
 #include "ipc/collective.h"
@@ -105,6 +105,7 @@ struct dft {
     int joined;                 /* JOIN_GROUP sent, waiting for GROUP */
     int have_group;             /* a GROUP message is waiting to be applied */
     struct proto_group grp;
+    uint64_t *grp_done;         /* [PROTO_MAX_GROUP_IDS]: its batch ids (grp.n_done), copied out of the frame */
     int in_group;
     int await_restart;          /* left the group's collective: wait for RESTART before joining */
     uint64_t generation;
@@ -131,7 +132,6 @@ struct dft {
     int peers_cap;
     int64_t saved_step;
     int64_t ckpt_head;          /* the checkpoint the lineage stands on (never pruned), -1 none */
-    uint64_t total_steps_hint;
 
     /* statistics */
     uint64_t batches;           /* trained by this rank */
@@ -140,10 +140,12 @@ struct dft {
     double idle_s;              /* total time waiting for slots with nothing to compute */
     uint64_t last_step_end_ns;
 
-    /* Batches the group trained in this generation, the CUDA backend's steps in flight included
-     * (the same on every rank: built from the gathered batches of each step as it is taken,
-     * cleared on entering a generation; a skipped step's batches are taken out again). */
-    struct recent_ids trained;
+    /* Batches the group must not train again: those it trained in this generation, the CUDA
+     * backend's steps in flight included, and those the GROUP named (kept from earlier
+     * generations after more than one lease). The same on every rank: filled on entering a
+     * generation from the GROUP, then from the gathered batches of each step as it is taken
+     * (a skipped step's batches are taken out again). */
+    struct id_set trained;
 };
 
 static double now_s(void) { return (double)wall_ms() / 1000.0; }
@@ -604,6 +606,8 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
 {
     switch (m->type) {
     case PROTO_GROUP:
+        for (uint32_t i = 0; i < m->group.n_done; i++)
+            f->grp_done[i] = proto_group_id(m, i);
         f->grp = m->group;
         f->have_group = 1;
         break;
@@ -682,26 +686,6 @@ static int pump(struct dft *f, int timeout_ms)
     return 0;
 }
 
-/* total_steps = 0: the cosine horizon is the run's batches over the group. */
-static void derive_total_steps(struct dft *f)
-{
-    if (f->cfg->drafter.total_steps)
-        return;
-    char *json = NULL, err[256];
-    int status = 0;
-    if (client_query(f->cl, PROTO_Q_STATUS, 0, &json, &status, err, sizeof err) < 0 || status < 0) {
-        free(json);
-        return;
-    }
-    const char *p = strstr(json, "\"total_batches\":");
-    if (p) {
-        double total = strtod(p + 16, NULL);
-        if (total > 0)
-            f->total_steps_hint = (uint64_t)total;
-    }
-    free(json);
-}
-
 #ifdef DFLASH_HAVE_CUDA
 /* The NCCL group of this generation. ncclGetUniqueId's rendezvous lives in the process that
  * makes the id, so rank 0 makes it (the coordinator, which has no CUDA, cannot: the id bytes in
@@ -752,7 +736,7 @@ static int leave_out_repeats(struct dft *f, int have, struct batch_ref b)
     int n, mine = 0, self = f->coll ? f->rank : 0;
     struct peer_batch *pb = step_batches(f, have, b, f->coll ? f->peers : NULL, &one, &n);
     for (int r = 0; r < n; r++) {
-        int repeat = pb[r].have && recent_ids_has(&f->trained, pb[r].b.id);
+        int repeat = pb[r].have && id_set_has(&f->trained, pb[r].b.id);
         for (int q = 0; q < r && pb[r].have && !repeat; q++)
             repeat = pb[q].have && pb[q].b.id == pb[r].b.id;
         if (!repeat)
@@ -761,8 +745,8 @@ static int leave_out_repeats(struct dft *f, int have, struct batch_ref b)
         if (r == self) {
             mine = 1;
             log_warn(0, "batch %" PRIu64 ": its copy with lease %u is a repeat (the group trained the batch in"
-                     " generation %" PRIu64 " already, or trains it in this step): left out", b.id, b.lease,
-                     f->generation);
+                     " generation %" PRIu64 " already, or trains it in this step, or an earlier generation's"
+                     " checkpoint holds it): left out", b.id, b.lease, f->generation);
         }
     }
     return mine;
@@ -780,9 +764,10 @@ static void remember_step(struct dft *f, int have, struct batch_ref b, struct pe
         if (!pb[r].have)
             continue;
         if (forget)
-            recent_ids_forget(&f->trained, pb[r].b.id);
-        else
-            recent_ids_add(&f->trained, pb[r].b.id);
+            id_set_forget(&f->trained, pb[r].b.id);
+        else if (id_set_add(&f->trained, pb[r].b.id) < 0)
+            /* past the reserve and out of memory: a later copy of it could be trained again */
+            log_warn(-ENOMEM, "batch %" PRIu64 " is not remembered as trained", pb[r].b.id);
     }
 }
 
@@ -804,8 +789,22 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
 {
     const struct proto_group *g = &f->grp;
     f->have_group = 0;
-    int r = load_weights(f, g->ckpt_dir, err, errlen);
-    if (r < 0)
+    int r;
+    id_set_clear(&f->trained);
+    /* sized for the whole run: no allocation in the steps */
+    if (id_set_reserve(&f->trained, (size_t)(g->run_batches + g->n_done)) < 0) {
+        snprintf(err, errlen, "out of memory for the ids of %" PRIu64 " batches", g->run_batches + g->n_done);
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < g->n_done; i++)
+        if ((r = id_set_add(&f->trained, f->grp_done[i])) < 0) {
+            snprintf(err, errlen, "GROUP: batch id %" PRIu64 " cannot be remembered", f->grp_done[i]);
+            return r;
+        }
+    if (g->n_done)
+        log_notice("generation %" PRIu64 ": %u batches kept from earlier generations were leased more than once:"
+                   " a copy of one is left out", g->generation, g->n_done);
+    if ((r = load_weights(f, g->ckpt_dir, err, errlen)) < 0)
         return r;
     f->generation = g->generation;
     f->ckpt_head = g->ckpt_dir[0] ? (int64_t)g->ckpt_step : -1;
@@ -848,10 +847,9 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
 #endif
     }
     f->voted_out = 0;
-    if (f->total_steps_hint && !f->cfg->drafter.total_steps)
-        f->topt.total_steps = (int64_t)((f->total_steps_hint + (uint64_t)f->world - 1) / (uint64_t)f->world);
+    if (!f->cfg->drafter.total_steps)   /* the run's batches over the group, the same on every rank */
+        f->topt.total_steps = (int64_t)((g->run_batches + (uint64_t)f->world - 1) / (uint64_t)f->world);
     f->in_group = 1;
-    recent_ids_clear(&f->trained);
     if (!f->metrics || f->metrics_rank != f->rank) {
         char path[CFG_STR_MAX + 64];
         if (f->cfg->drafter.metrics_path[0])
@@ -1493,7 +1491,8 @@ static int attach_ring(struct dft *f, char *err, size_t errlen)
     f->max_blocks = drafter_max_blocks_for((int)l->max_tokens, (int)l->max_seqs, (int)f->cfg->drafter.num_anchors);
     f->blocks = calloc((size_t)f->max_blocks, sizeof *f->blocks);
     f->work = calloc(l->max_tokens, sizeof *f->work);
-    if (!f->blocks || !f->work) {
+    f->grp_done = calloc(PROTO_MAX_GROUP_IDS, sizeof *f->grp_done);  /* pages touched only as filled */
+    if (!f->blocks || !f->work || !f->grp_done) {
         snprintf(err, errlen, "out of memory for %d blocks", f->max_blocks);
         return -ENOMEM;
     }
@@ -1579,7 +1578,6 @@ int main(int argc, char **argv)
                      ring_name(f->ring));
     }
 #endif
-    derive_total_steps(f);
     log_notice("ready: drafter %d layers, %zu parameters, block %d, ring %s, cluster %s, backend %s", f->dc.num_layers,
                f->dr->n_params, f->dc.block_size, ring_name(f->ring), proto_state_name((unsigned)f->state),
                f->cuda ? "cuda" : "cpu");
@@ -1679,6 +1677,8 @@ out:
     free(f->blocks);
     free(f->work);
     free(f->peers);
+    free(f->grp_done);
+    id_set_free(&f->trained);
 #ifdef DFLASH_HAVE_CUDA
     free(f->fl_peers);
 #endif

@@ -13,6 +13,10 @@ static void proto_check_decoded(const struct proto_msg *m, const uint8_t *data, 
         FUZZ_ASSERT(m->samples != NULL);
         for (uint32_t i = 0; i < m->grant.n_samples; i++)
             acc += proto_grant_sample(m, i);
+    } else if (m->type == PROTO_GROUP) {
+        FUZZ_ASSERT(m->ids != NULL);
+        for (uint32_t i = 0; i < m->group.n_done; i++)
+            acc += (uint32_t)proto_group_id(m, i);
     } else if (m->type == PROTO_REPLY) {
         FUZZ_ASSERT(m->json != NULL || m->reply.json_len == 0);
         for (uint32_t i = 0; i < m->reply.json_len; i++)

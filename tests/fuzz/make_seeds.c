@@ -204,6 +204,7 @@ static void seeds_proto(void)
     size_t slen = 0;
     struct proto_msg m;
     uint32_t samples[3] = { 5, 0, 77 };
+    uint64_t done[2] = { 7, (1ull << 32) | 3 };
     static const char json[] = "{\"state\":\"running\",\"n\":[1,2]}";
     for (unsigned t = 1; t < PROTO_TYPE_MAX; t++) {
         memset(&m, 0, sizeof m);
@@ -238,7 +239,9 @@ static void seeds_proto(void)
         case PROTO_LEASE_REVOKE: case PROTO_LEASE_RETURN: m.batch.batch_id = 11; break;
         case PROTO_PUBLISHED: m.published = (struct proto_published){ .seq = 1, .batch_id = 11, .slot = 3, .n_tokens = 40 }; break;
         case PROTO_GROUP:
-            m.group = (struct proto_group){ .generation = 2, .rank = 1, .world_size = 2, .ckpt_step = 100 };
+            m.group = (struct proto_group){ .generation = 2, .rank = 1, .world_size = 2, .ckpt_step = 100,
+                                            .n_done = 2 };
+            m.ids = done;
             proto_strset(m.group.coll_name, sizeof m.group.coll_name, "/dflash-x-coll-2");
             proto_strset(m.group.ckpt_dir, sizeof m.group.ckpt_dir, "/var/lib/dflash/checkpoints/step-0000000100");
             break;
