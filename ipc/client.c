@@ -24,6 +24,7 @@
 
 struct queued {
     struct proto_msg m;
+    void *owned;                /* GROUP: its copy of the batch ids (m.ids), freed after it is handed out */
 };
 
 struct outbox_ent {
@@ -51,6 +52,7 @@ struct client {
     struct queued *q;           /* pushed messages for the daemon, FIFO */
     size_t q_head, q_len, q_cap;
     char *json;                 /* last REPLY text handed out */
+    void *handed;               /* the owned part of the last message handed out */
 
     struct client_lease *leases;
     size_t n_leases, cap_leases;
@@ -92,8 +94,28 @@ static int q_push(struct client *c, const struct proto_msg *m)
         c->q_cap = cap;
         c->q_head = 0;
     }
-    c->q[(c->q_head + c->q_len) % c->q_cap].m = *m;
+    c->q[(c->q_head + c->q_len) % c->q_cap] = (struct queued){ *m, NULL };
     c->q_len++;
+    return 0;
+}
+
+/* A GROUP goes in the queue with a copy of its batch ids: the frame's bytes are gone once the
+ * receive buffer moves on (frames behind it, a reconnect). */
+static int q_push_group(struct client *c, struct proto_msg *m)
+{
+    uint64_t *ids = NULL;
+    if (m->group.n_done) {
+        if (!(ids = malloc((size_t)m->group.n_done * sizeof *ids)))
+            return -ENOMEM;
+        memcpy(ids, m->ids, (size_t)m->group.n_done * sizeof *ids);
+    }
+    m->ids = ids;
+    int r = q_push(c, m);
+    if (r < 0) {
+        free(ids);
+        return r;
+    }
+    c->q[(c->q_head + c->q_len - 1) % c->q_cap].owned = ids;
     return 0;
 }
 
@@ -332,7 +354,7 @@ static int handle_frame(struct client *c, const struct proto_msg *m, char *err, 
         c->group_gen = m->group.generation;
         c->group_rank = m->group.rank;
         c->join_pending = 0;
-        return q_push(c, &cp);
+        return q_push_group(c, &cp);
     case PROTO_RESTART:
         c->group_gen = 0;
         c->group_rank = PROTO_NONE32;
@@ -649,9 +671,12 @@ void client_free(struct client *c)
         free(c->leases[i].samples);
     free(c->leases);
     free(c->out);
+    for (size_t i = 0; i < c->q_len; i++)
+        free(c->q[(c->q_head + i) % c->q_cap].owned);
     free(c->q);
     free(c->rx);
     free(c->json);
+    free(c->handed);
     explicit_bzero(c->auth_token, sizeof c->auth_token);
     free(c);
 }
@@ -857,6 +882,8 @@ static int service(struct client *c, int timeout_ms, struct proto_msg *msg, char
         }
         if (msg && c->q_len) {
             *msg = c->q[c->q_head].m;
+            free(c->handed);
+            c->handed = c->q[c->q_head].owned;
             c->q_head = (c->q_head + 1) % c->q_cap;
             c->q_len--;
             return 1;

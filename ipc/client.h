@@ -126,8 +126,8 @@ uint32_t client_leases_held(const struct client *c);
 
 /* Wait up to timeout_ms (-1 = forever) for one pushed message. Returns 1 and *msg,
  * 0 on timeout, or <0: -DF_EPEER (refused after a reconnect, err says why). Pointers
- * in *msg (grant samples: until the lease ends; json) stay valid at least until the
- * next client call. While disconnected it keeps trying to reconnect and returns 0. */
+ * in *msg (grant samples: until the lease ends; json, GROUP batch ids) stay valid at least
+ * until the next client call. While disconnected it keeps trying to reconnect and returns 0. */
 int client_poll(struct client *c, int timeout_ms, struct proto_msg *msg, char *err, size_t errlen);
 
 /* For a daemon busy with something else (waiting for a checkpoint write): spend up to

@@ -215,6 +215,8 @@ int hf_config_parse(const char *json, const char *path, struct hf_config *cfg, c
     if (item(root, "head_dim")) {
         if ((r = get_int(&c, root, "", "head_dim", true, 0, 2, 4096, &cfg->head_dim)) < 0)
             goto out;
+    } else if (qwen) {
+        cfg->head_dim = 128;    /* Qwen3Config's default, whatever hidden_size / num_attention_heads is */
     } else if (cfg->hidden_size % cfg->num_heads) {
         r = fail(&c, -DF_EMISSING, "head_dim", "missing and hidden_size %d is not a multiple of num_attention_heads %d",
                  cfg->hidden_size, cfg->num_heads);

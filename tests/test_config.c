@@ -50,6 +50,8 @@ int main(void)
     expect_error("[ring]\n\nslots = eight\n", ":3: ring.slots: not an integer");
     expect_error("[ring]\nslots = 1\n", ":2: ring.slots: 1 out of range");
     expect_error("[drafter]\ngamma = -2\n", "drafter.gamma: -2 out of range");
+    expect_error("[drafter]\nbeta2 = 1\n", "drafter.beta2: 1 out of range");     /* bias correction 1 - 1^t = 0 */
+    expect_error("[drafter]\nadam_eps = 0\n", "drafter.adam_eps: 0 out of range");
     expect_error("[drafter]\ngamma = nan\n", "drafter.gamma: not a number");
     expect_error("[ring\nslots=3\n", ":1: syntax error");
     expect_error("[ring]\nslots = 8\nbogus = 1\nalso = 2\n", ":3: ring.bogus: unknown key");     /* the first */

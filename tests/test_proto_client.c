@@ -30,15 +30,16 @@ static int listen_at(const char *path)
 
 static void send_frame(int fd, const struct proto_msg *m)
 {
-    uint8_t buf[4096];
+    static uint8_t buf[1 << 20];
     char err[256];
     int64_t n = proto_encode(m, buf, sizeof buf, err, sizeof err);
     if (n < 0) {
         fprintf(stderr, "server: encode: %s\n", err);
         _exit(3);
     }
-    if (write(fd, buf, (size_t)n) != n)
-        _exit(4);
+    for (int64_t off = 0, w; off < n; off += w)
+        if ((w = write(fd, buf + off, (size_t)(n - off))) <= 0)
+            _exit(4);
 }
 
 /* Read the client's HELLO (one frame of a known size). */
@@ -382,7 +383,7 @@ static void test_checkpoint_accepted(int lfd)
 
 static void grant(int fd, uint64_t batch, uint32_t n, uint32_t first)
 {
-    static uint32_t sm[400];
+    static uint32_t sm[PROTO_MAX_SAMPLES];
     for (uint32_t i = 0; i < n; i++)
         sm[i] = first + i;
     struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = sm };
@@ -498,6 +499,47 @@ static void test_ended_lease_poisoned(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+/* A GROUP's batch ids outlive the frame: the frames behind it (and a grant big enough to grow the
+ * receive buffer) are read in the same poll, and the ids handed out are still the GROUP's. */
+static void group_then_more(int fd)
+{
+    static uint64_t ids[64];
+    for (int i = 0; i < 64; i++)
+        ids[i] = ((uint64_t)1 << 32) | (uint64_t)(i * 3 + 1);
+    struct proto_msg g = { .type = PROTO_GROUP, .ids = ids };
+    g.group = (struct proto_group){ .generation = 2, .rank = 0, .world_size = 1, .run_batches = 500, .n_done = 64 };
+    send_frame(fd, &g);
+    for (int i = 0; i < 3; i++) {
+        struct proto_msg ctl = { .type = PROTO_CONTROL };
+        ctl.control.cmd = PROTO_CTL_PAUSE;
+        send_frame(fd, &ctl);
+    }
+    grant(fd, 300, 60000, 7);
+}
+
+static void test_group_ids_kept(int lfd)
+{
+    pid_t srv = serve_frames(lfd, group_then_more);
+    struct client *c = open_client();
+    char err[512] = "";
+    struct proto_msg m;
+    usleep(300 * 1000);                 /* every frame is there: the first poll reads them all */
+    CHECK_INT(client_poll(c, 2000, &m, err, sizeof err), >, 0);
+    CHECK_INT(m.type, ==, PROTO_GROUP);
+    CHECK_INT(m.group.n_done, ==, 64);
+    CHECK_INT(m.group.run_batches, ==, 500);
+    for (uint32_t i = 0; i < 64; i++)
+        CHECK_INT(proto_group_id(&m, i), ==, ((uint64_t)1 << 32) | (i * 3 + 1));
+    int more = 0;
+    while (client_poll(c, 500, &m, err, sizeof err) > 0)
+        more++;
+    CHECK_INT(more, ==, 4);
+    check_lease(c, 300, 60000, 7);
+    printf("group: its 64 batch ids intact behind 4 more frames\n");
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -512,6 +554,7 @@ int main(void)
     test_checkpoint_accepted(lfd);
     test_lease_churn(lfd);
     test_ended_lease_poisoned(lfd);
+    test_group_ids_kept(lfd);
     close(lfd);
     unlink(g_sock);
     printf("ok\n");
