@@ -158,9 +158,13 @@ static void test_errors(void)
     expect_err(llama_json("\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
                           "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":81.5}"),
                -DF_EFORMAT, "rope_scaling.original_max_position_embeddings", "expected an integer");
-    expect_err("{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":30,\"num_hidden_layers\":2,"
+    expect_err("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":30,\"num_hidden_layers\":2,"
                "\"num_attention_heads\":4,\"intermediate_size\":64,\"vocab_size\":100}",
                -DF_EMISSING, "head_dim", "not a multiple");
+    /* Qwen3Config's head_dim defaults to 128, not hidden_size / num_attention_heads */
+    struct hf_config q = parse_ok("{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":30,\"num_hidden_layers\":2,"
+                 "\"num_attention_heads\":4,\"intermediate_size\":64,\"vocab_size\":100}");
+    CHECK_INT(q.head_dim, ==, 128);
     expect_err("{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":32,\"num_hidden_layers\":2,"
                "\"num_attention_heads\":4,\"intermediate_size\":64,\"vocab_size\":100,\"mlp_bias\":true}",
                -DF_EUNSUPPORTED, "mlp_bias", "Qwen3");
