@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "common/proc.h"
 
@@ -118,4 +119,23 @@ int proc_token_alive(uint64_t token)
     if (r < 0)
         return r;
     return proc_token_make(pid, st) == token;
+}
+
+int proc_trusts_object(const struct stat *st, char *why, size_t whylen)
+{
+    if (st->st_mode & S_IWOTH) {
+        snprintf(why, whylen, "it is writable by every user (mode %04o, owner uid %u): not one dflash made",
+                 (unsigned)(st->st_mode & 07777), (unsigned)st->st_uid);
+        return 0;
+    }
+    if (st->st_uid == geteuid() || st->st_uid == 0 || st->st_gid == getegid())
+        return 1;
+    gid_t groups[256];
+    int n = getgroups(256, groups);
+    for (int i = 0; i < n; i++)
+        if (groups[i] == st->st_gid)
+            return 1;
+    snprintf(why, whylen, "it belongs to uid %u, group %u: neither this user, root nor a group of this process",
+             (unsigned)st->st_uid, (unsigned)st->st_gid);
+    return 0;
 }

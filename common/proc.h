@@ -38,3 +38,10 @@ static inline pid_t proc_token_pid(uint64_t t)
  * or another -errno when /proc cannot be read. kill(pid, 0) alone is not enough: the
  * pid may have been reused. */
 int proc_token_alive(uint64_t token);
+
+struct stat;
+/* Whether a shared-memory object (its fstat) may be one this cluster made: not writable by every
+ * user, and owned by this user, by root, or by a group this process is in (a ring made 0660 for
+ * cluster.group). 1 yes; 0 no, and why says whose it is. /dev/shm is writable by everyone: any
+ * local user can put an object under a name first. */
+int proc_trusts_object(const struct stat *st, char *why, size_t whylen);

@@ -343,6 +343,13 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
             struct stat st;
             memset(&hdr, 0, sizeof hdr);
             ssize_t got = fstat(fd, &st) == 0 ? pread(fd, &hdr, sizeof hdr, 0) : -1;
+            if (got >= 0 && (st.st_uid != geteuid() || (st.st_mode & 077))) {
+                /* rank 0 makes it 0600 as this user (the ranks of a group are one user) */
+                snprintf(err, errlen, "collective %s: refused: the object belongs to uid %u with mode %04o, not to "
+                         "this user alone", name, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+                close(fd);
+                return -EPERM;
+            }
             uint64_t magic = atomic_load(&hdr.magic);
             if (got == (ssize_t)sizeof hdr && magic == COLL_MAGIC && hdr.generation == gen) {
                 if (hdr.version != COLL_VERSION) {
@@ -356,7 +363,10 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
                     close(fd);
                     return -DF_ELAYOUT;
                 }
-                if (hdr.chunk_floats < 1 || hdr.total_size != total_size(hdr.world, hdr.chunk_floats) ||
+                /* bounded before the product: a foreign object's sizes must not wrap it around */
+                if (hdr.chunk_floats < 1 || hdr.chunk_floats > COLL_MAX_CHUNK ||
+                    hdr.data_off != align_up(sizeof(struct coll_hdr), 4096) ||
+                    hdr.total_size != total_size(hdr.world, hdr.chunk_floats) ||
                     (uint64_t)st.st_size < hdr.total_size) {
                     snprintf(err, errlen, "collective %s: truncated or corrupt object", name);
                     close(fd);
@@ -433,6 +443,10 @@ int coll_open(struct coll **out, const char *name, int rank, int world, int time
         snprintf(err, errlen, "collective %s: a non-zero generation is required", name);
         return -EINVAL;
     }
+    if (opts->chunk_floats > COLL_MAX_CHUNK) {
+        snprintf(err, errlen, "collective %s: chunk of %zu floats above %llu", name, opts->chunk_floats, COLL_MAX_CHUNK);
+        return -DF_ERANGE;
+    }
     struct coll *c = calloc(1, sizeof *c);
     if (!c)
         return -ENOMEM;
@@ -452,7 +466,7 @@ int coll_open(struct coll **out, const char *name, int rank, int world, int time
     if (rc < 0)
         goto fail;
     struct coll_hdr *h = c->h = c->map->base;
-    c->in = (float *)((char *)c->map->base + h->data_off);
+    c->in = (float *)((char *)c->map->base + align_up(sizeof(struct coll_hdr), 4096));  /* not the header's word */
     c->out = c->in + (size_t)world * c->chunk;
 
     uint64_t expect = 0;

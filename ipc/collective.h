@@ -7,6 +7,7 @@
 /* Bump COLL_VERSION whenever the shared layout in collective.c changes. */
 #define COLL_MAGIC   0x4c4c4f43484c4644ull  /* "DFLHCOLL" little-endian */
 #define COLL_VERSION 2u
+#define COLL_MAX_CHUNK (1ull << 28)         /* floats per rank and round (1 GiB) */
 
 struct coll;
 
@@ -14,8 +15,9 @@ struct coll_opts {
     uint64_t generation;   /* group incarnation (e.g. from the coordinator); all ranks must pass the
                               same non-zero value. A restarted group uses a new one, so it never
                               mixes with a stale object or stale peers. */
-    size_t chunk_floats;   /* floats exchanged per round (0 = 1M = 4 MiB per rank); bigger
-                              buffers go in several rounds. Rank 0's value wins. */
+    size_t chunk_floats;   /* floats exchanged per round (0 = 1M = 4 MiB per rank; at most
+                              COLL_MAX_CHUNK); bigger buffers go in several rounds. Rank 0's
+                              value wins. */
     unsigned mode;         /* permission bits of the shm object (0 = 0600) */
     /* Optional: called about every 50 ms while this rank waits (for rank 0's object, for its
      * peers in any collective), so a daemon can keep its heartbeat and watchdog going while a

@@ -417,6 +417,11 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
         snprintf(err, errlen, "ring %s: fstat: %s", name, strerror(-rc));
         goto fail_close;
     }
+    if (!proc_trusts_object(&st, why, sizeof why)) {
+        snprintf(err, errlen, "ring %s: refused: %s", name, why);
+        rc = -EPERM;
+        goto fail_close;
+    }
     /* Read the header with pread, never through a mapping: a short object cannot SIGBUS us. */
     memset(&hdr, 0, sizeof hdr);
     ssize_t got = pread(fd, &hdr, sizeof hdr, 0);

@@ -146,6 +146,14 @@ static void golden_case(void)
     struct drafter *d = NULL;
     if (drafter_create(&d, &cfg, embed, lm_head, T, nb, 1, err, sizeof err) < 0)
         TEST_FAIL("drafter_create: %s", err);
+    /* buffers for more blocks than the GPU can hold: -ENOMEM (drafter-d exits 78 on it), naming
+     * what to lower; the device stays usable */
+    struct drafter_cuda *big = NULL;
+    struct drafter_cuda_opts bo = { .device = 0 };
+    CHECK_INT(drafter_cuda_create(&big, d, T, 1 << 26, &bo, err, sizeof err), ==, -ENOMEM);
+    CHECK(!big);
+    CHECK_CONTAINS(err, "lower ring.max_tokens");
+    printf("too big: %s\n", err);
     for (int i = 0; i < d->n_tensors; i++) {
         const struct drafter_tensor *t = &d->tensors[i];
         const struct st_tensor *st;

@@ -154,6 +154,23 @@ static void test_validation(void)
     CHECK_OK(ring_attach(&a, g_name, &l, 0, err, sizeof err));
     ring_detach(a);
 
+    /* an object any user may write, or one of another user and group, is refused (any local user
+     * can put one under the name first) */
+    fd = shm_open(g_name, O_RDWR, 0);
+    CHECK(fd >= 0 && fchmod(fd, 0666) == 0);
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -EPERM);
+    CHECK_CONTAINS(err, "writable by every user");
+    CHECK(fchmod(fd, 0640) == 0);
+    if (geteuid() == 0) {
+        CHECK(fchown(fd, 65534, 65534) == 0);
+        CHECK_INT(ring_attach(&a, g_name, &l, RING_ATTACH_RDONLY, err, sizeof err), ==, -EPERM);
+        CHECK_CONTAINS(err, "belongs to uid 65534");
+        CHECK(fchown(fd, 0, 0) == 0);
+    }
+    close(fd);
+    CHECK_OK(ring_attach(&a, g_name, &l, 0, err, sizeof err));
+    ring_detach(a);
+
     /* each layout field that differs is named */
     want = l; want.nslots = 8;
     CHECK_INT(ring_attach(&a, g_name, &want, 0, err, sizeof err), ==, -DF_ELAYOUT);

@@ -1571,6 +1571,13 @@ int main(int argc, char **argv)
         if ((r = gpu_load(f, err, sizeof err)) < 0 ||
             (r = feed_create(&f->feed, f->ring, f->d.index, &f->ring_pinned, err, sizeof err)) < 0) {
             log_error(r, "GPU %d: %s", f->d.index, err);
+            if (r == -ENOMEM) {
+                /* buffers larger than the GPU: a configuration error for the whole cluster */
+                client_error(f->cl, 1, r, "%s: GPU %d: %s", f->d.ident, f->d.index, err);
+                f->reported = 1;
+                peer_flush_events(&f->d, f->cl, 2000);
+                code = DAEMON_EX_CONFIG;
+            }
             goto out;
         }
         if (!f->ring_pinned)
