@@ -6,7 +6,8 @@
  *  2. A paused cluster is still paused after the coordinator is SIGKILLed and restarted: no
  *     lease is granted until `resume` (it came back running).
  *  3. A non-finite loss reported during a drain pauses the cluster (the poisoned drafters write
- *     no final checkpoint, so the drain would never end); resume, then drain again.
+ *     no final checkpoint, so the drain would never end); a drain is refused until the operator's
+ *     resume (also after a coordinator restart); resume, then drain again.
  *  4. A drafter whose GROUP was lost with its connection (it reconnects holding no rank and asks
  *     to join again) gets its rank in the running generation back, not silence.
  *  5. After a coordinator restart the drafter (back in its group) takes a published batch from
@@ -34,7 +35,9 @@
  *     coordinator leaves; a coordinator killed after the run completed finds it complete.
  * 17. A batch leased twice (its first target died) and checkpointed by generation 1 is named in
  *     generation 2's GROUP: a copy of it from an older lease must be left out by the new group,
- *     which has trained nothing yet. The GROUP carries the run's batch count. */
+ *     which has trained nothing yet. The GROUP carries the run's batch count.
+ * 18. A fatal error during the operator's drain still ends the run FAILED (exit 78). Part 3 also
+ *     checks that no drain is taken while a non-finite loss waits for the operator's resume. */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -76,17 +79,22 @@ static void expect_state(const char *want, int ms)
     CHECK_STR(status_str("state"), want);
 }
 
-static void control(enum proto_control_cmd cmd)
+/* cmd from dflashctl: its answer's status, the answer's text in json (a static copy). */
+static int control_answer(enum proto_control_cmd cmd, char *json_out, size_t cap)
 {
     struct client *c = tc_ctl(5000);
     CHECK(c);
     char *json = NULL, err[256];
     int status = -1;
     CHECK_OK(client_control(c, cmd, "test", &json, &status, err, sizeof err));
-    CHECK_INT(status, ==, 0);
+    if (json_out)
+        snprintf(json_out, cap, "%s", json ? json : "");
     free(json);
     client_free(c);
+    return status;
 }
+
+static void control(enum proto_control_cmd cmd) { CHECK_INT(control_answer(cmd, NULL, 0), ==, 0); }
 
 /* A drafter that joins, waits for its GROUP, says so on `ready`, and on a byte from `go`
  * closes its connection and stays alive without a word. */
@@ -226,11 +234,22 @@ static void nan_during_drain(void)
     while (strcmp(status_str("state"), "paused") && mono_ms() < end)
         client_poll(d, 20, &m, err, sizeof err);
     CHECK_STR(status_str("state"), "paused");
+    /* no drain until the operator's resume (the poisoned drafter writes no checkpoint: a drain
+     * would never end), also after a coordinator restart */
+    char answer[1024];
+    CHECK_INT(control_answer(PROTO_CTL_DRAIN, answer, sizeof answer), ==, -DF_ESTATE);
+    CHECK_CONTAINS(answer, "non-finite");
+    tc_kill(TC.coord);
+    tc_start_coord();
+    expect_state("paused", 5000);
+    CHECK_INT(control_answer(PROTO_CTL_DRAIN, answer, sizeof answer), ==, -DF_ESTATE);
     control(PROTO_CTL_RESUME);
     CHECK_STR(status_str("state"), "running");
+    control(PROTO_CTL_DRAIN);
+    CHECK_STR(status_str("state"), "draining");
     client_free(d);
     ring_detach(r);
-    printf("ok: a non-finite loss during a drain pauses the cluster\n");
+    printf("ok: a non-finite loss during a drain pauses the cluster; no drain before the resume\n");
 }
 
 static void group_lost_in_transit(void)
@@ -736,6 +755,36 @@ static void released_batch_named_in_group(void)
     printf("ok: a batch checkpointed after two leases is named in the next generation's GROUP\n");
 }
 
+/* A fatal error that comes while the operator's drain is on its way still ends the run FAILED
+ * (exit 78): it was logged and forgotten, and the drain ended "stopped", exit 0. */
+static void fatal_during_drain(void)
+{
+    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+    struct client *t = peer_connect(PROTO_ROLE_TARGET, 0);
+    struct proto_msg m;
+    char err[256];
+    CHECK_OK(client_lease_request(t, 1));
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    m.type = 0;
+    while (m.type != PROTO_LEASE_GRANT && mono_ms() < end)
+        if (client_poll(t, 20, &m, err, sizeof err) <= 0)
+            m.type = 0;
+    CHECK_INT(m.type, ==, PROTO_LEASE_GRANT);
+    uint64_t id = m.grant.batch_id;
+    control(PROTO_CTL_DRAIN);                       /* waits for the lease */
+    CHECK_OK(client_error(t, 1, -EIO, "GPU 0 fell off the bus"));
+    poll_for(t, 300);
+    CHECK_STR(status_str("state"), "draining");
+    CHECK_OK(client_lease_return(t, id));
+    poll_for(t, 300);
+    CHECK_INT(tc_exit_status(TC.coord, 5000 * test_time_scale()), ==, 78);
+    TC.coord = 0;
+    client_free(t);
+    printf("ok: a fatal error during a drain ends the run FAILED\n");
+}
+
 static void trained_copy_retracted_at_group_start(void) { trained_copy_out_before_group(0); }
 static void trained_copy_retracted_in_recovery(void) { trained_copy_out_before_group(1); }
 
@@ -896,7 +945,7 @@ int main(void)
                              signal_drain_not_resumed, trained_copy_retracted, trained_copy_of_dead_target_retracted,
                              trained_copy_retracted_at_group_start, trained_copy_retracted_in_recovery,
                              dead_owner_slot_freed_at_exit, complete_run_killed_before_exit,
-                             released_batch_named_in_group };
+                             released_batch_named_in_group, fatal_during_drain };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -183,6 +183,9 @@ struct coord {
     char reason[PROTO_TEXT_MAX];    /* why paused / draining / failed */
     bool fatal;                     /* draining because of a fatal error: end FAILED */
     bool finishing;                 /* draining for the run's final checkpoint: drafters only */
+    bool nan_pending;               /* a non-finite value was reported and the operator has not
+                                       resumed since: its drafters write no checkpoint, so no drain
+                                       could end (a DRAIN is refused until the resume) */
     int signal_drain_from;          /* draining on a stop signal: the state before it, else -1 */
     uint32_t resumes;               /* the operator's resumes (dflashctl resume) of this run */
     bool recovering;                /* restarted from a ledger: waiting for peers */

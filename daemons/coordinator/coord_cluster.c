@@ -252,7 +252,8 @@ static void grant_leases(struct coord *co)
     while (progress) {
         progress = 0;
         for (struct member *m = co->members; m; m = m->next) {
-            if (m->closing || m->role != PROTO_ROLE_TARGET || !m->want)
+            /* no more leases held than one WELCOME re-grants after a reconnect */
+            if (m->closing || m->role != PROTO_ROLE_TARGET || !m->want || m->leases >= PROTO_MAX_LEASE_REQUEST)
                 continue;
             struct batch *b = next_pending(co);
             if (!b)
@@ -290,6 +291,7 @@ static void save_state(struct coord *co)
     ledger_meta_set_u64(co->ledger, "fatal", co->fatal);
     ledger_meta_set_u64(co->ledger, "finishing", co->finishing);
     ledger_meta_set_u64(co->ledger, "resumes", co->resumes);
+    ledger_meta_set_u64(co->ledger, "nan_pending", co->nan_pending);
 }
 
 static void restore_state(struct coord *co)
@@ -298,6 +300,7 @@ static void restore_state(struct coord *co)
     uint64_t v;
     if (ledger_meta_get_u64(co->ledger, "resumes", &v) == 1)
         co->resumes = (uint32_t)v;
+    co->nan_pending = ledger_meta_get_u64(co->ledger, "nan_pending", &v) == 1 && v;
     if (ledger_meta_get(co->ledger, "state", name, sizeof name) != 1)
         return;
     for (int s = PROTO_STATE_PAUSED; s <= PROTO_STATE_DRAINING; s++)
@@ -352,11 +355,16 @@ uint64_t coord_est_batches(const struct coord *co)
     return co->total_batches + (scheduled ? (uint64_t)(co->epochs - scheduled) * co->ep[0].s.n_batches : 0);
 }
 
+/* The ranks' owner tokens as "t0,t1,...": up to 20 digits and a comma each, for every world
+ * size the configuration allows (drafter.world_size <= 1024). */
+#define GROUP_TOKENS_MAX (1024 * 21 + 1)
+
 static void save_group(struct coord *co)
 {
-    char toks[4096] = "";
+    static char toks[GROUP_TOKENS_MAX];
     size_t n = 0;
-    for (uint32_t r = 0; r < co->grp.world && n < sizeof toks - 32; r++)
+    toks[0] = 0;
+    for (uint32_t r = 0; r < co->grp.world && n < sizeof toks - 22; r++)
         n += (size_t)snprintf(toks + n, sizeof toks - n, "%s%" PRIu64, r ? "," : "", co->grp.rank_token[r]);
     ledger_meta_set_u64(co->ledger, "group_gen", co->grp.gen);
     ledger_meta_set_u64(co->ledger, "group_active", co->grp.active);
@@ -814,7 +822,7 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
         ckpt = g->ckpt_gen == t->generation && g->ckpt_dir[0] && t->step <= g->ckpt_step;
     } else {
         int64_t lim = gen_limit(co, t->generation);
-        kept = lim >= 0 && (int64_t)t->step <= lim;
+        kept = lim >= 0 && t->step <= (uint64_t)lim;
         ckpt = kept;
     }
     if (!kept) {
@@ -935,8 +943,24 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
         if (co->state < PROTO_STATE_DRAINING) {
             co->fatal = true;
             coord_set_state(co, PROTO_STATE_DRAINING, reason);
+        } else if (co->state == PROTO_STATE_DRAINING && !co->fatal) {
+            /* A drain on its way already (the operator's, the final one): it now ends FAILED with
+             * this reason, and no lost drafter sends it back to RUNNING. */
+            co->fatal = true;
+            snprintf(co->reason, sizeof co->reason, "%.*s", (int)sizeof co->reason - 1, reason);
+            if (co->finishing) {
+                co->finishing = false;
+                for (struct member *t = co->members; t; t = t->next)
+                    if (t->role == PROTO_ROLE_TARGET)
+                        push_control(t, PROTO_CTL_DRAIN, reason);
+            }
+            save_state(co);
         }
     } else if (e->code == -DF_ENAN) {
+        if (co->state < PROTO_STATE_STOPPED && !co->nan_pending) {
+            co->nan_pending = true;     /* (saved with the state change below, or here) */
+            save_state(co);
+        }
         if (rec)
             log_error(0, "%s reports a non-finite value: %s: pausing the cluster", m->name, e->message);
         if (co->state == PROTO_STATE_DRAINING) {
@@ -993,6 +1017,7 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
     case PROTO_CTL_RESUME:
         if (co->state == PROTO_STATE_PAUSED) {
             co->resumes++;      /* before the RESUME pushes and the saved state carry it */
+            co->nan_pending = false;    /* the operator removed the cause: the drafters checkpoint again */
             coord_set_state(co, PROTO_STATE_RUNNING, "");
         }
         else if (co->state != PROTO_STATE_RUNNING)
@@ -1003,7 +1028,10 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
             co->signal_drain_from = -1;     /* the operator's drain now: a restart resumes it */
             save_state(co);
         }
-        if (co->state < PROTO_STATE_DRAINING) {
+        if (co->state < PROTO_STATE_DRAINING && co->nan_pending) {
+            refused = "a non-finite value paused the run and no resume came since: its drafters write no "
+                      "checkpoint, so the drain could not end; remove the cause, resume, then drain";
+        } else if (co->state < PROTO_STATE_DRAINING) {
             coord_set_state(co, PROTO_STATE_DRAINING, reason);
         } else if (co->finishing) {
             /* The operator's drain outranks the final one: the targets leave too, and a lost
@@ -1020,7 +1048,7 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
             coord_set_state(co, PROTO_STATE_STOPPED, reason);
         break;
     }
-    char why[160];
+    char why[400];
     if (refused)
         snprintf(why, sizeof why, "%s (state is %s)", refused, proto_state_name((unsigned)co->state));
     reply(m, refused ? -DF_ESTATE : 0, coord_json_result(co, !refused, refused ? why : NULL));
@@ -1491,7 +1519,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     /* The drafter group's lineage, each key read once (a missing key leaves its default). A
      * read that fails would silently restart the lineage: the start fails instead. */
     uint64_t active = 0;
-    char toks[4096] = "";
+    static char toks[GROUP_TOKENS_MAX];
+    toks[0] = 0;
     if ((r = ledger_generation_foreach(co->ledger, load_gen, co)) < 0 ||
         (r = ledger_meta_get_u64(co->ledger, "group_gen", &co->grp.gen)) < 0 ||
         (r = ledger_meta_get_u64(co->ledger, "run_batches", &co->run_batches)) < 0 ||

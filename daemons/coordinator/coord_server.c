@@ -349,13 +349,16 @@ static bool in_group(pid_t pid, gid_t gid, gid_t allowed)
 {
     if (gid == allowed)
         return true;
-    char path[64], line[4096];
+    char path[64], *line = NULL;
+    size_t cap = 0;
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
     FILE *f = fopen(path, "r");
     if (!f)
         return false;
     bool found = false;
-    while (!found && fgets(line, sizeof line, f)) {
+    /* whole lines: a Groups: line of many groups is longer than any fixed buffer, and a number
+     * cut at its end would read as another group */
+    while (!found && getline(&line, &cap, f) > 0) {
         if (strncmp(line, "Groups:", 7))
             continue;
         char *p = line + 7, *end;
@@ -368,6 +371,7 @@ static bool in_group(pid_t pid, gid_t gid, gid_t allowed)
             p = end;
         }
     }
+    free(line);
     fclose(f);
     return found;
 }
