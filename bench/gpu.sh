@@ -2,13 +2,13 @@
 # gpu.sh: the whole CUDA target check on a CUDA host, in one run, from the repo root:
 # build (nvcc, sm_90), every GPU test, compute-sanitizer memcheck + racecheck on the tiny runs,
 # transformers parity on a realistic Qwen3, then the Qwen3-8B-shape bench; a short table last.
-#   bench/gpu.sh [steps]    steps: any of build tests san parity bench (default: all)
+#   bench/gpu.sh [step...]  steps: any of build tests san parity bench (default: all)
 # Logs: summary.txt and all.log (every step's output, appended as it ends) in $OUT when set, else
 # in build-gpu/gpu-logs. GPU_SH_BUDGET (s, default 560) bounds the whole run: each step's timeout
 # shrinks to what is left, and steps that no longer fit are skipped.
 set -u
 cd "$(dirname "$0")/.."
-steps=${1:-"build tests san parity bench"}
+steps=${*:-"build tests san parity bench"}
 has() { [[ " $steps " == *" $1 "* ]]; }
 . tools/device-env.sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1 DFLASH_SRC=$PWD
