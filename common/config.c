@@ -26,8 +26,8 @@ const struct cfg_key cfg_keys[] = {
     S(cluster, log_level, "info", "error | warn | notice | info | debug"),
 
     I(ring, slots, 2, 4096, "16", "slots in the shared-memory ring"),
-    I(ring, max_tokens, 16, 1 << 24, "16384", "tokens per slot (packed batch capacity)"),
-    I(ring, max_seqs, 1, 65536, "256", "sequences per slot"),
+    I(ring, max_tokens, 16, 1 << 20, "16384", "tokens per slot (packed batch capacity; the GPU kernels' grids bound it)"),
+    I(ring, max_seqs, 1, 65535, "256", "sequences per slot (the GPU attention's grid bounds it)"),
     I(ring, stuck_writing_ms, 100, 86400000, "600000", "report a slot WRITING longer than this"),
 
     S(model, path, "", "target model dir (config.json + *.safetensors)"),
@@ -55,9 +55,9 @@ const struct cfg_key cfg_keys[] = {
     I(target, debug_nan_batch, -1, 1e15, "-1", "debug: poison this batch's states with NaN"),
 
     S(drafter, backend, "cpu", "cpu | cuda"),
-    I(drafter, min_ready, 1, 4096, "1", "READY slots wanted before picking"),
+    I(drafter, min_ready, 1, 4096, "1", "READY slots wanted before picking (more than 1 mixes the targets' batches)"),
     S(drafter, pick, "oldest", "oldest | random"),
-    I(drafter, ready_timeout_ms, 0, 3600000, "200", "pick anyway after this long"),
+    I(drafter, ready_timeout_ms, 0, 3600000, "200", "pick anyway after waiting this long for min_ready slots (counted from the first look)"),
     I(drafter, world_size, 1, 1024, "1", "drafters in the data-parallel group"),
     I(drafter, block_size, 2, 128, "16", "draft block size"),
     I(drafter, num_anchors, 1, 1 << 20, "512", "anchors per sequence per step"),

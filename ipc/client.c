@@ -53,6 +53,8 @@ struct client {
     size_t q_head, q_len, q_cap;
     char *json;                 /* last REPLY text handed out */
     void *handed;               /* the owned part of the last message handed out */
+    uint32_t replies_owed;      /* QUERY/CONTROL sent on this connection and not answered yet: the
+                                   answer of one that timed out comes before the next one's */
 
     struct client_lease *leases;
     size_t n_leases, cap_leases;
@@ -209,6 +211,7 @@ static void disconnect(struct client *c)
         close(c->fd);
     c->fd = -1;
     c->rx_len = 0;
+    c->replies_owed = 0;        /* answers die with the connection */
     c->next_reconnect_ms = mono_ms() + (uint64_t)c->o.reconnect_ms;
 }
 
@@ -365,6 +368,8 @@ static int handle_frame(struct client *c, const struct proto_msg *m, char *err, 
         disconnect(c);
         FAIL(-DF_EPEER, "refused by the coordinator: %s", m->refuse.message);
     case PROTO_REPLY:
+        if (c->replies_owed)    /* a late answer to a request that timed out */
+            c->replies_owed--;
         return 0;   /* only client_request waits for these */
     default:
         disconnect(c);
@@ -932,13 +937,20 @@ static int request(struct client *c, const struct proto_msg *m, char **json, int
     int r = send_msg(c, m);
     if (r < 0)
         FAIL(r, "send to %s: %s", c->where, err_str(r));
+    c->replies_owed++;
     uint64_t deadline = mono_ms() + (uint64_t)c->o.reply_timeout_ms;
     for (;;) {
         struct proto_msg in;
         int64_t n = rx_wait(c, deadline, &in, err, errlen);
         if (n < 0)
             return (int)n;
+        if (in.type == PROTO_REPLY && c->replies_owed > 1) {
+            c->replies_owed--;  /* an earlier request's, late: the coordinator answers in order */
+            rx_consume(c, n);
+            continue;
+        }
         if (in.type == PROTO_REPLY) {
+            c->replies_owed = 0;
             char *j = malloc((size_t)in.reply.json_len + 1);
             if (!j)
                 return -ENOMEM;

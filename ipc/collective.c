@@ -299,6 +299,20 @@ void coll_close(struct coll *c)
 static int create_object(struct coll *c, const char *name, uint64_t gen, unsigned mode, int *fd_out,
                          char *err, size_t errlen)
 {
+    /* A rank 0 late for its generation must not take the name from a newer one (whose peers,
+     * not yet joined, would then never find it): it stays out instead. */
+    int old = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+    if (old >= 0) {
+        struct coll_hdr hdr;
+        memset(&hdr, 0, sizeof hdr);
+        ssize_t got = pread(old, &hdr, sizeof hdr, 0);
+        close(old);
+        if (got == (ssize_t)sizeof hdr && atomic_load(&hdr.magic) == COLL_MAGIC && hdr.generation > gen) {
+            snprintf(err, errlen, "collective %s: generation %llu is there already: generation %llu is over", name,
+                     (unsigned long long)hdr.generation, (unsigned long long)gen);
+            return -ECANCELED;
+        }
+    }
     shm_unlink(name);
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode ? mode : 0600);
     if (fd < 0) {

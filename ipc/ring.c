@@ -730,7 +730,9 @@ int ring_claim_read(struct ring *r, const struct ring_pick *pick, int timeout_ms
     if (min_ready > r->nslots)
         min_ready = r->nslots;
     struct ring_hdr *h = r->h;
-    uint64_t t0 = 0, deadline = 0, ready_deadline = 0;
+    const bool carried = pick && pick->since_ns;    /* a wait begun before this call */
+    uint64_t ready_ns = (uint64_t)(pick && pick->ready_timeout_ms > 0 ? pick->ready_timeout_ms : 0) * 1000000ull;
+    uint64_t t0 = carried ? pick->since_ns : 0, deadline = 0, ready_deadline = carried ? t0 + ready_ns : 0;
     bool last = timeout_ms == 0, mix_expired = min_ready <= 1;
 
     for (;;) {
@@ -752,9 +754,9 @@ int ring_claim_read(struct ring *r, const struct ring_pick *pick, int timeout_ms
             uint64_t now = mono_ns();
             if (!t0) {
                 t0 = now;
-                ready_deadline = now + (uint64_t)(pick->ready_timeout_ms > 0 ? pick->ready_timeout_ms : 0) * 1000000ull;
+                ready_deadline = now + ready_ns;
             }
-            if (now >= ready_deadline || last)
+            if (now >= ready_deadline || (last && !carried))
                 mix_expired = true;
         }
         if (count && (count >= min_ready || mix_expired)) {

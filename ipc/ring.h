@@ -121,6 +121,11 @@ struct ring_pick {
     enum ring_pick_policy policy;   /* OLDEST: lowest ready seq; RANDOM: uniform among READY */
     uint32_t min_ready;             /* wait until this many slots are READY (0/1 = any) ... */
     int ready_timeout_ms;           /* ... or until this long has passed, then take what there is */
+    uint64_t since_ns;              /* 0: that wait starts in this call (when a slot is READY) and its
+                                       timeout also ends it; else the mono_ns() at which the caller
+                                       began a wait that spans calls (short slices between
+                                       heartbeats): the ready timeout counts from then, and a call
+                                       that times out sooner takes nothing below min_ready */
 };
 /* READY -> READING(owner), chosen by *pick (NULL = oldest, min_ready 1). Empty ring parks
  * the caller. 0 and *slot, -DF_ETIMEOUT (nothing READY before timeout_ms), -EROFS. */

@@ -358,6 +358,13 @@ int ckpt_check_config(const struct drafter_config *s, const struct drafter_confi
     SAME(block_size, "block_size", dr);
     SAME(mask_token_id, "dflash_config.mask_token_id", dr);
 #undef SAME
+    /* numerics of the step: another RoPE base or norm epsilon trains another model */
+#define SAME_D(field, name) do { if (fabs(s->field - w->field) > 1e-12 * fabs(w->field)) { \
+        snprintf(err, errlen, "%s: %s %.17g does not match this target's %.17g", path, name, s->field, w->field); \
+        return -DF_ELAYOUT; } } while (0)
+    SAME_D(rope_theta, "rope_theta");
+    SAME_D(rms_norm_eps, "rms_norm_eps");
+#undef SAME_D
     return 0;
 }
 

@@ -595,8 +595,26 @@ void target_pipe_free(struct target_pipe *p)
 
 #define PIPE_CUDA(call) do { if ((call) != cudaSuccess) { p->error = -DF_ECUDA; return p->error; } } while (0)
 
+static int submit_enqueue(struct target_pipe *p, const uint32_t *tokens, const int32_t *cu_seqlens, int n_seqs,
+                          int n_tokens, void *dst, size_t dst_pitch, target_pipe_done_fn done, void *ctx);
+
 int target_pipe_submit(struct target_pipe *p, const uint32_t *tokens, const int32_t *cu_seqlens, int n_seqs,
                        int n_tokens, void *dst, size_t dst_pitch, target_pipe_done_fn done, void *ctx)
+{
+    int r = submit_enqueue(p, tokens, cu_seqlens, n_seqs, n_tokens, dst, dst_pitch, done, ctx);
+    if (r == -DF_ECUDA) {
+        /* Copies into dst queued before the failing call may still run: the caller gives dst (a
+         * ring slot) back on this error, so they end first (at once when the error is sticky). */
+        struct cuda_model *c = (struct cuda_model *)p->m->impl;
+        cudaStreamSynchronize(c->compute);
+        cudaStreamSynchronize(c->copy);
+        cudaGetLastError();
+    }
+    return r;
+}
+
+static int submit_enqueue(struct target_pipe *p, const uint32_t *tokens, const int32_t *cu_seqlens, int n_seqs,
+                          int n_tokens, void *dst, size_t dst_pitch, target_pipe_done_fn done, void *ctx)
 {
     struct target *m = p->m;
     struct cuda_model *c = (struct cuda_model *)m->impl;

@@ -42,7 +42,8 @@ void target_pipe_free(struct target_pipe *p);
 /* Enqueue one packed batch (same argument rules as target_forward). dst: [n_tokens, n_ids*H] bf16
  * rows at dst + t*dst_pitch, host memory registered with target_cuda_host_register (pageable
  * memory works but makes the copy synchronous); dst NULL runs the forward only (benchmarks). 0, -DF_ERANGE / -DF_EFORMAT (bad arguments,
- * nothing enqueued), -DF_ECUDA (sticky: every later call fails too). */
+ * nothing enqueued), -DF_ECUDA (sticky: every later call fails too; what this call queued has
+ * ended when it returns, so dst may be reused). */
 int target_pipe_submit(struct target_pipe *p, const uint32_t *tokens, const int32_t *cu_seqlens, int n_seqs,
                        int n_tokens, void *dst, size_t dst_pitch, target_pipe_done_fn done, void *ctx);
 /* Number of batches completed by this call (their callbacks ran), or -DF_ECUDA. */

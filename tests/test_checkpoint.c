@@ -412,6 +412,16 @@ int main(void)
     CHECK_OK(drafter_create(&o, &other, f.embed, f.lm_head, 64, 16, 1, err, sizeof err));
     expect_load_error(dir, o, "hidden_size 48 does not match this target's 32");
     drafter_free(o);
+    other = f.cfg;
+    other.rope_theta = f.cfg.rope_theta * 2;          /* another RoPE base: another model */
+    CHECK_OK(drafter_create(&o, &other, f.embed, f.lm_head, 64, 16, 1, err, sizeof err));
+    expect_load_error(dir, o, "rope_theta");
+    drafter_free(o);
+    other = f.cfg;
+    other.rms_norm_eps = 1e-5;
+    CHECK_OK(drafter_create(&o, &other, f.embed, f.lm_head, 64, 16, 1, err, sizeof err));
+    expect_load_error(dir, o, "rms_norm_eps");
+    drafter_free(o);
 
     /* config.json missing / not a DFlash drafter */
     snprintf(path, sizeof path, "%s/config.json", bad);

@@ -14,7 +14,9 @@ cd "$(dirname "$0")/.."
 cl_test_init
 
 cl_init "$T/c" 6000 || exit 1
-cl_ini_add drafter.world_size=2 drafter.checkpoint_every=40
+# each pick waits for two READY slots (a mix of both targets' batches), or 300 ms across the
+# drafter's wait slices
+cl_ini_add drafter.world_size=2 drafter.checkpoint_every=40 drafter.min_ready=2 drafter.ready_timeout_ms=300
 D=$CL_DIR
 
 start_all() {
@@ -70,6 +72,11 @@ done1=$(cl_sql 'SELECT count(*) FROM batches WHERE state = 4')
 ((done1 > 0 && done1 < total)) || fail "run 1 checkpointed $done1 of $total batches"
 ck1=$(cl_sql 'SELECT step FROM checkpoints ORDER BY gen DESC, step DESC LIMIT 1')
 [[ -n $ck1 ]] || fail "no checkpoint recorded"
+# the checkpoint records the seed its anchors were drawn from (drafter.seed, 42 here), also on a
+# fresh run's first generation
+seed=$("$CL_PY" -c 'import struct, sys; print(struct.unpack_from("<Q", open(sys.argv[1], "rb").read(64 + 8), 64)[0])' \
+  "$(cl_sql 'SELECT dir FROM checkpoints ORDER BY gen DESC, step DESC LIMIT 1')/optimizer.bin")
+[[ $seed == 42 ]] || fail "checkpoint step $ck1 records seed '$seed', drafter.seed is 42"
 ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left after drain: $(ls /dev/shm | grep "dflash-$CL_NAME")"
 [[ -e $CL_SOCK ]] && fail "socket left after drain"
 grep -q "^stopped: drained" "$CL_SOCK.stopped" 2>/dev/null || fail "stop note after the drain: '$(cat "$CL_SOCK.stopped" 2>&1)'"

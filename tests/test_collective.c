@@ -204,14 +204,14 @@ static void test_generations(void)
 
 /* An object under the name that its sizes would have a rank map or index past: refused, not
  * used (a data offset far beyond the object; a chunk whose size product wraps around 2^64). */
-static void put_hostile(uint32_t world, uint64_t chunk, uint64_t total, uint64_t data_off, size_t object)
+static void put_object(uint64_t gen, uint32_t world, uint64_t chunk, uint64_t total, uint64_t data_off, size_t object)
 {
     shm_unlink(g_name);
     int fd = shm_open(g_name, O_RDWR | O_CREAT | O_EXCL, 0600);
     CHECK(fd >= 0);
     CHECK(ftruncate(fd, (off_t)object) == 0);
     struct { uint64_t magic; uint32_t version, world; uint64_t gen, chunk, total, data_off; } h = {
-        COLL_MAGIC, COLL_VERSION, world, 40, chunk, total, data_off };
+        COLL_MAGIC, COLL_VERSION, world, gen, chunk, total, data_off };
     CHECK(pwrite(fd, &h, sizeof h, 0) == (ssize_t)sizeof h);
     close(fd);
 }
@@ -221,21 +221,31 @@ static void test_hostile_header(void)
     char err[256];
     struct coll *c = NULL;
     struct coll_opts o = { .generation = 40 };
-    put_hostile(2, 1, 8192 + 4096, 1ull << 40, 8192 + 4096);
+    put_object(40, 2, 1, 8192 + 4096, 1ull << 40, 8192 + 4096);
     CHECK_INT(coll_open(&c, g_name, 1, 2, 200, &o, err, sizeof err), ==, -DF_ETRUNC);
     CHECK_CONTAINS(err, "corrupt");
-    put_hostile(3, 1ull << 60, 8192, 8192, 8192);     /* (3 + 1) x 2^60 x 4 bytes = 2^64: 0 */
+    put_object(40, 3, 1ull << 60, 8192, 8192, 8192);     /* (3 + 1) x 2^60 x 4 bytes = 2^64: 0 */
     CHECK_INT(coll_open(&c, g_name, 1, 3, 200, &o, err, sizeof err), ==, -DF_ETRUNC);
     CHECK(!c);
     /* a well-formed object that others may write (rank 0 makes it 0600) */
-    put_hostile(2, 1, 8192 + 4096, 8192, 8192 + 4096);
+    put_object(40, 2, 1, 8192 + 4096, 8192, 8192 + 4096);
     int fd = shm_open(g_name, O_RDWR, 0);
     CHECK(fd >= 0 && fchmod(fd, 0606) == 0);
     close(fd);
     CHECK_INT(coll_open(&c, g_name, 1, 2, 200, &o, err, sizeof err), ==, -EPERM);
     CHECK_CONTAINS(err, "not to this user alone");
+    /* a rank 0 late for generation 39 leaves generation 40's object (and name) alone */
+    fd = shm_open(g_name, O_RDWR, 0);
+    CHECK(fd >= 0 && fchmod(fd, 0600) == 0);
+    close(fd);
+    struct coll_opts late = { .generation = 39 };
+    CHECK_INT(coll_open(&c, g_name, 0, 2, 200, &late, err, sizeof err), ==, -ECANCELED);
+    CHECK_CONTAINS(err, "generation 40 is there already");
+    fd = shm_open(g_name, O_RDONLY, 0);
+    CHECK(fd >= 0);
+    close(fd);
     shm_unlink(g_name);
-    printf("ok: a collective object with impossible sizes is refused\n");
+    printf("ok: a collective object with impossible sizes, or others may write, is refused; a newer one stays\n");
 }
 
 int main(void)

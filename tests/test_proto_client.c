@@ -540,6 +540,50 @@ static void test_group_ids_kept(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+/* A server that answers the first QUERY late (after the client gave up on it), then the second. */
+static void answer_late(int fd, const struct proto_msg *m, void *arg)
+{
+    int *n = arg;
+    if (m->type != PROTO_QUERY)
+        return;
+    char text[32];
+    snprintf(text, sizeof text, "{\"answer\":%d}", ++*n);
+    if (*n == 1)
+        usleep(400 * 1000);
+    struct proto_msg r = { .type = PROTO_REPLY, .json = text };
+    r.reply.status = *n;
+    r.reply.json_len = (uint32_t)strlen(text);
+    send_frame(fd, &r);
+}
+
+/* The late answer to a request that timed out is not taken for the next request's. */
+static void test_late_reply_skipped(int lfd)
+{
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        int fd = accept_welcomed(lfd, 10000, 0), n = 0;
+        read_frames(fd, answer_late, &n);
+        _exit(n == 2 ? 0 : 8);
+    }
+    struct client *c = NULL;
+    struct client_opts o = opts();
+    o.reply_timeout_ms = 150;
+    char err[512] = "", *json = NULL;
+    int status = 0;
+    CHECK_OK(client_open(&c, &o, err, sizeof err));
+    CHECK(client_query(c, PROTO_Q_STATUS, 0, &json, &status, err, sizeof err) < 0);     /* gave up */
+    CHECK(!json);
+    usleep(500 * 1000);                                     /* the late answer is there now */
+    CHECK_OK(client_query(c, PROTO_Q_STATUS, 0, &json, &status, err, sizeof err));
+    CHECK_INT(status, ==, 2);
+    CHECK_STR(json, "{\"answer\":2}");
+    free(json);
+    printf("late reply: the timed-out request's answer skipped, the next one gets its own\n");
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -555,6 +599,7 @@ int main(void)
     test_lease_churn(lfd);
     test_ended_lease_poisoned(lfd);
     test_group_ids_kept(lfd);
+    test_late_reply_skipped(lfd);
     close(lfd);
     unlink(g_sock);
     printf("ok\n");

@@ -539,7 +539,7 @@ static void test_pick(void)
     CHECK_OK(ring_create(&r, g_name, &l, NULL, err, sizeof err));
 
     /* random: with 4 READY and min_ready 4 it picks at once, and every slot gets picked */
-    struct ring_pick rnd = { RING_PICK_RANDOM, 4, 5000 };
+    struct ring_pick rnd = { .policy = RING_PICK_RANDOM, .min_ready = 4, .ready_timeout_ms = 5000 };
     int seen[4] = { 0 };
     publish_n(r, 4, 0);
     for (int it = 0; it < 400; it++) {
@@ -560,7 +560,7 @@ static void test_pick(void)
     }
 
     /* fewer than min_ready: waits ready_timeout_ms, then takes what there is */
-    struct ring_pick mix = { RING_PICK_OLDEST, 3, 80 };
+    struct ring_pick mix = { .policy = RING_PICK_OLDEST, .min_ready = 3, .ready_timeout_ms = 80 };
     publish_n(r, 2, 10);
     uint64_t t0 = mono_ns();
     CHECK_OK(ring_claim_read(r, &mix, 2000, &s));
@@ -576,6 +576,23 @@ static void test_pick(void)
     CHECK_INT(mono_ns() - t0, >=, 50000000ull);
     CHECK_INT(ring_slot_header(r, s)->batch_id, ==, 11);
     CHECK_OK(ring_release(r, s));
+    /* a wait spanning calls (since_ns, a daemon's short slices): a call that times out takes nothing
+     * below min_ready, not even a poll; once the ready timeout has passed since since_ns, it takes */
+    publish_n(r, 1, 12);
+    mix.ready_timeout_ms = 300;
+    mix.since_ns = mono_ns();
+    CHECK_INT(ring_claim_read(r, &mix, 50, &s), ==, -DF_ETIMEOUT);
+    CHECK_INT(ring_claim_read(r, &mix, 0, &s), ==, -DF_ETIMEOUT);
+    t0 = mono_ns();
+    int tries = 0, got;
+    while ((got = ring_claim_read(r, &mix, 50, &s)) == -DF_ETIMEOUT && tries++ < 100)
+        ;
+    CHECK_OK(got);
+    CHECK_INT(mono_ns() - mix.since_ns, >=, 300000000ull);
+    CHECK_INT(mono_ns() - mix.since_ns, <, 2000000000ull);
+    CHECK_INT(ring_slot_header(r, s)->batch_id, ==, 12);
+    CHECK_OK(ring_release(r, s));
+    mix.since_ns = 0;
     /* empty ring: a plain timeout */
     t0 = mono_ns();
     CHECK_INT(ring_claim_read(r, &mix, 40, &s), ==, -DF_ETIMEOUT);

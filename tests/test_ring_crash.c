@@ -91,7 +91,7 @@ static int reader(int v)
         return 1;
     }
     g_me = &g_sh->rec[v];
-    struct ring_pick pick = { v % 2 ? RING_PICK_RANDOM : RING_PICK_OLDEST, 3, 1 };
+    struct ring_pick pick = { .policy = v % 2 ? RING_PICK_RANDOM : RING_PICK_OLDEST, .min_ready = 3, .ready_timeout_ms = 1 };
     while (!atomic_load(&g_sh->stop_readers)) {
         unsigned s;
         int rc = ring_claim_read(r, &pick, 50, &s);

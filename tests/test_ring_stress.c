@@ -61,7 +61,7 @@ static int reader(int id)
         return 1;
     }
     /* one reader mixes: random pick once 4 are READY (or after 2 ms) */
-    struct ring_pick pick = { id == 0 ? RING_PICK_RANDOM : RING_PICK_OLDEST, id == 0 ? 4 : 1, 2 };
+    struct ring_pick pick = { .policy = id == 0 ? RING_PICK_RANDOM : RING_PICK_OLDEST, .min_ready = id == 0 ? 4 : 1, .ready_timeout_ms = 2 };
     while (atomic_load(&g_sh->total) < TOTAL) {
         unsigned s;
         int rc = ring_claim_read(r, &pick, 100, &s);

@@ -39,7 +39,7 @@ static void *writer(void *arg)
 static void *reader(void *arg)
 {
     int id = (int)(intptr_t)arg;
-    struct ring_pick pick = { id == 0 ? RING_PICK_RANDOM : RING_PICK_OLDEST, id == 0 ? 4 : 1, 2 };
+    struct ring_pick pick = { .policy = id == 0 ? RING_PICK_RANDOM : RING_PICK_OLDEST, .min_ready = id == 0 ? 4 : 1, .ready_timeout_ms = 2 };
     while (atomic_load(&g_total) < TOTAL && !atomic_load(&g_fail)) {
         unsigned s;
         int rc = ring_claim_read(g_r, &pick, 100, &s);

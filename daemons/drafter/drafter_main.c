@@ -347,6 +347,12 @@ static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen
         if (r < 0)
             return r;
         log_notice("loaded checkpoint %s (step %" PRId64 ", epoch %" PRIu64 ")", dir, f->ts.step, f->ts.epoch);
+        if (f->ts.seed != (uint64_t)f->cfg->drafter.seed) {
+            /* the anchors are drawn from the configured seed: the checkpoints say which one */
+            log_warn(0, "checkpoint %s was trained with drafter.seed %" PRIu64 ", the config says %lld: the anchors"
+                     " follow the config from here", dir, f->ts.seed, (long long)f->cfg->drafter.seed);
+            f->ts.seed = (uint64_t)f->cfg->drafter.seed;
+        }
     } else {
         log_notice("starting from a fresh drafter (seed %lld)", (long long)f->cfg->drafter.seed);
     }
@@ -885,6 +891,19 @@ static void floats_to_metrics(const float *in, struct drafter_metrics *m)
         v[i] = in[i];
 }
 
+/* A claim with drafter.min_ready > 1 waits for that many READY slots, or drafter.ready_timeout_ms,
+ * across the short slices the daemon waits in (its heartbeat and watchdog go on between them):
+ * the wait's clock starts at the first claim after a slot was taken. */
+static int claim_slot(struct dft *f, int timeout_ms, unsigned *slot)
+{
+    if (f->pick.min_ready > 1 && !f->pick.since_ns)
+        f->pick.since_ns = mono_ns();
+    int r = ring_claim_read(f->ring, &f->pick, timeout_ms, slot);
+    if (r == 0)
+        f->pick.since_ns = 0;
+    return r;
+}
+
 /* A batch whose payload cannot be trained (a header out of the ring's bounds, tokens out of the
  * vocabulary, ...): reported, and handed back so its target publishes it again. A header without
  * a lease number names no copy: the coordinator's orphan sweep queues that batch again. */
@@ -1087,7 +1106,7 @@ static int iterate(struct dft *f)
     int slice = (int)daemon_wait_slice_ms(&f->d, 200);
     uint64_t t_wait = t0;       /* end of the wait for a slot: then the batch's forward/backward */
     if (consuming && !f->stop_vote) {
-        r = ring_claim_read(f->ring, &f->pick, slice, &slot);
+        r = claim_slot(f, slice, &slot);
         t_wait = mono_ns();
         if (r == 0) {
             have = consume_slot(f, slot, &m, &b, &n_seqs, &epoch);
@@ -1288,7 +1307,7 @@ static int wait_slot(struct dft *f, int slice_ms, unsigned *slot, uint64_t *idle
             return -DF_ETIMEOUT;
         int busy = f->fl_n > 0 && cudaEventQuery(f->gpu_done) == cudaErrorNotReady;
         int ms = busy ? 1 : (int)((end - now + 999999) / 1000000);
-        int r = ring_claim_read(f->ring, &f->pick, ms, slot);
+        int r = claim_slot(f, ms, slot);
         if (!busy)
             *idle_ns += mono_ns() - now;
         if (r != -DF_ETIMEOUT)
@@ -1301,7 +1320,7 @@ static int fill_feed(struct dft *f, uint64_t *idle_ns)
 {
     while (feed_count(f->feed) < FEED_DEPTH) {
         unsigned slot;
-        int r = feed_count(f->feed) ? ring_claim_read(f->ring, &f->pick, 0, &slot)
+        int r = feed_count(f->feed) ? claim_slot(f, 0, &slot)
                                     : wait_slot(f, (int)daemon_wait_slice_ms(&f->d, 200), &slot, idle_ns);
         if (r == -DF_ETIMEOUT || r == -EINTR)
             return 0;
@@ -1565,6 +1584,7 @@ int main(int argc, char **argv)
         log_error(r, "drafter: %s", err);
         goto out;
     }
+    f->ts.seed = (uint64_t)f->cfg->drafter.seed;   /* a fresh drafter's, kept by the first GROUP */
 #ifdef DFLASH_HAVE_CUDA
     if (f->cuda) {
         daemon_notify_status(&f->d, "setting up the drafter on GPU %d", f->d.index);
