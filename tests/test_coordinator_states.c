@@ -42,6 +42,14 @@
 
 static pid_t kids[4];
 
+/* A fresh cluster dir with `extra` config lines, a 200-sample dataset, the coordinator up. */
+static void start_coord(const char *extra)
+{
+    tc_setup(NULL, extra);
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    tc_start_coord();
+}
+
 static char *status_str(const char *key)
 {
     static char v[64];
@@ -139,9 +147,7 @@ static pid_t fork_deaf_target(void)
 
 static void group_hangs_up_around_stop(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 2\n[coordinator]\ndead_after_ms = 1000\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 2\n[coordinator]\ndead_after_ms = 1000\n");
     int ready[2], go[2][2];
     CHECK(pipe(ready) == 0 && pipe(go[0]) == 0 && pipe(go[1]) == 0);
     kids[0] = fork_quiet_drafter(0, ready[1], go[0][0]);
@@ -162,9 +168,7 @@ static void group_hangs_up_around_stop(void)
 
 static void pause_survives_restart(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 1\n");
     control(PROTO_CTL_PAUSE);
     CHECK_STR(status_str("state"), "paused");
     tc_kill(TC.coord);
@@ -198,9 +202,7 @@ static uint64_t start_as_drafter(struct client **d, struct ring **r)
 {
     char extra[256];
     snprintf(extra, sizeof extra, "[drafter]\nworld_size = 1\n%s", drafter_extra ? drafter_extra : "");
-    tc_setup(NULL, extra);
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord(extra);
     *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
     *r = peer_ring();
     uint64_t gen = tc_join_group(*d, 10000).generation;
@@ -254,9 +256,7 @@ static void nan_during_drain(void)
 
 static void group_lost_in_transit(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 2\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 2\n");
     int ready[2], go[2];
     CHECK(pipe(ready) == 0 && pipe(go) == 0);
     kids[0] = fork_quiet_drafter(0, ready[1], go[0]);
@@ -421,9 +421,7 @@ static void late_trained_after_restart(void)
 
 static void detached_target_keeps_lease(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\n[coordinator]\ndead_after_ms = 300\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 1\n[coordinator]\ndead_after_ms = 300\n");
     int fd[2];
     CHECK(pipe(fd) == 0);
     pid_t pid = fork();
@@ -458,9 +456,7 @@ static void detached_target_keeps_lease(void)
 
 static void late_published_after_rollback(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 1\n");
     int tp[2], tgo[2], dp[2];
     CHECK(pipe(tp) == 0 && pipe(tgo) == 0 && pipe(dp) == 0);
     pid_t t = fork_publisher(tp[1], tgo[0]);    /* reports PUBLISHED only on `tgo` */
@@ -483,9 +479,7 @@ static void late_published_after_rollback(void)
 
 static void late_trained_then_published(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 2\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 2\n");
     int tp[2], tgo[2], dp[2], dgo[2], ready[2], qgo[2];
     CHECK(pipe(tp) == 0 && pipe(tgo) == 0 && pipe(dp) == 0 && pipe(dgo) == 0 && pipe(ready) == 0 && pipe(qgo) == 0);
     pid_t t = fork_publisher(tp[1], tgo[0]);    /* reports PUBLISHED only on `tgo` */
@@ -640,9 +634,7 @@ static void trained_copy_out_before_group(int recovery)
     int window_ms = 8000 * test_time_scale();
     snprintf(extra, sizeof extra, "[drafter]\nworld_size = 1\n[coordinator]\nrecovery_ms = %d\n",
              recovery ? window_ms : 600);
-    tc_setup(NULL, extra);
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord(extra);
     int rp[2], dp[2];
     CHECK(pipe(rp) == 0 && pipe(dp) == 0);
     kids[1] = fork_holder(rp[1], dp[1]);
@@ -700,9 +692,7 @@ static void trained_copy_out_before_group(int recovery)
 
 static void released_batch_named_in_group(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 1\n");
     int lp[2], rp[2], dp[2];
     CHECK(pipe(lp) == 0 && pipe(rp) == 0 && pipe(dp) == 0);
     pid_t pid = fork();
@@ -759,9 +749,7 @@ static void released_batch_named_in_group(void)
  * (exit 78): it was logged and forgotten, and the drain ended "stopped", exit 0. */
 static void fatal_during_drain(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 1\n");
     struct client *t = peer_connect(PROTO_ROLE_TARGET, 0);
     struct proto_msg m;
     char err[256];
@@ -790,9 +778,7 @@ static void trained_copy_retracted_in_recovery(void) { trained_copy_out_before_g
 
 static void silent_taker(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\ncollective_timeout_ms = 400\n[coordinator]\ndead_after_ms = 300\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 1\ncollective_timeout_ms = 400\n[coordinator]\ndead_after_ms = 300\n");
     struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
     struct ring *r = peer_ring();
     client_join_group(d);
@@ -826,9 +812,7 @@ static pid_t fork_holding_target(void)
 
 static void signal_drain_not_resumed(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 1\n");
     kids[0] = fork_holding_target();
     tc_wait_num("batches.leased", 1, 5000);
     kill(TC.coord, SIGTERM);                        /* a drain that cannot finish: a lease is held */
@@ -848,9 +832,7 @@ static void signal_drain_not_resumed(void)
  * it unlinked, the "ring at the end" a kill in a run's last moments left to the soak). */
 static void dead_owner_slot_freed_at_exit(void)
 {
-    tc_setup(NULL, "[drafter]\nworld_size = 1\n");
-    tc_dataset(TC.data, 200, 16, 64, 1000);
-    tc_start_coord();
+    start_coord("[drafter]\nworld_size = 1\n");
     int fd[2];
     CHECK(pipe(fd) == 0);
     pid_t pid = fork();
