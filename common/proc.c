@@ -121,21 +121,15 @@ int proc_token_alive(uint64_t token)
     return proc_token_make(pid, st) == token;
 }
 
-int proc_trusts_object(const struct stat *st, char *why, size_t whylen)
+int proc_trusts_object(const struct stat *st, uid_t also, char *why, size_t whylen)
 {
     if (st->st_mode & S_IWOTH) {
         snprintf(why, whylen, "it is writable by every user (mode %04o, owner uid %u): not one dflash made",
                  (unsigned)(st->st_mode & 07777), (unsigned)st->st_uid);
         return 0;
     }
-    if (st->st_uid == geteuid() || st->st_uid == 0 || st->st_gid == getegid())
+    if (st->st_uid == geteuid() || st->st_uid == 0 || (also != (uid_t)-1 && st->st_uid == also))
         return 1;
-    gid_t groups[256];
-    int n = getgroups(256, groups);
-    for (int i = 0; i < n; i++)
-        if (groups[i] == st->st_gid)
-            return 1;
-    snprintf(why, whylen, "it belongs to uid %u, group %u: neither this user, root nor a group of this process",
-             (unsigned)st->st_uid, (unsigned)st->st_gid);
+    snprintf(why, whylen, "it belongs to uid %u: neither this user, root nor the coordinator's", (unsigned)st->st_uid);
     return 0;
 }

@@ -41,7 +41,7 @@ int proc_token_alive(uint64_t token);
 
 struct stat;
 /* Whether a shared-memory object (its fstat) may be one this cluster made: not writable by every
- * user, and owned by this user, by root, or by a group this process is in (a ring made 0660 for
- * cluster.group). 1 yes; 0 no, and why says whose it is. /dev/shm is writable by everyone: any
- * local user can put an object under a name first. */
-int proc_trusts_object(const struct stat *st, char *why, size_t whylen);
+ * user, and owned by this user, by root, or by `also` (another user trusted, e.g. the one that
+ * owns the coordinator's socket; (uid_t)-1 none). 1 yes; 0 no, and why says whose it is.
+ * /dev/shm is writable by everyone: any local user can put an object under a name first. */
+int proc_trusts_object(const struct stat *st, uid_t also, char *why, size_t whylen);

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -307,7 +308,10 @@ static int create_object(struct coll *c, const char *name, uint64_t gen, unsigne
         memset(&hdr, 0, sizeof hdr);
         ssize_t got = pread(old, &hdr, sizeof hdr, 0);
         close(old);
-        if (got == (ssize_t)sizeof hdr && atomic_load(&hdr.magic) == COLL_MAGIC && hdr.generation > gen) {
+        /* (one of a run before, its rank 0 gone, is stale whatever its number: replaced) */
+        uint64_t owner = atomic_load(&hdr.rank_token[0]);
+        bool live = owner ? proc_token_alive(owner) == 1 : hdr.creator_pid > 0 && kill(hdr.creator_pid, 0) == 0;
+        if (got == (ssize_t)sizeof hdr && atomic_load(&hdr.magic) == COLL_MAGIC && hdr.generation > gen && live) {
             snprintf(err, errlen, "collective %s: generation %llu is there already: generation %llu is over", name,
                      (unsigned long long)hdr.generation, (unsigned long long)gen);
             return -ECANCELED;

@@ -81,6 +81,11 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
 int ring_attach(struct ring **out, const char *name, const struct ring_layout *expect,
                 unsigned flags, char *err, size_t errlen);
 
+/* Attaches refuse an object every user may write, or one owned by neither this user nor root;
+ * objects of `uid` are taken too from now on (a daemon: the user owning the coordinator's socket,
+ * which made the ring). (uid_t)-1 takes that back. Process-wide. */
+void ring_trust_user(uid_t uid);
+
 /* Unmap and free the handle (NULL is fine). Slots this handle still holds stay claimed
  * until reclaimed: detaching is not releasing. */
 void ring_detach(struct ring *r);

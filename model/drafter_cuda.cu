@@ -516,7 +516,7 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
             /* More than the whole GPU holds is the configuration's doing: no restart mends it. */
             size_t free_b = 0, total_b = 0;
             int never = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && c.off > total_b;
-            r = df_fail(err, errlen, never ? -ENOMEM : -DF_ECUDA,
+            r = df_fail(err, errlen, never ? -DF_ERANGE : -DF_ECUDA,
                         "drafter_cuda: the activations for %d tokens and %d blocks of %d need %.1f GiB, the GPU has "
                         "%.1f GiB free of %.1f%s", max_tokens, max_blocks, dc->cfg.block_size, c.off / 1073741824.0,
                         free_b / 1073741824.0, total_b / 1073741824.0,

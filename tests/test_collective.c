@@ -234,16 +234,25 @@ static void test_hostile_header(void)
     close(fd);
     CHECK_INT(coll_open(&c, g_name, 1, 2, 200, &o, err, sizeof err), ==, -EPERM);
     CHECK_CONTAINS(err, "not to this user alone");
-    /* a rank 0 late for generation 39 leaves generation 40's object (and name) alone */
+    /* a rank 0 late for generation 39 leaves generation 40's object (and name) alone while its
+     * maker lives; one whose maker is gone (a run before, same name) is stale and replaced */
     fd = shm_open(g_name, O_RDWR, 0);
-    CHECK(fd >= 0 && fchmod(fd, 0600) == 0);
-    close(fd);
+    int32_t maker = (int32_t)getpid();
+    CHECK(fd >= 0 && fchmod(fd, 0600) == 0 && pwrite(fd, &maker, 4, 48) == 4);     /* creator_pid */
     struct coll_opts late = { .generation = 39 };
     CHECK_INT(coll_open(&c, g_name, 0, 2, 200, &late, err, sizeof err), ==, -ECANCELED);
     CHECK_CONTAINS(err, "generation 40 is there already");
-    fd = shm_open(g_name, O_RDONLY, 0);
-    CHECK(fd >= 0);
+    uint64_t gen_there = 0;
+    CHECK(pread(fd, &gen_there, 8, 16) == 8 && gen_there == 40);
+    pid_t gone = fork();
+    if (gone == 0)
+        _exit(0);
+    CHECK_INT(reap(gone), ==, 0);
+    maker = (int32_t)gone;
+    CHECK(pwrite(fd, &maker, 4, 48) == 4);
     close(fd);
+    CHECK_INT(coll_open(&c, g_name, 0, 2, 200, &late, err, sizeof err), ==, -DF_ETIMEOUT);   /* its peer never came */
+    CHECK_CONTAINS(err, "not all 2 ranks joined");
     shm_unlink(g_name);
     printf("ok: a collective object with impossible sizes, or others may write, is refused; a newer one stays\n");
 }

@@ -37,7 +37,8 @@
  *     generation 2's GROUP: a copy of it from an older lease must be left out by the new group,
  *     which has trained nothing yet. The GROUP carries the run's batch count.
  * 18. A fatal error during the operator's drain still ends the run FAILED (exit 78). Part 3 also
- *     checks that no drain is taken while a non-finite loss waits for the operator's resume. */
+ *     checks that no drain is taken while a non-finite loss waits for the operator's resume.
+ * 19. A stop signal then stops at once (a drain could not end), and the run started again drains. */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -773,6 +774,50 @@ static void fatal_during_drain(void)
     printf("ok: a fatal error during a drain ends the run FAILED\n");
 }
 
+/* A stop signal while a non-finite value waits for the operator's resume stops at once (a drain
+ * could not end: the poisoned drafter writes no checkpoint); the run started again is not held
+ * by that value any more (a drain is taken). */
+static void nan_then_stop_signal(void)
+{
+    struct client *d;
+    struct ring *r;
+    uint64_t gen = start_as_drafter(&d, &r);
+    kids[0] = tc_fork_target(0, 0, NULL);
+    struct proto_msg m;
+    char err[256];
+    unsigned slot;
+    int rr;
+    uint64_t end = mono_ms() + 10000 * (uint64_t)test_time_scale();
+    while ((rr = ring_claim_read(r, NULL, 50, &slot)) == -DF_ETIMEOUT && mono_ms() < end)
+        client_poll(d, 0, &m, err, sizeof err);
+    CHECK_OK(rr);
+    uint64_t id = ring_slot_header(r, slot)->batch_id;
+    uint32_t lease = ring_slot_header(r, slot)->lease;
+    CHECK_OK(ring_release(r, slot));
+    CHECK_OK(client_trained(d, id, lease, 1, 0, gen));     /* trained, not checkpointed */
+    tc_wait_num("batches.trained", 1, 5000);
+    CHECK_OK(client_error(d, 0, -DF_ENAN, "loss is nan at step 2"));
+    end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (strcmp(status_str("state"), "paused") && mono_ms() < end)
+        client_poll(d, 20, &m, err, sizeof err);
+    CHECK_STR(status_str("state"), "paused");
+    kill(TC.coord, SIGTERM);
+    end = mono_ms() + 3000 * (uint64_t)test_time_scale();
+    const char *st = "paused";
+    while (mono_ms() < end && strcmp(st = status_str("state"), "stopped") && strcmp(st, "(down)"))
+        client_poll(d, 20, &m, err, sizeof err);
+    if (strcmp(st, "stopped") && strcmp(st, "(down)"))
+        TEST_FAIL("a stop signal with a non-finite value pending left the cluster %s", st);
+    client_free(d);
+    ring_detach(r);
+    CHECK_INT(tc_exit_status(TC.coord, 10000 * test_time_scale()), ==, 0);
+    tc_start_coord();
+    expect_state("running", 5000);
+    control(PROTO_CTL_DRAIN);
+    CHECK_STR(status_str("state"), "draining");
+    printf("ok: a stop signal with a non-finite value pending stops at once; the next start drains\n");
+}
+
 static void trained_copy_retracted_at_group_start(void) { trained_copy_out_before_group(0); }
 static void trained_copy_retracted_in_recovery(void) { trained_copy_out_before_group(1); }
 
@@ -927,7 +972,7 @@ int main(void)
                              signal_drain_not_resumed, trained_copy_retracted, trained_copy_of_dead_target_retracted,
                              trained_copy_retracted_at_group_start, trained_copy_retracted_in_recovery,
                              dead_owner_slot_freed_at_exit, complete_run_killed_before_exit,
-                             released_batch_named_in_group, fatal_during_drain };
+                             released_batch_named_in_group, fatal_during_drain, nan_then_stop_signal };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -146,11 +146,11 @@ static void golden_case(void)
     struct drafter *d = NULL;
     if (drafter_create(&d, &cfg, embed, lm_head, T, nb, 1, err, sizeof err) < 0)
         TEST_FAIL("drafter_create: %s", err);
-    /* buffers for more blocks than the GPU can hold: -ENOMEM (drafter-d exits 78 on it), naming
+    /* buffers for more blocks than the GPU can hold: -DF_ERANGE (drafter-d exits 78 on it), naming
      * what to lower; the device stays usable */
     struct drafter_cuda *big = NULL;
     struct drafter_cuda_opts bo = { .device = 0 };
-    CHECK_INT(drafter_cuda_create(&big, d, T, 1 << 26, &bo, err, sizeof err), ==, -ENOMEM);
+    CHECK_INT(drafter_cuda_create(&big, d, T, 1 << 26, &bo, err, sizeof err), ==, -DF_ERANGE);
     CHECK(!big);
     CHECK_CONTAINS(err, "lower ring.max_tokens");
     printf("too big: %s\n", err);

@@ -154,8 +154,8 @@ static void test_validation(void)
     CHECK_OK(ring_attach(&a, g_name, &l, 0, err, sizeof err));
     ring_detach(a);
 
-    /* an object any user may write, or one of another user and group, is refused (any local user
-     * can put one under the name first) */
+    /* an object any user may write, or one of another user, is refused (any local user can put
+     * one under the name first), unless that user is trusted (a daemon: the coordinator's) */
     fd = shm_open(g_name, O_RDWR, 0);
     CHECK(fd >= 0 && fchmod(fd, 0666) == 0);
     CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -EPERM);
@@ -165,7 +165,13 @@ static void test_validation(void)
         CHECK(fchown(fd, 65534, 65534) == 0);
         CHECK_INT(ring_attach(&a, g_name, &l, RING_ATTACH_RDONLY, err, sizeof err), ==, -EPERM);
         CHECK_CONTAINS(err, "belongs to uid 65534");
-        CHECK(fchown(fd, 0, 0) == 0);
+        CHECK(fchmod(fd, 0660) == 0 && fchown(fd, 65534, 0) == 0);  /* root's group is no excuse */
+        CHECK_INT(ring_attach(&a, g_name, &l, RING_ATTACH_RDONLY, err, sizeof err), ==, -EPERM);
+        ring_trust_user(65534);
+        CHECK_OK(ring_attach(&a, g_name, &l, RING_ATTACH_RDONLY, err, sizeof err));
+        ring_detach(a);
+        ring_trust_user((uid_t)-1);
+        CHECK(fchmod(fd, 0640) == 0 && fchown(fd, 0, 0) == 0);
     }
     close(fd);
     CHECK_OK(ring_attach(&a, g_name, &l, 0, err, sizeof err));

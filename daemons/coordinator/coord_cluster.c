@@ -333,6 +333,8 @@ void coord_set_state(struct coord *co, int state, const char *reason)
         co->finishing = false;
         co->signal_drain_from = -1;
     }
+    if (state >= PROTO_STATE_STOPPED)
+        co->nan_pending = false;    /* the next start's daemons are new processes */
     int cmd = state_push[state];
     if (cmd && !(old == PROTO_STATE_STARTING && state == PROTO_STATE_RUNNING))
         for (struct member *m = co->members; m; m = m->next)
@@ -947,6 +949,7 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
             /* A drain on its way already (the operator's, the final one): it now ends FAILED with
              * this reason, and no lost drafter sends it back to RUNNING. */
             co->fatal = true;
+            co->signal_drain_from = -1;     /* kept across a coordinator restart, as the operator's */
             snprintf(co->reason, sizeof co->reason, "%.*s", (int)sizeof co->reason - 1, reason);
             if (co->finishing) {
                 co->finishing = false;
@@ -1369,8 +1372,12 @@ void coord_tick(struct coord *co)
 
 void coord_signal_stop(struct coord *co, int hard)
 {
-    if (hard || co->state >= PROTO_STATE_DRAINING) {
-        coord_set_state(co, co->fatal ? PROTO_STATE_FAILED : PROTO_STATE_STOPPED, "stop signal");
+    if (hard || co->state >= PROTO_STATE_DRAINING || co->nan_pending) {
+        /* (with a non-finite value unresolved no drain could end: no checkpoint comes) */
+        coord_set_state(co, co->fatal ? PROTO_STATE_FAILED : PROTO_STATE_STOPPED,
+                        co->nan_pending && !hard && co->state < PROTO_STATE_DRAINING
+                            ? "stop signal (no drain: a non-finite value waits for the operator's resume)"
+                            : "stop signal");
     } else {
         co->signal_drain_from = co->state == PROTO_STATE_STARTING ? PROTO_STATE_RUNNING : co->state;
         coord_set_state(co, PROTO_STATE_DRAINING, "stop signal: draining");

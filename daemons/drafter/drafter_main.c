@@ -639,6 +639,7 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         switch (m->control.cmd) {
         case PROTO_CTL_PAUSE:
             f->state = PROTO_STATE_PAUSED;
+            f->pick.since_ns = 0;   /* a wait for min_ready slots starts again after the pause */
             daemon_notify_status(&f->d, "paused: %s", m->control.reason);
             break;
         case PROTO_CTL_RESUME:
@@ -771,9 +772,12 @@ static void remember_step(struct dft *f, int have, struct batch_ref b, struct pe
             continue;
         if (forget)
             id_set_forget(&f->trained, pb[r].b.id);
-        else if (id_set_add(&f->trained, pb[r].b.id) < 0)
-            /* past the reserve and out of memory: a later copy of it could be trained again */
-            log_warn(-ENOMEM, "batch %" PRIu64 " is not remembered as trained", pb[r].b.id);
+        else if (id_set_add(&f->trained, pb[r].b.id) < 0) {
+            /* past the reserve and out of memory: this rank would tell repeats unlike its peers.
+             * It leaves as if killed; the group restarts from its checkpoint. */
+            log_error(-ENOMEM, "batch %" PRIu64 " cannot be remembered as trained: leaving", pb[r].b.id);
+            exit(DAEMON_EX_FAILURE);
+        }
     }
 }
 
@@ -795,6 +799,7 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
 {
     const struct proto_group *g = &f->grp;
     f->have_group = 0;
+    f->pick.since_ns = 0;
     int r;
     id_set_clear(&f->trained);
     /* sized for the whole run: no allocation in the steps */
@@ -1591,8 +1596,9 @@ int main(int argc, char **argv)
         if ((r = gpu_load(f, err, sizeof err)) < 0 ||
             (r = feed_create(&f->feed, f->ring, f->d.index, &f->ring_pinned, err, sizeof err)) < 0) {
             log_error(r, "GPU %d: %s", f->d.index, err);
-            if (r == -ENOMEM) {
-                /* buffers larger than the GPU: a configuration error for the whole cluster */
+            if (r == -DF_ERANGE) {
+                /* sizes the GPU cannot take (buffers larger than it): a configuration error for
+                 * the whole cluster (a shortage of memory only is restarted) */
                 client_error(f->cl, 1, r, "%s: GPU %d: %s", f->d.ident, f->d.index, err);
                 f->reported = 1;
                 peer_flush_events(&f->d, f->cl, 2000);
