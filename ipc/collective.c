@@ -118,9 +118,12 @@ static void map_put(struct map_ent *m)
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+/* Where the ranks' buffers start: the page after the header. */
+#define DATA_OFF align_up(sizeof(struct coll_hdr), 4096)
+
 static uint64_t total_size(uint32_t world, uint64_t chunk)
 {
-    return align_up(sizeof(struct coll_hdr), 4096) + align_up(((uint64_t)world + 1) * chunk * sizeof(float), 4096);
+    return DATA_OFF + align_up(((uint64_t)world + 1) * chunk * sizeof(float), 4096);
 }
 
 int coll_rank(const struct coll *c) { return c->rank; }
@@ -340,7 +343,7 @@ static int create_object(struct coll *c, const char *name, uint64_t gen, unsigne
     h->generation = gen;
     h->chunk_floats = c->chunk;
     h->total_size = size;
-    h->data_off = align_up(sizeof(struct coll_hdr), 4096);
+    h->data_off = DATA_OFF;
     h->creator_pid = (int32_t)getpid();
     atomic_store_explicit(&h->magic, COLL_MAGIC, memory_order_release);
     *fd_out = fd;
@@ -383,7 +386,7 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
                 }
                 /* bounded before the product: a foreign object's sizes must not wrap it around */
                 if (hdr.chunk_floats < 1 || hdr.chunk_floats > COLL_MAX_CHUNK ||
-                    hdr.data_off != align_up(sizeof(struct coll_hdr), 4096) ||
+                    hdr.data_off != DATA_OFF ||
                     hdr.total_size != total_size(hdr.world, hdr.chunk_floats) ||
                     (uint64_t)st.st_size < hdr.total_size) {
                     snprintf(err, errlen, "collective %s: truncated or corrupt object", name);
@@ -484,7 +487,7 @@ int coll_open(struct coll **out, const char *name, int rank, int world, int time
     if (rc < 0)
         goto fail;
     struct coll_hdr *h = c->h = c->map->base;
-    c->in = (float *)((char *)c->map->base + align_up(sizeof(struct coll_hdr), 4096));  /* not the header's word */
+    c->in = (float *)((char *)c->map->base + DATA_OFF);  /* not the header's word */
     c->out = c->in + (size_t)world * c->chunk;
 
     uint64_t expect = 0;

@@ -211,11 +211,10 @@ static uint64_t start_as_drafter(struct client **d, struct ring **r)
     return gen;
 }
 
-static void nan_during_drain(void)
+/* A target (kids[0]) publishes; drafter d takes the first copy from r and reports it TRAINED in
+ * generation gen, not checkpointed (a drain waits for it). */
+static void train_one(struct client *d, struct ring *r, uint64_t gen)
 {
-    struct client *d;
-    struct ring *r;
-    uint64_t gen = start_as_drafter(&d, &r);
     kids[0] = tc_fork_target(0, 0, NULL);
     struct proto_msg m;
     char err[256];
@@ -228,15 +227,31 @@ static void nan_during_drain(void)
     uint64_t id = ring_slot_header(r, slot)->batch_id;
     uint32_t lease = ring_slot_header(r, slot)->lease;
     CHECK_OK(ring_release(r, slot));
-    CHECK_OK(client_trained(d, id, lease, 1, 0, gen));     /* trained, not checkpointed: the drain waits */
+    CHECK_OK(client_trained(d, id, lease, 1, 0, gen));
     tc_wait_num("batches.trained", 1, 5000);
-    control(PROTO_CTL_DRAIN);
-    CHECK_STR(status_str("state"), "draining");
+}
+
+/* Drafter d reports a non-finite loss; the cluster pauses. */
+static void nan_pause(struct client *d)
+{
+    struct proto_msg m;
+    char err[256];
     CHECK_OK(client_error(d, 0, -DF_ENAN, "loss is nan at step 2"));
-    end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
     while (strcmp(status_str("state"), "paused") && mono_ms() < end)
         client_poll(d, 20, &m, err, sizeof err);
     CHECK_STR(status_str("state"), "paused");
+}
+
+static void nan_during_drain(void)
+{
+    struct client *d;
+    struct ring *r;
+    uint64_t gen = start_as_drafter(&d, &r);
+    train_one(d, r, gen);
+    control(PROTO_CTL_DRAIN);
+    CHECK_STR(status_str("state"), "draining");
+    nan_pause(d);
     /* no drain until the operator's resume (the poisoned drafter writes no checkpoint: a drain
      * would never end), also after a coordinator restart */
     char answer[1024];
@@ -782,27 +797,12 @@ static void nan_then_stop_signal(void)
     struct client *d;
     struct ring *r;
     uint64_t gen = start_as_drafter(&d, &r);
-    kids[0] = tc_fork_target(0, 0, NULL);
+    train_one(d, r, gen);
+    nan_pause(d);
     struct proto_msg m;
     char err[256];
-    unsigned slot;
-    int rr;
-    uint64_t end = mono_ms() + 10000 * (uint64_t)test_time_scale();
-    while ((rr = ring_claim_read(r, NULL, 50, &slot)) == -DF_ETIMEOUT && mono_ms() < end)
-        client_poll(d, 0, &m, err, sizeof err);
-    CHECK_OK(rr);
-    uint64_t id = ring_slot_header(r, slot)->batch_id;
-    uint32_t lease = ring_slot_header(r, slot)->lease;
-    CHECK_OK(ring_release(r, slot));
-    CHECK_OK(client_trained(d, id, lease, 1, 0, gen));     /* trained, not checkpointed */
-    tc_wait_num("batches.trained", 1, 5000);
-    CHECK_OK(client_error(d, 0, -DF_ENAN, "loss is nan at step 2"));
-    end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(status_str("state"), "paused") && mono_ms() < end)
-        client_poll(d, 20, &m, err, sizeof err);
-    CHECK_STR(status_str("state"), "paused");
     kill(TC.coord, SIGTERM);
-    end = mono_ms() + 3000 * (uint64_t)test_time_scale();
+    uint64_t end = mono_ms() + 3000 * (uint64_t)test_time_scale();
     const char *st = "paused";
     while (mono_ms() < end && strcmp(st = status_str("state"), "stopped") && strcmp(st, "(down)"))
         client_poll(d, 20, &m, err, sizeof err);

@@ -129,6 +129,10 @@ struct dgroup {
     uint64_t *lim_gen;
     int64_t *lim_step;
     size_t n_lim;
+    /* the batch ids every GROUP of generation done_gen names (see done_by_earlier) */
+    uint64_t *done;
+    uint32_t n_done;
+    uint64_t done_gen;              /* 0: not made yet */
 };
 
 struct coord {

@@ -402,50 +402,56 @@ static int64_t gen_limit(const struct coord *co, uint64_t gen)
 /* The batches a copy of which the running generation must leave out although it never
  * trained them: checkpointed by an earlier generation after more than one lease (a target
  * cut off while its lease was given again may still publish the older copy, and the group's
- * own memory starts empty). The same list for every send of a generation: only the running
- * generation changes batches. Returns the count (*ids malloc'd, NULL when 0), or -ENOMEM. */
-static int64_t done_by_earlier(const struct coord *co, uint64_t **ids)
+ * own memory starts empty). Made once per generation (only the running generation changes
+ * batches, so every rank's GROUP names the same), into co->grp.done. 0 or -ENOMEM. */
+static int done_by_earlier(struct coord *co)
 {
+    struct dgroup *g = &co->grp;
+    if (g->done_gen == g->gen)
+        return 0;
     size_t n = 0, cap = 0;
-    *ids = NULL;
+    uint64_t *ids = NULL;
     for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
         for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
             const struct ledger_batch *row = &co->ep[e].b[i].row;
-            if (row->state != BATCH_CHECKPOINTED || row->gen >= co->grp.gen || row->leases < 2)
+            if (row->state != BATCH_CHECKPOINTED || row->gen >= g->gen || row->leases < 2)
                 continue;
             if (n == PROTO_MAX_GROUP_IDS) {
                 log_warn(0, "more than %u batches kept from earlier generations were leased twice: the group "
                          "is told of the first %u", PROTO_MAX_GROUP_IDS, PROTO_MAX_GROUP_IDS);
-                return (int64_t)n;
+                goto done;
             }
             if (n == cap) {
                 cap = cap ? cap * 2 : 256;
-                uint64_t *p = realloc(*ids, cap * sizeof *p);
+                uint64_t *p = realloc(ids, cap * sizeof *p);
                 if (!p) {
-                    free(*ids);
-                    *ids = NULL;
+                    free(ids);
                     return -ENOMEM;
                 }
-                *ids = p;
+                ids = p;
             }
-            (*ids)[n++] = row->id;
+            ids[n++] = row->id;
         }
-    return (int64_t)n;
+done:
+    free(g->done);
+    g->done = ids;
+    g->n_done = (uint32_t)n;
+    g->done_gen = g->gen;
+    return 0;
 }
 
 static void send_group(struct coord *co, struct member *m)
 {
     struct proto_msg msg = { .type = PROTO_GROUP };
-    uint64_t *ids;
-    int64_t n = done_by_earlier(co, &ids);
-    if (n < 0) {
+    int r = done_by_earlier(co);
+    if (r < 0) {
         /* Not without it (the generation could train such a copy twice): the peers time out
          * waiting for this rank, and its JOIN_GROUP after that asks again. */
-        log_error((int)n, "the GROUP for %s is not sent", m->name);
+        log_error(r, "the GROUP for %s is not sent", m->name);
         return;
     }
-    msg.group.n_done = (uint32_t)n;
-    msg.ids = ids;
+    msg.group.n_done = co->grp.n_done;
+    msg.ids = co->grp.done;
     msg.group.generation = co->grp.gen;
     msg.group.rank = (uint32_t)m->rank;
     msg.group.world_size = co->grp.world;
@@ -455,7 +461,6 @@ static void send_group(struct coord *co, struct member *m)
     proto_strset(msg.group.coll_name, sizeof msg.group.coll_name, co->grp.coll_name);
     proto_strset(msg.group.ckpt_dir, sizeof msg.group.ckpt_dir, co->grp.ckpt_dir);
     coord_send(m, &msg);
-    free(ids);
 }
 
 static int by_device(const void *a, const void *b)
@@ -1614,6 +1619,7 @@ void coord_cluster_done(struct coord *co)
     free(co->grp.rank_member);
     free(co->grp.rank_token);
     free(co->grp.lim_gen);
+    free(co->grp.done);
     free(co->grp.lim_step);
     dataset_close(&co->ds);
     ledger_close(co->ledger);
