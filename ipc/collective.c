@@ -363,7 +363,12 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
             struct coll_hdr hdr;
             struct stat st;
             memset(&hdr, 0, sizeof hdr);
-            ssize_t got = fstat(fd, &st) == 0 ? pread(fd, &hdr, sizeof hdr, 0) : -1;
+            /* Header first, size second: rank 0 sizes the object before it stores the magic, so
+             * a size read after a complete header is the final one (the other order could see
+             * the object still empty and call it truncated). */
+            ssize_t got = pread(fd, &hdr, sizeof hdr, 0);
+            if (got >= 0 && fstat(fd, &st) < 0)
+                got = -1;
             if (got >= 0 && (st.st_uid != geteuid() || (st.st_mode & 077))) {
                 /* rank 0 makes it 0600 as this user (the ranks of a group are one user) */
                 snprintf(err, errlen, "collective %s: refused: the object belongs to uid %u with mode %04o, not to "

@@ -257,6 +257,36 @@ static void test_hostile_header(void)
     printf("ok: a collective object with impossible sizes, or others may write, is refused; a newer one stays\n");
 }
 
+/* A rank that finds rank 0's object while rank 0 is still sizing it waits for it instead of
+ * calling it truncated (a big object takes rank 0 a while to reserve). The old order (size read
+ * before the header) failed here only when rank 1 was preempted between the two reads, as on a
+ * loaded 2-core CI machine; this exercises the path, it cannot force that preemption. */
+static void test_join_during_create(void)
+{
+    char err[256];
+    for (int i = 0; i < 20; i++) {
+        struct coll_opts o = { .generation = 500 + (uint64_t)i, .chunk_floats = 4u << 20 };
+        shm_unlink(g_name);
+        pid_t p = fork();
+        CHECK(p >= 0);
+        if (p == 0) {
+            struct coll *c = NULL;
+            int rc = coll_open(&c, g_name, 1, 2, 20000, &o, err, sizeof err);
+            if (rc < 0)
+                fprintf(stderr, "rank 1, round %d: %s\n", i, err);
+            _exit(rc < 0 || coll_barrier(c) < 0 ? 1 : (coll_close(c), 0));
+        }
+        usleep(1000 + 300 * (unsigned)i);
+        struct coll *c = NULL;
+        CHECK_INT(coll_open(&c, g_name, 0, 2, 20000, &o, err, sizeof err), ==, 0);
+        CHECK_INT(coll_barrier(c), ==, 0);
+        coll_close(c);
+        CHECK_INT(reap(p), ==, 0);
+    }
+    shm_unlink(g_name);
+    printf("ok: a rank joining while rank 0 still sizes a 48 MiB object waits for it (20 rounds)\n");
+}
+
 int main(void)
 {
     snprintf(g_name, sizeof g_name, "/dflash-test-coll-%d", (int)getpid());
@@ -265,6 +295,7 @@ int main(void)
     test_dead_peer(1);
     test_generations();
     test_hostile_header();
+    test_join_during_create();
     shm_unlink(g_name);
     fprintf(stderr, "ok\n");
     return 0;
