@@ -96,7 +96,6 @@ struct drafter_cuda {
     float *d_clip;
 
     void *meta_dev, *meta_host;
-    size_t meta_bytes;
     struct cu_meta md, mh;      /* device / host views of the region */
     double *h_metrics, *h_block_loss;
     float *h_clip;
@@ -211,12 +210,13 @@ static void layout_acts(struct drafter_cuda *dc, struct carver *c)
     dc->head_work = carve(c, gk_lmhead_ce_work_bytes(dc->chunk_rows, dc->H, dc->V));
 }
 
-static void layout_meta(struct cu_meta *m, struct carver *c, const struct drafter_cuda *dc);
+static void layout_meta(struct cu_meta *m, struct carver *c, size_t n_cu, size_t Q, size_t B, size_t n_tiles);
 
 /* The pinned host region: the metadata mirror, then metrics and the feature staging area. */
 static void layout_host(struct drafter_cuda *dc, struct carver *c)
 {
-    layout_meta(&dc->mh, c, dc);
+    layout_meta(&dc->mh, c, (size_t)dc->max_tokens + 1, (size_t)dc->max_blocks * dc->bs, dc->max_blocks,
+                dc->max_tiles);
     CARVE(c, dc->h_metrics, DRAFTER_METRICS_N);
     CARVE(c, dc->h_clip, 4);
     CARVE(c, dc->h_res, RES_DEPTH);
@@ -224,11 +224,13 @@ static void layout_host(struct drafter_cuda *dc, struct carver *c)
     CARVE(c, dc->stage, STAGE_BYTES / 2);
 }
 
-static void layout_meta(struct cu_meta *m, struct carver *c, const struct drafter_cuda *dc)
+/* The batch metadata, sized for a pass's counts: packed, so one copy of the used bytes moves it
+ * (the tiles last: their count is known only once they are planned). With the largest counts it
+ * sizes the region; each pass lays its own counts out over the same region on both sides. */
+static void layout_meta(struct cu_meta *m, struct carver *c, size_t n_cu, size_t Q, size_t B, size_t n_tiles)
 {
-    size_t T = (size_t)dc->max_tokens, Q = (size_t)dc->max_blocks * dc->bs, B = dc->max_blocks;
     CARVE(c, m->mbase, DRAFTER_METRICS_N);
-    CARVE(c, m->cu, T + 1);
+    CARVE(c, m->cu, n_cu);
     CARVE(c, m->tok_q, Q);
     CARVE(c, m->pos_q, Q);
     CARVE(c, m->label, Q);
@@ -236,7 +238,7 @@ static void layout_meta(struct cu_meta *m, struct carver *c, const struct drafte
     CARVE(c, m->w, Q);
     CARVE(c, m->blk, B);
     CARVE(c, m->qlist, B);
-    CARVE(c, m->tiles, dc->max_tiles);
+    CARVE(c, m->tiles, n_tiles);
 }
 
 /* ---- create / free ---- */
@@ -527,8 +529,7 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
         c = (struct carver){ (char *)dc->act_mem, 0 };
         layout_acts(dc, &c);
         struct carver cm = { NULL, 0 };
-        layout_meta(&dc->md, &cm, dc);
-        dc->meta_bytes = cm.off;
+        layout_meta(&dc->md, &cm, (size_t)max_tokens + 1, (size_t)max_blocks * dc->bs, max_blocks, dc->max_tiles);
         struct carver ch = { NULL, 0 };
         layout_host(dc, &ch);
         if (cudaMalloc(&dc->meta_dev, cm.off) != cudaSuccess) {
@@ -541,8 +542,6 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
             r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMallocHost(%zu) for batch staging", ch.off);
             goto fail;
         }
-        cm = (struct carver){ (char *)dc->meta_dev, 0 };
-        layout_meta(&dc->md, &cm, dc);
         ch = (struct carver){ (char *)dc->meta_host, 0 };
         layout_host(dc, &ch);
     }
@@ -641,6 +640,9 @@ static int stage_batch(struct drafter_cuda *dc, const struct obj_batch *b, const
     const int bs = dc->bs, Q = nb * bs;
     struct cu_meta *h = &dc->mh;
     CU(cudaEventSynchronize(dc->ev_meta));      /* the last pass's copy of the pinned mirror is done */
+    struct carver ch = { (char *)dc->meta_host, 0 }, cd = { (char *)dc->meta_dev, 0 };
+    layout_meta(h, &ch, (size_t)b->n_seqs + 1, (size_t)Q, (size_t)nb, dc->max_tiles);
+    layout_meta(&dc->md, &cd, (size_t)b->n_seqs + 1, (size_t)Q, (size_t)nb, dc->max_tiles);
     memcpy(h->cu, b->cu_seqlens, (size_t)(b->n_seqs + 1) * sizeof(int32_t));
     for (int i = 0; i < nb; i++) {
         int a = blk[i].anchor, start = b->cu_seqlens[blk[i].seq];
@@ -670,7 +672,9 @@ static int stage_batch(struct drafter_cuda *dc, const struct obj_batch *b, const
     if (nt < 0)
         return -DF_ERANGE;
     *n_tiles = nt;
-    CU(cudaMemcpyAsync(dc->meta_dev, dc->meta_host, dc->meta_bytes, cudaMemcpyHostToDevice, dc->stream));
+    /* the used bytes only: up to the last planned tile */
+    size_t used = (size_t)((char *)(h->tiles + nt) - (char *)dc->meta_host);
+    CU(cudaMemcpyAsync(dc->meta_dev, dc->meta_host, used, cudaMemcpyHostToDevice, dc->stream));
     CU(cudaEventRecord(dc->ev_meta, dc->stream));
     return R;
 }
