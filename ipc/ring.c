@@ -445,6 +445,13 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
         }
         goto fail_close;
     }
+    /* The size again, now that the magic is seen: the creator sizes the object before it stores
+     * the magic, so this one is final (the first fstat may predate the sizing). */
+    if (fstat(fd, &st) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "ring %s: fstat: %s", name, strerror(-rc));
+        goto fail_close;
+    }
     if (st.st_size < (off_t)HDR_SIZE) {
         snprintf(err, errlen, "ring %s: truncated: object is %lld bytes, the header alone needs %u",
                  name, (long long)st.st_size, HDR_SIZE);
