@@ -33,7 +33,7 @@ cl_start drafter1 drafter-d -c "$CL_INI" -i 1
 cl_wait 's["group"]["active"] and s["group"]["generation"] == 2' 60 coord || fail "the group did not re-form"
 ck=$(cl_json 's["group"]["checkpoint"]["step"]')
 for i in 0 1; do
-  grep -q "loaded checkpoint .*step-$(printf %010d "$ck")" "$CL_DIR/drafter$i.log" || fail "drafter $i did not load step $ck"
+  cl_wait_log "$CL_DIR/drafter$i.log" "loaded checkpoint .*step-$(printf %010d "$ck")" 30 || fail "drafter $i did not load step $ck"
 done
 cl_log "generation 2 from the step-$ck checkpoint"
 cl_wait_exit coord 600 || fail "coordinator exited with '$CL_RC'"

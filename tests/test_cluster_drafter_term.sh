@@ -28,7 +28,7 @@ cl_log "generation 1 ended at its stop checkpoint, step $ck; $(grep -o "rollback
 cl_start drafter1 drafter-d -c "$CL_INI" -i 1
 cl_wait 's["group"]["active"] and s["group"]["generation"] == 2' 60 coord || fail "the group did not re-form"
 for i in 0 1; do
-  grep -q "loaded checkpoint .*step-$(printf %010d "$ck")" "$CL_DIR/drafter$i.log" || fail "drafter $i did not load step $ck"
+  cl_wait_log "$CL_DIR/drafter$i.log" "loaded checkpoint .*step-$(printf %010d "$ck")" 30 || fail "drafter $i did not load step $ck"
 done
 "$CL_BIN/dflashctl" -s "$CL_SOCK" drain >/dev/null || fail "dflashctl drain"
 for n in coord target0 target1 drafter0 drafter1; do cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"; done

@@ -409,24 +409,45 @@ static void poll_for(struct client *c, int ms)
     while (mono_ms() < end);
 }
 
+/* Poll c (its heartbeat goes on) until the coordinator's recovery window is over. */
+static void await_recovered(struct client *c)
+{
+    uint64_t end = mono_ms() + 10000 * (uint64_t)test_time_scale();
+    for (;;) {
+        cJSON *st = tc_query(PROTO_Q_STATUS);
+        int over = st && cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(st, "recovering"));
+        cJSON_Delete(st);
+        if (over || mono_ms() >= end)
+            break;
+        poll_for(c, 50);
+    }
+    CHECK_STR(status_str("state"), "running");
+}
+
 static void late_trained_after_restart(void)
 {
     struct client *d;
     struct ring *r;
+    char extra[64];     /* the window scaled: the drafter must be back before it ends */
+    snprintf(extra, sizeof extra, "[coordinator]\nrecovery_ms = %d\n", 600 * test_time_scale());
+    drafter_extra = extra;
     uint64_t gen = start_as_drafter(&d, &r);
+    drafter_extra = NULL;
     uint64_t id = publish_one();
     CHECK_STR(tc_batch_state(id), "published");
 
     tc_kill(TC.coord);
-    tc_start_coord();                               /* recovery_ms = 600 from here */
-    poll_for(d, 200);
+    tc_start_coord();                               /* the recovery window starts here */
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (!client_connected(d) && mono_ms() < end)
+        poll_for(d, 20);
     CHECK(client_connected(d));
     unsigned slot;
     CHECK_OK(ring_claim_read(r, NULL, 1000, &slot));
     CHECK_INT(ring_slot_header(r, slot)->batch_id, ==, id);
     uint32_t lease = ring_slot_header(r, slot)->lease;
     CHECK_OK(ring_release(r, slot));                /* taken; its TRAINED comes after the window */
-    poll_for(d, 800 * test_time_scale());
+    await_recovered(d);
     CHECK_STR(tc_batch_state(id), "published");
     CHECK_OK(client_trained(d, id, lease, 1, 0, gen));
     expect_batch(id, "trained", d, 5000);
@@ -824,10 +845,10 @@ static void trained_copy_retracted_in_recovery(void) { trained_copy_out_before_g
 static void silent_taker(void)
 {
     start_coord("[drafter]\nworld_size = 1\ncollective_timeout_ms = 400\n[coordinator]\ndead_after_ms = 300\n");
+    uint64_t id = publish_one();   /* first: d, joined, would miss heartbeats while it runs */
     struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
     struct ring *r = peer_ring();
     client_join_group(d);
-    uint64_t id = publish_one();
     unsigned slot;
     CHECK_OK(ring_claim_read(r, NULL, 1000, &slot));
     CHECK_INT(ring_slot_header(r, slot)->batch_id, ==, id);

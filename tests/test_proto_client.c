@@ -549,7 +549,7 @@ static void answer_late(int fd, const struct proto_msg *m, void *arg)
     char text[32];
     snprintf(text, sizeof text, "{\"answer\":%d}", ++*n);
     if (*n == 1)
-        usleep(400 * 1000);
+        usleep(400 * 1000 * (unsigned)test_time_scale());
     struct proto_msg r = { .type = PROTO_REPLY, .json = text };
     r.reply.status = *n;
     r.reply.json_len = (uint32_t)strlen(text);
@@ -568,13 +568,13 @@ static void test_late_reply_skipped(int lfd)
     }
     struct client *c = NULL;
     struct client_opts o = opts();
-    o.reply_timeout_ms = 150;
+    o.reply_timeout_ms = 150 * test_time_scale();     /* the answers' times scale alike */
     char err[512] = "", *json = NULL;
     int status = 0;
     CHECK_OK(client_open(&c, &o, err, sizeof err));
     CHECK(client_query(c, PROTO_Q_STATUS, 0, &json, &status, err, sizeof err) < 0);     /* gave up */
     CHECK(!json);
-    usleep(500 * 1000);                                     /* the late answer is there now */
+    usleep(500 * 1000 * (unsigned)test_time_scale());       /* the late answer is there now */
     CHECK_OK(client_query(c, PROTO_Q_STATUS, 0, &json, &status, err, sizeof err));
     CHECK_INT(status, ==, 2);
     CHECK_STR(json, "{\"answer\":2}");

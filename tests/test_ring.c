@@ -585,17 +585,17 @@ static void test_pick(void)
     /* a wait spanning calls (since_ns, a daemon's short slices): a call that times out takes nothing
      * below min_ready, not even a poll; once the ready timeout has passed since since_ns, it takes */
     publish_n(r, 1, 12);
-    mix.ready_timeout_ms = 300;
+    mix.ready_timeout_ms = 300 * test_time_scale();     /* the first two calls end before it */
     mix.since_ns = mono_ns();
     CHECK_INT(ring_claim_read(r, &mix, 50, &s), ==, -DF_ETIMEOUT);
     CHECK_INT(ring_claim_read(r, &mix, 0, &s), ==, -DF_ETIMEOUT);
     t0 = mono_ns();
     int tries = 0, got;
-    while ((got = ring_claim_read(r, &mix, 50, &s)) == -DF_ETIMEOUT && tries++ < 100)
+    while ((got = ring_claim_read(r, &mix, 50, &s)) == -DF_ETIMEOUT && tries++ < 100 * test_time_scale())
         ;
     CHECK_OK(got);
-    CHECK_INT(mono_ns() - mix.since_ns, >=, 300000000ull);
-    CHECK_INT(mono_ns() - mix.since_ns, <, 2000000000ull);
+    CHECK_INT(mono_ns() - mix.since_ns, >=, (uint64_t)mix.ready_timeout_ms * 1000000ull);
+    CHECK_INT(mono_ns() - mix.since_ns, <, 2000000000ull * (uint64_t)test_time_scale());
     CHECK_INT(ring_slot_header(r, s)->batch_id, ==, 12);
     CHECK_OK(ring_release(r, s));
     mix.since_ns = 0;

@@ -55,8 +55,10 @@ $3
 EOF
 }
 dropin dflash-coordinator.service coord ""
+# RestartSec scaled: a kill below must see target 0 gone while the drafter steps, before it is back
+RESTART_S=$(cl_scaled 1.5)
 dropin dflash-target@.service target%i "WatchdogSec=3s
-RestartSec=1500ms"
+RestartSec=${RESTART_S}s"
 dropin dflash-drafter@.service drafter%i ""
 mkdir -p "$U/dflash.target.d"
 printf '[Unit]\nDefaultDependencies=no\n' >"$U/dflash.target.d/test.conf"
@@ -161,7 +163,7 @@ grep -q "^stopped" "$CL_SOCK.stopped" 2>/dev/null || fail "no stop note after th
 n0=$(sysns_prop dflash-target@0.service NRestarts)
 sysns_ctl start --job-mode=ignore-dependencies dflash-target@0 || fail "start dflash-target@0 alone after the stop"
 sysns_wait_prop dflash-target@0.service ActiveState inactive 30 || fail "the late target did not end"
-sleep 2     # RestartSec=1500ms: a restart would have come by now
+sleep $((RESTART_S + 1))     # a restart would have come by now
 [[ $(sysns_prop dflash-target@0.service ActiveState) == inactive ]] || fail "the late target was started again"
 [[ $(sysns_prop dflash-target@0.service Result) == success ]] ||
   fail "the late target's result: $(sysns_prop dflash-target@0.service Result)"

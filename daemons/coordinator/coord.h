@@ -195,6 +195,8 @@ struct coord {
     bool recovering;                /* restarted from a ledger: waiting for peers */
     uint64_t recovery_until_ms;
     uint64_t stopped_ms;            /* when STOPPED/FAILED was entered */
+    uint64_t last_tick_ms;          /* coord_tick: when it last ran (mono) */
+    bool tick_skipped_hb;           /* ... and it judged no heartbeat then (it came late) */
     int exit_code;
     bool ring_created;
 

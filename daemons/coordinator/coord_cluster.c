@@ -1301,7 +1301,14 @@ void coord_tick(struct coord *co)
     uint64_t dead_after = (uint64_t)co->cfg->coordinator.dead_after_ms;
     if (co->recovering && now >= co->recovery_until_ms)
         end_recovery(co);
-    for (struct member *m = co->members, *next; m; m = next) {
+    /* A tick that comes late (the loop stalled: a slow fsync in a commit) runs before this loop
+     * iteration reads the sockets, so heartbeats sent meanwhile are still unread: it judges no
+     * heartbeat. The next tick, after the reads, does (two in a row never skip). */
+    bool late = co->last_tick_ms && now - co->last_tick_ms > (uint64_t)co->cfg->coordinator.heartbeat_ms &&
+                !co->tick_skipped_hb;
+    co->last_tick_ms = now;
+    co->tick_skipped_hb = late;
+    for (struct member *m = co->members, *next; m && !late; m = next) {
         next = m->next;
         if (m->role && m->role != PROTO_ROLE_CTL && now - m->last_seen_ms > dead_after) {
             char why[64];

@@ -56,6 +56,7 @@ static cJSON *daemons_json(struct coord *co)
             cJSON_AddNumberToObject(o, "published", (double)m->published);
         } else {
             cJSON_AddNumberToObject(o, "rank", m->rank);
+            cJSON_AddBoolToObject(o, "joined", m->joined);     /* asked for a place in the group */
             cJSON_AddNumberToObject(o, "trained", (double)m->trained);
         }
         add_timings(o, m->role, &m->hb);

@@ -83,6 +83,10 @@ static void show_daemon_rows(const cJSON *daemons)
             snprintf(detail, sizeof detail, "leases %.0f, published %.0f, fwd %.1f ms, wait %.1f ms, write %.1f ms, %.0f tok/s",
                      num(d, "leases"), num(d, "published"), num(d, "forward_ms"), num(d, "wait_ms"), num(d, "write_ms"),
                      num(d, "tokens_per_s"));
+        else if (num(d, "rank") < 0)
+            snprintf(detail, sizeof detail, "no rank: %s, step %.0f",
+                     cJSON_IsTrue(obj(d, "joined")) ? "waiting for the group to form" : "not in the group",
+                     num(d, "step"));
         else {
             int n = snprintf(detail, sizeof detail, "rank %.0f, step %.0f, loss %.4g, acc %.3f, %.0f tok/s, idle %.0f%%",
                              num(d, "rank"), num(d, "step"), num(d, "loss"), num(d, "accuracy"), num(d, "tokens_per_s"),

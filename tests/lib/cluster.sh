@@ -126,6 +126,16 @@ cl_start() {
   CL_PIDS[$name]=$!
 }
 
+# cl_wait_log FILE REGEX SECS: wait (scaled) until FILE has a line matching REGEX (grep -E).
+cl_wait_log() {
+  local i n
+  n=$(( $(cl_scaled "$3") * 10 ))
+  for ((i = 0; i < n; i++)); do
+    grep -Eq -- "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  grep -Eq -- "$2" "$1" 2>/dev/null
+}
 cl_pid() { echo "${CL_PIDS[$1]:-}"; }
 cl_alive() { local p=${CL_PIDS[$1]:-}; [[ -n $p ]] && kill -0 "$p" 2>/dev/null; }
 cl_kill() { local p=${CL_PIDS[$1]:-}; [[ -n $p ]] && kill -"$2" "$p" 2>/dev/null; }
