@@ -64,7 +64,7 @@ for d in "coordinator-d" "target-d -i 1" "drafter-d -i 2"; do
 done
 # At a real start the daemon prints the same (target-d waits for a coordinator meanwhile).
 cl_start tgt target-d -c "$CL_INI" -i 0 -o target.prefetch=3
-for ((i = 0; i < 100; i++)); do grep -q "waiting for the coordinator" "$CL_DIR/tgt.log" && break; sleep 0.1; done
+cl_wait_log "$CL_DIR/tgt.log" "waiting for the coordinator" 10 || true
 cl_kill tgt TERM
 cl_wait_exit tgt 10 || fail "target-d stopped while waiting for the coordinator exited '$CL_RC', not 0"
 check_print "$CL_DIR/tgt.log" target.prefetch=3 || fail "target-d start printed config"

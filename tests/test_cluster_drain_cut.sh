@@ -20,8 +20,7 @@ cl_start drafter1 drafter-d -c "$CL_INI" -i 1
 cl_wait 'step() >= 20' 60 coord || fail "no training"
 cl_kill target0 STOP                            # its leases keep the drain from ending
 cl_kill coord TERM
-for ((i = 0; i < 100; i++)); do grep -q "drain: " "$D/drafter0.log" && break; sleep 0.1; done
-grep -q "drain: " "$D/drafter0.log" || fail "the drafter was not told to drain"
+cl_wait_log "$D/drafter0.log" "drain: " 10 || fail "the drafter was not told to drain"
 sleep 0.5
 cl_kill coord KILL
 cl_wait_exit coord 10

@@ -26,8 +26,7 @@ cl_log "generation 1 formed with a frozen rank 1: SIGKILL it"
 cl_kill drafter1 KILL
 cl_wait_exit drafter1 10
 t0=$(date +%s)
-for ((i = 0; i < 200; i++)); do grep -q "restarts as generation" "$CL_DIR/drafter0.log" && break; sleep 0.1; done
-grep -q "restarts as generation" "$CL_DIR/drafter0.log" || fail "rank 0 did not take the RESTART"
+cl_wait_log "$CL_DIR/drafter0.log" "restarts as generation" 20 || fail "rank 0 did not take the RESTART"
 cl_alive drafter0 || fail "rank 0 exited: $(tail -n 3 "$CL_DIR/drafter0.log")"
 cl_log "rank 0 took the RESTART after $(($(date +%s) - t0)) s and waits for the next generation"
 

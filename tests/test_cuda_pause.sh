@@ -33,7 +33,7 @@ done
 cl_wait 's["state"] == "paused"' 10 || fail "the cluster did not pause"
 cl_log "paused with the drafter stopped at its first claim; it goes on"
 kill -CONT "$pid"
-for ((i = 0; i < 100; i++)); do grep -q "staged batch.* handed back" "$CL_DIR/drafter0.log" && break; sleep 0.1; done
+cl_wait_log "$CL_DIR/drafter0.log" "staged batch.* handed back" 10 || true
 grep "staged batch.* handed back" "$CL_DIR/drafter0.log" || fail "the drafter did not hand back its staged batches"
 sleep "$(cl_scaled 20)"     # past the orphan sweep's grace (8 s) and two of its rounds (4 s apart)
 "$CL_BIN/dflashctl" -s "$CL_SOCK" resume >/dev/null || fail "dflashctl resume"

@@ -24,8 +24,8 @@ cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait 'step() >= 2 and s["ring"]["ready"] >= 12' 60 coord || fail "no training with a full ring: $(cl_json 's["ring"]')"
 cl_kill coord STOP
 grep -q "loss is not finite" "$D/drafter0.log" && { echo "SKIP: batch $BAD was trained before the coordinator stopped"; exit 77; }
-for ((i = 0; i < 300; i++)); do grep -q "loss is not finite" "$D/drafter0.log" && break; sleep 0.1; done
-grep -q "loss is not finite" "$D/drafter0.log" || fail "the drafter did not meet its NaN step while the coordinator was stopped"
+cl_wait_log "$D/drafter0.log" "loss is not finite" 30 ||
+  fail "the drafter did not meet its NaN step while the coordinator was stopped"
 sleep 0.3
 cl_kill coord KILL
 cl_kill coord CONT

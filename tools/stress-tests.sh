@@ -11,15 +11,16 @@
 # BUILD=build-asan); SCALE (1; 5 for a sanitizer build, as tools/check.sh): DFLASH_TEST_TIME_SCALE.
 set -u
 cd "$(dirname "$0")/.."
+usage() { echo "usage: $0 [-n ROUNDS] [-j HOGS] [-b BUILD] [-s SCALE] REGEX" >&2; exit 2; }
 rounds=5 hogs=$(nproc) build=build scale=1
 while getopts "n:j:b:s:" o; do
   case $o in
     n) rounds=$OPTARG ;; j) hogs=$OPTARG ;; b) build=$OPTARG ;; s) scale=$OPTARG ;;
-    *) echo "usage: $0 [-n ROUNDS] [-j HOGS] [-b BUILD] [-s SCALE] REGEX" >&2; exit 2 ;;
+    *) usage ;;
   esac
 done
 shift $((OPTIND - 1))
-[[ $# -eq 1 ]] || { echo "usage: $0 [-n ROUNDS] [-j HOGS] [-b BUILD] [-s SCALE] REGEX" >&2; exit 2; }
+[[ $# -eq 1 ]] || usage
 filter=$1
 [[ -d $build/tests ]] || { echo "stress-tests: $build/tests: no such build (make BUILD=$build)" >&2; exit 2; }
 

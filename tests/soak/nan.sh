@@ -36,7 +36,7 @@ D=$CL_DIR
 
 # The coordinator's sd_notify messages, as systemd would receive them.
 "$CL_PY" tests/soak/notify_listen.py "$D/notify.sock" "$D/notify.log" & LP=$!
-for ((i = 0; i < 100; i++)); do grep -q LISTENING "$D/notify.log" 2>/dev/null && break; sleep 0.05; done
+cl_wait_log "$D/notify.log" LISTENING 5 || true
 export NOTIFY_SOCKET=$D/notify.sock
 cl_start coord coordinator-d -c "$CL_INI"
 unset NOTIFY_SOCKET
@@ -148,8 +148,7 @@ if [[ $mode == target ]]; then
   cl_kill drafter0 CONT
   cl_kill drafter1 CONT
   for n in drafter0 drafter1; do
-    for ((i = 0; i < 100; i++)); do grep -q "resumed after the non-finite loss" "$D/$n.log" && break; sleep 0.1; done
-    grep -q "resumed after the non-finite loss" "$D/$n.log" || fail "$n did not learn of the resume on its reconnect"
+    cl_wait_log "$D/$n.log" "resumed after the non-finite loss" 10 || fail "$n did not learn of the resume on its reconnect"
   done
   cl_log "the drafters, away during the resume, learned of it on their reconnect"
 fi
