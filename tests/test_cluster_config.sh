@@ -62,9 +62,10 @@ for d in "coordinator-d" "target-d -i 1" "drafter-d -i 2"; do
   "$CL_BIN/$bin" -c "$CL_INI" "$@" -o target.prefetch=3 -t >"$T/print.txt" 2>&1 || fail "$bin -t: $(cat "$T/print.txt")"
   check_print "$T/print.txt" target.prefetch=3 || fail "$bin printed config"
 done
-# At a real start the daemon prints the same (target-d waits for a coordinator meanwhile).
+# At a real start the daemon prints the same (target-d waits for a coordinator meanwhile): stopped
+# once the whole print is there (its "waiting" line is below this run's log level).
 cl_start tgt target-d -c "$CL_INI" -i 0 -o target.prefetch=3
-cl_wait_log "$CL_DIR/tgt.log" "waiting for the coordinator" 10 || true
+for ((i = 0; i < $(cl_scaled 100); i++)); do check_print "$CL_DIR/tgt.log" target.prefetch=3 >/dev/null && break; sleep 0.1; done
 cl_kill tgt TERM
 cl_wait_exit tgt 10 || fail "target-d stopped while waiting for the coordinator exited '$CL_RC', not 0"
 check_print "$CL_DIR/tgt.log" target.prefetch=3 || fail "target-d start printed config"
