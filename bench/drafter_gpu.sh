@@ -52,7 +52,7 @@ grep -h "^PASS\|^FAIL\|^SKIP\|passed" "$LOG/gpu_tests.log" | tee -a "$SUMMARY"
 TL=$B/test-logs
 grep -h "^wgmma\|^mma\|^simple\|^warpgroup" "$TL/test_gpukern_dflash_attn.log" | tee -a "$SUMMARY"
 grep -h "^golden\|^long\|^hd128\|async twin" "$TL/test_drafter_cuda.log" | tee -a "$SUMMARY"
-grep -h "^step\|gradients:\|after 3 steps\|joined\|lone rank" "$TL/test_drafter_nccl.log" | tee -a "$SUMMARY"
+grep -h "step [0-9]\|gradients:\|after 3 steps\|joined\|lone rank\|^SKIP" "$TL/test_drafter_nccl.log" | tee -a "$SUMMARY"
 step memcheck_drafter_cuda 120 "$SAN" --tool memcheck --error-exitcode 3 $B/tests/test_drafter_cuda
 grep -h "ERROR SUMMARY" "$LOG/memcheck_drafter_cuda.log" | tee -a "$SUMMARY"
 step memcheck_dflash_attn 90 env GK_TEST_QUICK=1 "$SAN" --tool memcheck --error-exitcode 3 $B/tests/test_gpukern_dflash_attn

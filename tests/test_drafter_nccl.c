@@ -1,8 +1,12 @@
-/* test_drafter_nccl.c: two CUDA drafters in two processes on GPUs 0 and 1, each with half of a
- * packed batch (its own sequences), all-reduce gradients and metric sums over NCCL in one call
- * and step with the results read a step later: the same steps as one drafter on the combined
- * batch (bf16 tolerance), both ranks bit-identical. Also: a join that a peer never completes
- * times out instead of hanging. Skips (77) without NCCL or with fewer than 2 GPUs. */
+/* test_drafter_nccl.c: CUDA drafters in NCCL groups, each step all-reducing gradients and metric
+ * sums in one call and read a step later, against one drafter taking plain steps on the whole
+ * batch (bf16 tolerance):
+ * - a group of one on GPU 0 with the whole batch (the group's calls on one GPU);
+ * - a join that a peer never completes times out instead of hanging, its idle hook called;
+ * - two processes on GPUs 0 and 1, each with half of the packed batch (its own sequences): the
+ *   same steps as the whole batch, both ranks bit-identical.
+ * Skips (77) without NCCL or a GPU; with one GPU, after the first two parts pass, since the
+ * third needs two GPUs. */
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -23,7 +27,7 @@ static const double GAMMA = 5.0;
 static const int LENS[N_SEQS] = { 300, 180, 260, 140 }, PROMPT[N_SEQS] = { 20, 0, 35, 12 };
 static const int NUM_ANCHORS = 24, SPLIT_SEQ = 2;   /* rank 0: sequences 0-1, rank 1: 2-3 */
 
-enum { WHO_R0, WHO_R1, WHO_WHOLE, N_WHO };
+enum { WHO_R0, WHO_R1, WHO_SOLO, WHO_WHOLE, N_WHO };   /* two ranks; a group of one; plain steps */
 
 /* What the processes report to the parent (MAP_SHARED, made before fork). */
 struct report {
@@ -42,6 +46,7 @@ static float *grads0[N_WHO], *params_end[N_WHO];
 static struct fixture fx;
 static struct drafter *host;    /* the common initial state */
 static struct obj_block *blocks[STEPS][3];     /* whole, rank 0, rank 1 */
+static int g_world;             /* the group rank_main joins: 1 (the whole batch) or 2 (halves) */
 static int n_blocks[STEPS][3];
 static struct obj_batch half[2];
 static int32_t half_cu[2][N_SEQS + 1];
@@ -150,50 +155,55 @@ static void read_result(struct drafter_cuda *dc, struct nccl_coll *c, int who, i
     record(who, s, &m, &info);
 }
 
+/* One rank of a group of g_world: world 1 takes the whole batch and then, as the reference, the
+ * plain steps on it; world 2 takes its half. */
 static int rank_main(int rank, int id_fd)
 {
+    int world = g_world, who = world == 1 ? WHO_SOLO : rank, part = world == 1 ? 0 : 1 + rank;
+    const struct obj_batch *batch = world == 1 ? &fx.batch : &half[rank];
     uint8_t id[NCCL_COLL_ID_BYTES];
     char err[512] = "";
     if (rank == 0) {
         if (nccl_coll_make_id(id, err, sizeof err) < 0)
             TEST_FAIL("%s", err);
-        CHECK(write(id_fd, id, sizeof id) == (ssize_t)sizeof id);
+        if (id_fd >= 0)
+            CHECK(write(id_fd, id, sizeof id) == (ssize_t)sizeof id);
     } else {
         struct pollfd p = { .fd = id_fd, .events = POLLIN };
         CHECK(poll(&p, 1, 60000) == 1);
         CHECK(read(id_fd, id, sizeof id) == (ssize_t)sizeof id);
     }
-    close(id_fd);
+    if (id_fd >= 0)
+        close(id_fd);
     CUDA_CHECK(cudaSetDevice(rank));
     struct drafter_cuda *dc = make_cuda(rank);
     struct nccl_coll *c = NULL;
     double t0 = gk_now();
-    if (nccl_coll_open(&c, id, rank, 2, rank, 60000, NULL, NULL, err, sizeof err) < 0)
-        TEST_FAIL("rank %d: %s", rank, err);
-    printf("rank %d: joined the NCCL group in %.2f s\n", rank, gk_now() - t0);
+    if (nccl_coll_open(&c, id, rank, world, rank, 60000, NULL, NULL, err, sizeof err) < 0)
+        TEST_FAIL("rank %d of %d: %s", rank, world, err);
+    printf("rank %d of %d: joined the NCCL group in %.2f s\n", rank, world, gk_now() - t0);
     CHECK_INT(nccl_coll_rank(c), ==, rank);
-    CHECK_INT(nccl_coll_world(c), ==, 2);
+    CHECK_INT(nccl_coll_world(c), ==, world);
 
     size_t n;
     float *g = drafter_cuda_grads(dc, &n);
     double *mv = drafter_cuda_metrics_dev(dc);
     void *stream = drafter_cuda_stream(dc);
     for (int s = 0; s < STEPS; s++) {
-        CHECK_OK(drafter_cuda_forward_backward_async(dc, &half[rank], blocks[s][1 + rank], n_blocks[s][1 + rank],
-                                                     GAMMA));
+        CHECK_OK(drafter_cuda_forward_backward_async(dc, batch, blocks[s][part], n_blocks[s][part], GAMMA));
         CHECK_OK(nccl_coll_allreduce_sum(c, g, n, mv, DRAFTER_METRICS_N, stream));
         CHECK_OK(drafter_cuda_optimizer_step_async(dc, &OPTS));
         if (s == 0)     /* the optimizer leaves the summed gradients as they are */
-            CHECK_OK(drafter_cuda_download_grads(dc, grads0[rank]));
+            CHECK_OK(drafter_cuda_download_grads(dc, grads0[who]));
         if (s > 0)
-            read_result(dc, c, rank, s - 1);
+            read_result(dc, c, who, s - 1);
     }
-    read_result(dc, c, rank, STEPS - 1);
-    CHECK_OK(drafter_cuda_download_params(dc, params_end[rank]));
+    read_result(dc, c, who, STEPS - 1);
+    CHECK_OK(drafter_cuda_download_params(dc, params_end[who]));
     nccl_coll_close(c);
     drafter_cuda_free(dc);
 
-    if (rank == 0) {    /* the reference: one drafter on the combined batch, on GPU 0 */
+    if (world == 1) {   /* the reference: plain steps on the whole batch */
         struct drafter_cuda *w = make_cuda(0);
         for (int s = 0; s < STEPS; s++) {
             struct drafter_metrics m;
@@ -208,7 +218,7 @@ static int rank_main(int rank, int id_fd)
         drafter_cuda_free(w);
         rep->done[WHO_WHOLE] = 1;
     }
-    rep->done[rank] = 1;
+    rep->done[who] = 1;
     return 0;
 }
 
@@ -316,14 +326,70 @@ static double cosine(const float *a, const float *b, size_t n)
     return aa > 0 && bb > 0 ? ab / sqrt(aa * bb) : (aa == bb ? 1.0 : 0.0);
 }
 
+/* The steps of `who` (a group's rank) against the plain steps on the whole batch. */
+static void check_against_whole(int who, const char *what)
+{
+    size_t n = host->n_params;
+    for (int s = 0; s < STEPS; s++) {
+        const double *a = rep->metrics[who][s], *w = rep->metrics[WHO_WHOLE][s];
+        printf("%s, step %d: loss %.6f whole %.6f | weight %.4f / %.4f | grad norm %.6g / %.6g | lr %.3g / %.3g\n",
+               what, s, a[0] / a[1], w[0] / w[1], a[1], w[1], rep->grad_norm[who][s],
+               rep->grad_norm[WHO_WHOLE][s], rep->lr[who][s], rep->lr[WHO_WHOLE][s]);
+        CHECK_NEAR(a[0], w[0], 2e-3 * fabs(w[0]));                    /* loss_sum (bf16) */
+        CHECK_NEAR(a[1], w[1], 1e-9 * w[1]);                          /* weight_sum */
+        for (int k = 3; k < DRAFTER_METRICS_N; k++)
+            if (k != 4)
+                CHECK_NEAR(a[k], w[k], 0);      /* supervised, accept_blocks, blocks, tokens */
+        CHECK(fabs(a[2] - w[2]) <= fmax(2.0, 0.05 * w[3]));          /* correct: bf16 near-ties */
+        CHECK_NEAR(rep->grad_norm[who][s], rep->grad_norm[WHO_WHOLE][s], 2e-3 * rep->grad_norm[WHO_WHOLE][s]);
+        CHECK_NEAR(rep->lr[who][s], rep->lr[WHO_WHOLE][s], 1e-12);
+        CHECK_INT(rep->step[who][s], ==, s + 1);
+        CHECK_INT(rep->step[WHO_WHOLE][s], ==, s + 1);
+    }
+
+    /* gradients of step 0, per tensor */
+    double worst = 2;
+    const char *worst_name = "-";
+    for (int i = 0; i < host->n_tensors; i++) {
+        const struct drafter_tensor *t = &host->tensors[i];
+        double c = cosine(grads0[who] + t->offset, grads0[WHO_WHOLE] + t->offset, t->numel);
+        if (c < worst) {
+            worst = c;
+            worst_name = t->name;
+        }
+    }
+    printf("%s, step 0 gradients: cosine all %.7f, worst tensor %.7f (%s)\n", what,
+           cosine(grads0[who], grads0[WHO_WHOLE], n), worst, worst_name);
+    CHECK(worst >= 0.999);
+
+    /* the update after the steps */
+    float *du = calloc(n, sizeof *du), *dw = calloc(n, sizeof *dw);
+    CHECK(du && dw);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        du[i] = params_end[who][i] - host->params[i];
+        dw[i] = params_end[WHO_WHOLE][i] - host->params[i];
+        num += ((double)du[i] - dw[i]) * ((double)du[i] - dw[i]);
+        den += (double)dw[i] * dw[i];
+    }
+    double cu = cosine(du, dw, n), rel = sqrt(num / den);
+    printf("%s, after %d steps: update cosine %.7f, |group - whole| / |whole update| %.3g, params cosine %.9f\n",
+           what, STEPS, cu, rel, cosine(params_end[who], params_end[WHO_WHOLE], n));
+    CHECK(den > 0);
+    CHECK(cu >= 0.999);
+    CHECK(rel <= 0.05);
+    free(du);
+    free(dw);
+}
+
 int main(void)
 {
     pid_t probe = spawn(probe_main, 0, -1, -1);
     int st;
     CHECK(waitpid(probe, &st, 0) == probe);
     int n_gpu = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
-    if (n_gpu < 2)
-        SKIP("%d CUDA device(s); two are needed", n_gpu);
+    if (n_gpu < 1)
+        SKIP("no CUDA device");
 
     setup();
     size_t n = host->n_params;
@@ -340,6 +406,30 @@ int main(void)
            "%d = %d + %d ...\n", n, fx.n_tokens, N_SEQS, half[0].n_tokens, half[1].n_tokens, n_blocks[0][0],
            n_blocks[0][1], n_blocks[0][2]);
 
+    /* a group of one on GPU 0 (then the plain steps, in the same process) */
+    g_world = 1;
+    pid_t solo = spawn(rank_main, 0, -1, -1);
+    int r = wait_all(&solo, 1, 240.0 * test_time_scale(), "group of one");
+    if (r == 77)
+        SKIP("the group of one skipped");
+    CHECK_INT(r, ==, 0);
+    CHECK(rep->done[WHO_SOLO] && rep->done[WHO_WHOLE]);
+    check_against_whole(WHO_SOLO, "group of one");
+
+    /* a join that never completes gives up within its timeout */
+    pid_t tp = spawn(timeout_entry, 0, -1, -1);
+    CHECK_INT(wait_all(&tp, 1, 60.0 * test_time_scale(), "lone rank"), ==, 0);
+    printf("lone rank: join returned %d after %.2f s (timeout 3 s)\n", rep->timeout_rc, rep->timeout_s);
+    CHECK_INT(rep->timeout_rc, ==, -DF_ETIMEOUT);
+    CHECK(rep->timeout_s >= 2.5 && rep->timeout_s < 30.0);
+    printf("lone rank: idle hook called %d times while waiting\n", rep->idle_calls);
+    CHECK_INT(rep->idle_calls, >=, 20);
+
+    if (n_gpu < 2)
+        SKIP("the group of one and the lone rank passed; two ranks on two GPUs need a second CUDA device");
+
+    /* two ranks, one per GPU, each on its half */
+    g_world = 2;
     int fds[2];
     CHECK(pipe(fds) == 0);
     pid_t pids[2];
@@ -347,75 +437,16 @@ int main(void)
     pids[1] = spawn(rank_main, 1, fds[0], fds[1]);
     close(fds[0]);
     close(fds[1]);
-    int r = wait_all(pids, 2, 240.0 * test_time_scale(), "ranks");
+    r = wait_all(pids, 2, 240.0 * test_time_scale(), "ranks");
     if (r == 77)
         SKIP("a rank skipped");
     CHECK_INT(r, ==, 0);
-    CHECK(rep->done[WHO_R0] && rep->done[WHO_R1] && rep->done[WHO_WHOLE]);
-
-    /* metrics: the all-reduced sums equal the whole batch's */
-    for (int s = 0; s < STEPS; s++) {
-        const double *a = rep->metrics[WHO_R0][s], *b = rep->metrics[WHO_R1][s], *w = rep->metrics[WHO_WHOLE][s];
-        printf("step %d: loss dp %.6f whole %.6f | weight %.4f / %.4f | grad norm %.6g / %.6g | lr %.3g / %.3g\n",
-               s, a[0] / a[1], w[0] / w[1], a[1], w[1], rep->grad_norm[WHO_R0][s], rep->grad_norm[WHO_WHOLE][s],
-               rep->lr[WHO_R0][s], rep->lr[WHO_WHOLE][s]);
-        CHECK(!memcmp(a, b, DRAFTER_METRICS_N * sizeof(double)));    /* ranks agree exactly */
-        CHECK_NEAR(a[0], w[0], 2e-3 * fabs(w[0]));                    /* loss_sum (bf16) */
-        CHECK_NEAR(a[1], w[1], 1e-9 * w[1]);                          /* weight_sum */
-        for (int k = 3; k < DRAFTER_METRICS_N; k++)
-            if (k != 4)
-                CHECK_NEAR(a[k], w[k], 0);      /* supervised, accept_blocks, blocks, tokens */
-        CHECK(fabs(a[2] - w[2]) <= fmax(2.0, 0.05 * w[3]));          /* correct: bf16 near-ties */
-        CHECK_NEAR(rep->grad_norm[WHO_R0][s], rep->grad_norm[WHO_WHOLE][s], 2e-3 * rep->grad_norm[WHO_WHOLE][s]);
-        CHECK_NEAR(rep->lr[WHO_R0][s], rep->lr[WHO_WHOLE][s], 1e-12);
-        CHECK_INT(rep->step[WHO_R0][s], ==, s + 1);
-        CHECK_INT(rep->step[WHO_WHOLE][s], ==, s + 1);
-    }
-
-    /* gradients of step 0: the summed halves against the whole batch, per tensor */
-    double worst = 2;
-    const char *worst_name = "-";
-    for (int i = 0; i < host->n_tensors; i++) {
-        const struct drafter_tensor *t = &host->tensors[i];
-        double c = cosine(grads0[WHO_R0] + t->offset, grads0[WHO_WHOLE] + t->offset, t->numel);
-        if (c < worst) {
-            worst = c;
-            worst_name = t->name;
-        }
-    }
-    printf("step 0 gradients: cosine all %.7f, worst tensor %.7f (%s)\n",
-           cosine(grads0[WHO_R0], grads0[WHO_WHOLE], n), worst, worst_name);
-    CHECK(worst >= 0.999);
+    CHECK(rep->done[WHO_R0] && rep->done[WHO_R1]);
+    for (int s = 0; s < STEPS; s++)     /* the ranks agree exactly */
+        CHECK(!memcmp(rep->metrics[WHO_R0][s], rep->metrics[WHO_R1][s], DRAFTER_METRICS_N * sizeof(double)));
     CHECK(!memcmp(grads0[WHO_R0], grads0[WHO_R1], n * sizeof(float)));
-
-    /* parameters after the steps: ranks identical, the update as the whole batch's */
     CHECK(!memcmp(params_end[WHO_R0], params_end[WHO_R1], n * sizeof(float)));
-    float *du = calloc(n, sizeof *du), *dw = calloc(n, sizeof *dw);
-    CHECK(du && dw);
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        du[i] = params_end[WHO_R0][i] - host->params[i];
-        dw[i] = params_end[WHO_WHOLE][i] - host->params[i];
-        num += ((double)du[i] - dw[i]) * ((double)du[i] - dw[i]);
-        den += (double)dw[i] * dw[i];
-    }
-    double cu = cosine(du, dw, n), rel = sqrt(num / den);
-    printf("after %d steps: update cosine %.7f, |dp - whole| / |whole update| %.3g, params cosine %.9f\n", STEPS,
-           cu, rel, cosine(params_end[WHO_R0], params_end[WHO_WHOLE], n));
-    CHECK(den > 0);
-    CHECK(cu >= 0.999);
-    CHECK(rel <= 0.05);
-    free(du);
-    free(dw);
-
-    /* a join that never completes gives up within its timeout */
-    pid_t tp = spawn(timeout_entry, 0, -1, -1);
-    CHECK_INT(wait_all(&tp, 1, 60.0, "lone rank"), ==, 0);
-    printf("lone rank: join returned %d after %.2f s (timeout 3 s)\n", rep->timeout_rc, rep->timeout_s);
-    CHECK_INT(rep->timeout_rc, ==, -DF_ETIMEOUT);
-    CHECK(rep->timeout_s >= 2.5 && rep->timeout_s < 30.0);
-    printf("lone rank: idle hook called %d times while waiting\n", rep->idle_calls);
-    CHECK_INT(rep->idle_calls, >=, 20);
+    check_against_whole(WHO_R0, "two ranks");
 
     munmap(mem, bytes);
     drafter_free(host);
