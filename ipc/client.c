@@ -59,6 +59,7 @@ struct client {
     struct client_lease *leases;
     size_t n_leases, cap_leases;
     uint32_t want;              /* leases asked for and not granted yet */
+    int returning;              /* client_return_leases: grants go back as they arrive */
     uint64_t returned[RETURNED_MAX];
     size_t n_returned;
 
@@ -185,6 +186,13 @@ static struct client_lease *lease_add(struct client *c, const struct proto_msg *
                                 m->grant.lease, l->samples, l->samples_cap };
     c->n_leases++;
     return l;
+}
+
+/* A reconnect's re-grant of a returned lease is returned again. */
+static void note_returned(struct client *c, uint64_t batch)
+{
+    if (c->n_returned < RETURNED_MAX)
+        c->returned[c->n_returned++] = batch;
 }
 
 static int was_returned(const struct client *c, uint64_t batch)
@@ -339,6 +347,12 @@ static int handle_frame(struct client *c, const struct proto_msg *m, char *err, 
     case PROTO_LEASE_GRANT: {
         if (lease_get(c, m->grant.batch_id))
             return 0;
+        if (c->returning) {     /* leaving: straight back (send_msg: no reconnect in here) */
+            struct proto_msg ret = { .type = PROTO_LEASE_RETURN, .batch.batch_id = m->grant.batch_id };
+            note_returned(c, m->grant.batch_id);
+            send_msg(c, &ret);
+            return 0;
+        }
         struct client_lease *l = lease_add(c, m);
         if (!l)
             return -ENOMEM;
@@ -790,15 +804,35 @@ int client_lease_request(struct client *c, uint32_t n)
     return send_soft(c, &m);
 }
 
+/* LEASE_RETURN of a lease no longer held here. */
+static int send_return(struct client *c, uint64_t batch)
+{
+    note_returned(c, batch);
+    struct proto_msg m = { .type = PROTO_LEASE_RETURN, .batch.batch_id = batch };
+    return send_soft(c, &m);
+}
+
 int client_lease_return(struct client *c, uint64_t batch)
 {
     if (!lease_get(c, batch))
         return -ENOENT;
     lease_drop(c, batch);
-    if (c->n_returned < RETURNED_MAX)
-        c->returned[c->n_returned++] = batch;
-    struct proto_msg m = { .type = PROTO_LEASE_RETURN, .batch.batch_id = batch };
-    return send_soft(c, &m);
+    return send_return(c, batch);
+}
+
+int client_return_leases(struct client *c)
+{
+    int n = 0;
+    c->returning = 1;
+    c->want = 0;
+    while (c->n_leases) {
+        uint64_t batch = c->leases[c->n_leases - 1].batch_id;
+        q_drop_grant(c, batch);
+        lease_drop(c, batch);
+        send_return(c, batch);
+        n++;
+    }
+    return n;
 }
 
 int client_batch_skipped(struct client *c, uint64_t batch, uint32_t lease)

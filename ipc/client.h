@@ -108,6 +108,10 @@ int client_heartbeat_now(struct client *c);
 void client_heartbeat_due(struct client *c);
 int client_lease_request(struct client *c, uint32_t n);
 int client_lease_return(struct client *c, uint64_t batch_id);
+/* Targets leaving (nothing in a forward any more): hand back every lease still held, its grant
+ * read or still queued, and from now on every grant as it arrives (a request answered late, a
+ * reconnect's re-grant), asking for no more. Returns how many went back now. */
+int client_return_leases(struct client *c);
 /* Drafters: the copy of the batch with lease number `lease` (its slot's ring_payload.lease) was
  * taken from its slot but not trained (e.g. a skipped non-finite step); the coordinator queues
  * the batch to be published again unless it already moved on. An event: kept until ACKed. */

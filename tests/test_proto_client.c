@@ -499,6 +499,63 @@ static void test_ended_lease_poisoned(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+/* A target leaving: client_return_leases hands back a lease whose grant was read and one still
+ * queued, then a grant that arrives afterwards (a late answer to a request) goes back at once. */
+static int g_returned_fd = -1;     /* the server child says here when all three came back */
+
+static void count_returns(int fd, const struct proto_msg *m, void *arg)
+{
+    int *seen = arg;    /* bit b - 300 per batch returned */
+    if (m->type != PROTO_LEASE_RETURN)
+        return;
+    if (m->batch.batch_id < 300 || m->batch.batch_id > 302 || (*seen & (1 << (m->batch.batch_id - 300))))
+        _exit(10);      /* not one of them, or twice */
+    *seen |= 1 << (m->batch.batch_id - 300);
+    if (*seen == 3)
+        grant(fd, 302, 2, 7);   /* after both came back */
+    if (*seen == 7 && write(g_returned_fd, "r", 1) != 1)
+        _exit(11);
+}
+
+static void test_leaving_returns_leases(int lfd)
+{
+    int pfd[2];
+    CHECK(pipe(pfd) == 0);
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        close(pfd[0]);
+        g_returned_fd = pfd[1];
+        int fd = accept_welcomed(lfd, 10000, 0);
+        grant(fd, 300, 2, 1);
+        grant(fd, 301, 2, 3);
+        int seen = 0;
+        read_frames(fd, count_returns, &seen);      /* until the client hangs up */
+        _exit(seen == 7 ? 0 : 20 + seen);
+    }
+    close(pfd[1]);
+    struct client *c = open_client();
+    char err[512] = "";
+    struct proto_msg m;
+    CHECK_INT(client_poll(c, 5000, &m, err, sizeof err), ==, 1);
+    CHECK_INT(m.type, ==, PROTO_LEASE_GRANT);
+    CHECK_INT(m.grant.batch_id, ==, 300);
+    while (!client_lease_held(c, 301))      /* its grant read and queued, not handed out */
+        CHECK_INT(client_idle(c, 100, err, sizeof err), ==, 0);
+    CHECK_INT(client_return_leases(c), ==, 2);
+    CHECK_INT(client_leases_held(c), ==, 0);
+    struct pollfd p = { .fd = pfd[0], .events = POLLIN };
+    for (int i = 0; i < 100 * test_time_scale() && poll(&p, 1, 0) == 0; i++)
+        CHECK_INT(client_idle(c, 50, err, sizeof err), ==, 0);
+    CHECK(p.revents & POLLIN);
+    CHECK_INT(client_leases_held(c), ==, 0);
+    CHECK_INT(client_poll(c, 0, &m, err, sizeof err), ==, 0);      /* 301 and 302 never handed out */
+    printf("leaving: a read grant, a queued one and a late one all returned\n");
+    client_free(c);
+    close(pfd[0]);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
 /* A GROUP's batch ids outlive the frame: the frames behind it (and a grant big enough to grow the
  * receive buffer) are read in the same poll, and the ids handed out are still the GROUP's. */
 static void group_then_more(int fd)
@@ -598,6 +655,7 @@ int main(void)
     test_checkpoint_accepted(lfd);
     test_lease_churn(lfd);
     test_ended_lease_poisoned(lfd);
+    test_leaving_returns_leases(lfd);
     test_group_ids_kept(lfd);
     test_late_reply_skipped(lfd);
     close(lfd);

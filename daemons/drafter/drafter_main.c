@@ -802,9 +802,11 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     f->pick.since_ns = 0;
     int r;
     id_set_clear(&f->trained);
-    /* sized for the whole run: no allocation in the steps */
-    if (id_set_reserve(&f->trained, (size_t)(g->run_batches + g->n_done)) < 0) {
-        snprintf(err, errlen, "out of memory for the ids of %" PRIu64 " batches", g->run_batches + g->n_done);
+    /* Sized for the whole run: no allocation in the steps. run_batches counts the epochs not yet
+     * scheduled at epoch 0's size; a later epoch's packing can differ by a few batches, so 1/8 more. */
+    uint64_t want = g->run_batches + g->run_batches / 8 + g->n_done;
+    if (id_set_reserve(&f->trained, (size_t)want) < 0) {
+        snprintf(err, errlen, "out of memory for the ids of %" PRIu64 " batches", want);
         return -ENOMEM;
     }
     for (uint32_t i = 0; i < g->n_done; i++)
@@ -1480,9 +1482,16 @@ static int iterate_cuda(struct dft *f)
     f->last_step_end_ns = t3;
 
     checkpoint_if_due(f, ghave, gstop);
-    if (gstop && f->stop_vote)
+    if (gstop && f->stop_vote) {
+        /* A peer's vote ended the group before this rank's staged batches were trained (each
+         * rank votes once its own feed is empty): they go back to be published again. */
+        if (feed_count(f->feed)) {
+            log_info("stopping: %d staged batch%s handed back", feed_count(f->feed),
+                     feed_count(f->feed) == 1 ? "" : "es");
+            feed_drop_all(f->feed, hand_back, f->cl);
+        }
         f->voted_out = 1;
-    else if (gstop) {
+    } else if (gstop) {
         log_notice("a peer of generation %" PRIu64 " is stopping: waiting for the group to restart", f->generation);
         leave_group(f);
         f->await_restart = 1;

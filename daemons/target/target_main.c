@@ -371,7 +371,7 @@ static int pipe_pending(const struct tgt *t)
 }
 
 /* Wait for a FREE slot for the lease, in short slices: heartbeats, the watchdog and (CUDA) the
- * publishing of finished batches go on meanwhile. 1 and *slot, 0 (lease gone, stop, drain), <0. */
+ * publishing of finished batches go on meanwhile. 1 and *slot, 0 (lease gone, stop, drain, pause), <0. */
 static int claim_slot(struct tgt *t, uint64_t batch_id, unsigned *slot)
 {
     int r;
@@ -393,6 +393,8 @@ static int claim_slot(struct tgt *t, uint64_t batch_id, unsigned *slot)
             return r;
         if (t->stop_now || !client_lease_held(t->cl, batch_id))
             return 0;
+        if (t->state == PROTO_STATE_PAUSED)
+            return 0;   /* still queued: its forward starts after RESUME */
         if (t->draining) {
             /* Not started: nothing is lost by handing it back. */
             return_leases(t);
@@ -746,6 +748,12 @@ int main(int argc, char **argv)
         goto out;
 #endif
     daemon_notify_stopping(&t->d, "%s after %" PRIu64 " batches", t->stop_now ? "stopped" : "drained", t->batches);
+    /* Nothing is in a forward now: leases still held (granted while the pipeline drained, or
+     * queued when a STOP came) and those granted while the events flush go back at once. */
+    int back = client_return_leases(t->cl);
+    if (back)
+        log_info("returned %d lease%s granted while finishing", back, back == 1 ? "" : "s");
+    t->qlen = 0;
     peer_flush_events(&t->d, t->cl, 3000);
     log_notice("%s after %" PRIu64 " batches (%" PRIu64 " tokens)", t->stop_now ? "stopped" : "drained", t->batches,
                t->tokens);
