@@ -22,6 +22,19 @@
 
 #define HDR_SIZE 4096u
 
+/* Threads parked on one futex word. The waker reads `parked` and `overflow` to skip the
+ * FUTEX_WAKE syscall when nobody sleeps. Each parked thread holds an entry of the header's
+ * waiter table and sets its bit; the table names the entry's process, so the bit of one killed
+ * while parked is cleared (a plain count would stay raised for good, and every later state
+ * change would make the syscall). Threads beyond the table (or with a lease-form owner) are
+ * counted in `overflow` as before. */
+#define RING_WAITERS 64
+struct wait_q {
+    _Atomic uint32_t word;          /* futex: bumped on every change of interest */
+    _Atomic uint32_t overflow;
+    _Atomic uint64_t parked;        /* bit i: waiter entry i sleeps on `word` */
+};
+
 /* The first page of the object. Fields up to `layout` are written once by the creator
  * before `magic`; the counters live on their own cache lines. */
 struct ring_hdr {
@@ -40,10 +53,8 @@ struct ring_hdr {
     uint64_t creator_token;
     uint64_t created_wall_ms;
 
-    alignas(64) _Atomic uint32_t ready_word;    /* futex: bumped when a slot becomes READY */
-    _Atomic uint32_t ready_waiters;
-    alignas(64) _Atomic uint32_t free_word;     /* futex: bumped when a slot becomes FREE */
-    _Atomic uint32_t free_waiters;
+    alignas(64) struct wait_q ready;            /* woken when a slot becomes READY */
+    alignas(64) struct wait_q free;             /* woken when a slot becomes FREE */
     alignas(64) _Atomic uint64_t next_seq;
     alignas(64) _Atomic uint64_t published;
     _Atomic uint64_t consumed;
@@ -51,6 +62,9 @@ struct ring_hdr {
     _Atomic uint64_t reclaimed_writing;
     _Atomic uint64_t reclaimed_reading;
     _Atomic uint64_t retracted;
+    /* Entry i: the pid-form owner token of the process whose thread parks as bit i of a wait_q's
+     * `parked`, 0 = free. A waiter SIGKILLed while parked is found by ring_reclaim_dead. */
+    alignas(64) _Atomic uint64_t waiter[RING_WAITERS];
 };
 _Static_assert(sizeof(struct ring_hdr) <= HDR_SIZE, "ring header must fit its page");
 
@@ -576,19 +590,35 @@ int ring_set_owner(struct ring *r, uint64_t token)
 
 /* ---- waiting ---------------------------------------------------------------- */
 
-/* Wake sleepers on `word` after a state change. The waiter registers in `waiters` before
- * its futex compare; we bump `word` before reading `waiters` (both seq_cst), so either we
- * see the waiter or its FUTEX_WAIT sees the new word value: no lost wakeup. */
-static void signal_word(_Atomic uint32_t *word, _Atomic uint32_t *waiters)
+/* Wake sleepers after a state change. A waiter registers (its bit, or the overflow count)
+ * before its futex compare; we bump `word` before reading the registrations (all seq_cst), so
+ * either we see the waiter or its FUTEX_WAIT sees the new word value: no lost wakeup. */
+static void signal_word(struct wait_q *q)
 {
-    atomic_fetch_add(word, 1);
-    if (atomic_load(waiters))
-        futex_wake((uint32_t *)word, INT_MAX);
+    atomic_fetch_add(&q->word, 1);
+    if (atomic_load(&q->parked) || atomic_load(&q->overflow))
+        futex_wake((uint32_t *)&q->word, INT_MAX);
 }
 
-/* Sleep until `word` moves from `seen` or the absolute deadline (ns, 0 = none) passes.
+/* A free entry of the waiter table for a thread of process `tok`, or -1 (table full). */
+static int waiter_take(struct ring_hdr *h, uint64_t tok)
+{
+    static _Thread_local uint32_t hint;     /* where this thread found one last time */
+    for (uint32_t k = 0; k < RING_WAITERS; k++) {
+        uint32_t i = (hint + k) % RING_WAITERS;
+        uint64_t none = 0;
+        if (!atomic_load_explicit(&h->waiter[i], memory_order_relaxed) &&
+            atomic_compare_exchange_strong(&h->waiter[i], &none, tok)) {
+            hint = i;
+            return (int)i;
+        }
+    }
+    return -1;
+}
+
+/* Sleep until `q->word` moves from `seen` or the absolute deadline (ns, 0 = none) passes.
  * Returns 0 or -DF_ETIMEOUT. */
-static int park(_Atomic uint32_t *word, _Atomic uint32_t *waiters, uint32_t seen, uint64_t deadline_ns)
+static int park(struct ring *r, struct wait_q *q, uint32_t seen, uint64_t deadline_ns)
 {
     struct timespec ts, *tp = NULL;
     if (deadline_ns) {
@@ -596,9 +626,19 @@ static int park(_Atomic uint32_t *word, _Atomic uint32_t *waiters, uint32_t seen
         ts.tv_nsec = (long)(deadline_ns % 1000000000ull);
         tp = &ts;
     }
-    atomic_fetch_add(waiters, 1);
-    int rc = futex_wait_until((uint32_t *)word, seen, tp);
-    atomic_fetch_sub(waiters, 1);
+    int e = proc_token_is_lease(r->owner) ? -1 : waiter_take(r->h, r->owner);
+    uint64_t bit = e >= 0 ? 1ull << e : 0;
+    if (bit)
+        atomic_fetch_or(&q->parked, bit);
+    else
+        atomic_fetch_add(&q->overflow, 1);
+    int rc = futex_wait_until((uint32_t *)&q->word, seen, tp);
+    if (bit) {
+        atomic_fetch_and(&q->parked, ~bit);
+        atomic_store(&r->h->waiter[e], 0);  /* after the bit: a new holder's bit is its own */
+    } else {
+        atomic_fetch_sub(&q->overflow, 1);
+    }
     return rc == -ETIMEDOUT ? -DF_ETIMEOUT : 0;
 }
 
@@ -606,10 +646,10 @@ void ring_wake_all(struct ring *r)
 {
     if (r->rdonly)
         return;
-    atomic_fetch_add(&r->h->ready_word, 1);
-    atomic_fetch_add(&r->h->free_word, 1);
-    futex_wake((uint32_t *)&r->h->ready_word, INT_MAX);
-    futex_wake((uint32_t *)&r->h->free_word, INT_MAX);
+    atomic_fetch_add(&r->h->ready.word, 1);
+    atomic_fetch_add(&r->h->free.word, 1);
+    futex_wake((uint32_t *)&r->h->ready.word, INT_MAX);
+    futex_wake((uint32_t *)&r->h->free.word, INT_MAX);
 }
 
 static inline void touch(struct ring_ctl *c)
@@ -656,7 +696,7 @@ int ring_claim_write(struct ring *r, int timeout_ms, unsigned *slot)
     bool last = timeout_ms == 0;
     struct ring_hdr *h = r->h;
     for (;;) {
-        uint32_t seen = atomic_load(&h->free_word);
+        uint32_t seen = atomic_load(&h->free.word);
         uint32_t start = t_cursor++;
         for (uint32_t k = 0; k < r->nslots; k++) {
             uint32_t i = (start + k) % r->nslots;
@@ -673,7 +713,7 @@ int ring_claim_write(struct ring *r, int timeout_ms, unsigned *slot)
             return -DF_ETIMEOUT;
         if (!deadline && timeout_ms > 0)
             deadline = deadline_from(timeout_ms);
-        if (park(&h->free_word, &h->free_waiters, seen, deadline) < 0)
+        if (park(r, &h->free, seen, deadline) < 0)
             last = true;   /* one more look, then give up */
     }
 }
@@ -707,7 +747,7 @@ int ring_publish(struct ring *r, unsigned slot)
         return -DF_ESTATE;
     touch(c);
     atomic_fetch_add_explicit(&r->h->published, 1, memory_order_relaxed);
-    signal_word(&r->h->ready_word, &r->h->ready_waiters);
+    signal_word(&r->h->ready);
     return 0;
 }
 
@@ -722,7 +762,7 @@ int ring_abort_write(struct ring *r, unsigned slot)
         return -DF_ESTATE;
     touch(c);
     atomic_fetch_add_explicit(&r->h->aborted, 1, memory_order_relaxed);
-    signal_word(&r->h->free_word, &r->h->free_waiters);
+    signal_word(&r->h->free);
     return 0;
 }
 
@@ -747,7 +787,7 @@ int ring_claim_read(struct ring *r, const struct ring_pick *pick, int timeout_ms
     bool last = timeout_ms == 0, mix_expired = min_ready <= 1;
 
     for (;;) {
-        uint32_t seen = atomic_load(&h->ready_word);
+        uint32_t seen = atomic_load(&h->ready.word);
         uint32_t count = 0, best = UINT32_MAX;
         uint64_t best_w = 0;
         for (uint32_t i = 0; i < r->nslots; i++) {
@@ -790,7 +830,7 @@ int ring_claim_read(struct ring *r, const struct ring_pick *pick, int timeout_ms
         uint64_t until = deadline;
         if (count && !mix_expired && (!until || ready_deadline < until))
             until = ready_deadline;
-        if (park(&h->ready_word, &h->ready_waiters, seen, until) < 0 && until == deadline)
+        if (park(r, &h->ready, seen, until) < 0 && until == deadline)
             last = true;
     }
 }
@@ -809,7 +849,7 @@ int ring_release(struct ring *r, unsigned slot)
         return -DF_ESTATE;
     touch(c);
     atomic_fetch_add_explicit(&r->h->consumed, 1, memory_order_relaxed);
-    signal_word(&r->h->free_word, &r->h->free_waiters);
+    signal_word(&r->h->free);
     return 0;
 }
 
@@ -824,7 +864,7 @@ int ring_requeue(struct ring *r, unsigned slot)
     if (!cas(c, &w, W_MAKE(RING_READY, seq)))
         return -DF_ESTATE;
     touch(c);
-    signal_word(&r->h->ready_word, &r->h->ready_waiters);
+    signal_word(&r->h->ready);
     return 0;
 }
 
@@ -845,7 +885,7 @@ int ring_retract(struct ring *r, unsigned slot, uint64_t batch_id, uint32_t keep
         return -DF_ESTATE;
     touch(c);
     atomic_fetch_add_explicit(&r->h->retracted, 1, memory_order_relaxed);
-    signal_word(&r->h->free_word, &r->h->free_waiters);
+    signal_word(&r->h->free);
     return 0;
 }
 
@@ -860,7 +900,7 @@ static void reclaim_slot(struct ring *r, uint32_t i, uint64_t w, struct ring_rec
             touch(c);
             out->writing_freed++;
             atomic_fetch_add(&r->h->reclaimed_writing, 1);
-            signal_word(&r->h->free_word, &r->h->free_waiters);
+            signal_word(&r->h->free);
         }
     } else if (W_STATE(w) == RING_READING) {
         uint64_t seq = atomic_load_explicit(&c->seq, memory_order_relaxed);
@@ -868,7 +908,7 @@ static void reclaim_slot(struct ring *r, uint32_t i, uint64_t w, struct ring_rec
             touch(c);
             out->reading_requeued++;
             atomic_fetch_add(&r->h->reclaimed_reading, 1);
-            signal_word(&r->h->ready_word, &r->h->ready_waiters);
+            signal_word(&r->h->ready);
         }
     }
 }
@@ -891,15 +931,33 @@ int ring_reclaim_owner(struct ring *r, uint64_t owner, struct ring_reclaim *out)
     return 0;
 }
 
+/* Verdicts of one scan: many slots and waiters usually share few owners. */
+struct alive_memo {
+    uint64_t tok[32];
+    int alive[32], n;
+};
+
+static int memo_alive(struct alive_memo *m, uint64_t tok)
+{
+    for (int i = 0; i < m->n; i++)
+        if (m->tok[i] == tok)
+            return m->alive[i];
+    int alive = proc_token_alive(tok);
+    if (alive < 0)
+        alive = 1;   /* cannot tell (e.g. /proc unreadable): never steal */
+    if (m->n < (int)(sizeof m->tok / sizeof m->tok[0])) {
+        m->tok[m->n] = tok;
+        m->alive[m->n++] = alive;
+    }
+    return alive;
+}
+
 int ring_reclaim_dead(struct ring *r, struct ring_reclaim *out)
 {
     struct ring_reclaim tmp = { 0 };
     if (r->rdonly)
         return -EROFS;
-    /* Remember verdicts for this scan: many slots usually share few owners. */
-    enum { MEMO = 32 };
-    uint64_t memo_tok[MEMO];
-    int memo_alive[MEMO], nmemo = 0;
+    struct alive_memo memo = { .n = 0 };
     uint64_t stuck_ns = (uint64_t)r->h->stuck_writing_ms * 1000000ull, now = mono_ns();
     for (uint32_t i = 0; i < r->nslots; i++) {
         uint64_t w = atomic_load(&r->ctl[i].word);
@@ -909,25 +967,23 @@ int ring_reclaim_dead(struct ring *r, struct ring_reclaim *out)
         uint64_t tok = W_VALUE(w);
         if (proc_token_is_lease(tok))
             continue;
-        int alive = -1;
-        for (int m = 0; m < nmemo; m++)
-            if (memo_tok[m] == tok)
-                alive = memo_alive[m];
-        if (alive < 0) {
-            alive = proc_token_alive(tok);
-            if (alive < 0)
-                alive = 1;   /* cannot tell (e.g. /proc unreadable): never steal */
-            if (nmemo < MEMO) {
-                memo_tok[nmemo] = tok;
-                memo_alive[nmemo++] = alive;
-            }
-        }
-        if (!alive)
+        if (!memo_alive(&memo, tok))
             reclaim_slot(r, i, w, &tmp);
         else if (s == RING_WRITING) {
             uint64_t t = atomic_load_explicit(&r->ctl[i].t_ns, memory_order_relaxed);
             tmp.stuck_writing += t < now && now - t > stuck_ns;     /* (t may be after now) */
         }
+    }
+    /* Waiter entries of dead processes: the bit first, then the entry (a new holder's bit is
+     * its own). The owner is dead, so nothing else changes either meanwhile. */
+    struct ring_hdr *h = r->h;
+    for (uint32_t i = 0; i < RING_WAITERS; i++) {
+        uint64_t tok = atomic_load(&h->waiter[i]);
+        if (!tok || memo_alive(&memo, tok))
+            continue;
+        atomic_fetch_and(&h->ready.parked, ~(1ull << i));
+        atomic_fetch_and(&h->free.parked, ~(1ull << i));
+        tmp.waiters_cleared += atomic_compare_exchange_strong(&h->waiter[i], &tok, 0);
     }
     if (out)
         *out = tmp;
@@ -953,8 +1009,8 @@ int ring_stats(const struct ring *r, struct ring_stats *st, struct ring_slot_sta
     st->retracted = atomic_load(&h->retracted);
     st->reclaimed_writing = atomic_load(&h->reclaimed_writing);
     st->reclaimed_reading = atomic_load(&h->reclaimed_reading);
-    st->writers_waiting = atomic_load(&h->free_waiters);
-    st->readers_waiting = atomic_load(&h->ready_waiters);
+    st->writers_waiting = (uint32_t)__builtin_popcountll(atomic_load(&h->free.parked)) + atomic_load(&h->free.overflow);
+    st->readers_waiting = (uint32_t)__builtin_popcountll(atomic_load(&h->ready.parked)) + atomic_load(&h->ready.overflow);
     st->creator_pid = h->creator_pid;
     st->creator_token = h->creator_token;
     st->created_wall_ms = h->created_wall_ms;

@@ -14,7 +14,7 @@
  *     loss_mask[max_tokens] u8, padding to 4096, then hidden [max_tokens, L*H] bf16.
  * Bump RING_VERSION whenever anything in this layout or the state encoding changes. */
 #define RING_MAGIC        0x474e495248534c46ull /* "FLSHRING" little-endian */
-#define RING_VERSION      2u   /* 2: ring_payload.lease */
+#define RING_VERSION      3u   /* 2: ring_payload.lease; 3: the waiter table */
 #define RING_MAX_LAYERS   64
 #define RING_ALIGN        4096u   /* tensor area and slot stride alignment (DMA, cudaHostRegister) */
 
@@ -171,12 +171,15 @@ struct ring_reclaim {
     uint32_t writing_freed;     /* WRITING -> FREE (half-written, never delivered) */
     uint32_t reading_requeued;  /* READING -> READY (redelivered) */
     uint32_t stuck_writing;     /* WRITING past stuck_writing_ms with a live owner (left alone) */
+    uint32_t waiters_cleared;   /* ring_reclaim_dead: parked waiters of dead processes forgotten */
 };
 /* Reclaim every slot held by `owner` (one CAS each): for an owner the caller knows is dead,
  * e.g. the coordinator on a closed daemon socket or an expired lease. out may be NULL. */
 int ring_reclaim_owner(struct ring *r, uint64_t owner, struct ring_reclaim *out);
 /* Scan all slots; reclaim those whose pid-form owner is gone (checked by pid + start time,
- * zombies count as gone). Lease-form owners are left to ring_reclaim_owner. out may be NULL. */
+ * zombies count as gone). Lease-form owners are left to ring_reclaim_owner. Also forgets the
+ * parked waiters of dead processes (killed in a wait), so the waiting counts in the stats come
+ * back down and a state change stops waking nobody. out may be NULL. */
 int ring_reclaim_dead(struct ring *r, struct ring_reclaim *out);
 
 /* ---- inspection ---------------------------------------------------------------- */

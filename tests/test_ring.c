@@ -728,6 +728,71 @@ static void test_blocking(void)
     CHECK_OK(ring_unlink(g_name));
 }
 
+/* A process SIGKILLed while parked: its waiter registration stays until the dead scan forgets
+ * it; the scan leaves a live parked process's alone, which a publish then still wakes. */
+static pid_t park_reader(const struct ring_layout *l)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct ring *c = NULL;
+        unsigned cs;
+        if (ring_attach(&c, g_name, l, 0, err, sizeof err) < 0 || ring_claim_read(c, NULL, 30000, &cs) < 0)
+            _exit(1);
+        _exit(ring_release(c, cs) == 0 && ring_slot_header(c, cs)->batch_id == 9 ? 0 : 2);
+    }
+    CHECK(pid > 0);
+    return pid;
+}
+
+static void test_parked_killed(void)
+{
+    struct ring_layout l = small_layout(2);
+    struct ring *r = NULL;
+    CHECK_OK(ring_create(&r, g_name, &l, NULL, err, sizeof err));
+    pid_t doomed = park_reader(&l);
+    wait_for_waiters(r, 1, 0);
+    pid_t live = park_reader(&l);
+    wait_for_waiters(r, 2, 0);
+    kill(doomed, SIGKILL);
+    int status;
+    CHECK_INT(waitpid(doomed, &status, 0), ==, doomed);
+    struct ring_stats st;
+    CHECK_OK(ring_stats(r, &st, NULL));
+    CHECK_INT(st.readers_waiting, ==, 2);   /* the dead one still registered */
+    struct ring_reclaim rc;
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.waiters_cleared, ==, 1);
+    CHECK_OK(ring_stats(r, &st, NULL));
+    CHECK_INT(st.readers_waiting, ==, 1);
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.waiters_cleared, ==, 0);
+    publish_n(r, 1, 9);
+    CHECK_INT(waitpid(live, &status, 0), ==, live);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+    /* a writer on a full ring, likewise */
+    publish_n(r, 2, 1);
+    pid_t w = fork();
+    if (w == 0) {
+        struct ring *c = NULL;
+        unsigned cs;
+        if (ring_attach(&c, g_name, &l, 0, err, sizeof err) < 0)
+            _exit(1);
+        ring_claim_write(c, 30000, &cs);
+        _exit(2);
+    }
+    wait_for_waiters(r, 0, 1);
+    kill(w, SIGKILL);
+    CHECK_INT(waitpid(w, &status, 0), ==, w);
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.waiters_cleared, ==, 1);
+    CHECK_OK(ring_stats(r, &st, NULL));
+    CHECK_INT(st.writers_waiting, ==, 0);
+    CHECK_INT(st.readers_waiting, ==, 0);
+    ring_detach(r);
+    CHECK_OK(ring_unlink(g_name));
+}
+
 /* A failing CHECK exits: leave nothing behind in /dev/shm (children _exit, skipping this). */
 static void cleanup_shm(void)
 {
@@ -746,6 +811,7 @@ int main(void)
     test_transitions();
     test_pick();
     test_blocking();
+    test_parked_killed();
     fprintf(stderr, "ok\n");
     return 0;
 }

@@ -1365,6 +1365,9 @@ void coord_tick(struct coord *co)
         if (rc.writing_freed || rc.reading_requeued)
             log_notice("reclaimed slots of dead processes: %u WRITING freed, %u READING requeued", rc.writing_freed,
                        rc.reading_requeued);
+        if (rc.waiters_cleared)
+            log_info("forgot %u ring waiter%s of dead processes (killed while waiting for a slot)", rc.waiters_cleared,
+                     rc.waiters_cleared == 1 ? "" : "s");
         last_reclaim = now;
     }
     sweep_orphans(co, now);
