@@ -7,7 +7,8 @@
 #include <sys/types.h>
 
 /* Layout of the shared object (all offsets from the start of the mapping):
- *   [0, 4096)              struct ring_hdr: magic, version, layout, creator, counters
+ *   [0, 4096)              struct ring_hdr: magic, version, layout, creator, counters, the
+ *                          futex words and the table of parked waiters
  *   [4096, ctl_end)        nslots x 64-byte slot control blocks (state word, seq, times)
  *   slot i at slot_off + i * slot_stride (4096-aligned):
  *     struct ring_payload, cu_seqlens[max_seqs+1] i32, token_ids[max_tokens] u32,
@@ -200,7 +201,7 @@ struct ring_stats {
     uint32_t stuck_writing;
     uint64_t published, consumed, aborted, retracted;
     uint64_t reclaimed_writing, reclaimed_reading;
-    uint32_t writers_waiting, readers_waiting;
+    uint32_t writers_waiting, readers_waiting;  /* parked now (one killed while parked counts until ring_reclaim_dead) */
     pid_t creator_pid;
     uint64_t creator_token;
     uint64_t created_wall_ms;
