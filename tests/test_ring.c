@@ -86,7 +86,14 @@ static void test_proc_tokens(void)
     CHECK_INT(proc_token_alive(child), ==, 0);
 
     /* A leader that exited while another thread runs shows 'Z': still alive, until that thread
-     * is gone too. */
+     * is gone too. Not under ThreadSanitizer: its runtime thread never ends, so neither would
+     * the child. */
+#if defined(__SANITIZE_THREAD__)
+    close(pfd[0]);
+    close(pfd[1]);
+    fprintf(stderr, "proc tokens: the zombie-leader part is left out under ThreadSanitizer\n");
+    return;
+#endif
     int go[2];
     CHECK_OK(pipe(go));
     pid = fork();
