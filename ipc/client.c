@@ -528,6 +528,10 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
                 return r;
             }
         }
+        if (c->fd < 0) {    /* a send above lost the connection (and the received bytes with it) */
+            free(kept);
+            FAIL(-ENOTCONN, "connection to %s lost while its leases were re-granted", c->where);
+        }
         rx_consume(c, n);
     }
     for (size_t i = 0; i < c->n_leases;) {

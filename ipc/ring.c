@@ -29,6 +29,7 @@
  * change would make the syscall). Threads beyond the table (or with a lease-form owner) are
  * counted in `overflow` as before. */
 #define RING_WAITERS 64
+#define WAITER_CLEARING (~0ull)     /* an entry being freed by ring_reclaim_dead (no token is this) */
 struct wait_q {
     _Atomic uint32_t word;          /* futex: bumped on every change of interest */
     _Atomic uint32_t overflow;
@@ -974,16 +975,19 @@ int ring_reclaim_dead(struct ring *r, struct ring_reclaim *out)
             tmp.stuck_writing += t < now && now - t > stuck_ns;     /* (t may be after now) */
         }
     }
-    /* Waiter entries of dead processes: the bit first, then the entry (a new holder's bit is
-     * its own). The owner is dead, so nothing else changes either meanwhile. */
+    /* Waiter entries of dead processes. The entry is marked first (one CAS: one reclaimer wins,
+     * and no waiter can take it meanwhile), then its bits are cleared, then it is free again: a
+     * bit cleared here is never a new holder's. */
     struct ring_hdr *h = r->h;
     for (uint32_t i = 0; i < RING_WAITERS; i++) {
         uint64_t tok = atomic_load(&h->waiter[i]);
-        if (!tok || memo_alive(&memo, tok))
+        if (!tok || tok == WAITER_CLEARING || memo_alive(&memo, tok) ||
+            !atomic_compare_exchange_strong(&h->waiter[i], &tok, WAITER_CLEARING))
             continue;
         atomic_fetch_and(&h->ready.parked, ~(1ull << i));
         atomic_fetch_and(&h->free.parked, ~(1ull << i));
-        tmp.waiters_cleared += atomic_compare_exchange_strong(&h->waiter[i], &tok, 0);
+        atomic_store(&h->waiter[i], 0);
+        tmp.waiters_cleared++;
     }
     if (out)
         *out = tmp;

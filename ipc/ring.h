@@ -201,7 +201,8 @@ struct ring_stats {
     uint32_t stuck_writing;
     uint64_t published, consumed, aborted, retracted;
     uint64_t reclaimed_writing, reclaimed_reading;
-    uint32_t writers_waiting, readers_waiting;  /* parked now (one killed while parked counts until ring_reclaim_dead) */
+    uint32_t writers_waiting, readers_waiting;  /* parked now; one killed while parked counts until
+                                                   ring_reclaim_dead (with a lease-form owner: for good) */
     pid_t creator_pid;
     uint64_t creator_token;
     uint64_t created_wall_ms;

@@ -540,8 +540,10 @@ static void test_leaving_returns_leases(int lfd)
     CHECK_INT(client_poll(c, 5000, &m, err, sizeof err), ==, 1);
     CHECK_INT(m.type, ==, PROTO_LEASE_GRANT);
     CHECK_INT(m.grant.batch_id, ==, 300);
-    while (!client_lease_held(c, 301))      /* its grant read and queued, not handed out */
+    for (int i = 0; !client_lease_held(c, 301); i++) {     /* its grant read and queued, not handed out */
+        CHECK_INT(i, <, 100 * test_time_scale());
         CHECK_INT(client_idle(c, 100, err, sizeof err), ==, 0);
+    }
     CHECK_INT(client_return_leases(c), ==, 2);
     CHECK_INT(client_leases_held(c), ==, 0);
     struct pollfd p = { .fd = pfd[0], .events = POLLIN };
@@ -641,6 +643,61 @@ static void test_late_reply_skipped(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+/* Leaving, the client reconnects and the coordinator re-grants a lease it never saw: it goes
+ * back from inside the handshake. Here that send fails (the server shut its reading side), which
+ * drops the connection and the bytes received with it: the handshake must stop there rather than
+ * consume a frame of a buffer that is gone (ASan reports that consume: a negative size). The server: on the return of 400, hang up, take the
+ * reconnect, re-grant 401 to a client that can no longer write. */
+static void regrant_then_deaf(int fd, const struct proto_msg *m, void *arg)
+{
+    if (m->type != PROTO_LEASE_RETURN || m->batch.batch_id != 400)
+        return;
+    int lfd = *(int *)arg;
+    close(fd);              /* the client reconnects */
+    fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        _exit(14);
+    read_hello(fd);
+    shutdown(fd, SHUT_RD);  /* the client's next send fails */
+    send_welcome(fd, 10000, 1);
+    uint32_t sample = 5;
+    struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = &sample };
+    g.grant = (struct proto_lease_grant){ .batch_id = 401, .flags = PROTO_GRANT_REGRANT, .n_samples = 1,
+                                          .n_tokens = 1, .max_seq_len = 64, .lease = 1 };
+    send_frame(fd, &g);
+    _exit(0);
+}
+
+/* Last: the client's later reconnects are left in the listening queue. */
+static void test_leaving_regrant_send_fails(int lfd)
+{
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        int fd = accept_welcomed(lfd, 10000, 0);
+        grant(fd, 400, 1, 1);
+        read_frames(fd, regrant_then_deaf, &lfd);
+        _exit(13);          /* hung up before returning 400 */
+    }
+    struct client *c = open_client();
+    char err[512] = "";
+    struct proto_msg m;
+    CHECK_INT(client_poll(c, 5000, &m, err, sizeof err), ==, 1);
+    CHECK_INT(m.grant.batch_id, ==, 400);
+    CHECK_INT(client_return_leases(c), ==, 1);
+    int st = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 200 * test_time_scale() && !done; i++) {
+        CHECK_INT(client_idle(c, 50, err, sizeof err), ==, 0);
+        done = waitpid(srv, &st, WNOHANG);
+    }
+    CHECK(done == srv);
+    CHECK_INT(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), ==, 0);
+    CHECK_INT(client_leases_held(c), ==, 0);
+    printf("leaving: a re-grant whose return cannot be sent ends that handshake cleanly\n");
+    client_free(c);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -658,6 +715,7 @@ int main(void)
     test_leaving_returns_leases(lfd);
     test_group_ids_kept(lfd);
     test_late_reply_skipped(lfd);
+    test_leaving_regrant_send_fails(lfd);
     close(lfd);
     unlink(g_sock);
     printf("ok\n");

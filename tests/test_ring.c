@@ -743,7 +743,7 @@ static pid_t park_reader(const struct ring_layout *l)
     if (pid == 0) {
         struct ring *c = NULL;
         unsigned cs;
-        if (ring_attach(&c, g_name, l, 0, err, sizeof err) < 0 || ring_claim_read(c, NULL, 30000, &cs) < 0)
+        if (ring_attach(&c, g_name, l, 0, err, sizeof err) < 0 || ring_claim_read(c, NULL, 120000, &cs) < 0)
             _exit(1);
         _exit(ring_release(c, cs) == 0 && ring_slot_header(c, cs)->batch_id == 9 ? 0 : 2);
     }
@@ -773,9 +773,12 @@ static void test_parked_killed(void)
     CHECK_INT(st.readers_waiting, ==, 1);
     CHECK_OK(ring_reclaim_dead(r, &rc));
     CHECK_INT(rc.waiters_cleared, ==, 0);
+    /* Woken by the publish, not by its own timeout (120 s) and a last look: */
+    uint64_t t0 = mono_ns(), limit_ns = (uint64_t)(test_time_scale() < 6 ? 10 * test_time_scale() : 60) * 1000000000ull;
     publish_n(r, 1, 9);
     CHECK_INT(waitpid(live, &status, 0), ==, live);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_INT(mono_ns() - t0, <, limit_ns);
 
     /* a writer on a full ring, likewise */
     publish_n(r, 2, 1);
