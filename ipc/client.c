@@ -188,11 +188,18 @@ static struct client_lease *lease_add(struct client *c, const struct proto_msg *
     return l;
 }
 
-/* A reconnect's re-grant of a returned lease is returned again. */
-static void note_returned(struct client *c, uint64_t batch)
+
+static int send_msg(struct client *c, const struct proto_msg *m);
+static int send_soft(struct client *c, const struct proto_msg *m);
+
+/* LEASE_RETURN of a lease no longer held here, remembered so that a reconnect's re-grant of it
+ * goes back too. soft: send_soft (may reconnect first); else send_msg, as a frame handler must. */
+static int send_return(struct client *c, uint64_t batch, int soft)
 {
     if (c->n_returned < RETURNED_MAX)
         c->returned[c->n_returned++] = batch;
+    struct proto_msg m = { .type = PROTO_LEASE_RETURN, .batch.batch_id = batch };
+    return soft ? send_soft(c, &m) : send_msg(c, &m);
 }
 
 static int was_returned(const struct client *c, uint64_t batch)
@@ -347,10 +354,8 @@ static int handle_frame(struct client *c, const struct proto_msg *m, char *err, 
     case PROTO_LEASE_GRANT: {
         if (lease_get(c, m->grant.batch_id))
             return 0;
-        if (c->returning) {     /* leaving: straight back (send_msg: no reconnect in here) */
-            struct proto_msg ret = { .type = PROTO_LEASE_RETURN, .batch.batch_id = m->grant.batch_id };
-            note_returned(c, m->grant.batch_id);
-            send_msg(c, &ret);
+        if (c->returning) {     /* leaving: straight back, without a reconnect in here */
+            send_return(c, m->grant.batch_id, 0);
             return 0;
         }
         struct client_lease *l = lease_add(c, m);
@@ -518,8 +523,7 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
         kept[i] = in.grant.batch_id;
         uint64_t b = in.grant.batch_id;
         if (was_returned(c, b)) {
-            struct proto_msg ret = { .type = PROTO_LEASE_RETURN, .batch.batch_id = b };
-            send_msg(c, &ret);
+            send_return(c, b, 0);
         } else if (!lease_get(c, b) && !outbox_has_publish(c, b)) {
             /* Granted before the connection broke but never received: take it now. */
             r = handle_frame(c, &in, err, errlen);
@@ -808,20 +812,12 @@ int client_lease_request(struct client *c, uint32_t n)
     return send_soft(c, &m);
 }
 
-/* LEASE_RETURN of a lease no longer held here. */
-static int send_return(struct client *c, uint64_t batch)
-{
-    note_returned(c, batch);
-    struct proto_msg m = { .type = PROTO_LEASE_RETURN, .batch.batch_id = batch };
-    return send_soft(c, &m);
-}
-
 int client_lease_return(struct client *c, uint64_t batch)
 {
     if (!lease_get(c, batch))
         return -ENOENT;
     lease_drop(c, batch);
-    return send_return(c, batch);
+    return send_return(c, batch, 1);
 }
 
 int client_return_leases(struct client *c)
@@ -833,7 +829,7 @@ int client_return_leases(struct client *c)
         uint64_t batch = c->leases[c->n_leases - 1].batch_id;
         q_drop_grant(c, batch);
         lease_drop(c, batch);
-        send_return(c, batch);
+        send_return(c, batch, 1);
         n++;
     }
     return n;

@@ -381,16 +381,18 @@ static void test_checkpoint_accepted(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
-static void grant(int fd, uint64_t batch, uint32_t n, uint32_t first)
+static void grant_flags(int fd, uint64_t batch, uint32_t n, uint32_t first, uint32_t flags)
 {
     static uint32_t sm[PROTO_MAX_SAMPLES];
     for (uint32_t i = 0; i < n; i++)
         sm[i] = first + i;
     struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = sm };
-    g.grant = (struct proto_lease_grant){ .batch_id = batch, .n_samples = n, .n_tokens = n, .max_seq_len = 64,
-                                          .lease = 1 };
+    g.grant = (struct proto_lease_grant){ .batch_id = batch, .flags = flags, .n_samples = n, .n_tokens = n,
+                                          .max_seq_len = 64, .lease = 1 };
     send_frame(fd, &g);
 }
+
+static void grant(int fd, uint64_t batch, uint32_t n, uint32_t first) { grant_flags(fd, batch, n, first, 0); }
 
 static void check_lease(struct client *c, uint64_t batch, uint32_t n, uint32_t first)
 {
@@ -646,8 +648,9 @@ static void test_late_reply_skipped(int lfd)
 /* Leaving, the client reconnects and the coordinator re-grants a lease it never saw: it goes
  * back from inside the handshake. Here that send fails (the server shut its reading side), which
  * drops the connection and the bytes received with it: the handshake must stop there rather than
- * consume a frame of a buffer that is gone (ASan reports that consume: a negative size). The server: on the return of 400, hang up, take the
- * reconnect, re-grant 401 to a client that can no longer write. */
+ * consume a frame of a buffer that is gone (ASan reports that consume: a negative size). The
+ * server: on the return of 400, hang up, take the reconnect, re-grant 401 to a client that can no
+ * longer write. */
 static void regrant_then_deaf(int fd, const struct proto_msg *m, void *arg)
 {
     if (m->type != PROTO_LEASE_RETURN || m->batch.batch_id != 400)
@@ -660,11 +663,7 @@ static void regrant_then_deaf(int fd, const struct proto_msg *m, void *arg)
     read_hello(fd);
     shutdown(fd, SHUT_RD);  /* the client's next send fails */
     send_welcome(fd, 10000, 1);
-    uint32_t sample = 5;
-    struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = &sample };
-    g.grant = (struct proto_lease_grant){ .batch_id = 401, .flags = PROTO_GRANT_REGRANT, .n_samples = 1,
-                                          .n_tokens = 1, .max_seq_len = 64, .lease = 1 };
-    send_frame(fd, &g);
+    grant_flags(fd, 401, 1, 5, PROTO_GRANT_REGRANT);
     _exit(0);
 }
 

@@ -774,11 +774,11 @@ static void test_parked_killed(void)
     CHECK_OK(ring_reclaim_dead(r, &rc));
     CHECK_INT(rc.waiters_cleared, ==, 0);
     /* Woken by the publish, not by its own timeout (120 s) and a last look: */
-    uint64_t t0 = mono_ns(), limit_ns = (uint64_t)(test_time_scale() < 6 ? 10 * test_time_scale() : 60) * 1000000000ull;
+    uint64_t t0 = mono_ns();
     publish_n(r, 1, 9);
     CHECK_INT(waitpid(live, &status, 0), ==, live);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    CHECK_INT(mono_ns() - t0, <, limit_ns);
+    CHECK_INT(mono_ns() - t0, <, 60000000000ull);
 
     /* a writer on a full ring, likewise */
     publish_n(r, 2, 1);
