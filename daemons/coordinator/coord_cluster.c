@@ -1304,8 +1304,16 @@ void coord_tick(struct coord *co)
     /* A tick that comes late (the loop stalled: a slow fsync in a commit) runs before this loop
      * iteration reads the sockets, so heartbeats sent meanwhile are still unread: it judges no
      * heartbeat. The next tick, after the reads, does (two in a row never skip). */
-    bool late = co->last_tick_ms && now - co->last_tick_ms > (uint64_t)co->cfg->coordinator.heartbeat_ms &&
-                !co->tick_skipped_hb;
+    uint64_t gap = co->last_tick_ms ? now - co->last_tick_ms : 0;
+    bool stalled = gap > (uint64_t)co->cfg->coordinator.heartbeat_ms, late = stalled && !co->tick_skipped_hb;
+    if (stalled) {
+        co->stalls++;
+        if (gap > co->stall_ms_max)
+            co->stall_ms_max = gap;
+    }
+    if (late)
+        log_warn(0, "the event loop was held up for %" PRIu64 " ms (a slow ledger commit?): heartbeats are judged "
+                 "on the next tick, once the sockets are read", gap);
     co->last_tick_ms = now;
     co->tick_skipped_hb = late;
     for (struct member *m = co->members, *next; m && !late; m = next) {

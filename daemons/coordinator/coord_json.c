@@ -316,6 +316,8 @@ char *coord_json(struct coord *co, int what, uint32_t limit)
         cJSON_AddNumberToObject(tm, "commit_ms_max", co->commit.max_ms);
         cJSON_AddNumberToObject(tm, "check_ms", co->check.last_ms);
         cJSON_AddNumberToObject(tm, "check_ms_max", co->check.max_ms);
+        cJSON_AddNumberToObject(tm, "stalls", (double)co->stalls);
+        cJSON_AddNumberToObject(tm, "stall_ms_max", (double)co->stall_ms_max);
         break;
     case PROTO_Q_RING:
         cJSON_Delete(o);

@@ -131,9 +131,10 @@ static void show_status(const cJSON *s)
     const cJSON *ls = obj(s, "listen");
     printf("listening on %s%s%s\n", str(ls, "socket"), *str(ls, "tcp") ? " and TCP " : "", str(ls, "tcp"));
     const cJSON *tm = obj(s, "coordinator");
-    printf("coordinator: %.0f ledger commits, last %.2f ms (max %.1f); periodic checks %.2f ms (max %.1f)\n",
+    printf("coordinator: %.0f ledger commits, last %.2f ms (max %.1f); periodic checks %.2f ms (max %.1f); "
+           "loop held up %.0f times (longest %.0f ms)\n",
            num(tm, "commits"), num(tm, "commit_ms"), num(tm, "commit_ms_max"), num(tm, "check_ms"),
-           num(tm, "check_ms_max"));
+           num(tm, "check_ms_max"), num(tm, "stalls"), num(tm, "stall_ms_max"));
     printf("ring %s: %.0f slots: free %.0f, writing %.0f, ready %.0f, reading %.0f (stuck %.0f)\n", str(ring, "name"),
            num(ring, "slots"), num(ring, "free"), num(ring, "writing"), num(ring, "ready"), num(ring, "reading"),
            num(ring, "stuck_writing"));
