@@ -1,4 +1,4 @@
-# device-env.sh: on a host that lacks libuv, inih, cJSON, SQLite and libsystemd and has no apt,
+# device-env.sh: on a host that lacks libuv, inih, cJSON, SQLite, libsystemd and OpenBLAS and has no apt,
 # unpacks the Debian packages in .devdeps/ and points the compiler and loader at them:
 # `. tools/device-env.sh` from the repo root.
 D=${DEVDEPS_ROOT:-/tmp/dflash-devdeps}

@@ -168,7 +168,9 @@ int main(int argc, char **argv)
         log_error(0, "%s", err);
         coord_cluster_done(co);
         daemon_done(&co->d);
-        return r == -ENOMEM || r == -EIO ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
+        /* What a restart may clear (memory, I/O, the disk full, the ledger locked by another
+         * process) exits 1; the rest (a foreign ledger, bad data, no permission) is the operator's. */
+        return r == -ENOMEM || r == -EIO || r == -ENOSPC || r == -EBUSY ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
     }
     co->loop = uv_default_loop();
     /* The server first: it resolves cluster.group, which the ring's mode needs. */
