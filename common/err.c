@@ -1,5 +1,6 @@
 /* err.c: messages for dflash error codes.
  * -errno values map to glibc's descriptions, DF_E* to the table below. */
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,6 +27,8 @@ static const char *const df_msgs[] = {
 
 const char *err_str(int r)
 {
+    if (r == INT_MIN)
+        return "unknown error";
     if (r < 0)
         r = -r;
     if (r > DF_EBASE && r < DF_ELAST)

@@ -208,6 +208,16 @@ int64_t proto_frame_size(const void *buf, size_t len, char *err, size_t errlen)
         FAIL(-DF_EMAGIC, "bad frame magic 0x%08x (not a dflash peer?)", h.magic);
     if (h.len > PROTO_MAX_FRAME - sizeof h)
         FAIL(-E2BIG, "frame of %zu+%u bytes exceeds the %u byte maximum", sizeof h, h.len, PROTO_MAX_FRAME);
+    /* A payload that cannot be its type's is refused now, not after it was buffered (another
+     * version's sizes may differ: proto_decode names the version instead). */
+    if (h.version == PROTO_VERSION) {
+        if (h.type == 0 || h.type >= PROTO_TYPE_MAX)
+            FAIL(-DF_EFORMAT, "unknown message type %u", h.type);
+        uint32_t fixed = types[h.type].size;
+        if (types[h.type].variable ? h.len < fixed : h.len != fixed)
+            FAIL(h.len < fixed ? -DF_ETRUNC : -DF_EFORMAT, "%s: payload of %u bytes, expected %s%u",
+                 types[h.type].name, h.len, types[h.type].variable ? "at least " : "", fixed);
+    }
     return (int64_t)sizeof h + h.len;
 }
 

@@ -58,7 +58,8 @@
  *     again), and the group leaves it out of its steps like a batch it trained itself. The
  *     list is the same for every rank of a generation (no earlier generation changes while
  *     it runs). After each step every rank sends TRAINED(batch, step, rank,
- *     generation). Rank 0 sends CHECKPOINTED(step, dir, generation) once the checkpoint
+ *     generation); one for the running generation from a drafter that holds no rank in it
+ *     is refused (ACK status -DF_EPEER, nothing changes). Rank 0 sends CHECKPOINTED(step, dir, generation) once the checkpoint
  *     is durable: every batch trained at step <= that step in that generation becomes
  *     checkpointed. When a drafter dies s bumps the generation, pushes RESTART to the
  *     survivors (abort the step, reload the checkpoint in RESTART, JOIN_GROUP again),
@@ -87,7 +88,8 @@
  *  6. s pushes CONTROL(PAUSE|RESUME|DRAIN|STOP, reason) to daemons. On DRAIN targets
  *     finish/return their leases and drafters write a final checkpoint; STOP = exit.
  *  7. dflashctl (role CTL): QUERY(what) -> REPLY(status, JSON text); CONTROL(cmd) ->
- *     REPLY. Daemons may send QUERY too.
+ *     REPLY. Daemons may send QUERY too; a CONTROL from a daemon (and an ERROR from a ctl
+ *     client) closes its connection.
  *
  * Frames: proto_hdr then `len` payload bytes. Every payload below is a fixed struct
  * (string fields NUL-terminated inside their arrays, padding zero) except LEASE_GRANT
@@ -350,8 +352,9 @@ int64_t proto_encode(const struct proto_msg *m, void *buf, size_t cap, char *err
 
 /* Stream framing: look at the first `len` received bytes. Returns the full frame size
  * when a complete, plausible header is there (the frame itself may still be partial),
- * 0 if fewer than a header's bytes are there, or <0 (bad magic, oversized, too short
- * for its type) with the reason in err. Version is not checked here. */
+ * 0 if fewer than a header's bytes are there, or <0 (bad magic, oversized; in this
+ * version's frames an unknown type or a length its type cannot have) with the reason in err.
+ * Another version is not refused here: proto_decode names it. */
 int64_t proto_frame_size(const void *buf, size_t len, char *err, size_t errlen);
 
 /* Decode exactly one frame of `len` bytes. Pure: no allocation, no global state.

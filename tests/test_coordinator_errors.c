@@ -1,10 +1,16 @@
 /* test_coordinator_errors.c: error reports are recorded, shown and acted on: non-fatal is
  * counted, NaN pauses the cluster (PAUSE pushed, reason in status) until resumed, fatal
- * drains and stops the cluster with the reason (state failed, exit 78). */
+ * drains and stops the cluster with the reason (state failed, exit 78). Reports from the wrong
+ * peer are refused: an ERROR from a ctl client, a CONTROL from a daemon, a TRAINED for the
+ * running generation from a drafter that holds no rank in it. */
+#include <limits.h>
 #include "tests/test_coord_util.h"
+
+static pid_t ranked;
 
 static void cleanup(void)
 {
+    tc_kill(ranked);
     tc_kill(TC.coord);
     ring_unlink(TC.ring);
 }
@@ -73,6 +79,10 @@ int main(void)
     CHECK_INT(control(PROTO_CTL_RESUME), ==, 0);
     CHECK_INT(next_control(d), ==, PROTO_CTL_RESUME);
     CHECK_STR(state(), "running");
+    /* A code with no meaning (INT_MIN has no positive twin) is recorded as it is. */
+    CHECK_OK(client_error(d, 0, INT_MIN, "code out of every table"));
+    tc_wait_num("error_count", 3, 3000);
+    CHECK_STR(state(), "running");
 
     /* A ctl client reports nothing: its ERROR (even "fatal") is refused, the cluster runs on. */
     struct client *ctl = tc_ctl(5000);
@@ -84,12 +94,60 @@ int main(void)
     CHECK(!client_connected(ctl));
     client_free(ctl);
     CHECK_STR(state(), "running");
-    CHECK_INT(tc_status_num("error_count"), ==, 2);
+    CHECK_INT(tc_status_num("error_count"), ==, 3);
+
+    /* Pause, resume, drain and stop are the operator's: a daemon's CONTROL is refused. */
+    pid_t kid = fork();
+    CHECK(kid >= 0);
+    if (!kid) {
+        struct client *t = peer_connect(PROTO_ROLE_TARGET, 1);
+        char *json = NULL;
+        int status = 0;
+        client_control(t, PROTO_CTL_STOP, "a target pretending to be the operator", &json, &status, err, sizeof err);
+        _exit(0);
+    }
+    CHECK_INT(tc_exit_status(kid, 10000 * test_time_scale()), ==, 0);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "grep -q 'CONTROL is not a message a target may send' '%s/coordinator.log'", TC.dir);
+    CHECK_INT(system(cmd), ==, 0);
+    CHECK_STR(state(), "running");
+
+    /* A TRAINED for generation 1 from d, which never joined (generation 1 is another process's,
+     * world_size 1): refused, and batch 0 stays untrained. */
+    int ready[2];
+    CHECK_INT(pipe(ready), ==, 0);
+    ranked = fork();
+    CHECK(ranked >= 0);
+    if (!ranked) {
+        struct client *r = peer_connect(PROTO_ROLE_DRAFTER, 4);
+        struct proto_group g = tc_join_group(r, 5000);
+        if (g.generation != 1 || write(ready[1], "r", 1) != 1)
+            _exit(5);
+        struct proto_msg pm2;
+        for (;;)
+            if (client_poll(r, 50, &pm2, err, sizeof err) < 0)
+                _exit(6);
+    }
+    char rb;
+    CHECK_INT(read(ready[0], &rb, 1), ==, 1);
+    CHECK_OK(client_trained(d, 0, 1, 1, 0, 1));
+    CHECK_OK(client_idle(d, 300, err, sizeof err));
+    struct client_stats cs;
+    client_get_stats(d, &cs);
+    CHECK_INT(cs.last_nack_status, ==, -DF_EPEER);
+    CHECK_INT(tc_status_num("batches.trained"), ==, 0);
+    CHECK_INT(tc_status_num("batches.checkpointed"), ==, 0);
+    CHECK_STR(tc_batch_state(0), "queued");
+    snprintf(cmd, sizeof cmd, "grep -q 'TRAINED for batch 0:0 refused: it holds no rank in generation 1' '%s/coordinator.log'",
+             TC.dir);
+    CHECK_INT(system(cmd), ==, 0);
+    tc_kill(ranked);
+    ranked = 0;
 
     /* A daemon sending errors in a loop (a fresh member: its window starts with them): at most
      * COORD_ERRORS_PER_WINDOW (50) recorded per 10 s window; 300 sent in well under 10 s (a
      * window that turned meanwhile would record up to 50 more). */
-    pid_t kid = fork();
+    kid = fork();
     CHECK(kid >= 0);
     if (!kid) {         /* another process: the coordinator takes one connection per process */
         struct client_opts o2 = o;
@@ -108,9 +166,9 @@ int main(void)
     CHECK_INT(waitpid(kid, &kst, 0), ==, kid);
     CHECK(WIFEXITED(kst) && WEXITSTATUS(kst) <= 1);
     bool one_window = WEXITSTATUS(kst) == 0;
-    tc_wait_num("error_count", 2 + 50, 5000);
+    tc_wait_num("error_count", 3 + 50, 5000);
     tc_sleep_ms(300);
-    CHECK(tc_status_num("error_count") <= 2 + 50 + (one_window ? 0 : 50));
+    CHECK(tc_status_num("error_count") <= 3 + 50 + (one_window ? 0 : 50));
     CHECK_STR(state(), "running");
 
     CHECK_OK(client_error(d, 1, -DF_ELAYOUT, "target layout differs from the ring"));
@@ -122,7 +180,6 @@ int main(void)
     TC.coord = 0;
     CHECK(WIFEXITED(st));
     CHECK_INT(WEXITSTATUS(st), ==, 78);
-    char cmd[600];
     snprintf(cmd, sizeof cmd, "grep -q 'cluster draining -> failed: drafter@3: target layout differs' '%s/coordinator.log'",
              TC.dir);
     CHECK_INT(system(cmd), ==, 0);

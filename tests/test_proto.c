@@ -310,9 +310,24 @@ int main(void)
 
     h->type = 200;
     expect_reject(buf, (size_t)n, -DF_EFORMAT, "unknown message type 200");
+    CHECK_INT(proto_frame_size(buf, (size_t)n, err, sizeof err), ==, -DF_EFORMAT);
     h->type = 0;
     expect_reject(buf, (size_t)n, -DF_EFORMAT, "unknown message type 0");
     h->type = PROTO_LEASE_REQUEST;
+
+    /* Framing refuses a length this type cannot have before the payload is read (a 1 MiB
+     * LEASE_REQUEST is not buffered); another version's frame is left to proto_decode. */
+    uint32_t len0 = h->len;
+    h->len = 1u << 20;
+    CHECK_INT(proto_frame_size(buf, sizeof *h, err, sizeof err), ==, -DF_EFORMAT);
+    CHECK_CONTAINS(err, "LEASE_REQUEST: payload of 1048576 bytes, expected");
+    h->len = 2;
+    CHECK_INT(proto_frame_size(buf, sizeof *h, err, sizeof err), ==, -DF_ETRUNC);
+    h->version = PROTO_VERSION + 1;
+    CHECK_INT(proto_frame_size(buf, sizeof *h, err, sizeof err), ==, (int64_t)sizeof *h + 2);
+    h->version = PROTO_VERSION;
+    h->len = len0;
+    CHECK_INT(proto_frame_size(buf, sizeof *h, err, sizeof err), ==, n);
 
     struct proto_lease_request *lr = (struct proto_lease_request *)(buf + sizeof *h);
     lr->n = 0;

@@ -825,6 +825,18 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
     }
     int kept, ckpt;
     if (g->active && t->generation == g->gen) {
+        /* Only a rank of this generation trains in it: the process seated there, or the same
+         * process on a connection not seated yet. A drafter waiting for a place (or one confused
+         * about its generation) would mark a batch done that nobody trained. */
+        bool rank = m->rank >= 0 && (uint32_t)m->rank < g->world && g->rank_member[m->rank] == m;
+        for (uint32_t r = 0; r < g->world && !rank; r++)
+            rank = g->rank_token[r] == m->token;
+        if (!rank) {
+            log_warn(0, "%s: TRAINED for batch " BID " refused: it holds no rank in generation %" PRIu64, m->name,
+                     BARGS(b->row.id), g->gen);
+            send_ack(m, t->seq, -DF_EPEER);
+            return;
+        }
         kept = 1;
         ckpt = g->ckpt_gen == t->generation && g->ckpt_dir[0] && t->step <= g->ckpt_step;
     } else {
@@ -1148,6 +1160,8 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
         on_error(co, m, &msg->error);
         return;
     case PROTO_CONTROL:
+        if (role != PROTO_ROLE_CTL)
+            break;      /* pause, resume, drain and stop are the operator's (dflashctl) */
         on_control(co, m, &msg->control);
         return;
     case PROTO_QUERY:
