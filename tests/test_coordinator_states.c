@@ -38,7 +38,10 @@
  *     which has trained nothing yet. The GROUP carries the run's batch count.
  * 18. A fatal error during the operator's drain still ends the run FAILED (exit 78). Part 3 also
  *     checks that no drain is taken while a non-finite loss waits for the operator's resume.
- * 19. A stop signal then stops at once (a drain could not end), and the run started again drains. */
+ * 19. A stop signal then stops at once (a drain could not end), and the run started again drains.
+ * 20. A coordinator killed after the run failed, while it waited for a daemon to take the STOP,
+ *     ends the run failed again when restarted (exit 78, not running on as if nothing failed);
+ *     once it left cleanly, the next start runs. */
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -978,6 +981,44 @@ static void complete_run_killed_before_exit(void)
     printf("ok: a coordinator killed after the run completed finds it complete when started again\n");
 }
 
+static void failed_run_killed_before_exit(void)
+{
+    start_coord("[coordinator]\ndead_after_ms = 20000\n");    /* the deaf target keeps it waiting */
+    kids[0] = fork_deaf_target();
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    int n = 0;
+    while (!n && mono_ms() < end) {
+        cJSON *s = tc_query(PROTO_Q_DAEMONS);
+        n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(s, "daemons"));
+        cJSON_Delete(s);
+        if (!n)
+            tc_sleep_ms(20);
+    }
+    CHECK_INT(n, ==, 1);
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 3);
+    CHECK_OK(client_error(d, 1, -EIO, "GPU 3 fell off the bus"));
+    poll_for(d, 300);
+    expect_state("failed", 5000);
+    client_free(d);
+    tc_kill(TC.coord);                              /* still waiting for the deaf target */
+    tc_kill(kids[0]);
+    kids[0] = 0;
+    char log[400], cmd[700];
+    struct stat st;
+    snprintf(log, sizeof log, "%s/coordinator.log", TC.dir);
+    CHECK(stat(log, &st) == 0);
+    char *argv[] = { (char *)tc_bin("bin/coordinator-d"), "-c", TC.ini, NULL };
+    TC.coord = tc_spawn(argv, log);
+    CHECK_INT(tc_exit_status(TC.coord, 10000 * test_time_scale()), ==, 78);
+    TC.coord = 0;
+    snprintf(cmd, sizeof cmd, "tail -c +%lld %s | grep -q 'the run had failed (.*GPU 3 fell off the bus.*) and its "
+             "coordinator died before leaving'", (long long)st.st_size + 1, log);
+    CHECK(system(cmd) == 0);
+    tc_start_coord();                               /* it left cleanly: this one runs on */
+    expect_state("running", 5000);
+    printf("ok: a run that failed stays failed across a coordinator killed before it left\n");
+}
+
 /* Between parts: every child, the coordinator, the ring and the ledger go. */
 static void reset(void)
 {
@@ -999,7 +1040,8 @@ int main(void)
                              signal_drain_not_resumed, trained_copy_retracted, trained_copy_of_dead_target_retracted,
                              trained_copy_retracted_at_group_start, trained_copy_retracted_in_recovery,
                              dead_owner_slot_freed_at_exit, complete_run_killed_before_exit,
-                             released_batch_named_in_group, fatal_during_drain, nan_then_stop_signal };
+                             released_batch_named_in_group, fatal_during_drain, nan_then_stop_signal,
+                             failed_run_killed_before_exit };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -279,8 +279,9 @@ static const int state_push[PROTO_STATE_MAX] = {
 };
 
 /* The state a restarted coordinator resumes in (restore_state): a pause, a drain or a fatal
- * error on its way to FAILED outlive a crash; a stop does not (starting again is how a
- * stopped run goes on). */
+ * error on its way to FAILED outlive a crash, and so does FAILED itself until the coordinator
+ * leaves (its clean exit writes "stopped" over it); a stop does not (starting again is how a
+ * stopped or failed run goes on). */
 static void save_state(struct coord *co)
 {
     /* A drain on a stop signal (systemd stopping the service) is not the operator's: cut short,
@@ -303,6 +304,17 @@ static void restore_state(struct coord *co)
     co->nan_pending = ledger_meta_get_u64(co->ledger, "nan_pending", &v) == 1 && v;
     if (ledger_meta_get(co->ledger, "state", name, sizeof name) != 1)
         return;
+    if (!strcmp(name, proto_state_name(PROTO_STATE_FAILED))) {
+        /* The run failed and its coordinator died before leaving (it waits for the daemons to
+         * take the STOP): this start ends it as that one would have. */
+        co->state = PROTO_STATE_FAILED;
+        ledger_meta_get(co->ledger, "reason", co->reason, sizeof co->reason);
+        co->fatal = true;
+        co->stopped_ms = mono_ms();
+        log_error(0, "the run had failed (%s) and its coordinator died before leaving: it ends failed again; "
+                  "start the coordinator once more to run on", co->reason);
+        return;
+    }
     for (int s = PROTO_STATE_PAUSED; s <= PROTO_STATE_DRAINING; s++)
         if (!strcmp(name, proto_state_name((unsigned)s))) {
             co->state = s;

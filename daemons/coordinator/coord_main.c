@@ -69,6 +69,10 @@ static void finalize_ledger(struct coord *co)
             }
         }
     coord_group_close(co);
+    /* Failed and left: the next start runs on (the fatal error stays in the errors table). A
+     * "failed" found at a start means the coordinator died before it got here. */
+    if (co->state == PROTO_STATE_FAILED)
+        ledger_meta_set(co->ledger, "state", proto_state_name(PROTO_STATE_STOPPED));
     char err[512];
     if (ledger_commit(co->ledger, err, sizeof err) < 0)
         log_error(0, "the batches in flight at the stop are not settled in the ledger (the next start's recovery "
