@@ -391,12 +391,18 @@ int main(void)
     /* weights only (no optimizer state): bf16 values, fresh optimizer */
     CHECK_OK(unlink(path));
     expect_load_error(bad, b, "optimizer.bin");
+    size_t moments = 0;         /* b holds a trained optimizer state now: the load must clear it */
+    for (size_t i = 0; i < b->n_params; i++)
+        moments += b->opt->m[i] != 0 || b->opt->v[i] != 0;
+    CHECK(moments > 0);
     struct ckpt_train_state ts3;
     CHECK_OK(ckpt_load(bad, b, &ts3, &(struct ckpt_load_opts){ .weights_only_ok = true }, err, sizeof err));
     CHECK_INT(b->opt->step, ==, 0);
     CHECK_INT(ts3.step, ==, 0);
-    for (size_t i = 0; i < b->n_params; i++)
+    for (size_t i = 0; i < b->n_params; i++) {
         CHECK(b->params[i] == cpu_bf16_to_f32_one(cpu_f32_to_bf16_one(a->params[i])));
+        CHECK(b->opt->m[i] == 0 && b->opt->v[i] == 0);
+    }
 
     /* another target: a different capture or hidden size */
     struct drafter_config other = f.cfg;

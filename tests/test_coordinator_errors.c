@@ -2,7 +2,8 @@
  * counted, NaN pauses the cluster (PAUSE pushed, reason in status) until resumed, fatal
  * drains and stops the cluster with the reason (state failed, exit 78). Reports from the wrong
  * peer are refused: an ERROR from a ctl client, a CONTROL from a daemon, a TRAINED for the
- * running generation from a drafter that holds no rank in it. */
+ * running generation from a drafter that holds no rank in it. A batch trained twice (a second
+ * TRAINED at another step) is refused, counted and logged; the same report again is a replay. */
 #include <limits.h>
 #include "tests/test_coord_util.h"
 
@@ -114,24 +115,39 @@ int main(void)
 
     /* A TRAINED for generation 1 from d, which never joined (generation 1 is another process's,
      * world_size 1): refused, and batch 0 stays untrained. */
-    int ready[2];
+    int ready[2], go[2];
     CHECK_INT(pipe(ready), ==, 0);
+    CHECK_INT(pipe(go), ==, 0);
     ranked = fork();
     CHECK(ranked >= 0);
     if (!ranked) {
         struct client *r = peer_connect(PROTO_ROLE_DRAFTER, 4);
         struct proto_group g = tc_join_group(r, 5000);
-        if (g.generation != 1 || write(ready[1], "r", 1) != 1)
+        char gb;
+        if (g.generation != 1 || write(ready[1], "r", 1) != 1 || read(go[0], &gb, 1) != 1)
             _exit(5);
-        struct proto_msg pm2;
-        for (;;)
-            if (client_poll(r, 50, &pm2, err, sizeof err) < 0)
+        /* rank 0 of generation 1: batch 0 trained at step 1, the same report again (a replay),
+         * then batch 0 trained at step 2 (a second training): only the last is refused */
+        const uint64_t steps[3] = { 1, 1, 2 };
+        struct client_stats rs;
+        for (int i = 0; i < 3; i++) {
+            if (client_trained(r, 0, 1, steps[i], 0, 1) < 0)
                 _exit(6);
+            uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+            do {
+                if (client_idle(r, 20, err, sizeof err) < 0)
+                    _exit(7);
+                client_get_stats(r, &rs);
+            } while (rs.outbox && mono_ms() < end);
+            if (rs.outbox || rs.nacks != (i == 2))
+                _exit(10 + i);
+        }
+        _exit(rs.last_nack_status == -DF_ESTATE ? 0 : 9);
     }
     char rb;
     CHECK_INT(read(ready[0], &rb, 1), ==, 1);
     CHECK_OK(client_trained(d, 0, 1, 1, 0, 1));
-    CHECK_OK(client_idle(d, 300, err, sizeof err));
+    CHECK_OK(client_idle(d, 300 * test_time_scale(), err, sizeof err));
     struct client_stats cs;
     client_get_stats(d, &cs);
     CHECK_INT(cs.last_nack_status, ==, -DF_EPEER);
@@ -141,8 +157,17 @@ int main(void)
     snprintf(cmd, sizeof cmd, "grep -q 'TRAINED for batch 0:0 refused: it holds no rank in generation 1' '%s/coordinator.log'",
              TC.dir);
     CHECK_INT(system(cmd), ==, 0);
-    tc_kill(ranked);
+    CHECK_INT(write(go[1], "g", 1), ==, 1);
+    CHECK_INT(tc_exit_status(ranked, 10000 * test_time_scale()), ==, 0);
     ranked = 0;
+    CHECK_INT(tc_status_num("batches.duplicates"), ==, 1);
+    snprintf(cmd, sizeof cmd, "grep -q 'batch 0:0 trained again (gen 1 step 2, before gen 1 step 1)' '%s/coordinator.log'",
+             TC.dir);
+    CHECK_INT(system(cmd), ==, 0);
+    for (int i = 0; i < 2; i++) {
+        close(ready[i]);
+        close(go[i]);
+    }
 
     /* A daemon sending errors in a loop (a fresh member: its window starts with them): at most
      * COORD_ERRORS_PER_WINDOW (50) recorded per 10 s window; 300 sent in well under 10 s (a

@@ -645,10 +645,12 @@ static void test_blocking(void)
         _exit(ring_release(c, cs) == 0 && b == 77 ? 0 : 2);
     }
     wait_for_waiters(r, 1, 0);
+    uint64_t t0 = mono_ns();
     publish_n(r, 1, 77);
     int status;
     CHECK_INT(waitpid(pid, &status, 0), ==, pid);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_INT(mono_ns() - t0, <, 10000000000ull);  /* woken by the publish, not its 20 s timeout */
 
     /* full ring back-pressures a writer until a release */
     publish_n(r, 2, 1);
@@ -663,9 +665,11 @@ static void test_blocking(void)
     }
     wait_for_waiters(r, 0, 1);
     CHECK_OK(ring_claim_read(r, NULL, 0, &s));
+    t0 = mono_ns();
     CHECK_OK(ring_release(r, s));
     CHECK_INT(waitpid(pid, &status, 0), ==, pid);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_INT(mono_ns() - t0, <, 10000000000ull);  /* woken by the release */
 
     /* a reader killed while READING: the dead scan puts its slot back, same seq */
     pid = fork();
@@ -717,7 +721,7 @@ static void test_blocking(void)
     }
     CHECK_INT(waitpid(pid, &status, WUNTRACED), ==, pid);
     CHECK(WIFSTOPPED(status));
-    uint64_t t0 = mono_ns();
+    t0 = mono_ns();
     while (mono_ns() - t0 < 40000000ull)
         usleep(5000);   /* age the slot past stuck_writing_ms (a duration, not a synchronisation) */
     CHECK_OK(ring_reclaim_dead(r, &rc));
