@@ -21,7 +21,7 @@ cl_wait 'len(drafters()) == 1 and drafters()[0]["joined"]' 30 coord || fail "dra
 cl_kill drafter1 STOP
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait 's["group"]["active"]' 30 coord || fail "the group did not form"
-sleep 1                                     # rank 0 waits in the collective for rank 1
+sleep "$(cl_scaled 1)"                      # rank 0 waits in the collective for rank 1
 cl_log "generation 1 formed with a frozen rank 1: SIGKILL it"
 cl_kill drafter1 KILL
 cl_wait_exit drafter1 10

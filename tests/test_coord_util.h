@@ -139,6 +139,20 @@ static __attribute__((unused)) void tc_start_coord(void)
     client_free(c);
 }
 
+/* Wait until every event c sent was acknowledged (the coordinator has handled and committed
+ * it); fails after ms (scaled). */
+static __attribute__((unused)) void tc_wait_acked(struct client *c, int ms)
+{
+    uint64_t end = mono_ms() + (uint64_t)ms * (uint64_t)test_time_scale();
+    struct client_stats st;
+    char err[256];
+    do {
+        CHECK_OK(client_idle(c, 10, err, sizeof err));
+        client_get_stats(c, &st);
+    } while (st.outbox && mono_ms() < end);
+    CHECK_INT(st.outbox, ==, 0);
+}
+
 /* The status document (caller cJSON_Delete's it), or NULL when the coordinator is down. */
 static __attribute__((unused)) cJSON *tc_query(enum proto_query_what what)
 {

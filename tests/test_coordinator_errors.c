@@ -192,7 +192,7 @@ int main(void)
     CHECK(WIFEXITED(kst) && WEXITSTATUS(kst) <= 1);
     bool one_window = WEXITSTATUS(kst) == 0;
     tc_wait_num("error_count", 3 + 50, 5000);
-    tc_sleep_ms(300);
+    tc_sleep_ms(300 * test_time_scale());
     CHECK(tc_status_num("error_count") <= 3 + 50 + (one_window ? 0 : 50));
     CHECK_STR(state(), "running");
 

@@ -114,7 +114,7 @@ static void skip_before_published(struct client *d, struct ring *r, int restart)
     struct copy early = take_one(d, r, NULL);
     CHECK_INT(early.id, ==, id);
     CHECK_OK(client_batch_skipped(d, early.id, early.lease));
-    tc_sleep_ms(300);   /* the report first: the batch is still LEASED for the coordinator */
+    tc_wait_acked(d, 5000);     /* the report first: the batch is still LEASED for the coordinator */
     CHECK_STR(tc_batch_state(id), "leased");
     if (restart) {
         /* The report is acknowledged (it will not be sent again); then the coordinator restarts
@@ -183,14 +183,14 @@ int main(void)
     CHECK_INT(again.lease, ==, 2);
     /* While it sits in a slot (READING here), a stray report must not re-queue it. */
     CHECK_OK(client_batch_skipped(d, again.id, again.lease));
-    tc_sleep_ms(300);   /* nothing to wait for: the report must have no effect */
+    tc_wait_acked(d, 5000);     /* handled: it must have had no effect */
     CHECK_INT(tc_status_num("batches.requeued"), ==, 1);
     CHECK_STR(tc_batch_state(skipped.id), "published");
     CHECK_OK(ring_release(r, slot));
     /* Taken from the ring now (its training report on its way, say): a late report about the
      * first copy must not queue it a third time; it would then be trained twice. */
     CHECK_OK(client_batch_skipped(d, skipped.id, skipped.lease));
-    tc_sleep_ms(300);
+    tc_wait_acked(d, 5000);
     CHECK_INT(tc_status_num("batches.requeued"), ==, 1);
     CHECK_STR(tc_batch_state(skipped.id), "published");
     CHECK_OK(client_batch_skipped(d, again.id, again.lease));

@@ -484,7 +484,7 @@ static void detached_target_keeps_lease(void)
     kids[0] = pid;
     uint64_t id = 0;
     CHECK(read(fd[0], &id, sizeof id) == sizeof id);
-    tc_sleep_ms(1500);                      /* five times dead_after_ms */
+    tc_sleep_ms(1500 * test_time_scale()); /* five times dead_after_ms, or more */
     CHECK_STR(tc_batch_state(id), "leased");
     tc_kill(pid);
     kids[0] = 0;

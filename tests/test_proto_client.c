@@ -584,7 +584,7 @@ static void test_group_ids_kept(int lfd)
     struct client *c = open_client();
     char err[512] = "";
     struct proto_msg m;
-    usleep(300 * 1000);                 /* every frame is there: the first poll reads them all */
+    usleep(300 * 1000 * (useconds_t)test_time_scale());   /* every frame is there: the first poll reads them all */
     CHECK_INT(client_poll(c, 2000, &m, err, sizeof err), >, 0);
     CHECK_INT(m.type, ==, PROTO_GROUP);
     CHECK_INT(m.group.n_done, ==, 64);
