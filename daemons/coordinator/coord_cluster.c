@@ -700,8 +700,9 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
 }
 
 /* A copy of batch b READY in `slot` that must not be delivered leaves the ring, unless a drafter
- * has taken it meanwhile (then its training shows as a duplicate) or its lease is keep_lease (the
- * current copy of a published batch: an older one goes instead). */
+ * has taken it meanwhile (then its training shows as a duplicate) or its lease is keep_lease (a
+ * copy made under the batch's current lease stays; the copy already recorded stays too, and the
+ * drafters' list of batches leased more than once keeps a generation from training both). */
 static int retract_copy(struct coord *co, struct batch *b, int slot, uint32_t keep_lease, const char *why)
 {
     if (slot < 0 || ring_retract(co->ring, (unsigned)slot, b->row.id, keep_lease) < 0)
