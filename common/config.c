@@ -43,6 +43,7 @@ const struct cfg_key cfg_keys[] = {
 
     I(coordinator, heartbeat_ms, 10, 600000, "500", "heartbeat period asked of daemons"),
     I(coordinator, dead_after_ms, 50, 3600000, "5000", "a daemon silent this long is dead"),
+    I(coordinator, watchdog_ms, 0, 3600000, "0", "ignored, kept so older files load: the watchdog interval is the units' WatchdogSec="),
     S(coordinator, ledger, "", "SQLite ledger file; empty = <state_dir>/<name>-ledger.db"),
     I(coordinator, ring_hidden, 0, 1 << 20, "0", "ring slot hidden size; 0 = the target model's hidden_size"),
     I(coordinator, recovery_ms, 0, 3600000, "2000", "after a restart, wait this long for peers to reconnect before re-leasing their batches"),

@@ -43,6 +43,7 @@ struct cfg_data {
 struct cfg_coordinator {
     int64_t heartbeat_ms;
     int64_t dead_after_ms;      /* no heartbeat this long = dead */
+    int64_t watchdog_ms;        /* ignored (older files set it); systemd's WatchdogSec= rules */
     char ledger[CFG_STR_MAX];   /* SQLite ledger; empty = <state_dir>/<name>-ledger.db */
     int64_t ring_hidden;        /* slot hidden size when no model is configured (0 = model's) */
     int64_t recovery_ms;        /* after a restart: wait this long for peers before re-leasing */

@@ -8,9 +8,11 @@
 #include <sqlite3.h>
 #include "tests/test_coord_util.h"
 
-/* Not scaled for the sanitizer builds: the stall must stay well under the coordinator's SQLite
- * busy timeout (5 s: a lock held longer fails the write, and the coordinator exits to restart). */
-enum { DEAD_AFTER_MS = 500, STALL_MS = 3000 };
+/* The stall is not scaled: it must stay well under the coordinator's SQLite busy timeout (5 s: a
+ * lock held longer fails the write, and the coordinator exits to restart). dead_after_ms is 4x
+ * longer under the sanitizers (heartbeats come later there), still under the stall. */
+enum { STALL_MS = 3000 };
+#define DEAD_AFTER_MS (test_time_scale() > 1 ? 2000 : 500)
 
 static pid_t other;
 
@@ -73,7 +75,7 @@ int main(void)
     tc_dataset(TC.data, 200, 16, 64, 1000);
     tc_start_coord();
 
-    int scale = test_time_scale(), stall = STALL_MS, after = 3 * DEAD_AFTER_MS * scale;
+    int scale = test_time_scale(), stall = STALL_MS, after = 3 * DEAD_AFTER_MS;
     other = fork_heartbeater(300 + stall + after + 1000 * scale);
     struct client *c = peer_connect(PROTO_ROLE_TARGET, 0);
     uint64_t granted = 0;

@@ -42,6 +42,7 @@
  * 20. A coordinator killed after the run failed, while it waited for a daemon to take the STOP,
  *     ends the run failed again when restarted (exit 78, not running on as if nothing failed);
  *     once it left cleanly, the next start runs. */
+#include <sqlite3.h>
 #include "tests/test_coord_util.h"
 
 static pid_t kids[4];
@@ -1012,9 +1013,20 @@ static void failed_run_killed_before_exit(void)
     CHECK_INT(tc_exit_status(TC.coord, 10000 * test_time_scale()), ==, 78);
     TC.coord = 0;
     snprintf(cmd, sizeof cmd, "tail -c +%lld %s | grep -q 'the run had failed (.*GPU 3 fell off the bus.*) and its "
-             "coordinator died before leaving'", (long long)st.st_size + 1, log);
+             "coordinator.s clean exit was not recorded'", (long long)st.st_size + 1, log);
     CHECK(system(cmd) == 0);
     tc_start_coord();                               /* it left cleanly: this one runs on */
+    expect_state("running", 5000);
+    /* A ledger whose FAILED run left cleanly under a coordinator that did not record its exit
+     * (state "failed", no failed_open, as before the marker existed) runs on too. */
+    tc_kill(TC.coord);
+    sqlite3 *db;
+    CHECK_INT(sqlite3_open(TC.ledger, &db), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_exec(db, "UPDATE meta SET value = 'failed' WHERE key = 'state';"
+                               "DELETE FROM meta WHERE key = 'failed_open'", NULL, NULL, NULL), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_changes(db), ==, 1);
+    sqlite3_close(db);
+    tc_start_coord();
     expect_state("running", 5000);
     printf("ok: a run that failed stays failed across a coordinator killed before it left\n");
 }

@@ -2,7 +2,7 @@
 # fuzz.sh: builds the libFuzzer targets of tests/fuzz/ (clang, ASan + UBSan) and runs them.
 #   tools/fuzz.sh [--seconds N] [TARGET...]   each target N s (default $FUZZ_SECONDS or 60)
 #   tools/fuzz.sh --ci                        each target $FUZZ_CI_SECONDS (25) s, one line each;
-#                                             exits 0 with SKIP when clang's libFuzzer is missing
+#                                             exits 77 with SKIP when clang's libFuzzer is missing
 #   tools/fuzz.sh --build                     only build
 #   tools/fuzz.sh --seeds                     rewrite tests/fuzz/corpus/*/seed-* from the writers
 # Findings land in build-fuzz/fuzz/artifacts/<target>/; copy one to tests/fuzz/regress/<target>/

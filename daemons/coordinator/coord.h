@@ -198,6 +198,7 @@ struct coord {
     uint64_t last_tick_ms;          /* coord_tick: when it last ran (mono) */
     bool tick_skipped_hb;           /* ... and it judged no heartbeat then (it came late) */
     uint64_t stalls, stall_ms_max;  /* ticks later than heartbeat_ms (the loop was held up), the longest gap */
+    uint64_t stall_logged_ms;       /* when a stall was last logged (mono) */
     int exit_code;
     bool ring_created;
 

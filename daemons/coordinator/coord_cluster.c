@@ -280,7 +280,7 @@ static const int state_push[PROTO_STATE_MAX] = {
 
 /* The state a restarted coordinator resumes in (restore_state): a pause, a drain or a fatal
  * error on its way to FAILED outlive a crash, and so does FAILED itself until the coordinator
- * leaves (its clean exit writes "stopped" over it); a stop does not (starting again is how a
+ * leaves (its clean exit clears failed_open); a stop does not (starting again is how a
  * stopped or failed run goes on). */
 static void save_state(struct coord *co)
 {
@@ -293,6 +293,8 @@ static void save_state(struct coord *co)
     ledger_meta_set_u64(co->ledger, "finishing", co->finishing);
     ledger_meta_set_u64(co->ledger, "resumes", co->resumes);
     ledger_meta_set_u64(co->ledger, "nan_pending", co->nan_pending);
+    /* FAILED until the clean exit clears it (coord_main's finalize_ledger) */
+    ledger_meta_set_u64(co->ledger, "failed_open", co->state == PROTO_STATE_FAILED);
 }
 
 static void restore_state(struct coord *co)
@@ -304,15 +306,17 @@ static void restore_state(struct coord *co)
     co->nan_pending = ledger_meta_get_u64(co->ledger, "nan_pending", &v) == 1 && v;
     if (ledger_meta_get(co->ledger, "state", name, sizeof name) != 1)
         return;
-    if (!strcmp(name, proto_state_name(PROTO_STATE_FAILED))) {
-        /* The run failed and its coordinator died before leaving (it waits for the daemons to
-         * take the STOP): this start ends it as that one would have. */
+    if (!strcmp(name, proto_state_name(PROTO_STATE_FAILED)) &&
+        ledger_meta_get_u64(co->ledger, "failed_open", &v) == 1 && v) {
+        /* The run failed and its coordinator's clean exit was not recorded (it died while it
+         * waited for the daemons to take the STOP, or its last commit failed): this start ends
+         * the run as that one would have. */
         co->state = PROTO_STATE_FAILED;
         ledger_meta_get(co->ledger, "reason", co->reason, sizeof co->reason);
         co->fatal = true;
         co->stopped_ms = mono_ms();
-        log_error(0, "the run had failed (%s) and its coordinator died before leaving: it ends failed again; "
-                  "start the coordinator once more to run on", co->reason);
+        log_error(0, "the run had failed (%s) and its coordinator's clean exit was not recorded: it ends failed "
+                  "again; start the coordinator once more to run on", co->reason);
         return;
     }
     for (int s = PROTO_STATE_PAUSED; s <= PROTO_STATE_DRAINING; s++)
@@ -1338,9 +1342,11 @@ void coord_tick(struct coord *co)
         if (gap > co->stall_ms_max)
             co->stall_ms_max = gap;
     }
-    if (late)
+    if (late && (!co->stall_logged_ms || now - co->stall_logged_ms >= 10000)) {
         log_warn(0, "the event loop was held up for %" PRIu64 " ms (a slow ledger commit?): heartbeats are judged "
-                 "on the next tick, once the sockets are read", gap);
+                 "on the next tick, once the sockets are read (%" PRIu64 " such stalls so far)", gap, co->stalls);
+        co->stall_logged_ms = now;  /* at most one such line in 10 s */
+    }
     co->last_tick_ms = now;
     co->tick_skipped_hb = late;
     for (struct member *m = co->members, *next; m && !late; m = next) {

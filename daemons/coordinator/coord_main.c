@@ -70,9 +70,8 @@ static void finalize_ledger(struct coord *co)
         }
     coord_group_close(co);
     /* Failed and left: the next start runs on (the fatal error stays in the errors table). A
-     * "failed" found at a start means the coordinator died before it got here. */
-    if (co->state == PROTO_STATE_FAILED)
-        ledger_meta_set(co->ledger, "state", proto_state_name(PROTO_STATE_STOPPED));
+     * failed_open found at a start means this clean exit was not recorded. */
+    ledger_meta_set_u64(co->ledger, "failed_open", 0);
     char err[512];
     if (ledger_commit(co->ledger, err, sizeof err) < 0)
         log_error(0, "the batches in flight at the stop are not settled in the ledger (the next start's recovery "
@@ -126,6 +125,9 @@ int main(int argc, char **argv)
     }
     co->cfg = &co->d.cfg;
     const struct dflash_cfg *cfg = co->cfg;
+    if (cfg->coordinator.watchdog_ms)
+        log_warn(0, "coordinator.watchdog_ms = %" PRId64 " is ignored: the watchdog interval is the unit's WatchdogSec=",
+                 cfg->coordinator.watchdog_ms);
     if (tcp_config(co, err, sizeof err) < 0) {
         log_error(0, "%s", err);
         return DAEMON_EX_CONFIG;
