@@ -41,7 +41,10 @@
  * 19. A stop signal then stops at once (a drain could not end), and the run started again drains.
  * 20. A coordinator killed after the run failed, while it waited for a daemon to take the STOP,
  *     ends the run failed again when restarted (exit 78, not running on as if nothing failed);
- *     once it left cleanly, the next start runs. */
+ *     once it left cleanly, the next start runs.
+ * 21. A stop signal during the checks at start (a new ledger held by another connection here) is
+ *     taken once they are done: the coordinator stops cleanly (exit 0, the stop note), not by the
+ *     signal's default action. */
 #include <sqlite3.h>
 #include "tests/test_coord_util.h"
 
@@ -1031,6 +1034,55 @@ static void failed_run_killed_before_exit(void)
     printf("ok: a run that failed stays failed across a coordinator killed before it left\n");
 }
 
+/* 1 when pid has a handler for SIGTERM now (its SigCgt line in /proc). */
+static int catches_sigterm(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    unsigned long long mask = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "SigCgt: %llx", &mask) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (int)((mask >> (SIGTERM - 1)) & 1);
+}
+
+static void stop_signal_during_start(void)
+{
+    tc_setup(NULL, NULL);
+    tc_dataset(TC.data, 200, 16, 64, 1000);
+    char note[sizeof TC.sock + 16];
+    snprintf(note, sizeof note, "%s.stopped", TC.sock);
+    sqlite3 *db;            /* a new ledger, locked: the start waits in SQLite's busy handler */
+    CHECK_INT(sqlite3_open(TC.ledger, &db), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_exec(db, "PRAGMA journal_mode=WAL; BEGIN EXCLUSIVE", NULL, NULL, NULL), ==, SQLITE_OK);
+    char log[400];
+    snprintf(log, sizeof log, "%s/coordinator.log", TC.dir);
+    char *argv[] = { (char *)tc_bin("bin/coordinator-d"), "-c", TC.ini, NULL };
+    TC.coord = tc_spawn(argv, log);
+    uint64_t end = mono_ms() + 3000;
+    while (!catches_sigterm(TC.coord) && mono_ms() < end)
+        tc_sleep_ms(5);
+    CHECK(catches_sigterm(TC.coord));
+    CHECK(!tc_ctl(0));                                      /* still starting: no socket yet */
+    CHECK_INT(kill(TC.coord, SIGTERM), ==, 0);
+    tc_sleep_ms(300);
+    char tail[500];
+    snprintf(tail, sizeof tail, "tail -n 4 %s >&2", log);
+    if (waitpid(TC.coord, NULL, WNOHANG) != 0) {            /* not killed by it */
+        if (system(tail)) {}
+        TEST_FAIL("the coordinator ended within 300 ms of a SIGTERM sent during its start");
+    }
+    CHECK_INT(sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL), ==, SQLITE_OK);
+    sqlite3_close(db);
+    CHECK_INT(tc_exit_status(TC.coord, 10000 * test_time_scale()), ==, 0);
+    TC.coord = 0;
+    CHECK(access(note, F_OK) == 0);                         /* the daemons started later leave */
+    printf("ok: a stop signal during the checks at start stops the coordinator cleanly once they are done\n");
+}
+
 /* Between parts: every child, the coordinator, the ring and the ledger go. */
 static void reset(void)
 {
@@ -1053,7 +1105,7 @@ int main(void)
                              trained_copy_retracted_at_group_start, trained_copy_retracted_in_recovery,
                              dead_owner_slot_freed_at_exit, complete_run_killed_before_exit,
                              released_batch_named_in_group, fatal_during_drain, nan_then_stop_signal,
-                             failed_run_killed_before_exit };
+                             failed_run_killed_before_exit, stop_signal_during_start };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -18,6 +18,10 @@
 
 static struct coord g_co;
 
+static volatile sig_atomic_t g_early_signal;   /* a stop signal before the loop's handlers */
+
+static void on_early_signal(int sig) { g_early_signal = sig; }
+
 static void on_signal(uv_signal_t *h, int sig)
 {
     struct coord *co = h->data;
@@ -152,6 +156,14 @@ int main(int argc, char **argv)
     if (co->d.check_only)
         return 0;
 
+    /* A stop signal during the checks at start (the dataset, the ledger: seconds on a large run)
+     * is noted and taken once they are done, by the loop's handler as at any other time (a drain,
+     * the stop note), instead of the default action killing the process half-way. (Not blocked:
+     * threads of the libraries, already running, would take it with the default action.) */
+    struct sigaction sa = { .sa_handler = on_early_signal };
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     daemon_notify_init(&co->d);
     co->start_wall_ms = wall_ms();
     co->start_mono_ms = mono_ms();
@@ -204,6 +216,8 @@ int main(int argc, char **argv)
     co->sigterm.data = co->sigint.data = co;
     uv_signal_start(&co->sigterm, on_signal, SIGTERM);
     uv_signal_start(&co->sigint, on_signal, SIGINT);
+    if (g_early_signal)
+        raise(g_early_signal);  /* one sent meanwhile goes to the loop's handler now */
     uv_timer_init(co->loop, &co->tick);
     co->tick.data = co;
     uint64_t period = (uint64_t)cfg->coordinator.heartbeat_ms / 2;
