@@ -198,27 +198,38 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
     return 0;
 }
 
+/* A known type, and a payload length that type can have. */
+static int check_type_len(const struct proto_hdr *h, char *err, size_t errlen)
+{
+    if (h->type == 0 || h->type >= PROTO_TYPE_MAX)
+        FAIL(-DF_EFORMAT, "unknown message type %u", h->type);
+    uint32_t fixed = types[h->type].size;
+    if (types[h->type].variable ? h->len < fixed : h->len != fixed)
+        FAIL(h->len < fixed ? -DF_ETRUNC : -DF_EFORMAT, "%s: payload of %u bytes, expected %s%u",
+             types[h->type].name, h->len, types[h->type].variable ? "at least " : "", fixed);
+    return 0;
+}
+
+/* What the header alone tells, for the framing and the decoder alike: the magic, the size
+ * limit and, in this version's frames, the type and its payload length (refused before the
+ * payload is buffered; another version's sizes may differ, and proto_decode names it). */
+static int check_header(const struct proto_hdr *h, char *err, size_t errlen)
+{
+    if (h->magic != PROTO_MAGIC)
+        FAIL(-DF_EMAGIC, "bad frame magic 0x%08x (not a dflash peer?)", h->magic);
+    if (h->len > PROTO_MAX_FRAME - sizeof *h)
+        FAIL(-E2BIG, "frame of %zu+%u bytes exceeds the %u byte maximum", sizeof *h, h->len, PROTO_MAX_FRAME);
+    return h->version == PROTO_VERSION ? check_type_len(h, err, errlen) : 0;
+}
+
 int64_t proto_frame_size(const void *buf, size_t len, char *err, size_t errlen)
 {
     struct proto_hdr h;
     if (len < sizeof h)
         return 0;
     memcpy(&h, buf, sizeof h);
-    if (h.magic != PROTO_MAGIC)
-        FAIL(-DF_EMAGIC, "bad frame magic 0x%08x (not a dflash peer?)", h.magic);
-    if (h.len > PROTO_MAX_FRAME - sizeof h)
-        FAIL(-E2BIG, "frame of %zu+%u bytes exceeds the %u byte maximum", sizeof h, h.len, PROTO_MAX_FRAME);
-    /* A payload that cannot be its type's is refused now, not after it was buffered (another
-     * version's sizes may differ: proto_decode names the version instead). */
-    if (h.version == PROTO_VERSION) {
-        if (h.type == 0 || h.type >= PROTO_TYPE_MAX)
-            FAIL(-DF_EFORMAT, "unknown message type %u", h.type);
-        uint32_t fixed = types[h.type].size;
-        if (types[h.type].variable ? h.len < fixed : h.len != fixed)
-            FAIL(h.len < fixed ? -DF_ETRUNC : -DF_EFORMAT, "%s: payload of %u bytes, expected %s%u",
-                 types[h.type].name, h.len, types[h.type].variable ? "at least " : "", fixed);
-    }
-    return (int64_t)sizeof h + h.len;
+    int r = check_header(&h, err, errlen);
+    return r < 0 ? r : (int64_t)sizeof h + h.len;
 }
 
 int proto_decode(const void *buf, size_t len, struct proto_msg *m, char *err, size_t errlen)
@@ -230,29 +241,27 @@ int proto_decode(const void *buf, size_t len, struct proto_msg *m, char *err, si
     if (len < sizeof h)
         FAIL(-DF_ETRUNC, "truncated frame: %zu bytes, header needs %zu", len, sizeof h);
     memcpy(&h, buf, sizeof h);
-    if (h.magic != PROTO_MAGIC)
-        FAIL(-DF_EMAGIC, "bad frame magic 0x%08x (not a dflash peer?)", h.magic);
-    if (h.len > PROTO_MAX_FRAME - sizeof h)
-        FAIL(-E2BIG, "frame of %zu+%u bytes exceeds the %u byte maximum", sizeof h, h.len, PROTO_MAX_FRAME);
+    int r = check_header(&h, err, errlen);
+    if (r < 0)
+        return r;
     if (len < sizeof h + h.len)
         FAIL(-DF_ETRUNC, "truncated frame: %zu of %zu bytes", len, sizeof h + h.len);
     if (len > sizeof h + h.len)
         FAIL(-DF_EFORMAT, "%zu trailing bytes after the frame", len - sizeof h - h.len);
-    if (h.type == 0 || h.type >= PROTO_TYPE_MAX)
-        FAIL(-DF_EFORMAT, "unknown message type %u", h.type);
-    if (h.version != PROTO_VERSION && h.type != PROTO_REFUSE)
-        FAIL(-DF_EVERSION, "protocol version %u, expected %u", h.version, PROTO_VERSION);
-    const char *tn = types[h.type].name;
+    if (h.version != PROTO_VERSION) {
+        /* only a REFUSE is read from another version (it says why), at this version's size */
+        if (h.type != PROTO_REFUSE)
+            FAIL(-DF_EVERSION, "protocol version %u, expected %u", h.version, PROTO_VERSION);
+        if ((r = check_type_len(&h, err, errlen)) < 0)
+            return r;
+    }
     uint32_t fixed = types[h.type].size;
-    if (types[h.type].variable ? h.len < fixed : h.len != fixed)
-        FAIL(h.len < fixed ? -DF_ETRUNC : -DF_EFORMAT, "%s: payload of %u bytes, expected %s%u", tn, h.len,
-             types[h.type].variable ? "at least " : "", fixed);
     const uint8_t *payload = (const uint8_t *)buf + sizeof h;
     m->type = h.type;
     m->version = h.version;
     if (fixed)
         memcpy(&m->hello, payload, fixed);  /* every member starts at the union's start */
-    int r = validate(m, h.len, err, errlen);
+    r = validate(m, h.len, err, errlen);
     if (r < 0)
         return r;
     if (m->type == PROTO_LEASE_GRANT)

@@ -485,6 +485,15 @@ static int by_device(const void *a, const void *b)
     return x->device != y->device ? (x->device < y->device ? -1 : 1) : (x->id < y->id ? -1 : x->id > y->id);
 }
 
+/* The rank of the running generation that process `token` was given, or -1. */
+static int token_rank(const struct dgroup *g, uint64_t token)
+{
+    for (uint32_t r = 0; r < g->world; r++)
+        if (g->rank_token[r] == token)
+            return (int)r;
+    return -1;
+}
+
 /* Drafter m (the same process as rank r of the running generation) takes its rank back. */
 static void reseat(struct coord *co, struct member *m, uint32_t r)
 {
@@ -845,10 +854,8 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
         /* Only a rank of this generation trains in it: the process seated there, or the same
          * process on a connection not seated yet. A drafter waiting for a place (or one confused
          * about its generation) would mark a batch done that nobody trained. */
-        bool rank = m->rank >= 0 && (uint32_t)m->rank < g->world && g->rank_member[m->rank] == m;
-        for (uint32_t r = 0; r < g->world && !rank; r++)
-            rank = g->rank_token[r] == m->token;
-        if (!rank) {
+        bool seated = m->rank >= 0 && (uint32_t)m->rank < g->world && g->rank_member[m->rank] == m;
+        if (!seated && token_rank(g, m->token) < 0) {
             log_warn(0, "%s: TRAINED for batch " BID " refused: it holds no rank in generation %" PRIu64, m->name,
                      BARGS(b->row.id), g->gen);
             send_ack(m, t->seq, -DF_EPEER);
@@ -1146,14 +1153,13 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
     case PROTO_JOIN_GROUP:
         if (role != PROTO_ROLE_DRAFTER)
             break;
-        if (m->rank < 0 && co->grp.active)
+        if (m->rank < 0 && co->grp.active) {
             /* Its GROUP was lost with the connection (it asks again, holding no rank): the
              * generation was formed with it, and its peers wait for it in the collective. */
-            for (uint32_t r = 0; r < co->grp.world; r++)
-                if (co->grp.rank_token[r] == m->token && !co->grp.rank_member[r]) {
-                    reseat(co, m, r);
-                    break;
-                }
+            int r = token_rank(&co->grp, m->token);
+            if (r >= 0 && !co->grp.rank_member[r])
+                reseat(co, m, (uint32_t)r);
+        }
         if (m->rank >= 0 && co->grp.active) {
             send_group(co, m);
             return;
