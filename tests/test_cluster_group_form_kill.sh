@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # test_cluster_group_form_kill.sh: a drafter dies while its group is being formed. Rank 1 joins
 # and is frozen (SIGSTOP), rank 0 starts, the generation forms and rank 0 waits in the collective
-# for rank 1; rank 1 is SIGKILLed. The coordinator ends the generation, and rank 0 gives its wait
-# up at once on the RESTART (it once sat out the whole collective timeout, then exited 1). With
-# rank 1 started again the next generation forms and the run drains cleanly.
+# for rank 1 (its log says it went to meet rank 1, and not that it got through); rank 1 is
+# SIGKILLed. The coordinator ends the generation, and rank 0 gives its wait up at once on the
+# RESTART (it once sat out the whole collective timeout, then exited 1). With rank 1 started again
+# the next generation forms and the run drains cleanly.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -21,7 +22,11 @@ cl_wait 'len(drafters()) == 1 and drafters()[0]["joined"]' 30 coord || fail "dra
 cl_kill drafter1 STOP
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait 's["group"]["active"]' 30 coord || fail "the group did not form"
+cl_wait_log "$CL_DIR/drafter0.log" "rank 0 of 2, meeting the other ranks in collective" 30 ||
+  fail "rank 0 did not go to meet rank 1"
 sleep "$(cl_scaled 1)"                      # rank 0 waits in the collective for rank 1
+cl_alive drafter0 || fail "rank 0 exited while rank 1 was frozen: $(tail -n 3 "$CL_DIR/drafter0.log")"
+grep -q "in drafter group generation" "$CL_DIR/drafter0.log" && fail "rank 0 got through the collective without rank 1"
 cl_log "generation 1 formed with a frozen rank 1: SIGKILL it"
 cl_kill drafter1 KILL
 cl_wait_exit drafter1 10
