@@ -18,6 +18,25 @@ static void cleanup(void)
     ring_unlink(TC.ring);
 }
 
+/* The per-epoch counts of done batches in the status add up to its total of done batches, and
+ * none passes its epoch's batch count (kept by every state change, and rebuilt on a restart). */
+static void check_epoch_counts(const char *when)
+{
+    cJSON *s = tc_query(PROTO_Q_STATUS);
+    CHECK(s);
+    const cJSON *per = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(s, "epoch"), "per_epoch");
+    CHECK(cJSON_IsArray(per) && cJSON_GetArraySize(per) >= 1);
+    double sum = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, per) {
+        CHECK(tc_num(e, "checkpointed") >= 0 && tc_num(e, "checkpointed") <= tc_num(e, "batches"));
+        sum += tc_num(e, "checkpointed");
+    }
+    printf("%s: %.0f checkpointed over %d epoch(s)\n", when, sum, cJSON_GetArraySize(per));
+    CHECK(sum == tc_num(s, "batches.checkpointed"));
+    cJSON_Delete(s);
+}
+
 int main(void)
 {
     atexit(cleanup);
@@ -59,14 +78,17 @@ int main(void)
     printf("drafter 1 killed at %.0f checkpointed\n", tc_status_num("batches.checkpointed"));
     drafters[1] = tc_fork_drafter(6, 10, 7);
     tc_wait_num("group.generation", 2, 10000);  /* survivor + replacement form generation 2 */
+    check_epoch_counts("after the rollback");
 
     tc_wait_num("batches.checkpointed", total * 1.1, 30000);
+    check_epoch_counts("in epoch 1");
     kill(TC.coord, SIGKILL);
     waitpid(TC.coord, NULL, 0);
     printf("coordinator killed\n");
     tc_sleep_ms(300);   /* peers keep working into the ring meanwhile */
     tc_start_coord();
     CHECK(tc_status_num("ring.slots") == 6);
+    check_epoch_counts("read back from the ledger");
 
     /* The run completes: the coordinator drains, stops every daemon and exits 0. */
     int rc = tc_exit_status(TC.coord, 60000);

@@ -43,6 +43,7 @@ struct epoch_state {
     uint32_t loaded;                /* rows read back from the ledger */
     struct sched_epoch s;
     struct batch *b;                /* [s.n_batches] */
+    uint32_t done;                  /* of them CHECKPOINTED (batch_set keeps it) */
 };
 
 struct member {
@@ -165,6 +166,7 @@ struct coord {
     struct coord_timer commit, check;   /* its own timings (a commit; the periodic checks), in the status */
     struct batch *leased;           /* every LEASED batch (the periodic checks walk these, not all) */
     struct batch *published;        /* every PUBLISHED batch (the orphan sweep walks these) */
+    struct batch *trained;          /* every TRAINED batch (a checkpoint or a rollback walks these) */
     uint64_t total_batches;         /* over built epochs */
     uint64_t run_batches;           /* the run's batches as estimated when the first generation
                                        formed (ledger meta "run_batches"; 0 = none formed yet) */
@@ -238,12 +240,14 @@ void coord_set_state(struct coord *co, int state, const char *reason);
 uint64_t coord_est_batches(const struct coord *co);
 struct batch *coord_batch(struct coord *co, uint64_t id);
 
-/* The list of the batches in `state`: LEASED and PUBLISHED ones are few, and the periodic checks
- * walk these rather than every batch (NULL for the other states). A batch is linked when it
- * enters the state and unlinked when it leaves it (batch_set). */
+/* The list of the batches in `state`: LEASED, PUBLISHED and TRAINED ones are few (those in
+ * flight and those since the last checkpoint), and the periodic checks, a checkpoint and a
+ * rollback walk these rather than every batch (NULL for PENDING and CHECKPOINTED). A batch is
+ * linked when it enters the state and unlinked when it leaves it (batch_set). */
 static inline struct batch **coord_state_list(struct coord *co, int state)
 {
-    return state == BATCH_LEASED ? &co->leased : state == BATCH_PUBLISHED ? &co->published : NULL;
+    return state == BATCH_LEASED ? &co->leased : state == BATCH_PUBLISHED ? &co->published
+         : state == BATCH_TRAINED ? &co->trained : NULL;
 }
 
 static inline void coord_list_link(struct batch **head, struct batch *b)

@@ -82,6 +82,10 @@ static void batch_set(struct coord *co, struct batch *b, int state)
 {
     co->counts[b->row.state]--;
     co->counts[state]++;
+    if ((b->row.state == BATCH_CHECKPOINTED) != (state == BATCH_CHECKPOINTED)) {
+        uint32_t *done = &co->ep[b->row.epoch].done;
+        *done = state == BATCH_CHECKPOINTED ? *done + 1 : *done - 1;
+    }
     struct batch **from = coord_state_list(co, b->row.state), **to = coord_state_list(co, state);
     if (from != to) {
         if (from)
@@ -576,18 +580,18 @@ static void group_fail(struct coord *co, const char *why)
              g->ckpt_dir[0] ? g->ckpt_dir : "scratch");
     const struct ring_slot_stat *s = slot_snapshot(co);
     uint64_t rolled = 0, lost = 0;
-    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
-        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
-            struct batch *b = &co->ep[e].b[i];
-            if (b->row.state == BATCH_TRAINED) {
-                requeue(co, b, "trained after the last checkpoint of a failed drafter group");
-                rolled++;
-            } else if (b->row.state == BATCH_PUBLISHED && slot_holding(co, s, b->row.id) < 0) {
-                /* consumed by a drafter of the dead generation without a TRAINED report */
-                requeue(co, b, "its slot was consumed by the failed drafter group");
-                lost++;
-            }
+    while (co->trained) {   /* requeue unlinks it */
+        requeue(co, co->trained, "trained after the last checkpoint of a failed drafter group");
+        rolled++;
+    }
+    for (struct batch *b = co->published, *next; b; b = next) {
+        next = b->lnext;
+        if (slot_holding(co, s, b->row.id) < 0) {
+            /* consumed by a drafter of the dead generation without a TRAINED report */
+            requeue(co, b, "its slot was consumed by the failed drafter group");
+            lost++;
         }
+    }
     struct proto_msg msg = { .type = PROTO_RESTART };
     msg.restart.generation = g->gen + 1;
     msg.restart.ckpt_step = g->ckpt_step;
@@ -936,14 +940,13 @@ static void on_checkpointed(struct coord *co, struct member *m, const struct pro
     ledger_meta_set_u64(co->ledger, "ckpt_step", g->ckpt_step);
     ledger_meta_set(co->ledger, "ckpt_dir", g->ckpt_dir);
     uint64_t n = 0;
-    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
-        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
-            struct batch *b = &co->ep[e].b[i];
-            if (b->row.state == BATCH_TRAINED && b->row.gen == c->generation && b->row.step <= c->step) {
-                batch_set(co, b, BATCH_CHECKPOINTED);
-                n++;
-            }
+    for (struct batch *b = co->trained, *next; b; b = next) {
+        next = b->lnext;    /* batch_set unlinks b */
+        if (b->row.gen == c->generation && b->row.step <= c->step) {
+            batch_set(co, b, BATCH_CHECKPOINTED);
+            n++;
         }
+    }
     log_notice("checkpoint %s (generation %" PRIu64 " step %" PRIu64 ") is durable: %" PRIu64 " batches done", c->dir,
                c->generation, c->step, n);
     send_ack(m, c->seq, 0);
@@ -1479,6 +1482,7 @@ static int load_row(void *ctx, const struct ledger_batch *row)
     b->row = *row;
     if (coord_state_list(co, row->state))
         coord_list_link(coord_state_list(co, row->state), b);
+    ep->done += row->state == BATCH_CHECKPOINTED;
     ep->loaded++;
     co->counts[row->state]++;
     if (row->state == BATCH_PENDING)

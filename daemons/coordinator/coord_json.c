@@ -149,9 +149,7 @@ static cJSON *epoch_json(struct coord *co)
             continue;
         }
         scheduled++;
-        uint64_t done = 0;
-        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++)
-            done += co->ep[e].b[i].row.state == BATCH_CHECKPOINTED;
+        uint64_t done = co->ep[e].done;
         if (done < co->ep[e].s.n_batches && current == co->epochs)
             current = e;
         cJSON *x = cJSON_CreateObject();
@@ -232,34 +230,46 @@ static cJSON *errors_json(struct coord *co, uint32_t limit)
     return a;
 }
 
+static int by_id(const void *a, const void *b)
+{
+    uint64_t x = (*(const struct batch *const *)a)->row.id, y = (*(const struct batch *const *)b)->row.id;
+    return x < y ? -1 : x > y;
+}
+
+/* The batches in flight (LEASED, PUBLISHED, TRAINED: taken from their lists, not by a walk of
+ * every batch), the first `limit` in schedule order. */
 static cJSON *batches_json(struct coord *co, uint32_t limit)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddItemToObject(o, "batches", counts_json(co));
     cJSON_AddItemToObject(o, "epoch", epoch_json(co));
     cJSON *a = cJSON_AddArrayToObject(o, "in_flight");
-    uint32_t n = 0;
-    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
-        for (uint32_t i = 0; i < co->ep[e].s.n_batches && n < limit; i++) {
-            const struct batch *b = &co->ep[e].b[i];
-            int st = b->row.state;
-            if (st != BATCH_LEASED && st != BATCH_PUBLISHED && st != BATCH_TRAINED)
-                continue;
-            cJSON *x = cJSON_CreateObject();
-            cJSON_AddNumberToObject(x, "id", (double)b->row.id);
-            cJSON_AddNumberToObject(x, "epoch", e);
-            cJSON_AddNumberToObject(x, "index", i);
-            cJSON_AddStringToObject(x, "state", batch_state_name(st));
-            cJSON_AddNumberToObject(x, "samples", b->row.n_samples);
-            cJSON_AddNumberToObject(x, "tokens", b->row.n_tokens);
-            cJSON_AddNumberToObject(x, "leases", b->row.leases);
-            cJSON_AddNumberToObject(x, "holder_pid", b->holder ? b->holder->pid : 0);
-            cJSON_AddNumberToObject(x, "slot", b->row.slot);
-            cJSON_AddNumberToObject(x, "generation", (double)b->row.gen);
-            cJSON_AddNumberToObject(x, "step", (double)b->row.step);
-            cJSON_AddItemToArray(a, x);
-            n++;
-        }
+    static const int states[] = { BATCH_LEASED, BATCH_PUBLISHED, BATCH_TRAINED };
+    size_t n = 0, cap = co->counts[BATCH_LEASED] + co->counts[BATCH_PUBLISHED] + co->counts[BATCH_TRAINED];
+    const struct batch **v = malloc((cap ? cap : 1) * sizeof *v);
+    if (!v)
+        return o;   /* out of memory: no rows (the document itself is unlikely to be made) */
+    for (size_t k = 0; k < sizeof states / sizeof states[0]; k++)
+        for (const struct batch *b = *coord_state_list(co, states[k]); b && n < cap; b = b->lnext)
+            v[n++] = b;
+    qsort(v, n, sizeof *v, by_id);
+    for (size_t k = 0; k < n && k < limit; k++) {
+        const struct batch *b = v[k];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "id", (double)b->row.id);
+        cJSON_AddNumberToObject(x, "epoch", b->row.epoch);
+        cJSON_AddNumberToObject(x, "index", b->row.idx);
+        cJSON_AddStringToObject(x, "state", batch_state_name(b->row.state));
+        cJSON_AddNumberToObject(x, "samples", b->row.n_samples);
+        cJSON_AddNumberToObject(x, "tokens", b->row.n_tokens);
+        cJSON_AddNumberToObject(x, "leases", b->row.leases);
+        cJSON_AddNumberToObject(x, "holder_pid", b->holder ? b->holder->pid : 0);
+        cJSON_AddNumberToObject(x, "slot", b->row.slot);
+        cJSON_AddNumberToObject(x, "generation", (double)b->row.gen);
+        cJSON_AddNumberToObject(x, "step", (double)b->row.step);
+        cJSON_AddItemToArray(a, x);
+    }
+    free(v);
     return o;
 }
 
