@@ -529,6 +529,7 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
             r = handle_frame(c, &in, err, errlen);
             if (r < 0) {
                 free(kept);
+                disconnect(c);      /* the rest of the handshake is unread: the next one redoes it */
                 return r;
             }
         }

@@ -7,11 +7,12 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 6                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
+#define PROTO_VERSION 7                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
                                               4: lease numbers, SKIPPED; 5: dataset checksum and operator
                                               resume count in WELCOME, the count in CONTROL; 6: GROUP
                                               lists the batches kept from earlier generations that
-                                              were leased more than once, and the run's batch count */
+                                              were leased more than once, and the run's batch count;
+                                              7: the run's id in GROUP */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -237,8 +238,9 @@ struct proto_group {
                                        learning-rate horizon of drafter.total_steps = 0) */
     uint32_t n_done;                /* batch ids that follow (rule 3), <= PROTO_MAX_GROUP_IDS */
     uint32_t pad;
+    uint64_t run_id;                /* the run (its ledger): a checkpoint folder holds one run's */
 };
-_Static_assert(sizeof(struct proto_group) == 488, "wire size");
+_Static_assert(sizeof(struct proto_group) == 496, "wire size");
 
 struct proto_trained {
     uint64_t seq;

@@ -321,6 +321,21 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
         snprintf(err, errlen, "ring %s: chown to group %d: %s", name, opts->gid, strerror(-rc));
         goto fail_unlink;
     }
+    /* Creator identity first, before the reservation (seconds for a large ring): an attacher
+     * that sees it without the magic knows creation is in progress (-EAGAIN). */
+    if ((rc = owner_refresh(r)) < 0) {
+        snprintf(err, errlen, "ring %s: cannot read own process start time: %s", name, strerror(-rc));
+        goto fail_unlink;
+    }
+    struct ring_hdr ident;
+    memset(&ident, 0, sizeof ident);
+    ident.creator_pid = (int32_t)getpid();
+    ident.creator_token = r->owner;
+    if (pwrite(fd, &ident, sizeof ident, 0) != (ssize_t)sizeof ident) {
+        rc = errno ? -errno : -EIO;
+        snprintf(err, errlen, "ring %s: write header: %s", name, strerror(-rc));
+        goto fail_unlink;
+    }
     /* Reserve every page now: on a full /dev/shm this fails here instead of a SIGBUS
      * in whichever process first touches an unbacked page. */
     int e = posix_fallocate(fd, 0, (off_t)g.total);
@@ -340,13 +355,7 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
     fd = -1;
 
     struct ring_hdr *h = r->h;
-    uint64_t me = 0;
-    if ((rc = owner_refresh(r)) < 0) {
-        snprintf(err, errlen, "ring %s: cannot read own process start time: %s", name, strerror(-rc));
-        goto fail_unmap;
-    }
-    me = r->owner;
-    /* Creator identity first: an attacher seeing it without magic knows creation is in progress. */
+    uint64_t me = r->owner;
     h->creator_pid = (int32_t)getpid();
     h->creator_token = me;
     h->version = RING_VERSION;
@@ -371,9 +380,6 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
     *out = r;
     return 0;
 
-fail_unmap:
-    munmap(r->base, r->size);
-    r->base = NULL;
 fail_unlink:
     if (fd >= 0)
         close(fd);

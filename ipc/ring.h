@@ -78,7 +78,8 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
  * a header, magic (-DF_EMAGIC: not a dflash ring), version (-DF_EVERSION), header
  * consistency (-DF_EFORMAT), object size (-DF_ETRUNC), then unless RING_ATTACH_ANY the
  * slot count and payload layout against *expect (-DF_ELAYOUT, err names the field).
- * A header still being initialised gives -EAGAIN. Never maps beyond the object's size. */
+ * A header still being initialised gives -EAGAIN (its creator names itself in the header before
+ * the object is sized and filled). Never maps beyond the object's size. */
 int ring_attach(struct ring **out, const char *name, const struct ring_layout *expect,
                 unsigned flags, char *err, size_t errlen);
 

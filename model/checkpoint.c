@@ -469,15 +469,40 @@ static int remove_dir(const char *dir)
     return r;
 }
 
-int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train_state *ts,
-              char *out_dir, size_t out_len, char *err, size_t errlen)
+/* mkdir root; when this made it, its parent is synced so that the new entry survives a crash. */
+static int make_root(const char *root, char *err, size_t errlen)
 {
-    char tmp[4096], final[4096], old[4096];
-    if (mkdir(root, 0755) < 0 && errno != EEXIST) {
+    if (mkdir(root, 0755) < 0) {
+        if (errno == EEXIST)
+            return 0;
         int r = -errno;
         snprintf(err, errlen, "%s: mkdir: %s", root, strerror(-r));
         return r;
     }
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", root);
+    char *slash = strrchr(parent, '/');
+    while (slash && slash > parent && slash[1] == 0) {     /* "a/b/" */
+        *slash = 0;
+        slash = strrchr(parent, '/');
+    }
+    if (!slash)
+        snprintf(parent, sizeof parent, ".");
+    else
+        slash[slash == parent] = 0;                         /* "/b" -> "/" */
+    int r = fsync_path(parent, O_RDONLY | O_DIRECTORY);
+    if (r < 0)
+        snprintf(err, errlen, "%s: fsync: %s", parent, strerror(-r));
+    return r;
+}
+
+int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train_state *ts,
+              char *out_dir, size_t out_len, char *err, size_t errlen)
+{
+    char tmp[4096], final[4096], old[4096];
+    int made = make_root(root, err, errlen);
+    if (made < 0)
+        return made;
     snprintf(final, sizeof final, "%s/step-%010" PRId64, root, ts->step);
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%010" PRId64 "-%d", root, ts->step, (int)getpid());
     snprintf(old, sizeof old, "%s/.old-step-%010" PRId64 "-%d", root, ts->step, (int)getpid());
@@ -641,6 +666,98 @@ int ckpt_latest(const char *root, char *dir, size_t dir_len, int64_t *step)
     if (step)
         *step = best;
     return 0;
+}
+
+/* The run id in root/CKPT_RUN_FILE: 1 and *id, 0 when there is none, <0 with err. */
+static int read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
+{
+    char path[4096], buf[64];
+    snprintf(path, sizeof path, "%s/%s", root, CKPT_RUN_FILE);
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return 0;
+        int r = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-r));
+        return r;
+    }
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    if (n < 0) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-r));
+        return r;
+    }
+    buf[n] = 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(buf, &end, 16);
+    if (n != 17 || end != buf + 16 || *end != '\n' || errno || !v) {
+        snprintf(err, errlen, "%s: not a run id (16 hex digits and a newline): move the folder away", path);
+        return -DF_EFORMAT;
+    }
+    *id = v;
+    return 1;
+}
+
+int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, char *err, size_t errlen)
+{
+    int r = make_root(root, err, errlen);
+    if (r < 0)
+        return r;
+    uint64_t have = 0;
+    if ((r = read_run_id(root, &have, err, errlen)) < 0)
+        return r;
+    if (r == 1) {
+        if (have == run_id)
+            return 0;
+        snprintf(err, errlen, "%s holds the checkpoints of run %016" PRIx64 ", not of this run (%016" PRIx64
+                 "): move them away, or set drafter.checkpoint_dir to another folder", root, have, run_id);
+        return -DF_ELAYOUT;
+    }
+    /* Unclaimed: step folders in it are this run's only when it resumes from one of them (a
+     * folder written before runs were named). Else they would be pruned or replaced. */
+    size_t rl = strlen(root);
+    bool resumes_here = resume_dir && resume_dir[0] && !strncmp(resume_dir, root, rl) && resume_dir[rl] == '/';
+    if (!resumes_here) {
+        DIR *dh = opendir(root);
+        if (!dh) {
+            r = -errno;
+            snprintf(err, errlen, "%s: %s", root, strerror(-r));
+            return r;
+        }
+        int64_t found = -1;
+        struct dirent *e;
+        while ((e = readdir(dh)) && found < 0)
+            found = step_of_dir(e->d_name);
+        closedir(dh);
+        if (found >= 0) {
+            snprintf(err, errlen, "%s holds checkpoints of no known run (step-%010" PRId64 " ...), which this run "
+                     "would prune: move them away, or set drafter.checkpoint_dir to another folder", root, found);
+            return -DF_ELAYOUT;
+        }
+    }
+    /* Written aside and linked in: of two drafters claiming it at once, one's id is there first
+     * and the other compares against it. */
+    char tmp[4096], path[4096], text[32];
+    snprintf(tmp, sizeof tmp, "%s/.%s-%d", root, CKPT_RUN_FILE, (int)getpid());
+    snprintf(path, sizeof path, "%s/%s", root, CKPT_RUN_FILE);
+    snprintf(text, sizeof text, "%016" PRIx64 "\n", run_id);
+    unlink(tmp);
+    if ((r = write_text(tmp, text, err, errlen)) < 0) {
+        unlink(tmp);
+        return r;
+    }
+    int linked = link(tmp, path) == 0 ? 0 : -errno;
+    unlink(tmp);
+    if (linked == -EEXIST)
+        return ckpt_claim_root(root, run_id, resume_dir, err, errlen);
+    if (linked < 0) {
+        snprintf(err, errlen, "%s: %s", path, strerror(-linked));
+        return linked;
+    }
+    if ((r = fsync_path(root, O_RDONLY | O_DIRECTORY)) < 0)
+        snprintf(err, errlen, "%s: fsync: %s", root, strerror(-r));
+    return r;
 }
 
 /* ---- load ---- */

@@ -41,6 +41,14 @@ int ckpt_write_files(const char *dir, const struct drafter *d, const struct ckpt
  * nothing goes by age). keep 0: nothing is removed. Returns how many were. */
 int ckpt_prune(const char *root, int keep, int64_t written, int64_t head);
 
+/* Claim root (made if missing) for the run `run_id` before its first checkpoint: its file
+ * CKPT_RUN_FILE names the run whose checkpoints it holds, because the prunes and a same-step
+ * replacement would remove another run's. Refused with one line (-DF_ELAYOUT): a root of another
+ * run; an unclaimed one holding step-N folders, unless the run resumes from one of them
+ * (`resume_dir`, "" for none: folders written before roots were claimed). 0 or <0 with err. */
+int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, char *err, size_t errlen);
+#define CKPT_RUN_FILE "run-id"
+
 /* Remove the temp dirs of writes that were interrupted (a crash mid-write): every .tmp-step-* /
  * .old-step-* whose lock no writer holds. Returns how many were removed. */
 int ckpt_remove_stale(const char *root);

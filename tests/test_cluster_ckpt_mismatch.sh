@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# test_cluster_ckpt_mismatch.sh: the drafter's shape changed under a state_dir. A one-rank group
-# trains and checkpoints; the drafter is killed and started again with model.draft_layers changed:
-# the group's checkpoint is made for another drafter, which no restart can load. The drafter says
-# so (the file and what differs), reports it as fatal and exits 78 (systemd does not restart it);
-# the cluster ends FAILED with that reason (it exited 1 and was restarted into the same refusal
-# for ever).
+# test_cluster_ckpt_mismatch.sh: checkpoints a drafter must not use, or must not remove.
+#  - The drafter's shape changed under a state_dir. A one-rank group trains and checkpoints; the
+#    drafter is killed and started again with model.draft_layers changed: the group's checkpoint
+#    is made for another drafter, which no restart can load. The drafter says so (the file and
+#    what differs), reports it as fatal and exits 78 (systemd does not restart it); the cluster
+#    ends FAILED with that reason (it exited 1 and was restarted into the same refusal for ever).
+#  - A new run (the ledger moved away, as to start again) in the same state_dir: the old run's
+#    checkpoint folder is claimed by it (its run-id file), and the new run's first checkpoint would
+#    prune the old run's newer steps. The drafter refuses the folder (exit 78, the run named), and
+#    the old checkpoints are all still there; an unclaimed folder with step folders in it (written
+#    before folders were claimed) is refused the same way. With drafter.checkpoint_dir set to
+#    another folder the new run trains and checkpoints.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -27,4 +33,49 @@ cl_wait_exit coord 60
 [[ $CL_RC == 78 ]] || fail "coordinator exited '$CL_RC', want 78 (FAILED)"
 grep -q -- "-> failed: .*joining generation 2: .*does not match" "$CL_DIR/coord.log" || fail "the cluster did not fail on it"
 cl_log "$(grep -m1 'joining generation 2' "$CL_DIR/drafter0.log" | sed 's/^<[0-9]>//')"
-echo "ok: a checkpoint of another drafter shape: exit 78, cluster failed"
+
+# a new run in the same state_dir
+ck="$CL_DIR/state/checkpoints"
+old_run=$(cat "$ck/run-id") || fail "no run-id in $ck"
+before=$(cd "$ck" && ls -d step-* | tr '\n' ' ')
+[[ -n $before ]] || fail "no checkpoints in $ck"
+mkdir "$T/old-ledger"
+mv "$CL_DIR"/state/*-ledger.db* "$T/old-ledger/"
+cl_ini_add model.draft_layers=1
+cl_start coord2 coordinator-d -c "$CL_INI"
+cl_wait 's["state"] == "running"' 30 coord2 || fail "second coordinator did not come up"
+new_run=$(cl_json 's["run"]')
+[[ $new_run != "$old_run" && $new_run =~ ^[0-9a-f]{16}$ ]] || fail "run ids: old '$old_run', new '$new_run'"
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+cl_wait_exit drafter0 60
+[[ $CL_RC == 78 ]] || fail "a drafter on another run's checkpoint folder exited '$CL_RC', want 78: $(tail -n 3 "$CL_DIR/drafter0.log")"
+grep -q "$ck holds the checkpoints of run $old_run, not of this run ($new_run): move them away" "$CL_DIR/drafter0.log" ||
+  fail "drafter0: $(tail -n 3 "$CL_DIR/drafter0.log")"
+[[ $(cd "$ck" && ls -d step-* | tr '\n' ' ') == "$before" ]] || fail "checkpoints of the old run changed: $(ls "$ck")"
+cl_log "$(grep -m1 'holds the checkpoints of run' "$CL_DIR/drafter0.log" | sed 's/^<[0-9]>//')"
+cl_wait_exit coord2 60
+
+# the same folder unclaimed (as written before folders were claimed)
+rm "$ck/run-id"
+rm -f "$CL_DIR"/state/*-ledger.db*
+cl_start coord3 coordinator-d -c "$CL_INI"
+cl_wait 's["state"] == "running"' 30 coord3 || fail "third coordinator did not come up"
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+cl_wait_exit drafter0 60
+[[ $CL_RC == 78 ]] || fail "a drafter on an unclaimed folder of step folders exited '$CL_RC', want 78"
+grep -q "$ck holds checkpoints of no known run (step-[0-9]* ...), which this run would prune" "$CL_DIR/drafter0.log" ||
+  fail "drafter0: $(tail -n 3 "$CL_DIR/drafter0.log")"
+[[ $(cd "$ck" && ls -d step-* | tr '\n' ' ') == "$before" && ! -e $ck/run-id ]] || fail "the unclaimed folder changed: $(ls -A "$ck")"
+cl_wait_exit coord3 60
+
+# a folder of its own: the new run trains and checkpoints there
+rm -f "$CL_DIR"/state/*-ledger.db*
+cl_ini_add drafter.checkpoint_dir="$T/ck2"
+cl_start coord4 coordinator-d -c "$CL_INI"
+cl_wait 's["state"] == "running"' 30 coord4 || fail "fourth coordinator did not come up"
+cl_start target0 target-d -c "$CL_INI" -i 0
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+cl_wait 's["group"]["checkpoint"]["step"] >= 5' 120 coord4 || fail "no checkpoint in the new folder"
+[[ $(cat "$T/ck2/run-id") == $(cl_json 's["run"]') ]] || fail "$T/ck2/run-id: $(cat "$T/ck2/run-id")"
+[[ $(cd "$ck" && ls -d step-* | tr '\n' ' ') == "$before" ]] || fail "the old folder changed: $(ls -A "$ck")"
+echo "ok: a checkpoint of another drafter shape: exit 78, cluster failed; another run's checkpoint folder, and an unclaimed one, refused and left as they were"

@@ -108,6 +108,13 @@ bad2 "s/^log_level = .*/log_level = loud/" "$(line log_level): cluster.log_level
 # A key given with -o is blamed on the override.
 "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o target.backend=tpu -t >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "override target.backend: 'tpu'" "$T/o.out" || fail "override error: $(tail -2 "$T/o.out")"
+# A checkpoint folder whose step folders' paths would not fit the protocol's 256 bytes.
+long=/tmp/$(printf 'd%.0s' {1..235})     # 240 bytes, + /step-0000000010: 256
+"$CL_BIN/drafter-d" -c "$CL_INI" -i 0 -o drafter.checkpoint_dir="$long" -t >"$T/o.out" 2>&1
+[[ $? == 78 ]] && grep -q "override drafter.checkpoint_dir: its checkpoint folders ($long/step-N) would be longer than the 255 bytes" "$T/o.out" ||
+  fail "long checkpoint_dir: $(tail -2 "$T/o.out")"
+"$CL_BIN/drafter-d" -c "$CL_INI" -i 0 -o drafter.checkpoint_dir="${long:0:239}" -t >"$T/o.out" 2>&1 ||
+  fail "a checkpoint_dir of 239 bytes: $(tail -2 "$T/o.out")"
 # backend = cuda: checked without touching a GPU (-t); a build without the backend says so (78).
 for d in target drafter; do
   "$CL_BIN/$d-d" -c "$CL_INI" -i 0 -o $d.backend=cuda -t >"$T/o.out" 2>&1

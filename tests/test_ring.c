@@ -308,6 +308,35 @@ static void test_validation(void)
     ring_detach(NULL);
 }
 
+/* A header whose magic is not stored yet is one being made: -EAGAIN while its creator (named in
+ * the header before the object is sized) lives, else not a ring. */
+static void test_being_made(void)
+{
+    struct ring *r = NULL, *a = NULL;
+    struct ring_layout l = small_layout(4);
+    CHECK_OK(ring_create(&r, g_name, &l, NULL, err, sizeof err));
+    uint64_t me, head[64];
+    CHECK_OK(proc_self_token(&me));
+    int fd = shm_open(g_name, O_RDONLY, 0);
+    CHECK(fd >= 0);
+    CHECK_INT(pread(fd, head, sizeof head, 0), ==, (ssize_t)sizeof head);
+    close(fd);
+    int at = -1;
+    for (int i = 1; i < 64 && at < 0; i++)
+        if (head[i] == me)
+            at = i;
+    CHECK(at > 0);                                      /* the creator's token is in the header */
+    uint64_t zero = 0, dead = proc_token_make(getpid(), 1);
+    poke(g_name, 0, &zero, 8);
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -EAGAIN);
+    CHECK_CONTAINS(err, "still being initialised");
+    poke(g_name, at * 8, &dead, 8);
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_EMAGIC);
+    CHECK_CONTAINS(err, "not a dflash ring");
+    ring_detach(r);
+    CHECK_OK(ring_unlink(g_name));
+}
+
 /* Layout with about `bytes` of slot memory (4 slots). */
 static struct ring_layout layout_of_bytes(uint64_t bytes)
 {
@@ -820,6 +849,7 @@ int main(void)
     ring_unlink(g_name);
     test_proc_tokens();
     test_validation();
+    test_being_made();
     test_full_shm();
     test_same_object();
     test_transitions();

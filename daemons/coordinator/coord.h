@@ -168,6 +168,7 @@ struct coord {
     struct batch *published;        /* every PUBLISHED batch (the orphan sweep walks these) */
     struct batch *trained;          /* every TRAINED batch (a checkpoint or a rollback walks these) */
     uint64_t total_batches;         /* over built epochs */
+    uint64_t run_id;                /* the run's name (ledger meta "run_id", made with the ledger) */
     uint64_t run_batches;           /* the run's batches as estimated when the first generation
                                        formed (ledger meta "run_batches"; 0 = none formed yet) */
     /* pending batch ids: a min-heap with lazy deletion (state checked on pop) */

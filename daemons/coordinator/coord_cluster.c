@@ -477,6 +477,7 @@ static void send_group(struct coord *co, struct member *m)
     msg.group.world_size = co->grp.world;
     msg.group.ckpt_step = co->grp.ckpt_step;
     msg.group.run_batches = co->run_batches;
+    msg.group.run_id = co->run_id;
     memcpy(msg.group.group_id, co->grp.id, sizeof co->grp.id);
     proto_strset(msg.group.coll_name, sizeof msg.group.coll_name, co->grp.coll_name);
     proto_strset(msg.group.ckpt_dir, sizeof msg.group.ckpt_dir, co->grp.ckpt_dir);
@@ -1568,6 +1569,19 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
                  " (replaced): put the old file back, or move the ledger away to start a new run", co->ledger_path,
                  sum, cfg->data.path, co->ds.checksum);
         return -DF_ELAYOUT;
+    }
+    /* The run's name, made with its ledger (or when a ledger from before runs were named is
+     * first opened): the drafters claim their checkpoint folders for it. */
+    if ((r = ledger_meta_get_u64(co->ledger, "run_id", &co->run_id)) < 0) {
+        snprintf(err, errlen, "%s: cannot read", co->ledger_path);
+        return r;
+    }
+    while (!co->run_id)
+        if (getrandom(&co->run_id, sizeof co->run_id, 0) != (ssize_t)sizeof co->run_id)
+            co->run_id = mono_ns() ^ ((uint64_t)getpid() << 32) ^ wall_ms();
+    if (r == 0 && (r = ledger_meta_set_u64(co->ledger, "run_id", co->run_id)) < 0) {
+        snprintf(err, errlen, "%s: cannot write: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
     }
     struct load_ctx lc = { co, err, errlen, 0 };
     err[0] = 0;

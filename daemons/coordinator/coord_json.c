@@ -1,6 +1,7 @@
 /* coord_json.c: the JSON documents dflashctl reads (status, ring, daemons, batches, errors).
  * Keys are an interface: dflashctl, `make demo` and the tests read them. */
 #include <cjson/cJSON.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -305,6 +306,9 @@ char *coord_json(struct coord *co, int what, uint32_t limit)
         cJSON_AddNumberToObject(o, "uptime_s", (double)(mono_ms() - co->start_mono_ms) / 1000.0);
         cJSON_AddBoolToObject(o, "recovering", co->recovering);
         cJSON_AddStringToObject(o, "ledger", co->ledger_path);
+        char run[24];
+        snprintf(run, sizeof run, "%016" PRIx64, co->run_id);
+        cJSON_AddStringToObject(o, "run", run);
         cJSON *ls = cJSON_AddObjectToObject(o, "listen");
         cJSON_AddStringToObject(ls, "socket", co->socket_path);
         if (co->tcp_on)

@@ -123,8 +123,10 @@ static void show_errors_rows(const cJSON *errors)
 static void show_status(const cJSON *s)
 {
     const cJSON *ep = obj(s, "epoch"), *ring = obj(s, "ring"), *g = obj(s, "group"), *dr = obj(s, "drafter");
-    printf("state: %s%s%s   cluster %s, up %.1f s%s\n", str(s, "state"), *str(s, "reason") ? " (" : "",
-           str(s, "reason"), str(s, "cluster"), num(s, "uptime_s"), cJSON_IsTrue(obj(s, "recovering")) ? ", recovering" : "");
+    int why = *str(s, "reason") != 0;
+    printf("state: %s%s%s%s   cluster %s, run %s, up %.1f s%s\n", str(s, "state"), why ? " (" : "", str(s, "reason"),
+           why ? ")" : "", str(s, "cluster"), str(s, "run"), num(s, "uptime_s"),
+           cJSON_IsTrue(obj(s, "recovering")) ? ", recovering" : "");
     printf("epoch %.0f of %.0f: %.1f%% done (%.0f of %.0f batches checkpointed)\n", num(ep, "current") + 1,
            num(ep, "epochs"), 100 * num(ep, "progress"), num(ep, "done_batches"), num(ep, "total_batches"));
     show_counts(obj(s, "batches"));

@@ -241,6 +241,12 @@ static int check_config(struct dft *f, char *err, size_t errlen)
         snprintf(f->ckpt_root, sizeof f->ckpt_root, "%s", cfg->drafter.checkpoint_dir);
     else
         snprintf(f->ckpt_root, sizeof f->ckpt_root, "%s/checkpoints", cfg->cluster.state_dir);
+    /* A checkpoint's path travels in CHECKPOINTED and GROUP. */
+    if (strlen(f->ckpt_root) + sizeof "/step-0000000000" > PROTO_PATH_MAX)
+        return daemon_key_error(d, cfg->drafter.checkpoint_dir[0] ? "drafter" : "cluster",
+                                cfg->drafter.checkpoint_dir[0] ? "checkpoint_dir" : "state_dir", err, errlen,
+                                "its checkpoint folders (%s/step-N) would be longer than the %d bytes a path "
+                                "may have in the protocol", f->ckpt_root, PROTO_PATH_MAX - 1);
     f->topt = (struct drafter_train_opts){ .lr = cfg->drafter.lr, .min_lr_ratio = cfg->drafter.min_lr_ratio,
                                            .warmup_steps = cfg->drafter.warmup_steps,
                                            .total_steps = cfg->drafter.total_steps,
@@ -410,7 +416,14 @@ static int ckpt_collect(struct dft *f, int wait)
             f->saved_step = -1;
         return res.rc;
     }
-    client_checkpointed(f->cl, (uint64_t)res.step, res.tag, res.dir);
+    int sent = client_checkpointed(f->cl, (uint64_t)res.step, res.tag, res.dir);
+    if (sent < 0) {
+        /* Unreported, it is in no lineage: the next due one is written again. */
+        log_error(sent, "checkpoint %s cannot be reported to the coordinator", res.dir);
+        if (res.tag == f->generation && f->saved_step == res.step)
+            f->saved_step = -1;
+        return sent;
+    }
     f->ckpt_write_ms = res.write_ms;
     log_notice("checkpoint %s (%s, written in %.0f ms beside training)", res.dir, res.why, res.write_ms);
     if (res.pruned)
@@ -817,6 +830,9 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     if (g->n_done)
         log_notice("generation %" PRIu64 ": %u batches kept from earlier generations were leased more than once:"
                    " a copy of one is left out", g->generation, g->n_done);
+    /* Every rank: any of them may write as rank 0 of a later generation. */
+    if ((r = ckpt_claim_root(f->ckpt_root, g->run_id, g->ckpt_dir, err, errlen)) < 0)
+        return r;
     if ((r = load_weights(f, g->ckpt_dir, err, errlen)) < 0)
         return r;
     f->generation = g->generation;
