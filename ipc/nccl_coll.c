@@ -16,7 +16,9 @@
 
 _Static_assert(sizeof(ncclUniqueId) == NCCL_COLL_ID_BYTES, "ncclUniqueId size");
 
-#define POLL_NS 20000       /* between polls of a pending NCCL operation or CUDA event */
+#define POLL_NS 20000       /* first gap between polls of a pending NCCL operation or CUDA event; */
+#define POLL_MAX_NS 500000  /* it doubles up to this during one wait (a step's result is read a
+                               step late, so waking 0.5 ms late costs the GPU nothing) */
 #define IDLE_NS 50000000ull /* between calls of the idle hook while waiting */
 
 struct nccl_coll {
@@ -34,12 +36,13 @@ static uint64_t deadline_of(int timeout_ms)
     return timeout_ms < 0 ? UINT64_MAX : mono_ns() + (uint64_t)timeout_ms * 1000000ull;
 }
 
-/* One poll interval of a wait; the idle hook every IDLE_NS. 0, or non-zero when the hook gave
- * the wait up (the group is aborted then). */
-static int nap(struct nccl_coll *c)
+/* One poll interval of a wait (*gap ns, then doubled up to POLL_MAX_NS); the idle hook every
+ * IDLE_NS. 0, or non-zero when the hook gave the wait up (the group is aborted then). */
+static int nap(struct nccl_coll *c, long *gap)
 {
-    struct timespec ts = { 0, POLL_NS };
+    struct timespec ts = { 0, *gap };
     nanosleep(&ts, NULL);
+    *gap = *gap * 2 < POLL_MAX_NS ? *gap * 2 : POLL_MAX_NS;
     if (!c->idle)
         return 0;
     uint64_t now = mono_ns();
@@ -84,6 +87,7 @@ void nccl_coll_abort(struct nccl_coll *c, int code)
  * 0, or an error with the communicator aborted. */
 static int settle(struct nccl_coll *c, uint64_t deadline, const char *what, char *err, size_t errlen)
 {
+    long gap = POLL_NS;
     for (;;) {
         ncclResult_t st;
         ncclResult_t r = ncclCommGetAsyncError(c->comm, &st);
@@ -103,7 +107,7 @@ static int settle(struct nccl_coll *c, uint64_t deadline, const char *what, char
             nccl_coll_abort(c, code);
             return code;
         }
-        if (nap(c))
+        if (nap(c, &gap))
             return df_fail(err, errlen, c->abort_code, "nccl rank %d/%d: %s: given up", c->rank, c->world, what);
     }
 }
@@ -198,6 +202,7 @@ int nccl_coll_wait(struct nccl_coll *c, void *event)
     if (c->abort_code)
         return c->abort_code;
     uint64_t deadline = deadline_of(c->timeout_ms);
+    long gap = POLL_NS;
     for (;;) {
         cudaError_t ce = cudaEventQuery((cudaEvent_t)event);
         if (ce == cudaSuccess)
@@ -215,7 +220,7 @@ int nccl_coll_wait(struct nccl_coll *c, void *event)
             nccl_coll_abort(c, -DF_ETIMEOUT);
             return -DF_ETIMEOUT;
         }
-        if (nap(c))
+        if (nap(c, &gap))
             return c->abort_code;
     }
 }
