@@ -331,9 +331,10 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
     memset(&ident, 0, sizeof ident);
     ident.creator_pid = (int32_t)getpid();
     ident.creator_token = r->owner;
-    if (pwrite(fd, &ident, sizeof ident, 0) != (ssize_t)sizeof ident) {
-        rc = errno ? -errno : -EIO;
-        snprintf(err, errlen, "ring %s: write header: %s", name, strerror(-rc));
+    ssize_t put = pwrite(fd, &ident, sizeof ident, 0);
+    if (put != (ssize_t)sizeof ident) {
+        rc = put < 0 ? -errno : -ENOSPC;
+        snprintf(err, errlen, "ring %s: cannot write its header in /dev/shm: %s", name, strerror(-rc));
         goto fail_unlink;
     }
     /* Reserve every page now: on a full /dev/shm this fails here instead of a SIGBUS
@@ -355,9 +356,7 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
     fd = -1;
 
     struct ring_hdr *h = r->h;
-    uint64_t me = r->owner;
-    h->creator_pid = (int32_t)getpid();
-    h->creator_token = me;
+    /* (creator_pid and creator_token are there already) */
     h->version = RING_VERSION;
     h->hdr_size = HDR_SIZE;
     h->total_size = g.total;

@@ -693,71 +693,116 @@ static int read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
     unsigned long long v = strtoull(buf, &end, 16);
     if (n != 17 || end != buf + 16 || *end != '\n' || errno || !v) {
         snprintf(err, errlen, "%s: not a run id (16 hex digits and a newline): move the folder away", path);
-        return -DF_EFORMAT;
+        return -DF_ELAYOUT;     /* no restart mends it */
     }
     *id = v;
     return 1;
 }
 
-int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, char *err, size_t errlen)
+/* A step-N folder in root, or the leftover of a write (.tmp-step / .old-step): 1 with its name,
+ * 0 when there is none, <0 with err. */
+static int any_checkpoint(const char *root, char *name, size_t len, char *err, size_t errlen)
 {
-    int r = make_root(root, err, errlen);
-    if (r < 0)
+    DIR *dh = opendir(root);
+    if (!dh) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: %s", root, strerror(-r));
         return r;
-    uint64_t have = 0;
-    if ((r = read_run_id(root, &have, err, errlen)) < 0)
-        return r;
-    if (r == 1) {
-        if (have == run_id)
-            return 0;
-        snprintf(err, errlen, "%s holds the checkpoints of run %016" PRIx64 ", not of this run (%016" PRIx64
-                 "): move them away, or set drafter.checkpoint_dir to another folder", root, have, run_id);
-        return -DF_ELAYOUT;
     }
-    /* Unclaimed: step folders in it are this run's only when it resumes from one of them (a
-     * folder written before runs were named). Else they would be pruned or replaced. */
-    size_t rl = strlen(root);
-    bool resumes_here = resume_dir && resume_dir[0] && !strncmp(resume_dir, root, rl) && resume_dir[rl] == '/';
-    if (!resumes_here) {
-        DIR *dh = opendir(root);
-        if (!dh) {
-            r = -errno;
-            snprintf(err, errlen, "%s: %s", root, strerror(-r));
-            return r;
+    int found = 0;
+    struct dirent *e;
+    while (!found && (e = readdir(dh)))
+        if (step_of_dir(e->d_name) >= 0 || !strncmp(e->d_name, ".tmp-step-", 10) ||
+            !strncmp(e->d_name, ".old-step-", 10)) {
+            snprintf(name, len, "%s", e->d_name);
+            found = 1;
         }
-        int64_t found = -1;
-        struct dirent *e;
-        while ((e = readdir(dh)) && found < 0)
-            found = step_of_dir(e->d_name);
-        closedir(dh);
-        if (found >= 0) {
-            snprintf(err, errlen, "%s holds checkpoints of no known run (step-%010" PRId64 " ...), which this run "
-                     "would prune: move them away, or set drafter.checkpoint_dir to another folder", root, found);
-            return -DF_ELAYOUT;
-        }
-    }
-    /* Written aside and linked in: of two drafters claiming it at once, one's id is there first
-     * and the other compares against it. */
+    closedir(dh);
+    return found;
+}
+
+/* Whether dir (a checkpoint path) is in root: its parent is root's folder (same inode: a path
+ * spelt otherwise, relative or through a link, counts). */
+static bool is_in(const char *dir, const char *root)
+{
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (!slash || slash == parent)
+        return false;
+    *slash = 0;
+    struct stat a, b;
+    return stat(parent, &a) == 0 && stat(root, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+/* Put run_id into root/CKPT_RUN_FILE: written aside, then linked in (replace = 0: only where
+ * there is none, -EEXIST otherwise) or renamed over it (replace = 1), root synced. */
+static int write_run_id(const char *root, uint64_t run_id, int replace, char *err, size_t errlen)
+{
     char tmp[4096], path[4096], text[32];
-    snprintf(tmp, sizeof tmp, "%s/.%s-%d", root, CKPT_RUN_FILE, (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s/.%s-XXXXXX", root, CKPT_RUN_FILE);
     snprintf(path, sizeof path, "%s/%s", root, CKPT_RUN_FILE);
-    snprintf(text, sizeof text, "%016" PRIx64 "\n", run_id);
-    unlink(tmp);
-    if ((r = write_text(tmp, text, err, errlen)) < 0) {
-        unlink(tmp);
+    int n = snprintf(text, sizeof text, "%016" PRIx64 "\n", run_id);
+    _cleanup_close_ int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: %s", tmp, strerror(-r));
         return r;
     }
-    int linked = link(tmp, path) == 0 ? 0 : -errno;
-    unlink(tmp);
-    if (linked == -EEXIST)
-        return ckpt_claim_root(root, run_id, resume_dir, err, errlen);
-    if (linked < 0) {
-        snprintf(err, errlen, "%s: %s", path, strerror(-linked));
-        return linked;
-    }
-    if ((r = fsync_path(root, O_RDONLY | O_DIRECTORY)) < 0)
+    int r = fileio_write_all(fd, text, (size_t)n);
+    if (r == 0 && (fchmod(fd, 0644) < 0 || fsync(fd) < 0))
+        r = -errno;
+    if (r == 0 && (replace ? rename(tmp, path) : link(tmp, path)) < 0)
+        r = -errno;
+    if (r < 0 && r != -EEXIST)
+        snprintf(err, errlen, "%s -> %s: %s", tmp, path, strerror(-r));
+    unlink(tmp);    /* (gone after a rename) */
+    if (r == 0 && (r = fsync_path(root, O_RDONLY | O_DIRECTORY)) < 0)
         snprintf(err, errlen, "%s: fsync: %s", root, strerror(-r));
     return r;
+}
+
+int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, char *err, size_t errlen)
+{
+    if (!run_id) {
+        snprintf(err, errlen, "%s: the coordinator named no run (run id 0)", root);
+        return -EINVAL;
+    }
+    for (int tries = 0; tries < 8; tries++) {
+        int r = make_root(root, err, errlen);
+        if (r < 0)
+            return r;
+        uint64_t have = 0;
+        if ((r = read_run_id(root, &have, err, errlen)) < 0)
+            return r;
+        if (r == 1 && have == run_id)
+            return 0;
+        /* Another run's folder, or an unclaimed one (written before folders were claimed): its
+         * checkpoints are this run's only when the run resumes from one of them. Else this run's
+         * prunes or a same-step replacement could remove them. A folder without any is taken. */
+        bool resumes_here = r == 0 && resume_dir && resume_dir[0] && is_in(resume_dir, root);
+        char name[256];
+        int found = resumes_here ? 0 : any_checkpoint(root, name, sizeof name, err, errlen);
+        if (found < 0)
+            return found;
+        if (found && r == 1) {
+            snprintf(err, errlen, "%s holds the checkpoints of run %016" PRIx64 " (%s ...), not of this run (%016" PRIx64
+                     "): move the folder away (with its %s), or set drafter.checkpoint_dir to another folder",
+                     root, have, name, run_id, CKPT_RUN_FILE);
+            return -DF_ELAYOUT;
+        }
+        if (found) {
+            snprintf(err, errlen, "%s holds checkpoints of no known run (%s ...), which this run could prune or "
+                     "replace: move them away, or set drafter.checkpoint_dir to another folder", root, name);
+            return -DF_ELAYOUT;
+        }
+        r = write_run_id(root, run_id, r == 1, err, errlen);
+        if (r != -EEXIST)
+            return r;
+        /* another drafter claimed it first: compare against its claim */
+    }
+    snprintf(err, errlen, "%s/%s: keeps changing under this drafter", root, CKPT_RUN_FILE);
+    return -EAGAIN;
 }
 
 /* ---- load ---- */

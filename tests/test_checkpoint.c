@@ -198,29 +198,44 @@ static void multi_chunk_load(const char *root)
 /* ckpt_claim_root: a checkpoint folder holds one run's checkpoints. */
 static void claim_root(const char *base)
 {
-    char root[600], p[700], err[512] = "";
+    char root[600], p[700], step[700], link_path[700], err[512] = "";
     snprintf(root, sizeof root, "%s/claim/", base);     /* made with its parent; a trailing slash */
     CHECK_INT(ckpt_claim_root(root, 0x1234, "", err, sizeof err), <, 0);    /* the parent is missing */
     CHECK_CONTAINS(err, "mkdir");
-    snprintf(p, sizeof p, "%s/claim", base);
-    CHECK_OK(mkdir(base, 0755) == 0 || errno == EEXIST ? 0 : -errno);
+    CHECK_OK(mkdir(base, 0755));
+    CHECK_INT(ckpt_claim_root(root, 0, "", err, sizeof err), ==, -EINVAL);  /* no run named */
     CHECK_OK(ckpt_claim_root(root, 0x1234, "", err, sizeof err));
     snprintf(p, sizeof p, "%s/%s", root, CKPT_RUN_FILE);
     CHECK_STR(read_text(p), "0000000000001234\n");
     CHECK_OK(ckpt_claim_root(root, 0x1234, "", err, sizeof err));          /* its own again */
-    CHECK_INT(ckpt_claim_root(root, 0x99, "", err, sizeof err), ==, -DF_ELAYOUT);
-    CHECK_CONTAINS(err, "holds the checkpoints of run 0000000000001234, not of this run (0000000000000099)");
 
-    /* unclaimed with a step folder: refused from scratch, adopted when the run resumes from it */
-    CHECK_OK(unlink(p));
-    char step[700];
+    /* another run's folder: refused while it holds a checkpoint or a write's leftover, taken after */
     snprintf(step, sizeof step, "%s/step-0000000040", root);
     CHECK_OK(mkdir(step, 0755));
+    CHECK_INT(ckpt_claim_root(root, 0x99, "", err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "holds the checkpoints of run 0000000000001234 (step-0000000040 ...), not of this run "
+                        "(0000000000000099): move the folder away (with its run-id)");
+    CHECK_STR(read_text(p), "0000000000001234\n");
+    snprintf(link_path, sizeof link_path, "%s/.tmp-step-0000000050-77", root);
+    CHECK_OK(rename(step, link_path));
+    CHECK_INT(ckpt_claim_root(root, 0x99, "", err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, ".tmp-step-0000000050-77 ...");
+    CHECK_OK(rmdir(link_path));
+    CHECK_OK(ckpt_claim_root(root, 0x99, "", err, sizeof err));            /* emptied: taken */
+    CHECK_STR(read_text(p), "0000000000000099\n");
+
+    /* unclaimed with a step folder: refused from scratch, adopted when the run resumes from it,
+     * also through another spelling of the folder */
+    CHECK_OK(unlink(p));
+    CHECK_OK(mkdir(step, 0755));
     CHECK_INT(ckpt_claim_root(root, 0x77, "", err, sizeof err), ==, -DF_ELAYOUT);
-    CHECK_CONTAINS(err, "holds checkpoints of no known run (step-0000000040 ...)");
+    CHECK_CONTAINS(err, "holds checkpoints of no known run (step-0000000040 ...), which this run could prune or replace");
     CHECK_INT(ckpt_claim_root(root, 0x77, "/elsewhere/step-0000000040", err, sizeof err), ==, -DF_ELAYOUT);
     CHECK_INT(access(p, F_OK), <, 0);
-    CHECK_OK(ckpt_claim_root(root, 0x77, step, err, sizeof err));
+    snprintf(link_path, sizeof link_path, "%s/claim-link", base);
+    CHECK_OK(symlink(root, link_path));
+    snprintf(link_path, sizeof link_path, "%s/claim-link/step-0000000040", base);
+    CHECK_OK(ckpt_claim_root(root, 0x77, link_path, err, sizeof err));
     CHECK_STR(read_text(p), "0000000000000077\n");
 
     /* a run-id that is not one */
@@ -228,7 +243,7 @@ static void claim_root(const char *base)
     CHECK(fp);
     fputs("77\n", fp);
     fclose(fp);
-    CHECK_INT(ckpt_claim_root(root, 0x77, step, err, sizeof err), ==, -DF_EFORMAT);
+    CHECK_INT(ckpt_claim_root(root, 0x77, step, err, sizeof err), ==, -DF_ELAYOUT);
     CHECK_CONTAINS(err, "not a run id");
     printf("checkpoint folder claims: ok\n");
 }

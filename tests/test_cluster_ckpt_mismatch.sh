@@ -6,11 +6,11 @@
 #    what differs), reports it as fatal and exits 78 (systemd does not restart it); the cluster
 #    ends FAILED with that reason (it exited 1 and was restarted into the same refusal for ever).
 #  - A new run (the ledger moved away, as to start again) in the same state_dir: the old run's
-#    checkpoint folder is claimed by it (its run-id file), and the new run's first checkpoint would
-#    prune the old run's newer steps. The drafter refuses the folder (exit 78, the run named), and
-#    the old checkpoints are all still there; an unclaimed folder with step folders in it (written
-#    before folders were claimed) is refused the same way. With drafter.checkpoint_dir set to
-#    another folder the new run trains and checkpoints.
+#    checkpoint folder is claimed by it (its run-id file), and the new run's checkpoints could
+#    replace or prune the old run's. The drafter refuses the folder (exit 78, both runs named),
+#    and the old checkpoints are all still there; an unclaimed folder with step folders in it
+#    (written before folders were claimed) is refused the same way. With the old checkpoints
+#    moved away the new run takes the folder, trains and checkpoints there.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -49,8 +49,8 @@ new_run=$(cl_json 's["run"]')
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait_exit drafter0 60
 [[ $CL_RC == 78 ]] || fail "a drafter on another run's checkpoint folder exited '$CL_RC', want 78: $(tail -n 3 "$CL_DIR/drafter0.log")"
-grep -q "$ck holds the checkpoints of run $old_run, not of this run ($new_run): move them away" "$CL_DIR/drafter0.log" ||
-  fail "drafter0: $(tail -n 3 "$CL_DIR/drafter0.log")"
+grep -q "$ck holds the checkpoints of run $old_run (step-[0-9]* ...), not of this run ($new_run): move the folder away" \
+  "$CL_DIR/drafter0.log" || fail "drafter0: $(tail -n 3 "$CL_DIR/drafter0.log")"
 [[ $(cd "$ck" && ls -d step-* | tr '\n' ' ') == "$before" ]] || fail "checkpoints of the old run changed: $(ls "$ck")"
 cl_log "$(grep -m1 'holds the checkpoints of run' "$CL_DIR/drafter0.log" | sed 's/^<[0-9]>//')"
 cl_wait_exit coord2 60
@@ -63,19 +63,20 @@ cl_wait 's["state"] == "running"' 30 coord3 || fail "third coordinator did not c
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait_exit drafter0 60
 [[ $CL_RC == 78 ]] || fail "a drafter on an unclaimed folder of step folders exited '$CL_RC', want 78"
-grep -q "$ck holds checkpoints of no known run (step-[0-9]* ...), which this run would prune" "$CL_DIR/drafter0.log" ||
-  fail "drafter0: $(tail -n 3 "$CL_DIR/drafter0.log")"
+grep -q "$ck holds checkpoints of no known run (step-[0-9]* ...), which this run could prune or replace" \
+  "$CL_DIR/drafter0.log" || fail "drafter0: $(tail -n 3 "$CL_DIR/drafter0.log")"
 [[ $(cd "$ck" && ls -d step-* | tr '\n' ' ') == "$before" && ! -e $ck/run-id ]] || fail "the unclaimed folder changed: $(ls -A "$ck")"
 cl_wait_exit coord3 60
 
-# a folder of its own: the new run trains and checkpoints there
+# the old checkpoints moved away: the new run takes the folder, trains and checkpoints there
+mkdir "$T/archive"
+mv "$ck"/step-* "$T/archive/"
 rm -f "$CL_DIR"/state/*-ledger.db*
-cl_ini_add drafter.checkpoint_dir="$T/ck2"
 cl_start coord4 coordinator-d -c "$CL_INI"
 cl_wait 's["state"] == "running"' 30 coord4 || fail "fourth coordinator did not come up"
 cl_start target0 target-d -c "$CL_INI" -i 0
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
-cl_wait 's["group"]["checkpoint"]["step"] >= 5' 120 coord4 || fail "no checkpoint in the new folder"
-[[ $(cat "$T/ck2/run-id") == $(cl_json 's["run"]') ]] || fail "$T/ck2/run-id: $(cat "$T/ck2/run-id")"
-[[ $(cd "$ck" && ls -d step-* | tr '\n' ' ') == "$before" ]] || fail "the old folder changed: $(ls -A "$ck")"
-echo "ok: a checkpoint of another drafter shape: exit 78, cluster failed; another run's checkpoint folder, and an unclaimed one, refused and left as they were"
+cl_wait 's["group"]["checkpoint"]["step"] >= 5' 120 coord4 || fail "no checkpoint in the emptied folder"
+[[ $(cat "$ck/run-id") == $(cl_json 's["run"]') ]] || fail "$ck/run-id: $(cat "$ck/run-id")"
+[[ $(cd "$T/archive" && ls -d step-* | tr '\n' ' ') == "$before" ]] || fail "the archived checkpoints changed"
+echo "ok: a checkpoint of another drafter shape: exit 78, cluster failed; another run's checkpoint folder, and an unclaimed one, refused and left as they were; emptied, taken by the new run"

@@ -18,23 +18,68 @@ static void cleanup(void)
     ring_unlink(TC.ring);
 }
 
-/* The per-epoch counts of done batches in the status add up to its total of done batches, and
- * none passes its epoch's batch count (kept by every state change, and rebuilt on a restart). */
+/* CHECKPOINTED batches of each epoch in the ledger, into n[0 .. 8). */
+static void ledger_done(uint64_t n[8])
+{
+    sqlite3 *db;
+    sqlite3_stmt *st;
+    CHECK(sqlite3_open_v2(TC.ledger, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK);
+    sqlite3_busy_timeout(db, 10000);
+    char sql[128];
+    snprintf(sql, sizeof sql, "SELECT epoch, count(*) FROM batches WHERE state = %d GROUP BY epoch", BATCH_CHECKPOINTED);
+    CHECK(sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK);
+    memset(n, 0, 8 * sizeof *n);
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
+        if (sqlite3_column_int(st, 0) < 8)
+            n[sqlite3_column_int(st, 0)] = (uint64_t)sqlite3_column_int64(st, 1);
+    CHECK_INT(rc, ==, SQLITE_DONE);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+}
+
+/* The status's per-epoch counts of done batches against the ledger, read before and after it (a
+ * batch never leaves CHECKPOINTED, and the answer goes out after the commit of what it says);
+ * the batches in flight that `dflashctl batches` lists (from their state lists) against the
+ * counts of the same document. */
 static void check_epoch_counts(const char *when)
 {
+    uint64_t before[8], after[8];
+    ledger_done(before);
     cJSON *s = tc_query(PROTO_Q_STATUS);
     CHECK(s);
+    ledger_done(after);
     const cJSON *per = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(s, "epoch"), "per_epoch");
-    CHECK(cJSON_IsArray(per) && cJSON_GetArraySize(per) >= 1);
+    CHECK(cJSON_IsArray(per) && cJSON_GetArraySize(per) >= 1 && cJSON_GetArraySize(per) <= 8);
     double sum = 0;
     const cJSON *e;
+    int i = 0;
     cJSON_ArrayForEach(e, per) {
-        CHECK(tc_num(e, "checkpointed") >= 0 && tc_num(e, "checkpointed") <= tc_num(e, "batches"));
-        sum += tc_num(e, "checkpointed");
+        double done = tc_num(e, "checkpointed");
+        CHECK(done >= (double)before[i] && done <= (double)after[i] && done <= tc_num(e, "batches"));
+        sum += done;
+        i++;
     }
-    printf("%s: %.0f checkpointed over %d epoch(s)\n", when, sum, cJSON_GetArraySize(per));
+    printf("%s: %.0f checkpointed over %d epoch(s), as in the ledger\n", when, sum, i);
     CHECK(sum == tc_num(s, "batches.checkpointed"));
     cJSON_Delete(s);
+
+    cJSON *b = tc_query(PROTO_Q_BATCHES);
+    CHECK(b);
+    double flying = tc_num(b, "batches.leased") + tc_num(b, "batches.published") + tc_num(b, "batches.trained");
+    int listed = 0, trained = 0;
+    uint64_t last = 0;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(b, "in_flight")) {
+        uint64_t id = (uint64_t)tc_num(e, "id");
+        CHECK(!listed || id > last);                        /* in schedule order */
+        last = id;
+        listed++;
+        trained += !strcmp(cJSON_GetObjectItemCaseSensitive(e, "state")->valuestring, "trained");
+    }
+    CHECK(listed == (flying < 100 ? flying : 100));
+    if (flying < 100)
+        CHECK(trained == tc_num(b, "batches.trained"));
+    cJSON_Delete(b);
 }
 
 int main(void)

@@ -156,6 +156,7 @@ int main(void)
     m.group.rank = 1;
     m.group.world_size = 2;
     m.group.ckpt_step = 1000;
+    m.group.run_id = 0x8badf00d12345678ull;
     for (int i = 0; i < PROTO_NCCL_ID_BYTES; i++)
         m.group.group_id[i] = (uint8_t)(i * 13 + 1);
     proto_strset(m.group.coll_name, sizeof m.group.coll_name, "/dflash-x-coll-3");
@@ -164,6 +165,7 @@ int main(void)
     CHECK(!memcmp(d.group.group_id, m.group.group_id, PROTO_NCCL_ID_BYTES));
     CHECK_STR(d.group.ckpt_dir, "/var/lib/dflash/ckpt/step-1000");
     CHECK_INT(d.group.n_done, ==, 0);
+    CHECK(d.group.run_id == 0x8badf00d12345678ull);
     /* with the batch ids kept from earlier generations, the most a frame takes */
     static uint64_t done[PROTO_MAX_GROUP_IDS];
     for (uint32_t i = 0; i < PROTO_MAX_GROUP_IDS; i++)

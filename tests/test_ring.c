@@ -309,7 +309,8 @@ static void test_validation(void)
 }
 
 /* A header whose magic is not stored yet is one being made: -EAGAIN while its creator (named in
- * the header before the object is sized) lives, else not a ring. */
+ * the header before the object is sized) lives, else not a ring. The attach side only: a
+ * finished ring with its magic taken away stands in for one being made. */
 static void test_being_made(void)
 {
     struct ring *r = NULL, *a = NULL;

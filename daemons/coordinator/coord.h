@@ -31,7 +31,8 @@ struct batch {
     struct member *holder;          /* LEASED to this live connection; NULL = detached */
     uint64_t detached_until_ms;     /* LEASED + detached: warn once after this (mono) that its live
                                        target has not come back */
-    struct batch *lnext, *lprev;    /* LEASED / PUBLISHED: its place in coord.leased / coord.published */
+    struct batch *lnext, *lprev;    /* LEASED / PUBLISHED / TRAINED: its place in that state's list
+                                       (coord_state_list) */
     bool consumed_early;            /* LEASED: a drafter took it from the ring before its target's
                                        PUBLISHED arrived, and that training does not count (a skipped
                                        step, or a generation rolled back); settled on PUBLISHED */

@@ -1552,7 +1552,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         ledger_meta_set_u64(co->ledger, "created_ms", wall_ms());
     } else if (strcmp(old, fp)) {
         snprintf(err, errlen, "%s was written for another dataset or schedule (fingerprint %s, now %s): "
-                 "move it away to start a new run", co->ledger_path, old, fp);
+                 "move it away to start a new run (with the drafters' checkpoint folder)", co->ledger_path, old, fp);
         return -DF_ELAYOUT;
     }
     /* The schedule only sees lengths: a dataset replaced by one of the same lengths is told by
@@ -1566,7 +1566,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         ledger_meta_set_u64(co->ledger, "dataset_checksum", co->ds.checksum);
     } else if (sum != co->ds.checksum) {
         snprintf(err, errlen, "%s was written for a dataset of checksum %016" PRIx64 ", %s now has checksum %016" PRIx64
-                 " (replaced): put the old file back, or move the ledger away to start a new run", co->ledger_path,
+                 " (replaced): put the old file back, or move the ledger away to start a new run (with the drafters' "
+                 "checkpoint folder)", co->ledger_path,
                  sum, cfg->data.path, co->ds.checksum);
         return -DF_ELAYOUT;
     }
@@ -1576,10 +1577,11 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         snprintf(err, errlen, "%s: cannot read", co->ledger_path);
         return r;
     }
+    bool made = !co->run_id;
     while (!co->run_id)
         if (getrandom(&co->run_id, sizeof co->run_id, 0) != (ssize_t)sizeof co->run_id)
             co->run_id = mono_ns() ^ ((uint64_t)getpid() << 32) ^ wall_ms();
-    if (r == 0 && (r = ledger_meta_set_u64(co->ledger, "run_id", co->run_id)) < 0) {
+    if (made && (r = ledger_meta_set_u64(co->ledger, "run_id", co->run_id)) < 0) {
         snprintf(err, errlen, "%s: cannot write: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
         return r;
     }

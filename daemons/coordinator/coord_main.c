@@ -56,22 +56,21 @@ static void on_tick(uv_timer_t *t)
  * queues them again (the daemons have left on the STOP already). */
 static void finalize_ledger(struct coord *co)
 {
-    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
-        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
-            struct batch *b = &co->ep[e].b[i];
-            int st = b->row.state;
-            if (st == BATCH_LEASED || st == BATCH_PUBLISHED || st == BATCH_TRAINED) {
-                if (coord_state_list(co, st))
-                    coord_list_unlink(coord_state_list(co, st), b);
-                co->counts[st]--;
-                co->counts[BATCH_PENDING]++;
-                b->row.state = BATCH_PENDING;
-                b->row.owner = 0;
-                b->row.slot = -1;
-                b->row.updated_ms = wall_ms();
-                ledger_batch_update(co->ledger, &b->row);
-            }
+    static const int in_flight[] = { BATCH_LEASED, BATCH_PUBLISHED, BATCH_TRAINED };
+    for (size_t k = 0; k < sizeof in_flight / sizeof in_flight[0]; k++) {
+        struct batch **list = coord_state_list(co, in_flight[k]);
+        while (*list) {
+            struct batch *b = *list;
+            coord_list_unlink(list, b);
+            co->counts[b->row.state]--;
+            co->counts[BATCH_PENDING]++;
+            b->row.state = BATCH_PENDING;
+            b->row.owner = 0;
+            b->row.slot = -1;
+            b->row.updated_ms = wall_ms();
+            ledger_batch_update(co->ledger, &b->row);
         }
+    }
     coord_group_close(co);
     /* Failed and left: the next start runs on (the fatal error stays in the errors table). A
      * failed_open found at a start means this clean exit was not recorded. */

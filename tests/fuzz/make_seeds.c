@@ -240,7 +240,7 @@ static void seeds_proto(void)
         case PROTO_PUBLISHED: m.published = (struct proto_published){ .seq = 1, .batch_id = 11, .slot = 3, .n_tokens = 40 }; break;
         case PROTO_GROUP:
             m.group = (struct proto_group){ .generation = 2, .rank = 1, .world_size = 2, .ckpt_step = 100,
-                                            .n_done = 2 };
+                                            .n_done = 2, .run_id = 0x5eed5eed5eed5eedull };
             m.ids = done;
             proto_strset(m.group.coll_name, sizeof m.group.coll_name, "/dflash-x-coll-2");
             proto_strset(m.group.ckpt_dir, sizeof m.group.ckpt_dir, "/var/lib/dflash/checkpoints/step-0000000100");
