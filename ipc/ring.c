@@ -29,7 +29,8 @@
  * change would make the syscall). Threads beyond the table (or with a lease-form owner) are
  * counted in `overflow` as before. */
 #define RING_WAITERS 64
-#define WAITER_CLEARING (~0ull)     /* an entry being freed by ring_reclaim_dead (no token is this) */
+#define WAITER_CLEARING (1ull << 63) /* | the clearer's token: an entry being freed by
+                                         ring_reclaim_dead (no token has bit 63) */
 struct wait_q {
     _Atomic uint32_t word;          /* futex: bumped on every change of interest */
     _Atomic uint32_t overflow;
@@ -980,14 +981,18 @@ int ring_reclaim_dead(struct ring *r, struct ring_reclaim *out)
             tmp.stuck_writing += t < now && now - t > stuck_ns;     /* (t may be after now) */
         }
     }
-    /* Waiter entries of dead processes. The entry is marked first (one CAS: one reclaimer wins,
-     * and no waiter can take it meanwhile), then its bits are cleared, then it is free again: a
-     * bit cleared here is never a new holder's. */
+    /* Waiter entries of dead processes. The entry is marked first with this reclaimer's token (one
+     * CAS: one reclaimer wins, and no waiter can take it meanwhile), then its bits are cleared,
+     * then it is free again: a bit cleared here is never a new holder's. The mark of a reclaimer
+     * that died half-way is taken over like a dead waiter's entry. */
     struct ring_hdr *h = r->h;
+    uint64_t me = 0;
+    proc_self_token(&me);   /* (0 on failure: a mark no later reclaimer takes over) */
+    const uint64_t mark = WAITER_CLEARING | me;
     for (uint32_t i = 0; i < RING_WAITERS; i++) {
         uint64_t tok = atomic_load(&h->waiter[i]);
-        if (!tok || tok == WAITER_CLEARING || memo_alive(&memo, tok) ||
-            !atomic_compare_exchange_strong(&h->waiter[i], &tok, WAITER_CLEARING))
+        uint64_t who = tok & ~WAITER_CLEARING;
+        if (!tok || memo_alive(&memo, who) || !atomic_compare_exchange_strong(&h->waiter[i], &tok, mark))
             continue;
         atomic_fetch_and(&h->ready.parked, ~(1ull << i));
         atomic_fetch_and(&h->free.parked, ~(1ull << i));

@@ -807,6 +807,37 @@ static void test_parked_killed(void)
     CHECK_INT(st.readers_waiting, ==, 1);
     CHECK_OK(ring_reclaim_dead(r, &rc));
     CHECK_INT(rc.waiters_cleared, ==, 0);
+
+    /* A reclaimer killed half-way leaves its mark (bit 63 | its token) on the entry: a live one's
+     * is left alone, a dead one's is taken over and the entry freed. */
+    pid_t half = park_reader(&l);
+    wait_for_waiters(r, 2, 0);
+    uint64_t ticks, half_tok, me, head[8192 / 8];
+    CHECK_OK(proc_start_time(half, &ticks));
+    half_tok = proc_token_make(half, ticks);
+    CHECK_OK(proc_self_token(&me));
+    int fd = shm_open(g_name, O_RDONLY, 0);
+    CHECK(fd >= 0);
+    CHECK_INT(pread(fd, head, sizeof head, 0), ==, (ssize_t)sizeof head);
+    close(fd);
+    int entry = -1;
+    for (int i = 0; i < (int)(sizeof head / 8) && entry < 0; i++)
+        if (head[i] == half_tok)
+            entry = i;
+    CHECK(entry > 0);
+    kill(half, SIGKILL);
+    CHECK_INT(waitpid(half, &status, 0), ==, half);
+    uint64_t live_mark = (1ull << 63) | me, dead_mark = (1ull << 63) | half_tok;
+    poke(g_name, entry * 8, &live_mark, 8);
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.waiters_cleared, ==, 0);
+    CHECK_OK(ring_stats(r, &st, NULL));
+    CHECK_INT(st.readers_waiting, ==, 2);
+    poke(g_name, entry * 8, &dead_mark, 8);
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.waiters_cleared, ==, 1);
+    CHECK_OK(ring_stats(r, &st, NULL));
+    CHECK_INT(st.readers_waiting, ==, 1);
     /* Woken by the publish, not by its own timeout (120 s) and a last look: */
     uint64_t t0 = mono_ns();
     publish_n(r, 1, 9);
