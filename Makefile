@@ -142,7 +142,11 @@ install: $(BIN_PATHS)
 	for u in systemd/*.service systemd/*.target; do \
 	  sed 's|@BINDIR@|$(PREFIX)/bin|g; s|@DOCDIR@|$(PREFIX)/share/doc/dflash|g' $$u \
 	    > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u); done
-	install -m 0644 etc/dflash.ini $(DESTDIR)/etc/dflash/dflash.ini
+	@# the operator's config is kept: the shipped one goes beside it
+	if [ -e $(DESTDIR)/etc/dflash/dflash.ini ]; then \
+	  install -m 0644 etc/dflash.ini $(DESTDIR)/etc/dflash/dflash.ini.dist; \
+	  echo "kept /etc/dflash/dflash.ini; the shipped one is /etc/dflash/dflash.ini.dist"; \
+	else install -m 0644 etc/dflash.ini $(DESTDIR)/etc/dflash/dflash.ini; fi
 
 clean:
 	rm -rf build build-*

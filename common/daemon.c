@@ -324,6 +324,7 @@ void daemon_notify_ready(struct daemon *d, const char *fmt, ...)
     va_start(ap, fmt);
     notify_fmt(d, "READY=1\n", fmt, ap);
     va_end(ap);
+    d->ready = 1;
     d->watchdog_last_ns = mono_ns();
 }
 
@@ -351,9 +352,18 @@ void daemon_notify_extend(struct daemon *d, uint64_t ms)
 
 void daemon_watchdog(struct daemon *d)
 {
-    if (!d->notify || !d->watchdog_usec)
+    if (!d->notify)
         return;
     uint64_t now = mono_ns();
+    if (!d->ready) {
+        if (!d->watchdog_last_ns || now - d->watchdog_last_ns >= 10000000000ull) {
+            daemon_notify_extend(d, DAEMON_START_EXTEND_MS);
+            d->watchdog_last_ns = now;
+        }
+        return;
+    }
+    if (!d->watchdog_usec)
+        return;
     if (now - d->watchdog_last_ns >= d->watchdog_usec * 1000ull / 4) {
         sd_notify(0, "WATCHDOG=1");
         d->watchdog_last_ns = now;

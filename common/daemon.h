@@ -33,6 +33,7 @@ struct daemon {
 
     uint64_t watchdog_usec;     /* 0 = no watchdog requested */
     uint64_t watchdog_last_ns;
+    int ready;                  /* READY=1 sent */
     int notify;                 /* NOTIFY_SOCKET is set: we run under systemd Type=notify */
 };
 
@@ -92,8 +93,11 @@ void daemon_notify_stopping(struct daemon *d, const char *fmt, ...) __attribute_
 void daemon_notify_extend(struct daemon *d, uint64_t ms);
 /* Send WATCHDOG=1 when a quarter of the interval has passed since the last one; cheap to
  * call from every iteration of the loop that does the work (never from a helper thread:
- * a hung loop must stop the pings). */
+ * a hung loop must stop the pings). Before READY it asks for DAEMON_START_EXTEND_MS more
+ * start time instead (at most every 10 s): a start that makes progress (a wait that pings)
+ * is not cut off by TimeoutStartSec, and the watchdog is not armed before the loop runs. */
 void daemon_watchdog(struct daemon *d);
+#define DAEMON_START_EXTEND_MS 120000
 /* Milliseconds a blocking wait in the work loop may last before it must come back to ping
  * the watchdog (a quarter of the interval, at most `cap_ms`). */
 uint64_t daemon_wait_slice_ms(const struct daemon *d, uint64_t cap_ms);

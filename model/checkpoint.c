@@ -699,8 +699,8 @@ static int read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
     return 1;
 }
 
-/* A step-N folder in root, or the leftover of a write (.tmp-step / .old-step): 1 with its name,
- * 0 when there is none, <0 with err. */
+/* A step-N folder in root, or one an interrupted replacement set aside (.old-step): 1 with its
+ * name, 0 when there is none, <0 with err. An unfinished write (.tmp-step) is no checkpoint. */
 static int any_checkpoint(const char *root, char *name, size_t len, char *err, size_t errlen)
 {
     DIR *dh = opendir(root);
@@ -712,8 +712,7 @@ static int any_checkpoint(const char *root, char *name, size_t len, char *err, s
     int found = 0;
     struct dirent *e;
     while (!found && (e = readdir(dh)))
-        if (step_of_dir(e->d_name) >= 0 || !strncmp(e->d_name, ".tmp-step-", 10) ||
-            !strncmp(e->d_name, ".old-step-", 10)) {
+        if (step_of_dir(e->d_name) >= 0 || !strncmp(e->d_name, ".old-step-", 10)) {
             snprintf(name, len, "%s", e->d_name);
             found = 1;
         }

@@ -37,6 +37,9 @@ S=$T/$name.sock
 for _ in $(seq 200); do "$CTL" -s "$S" status >/dev/null 2>&1 && break; sleep 0.05; done
 "$CTL" -s "$S" status >/dev/null || fail "coordinator did not come up"
 
+# the config the units name in $DFLASH_CONFIG, without -c or -s
+DFLASH_CONFIG=$T/dflash.ini "$CTL" status >"$T/out.txt" || fail "dflashctl with DFLASH_CONFIG"
+grep -q "cluster $name, run [0-9a-f]\{16\}, up" "$T/out.txt" || fail "dflashctl status: $(head -2 "$T/out.txt")"
 for cmd in status ring daemons batches errors; do
   "$CTL" -s "$S" $cmd >"$T/out.txt" || fail "dflashctl $cmd"
   [[ -s $T/out.txt ]] || fail "dflashctl $cmd printed nothing"
@@ -46,8 +49,9 @@ done
 python3 - "$T/s.json" <<'PY' || fail "status --json lacks keys"
 import json, sys
 s = json.load(open(sys.argv[1]))
-for k in ("state", "daemons", "ring", "batches", "errors", "epoch", "drafter"):
+for k in ("state", "run", "daemons", "ring", "batches", "errors", "epoch", "drafter"):
     assert k in s, k
+assert len(s["run"]) == 16 and int(s["run"], 16) != 0, s["run"]
 for k in ("slots", "free", "writing", "ready", "reading"):
     assert k in s["ring"], k
 for k in ("pending", "leased", "published", "trained", "checkpointed"):

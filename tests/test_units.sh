@@ -22,6 +22,12 @@ for b in $BINS; do [[ -x $T/root/opt/dflash/bin/$b ]] || fail "install: bin/$b m
 [[ -f $T/root/etc/dflash/dflash.ini ]] || fail "install: /etc/dflash/dflash.ini missing"
 cmp -s etc/dflash.ini "$T/root/etc/dflash/dflash.ini" ||
   fail "install: dflash.ini differs"
+# An upgrade keeps the operator's config and puts the shipped one beside it.
+echo "# edited" >>"$T/root/etc/dflash/dflash.ini"
+make -s install DESTDIR="$T/root" PREFIX=/opt/dflash BIN_PATHS="$(for b in $BINS; do printf '%s ' "$T/bins/$b"; done)" \
+  >/dev/null || fail "make install again"
+[[ $(tail -n 1 "$T/root/etc/dflash/dflash.ini") == "# edited" ]] || fail "install again: the edited dflash.ini was replaced"
+cmp -s etc/dflash.ini "$T/root/etc/dflash/dflash.ini.dist" || fail "install again: no dflash.ini.dist"
 UNITS="dflash-coordinator.service dflash-target@.service dflash-drafter@.service dflash.target"
 for u in $UNITS; do
   f=$T/root/opt/dflash/lib/systemd/system/$u
@@ -52,12 +58,17 @@ for u in dflash-coordinator.service dflash-target@.service dflash-drafter@.servi
   [[ $(prop $u Type) == notify ]] || fail "$u: Type"
   [[ -n $(prop $u WatchdogSec) ]] || fail "$u: WatchdogSec"
   [[ $(prop $u Restart) == on-failure ]] || fail "$u: Restart"
-  [[ $(prop $u RestartPreventExitStatus) == "$ex_config" ]] || fail "$u: RestartPreventExitStatus != $ex_config"
+  rp=" $(prop $u RestartPreventExitStatus) "
+  [[ $rp == *" $ex_config "* && $rp == *" 64 "* ]] ||
+    fail "$u: RestartPreventExitStatus has not $ex_config (config) and 64 (usage)"
   [[ $(prop $u PartOf) == dflash.target ]] || fail "$u: PartOf"
   [[ $(prop $u NoNewPrivileges) == yes ]] || fail "$u: NoNewPrivileges"
   [[ $(prop $u ProtectSystem) == strict ]] || fail "$u: ProtectSystem"
   [[ $(prop $u RuntimeDirectory) == dflash && $(prop $u StateDirectory) == dflash ]] || fail "$u: directories"
   [[ $(prop $u RuntimeDirectoryPreserve) == yes ]] || fail "$u: RuntimeDirectoryPreserve"
+  # every start re-applies the shared directories' modes: the same in every unit; the socket's
+  # own mode and group (cluster.group) decide who connects
+  [[ $(prop $u RuntimeDirectoryMode) == 0755 && $(prop $u StateDirectoryMode) == 0750 ]] || fail "$u: directory modes"
   [[ $(prop $u RestrictAddressFamilies) == "AF_UNIX AF_INET AF_INET6 AF_NETLINK" ]] || fail "$u: RestrictAddressFamilies"
   # The ring in /dev/shm and /dev/nvidia* must stay visible and shared between the units.
   grep -Eq '^(PrivateIPC|PrivateDevices|DevicePolicy|MemoryDenyWriteExecute|InaccessiblePaths)=' "systemd/$u" &&
@@ -65,7 +76,11 @@ for u in dflash-coordinator.service dflash-target@.service dflash-drafter@.servi
   grep -q '^WantedBy=dflash.target' "systemd/$u" || fail "$u: WantedBy"
 done
 for u in dflash-target@.service dflash-drafter@.service; do
-  [[ $(prop $u After) == dflash-coordinator.service ]] || fail "$u: After"
+  # after the coordinator, without pulling it in (a restart after the run stopped must not start it)
+  [[ " $(prop $u After) " == *" dflash-coordinator.service "* ]] || fail "$u: After"
+  grep -q '^Wants=.*dflash-coordinator' "systemd/$u" && fail "$u: Wants the coordinator"
+  # ProtectClock= before systemd 252 turns on a device allow-list that hides /dev/nvidia*
+  grep -q '^ProtectClock=' "systemd/$u" && fail "$u: ProtectClock"
   grep -q '^ExecStart=@BINDIR@/[a-z-]* -c ${DFLASH_CONFIG} -i %i$' "systemd/$u" || fail "$u: ExecStart"
 done
 grep -q '^Wants=dflash-coordinator.service' systemd/dflash.target || fail "dflash.target: Wants"

@@ -11,6 +11,7 @@ done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 echo "installing: ${missing[*]}"
 SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# passed through sudo (which resets the environment): no debconf prompt hidden behind >/dev/null
+APT=($SUDO env DEBIAN_FRONTEND=noninteractive apt-get)
+"${APT[@]}" update -qq
+"${APT[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

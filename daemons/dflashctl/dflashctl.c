@@ -269,7 +269,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: dflashctl [-s SOCKET | -c CONFIG | --connect HOST:PORT --token-file PATH] [--json] [-n LIMIT]\n"
                "                 COMMAND [ARGS]\n"
                "  -s SOCKET  the coordinator's control socket\n"
-               "  -c CONFIG  take the socket from this dflash.ini (default /etc/dflash/dflash.ini when it exists)\n"
+               "  -c CONFIG  take the socket from this dflash.ini (default $DFLASH_CONFIG, else\n"
+               "             /etc/dflash/dflash.ini when it exists)\n"
                "  --connect HOST:PORT  the coordinator's TCP listener (cluster.tcp_listen; [IPv6]:PORT)\n"
                "  --token-file PATH    its shared secret (a copy of cluster.tcp_token_file, mode 0600)\n"
                "  --json     print the coordinator's JSON document (read commands)\n"
@@ -360,6 +361,8 @@ int main(int argc, char **argv)
     } else if (!x.socket) {
         static struct dflash_cfg cfg;
         char err[512];
+        if (!config && getenv("DFLASH_CONFIG") && *getenv("DFLASH_CONFIG"))
+            config = getenv("DFLASH_CONFIG");       /* as the units take it */
         if (!config && access("/etc/dflash/dflash.ini", R_OK) == 0)
             config = "/etc/dflash/dflash.ini";
         if (cfg_load(&cfg, config, err, sizeof err) < 0) {
