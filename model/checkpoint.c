@@ -677,14 +677,14 @@ static int read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
     if (fd < 0) {
         if (errno == ENOENT)
             return 0;
-        int r = -errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(-r));
-        return r;
+        int r = errno == EACCES || errno == EPERM || errno == ELOOP ? -DF_ELAYOUT : -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return r;       /* (one a restart does not mend is -DF_ELAYOUT: exit 78) */
     }
     ssize_t n = read(fd, buf, sizeof buf - 1);
     if (n < 0) {
-        int r = -errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(-r));
+        int r = errno == EISDIR ? -DF_ELAYOUT : -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return r;
     }
     buf[n] = 0;
@@ -734,9 +734,9 @@ static bool is_in(const char *dir, const char *root)
     return stat(parent, &a) == 0 && stat(root, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
-/* Put run_id into root/CKPT_RUN_FILE: written aside, then linked in (replace = 0: only where
- * there is none, -EEXIST otherwise) or renamed over it (replace = 1), root synced. */
-static int write_run_id(const char *root, uint64_t run_id, int replace, char *err, size_t errlen)
+/* Put run_id into root/CKPT_RUN_FILE where there is none: written aside, then linked in
+ * (-EEXIST when another claimant was first), root synced. */
+static int write_run_id(const char *root, uint64_t run_id, char *err, size_t errlen)
 {
     char tmp[4096], path[4096], text[32];
     snprintf(tmp, sizeof tmp, "%s/.%s-XXXXXX", root, CKPT_RUN_FILE);
@@ -751,11 +751,11 @@ static int write_run_id(const char *root, uint64_t run_id, int replace, char *er
     int r = fileio_write_all(fd, text, (size_t)n);
     if (r == 0 && (fchmod(fd, 0644) < 0 || fsync(fd) < 0))
         r = -errno;
-    if (r == 0 && (replace ? rename(tmp, path) : link(tmp, path)) < 0)
+    if (r == 0 && link(tmp, path) < 0)
         r = -errno;
     if (r < 0 && r != -EEXIST)
         snprintf(err, errlen, "%s -> %s: %s", tmp, path, strerror(-r));
-    unlink(tmp);    /* (gone after a rename) */
+    unlink(tmp);
     if (r == 0 && (r = fsync_path(root, O_RDONLY | O_DIRECTORY)) < 0)
         snprintf(err, errlen, "%s: fsync: %s", root, strerror(-r));
     return r;
@@ -776,26 +776,28 @@ int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, c
             return r;
         if (r == 1 && have == run_id)
             return 0;
-        /* Another run's folder, or an unclaimed one (written before folders were claimed): its
-         * checkpoints are this run's only when the run resumes from one of them. Else this run's
-         * prunes or a same-step replacement could remove them. A folder without any is taken. */
-        bool resumes_here = r == 0 && resume_dir && resume_dir[0] && is_in(resume_dir, root);
+        /* Another run's folder, even one without a checkpoint yet: that run may be running
+         * (before its first checkpoint), and both would write, replace and prune there. */
+        if (r == 1) {
+            snprintf(err, errlen, "%s belongs to run %016" PRIx64 ", not to this run (%016" PRIx64 "): move the "
+                     "folder away (with its %s), or set drafter.checkpoint_dir to another folder", root, have,
+                     run_id, CKPT_RUN_FILE);
+            return -DF_ELAYOUT;
+        }
+        /* Unclaimed (written before folders were claimed): its checkpoints are this run's only when
+         * the run resumes from one of them. Else this run's prunes or a same-step replacement
+         * could remove them. */
+        bool resumes_here = resume_dir && resume_dir[0] && is_in(resume_dir, root);
         char name[256];
         int found = resumes_here ? 0 : any_checkpoint(root, name, sizeof name, err, errlen);
         if (found < 0)
             return found;
-        if (found && r == 1) {
-            snprintf(err, errlen, "%s holds the checkpoints of run %016" PRIx64 " (%s ...), not of this run (%016" PRIx64
-                     "): move the folder away (with its %s), or set drafter.checkpoint_dir to another folder",
-                     root, have, name, run_id, CKPT_RUN_FILE);
-            return -DF_ELAYOUT;
-        }
         if (found) {
             snprintf(err, errlen, "%s holds checkpoints of no known run (%s ...), which this run could prune or "
                      "replace: move them away, or set drafter.checkpoint_dir to another folder", root, name);
             return -DF_ELAYOUT;
         }
-        r = write_run_id(root, run_id, r == 1, err, errlen);
+        r = write_run_id(root, run_id, err, errlen);
         if (r != -EEXIST)
             return r;
         /* another drafter claimed it first: compare against its claim */

@@ -44,10 +44,10 @@ int ckpt_prune(const char *root, int keep, int64_t written, int64_t head);
 /* Claim root (made if missing) for the run `run_id` before its first checkpoint: its file
  * CKPT_RUN_FILE names the run whose checkpoints it holds, because the prunes and a same-step
  * replacement would remove another run's. Refused with one line (-DF_ELAYOUT), nothing changed:
- * a folder of another run that still holds checkpoints (step-N, or .old-step: one an interrupted
- * replacement set aside); an
- * unclaimed one holding some, unless the run resumes from one of them (`resume_dir`, "" for
- * none: folders written before roots were claimed). A folder holding none is taken. 0 or <0. */
+ * a folder of another run (with or without checkpoints: that run may be running); an unclaimed
+ * one holding checkpoints (step-N, or .old-step: one an interrupted replacement set aside),
+ * unless the run resumes from one of them (`resume_dir`, "" for none: folders written before
+ * roots were claimed). 0 or <0 with err. */
 int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, char *err, size_t errlen);
 #define CKPT_RUN_FILE "run-id"
 

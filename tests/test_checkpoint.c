@@ -209,27 +209,29 @@ static void claim_root(const char *base)
     CHECK_STR(read_text(p), "0000000000001234\n");
     CHECK_OK(ckpt_claim_root(root, 0x1234, "", err, sizeof err));          /* its own again */
 
-    /* another run's folder: refused while it holds a checkpoint (or one set aside by an interrupted
-     * replacement), taken after; an unfinished write is none */
+    /* another run's folder, with no checkpoint yet (that run may be running) or with one */
+    CHECK_INT(ckpt_claim_root(root, 0x99, "", err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "belongs to run 0000000000001234, not to this run (0000000000000099): move the folder "
+                        "away (with its run-id)");
     snprintf(step, sizeof step, "%s/step-0000000040", root);
     CHECK_OK(mkdir(step, 0755));
     CHECK_INT(ckpt_claim_root(root, 0x99, "", err, sizeof err), ==, -DF_ELAYOUT);
-    CHECK_CONTAINS(err, "holds the checkpoints of run 0000000000001234 (step-0000000040 ...), not of this run "
-                        "(0000000000000099): move the folder away (with its run-id)");
     CHECK_STR(read_text(p), "0000000000001234\n");
+
+    /* unclaimed with a step folder (or one an interrupted replacement set aside): refused from
+     * scratch, adopted when the run resumes from it, also through another spelling of the
+     * folder; an unfinished write is no checkpoint */
+    CHECK_OK(unlink(p));
     snprintf(link_path, sizeof link_path, "%s/.old-step-0000000040-77", root);
     CHECK_OK(rename(step, link_path));
-    CHECK_INT(ckpt_claim_root(root, 0x99, "", err, sizeof err), ==, -DF_ELAYOUT);
-    CHECK_CONTAINS(err, ".old-step-0000000040-77 ...");
+    CHECK_INT(ckpt_claim_root(root, 0x77, "", err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "holds checkpoints of no known run (.old-step-0000000040-77 ...)");
     CHECK_OK(rmdir(link_path));
     snprintf(link_path, sizeof link_path, "%s/.tmp-step-0000000050-77", root);
     CHECK_OK(mkdir(link_path, 0755));
-    CHECK_OK(ckpt_claim_root(root, 0x99, "", err, sizeof err));            /* emptied: taken */
-    CHECK_OK(rmdir(link_path));
+    CHECK_OK(ckpt_claim_root(root, 0x99, "", err, sizeof err));            /* nothing in it: taken */
     CHECK_STR(read_text(p), "0000000000000099\n");
-
-    /* unclaimed with a step folder: refused from scratch, adopted when the run resumes from it,
-     * also through another spelling of the folder */
+    CHECK_OK(rmdir(link_path));
     CHECK_OK(unlink(p));
     CHECK_OK(mkdir(step, 0755));
     CHECK_INT(ckpt_claim_root(root, 0x77, "", err, sizeof err), ==, -DF_ELAYOUT);

@@ -9,8 +9,8 @@
 #    checkpoint folder is claimed by it (its run-id file), and the new run's checkpoints could
 #    replace or prune the old run's. The drafter refuses the folder (exit 78, both runs named),
 #    and the old checkpoints are all still there; an unclaimed folder with step folders in it
-#    (written before folders were claimed) is refused the same way. With the old checkpoints
-#    moved away the new run takes the folder, trains and checkpoints there.
+#    (written before folders were claimed) is refused the same way. With the old folder moved
+#    away the new run makes it again, trains and checkpoints there.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -49,10 +49,10 @@ new_run=$(cl_json 's["run"]')
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait_exit drafter0 60
 [[ $CL_RC == 78 ]] || fail "a drafter on another run's checkpoint folder exited '$CL_RC', want 78: $(tail -n 3 "$CL_DIR/drafter0.log")"
-grep -q "$ck holds the checkpoints of run $old_run (step-[0-9]* ...), not of this run ($new_run): move the folder away" \
+grep -q "$ck belongs to run $old_run, not to this run ($new_run): move the folder away" \
   "$CL_DIR/drafter0.log" || fail "drafter0: $(tail -n 3 "$CL_DIR/drafter0.log")"
 [[ $(cd "$ck" && ls -d step-* | tr '\n' ' ') == "$before" ]] || fail "checkpoints of the old run changed: $(ls "$ck")"
-cl_log "$(grep -m1 'holds the checkpoints of run' "$CL_DIR/drafter0.log" | sed 's/^<[0-9]>//')"
+cl_log "$(grep -m1 'belongs to run' "$CL_DIR/drafter0.log" | sed 's/^<[0-9]>//')"
 cl_wait_exit coord2 60
 
 # the same folder unclaimed (as written before folders were claimed)
@@ -68,9 +68,9 @@ grep -q "$ck holds checkpoints of no known run (step-[0-9]* ...), which this run
 [[ $(cd "$ck" && ls -d step-* | tr '\n' ' ') == "$before" && ! -e $ck/run-id ]] || fail "the unclaimed folder changed: $(ls -A "$ck")"
 cl_wait_exit coord3 60
 
-# the old checkpoints moved away: the new run takes the folder, trains and checkpoints there
-mkdir "$T/archive"
-mv "$ck"/step-* "$T/archive/"
+# the old checkpoints moved away (the folder went with them): the new run makes it again, trains
+# and checkpoints there
+mv "$ck" "$T/archive"
 rm -f "$CL_DIR"/state/*-ledger.db*
 cl_start coord4 coordinator-d -c "$CL_INI"
 cl_wait 's["state"] == "running"' 30 coord4 || fail "fourth coordinator did not come up"
@@ -79,4 +79,4 @@ cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait 's["group"]["checkpoint"]["step"] >= 5' 120 coord4 || fail "no checkpoint in the emptied folder"
 [[ $(cat "$ck/run-id") == $(cl_json 's["run"]') ]] || fail "$ck/run-id: $(cat "$ck/run-id")"
 [[ $(cd "$T/archive" && ls -d step-* | tr '\n' ' ') == "$before" ]] || fail "the archived checkpoints changed"
-echo "ok: a checkpoint of another drafter shape: exit 78, cluster failed; another run's checkpoint folder, and an unclaimed one, refused and left as they were; emptied, taken by the new run"
+echo "ok: a checkpoint of another drafter shape: exit 78, cluster failed; another run's checkpoint folder, and an unclaimed one, refused and left as they were; moved away, made again by the new run"

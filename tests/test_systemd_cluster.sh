@@ -66,6 +66,8 @@ RestartSec=${RESTART_S}s"
 dropin dflash-drafter@.service drafter%i ""
 mkdir -p "$U/dflash.target.d"
 printf '[Unit]\nDefaultDependencies=no\n' >"$U/dflash.target.d/test.conf"
+# masked: the coordinator wants it, and /etc is the host's (its wait-online services must not run here)
+ln -s /dev/null "$U/network-online.target"
 for u in dflash-target@0 dflash-target@1 dflash-drafter@0; do
   ln -s "../$(echo $u | sed 's/@[0-9]*/@/').service" "$U/dflash.target.wants/$u.service"
 done
