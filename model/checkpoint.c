@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -479,17 +480,9 @@ static int make_root(const char *root, char *err, size_t errlen)
         snprintf(err, errlen, "%s: mkdir: %s", root, strerror(-r));
         return r;
     }
-    char parent[4096];
-    snprintf(parent, sizeof parent, "%s", root);
-    char *slash = strrchr(parent, '/');
-    while (slash && slash > parent && slash[1] == 0) {     /* "a/b/" */
-        *slash = 0;
-        slash = strrchr(parent, '/');
-    }
-    if (!slash)
-        snprintf(parent, sizeof parent, ".");
-    else
-        slash[slash == parent] = 0;                         /* "/b" -> "/" */
+    char copy[4096];
+    snprintf(copy, sizeof copy, "%s", root);
+    const char *parent = dirname(copy);     /* "a/b/" -> "a", "/b" -> "/", "b" -> "." */
     int r = fsync_path(parent, O_RDONLY | O_DIRECTORY);
     if (r < 0)
         snprintf(err, errlen, "%s: fsync: %s", parent, strerror(-r));
@@ -500,9 +493,9 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
               char *out_dir, size_t out_len, char *err, size_t errlen)
 {
     char tmp[4096], final[4096], old[4096];
-    int made = make_root(root, err, errlen);
-    if (made < 0)
-        return made;
+    int mk = make_root(root, err, errlen);
+    if (mk < 0)
+        return mk;
     snprintf(final, sizeof final, "%s/step-%010" PRId64, root, ts->step);
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%010" PRId64 "-%d", root, ts->step, (int)getpid());
     snprintf(old, sizeof old, "%s/.old-step-%010" PRId64 "-%d", root, ts->step, (int)getpid());
@@ -767,7 +760,9 @@ int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, c
         snprintf(err, errlen, "%s: the coordinator named no run (run id 0)", root);
         return -EINVAL;
     }
-    for (int tries = 0; tries < 8; tries++) {
+    /* A run-id once linked in is never replaced: after losing the race to link one, one more
+     * look decides. */
+    for (int pass = 0; pass < 2; pass++) {
         int r = make_root(root, err, errlen);
         if (r < 0)
             return r;
@@ -802,7 +797,7 @@ int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, c
             return r;
         /* another drafter claimed it first: compare against its claim */
     }
-    snprintf(err, errlen, "%s/%s: keeps changing under this drafter", root, CKPT_RUN_FILE);
+    snprintf(err, errlen, "%s/%s: claimed and gone again", root, CKPT_RUN_FILE);
     return -EAGAIN;
 }
 

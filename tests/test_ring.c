@@ -308,6 +308,21 @@ static void test_validation(void)
     ring_detach(NULL);
 }
 
+/* The index of the 8-byte word holding `value` in the first 8 KiB of the ring's object (the
+ * header's private layout is found by content), -1 when it is not there. */
+static int word_of(uint64_t value)
+{
+    uint64_t head[8192 / 8];
+    int fd = shm_open(g_name, O_RDONLY, 0);
+    CHECK(fd >= 0);
+    CHECK_INT(pread(fd, head, sizeof head, 0), ==, (ssize_t)sizeof head);
+    close(fd);
+    for (int i = 1; i < (int)(sizeof head / 8); i++)
+        if (head[i] == value)
+            return i;
+    return -1;
+}
+
 /* A header whose magic is not stored yet is one being made: -EAGAIN while its creator (named in
  * the header before the object is sized) lives, else not a ring. The attach side only: a
  * finished ring with its magic taken away stands in for one being made. */
@@ -316,17 +331,10 @@ static void test_being_made(void)
     struct ring *r = NULL, *a = NULL;
     struct ring_layout l = small_layout(4);
     CHECK_OK(ring_create(&r, g_name, &l, NULL, err, sizeof err));
-    uint64_t me, head[64];
+    uint64_t me;
     CHECK_OK(proc_self_token(&me));
-    int fd = shm_open(g_name, O_RDONLY, 0);
-    CHECK(fd >= 0);
-    CHECK_INT(pread(fd, head, sizeof head, 0), ==, (ssize_t)sizeof head);
-    close(fd);
-    int at = -1;
-    for (int i = 1; i < 64 && at < 0; i++)
-        if (head[i] == me)
-            at = i;
-    CHECK(at > 0);                                      /* the creator's token is in the header */
+    int at = word_of(me);
+    CHECK(at > 0 && at < 64);                           /* the creator's token is in the header */
     uint64_t zero = 0, dead = proc_token_make(getpid(), 1);
     poke(g_name, 0, &zero, 8);
     CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -EAGAIN);
@@ -812,18 +820,11 @@ static void test_parked_killed(void)
      * is left alone, a dead one's is taken over and the entry freed. */
     pid_t half = park_reader(&l);
     wait_for_waiters(r, 2, 0);
-    uint64_t ticks, half_tok, me, head[8192 / 8];
+    uint64_t ticks, half_tok, me;
     CHECK_OK(proc_start_time(half, &ticks));
     half_tok = proc_token_make(half, ticks);
     CHECK_OK(proc_self_token(&me));
-    int fd = shm_open(g_name, O_RDONLY, 0);
-    CHECK(fd >= 0);
-    CHECK_INT(pread(fd, head, sizeof head, 0), ==, (ssize_t)sizeof head);
-    close(fd);
-    int entry = -1;
-    for (int i = 0; i < (int)(sizeof head / 8) && entry < 0; i++)
-        if (head[i] == half_tok)
-            entry = i;
+    int entry = word_of(half_tok);
     CHECK(entry > 0);
     kill(half, SIGKILL);
     CHECK_INT(waitpid(half, &status, 0), ==, half);
