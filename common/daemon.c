@@ -14,6 +14,7 @@
 #include "common/cleanup.h"
 #include "common/daemon.h"
 #include "common/log.h"
+#include "common/progress.h"
 #include "common/timeutil.h"
 
 static volatile sig_atomic_t g_stop_count;
@@ -295,6 +296,11 @@ void daemon_unlock(struct daemon *d)
     }
 }
 
+static void progress_watchdog(void *arg)
+{
+    daemon_watchdog(arg);
+}
+
 void daemon_notify_init(struct daemon *d)
 {
     uint64_t usec = 0;
@@ -303,6 +309,9 @@ void daemon_notify_init(struct daemon *d)
     if (sd_watchdog_enabled(0, &usec) > 0)
         d->watchdog_usec = usec;
     d->watchdog_last_ns = 0;
+    /* The long loops of the start (the dataset's hash, the weights read) tick this thread's
+     * watchdog: more start time while they move, none when they hang. */
+    progress_set(progress_watchdog, d);
 }
 
 static void notify_fmt(struct daemon *d, const char *prefix, const char *fmt, va_list ap)
@@ -384,6 +393,7 @@ void daemon_done(struct daemon *d)
 {
     if (!d)
         return;
+    progress_set(NULL, NULL);
     daemon_unlock(d);
 }
 

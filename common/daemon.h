@@ -95,7 +95,9 @@ void daemon_notify_extend(struct daemon *d, uint64_t ms);
  * call from every iteration of the loop that does the work (never from a helper thread:
  * a hung loop must stop the pings). Before READY it asks for DAEMON_START_EXTEND_MS more
  * start time instead (at most every 10 s): a start that makes progress (a wait that pings)
- * is not cut off by TimeoutStartSec, and the watchdog is not armed before the loop runs. */
+ * is not cut off by TimeoutStartSec, and the watchdog is not armed before the loop runs.
+ * daemon_notify_init() makes it the calling thread's progress hook (common/progress.h): the
+ * long loops of the start (the dataset's hash, the weights read) tick it. */
 void daemon_watchdog(struct daemon *d);
 #define DAEMON_START_EXTEND_MS 120000
 /* Milliseconds a blocking wait in the work loop may last before it must come back to ping

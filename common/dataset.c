@@ -12,6 +12,7 @@
 #include "common/dataset.h"
 #include "common/err.h"
 #include "common/fileio.h"
+#include "common/progress.h"
 
 #define P1 0x9e3779b185ebca87ull
 #define P2 0xc2b2ae3d27d4eb4full
@@ -137,7 +138,12 @@ static int validate(struct dataset *ds, const char *path, unsigned flags, char *
     if (!(flags & DATASET_OPEN_NO_CHECKSUM)) {
         struct dataset_hash s;
         dataset_hash_init(&s, DATASET_HASH_SEED);
-        dataset_hash_update(&s, (const uint8_t *)ds->map + DATASET_HEADER_SIZE, ds->map_len - DATASET_HEADER_SIZE);
+        const uint8_t *p = (const uint8_t *)ds->map + DATASET_HEADER_SIZE;
+        for (size_t left = ds->map_len - DATASET_HEADER_SIZE, k; left; left -= k, p += k) {
+            k = left < PROGRESS_CHUNK_BYTES ? left : PROGRESS_CHUNK_BYTES;
+            dataset_hash_update(&s, p, k);
+            progress_tick();
+        }
         uint64_t sum = dataset_hash_final(&s);
         if (sum != h->checksum)
             return fail(err, errlen, path, -DF_ECHECKSUM, "checksum mismatch (file %016llx, computed %016llx): corrupted",

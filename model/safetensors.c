@@ -14,6 +14,7 @@
 #include "common/cleanup.h"
 #include "common/err.h"
 #include "common/jsonutil.h"
+#include "common/progress.h"
 #include "model/cpu_ops.h"
 #include "model/safetensors.h"
 
@@ -448,6 +449,8 @@ static int64_t first_nonfinite(const struct st_tensor *t)
     uint16_t blk[2 * B];
     for (int64_t b = 0; b < t->numel; b += B) {
         int64_t n = t->numel - b < B ? t->numel - b : B;
+        if (b && b % (int64_t)(PROGRESS_CHUNK_BYTES / (2 * words)) == 0)
+            progress_tick();
         memcpy(blk, p + 2 * words * (size_t)b, 2 * words * (size_t)n);
         unsigned bad = 0;
         for (int64_t i = 0; i < n; i++)
@@ -487,37 +490,51 @@ int st_expect(const struct st_set *s, const char *name, int ndim, const int64_t 
     return 0;
 }
 
+/* Elements of one piece of a large read: PROGRESS_CHUNK_BYTES of the file; a tick after each
+ * (the pages of a mapping are read from disk here, minutes for a large model). */
+static int64_t read_piece(const struct st_tensor *t)
+{
+    return (int64_t)(PROGRESS_CHUNK_BYTES / st_dtype_size(t->dtype));
+}
+
+static void read_f32(const struct st_tensor *t, const unsigned char *src, int64_t n, float *dst)
+{
+    switch (t->dtype) {
+    case ST_F32:
+        memcpy(dst, src, (size_t)n * 4);
+        break;
+    case ST_BF16:
+        cpu_bf16_to_f32(dst, src, (size_t)n);
+        break;
+    default:
+        cpu_f16_to_f32(dst, src, (size_t)n);
+        break;
+    }
+}
+
 int st_read_f32(const struct st_tensor *t, int64_t first, int64_t n, float *dst)
 {
     if (first < 0 || n < 0 || first > t->numel || n > t->numel - first)
         return -DF_ERANGE;
-    const unsigned char *src = (const unsigned char *)t->data + (size_t)first * st_dtype_size(t->dtype);
-    switch (t->dtype) {
-    case ST_F32:
-        memcpy(dst, src, (size_t)n * 4);
-        return 0;
-    case ST_BF16:
-        cpu_bf16_to_f32(dst, src, (size_t)n);
-        return 0;
-    case ST_F16:
-        cpu_f16_to_f32(dst, src, (size_t)n);
-        return 0;
-    default:
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
         return -DF_EUNSUPPORTED;
+    const size_t es = st_dtype_size(t->dtype);
+    const unsigned char *src = (const unsigned char *)t->data + (size_t)first * es;
+    for (int64_t done = 0, piece = read_piece(t); done < n; done += piece) {
+        int64_t k = n - done < piece ? n - done : piece;
+        read_f32(t, src + (size_t)done * es, k, dst + done);
+        if (k == piece)
+            progress_tick();
     }
+    return 0;
 }
 
-int st_read_bf16(const struct st_tensor *t, int64_t first, int64_t n, uint16_t *dst)
+static void read_bf16(const struct st_tensor *t, const unsigned char *src, int64_t n, uint16_t *dst)
 {
-    if (first < 0 || n < 0 || first > t->numel || n > t->numel - first)
-        return -DF_ERANGE;
-    const unsigned char *src = (const unsigned char *)t->data + (size_t)first * st_dtype_size(t->dtype);
     if (t->dtype == ST_BF16) {
         memcpy(dst, src, (size_t)n * 2);
-        return 0;
+        return;
     }
-    if (t->dtype != ST_F32 && t->dtype != ST_F16)
-        return -DF_EUNSUPPORTED;
     for (int64_t i = 0; i < n; i++) {
         float v;
         if (t->dtype == ST_F32) {
@@ -528,6 +545,22 @@ int st_read_bf16(const struct st_tensor *t, int64_t first, int64_t n, uint16_t *
             v = cpu_f16_to_f32_one(h);
         }
         dst[i] = cpu_f32_to_bf16_one(v);
+    }
+}
+
+int st_read_bf16(const struct st_tensor *t, int64_t first, int64_t n, uint16_t *dst)
+{
+    if (first < 0 || n < 0 || first > t->numel || n > t->numel - first)
+        return -DF_ERANGE;
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
+        return -DF_EUNSUPPORTED;
+    const size_t es = st_dtype_size(t->dtype);
+    const unsigned char *src = (const unsigned char *)t->data + (size_t)first * es;
+    for (int64_t done = 0, piece = read_piece(t); done < n; done += piece) {
+        int64_t k = n - done < piece ? n - done : piece;
+        read_bf16(t, src + (size_t)done * es, k, dst + done);
+        if (k == piece)
+            progress_tick();
     }
     return 0;
 }

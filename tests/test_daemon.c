@@ -1,15 +1,25 @@
 /* test_daemon.c: common/daemon: argument parsing, config errors with file:line, index range,
  * the effective-config print, the lock file (second holder refused, freed on death), sd_notify. */
 #include <errno.h>
+#include <pthread.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "common/daemon.h"
+#include "common/progress.h"
 #include "common/timeutil.h"
 #include "tests/test.h"
 
 static char tmpdir[256];
+
+static void *tick_thread(void *arg)
+{
+    (void)arg;
+    progress_tick();    /* not the hook's thread: ignored */
+    return NULL;
+}
 
 static const char *write_tmp(const char *name, const char *text)
 {
@@ -161,6 +171,8 @@ int main(void)
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     memcpy(sa.sun_path, sock, sizeof sock);
     CHECK_OK(bind(fd, (struct sockaddr *)&sa, sizeof sa));
+    struct timeval rcv_to = { .tv_sec = 10 };   /* a message that never comes fails the test */
+    CHECK_OK(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rcv_to, sizeof rcv_to));
     setenv("NOTIFY_SOCKET", sock, 1);
     setenv("WATCHDOG_USEC", "400000", 1);
     char pid[32];
@@ -170,9 +182,30 @@ int main(void)
     CHECK_INT(d.watchdog_usec, ==, 400000);
     CHECK_INT(daemon_wait_slice_ms(&d, 1000), ==, 100);
     CHECK_INT(daemon_wait_slice_ms(&d, 50), ==, 50);
-    daemon_notify_ready(&d, "serving %d", 7);
+    /* Before READY a tick of the start's long loops (progress.h) asks for more start time, at
+     * most every 10 s, and only from the thread that installed the hook (daemon_notify_init). */
     char msg[600];
-    ssize_t n = recv(fd, msg, sizeof msg - 1, 0);
+    ssize_t n;
+    progress_tick();
+    n = recv(fd, msg, sizeof msg - 1, 0);
+    CHECK(n > 0);
+    msg[n] = 0;
+    CHECK_STR(msg, "EXTEND_TIMEOUT_USEC=120000000");
+    progress_tick();
+    pthread_t th;
+    CHECK_INT(pthread_create(&th, NULL, tick_thread, NULL), ==, 0);
+    CHECK_INT(pthread_join(th, NULL), ==, 0);
+    d.watchdog_last_ns -= 11000000000ull;   /* 11 s ago: the next tick asks again */
+    CHECK_INT(pthread_create(&th, NULL, tick_thread, NULL), ==, 0);
+    CHECK_INT(pthread_join(th, NULL), ==, 0);
+    CHECK(recv(fd, msg, sizeof msg - 1, MSG_DONTWAIT) < 0 && errno == EAGAIN);   /* neither sent */
+    progress_tick();
+    n = recv(fd, msg, sizeof msg - 1, 0);
+    CHECK(n > 0);
+    msg[n] = 0;
+    CHECK_STR(msg, "EXTEND_TIMEOUT_USEC=120000000");
+    daemon_notify_ready(&d, "serving %d", 7);
+    n = recv(fd, msg, sizeof msg - 1, 0);
     CHECK(n > 0);
     msg[n] = 0;
     CHECK_STR(msg, "READY=1\nSTATUS=serving 7");

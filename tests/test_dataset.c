@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include "common/dataset.h"
 #include "common/err.h"
+#include "common/progress.h"
 #include "tests/test.h"
 
 static char dir[400];
@@ -87,6 +88,37 @@ static void copy(const char *from, const char *to)
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
     CHECK_INT(system(cmd), ==, 0);
+}
+
+static int ticks;
+static void count_tick(void *arg)
+{
+    (void)arg;
+    ticks++;
+}
+
+/* The checksum pass ticks the start's progress hook (a daemon's watchdog) after every
+ * PROGRESS_CHUNK_BYTES of a large file; a file opened without it reads nothing and ticks none. */
+static void test_progress(void)
+{
+    const char *big = tmp("big.bin");
+    write_set(big, 1000, 15000, UINT32_MAX);
+    struct stat st;
+    CHECK_OK(stat(big, &st));
+    size_t body = (size_t)st.st_size - DATASET_HEADER_SIZE;
+    CHECK(body > PROGRESS_CHUNK_BYTES);
+    struct dataset ds;
+    char err[512];
+    progress_set(count_tick, NULL);
+    CHECK_OK(dataset_open(&ds, big, 0, err, sizeof err));
+    CHECK_INT(ticks, ==, (int)((body + PROGRESS_CHUNK_BYTES - 1) / PROGRESS_CHUNK_BYTES));
+    dataset_close(&ds);
+    ticks = 0;
+    CHECK_OK(dataset_open(&ds, big, DATASET_OPEN_NO_CHECKSUM, err, sizeof err));
+    CHECK_INT(ticks, ==, 0);
+    dataset_close(&ds);
+    progress_set(NULL, NULL);
+    unlink(big);
 }
 
 int main(void)
@@ -220,6 +252,7 @@ int main(void)
     expect_bad(longer, -DF_EFORMAT, "size mismatch");
 
     expect_bad(dir, -DF_EFORMAT, "not a regular file");
+    test_progress();
     printf("dataset ok\n");
     return 0;
 }

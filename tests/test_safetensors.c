@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
+#include "common/progress.h"
 #include "model/cpu_ops.h"
 #include "model/safetensors.h"
 #include "tests/test.h"
@@ -344,6 +345,57 @@ static void test_sharded(void)
     CHECK_CONTAINS(err, empty);
 }
 
+static int ticks;
+static void count_tick(void *arg)
+{
+    (void)arg;
+    ticks++;
+}
+
+/* A large tensor's scan and reads tick the start's progress hook every PROGRESS_CHUNK_BYTES of
+ * the file (a daemon's watchdog: more start time while the weights are read), and the values
+ * come out right across the pieces; a small read does not tick. */
+static void test_progress(void)
+{
+    const int64_t n = (int64_t)(PROGRESS_CHUNK_BYTES / 2) * 5 / 2;   /* 2.5 pieces of bf16 */
+    uint16_t *w = malloc((size_t)n * 2);
+    float *f = malloc((size_t)n * 4);
+    uint16_t *b = malloc((size_t)n * 2);
+    CHECK(w && f && b);
+    for (int64_t i = 0; i < n; i++)
+        w[i] = (uint16_t)(0x3f80 + (i % 127));   /* 1.0 .. 1.98: finite */
+    char hdr[160];
+    snprintf(hdr, sizeof hdr, "{\"w\":{\"dtype\":\"BF16\",\"shape\":[%lld],\"data_offsets\":[0,%lld]}}",
+             (long long)n, (long long)(2 * n));
+    write_st(tpath("big.safetensors"), hdr, w, (size_t)n * 2, -1);
+    struct st_set *s;
+    char err[512];
+    CHECK_OK(st_open_file(&s, tpath("big.safetensors"), err, sizeof err));
+    progress_set(count_tick, NULL);
+    const struct st_tensor *t;
+    CHECK_OK(st_expect(s, "w", 1, &n, &t, err, sizeof err));
+    CHECK_INT(ticks, ==, 2);    /* the finite-value scan: at 1 and 2 pieces */
+    ticks = 0;
+    CHECK_OK(st_read_f32(t, 0, n, f));
+    CHECK_INT(ticks, ==, 2);
+    ticks = 0;
+    CHECK_OK(st_read_bf16(t, 1, n - 1, b));
+    CHECK_INT(ticks, ==, 2);
+    ticks = 0;
+    CHECK_OK(st_read_f32(t, n - 3, 3, f));
+    CHECK_INT(ticks, ==, 0);
+    CHECK_OK(st_read_f32(t, 0, n, f));
+    for (int64_t i = 0; i < n - 1; i++)
+        if (f[i] != cpu_bf16_to_f32_one(w[i]) || b[i] != w[i + 1])
+            TEST_FAIL("element %lld: read %g / %04x, file %04x", (long long)i, f[i], b[i], w[i]);
+    progress_set(NULL, NULL);
+    st_close(s);
+    unlink(tpath("big.safetensors"));
+    free(w);
+    free(f);
+    free(b);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "%s/st-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
@@ -354,6 +406,7 @@ int main(void)
     test_bad_files();
     test_mutations();
     test_sharded();
+    test_progress();
     printf("ok\n");
     return 0;
 }

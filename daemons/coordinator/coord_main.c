@@ -181,7 +181,7 @@ int main(int argc, char **argv)
         log_warn(-errno, "state_dir %s", cfg->cluster.state_dir);
 
     daemon_notify_status(&co->d, "checking the dataset and the ledger");
-    daemon_notify_extend(&co->d, 1800000);      /* a large dataset is hashed whole: up to 30 minutes */
+    daemon_watchdog(&co->d);    /* start time; the dataset's hash ticks for more as it goes (progress.h) */
     if ((r = coord_cluster_init(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
         coord_cluster_done(co);

@@ -1588,7 +1588,7 @@ int main(int argc, char **argv)
     }
     ckpt_writer_debug_delay(f->writer, (int)f->cfg->drafter.debug_ckpt_delay_ms);
     daemon_notify_status(&f->d, "loading the target's embedding and LM head from %s", f->cfg->model.path);
-    daemon_notify_extend(&f->d, 1800000);   /* the model load: up to 30 minutes */
+    daemon_watchdog(&f->d);     /* start time; reading the weights ticks for more as it goes (progress.h) */
     int vocab = 0, hidden = 0;
     if ((r = target_load_head(f->cfg->model.path, &f->embed, &f->lm_head, &vocab, &hidden, err, sizeof err)) < 0) {
         log_error(r, "%s", err);

@@ -655,7 +655,7 @@ int main(int argc, char **argv)
         goto out;
     }
     daemon_notify_status(&t->d, "loading %s", t->cfg->model.path);
-    daemon_notify_extend(&t->d, 1800000);   /* the model load: up to 30 minutes */
+    daemon_watchdog(&t->d);     /* start time; reading the weights ticks for more as it goes (progress.h) */
     if (t->backend == TARGET_BACKEND_CPU)
         target_cpu_set_threads((int)t->cfg->target.threads);
     r = target_open(&t->model, t->cfg->model.path, t->ids, t->n_ids, t->backend, t->d.index,
