@@ -606,6 +606,18 @@ int ckpt_prune(const char *root, int keep, int64_t written, int64_t head)
     return removed;
 }
 
+/* A claim's temp file (write_run_id) left by a crash: one that no claimant holds locked and that
+ * is not empty (a claimant writes only once it holds the lock; the moment between its creation
+ * and the lock leaves it empty). */
+static int remove_stale_claim(DIR *dh, const char *name)
+{
+    _cleanup_close_ int fd = openat(dirfd(dh), name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || !st.st_size)
+        return 0;
+    return unlinkat(dirfd(dh), name, 0) == 0;
+}
+
 /* A .tmp-step / .old-step directory nobody holds the lock of: an interrupted write's leftover. */
 int ckpt_remove_stale(const char *root)
 {
@@ -615,6 +627,10 @@ int ckpt_remove_stale(const char *root)
     int removed = 0;
     struct dirent *e;
     while ((e = readdir(dh))) {
+        if (!strncmp(e->d_name, "." CKPT_RUN_FILE "-", sizeof CKPT_RUN_FILE + 1)) {
+            removed += remove_stale_claim(dh, e->d_name);
+            continue;
+        }
         if (strncmp(e->d_name, ".tmp-step-", 10) && strncmp(e->d_name, ".old-step-", 10))
             continue;
         _cleanup_close_ int fd = openat(dirfd(dh), e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -741,7 +757,9 @@ static int write_run_id(const char *root, uint64_t run_id, char *err, size_t err
         snprintf(err, errlen, "%s: %s", tmp, strerror(-r));
         return r;
     }
-    int r = fileio_write_all(fd, text, (size_t)n);
+    /* Locked while it exists, and written only once locked: ckpt_remove_stale takes a temp
+     * file it can lock and that is not empty for one a crash left behind. */
+    int r = flock(fd, LOCK_EX) < 0 ? -errno : fileio_write_all(fd, text, (size_t)n);
     if (r == 0 && (fchmod(fd, 0644) < 0 || fsync(fd) < 0))
         r = -errno;
     if (r == 0 && link(tmp, path) < 0)

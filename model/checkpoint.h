@@ -52,7 +52,8 @@ int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, c
 #define CKPT_RUN_FILE "run-id"
 
 /* Remove the temp dirs of writes that were interrupted (a crash mid-write): every .tmp-step-* /
- * .old-step-* whose lock no writer holds. Returns how many were removed. */
+ * .old-step-* whose lock no writer holds, and a folder claim's written .run-id-* temp file no
+ * claimant holds. Returns how many were removed. */
 int ckpt_remove_stale(const char *root);
 
 /* Newest complete checkpoint under root (highest step-N holding all three files).

@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
@@ -208,6 +209,35 @@ static void claim_root(const char *base)
     snprintf(p, sizeof p, "%s/%s", root, CKPT_RUN_FILE);
     CHECK_STR(read_text(p), "0000000000001234\n");
     CHECK_OK(ckpt_claim_root(root, 0x1234, "", err, sizeof err));          /* its own again */
+
+    /* a claim's temp file: left by a crash (written, unlocked) it goes at the next clean-up; one
+     * a claimant holds locked, or one not written yet, stays */
+    static const char *const temps[3] = { ".run-id-crashed", ".run-id-claiming", ".run-id-creating" };
+    int held = -1;
+    for (int i = 0; i < 3; i++) {
+        char t[700];
+        snprintf(t, sizeof t, "%s/%s", root, temps[i]);
+        int fd = open(t, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+        CHECK(fd >= 0);
+        if (i < 2)
+            CHECK_INT(write(fd, "0000000000005678\n", 17), ==, 17);
+        if (i == 1) {
+            CHECK_OK(flock(fd, LOCK_EX));
+            held = fd;
+        } else {
+            close(fd);
+        }
+    }
+    CHECK_INT(ckpt_remove_stale(root), ==, 1);
+    for (int i = 0; i < 3; i++) {
+        char t[700];
+        snprintf(t, sizeof t, "%s/%s", root, temps[i]);
+        CHECK_INT(access(t, F_OK) == 0, ==, i > 0);
+        if (i)
+            CHECK_OK(unlink(t));
+    }
+    close(held);
+    CHECK_STR(read_text(p), "0000000000001234\n");
 
     /* another run's folder, with no checkpoint yet (that run may be running) or with one */
     CHECK_INT(ckpt_claim_root(root, 0x99, "", err, sizeof err), ==, -DF_ELAYOUT);
