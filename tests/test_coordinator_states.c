@@ -852,6 +852,43 @@ static void nan_then_stop_signal(void)
     printf("ok: a stop signal with a non-finite value pending stops at once; the next start drains\n");
 }
 
+/* A fatal error while a non-finite value waits for the operator's resume ends the run FAILED at
+ * once: the drain it would start could never end (the poisoned drafter writes no checkpoint). */
+static void nan_then_fatal(void)
+{
+    struct client *d;
+    struct ring *r;
+    uint64_t gen = start_as_drafter(&d, &r);
+    train_one(d, r, gen);
+    nan_pause(d);
+    CHECK_OK(client_error(d, 1, -EIO, "GPU 5 fell off the bus"));
+    poll_for(d, 300);
+    CHECK_INT(tc_exit_status(TC.coord, 5000 * test_time_scale()), ==, 78);
+    TC.coord = 0;
+    client_free(d);
+    ring_detach(r);
+    printf("ok: a fatal error while a non-finite value is pending ends the run FAILED at once\n");
+}
+
+/* A non-finite value during a stop signal's drain ends it STOPPED (the signal comes once: paused,
+ * the coordinator would wait for a resume until systemd kills it). */
+static void nan_during_signal_drain(void)
+{
+    struct client *d;
+    struct ring *r;
+    uint64_t gen = start_as_drafter(&d, &r);
+    train_one(d, r, gen);
+    kill(TC.coord, SIGTERM);                        /* the trained batch is never checkpointed */
+    expect_state("draining", 5000);
+    CHECK_OK(client_error(d, 0, -DF_ENAN, "loss is nan at step 2"));
+    poll_for(d, 300);
+    CHECK_INT(tc_exit_status(TC.coord, 5000 * test_time_scale()), ==, 0);
+    TC.coord = 0;
+    client_free(d);
+    ring_detach(r);
+    printf("ok: a non-finite value during a stop signal's drain stops the cluster\n");
+}
+
 static void trained_copy_retracted_at_group_start(void) { trained_copy_out_before_group(0); }
 static void trained_copy_retracted_in_recovery(void) { trained_copy_out_before_group(1); }
 
@@ -1105,7 +1142,8 @@ int main(void)
                              trained_copy_retracted_at_group_start, trained_copy_retracted_in_recovery,
                              dead_owner_slot_freed_at_exit, complete_run_killed_before_exit,
                              released_batch_named_in_group, fatal_during_drain, nan_then_stop_signal,
-                             failed_run_killed_before_exit, stop_signal_during_start };
+                             failed_run_killed_before_exit, stop_signal_during_start, nan_then_fatal,
+                             nan_during_signal_drain };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

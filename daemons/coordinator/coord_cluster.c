@@ -989,7 +989,9 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
         log_error(0, "fatal error from %s (pid %d): %s (%s)", m->name, (int)m->pid, e->message, err_str(e->code));
         if (co->state < PROTO_STATE_DRAINING) {
             co->fatal = true;
-            coord_set_state(co, PROTO_STATE_DRAINING, reason);
+            /* With a non-finite value waiting for the operator the poisoned drafters write no
+             * checkpoint, so no drain could end: FAILED now (nothing checkpointed is lost). */
+            coord_set_state(co, co->nan_pending ? PROTO_STATE_FAILED : PROTO_STATE_DRAINING, reason);
         } else if (co->state == PROTO_STATE_DRAINING && !co->fatal) {
             /* A drain on its way already (the operator's, the final one): it now ends FAILED with
              * this reason, and no lost drafter sends it back to RUNNING. */
@@ -1013,13 +1015,18 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
             log_error(0, "%s reports a non-finite value: %s: pausing the cluster", m->name, e->message);
         if (co->state == PROTO_STATE_DRAINING) {
             /* The poisoned drafters write no final checkpoint, so the drain would never end:
-             * on the way to FAILED it ends now, else the operator decides. */
+             * on the way to FAILED it ends now, and a stop signal's (sent once: no operator
+             * waits to resume) ends STOPPED now; the operator's pauses for the operator. */
             char again[sizeof reason + 48];
-            snprintf(again, sizeof again, "%s (the drain is off: resume, then drain again)", reason);
-            if (co->fatal)
+            if (co->fatal) {
                 coord_set_state(co, PROTO_STATE_FAILED, co->reason);
-            else
+            } else if (co->signal_drain_from >= 0) {
+                snprintf(again, sizeof again, "stop signal (the drain is cut short: %s)", reason);
+                coord_set_state(co, PROTO_STATE_STOPPED, again);
+            } else {
+                snprintf(again, sizeof again, "%s (the drain is off: resume, then drain again)", reason);
                 coord_set_state(co, PROTO_STATE_PAUSED, again);
+            }
         } else if (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING) {
             coord_set_state(co, PROTO_STATE_PAUSED, reason);
         }
