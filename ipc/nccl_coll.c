@@ -96,8 +96,10 @@ static int settle(struct nccl_coll *c, uint64_t deadline, const char *what, char
         if (st == ncclSuccess)
             return 0;
         if (st != ncclInProgress) {
-            int code = df_fail(err, errlen, -DF_ECUDA, "nccl rank %d/%d: %s: %s (%s)", c->rank, c->world, what,
-                            ncclGetErrorString(st), ncclGetLastError(c->comm));
+            /* A remote error is a peer's failure or exit (during the join, say): the group is
+             * broken, not this GPU; the caller waits for the coordinator's next generation. */
+            int code = df_fail(err, errlen, st == ncclRemoteError ? -DF_EPEER : -DF_ECUDA, "nccl rank %d/%d: %s: %s (%s)",
+                               c->rank, c->world, what, ncclGetErrorString(st), ncclGetLastError(c->comm));
             nccl_coll_abort(c, code);
             return code;
         }

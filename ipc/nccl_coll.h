@@ -18,7 +18,8 @@ int nccl_coll_make_id(uint8_t id[NCCL_COLL_ID_BYTES], char *err, size_t errlen);
 
 /* Join the group of `id` as `rank` of `world` on CUDA device `device` (made current). Returns
  * when every rank has joined: 0, -DF_ETIMEOUT (not all joined within timeout_ms; the attempt is
- * aborted), -DF_ECUDA (NCCL or CUDA failed; err says which call and why), -EINVAL.
+ * aborted), -DF_EPEER (NCCL reported a remote error: a peer failed or left), -DF_ECUDA (NCCL or
+ * CUDA failed here; err says which call and why), -EINVAL.
  * timeout_ms also bounds every later nccl_coll_wait (-1 = no limit). idle(idle_arg) (may be NULL)
  * is called about every 50 ms while this rank waits, in the join and in nccl_coll_wait, so a
  * daemon keeps its heartbeat and watchdog going while a peer is slow; it must not call this

@@ -1501,6 +1501,13 @@ static int iterate_cuda(struct dft *f)
 
     checkpoint_if_due(f, ghave, gstop);
     if (gstop && f->stop_vote) {
+        /* The stop checkpoint settles every step in flight; when it could not (the group broke),
+         * their batches were consumed and never reported: handed back with the staged ones. */
+        if (f->fl_n) {
+            log_warn(0, "stopping: the %d step%s in flight did not complete: their batches handed back", f->fl_n,
+                     f->fl_n == 1 ? "" : "s");
+            leave_group_how(f, 1);
+        }
         /* A peer's vote ended the group before this rank's staged batches were trained (each
          * rank votes once its own feed is empty): they go back to be published again. */
         if (feed_count(f->feed)) {

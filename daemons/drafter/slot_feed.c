@@ -210,7 +210,7 @@ struct feed_batch *feed_front(struct feed *f, int *lost, int *rc)
         }
         if (!e->lost)
             return &e->fb;
-        (*lost)++;
+        *lost += r;     /* found lost here; one feed_release_done found is counted (and logged) there */
         pop(f);
     }
     return NULL;

@@ -38,8 +38,9 @@ int feed_stage(struct feed *f, unsigned slot);
 int feed_release_done(struct feed *f, int wait);
 
 /* The oldest staged batch, for the step about to be enqueued: waits for its copy (normally long
- * done), releases its slot. NULL when none is staged; *lost counts batches dropped because their
- * slot was reclaimed; *rc < 0 on a CUDA error. Valid until feed_consumed(). */
+ * done), releases its slot. NULL when none is staged; *lost counts the batches this call found
+ * lost (their slot was reclaimed) and dropped (those feed_release_done reported are dropped
+ * uncounted); *rc < 0 on a CUDA error. Valid until feed_consumed(). */
 struct feed_batch *feed_front(struct feed *f, int *lost, int *rc);
 
 /* The step reading the front batch's buffer has been enqueued; input_event (a cudaEvent_t,
