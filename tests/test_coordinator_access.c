@@ -147,13 +147,14 @@ static void deaf_peer_closed(struct client *c)
     printf("  a peer that does not read: closed after %d queries\n", sent);
 }
 
-/* In a child: become uid/gid, then try to talk; returns the child's exit code:
- * 0 = served, 2 = refused by the coordinator, 3 = connect failed (kernel said no). */
-static int as_user(uid_t uid, gid_t gid)
+/* In a child: become uid/gid (with supplementary group `extra` unless it is -1), then try to
+ * talk; returns the child's exit code: 0 = served, 2 = refused by the coordinator, 3 = connect
+ * failed (kernel said no). */
+static int as_user(uid_t uid, gid_t gid, gid_t extra)
 {
     pid_t pid = fork();
     if (pid == 0) {
-        if (setgroups(0, NULL) < 0 || setgid(gid) < 0 || setuid(uid) < 0)
+        if (setgroups(extra == (gid_t)-1 ? 0 : 1, &extra) < 0 || setgid(gid) < 0 || setuid(uid) < 0)
             _exit(9);
         struct client_opts o = { .socket_path = TC.sock, .role = PROTO_ROLE_CTL, .device = -1 };
         struct client *c;
@@ -239,11 +240,12 @@ int main(void)
     CHECK_OK(chmod(TC.dir, 0755));
     CHECK_OK(chmod(TC.sock, 0666));
     gid_t other = ng->gr_gid == 65533 ? 65532 : 65533;
-    CHECK_INT(as_user(nobody->pw_uid, other), ==, 2);
-    CHECK_INT(as_user(nobody->pw_uid, ng->gr_gid), ==, 0);   /* cluster.group = nogroup */
+    CHECK_INT(as_user(nobody->pw_uid, other, (gid_t)-1), ==, 2);
+    CHECK_INT(as_user(nobody->pw_uid, ng->gr_gid, (gid_t)-1), ==, 0);   /* cluster.group = nogroup */
+    CHECK_INT(as_user(nobody->pw_uid, other, ng->gr_gid), ==, 0);       /* ... as a supplementary group */
     /* With the intended mode the kernel already says no. */
     CHECK_OK(chmod(TC.sock, 0660));
-    CHECK_INT(as_user(nobody->pw_uid, other), ==, 3);
+    CHECK_INT(as_user(nobody->pw_uid, other, (gid_t)-1), ==, 3);
     still_serving(c);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "grep -q 'refused peer .*uid %d gid %d' '%s/coordinator.log'", (int)nobody->pw_uid,

@@ -1044,7 +1044,7 @@ static void reply(struct member *m, int status, char *json)
     if (coord_send(m, &msg) < 0) {
         char *small = coord_json_result(m->co, 0, "reply too large");
         msg.reply.status = -E2BIG;
-        msg.reply.json_len = (uint32_t)strlen(small);
+        msg.reply.json_len = small ? (uint32_t)strlen(small) : 0;     /* NULL: out of memory */
         msg.json = small;
         coord_send(m, &msg);
         free(small);

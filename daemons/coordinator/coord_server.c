@@ -72,8 +72,13 @@ int coord_send(struct member *m, const struct proto_msg *msg)
         while (cap - m->tx_len < (size_t)n)
             cap *= 2;
         uint8_t *p = realloc(m->tx, cap);
-        if (!p)
+        if (!p) {
+            /* A frame left out would leave the peer's view behind (a lease granted that it never
+             * hears of): the peer is closed at the flush, and its leases go back. */
+            log_error(-ENOMEM, "a %s frame for %s: closing it", proto_type_name(msg->type), m->name);
+            m->tx_over = true;
             return -ENOMEM;
+        }
         m->tx = p;
         m->tx_cap = cap;
     }
@@ -344,35 +349,23 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         coord_refuse(m, -E2BIG, "frame larger than the buffer");
 }
 
-/* Does the peer belong to the allowed group (primary or supplementary)? */
-static bool in_group(pid_t pid, gid_t gid, gid_t allowed)
+/* Did the peer belong to the allowed group (primary or supplementary) when it connected? The
+ * kernel keeps the groups of that moment with the socket (SO_PEERGROUPS), so a process that hands
+ * the socket on and exits, its pid reused, is still judged by its own groups. */
+static bool in_group(int fd, gid_t gid, gid_t allowed)
 {
     if (gid == allowed)
         return true;
-    char path[64], *line = NULL;
-    size_t cap = 0;
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
+    gid_t some[64], *groups = some;
+    socklen_t len = sizeof some;
     bool found = false;
-    /* whole lines: a Groups: line of many groups is longer than any fixed buffer, and a number
-     * cut at its end would read as another group */
-    while (!found && getline(&line, &cap, f) > 0) {
-        if (strncmp(line, "Groups:", 7))
-            continue;
-        char *p = line + 7, *end;
-        for (;;) {
-            unsigned long g = strtoul(p, &end, 10);
-            if (end == p)
-                break;
-            if ((gid_t)g == allowed)
-                found = true;
-            p = end;
-        }
-    }
-    free(line);
-    fclose(f);
+    int r = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
+    if (r < 0 && errno == ERANGE && (groups = malloc(len)))     /* len now says how much */
+        r = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
+    for (size_t i = 0; r == 0 && i < len / sizeof *groups && !found; i++)
+        found = groups[i] == allowed;
+    if (groups != some)
+        free(groups);
     return found;
 }
 
@@ -468,7 +461,7 @@ static void on_connection(uv_stream_t *server, int status)
     m->uid = cred.uid;
     m->gid = cred.gid;
     bool ok = cred.uid == 0 || cred.uid == co->self_uid ||
-              (co->allowed_gid != (gid_t)-1 && in_group(cred.pid, cred.gid, co->allowed_gid));
+              (co->allowed_gid != (gid_t)-1 && in_group(fd, cred.gid, co->allowed_gid));
     if (!ok) {
         coord_refuse(m, -EACCES, "uid %d gid %d is not allowed on %s (allowed: root, uid %d%s%s)", (int)cred.uid,
                      (int)cred.gid, co->socket_path, (int)co->self_uid, co->cfg->cluster.group[0] ? ", group " : "",
