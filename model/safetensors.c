@@ -490,15 +490,9 @@ int st_expect(const struct st_set *s, const char *name, int ndim, const int64_t 
     return 0;
 }
 
-/* Elements of one piece of a large read: PROGRESS_CHUNK_BYTES of the file; a tick after each
- * (the pages of a mapping are read from disk here, minutes for a large model). */
-static int64_t read_piece(const struct st_tensor *t)
+static void read_f32(const struct st_tensor *t, const unsigned char *src, int64_t n, void *out)
 {
-    return (int64_t)(PROGRESS_CHUNK_BYTES / st_dtype_size(t->dtype));
-}
-
-static void read_f32(const struct st_tensor *t, const unsigned char *src, int64_t n, float *dst)
-{
+    float *dst = out;
     switch (t->dtype) {
     case ST_F32:
         memcpy(dst, src, (size_t)n * 4);
@@ -512,25 +506,9 @@ static void read_f32(const struct st_tensor *t, const unsigned char *src, int64_
     }
 }
 
-int st_read_f32(const struct st_tensor *t, int64_t first, int64_t n, float *dst)
+static void read_bf16(const struct st_tensor *t, const unsigned char *src, int64_t n, void *out)
 {
-    if (first < 0 || n < 0 || first > t->numel || n > t->numel - first)
-        return -DF_ERANGE;
-    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
-        return -DF_EUNSUPPORTED;
-    const size_t es = st_dtype_size(t->dtype);
-    const unsigned char *src = (const unsigned char *)t->data + (size_t)first * es;
-    for (int64_t done = 0, piece = read_piece(t); done < n; done += piece) {
-        int64_t k = n - done < piece ? n - done : piece;
-        read_f32(t, src + (size_t)done * es, k, dst + done);
-        if (k == piece)
-            progress_tick();
-    }
-    return 0;
-}
-
-static void read_bf16(const struct st_tensor *t, const unsigned char *src, int64_t n, uint16_t *dst)
-{
+    uint16_t *dst = out;
     if (t->dtype == ST_BF16) {
         memcpy(dst, src, (size_t)n * 2);
         return;
@@ -548,7 +526,11 @@ static void read_bf16(const struct st_tensor *t, const unsigned char *src, int64
     }
 }
 
-int st_read_bf16(const struct st_tensor *t, int64_t first, int64_t n, uint16_t *dst)
+/* Elements [first, first + n) converted by `convert` into dst (out_size bytes each), a piece of
+ * PROGRESS_CHUNK_BYTES of the file at a time with a tick after each: the pages of a mapping are
+ * read from disk here, minutes for a large model. */
+static int read_as(const struct st_tensor *t, int64_t first, int64_t n, void *dst, size_t out_size,
+                   void (*convert)(const struct st_tensor *, const unsigned char *, int64_t, void *))
 {
     if (first < 0 || n < 0 || first > t->numel || n > t->numel - first)
         return -DF_ERANGE;
@@ -556,13 +538,24 @@ int st_read_bf16(const struct st_tensor *t, int64_t first, int64_t n, uint16_t *
         return -DF_EUNSUPPORTED;
     const size_t es = st_dtype_size(t->dtype);
     const unsigned char *src = (const unsigned char *)t->data + (size_t)first * es;
-    for (int64_t done = 0, piece = read_piece(t); done < n; done += piece) {
+    const int64_t piece = (int64_t)(PROGRESS_CHUNK_BYTES / es);
+    for (int64_t done = 0; done < n; done += piece) {
         int64_t k = n - done < piece ? n - done : piece;
-        read_bf16(t, src + (size_t)done * es, k, dst + done);
+        convert(t, src + (size_t)done * es, k, (char *)dst + (size_t)done * out_size);
         if (k == piece)
             progress_tick();
     }
     return 0;
+}
+
+int st_read_f32(const struct st_tensor *t, int64_t first, int64_t n, float *dst)
+{
+    return read_as(t, first, n, dst, sizeof *dst, read_f32);
+}
+
+int st_read_bf16(const struct st_tensor *t, int64_t first, int64_t n, uint16_t *dst)
+{
+    return read_as(t, first, n, dst, sizeof *dst, read_bf16);
 }
 
 int st_load_f32(const struct st_tensor *t, float **out)
