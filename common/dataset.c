@@ -142,7 +142,7 @@ static int validate(struct dataset *ds, const char *path, unsigned flags, char *
         for (size_t left = ds->map_len - DATASET_HEADER_SIZE, k; left; left -= k, p += k) {
             k = left < PROGRESS_CHUNK_BYTES ? left : PROGRESS_CHUNK_BYTES;
             dataset_hash_update(&s, p, k);
-            progress_tick();
+            progress_add(k);
         }
         uint64_t sum = dataset_hash_final(&s);
         if (sum != h->checksum)

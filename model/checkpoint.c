@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "common/cleanup.h"
 #include "common/err.h"
@@ -607,13 +608,15 @@ int ckpt_prune(const char *root, int keep, int64_t written, int64_t head)
 }
 
 /* A claim's temp file (write_run_id) left by a crash: one that no claimant holds locked and that
- * is not empty (a claimant writes only once it holds the lock; the moment between its creation
- * and the lock leaves it empty). */
+ * is written, or empty for 10 minutes (a claimant writes only once it holds the lock, which it
+ * takes a moment after the file's creation). */
 static int remove_stale_claim(DIR *dh, const char *name)
 {
     _cleanup_close_ int fd = openat(dirfd(dh), name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
-    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || !st.st_size)
+    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+        return 0;
+    if (!st.st_size && st.st_mtime > time(NULL) - 600)
         return 0;
     return unlinkat(dirfd(dh), name, 0) == 0;
 }

@@ -449,8 +449,7 @@ static int64_t first_nonfinite(const struct st_tensor *t)
     uint16_t blk[2 * B];
     for (int64_t b = 0; b < t->numel; b += B) {
         int64_t n = t->numel - b < B ? t->numel - b : B;
-        if (b && b % (int64_t)(PROGRESS_CHUNK_BYTES / (2 * words)) == 0)
-            progress_tick();
+        progress_add(2 * words * (size_t)n);
         memcpy(blk, p + 2 * words * (size_t)b, 2 * words * (size_t)n);
         unsigned bad = 0;
         for (int64_t i = 0; i < n; i++)
@@ -527,8 +526,8 @@ static void read_bf16(const struct st_tensor *t, const unsigned char *src, int64
 }
 
 /* Elements [first, first + n) converted by `convert` into dst (out_size bytes each), a piece of
- * PROGRESS_CHUNK_BYTES of the file at a time with a tick after each: the pages of a mapping are
- * read from disk here, minutes for a large model. */
+ * PROGRESS_CHUNK_BYTES of the file at a time, each counted as progress: the pages of a mapping
+ * are read from disk here, minutes for a large model. */
 static int read_as(const struct st_tensor *t, int64_t first, int64_t n, void *dst, size_t out_size,
                    void (*convert)(const struct st_tensor *, const unsigned char *, int64_t, void *))
 {
@@ -542,8 +541,7 @@ static int read_as(const struct st_tensor *t, int64_t first, int64_t n, void *ds
     for (int64_t done = 0; done < n; done += piece) {
         int64_t k = n - done < piece ? n - done : piece;
         convert(t, src + (size_t)done * es, k, (char *)dst + (size_t)done * out_size);
-        if (k == piece)
-            progress_tick();
+        progress_add((size_t)k * es);
     }
     return 0;
 }

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "common/err.h"
 #include "model/checkpoint.h"
@@ -210,17 +211,22 @@ static void claim_root(const char *base)
     CHECK_STR(read_text(p), "0000000000001234\n");
     CHECK_OK(ckpt_claim_root(root, 0x1234, "", err, sizeof err));          /* its own again */
 
-    /* a claim's temp file: left by a crash (written, unlocked) it goes at the next clean-up; one
-     * a claimant holds locked, or one not written yet, stays */
-    static const char *const temps[3] = { ".run-id-crashed", ".run-id-claiming", ".run-id-creating" };
+    /* a claim's temp file: left by a crash (written and unlocked, or empty for long) it goes at the
+     * next clean-up; one a claimant holds locked, or one just made and not written yet, stays */
+    static const char *const temps[4] = { ".run-id-crashed", ".run-id-claiming", ".run-id-creating",
+                                          ".run-id-crashed-early" };
     int held = -1;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         char t[700];
         snprintf(t, sizeof t, "%s/%s", root, temps[i]);
         int fd = open(t, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
         CHECK(fd >= 0);
         if (i < 2)
             CHECK_INT(write(fd, "0000000000005678\n", 17), ==, 17);
+        if (i == 3) {   /* made 11 minutes ago */
+            struct timespec ts[2] = { { .tv_sec = time(NULL) - 660 }, { .tv_sec = time(NULL) - 660 } };
+            CHECK_OK(futimens(fd, ts));
+        }
         if (i == 1) {
             CHECK_OK(flock(fd, LOCK_EX));
             held = fd;
@@ -228,12 +234,12 @@ static void claim_root(const char *base)
             close(fd);
         }
     }
-    CHECK_INT(ckpt_remove_stale(root), ==, 1);
-    for (int i = 0; i < 3; i++) {
+    CHECK_INT(ckpt_remove_stale(root), ==, 2);
+    for (int i = 0; i < 4; i++) {
         char t[700];
         snprintf(t, sizeof t, "%s/%s", root, temps[i]);
-        CHECK_INT(access(t, F_OK) == 0, ==, i > 0);
-        if (i)
+        CHECK_INT(access(t, F_OK) == 0, ==, i == 1 || i == 2);
+        if (i == 1 || i == 2)
             CHECK_OK(unlink(t));
     }
     close(held);

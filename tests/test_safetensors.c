@@ -352,9 +352,9 @@ static void count_tick(void *arg)
     ticks++;
 }
 
-/* A large tensor's scan and reads tick the start's progress hook every PROGRESS_CHUNK_BYTES of
- * the file (a daemon's watchdog: more start time while the weights are read), and the values
- * come out right across the pieces; a small read does not tick. */
+/* A tensor's scan and reads tick the start's progress hook every PROGRESS_CHUNK_BYTES of the file
+ * (a daemon's watchdog: more start time while the weights are read), small reads adding up, and
+ * the values come out right across the pieces. */
 static void test_progress(void)
 {
     const int64_t n = (int64_t)(PROGRESS_CHUNK_BYTES / 2) * 5 / 2;   /* 2.5 pieces of bf16 */
@@ -374,16 +374,22 @@ static void test_progress(void)
     progress_set(count_tick, NULL);
     const struct st_tensor *t;
     CHECK_OK(st_expect(s, "w", 1, &n, &t, err, sizeof err));
-    CHECK_INT(ticks, ==, 2);    /* the finite-value scan: at 1 and 2 pieces */
+    CHECK_INT(ticks, ==, 2);    /* the finite-value scan: at 1 and 2 pieces, half a piece left over */
     ticks = 0;
     CHECK_OK(st_read_f32(t, 0, n, f));
-    CHECK_INT(ticks, ==, 2);
+    CHECK_INT(ticks, ==, 3);    /* 0.5 + 2.5 pieces */
+    progress_set(count_tick, NULL);     /* (counts from 0 again) */
     ticks = 0;
     CHECK_OK(st_read_bf16(t, 1, n - 1, b));
     CHECK_INT(ticks, ==, 2);
+    progress_set(count_tick, NULL);
     ticks = 0;
-    CHECK_OK(st_read_f32(t, n - 3, 3, f));
-    CHECK_INT(ticks, ==, 0);
+    const int64_t third = (int64_t)(PROGRESS_CHUNK_BYTES / 2) / 3 + 1;     /* 3 reads: just over a piece */
+    for (int i = 0; i < 3; i++) {
+        CHECK_INT(ticks, ==, 0);
+        CHECK_OK(st_read_f32(t, (int64_t)i * third, third, f));
+    }
+    CHECK_INT(ticks, ==, 1);
     CHECK_OK(st_read_f32(t, 0, n, f));
     for (int64_t i = 0; i < n - 1; i++)
         if (f[i] != cpu_bf16_to_f32_one(w[i]) || b[i] != w[i + 1])

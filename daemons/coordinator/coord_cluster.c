@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include "common/err.h"
 #include "common/log.h"
+#include "common/progress.h"
 #include "common/proc.h"
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
@@ -126,6 +127,7 @@ static int build_epoch(struct coord *co, uint32_t e, int insert, char *err, size
     int r = sched_build(co->lengths, (uint32_t)co->ds.n_samples, &co->sp, e, &ep->s, err, errlen);
     if (r < 0)
         return r;
+    progress_tick();    /* at the start, a large epoch's schedule and rows take a while */
     ep->b = calloc(ep->s.n_batches, sizeof *ep->b);
     if (!ep->b)
         return -ENOMEM;
@@ -135,6 +137,8 @@ static int build_epoch(struct coord *co, uint32_t e, int insert, char *err, size
                                       .n_samples = ep->s.first[i + 1] - ep->s.first[i], .n_tokens = ep->s.tokens[i],
                                       .state = BATCH_PENDING, .slot = -1, .updated_ms = wall_ms() };
         if (insert) {
+            if (i % 4096 == 4095)
+                progress_tick();
             if ((r = ledger_batch_insert(co->ledger, row)) < 0) {
                 snprintf(err, errlen, "%s: cannot record epoch %u", co->ledger_path, e);
                 return r;
@@ -1495,7 +1499,8 @@ static int load_row(void *ctx, const struct ledger_batch *row)
     co->counts[row->state]++;
     if (row->state == BATCH_PENDING)
         heap_push(co, row->id);
-    c->rows++;
+    if (++c->rows % 4096 == 0)
+        progress_tick();
     return 0;
 }
 

@@ -200,6 +200,7 @@ int main(int argc, char **argv)
         goto out;
     }
     daemon_notify_status(&co->d, "opening the ring");
+    daemon_watchdog(&co->d);
     if ((r = coord_ring_open(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
         co->exit_code = r == -DF_ELAYOUT || r == -EINVAL ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;

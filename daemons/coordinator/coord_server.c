@@ -362,6 +362,9 @@ static bool in_group(int fd, gid_t gid, gid_t allowed)
     int r = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
     if (r < 0 && errno == ERANGE && (groups = malloc(len)))     /* len now says how much */
         r = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len);
+    if (r < 0)
+        log_warn(-errno, "cannot read a peer's supplementary groups (SO_PEERGROUPS: Linux 4.13 or later): "
+                 "only its primary group counts");
     for (size_t i = 0; r == 0 && i < len / sizeof *groups && !found; i++)
         found = groups[i] == allowed;
     if (groups != some)

@@ -1619,6 +1619,7 @@ int main(int argc, char **argv)
         code = r == -DF_ELAYOUT ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
         goto out;
     }
+    daemon_watchdog(&f->d);     /* start time for each phase that follows */
     if ((r = make_drafter(f, err, sizeof err)) < 0) {
         log_error(r, "drafter: %s", err);
         goto out;
@@ -1627,6 +1628,7 @@ int main(int argc, char **argv)
 #ifdef DFLASH_HAVE_CUDA
     if (f->cuda) {
         daemon_notify_status(&f->d, "setting up the drafter on GPU %d", f->d.index);
+        daemon_watchdog(&f->d);
         if ((r = gpu_load(f, err, sizeof err)) < 0 ||
             (r = feed_create(&f->feed, f->ring, f->d.index, &f->ring_pinned, err, sizeof err)) < 0) {
             log_error(r, "GPU %d: %s", f->d.index, err);

@@ -686,6 +686,7 @@ int main(int argc, char **argv)
         code = r == -DF_ELAYOUT ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
         goto out;
     }
+    daemon_watchdog(&t->d);     /* start time for what follows (pinning a large ring takes a while) */
 #ifdef DFLASH_HAVE_TARGET_CUDA
     if (t->backend == TARGET_BACKEND_CUDA) {
         /* Pinned: the capture copies go straight into the slot at PCIe speed. */
