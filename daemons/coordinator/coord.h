@@ -83,6 +83,7 @@ struct member {
     uint8_t *tx;                    /* encoded frames held until the ledger commit */
     size_t tx_len, tx_cap;
     bool tx_over;                   /* more than COORD_TX_MAX not yet read by the peer: closed */
+    bool tx_nomem;                  /* a frame could not be queued for lack of memory: closed */
     bool write_failed;              /* closed by the next flush */
     uint64_t close_deadline_ms;     /* closing: handle closed now, pending writes cancelled */
 };

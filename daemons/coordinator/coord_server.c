@@ -76,7 +76,7 @@ int coord_send(struct member *m, const struct proto_msg *msg)
             /* A frame left out would leave the peer's view behind (a lease granted that it never
              * hears of): the peer is closed at the flush, and its leases go back. */
             log_error(-ENOMEM, "a %s frame for %s: closing it", proto_type_name(msg->type), m->name);
-            m->tx_over = true;
+            m->tx_over = m->tx_nomem = true;
             return -ENOMEM;
         }
         m->tx = p;
@@ -99,7 +99,9 @@ void coord_flush(struct coord *co)
      * GROUPs), which must not leave before the commit that records them. */
     for (struct member *m = co->members, *next; m; m = next) {
         next = m->next;     /* a close takes m (only m) off the list */
-        if (m->tx_over) {
+        if (m->tx_nomem) {
+            coord_close_member(m, "a frame for it could not be queued (out of memory)");
+        } else if (m->tx_over) {
             log_warn(0, "%s (pid %d, member %llu) does not read what it is sent (%zu bytes waiting): closed", m->name,
                      (int)m->pid, (unsigned long long)m->id, m->stream.write_queue_size + m->tx_len);
             coord_close_member(m, "does not read what it is sent");
