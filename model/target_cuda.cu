@@ -428,9 +428,13 @@ extern "C" const struct target_backend_ops target_cuda_ops = {
 int target_cuda_host_register(void *p, size_t bytes, char *err, size_t errlen)
 {
     cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
-    if (e != cudaSuccess)
+    if (e != cudaSuccess) {
+        /* Not sticky, but kept as the last error, which the next kernel launch's check would
+         * take for its own: cleared, since pageable copies still work. */
+        (void)cudaGetLastError();
         return df_fail(err, errlen, -DF_ECUDA, "cudaHostRegister(%p, %zu MiB): %s", p, bytes >> 20,
                     cudaGetErrorString(e));
+    }
     return 0;
 }
 
