@@ -163,6 +163,17 @@ timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.group=dflash-no-such-
 rc=$?
 [[ $rc == 78 ]] && grep -q "cluster.group: no such group 'dflash-no-such-group'" "$T/g.out" ||
   fail "unknown cluster.group: exit $rc: $(tail -2 "$T/g.out")"
+# cluster.socket naming a file that is not a socket: left alone, a config error; one in a folder
+# that does not exist: named
+echo "precious" >"$T/notsock"
+timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.socket="$T/notsock" >"$T/s.out" 2>&1
+rc=$?
+[[ $rc == 78 ]] && grep -q "control socket $T/notsock: a file is there, not a socket" "$T/s.out" &&
+  [[ $(cat "$T/notsock") == precious ]] || fail "cluster.socket on a file: exit $rc: $(tail -2 "$T/s.out")"
+timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.socket="$T/none/x.sock" >"$T/s.out" 2>&1
+rc=$?
+[[ $rc == 78 ]] && grep -q "control socket $T/none/x.sock: its folder $T/none: No such file or directory" "$T/s.out" ||
+  fail "cluster.socket in a missing folder: exit $rc: $(tail -2 "$T/s.out")"
 # A missing config file is a config error too.
 "$CL_BIN/drafter-d" -c "$T/nope.ini" -i 0 >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "$T/nope.ini: cannot open" "$T/o.out" || fail "missing file: $(tail -2 "$T/o.out")"

@@ -153,6 +153,7 @@ struct coord {
     uv_timer_t tick;
     uv_check_t flush_check;
     char socket_path[108];
+    bool socket_bound;              /* ours to remove at the end */
     char ring_name[PROTO_NAME_MAX];
     char ledger_path[CFG_STR_MAX + 64];
     gid_t allowed_gid;              /* cluster.group, or (gid_t)-1 */

@@ -195,7 +195,9 @@ int main(int argc, char **argv)
     daemon_notify_status(&co->d, "opening the control socket");
     if ((r = coord_server_start(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
-        if (r == -ENOENT)       /* cluster.group names no group: a config error, not restarted */
+        /* cluster.group names no group, cluster.socket a path that cannot be one: a config
+         * error, not restarted */
+        if (r == -ENOENT || r == -EEXIST)
             co->exit_code = DAEMON_EX_CONFIG;
         goto out;
     }

@@ -3,6 +3,7 @@
  * commit, member close and free (close cb only). */
 #include <errno.h>
 #include <grp.h>
+#include <libgen.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -520,7 +521,22 @@ int coord_server_start(struct coord *co, char *err, size_t errlen)
         }
         co->allowed_gid = g->gr_gid;
     }
-    /* The lock (daemon_lock) says no other coordinator runs: a socket file left here is stale. */
+    /* The lock (daemon_lock) says no other coordinator runs: a socket file left here is stale.
+     * Anything else there is not ours to remove. */
+    struct stat st;
+    if (lstat(co->socket_path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+        snprintf(err, errlen, "control socket %s: a %s is there, not a socket: move it away, or set cluster.socket "
+                 "to another path", co->socket_path, S_ISDIR(st.st_mode) ? "folder" : S_ISREG(st.st_mode) ? "file" : "non-socket");
+        return -EEXIST;
+    }
+    char parent[sizeof co->socket_path];
+    snprintf(parent, sizeof parent, "%s", co->socket_path);
+    bool gone = stat(dirname(parent), &st) < 0;
+    if (gone || !S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "control socket %s: its folder %s: %s", co->socket_path, parent,
+                 gone ? strerror(errno) : "not a folder");
+        return -ENOENT;
+    }
     unlink(co->socket_path);
     int r = uv_pipe_init(co->loop, &co->server, 0);
     if (r < 0)
@@ -531,6 +547,7 @@ int coord_server_start(struct coord *co, char *err, size_t errlen)
     umask(old);
     if (r < 0)
         goto fail;
+    co->socket_bound = true;
     if (chmod(co->socket_path, 0660) < 0 ||
         (co->allowed_gid != (gid_t)-1 && chown(co->socket_path, (uid_t)-1, co->allowed_gid) < 0)) {
         r = uv_translate_sys_error(errno);
@@ -563,5 +580,6 @@ void coord_server_close(struct coord *co)
         uv_check_stop(&co->flush_check);
         uv_close((uv_handle_t *)&co->flush_check, NULL);
     }
-    unlink(co->socket_path);
+    if (co->socket_bound)
+        unlink(co->socket_path);
 }
