@@ -94,6 +94,36 @@ static int field_ok(const char *f, size_t cap)
     FAIL(-DF_EFORMAT, "%s: %s is not a NUL-terminated string", tn, what); } while (0)
 #define ZERO(field, what) do { if (field) FAIL(-DF_EFORMAT, "%s: %s must be 0", tn, what); } while (0)
 
+/* Text a peer wrote (a name, a message, a reason) goes into logs, the ledger and dflashctl's
+ * output: a control character in it (a newline, an escape sequence) could forge a log line or
+ * drive a terminal. Each becomes '?' as the frame is read. */
+static void plain_text(char *s, size_t cap)
+{
+    for (size_t i = 0; i < cap && s[i]; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            s[i] = '?';
+}
+
+static void plain_texts(struct proto_msg *m)
+{
+    switch (m->type) {
+    case PROTO_HELLO:
+        plain_text(m->hello.name, sizeof m->hello.name);
+        break;
+    case PROTO_REFUSE:
+        plain_text(m->refuse.message, sizeof m->refuse.message);
+        break;
+    case PROTO_ERROR:
+        plain_text(m->error.message, sizeof m->error.message);
+        break;
+    case PROTO_CONTROL:
+        plain_text(m->control.reason, sizeof m->control.reason);
+        break;
+    default:
+        break;
+    }
+}
+
 /* Checks of field values that do not depend on the buffer. */
 static int validate(const struct proto_msg *m, uint32_t payload, char *err, size_t errlen)
 {
@@ -264,6 +294,7 @@ int proto_decode(const void *buf, size_t len, struct proto_msg *m, char *err, si
     r = validate(m, h.len, err, errlen);
     if (r < 0)
         return r;
+    plain_texts(m);
     if (m->type == PROTO_LEASE_GRANT)
         m->samples = payload + fixed;
     else if (m->type == PROTO_GROUP)

@@ -217,6 +217,30 @@ int main(void)
     roundtrip(&m, &d);
     CHECK_STR(d.error.message, "loss is NaN at step 12");
 
+    /* a peer's text arrives without control characters (no forged log lines, no terminal
+     * escapes in dflashctl's output); other bytes, UTF-8 included, unchanged */
+    static const struct { enum proto_type type; size_t off, cap; } texts[] = {
+        { PROTO_HELLO, offsetof(struct proto_msg, hello.name), sizeof m.hello.name },
+        { PROTO_REFUSE, offsetof(struct proto_msg, refuse.message), sizeof m.refuse.message },
+        { PROTO_ERROR, offsetof(struct proto_msg, error.message), sizeof m.error.message },
+        { PROTO_CONTROL, offsetof(struct proto_msg, control.reason), sizeof m.control.reason },
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        memset(&m, 0, sizeof m);
+        m.type = texts[i].type;
+        if (m.type == PROTO_HELLO)
+            m.hello = (struct proto_hello){ .role = PROTO_ROLE_CTL, .device = -1, .group_rank = PROTO_NONE32 };
+        if (m.type == PROTO_CONTROL)
+            m.control.cmd = PROTO_CTL_PAUSE;
+        proto_strset((char *)&m + texts[i].off, texts[i].cap, "two\nlines\x1b[31m red\x7f \xc3\xa9t\xc3\xa9\tok");
+        char terr[256] = "";
+        int64_t tn = proto_encode(&m, buf, sizeof buf, terr, sizeof terr);
+        if (tn < 0)
+            TEST_FAIL("encode %s: %s", proto_type_name(m.type), terr);
+        CHECK_OK(proto_decode(buf, (size_t)tn, &d, terr, sizeof terr));
+        CHECK_STR((char *)&d + texts[i].off, "two?lines?[31m red? \xc3\xa9t\xc3\xa9?ok");
+    }
+
     for (int c = 1; c < PROTO_CTL_MAX; c++) {
         memset(&m, 0, sizeof m);
         m.type = PROTO_CONTROL;
