@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include "common/asan.h"
@@ -407,6 +408,10 @@ static int connect_unix(struct client *c, char *err, size_t errlen)
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
         int r = -errno;
         close(fd);
+        struct stat st;
+        if (r == -ECONNREFUSED && stat(c->socket_path, &st) == 0 && !S_ISSOCK(st.st_mode))
+            FAIL(r, "cannot connect to %s: not a socket (a %s)", c->socket_path,
+                 S_ISDIR(st.st_mode) ? "folder" : S_ISREG(st.st_mode) ? "file" : "special file");
         FAIL(r, "cannot connect to %s: %s", c->socket_path, strerror(-r));
     }
     return fd;

@@ -77,7 +77,14 @@ PY
 # Bad socket path: clear message, non-zero exit.
 if "$CTL" -s "$T/nope.sock" status 2>"$T/err.txt"; then fail "bad socket path exited 0"; fi
 grep -q "cannot connect to $T/nope.sock: No such file or directory" "$T/err.txt" || fail "bad socket message: $(cat "$T/err.txt")"
-if "$CTL" -s "$S" frobnicate 2>/dev/null; then fail "unknown command exited 0"; fi
+"$CTL" -s "$S" frobnicate 2>"$T/err.txt"; rc=$?
+[[ $rc == 64 && $(wc -l <"$T/err.txt") == 1 ]] && grep -q "unknown command 'frobnicate' (dflashctl -h lists them)" "$T/err.txt" ||
+  fail "unknown command: exit $rc: $(cat "$T/err.txt")"
+# A path that is not a socket says so.
+"$CTL" -s "$T" status 2>"$T/err.txt" && fail "a folder as the socket exited 0"
+grep -q "cannot connect to $T: not a socket (a folder)" "$T/err.txt" || fail "folder as socket: $(cat "$T/err.txt")"
+"$CTL" -s "$S" -c "$T/dflash.ini" status 2>"$T/err.txt"; rc=$?
+[[ $rc == 64 ]] && grep -q "\-s and -c name the socket twice" "$T/err.txt" || fail "-s with -c: exit $rc: $(cat "$T/err.txt")"
 # Bad arguments: a usage error (64) that says which.
 "$CTL" -s "$S" -n abc batches 2>"$T/err.txt"; rc=$?
 [[ $rc == 64 ]] && grep -q "\-n abc: not a count" "$T/err.txt" || fail "-n abc: exit $rc: $(cat "$T/err.txt")"

@@ -317,8 +317,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "dflashctl: %s needs a value\n", a);
             return EX_USAGE;
         } else {
-            fprintf(stderr, "dflashctl: unknown option '%s'\n", a);
-            usage(stderr);
+            fprintf(stderr, "dflashctl: unknown option '%s' (dflashctl -h lists them)\n", a);
             return EX_USAGE;
         }
     }
@@ -330,6 +329,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "dflashctl: --connect goes without -s / -c\n");
         return EX_USAGE;
     }
+    if (x.socket && config) {
+        fprintf(stderr, "dflashctl: -s and -c name the socket twice: give one\n");
+        return EX_USAGE;
+    }
     if (!x.connect != !x.token_file) {
         fprintf(stderr, "dflashctl: --connect and --token-file go together\n");
         return EX_USAGE;
@@ -339,8 +342,7 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], commands[k].name))
             ce = &commands[k];
     if (!ce) {
-        fprintf(stderr, "dflashctl: unknown command '%s'\n", argv[i]);
-        usage(stderr);
+        fprintf(stderr, "dflashctl: unknown command '%s' (dflashctl -h lists them)\n", argv[i]);
         return EX_USAGE;
     }
     int nargs = argc - i - 1;
