@@ -15,10 +15,47 @@ static int count_cb(void *ctx, const struct ledger_batch *b)
     return 0;
 }
 
+/* Another program's database is refused, and left as it was (no table added, its journal mode
+ * kept); a file that is no database is named. */
+static void foreign_db(const char *dir)
+{
+    char path[600], err[512];
+    snprintf(path, sizeof path, "%s/other.db", dir);
+    unlink(path);
+    sqlite3 *db;
+    CHECK_INT(sqlite3_open(path, &db), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_exec(db, "CREATE TABLE foo(x INTEGER); INSERT INTO foo VALUES (7);", NULL, NULL, NULL), ==,
+              SQLITE_OK);
+    sqlite3_close(db);
+    struct ledger *l = (struct ledger *)1;
+    CHECK_INT(ledger_open(&l, path, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK(l == NULL);
+    CHECK_CONTAINS(err, "other.db: not a dflash ledger (it has a table 'foo'): set coordinator.ledger");
+    CHECK_INT(sqlite3_open(path, &db), ==, SQLITE_OK);
+    sqlite3_stmt *q;
+    CHECK_INT(sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master", -1, &q, NULL), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_step(q), ==, SQLITE_ROW);
+    CHECK_INT(sqlite3_column_int(q, 0), ==, 1);
+    sqlite3_finalize(q);
+    CHECK_INT(sqlite3_prepare_v2(db, "PRAGMA journal_mode", -1, &q, NULL), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_step(q), ==, SQLITE_ROW);
+    CHECK_STR((const char *)sqlite3_column_text(q, 0), "delete");
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs("not a database at all, but long enough to have a header of sorts............................", f);
+    fclose(f);
+    CHECK(ledger_open(&l, path, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "other.db: tables: file is not a database");
+    unlink(path);
+}
+
 int main(void)
 {
     char path[512], err[512];
     snprintf(path, sizeof path, "%s/ledger.db", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    foreign_db(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     struct ledger *l;
     CHECK_OK(ledger_open(&l, path, err, sizeof err));
     for (uint32_t i = 0; i < 100; i++) {

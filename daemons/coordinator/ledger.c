@@ -130,6 +130,25 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
     if (rc != SQLITE_OK)
         goto fail;
     sqlite3_busy_timeout(l->db, 5000);
+    /* Another program's database (coordinator.ledger pointing at the wrong file) is left as it
+     * is: a table that no dflash ledger has says so. */
+    what = "tables";
+    sqlite3_stmt *tq = NULL;
+    if ((rc = sqlite3_prepare_v2(l->db, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN "
+                                 "('meta', 'batches', 'trains', 'checkpoints', 'generations', 'errors', 'untrained') "
+                                 "AND name NOT LIKE 'sqlite_%' ORDER BY name LIMIT 1", -1, &tq, NULL)) != SQLITE_OK)
+        goto fail;
+    rc = sqlite3_step(tq);
+    if (rc == SQLITE_ROW) {
+        snprintf(err, errlen, "%s: not a dflash ledger (it has a table '%s'): set coordinator.ledger to another path",
+                 path, (const char *)sqlite3_column_text(tq, 0));
+        sqlite3_finalize(tq);
+        ledger_close(l);
+        return -DF_ELAYOUT;
+    }
+    sqlite3_finalize(tq);
+    if (rc != SQLITE_DONE)
+        goto fail;
     what = "setup";
     /* WAL: readers (sqlite3 CLI, tests) never block the coordinator; FULL: fsync per commit. */
     rc = sqlite3_exec(l->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;", NULL, NULL, NULL);
