@@ -7,6 +7,7 @@
 #include <pwd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include "common/proc.h"
 #include "tests/test_coord_util.h"
 
 static void cleanup(void)
@@ -211,6 +212,13 @@ int main(void)
 
     /* A HELLO whose pid/start time do not match the socket peer. */
     expect_refused(frame, (size_t)n, 0, "the socket peer is pid");
+    /* Its pid and start time right, its owner token not: the token is named. */
+    uint64_t ticks = 0;
+    CHECK_OK(proc_start_time(getpid(), &ticks));
+    m.hello.start_ticks = ticks;
+    m.hello.token = proc_token_make(getpid(), ticks) ^ 1;
+    CHECK_INT(proto_encode(&m, frame, sizeof frame, NULL, 0), ==, n);
+    expect_refused(frame, (size_t)n, 0, "owner token");
 
     /* Truncated frame, then the peer goes away: dropped without harm. */
     expect_refused(frame, (size_t)n - 10, 1, NULL);

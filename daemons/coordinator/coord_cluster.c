@@ -655,9 +655,14 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
     if (h->role != PROTO_ROLE_CTL) {
         uint64_t ticks = 0;
         int r = proc_start_time(m->pid, &ticks);
-        if (r < 0 || h->pid != (uint32_t)m->pid || h->start_ticks != ticks || h->token != proc_token_make(m->pid, ticks)) {
+        if (r < 0 || h->pid != (uint32_t)m->pid || h->start_ticks != ticks) {
             coord_refuse(m, -DF_EPEER, "HELLO says pid %u start %" PRIu64 ", the socket peer is pid %d start %" PRIu64
                          " (another pid namespace?)", h->pid, h->start_ticks, (int)m->pid, ticks);
+            return;
+        }
+        if (h->token != proc_token_make(m->pid, ticks)) {
+            coord_refuse(m, -DF_EPEER, "HELLO's owner token %016" PRIx64 " is not the one of pid %d start %" PRIu64
+                         " (%016" PRIx64 ")", h->token, (int)m->pid, ticks, proc_token_make(m->pid, ticks));
             return;
         }
         for (struct member *o = co->members; o; o = o->next)
