@@ -477,8 +477,9 @@ static int make_root(const char *root, char *err, size_t errlen)
     if (mkdir(root, 0755) < 0) {
         if (errno == EEXIST)
             return 0;
-        int r = -errno;
-        snprintf(err, errlen, "%s: mkdir: %s", root, strerror(-r));
+        /* a file where a folder should be: no restart mends it (-DF_ELAYOUT: exit 78) */
+        int r = errno == ENOTDIR ? -DF_ELAYOUT : -errno;
+        snprintf(err, errlen, "%s: mkdir: %s", root, strerror(errno));
         return r;
     }
     char copy[4096];
@@ -689,8 +690,11 @@ static int read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
     if (fd < 0) {
         if (errno == ENOENT)
             return 0;
-        int r = errno == EACCES || errno == EPERM || errno == ELOOP ? -DF_ELAYOUT : -errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        int r = errno == EACCES || errno == EPERM || errno == ELOOP || errno == ENOTDIR ? -DF_ELAYOUT : -errno;
+        if (errno == ENOTDIR)
+            snprintf(err, errlen, "%s: not a folder (a file is there)", root);
+        else
+            snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return r;       /* (one a restart does not mend is -DF_ELAYOUT: exit 78) */
     }
     ssize_t n = read(fd, buf, sizeof buf - 1);

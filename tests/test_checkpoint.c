@@ -205,6 +205,17 @@ static void claim_root(const char *base)
     CHECK_INT(ckpt_claim_root(root, 0x1234, "", err, sizeof err), <, 0);    /* the parent is missing */
     CHECK_CONTAINS(err, "mkdir");
     CHECK_OK(mkdir(base, 0755));
+    /* a file where the folder should be (or its parent): refused for good */
+    snprintf(p, sizeof p, "%s/afile", base);
+    FILE *af = fopen(p, "w");
+    CHECK(af);
+    fclose(af);
+    CHECK_INT(ckpt_claim_root(p, 0x1234, "", err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "afile: not a folder (a file is there)");
+    snprintf(step, sizeof step, "%s/afile/sub", base);
+    CHECK_INT(ckpt_claim_root(step, 0x1234, "", err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "afile/sub: mkdir: Not a directory");
+    CHECK_OK(unlink(p));
     CHECK_INT(ckpt_claim_root(root, 0, "", err, sizeof err), ==, -EINVAL);  /* no run named */
     CHECK_OK(ckpt_claim_root(root, 0x1234, "", err, sizeof err));
     snprintf(p, sizeof p, "%s/%s", root, CKPT_RUN_FILE);
