@@ -61,8 +61,12 @@ void log_msg(enum log_level lvl, int err, const char *fmt, ...)
     va_end(ap);
     if (n > (int)sizeof line - 2)
         n = (int)sizeof line - 2;
-    if (err)
-        n += snprintf(line + n, sizeof line - (size_t)n, ": %s", err_str(err));
+    /* The code's text, unless the message ends with it already (an err string made with
+     * strerror, logged with its code) */
+    const char *why = err ? err_str(err) : "";
+    size_t wl = strlen(why);
+    if (err && !((size_t)(n - body) >= wl && !memcmp(line + n - wl, why, wl)))
+        n += snprintf(line + n, sizeof line - (size_t)n, ": %s", why);
     if (n > (int)sizeof line - 2)
         n = (int)sizeof line - 2;
     if (lvl == LOG_LVL_ERR) {

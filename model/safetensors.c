@@ -237,7 +237,11 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
         /* Tensors must not share bytes: a write-once format with overlap is corrupt or hostile. */
         qsort(spans, nspan, sizeof *spans, cmp_span);
         for (int i = 1; i < nspan; i++)
-            if (spans[i].begin < spans[i - 1].end) {
+            if (spans[i].begin < spans[i - 1].end && !strcmp(spans[i].name, spans[i - 1].name)) {
+                r = df_fail(err, errlen, -DF_EFORMAT, "%s: tensor '%s' appears twice in the header", path,
+                            spans[i].name);
+                break;
+            } else if (spans[i].begin < spans[i - 1].end) {
                 r = df_fail(err, errlen, -DF_EFORMAT, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
                          path, spans[i - 1].name, (unsigned long long)spans[i - 1].begin,
                          (unsigned long long)spans[i - 1].end, spans[i].name,

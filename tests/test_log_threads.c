@@ -35,6 +35,11 @@ int main(void)
     CHECK_CONTAINS(last, "opening /nonexistent: ");
     CHECK(strlen(last) > strlen("opening /nonexistent: "));
 
+    /* a message that ends with the code's text already does not get it twice */
+    log_error(-ENOENT, "opening %s: %s", "/nonexistent", strerror(ENOENT));
+    log_last_error(last, sizeof last);
+    CHECK_STR(last, "opening /nonexistent: No such file or directory");
+
     char small[8];
     log_last_error(small, sizeof small);
     CHECK_STR(small, "opening");

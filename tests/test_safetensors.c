@@ -194,6 +194,14 @@ static void test_bad_files(void)
                 "\"v\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", data, 20, -1);
     expect_fail(p, -DF_EFORMAT, "tensors 'w' [0, 16) and 'v' [12, 20) overlap");
 
+    p = tpath("twice.safetensors");                      /* one name twice: said so */
+    write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                "\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
+    expect_fail(p, -DF_EFORMAT, "tensor 'w' appears twice");
+    write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", data, 16, -1);
+    expect_fail(p, -DF_EFORMAT, "tensor 'w' appears twice");
+
     p = tpath("dtype.safetensors");
     write_st(p, "{\"w\":{\"dtype\":\"Q4_K\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
     expect_fail(p, -DF_EUNSUPPORTED, "tensor 'w': unknown dtype 'Q4_K'");
