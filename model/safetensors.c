@@ -375,7 +375,12 @@ static int open_index(struct st_set *s, const char *dir, const char *index, char
         bool seen = false;
         for (int i = 0; i < s->nfiles && !seen; i++)
             seen = !strcmp(s->files[i].path, path);
-        if (!seen && (r = add_file(s, path, err, errlen)) < 0)
+        if (!seen && (r = add_file(s, path, err, errlen)) == -ENOENT) {
+            r = df_fail(err, errlen, -DF_EMISSING, "%s: weight_map: tensor '%s': shard %s does not exist", index,
+                        e->string, e->valuestring);
+            goto out;
+        }
+        if (r < 0)
             goto out;
     }
     if ((r = finish(s, err, errlen)) < 0)

@@ -319,7 +319,8 @@ static void test_sharded(void)
     struct { const char *index; int code; const char *needle; } bad[] = {
         { "{\"weight_map\":{\"x\":\"m-2.safetensors\"}}", -DF_EMISSING, "tensor 'x' is not in m-2.safetensors" },
         { "{\"weight_map\":{\"x\":\"../m-1.safetensors\"}}", -DF_EFORMAT, "tensor 'x': file must be a plain file name" },
-        { "{\"weight_map\":{\"x\":\"gone.safetensors\"}}", -ENOENT, "gone.safetensors" },
+        { "{\"weight_map\":{\"x\":\"gone.safetensors\"}}", -DF_EMISSING,
+          "model.safetensors.index.json: weight_map: tensor 'x': shard gone.safetensors does not exist" },
         { "{\"weight_map\":[]}", -DF_EFORMAT, "weight_map missing" },
         { "{\"weight_map\":", -DF_EFORMAT, "not valid JSON" },
     };

@@ -226,7 +226,7 @@ int main(void)
     d = copy_model("llama", "shard-gone");
     snprintf(st, sizeof st, "%s/model-00002-of-00003.safetensors", d);
     CHECK(unlink(st) == 0);
-    expect_open_fail(d, ids, 2, -ENOENT, "model-00002-of-00003.safetensors", NULL);
+    expect_open_fail(d, ids, 2, -DF_EMISSING, "shard model-00002-of-00003.safetensors does not exist", NULL);
 
     d = copy_model("llama", "shard-truncated");
     snprintf(st, sizeof st, "%s/model-00003-of-00003.safetensors", d);
