@@ -1,6 +1,7 @@
 /* config.c: the key table and the inih-driven loader.
  * Unknown keys, bad types and out-of-range values fail with file:line: key: reason. */
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <math.h>
 #include <stdarg.h>
@@ -8,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "common/config.h"
 
 #define OFF(sec, field) offsetof(struct dflash_cfg, sec.field)
@@ -105,6 +108,96 @@ static int section_known(const char *section)
     return 0;
 }
 
+/* Parse a comma list of layer ids: every item a decimal id in [0, 2^20], no empty items, no
+ * id twice (a duplicate would capture one layer into two ring planes). Returns the count, or
+ * <0 with the reason in why (-E2BIG: more than max ids). */
+static int parse_ids(const char *s, int *out, int max, char *why, size_t whylen)
+{
+    int n = 0;
+    for (int item = 1;; item++) {
+        while (*s == ' ' || *s == '\t')
+            s++;
+        if (*s < '0' || *s > '9') {
+            if (!*s || *s == ',')
+                snprintf(why, whylen, "empty item %d", item);
+            else
+                snprintf(why, whylen, "item %d is not a layer id", item);
+            return -EINVAL;
+        }
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || v > 1 << 20) {
+            snprintf(why, whylen, "layer id %.*s is out of range [0, %d]", (int)(end - s > 20 ? 20 : end - s), s,
+                     1 << 20);
+            return -ERANGE;
+        }
+        for (int i = 0; i < n; i++)
+            if (out[i] == (int)v) {
+                snprintf(why, whylen, "layer id %ld given twice", v);
+                return -EINVAL;
+            }
+        if (n == max) {
+            snprintf(why, whylen, "more than %d layer ids", max);
+            return -E2BIG;
+        }
+        out[n++] = (int)v;
+        s = end;
+        while (*s == ' ' || *s == '\t')
+            s++;
+        if (!*s)
+            return n;
+        if (*s != ',') {
+            snprintf(why, whylen, "item %d is not a layer id", item);
+            return -EINVAL;
+        }
+        s++;
+    }
+}
+
+/* Checked when the file or -o sets it, so every daemon reads a list cfg_parse_int_list takes. */
+static int check_capture_layers(const char *val, char *why, size_t whylen)
+{
+    int ids[CFG_MAX_LAYER_IDS];
+    char r[160];
+    if (!*val)
+        return 0; /* empty: the DFlash default for model.draft_layers */
+    int n = parse_ids(val, ids, CFG_MAX_LAYER_IDS, r, sizeof r);
+    if (n == -E2BIG)
+        snprintf(why, whylen, "%s", r); /* the value itself would be long: the count says it */
+    else if (n < 0)
+        snprintf(why, whylen, "'%s': %s", val, r);
+    return n < 0 ? n : 0;
+}
+
+/* The name goes into file names (lock files, the socket, the ledger) and POSIX shm names
+ * ("/dflash-<name>", "/dflash-<name>-coll"): no '/', no spaces, no "." or "..", and short
+ * enough for every name built from it. */
+static int check_cluster_name(const char *val, char *why, size_t whylen)
+{
+    size_t n = strlen(val);
+    int ok = n >= 1 && n <= CFG_CLUSTER_NAME_MAX && val[0] != '.';
+    for (size_t i = 0; ok && i < n; i++) {
+        unsigned char ch = (unsigned char)val[i];
+        ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+             ch == '_' || ch == '-' || ch == '.';
+    }
+    if (ok)
+        return 0;
+    snprintf(why, whylen, "'%s': not a cluster name: 1-%d characters (letters, digits, '_', '-', '.'; "
+             "not starting with '.')", val, CFG_CLUSTER_NAME_MAX);
+    return -EINVAL;
+}
+
+/* String keys whose values have a syntax of their own. */
+static const struct {
+    size_t offset;
+    int (*check)(const char *val, char *why, size_t whylen);
+} str_checks[] = {
+    { OFF(cluster, name), check_cluster_name },
+    { OFF(model, capture_layers), check_capture_layers },
+};
+
 /* Store one value; on failure write the reason (without location) into err. */
 static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char *val,
                      char *err, size_t errlen)
@@ -155,6 +248,11 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
             snprintf(err, errlen, "longer than %.0f bytes", k->max - 1);
             return -ERANGE;
         }
+        for (size_t i = 0; i < sizeof str_checks / sizeof str_checks[0]; i++) {
+            int r = str_checks[i].offset == k->offset ? str_checks[i].check(val, err, errlen) : 0;
+            if (r < 0)
+                return r;
+        }
         strcpy(p, val);
         return 0;
     }
@@ -167,12 +265,15 @@ struct load_ctx {
     char *err;
     size_t errlen;
     int failed;
-    FILE *f;
+    const char *text;   /* the whole file, read up front (NUL-free, checked) */
+    size_t len, pos;
     int lineno;     /* Debian's inih has no line numbers in the handler: count here */
     int fail_line;
+    int *set_line;  /* per cfg_keys[] entry: the file line that set it (0 = not yet) */
 };
 
 #define CFG_MAX_LINE 4096   /* inih's line buffer (heap); a longer line is an error, never split */
+#define CFG_MAX_FILE (1 << 20) /* a config file is a few KB: anything this big is not one */
 
 static void fail_at(struct load_ctx *c, int lineno, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -198,23 +299,28 @@ static void fail_at(struct load_ctx *c, int lineno, int code, const char *fmt, .
 static char *ini_read_line(char *buf, int size, void *stream)
 {
     struct load_ctx *c = stream;
-    char *s = fgets(buf, size, c->f);
-    if (!s)
+    if (c->pos >= c->len || size < 2)
         return NULL;
+    const char *s = c->text + c->pos;
+    size_t left = c->len - c->pos, room = (size_t)size - 1;
+    const char *nl = memchr(s, '\n', left < room ? left : room);
+    size_t n = nl ? (size_t)(nl - s) + 1 : (left < room ? left : room);
     c->lineno++;
-    size_t n = strlen(s);
-    if (n == (size_t)size - 1 && s[n - 1] != '\n' && !feof(c->f)) {
+    if (!nl && n == room && n < left) {
         fail_at(c, c->lineno, -EINVAL, "line longer than %d bytes", size - 2);
         return NULL;
     }
-    return s;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    c->pos += n;
+    return buf;
 }
 
 static int on_ini(void *user, const char *section, const char *name, const char *value)
 {
     struct load_ctx *c = user;
     int lineno = c->lineno;
-    char why[200];
+    char why[512];
     if (!name) /* a bare [section] line: only check the section name */
         return 1;
     const struct cfg_key *k = cfg_find(section, name);
@@ -222,6 +328,13 @@ static int on_ini(void *user, const char *section, const char *name, const char 
         fail_at(c, lineno, -EINVAL, "%s.%s: %s", section, name, section_known(section) ? "unknown key" : "unknown section");
         return 0;
     }
+    /* The last one winning silently hides an edit that had no effect; -o is for overriding. */
+    int *first = &c->set_line[k - cfg_keys];
+    if (*first) {
+        fail_at(c, lineno, -EINVAL, "%s.%s: set twice (first at line %d)", section, name, *first);
+        return 0;
+    }
+    *first = lineno;
     int r = cfg_store(c->cfg, k, value, why, sizeof why);
     if (r < 0) {
         fail_at(c, lineno, r, "%s.%s: %s", section, name, why);
@@ -230,9 +343,80 @@ static int on_ini(void *user, const char *section, const char *name, const char 
     return 1;
 }
 
+/* Read the whole of `path` into a NUL-terminated heap buffer. Only a regular file: a directory
+ * would read as empty and a FIFO or /dev/zero never ends. The check and the read share one fd. */
+static int read_config_file(const char *path, char **text, size_t *len, char *err, size_t errlen)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* O_NONBLOCK: a FIFO opens, not waits */
+    if (fd < 0) {
+        int r = -errno;
+        if (r == -ENXIO && stat(path, &st) == 0 && !S_ISREG(st.st_mode)) /* a socket */
+            snprintf(err, errlen, "%s: not a regular file", path);
+        else
+            snprintf(err, errlen, "%s: cannot open: %s", path, strerror(-r));
+        return r;
+    }
+    if (fstat(fd, &st) < 0) {
+        int r = -errno;
+        snprintf(err, errlen, "%s: cannot stat: %s", path, strerror(-r));
+        close(fd);
+        return r;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return -EINVAL;
+    }
+    /* Read to EOF rather than trusting st_size (the file may grow); one byte past the cap
+     * tells "too big" from "exactly the cap". */
+    char *buf = malloc(CFG_MAX_FILE + 2);
+    if (!buf) {
+        close(fd);
+        snprintf(err, errlen, "%s: out of memory", path);
+        return -ENOMEM;
+    }
+    size_t n = 0;
+    while (n <= CFG_MAX_FILE) {
+        ssize_t got = read(fd, buf + n, CFG_MAX_FILE + 1 - n);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            int r = -errno;
+            snprintf(err, errlen, "%s: read error: %s", path, strerror(-r));
+            free(buf);
+            close(fd);
+            return r;
+        }
+        if (got == 0)
+            break;
+        n += (size_t)got;
+    }
+    close(fd);
+    if (n > CFG_MAX_FILE) {
+        snprintf(err, errlen, "%s: larger than %d bytes: not a config file", path, CFG_MAX_FILE);
+        free(buf);
+        return -EFBIG;
+    }
+    buf[n] = 0;
+    /* inih works on C strings: a NUL would end the value or line there, the rest unseen. */
+    const char *nul = memchr(buf, 0, n);
+    if (nul) {
+        int line = 1;
+        for (const char *q = buf; q < nul; q++)
+            line += *q == '\n';
+        snprintf(err, errlen, "%s:%d: NUL byte", path, line);
+        free(buf);
+        return -EINVAL;
+    }
+    *text = buf;
+    *len = n;
+    return 0;
+}
+
 int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
 {
-    char why[200];
+    char why[512];
     memset(cfg, 0, sizeof *cfg);
     for (size_t i = 0; i < cfg_nkeys; i++)
         if (cfg_store(cfg, &cfg_keys[i], cfg_keys[i].def, why, sizeof why) < 0) {
@@ -241,13 +425,14 @@ int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
         }
     if (!path)
         return 0;
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        int r = -errno;
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(-r));
+    char *text = NULL;
+    size_t len = 0;
+    int r = read_config_file(path, &text, &len, err, errlen);
+    if (r < 0)
         return r;
-    }
-    struct load_ctx c = { cfg, path, err, errlen, 0, f, 0, 0 };
+    int set_line[sizeof cfg_keys / sizeof cfg_keys[0]] = { 0 };
+    struct load_ctx c = { .cfg = cfg, .path = path, .err = err, .errlen = errlen, .text = text, .len = len,
+                          .set_line = set_line };
     /* Debian's inih takes these at run time: a heap line buffer of CFG_MAX_LINE bytes, and no
      * continuation lines (an indented "key = value" would be glued to the key before it). */
     ini_use_stack = false;
@@ -255,8 +440,8 @@ int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
     ini_initial_alloc = CFG_MAX_LINE;
     ini_max_line = CFG_MAX_LINE;
     ini_allow_multiline = false;
-    int r = ini_parse_stream(ini_read_line, &c, on_ini, &c);
-    fclose(f);
+    r = ini_parse_stream(ini_read_line, &c, on_ini, &c);
+    free(text);
     /* inih reports the first bad line; a syntax error before the key we refused wins. */
     if (c.failed && !(r > 0 && r < c.fail_line))
         return c.failed;
@@ -273,7 +458,7 @@ int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
 
 int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen)
 {
-    char buf[512], why[200];
+    char buf[512], why[512];
     if (strlen(assignment) >= sizeof buf) {
         snprintf(err, errlen, "override too long");
         return -EINVAL;
@@ -335,25 +520,8 @@ void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section)
 
 int cfg_parse_int_list(const char *s, int *out, int max)
 {
-    int n = 0;
-    while (*s) {
-        char *end;
-        while (*s == ' ' || *s == ',')
-            s++;
-        if (!*s)
-            break;
-        errno = 0;
-        long v = strtol(s, &end, 10);
-        if (errno || end == s || v < 0 || v > 1 << 20)
-            return -EINVAL;
-        if (n == max)
-            return -E2BIG;
-        out[n++] = (int)v;
-        s = end;
-        while (*s == ' ')
-            s++;
-        if (*s && *s != ',')
-            return -EINVAL;
-    }
-    return n;
+    char why[160];
+    if (!*s)
+        return 0;
+    return parse_ids(s, out, max, why, sizeof why);
 }

@@ -6,6 +6,11 @@
 #include <stdio.h>
 
 #define CFG_STR_MAX 256
+/* cluster.name: the longest name that still fits every name built from it; the ring's
+ * "/dflash-<name>" must leave 8 bytes of its 64 (PROTO_NAME_MAX) free, so 64 - 8 - 8 - 1. */
+#define CFG_CLUSTER_NAME_MAX 47
+/* model.capture_layers: at most this many ids (the ring, target and drafter all take 64). */
+#define CFG_MAX_LAYER_IDS 64
 
 struct cfg_cluster {
     char name[64];              /* cluster id: names the shm ring and socket */
@@ -122,5 +127,6 @@ int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
 int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen);
 /* Print every key with its effective value, one per line ("section.key = value"). */
 void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section /* NULL = all */);
-/* Parse a comma list of ints (e.g. capture_layers) into out[]; returns count or <0. */
+/* Parse a comma list of layer ids (capture_layers) into out[]: decimal ids in [0, 2^20], no empty
+ * items, no id twice. Returns the count, -E2BIG for more than max ids, or -EINVAL / -ERANGE. */
 int cfg_parse_int_list(const char *s, int *out, int max);

@@ -1,5 +1,7 @@
 /* test_config.c: the INI loader: defaults, overrides, every error names file:line: key.
  * Also checks etc/dflash.ini documents every key with its default. */
+#include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "common/config.h"
 #include "tests/test.h"
@@ -13,6 +15,28 @@ static const char *write_tmp(const char *name, const char *text)
     fputs(text, f);
     fclose(f);
     return path;
+}
+
+/* Like write_tmp, for text that holds NUL bytes. */
+static const char *write_tmp_bytes(const char *name, const char *data, size_t len)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    CHECK(fwrite(data, 1, len, f) == len);
+    fclose(f);
+    return path;
+}
+
+static void expect_path_error(const char *path, const char *needle)
+{
+    struct dflash_cfg cfg;
+    char err[512] = "";
+    CHECK(cfg_load(&cfg, path, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, path);
+    CHECK_CONTAINS(err, needle);
+    CHECK(!strchr(err, '\n'));
 }
 
 static void expect_error(const char *text, const char *needle)
@@ -84,6 +108,94 @@ int main(void)
     CHECK_INT(cfg_parse_int_list("1, 9,17,25,33", ids, 8), ==, 5);
     CHECK_INT(ids[4], ==, 33);
     CHECK(cfg_parse_int_list("1,x", ids, 8) < 0);
+    CHECK(cfg_parse_int_list("1,1", ids, 8) < 0);
+    CHECK(cfg_parse_int_list("1,,2", ids, 8) < 0);
+    CHECK(cfg_parse_int_list(",1", ids, 8) < 0);
+    CHECK(cfg_parse_int_list("1,2,", ids, 8) < 0);
+    CHECK_INT(cfg_parse_int_list("0,1,2,3,4,5,6,7,8", ids, 8), ==, -E2BIG);
+
+    /* Only a regular file is a config file: a directory read as an empty file (all defaults),
+     * a FIFO or /dev/zero never ended. */
+    const char *tmpdir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char special[512];
+    snprintf(special, sizeof special, "%s/cfgdir", tmpdir);
+    CHECK(mkdir(special, 0700) == 0 || errno == EEXIST);
+    expect_path_error(special, ": not a regular file");
+    snprintf(special, sizeof special, "%s/cfgfifo", tmpdir);
+    unlink(special);
+    CHECK(mkfifo(special, 0600) == 0);
+    expect_path_error(special, ": not a regular file");      /* without a writer: no hang */
+    unlink(special);
+    expect_path_error("/dev/zero", "/dev/zero: not a regular file");
+
+    /* A NUL byte cut the line short ("slots = 4\0junk" read as 4); refused, with its line. */
+    static const char nul_text[] = "[ring]\nslots = 4\0junk\n";
+    expect_path_error(write_tmp_bytes("nul.ini", nul_text, sizeof nul_text - 1), ":2: NUL byte");
+    static char zeros[10240];
+    expect_path_error(write_tmp_bytes("zeros.ini", zeros, sizeof zeros), ":1: NUL byte");
+    /* Config files are small: a huge one is refused before parsing. */
+    static char big[(1 << 20) + 1];
+    memset(big, '#', sizeof big);
+    big[0] = '\n';
+    expect_path_error(write_tmp_bytes("big.ini", big, sizeof big), ": larger than 1048576 bytes");
+
+    /* A key twice in the file is an error (the first edit silently lost); -o still overrides. */
+    expect_error("[ring]\nslots = 4\n\nslots = 8\n", ":4: ring.slots: set twice (first at line 2)");
+    expect_error("[ring]\nslots = 4\n[data]\nseed = 1\n[ring]\nslots = 8\n",
+                 ":6: ring.slots: set twice (first at line 2)");
+    p = write_tmp("dup_ok.ini", "[ring]\nslots = 4\n[data]\nseed = 1\n[ring]\nmax_seqs = 8\n");
+    CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
+    CHECK_INT(cfg.ring.slots, ==, 4);
+    CHECK_INT(cfg.ring.max_seqs, ==, 8);
+    CHECK_OK(cfg_set(&cfg, "ring.slots=6", err, sizeof err));
+    CHECK_OK(cfg_set(&cfg, "ring.slots=7", err, sizeof err));
+    CHECK_INT(cfg.ring.slots, ==, 7);
+
+    /* cluster.name goes into file and shm names: a safe, short name only. */
+    expect_error("[cluster]\nname = a/b\n",
+                 ":2: cluster.name: 'a/b': not a cluster name: 1-47 characters (letters, digits, '_', '-', '.'; "
+                 "not starting with '.')");
+    expect_error("[cluster]\nname =\n", ":2: cluster.name: '': not a cluster name");
+    expect_error("[cluster]\nname = a b\n", ":2: cluster.name: 'a b': not a cluster name");
+    expect_error("[cluster]\nname = ..\n", ":2: cluster.name: '..': not a cluster name");
+    expect_error("[cluster]\nname = .hidden\n", "cluster.name: '.hidden': not a cluster name");
+    expect_error("[cluster]\nname = a*\n", "cluster.name: 'a*': not a cluster name");
+    char name48[49], name_text[128];
+    memset(name48, 'n', 48);
+    name48[48] = 0;
+    snprintf(name_text, sizeof name_text, "[cluster]\nname = %s\n", name48);
+    expect_error(name_text, "not a cluster name: 1-47 characters");
+    name48[47] = 0;     /* 47 fits: "/dflash-<name>-coll" and the ring's name */
+    snprintf(name_text, sizeof name_text, "[cluster]\nname = %s\n", name48);
+    p = write_tmp("name.ini", name_text);
+    CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
+    CHECK_STR(cfg.cluster.name, name48);
+    CHECK_OK(cfg_set(&cfg, "cluster.name=t12345x678.a-b_C", err, sizeof err));
+    CHECK(cfg_set(&cfg, "cluster.name=../x", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "override cluster.name: '../x': not a cluster name");
+    CHECK_STR(cfg.cluster.name, "t12345x678.a-b_C");     /* a refused value leaves the old one */
+
+    /* model.capture_layers: no empty items, no id twice, and a count limit that says so. */
+    expect_error("[model]\ncapture_layers = 1,1\n", ":2: model.capture_layers: '1,1': layer id 1 given twice");
+    expect_error("[model]\ncapture_layers = 1,,2\n", ":2: model.capture_layers: '1,,2': empty item 2");
+    expect_error("[model]\ncapture_layers = 1,2,\n", "model.capture_layers: '1,2,': empty item 3");
+    expect_error("[model]\ncapture_layers = ,1\n", "model.capture_layers: ',1': empty item 1");
+    expect_error("[model]\ncapture_layers = 1,x\n", "model.capture_layers: '1,x': item 2 is not a layer id");
+    expect_error("[model]\ncapture_layers = -1\n", "model.capture_layers: '-1': item 1 is not a layer id");
+    char list[256] = "", list_text[300];
+    for (int i = 0; i < 65; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%d", i ? "," : "", i);
+    snprintf(list_text, sizeof list_text, "[model]\ncapture_layers = %s\n", list);
+    expect_error(list_text, ":2: model.capture_layers: more than 64 layer ids");
+    *strrchr(list, ',') = 0;    /* 64 ids: the most the ring, target and drafter take */
+    snprintf(list_text, sizeof list_text, "[model]\ncapture_layers = %s\n", list);
+    p = write_tmp("layers.ini", list_text);
+    CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
+    int ids64[64];
+    CHECK_INT(cfg_parse_int_list(cfg.model.capture_layers, ids64, 64), ==, 64);
+    CHECK(cfg_set(&cfg, "model.capture_layers=3, 3", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "override model.capture_layers: '3, 3': layer id 3 given twice");
+    CHECK_OK(cfg_set(&cfg, "model.capture_layers=", err, sizeof err));     /* empty: the default */
 
     /* The effective config is printed with the shortest decimals that read back exactly. */
     CHECK_OK(cfg_load(&cfg, NULL, err, sizeof err));

@@ -63,7 +63,26 @@ static __attribute__((unused)) void tc_dataset(const char *path, int n, uint32_t
     free(mask);
 }
 
-/* A cluster dir under $TMPDIR with its config; extra = more INI lines (sections included). */
+/* Whether the INI lines `text` set section.key (`sec0` is their section before any [section]). */
+static int tc_sets(const char *text, const char *sec0, const char *section, const char *key)
+{
+    char sec[64];
+    snprintf(sec, sizeof sec, "%s", sec0);
+    for (const char *p = text; p && *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) : strlen(p), k = strcspn(p, " =\n");
+        const char *close = memchr(p, ']', n);
+        if (p[0] == '[' && close)
+            snprintf(sec, sizeof sec, "%.*s", (int)(close - p - 1), p + 1);
+        else if (k < n && k == strlen(key) && !strncmp(p, key, k) && !strcmp(sec, section))
+            return 1;
+        p = nl ? nl + 1 : p + n;
+    }
+    return 0;
+}
+
+/* A cluster dir under $TMPDIR with its config; extra_cluster = more [cluster] lines, extra = more
+ * INI lines (sections included). A key they set replaces its default (a key twice is an error). */
 static __attribute__((unused)) void tc_setup(const char *extra_cluster, const char *extra)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -74,14 +93,29 @@ static __attribute__((unused)) void tc_setup(const char *extra_cluster, const ch
     snprintf(TC.ledger, sizeof TC.ledger, "%s/%s-ledger.db", TC.dir, TC.name);
     snprintf(TC.ring, sizeof TC.ring, "/dflash-%s", TC.name);
     snprintf(TC.data, sizeof TC.data, "%s/data.bin", TC.dir);
+    const struct { const char *section, *key, *value; } def[] = {
+        { "cluster", "name", TC.name }, { "cluster", "runtime_dir", TC.dir }, { "cluster", "state_dir", TC.dir },
+        { "cluster", "log_level", "info" },
+        { "ring", "slots", "6" }, { "ring", "max_tokens", "512" }, { "ring", "max_seqs", "64" },
+        { "model", "capture_layers", "1,2" },
+        { "coordinator", "ring_hidden", "8" }, { "coordinator", "heartbeat_ms", "50" },
+        { "coordinator", "dead_after_ms", "3000" }, { "coordinator", "recovery_ms", "600" },
+        { "data", "path", TC.data }, { "data", "token_budget", "512" }, { "data", "max_seq_len", "256" },
+        { "data", "bucket_width", "32" },
+    };
     FILE *f = fopen(TC.ini, "w");
     CHECK(f);
-    fprintf(f, "[cluster]\nname = %s\nruntime_dir = %s\nstate_dir = %s\nlog_level = info\n%s\n"
-               "[ring]\nslots = 6\nmax_tokens = 512\nmax_seqs = 64\n"
-               "[model]\ncapture_layers = 1,2\n"
-               "[coordinator]\nring_hidden = 8\nheartbeat_ms = 50\ndead_after_ms = 3000\nrecovery_ms = 600\n"
-               "[data]\npath = %s\ntoken_budget = 512\nmax_seq_len = 256\nbucket_width = 32\n%s",
-            TC.name, TC.dir, TC.dir, extra_cluster ? extra_cluster : "", TC.data, extra ? extra : "");
+    const char *sec = "";
+    for (size_t i = 0; i < sizeof def / sizeof def[0]; i++) {
+        if (strcmp(sec, def[i].section)) {
+            if (!strcmp(sec, "cluster"))
+                fprintf(f, "%s\n", extra_cluster ? extra_cluster : "");
+            fprintf(f, "[%s]\n", sec = def[i].section);
+        }
+        if (!tc_sets(extra_cluster, "cluster", def[i].section, def[i].key) && !tc_sets(extra, "", def[i].section, def[i].key))
+            fprintf(f, "%s = %s\n", def[i].key, def[i].value);
+    }
+    fprintf(f, "%s", extra ? extra : "");
     fclose(f);
 }
 
