@@ -247,6 +247,15 @@ int net_token_load(const char *path, uint8_t *token, size_t cap, size_t min, siz
         explicit_bzero(buf, sizeof buf);
         FAIL(-EINVAL, "%s: the token is longer than %zu bytes", path, cap);
     }
+    /* A file of one byte repeated (zeros from a botched dd, a placeholder) is no secret. */
+    size_t same = 1;
+    while (same < n && buf[same] == buf[0])
+        same++;
+    if (same == n) {
+        explicit_bzero(buf, sizeof buf);
+        FAIL(-EINVAL, "%s: the token is one byte repeated: not a secret (make one with `head -c 32 /dev/urandom | "
+             "base64 > FILE`)", path);
+    }
     memcpy(token, buf, n);
     explicit_bzero(buf, sizeof buf);
     *len = n;

@@ -238,7 +238,7 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
         return -e;
     }
     text[len] = 0;
-    cJSON *j = cJSON_Parse(text);
+    cJSON *j = cJSON_ParseWithOpts(text, NULL, 1);     /* nothing but whitespace after it */
     free(text);
     char dup[128];
     if (!j || !cJSON_IsObject(j) || json_duplicate_key(j, dup, sizeof dup)) {

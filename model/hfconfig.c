@@ -157,7 +157,8 @@ int hf_config_parse(const char *json, const char *path, struct hf_config *cfg, c
     const struct ctx c = { path, err, errlen };
     int r;
     memset(cfg, 0, sizeof *cfg);
-    cJSON *root = cJSON_Parse(json);
+    /* whitespace only after the object: trailing bytes mean a damaged or concatenated file */
+    cJSON *root = cJSON_ParseWithOpts(json, NULL, 1);
     if (!root)
         return fail(&c, -DF_EFORMAT, "json", "parse error near byte %ld",
                     cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);

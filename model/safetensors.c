@@ -350,7 +350,7 @@ static int open_index(struct st_set *s, const char *dir, const char *index, char
     int r = read_text(index, ST_INDEX_MAX, &text, err, errlen);
     if (r < 0)
         return r;
-    cJSON *root = cJSON_Parse(text);
+    cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);    /* nothing but whitespace after it */
     const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
     if (!root || !cJSON_IsObject(map)) {
         cJSON_Delete(root);

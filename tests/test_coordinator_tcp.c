@@ -277,6 +277,8 @@ int main(void)
     expect_config_error("cluster.tcp_token_file", "mode 0644");
     write_file(tok_path, "short\n", 0600);
     expect_config_error("cluster.tcp_token_file", "the token is 5 bytes, at least 16");
+    write_file(tok_path, "xxxxxxxxxxxxxxxxxxxxxxxx\n", 0600);
+    expect_config_error("cluster.tcp_token_file", "the token is one byte repeated: not a secret");
     unlink(tok_path);
     expect_config_error("cluster.tcp_token_file", "No such file");
     setup_tcp("127.0.0.1:0", "");

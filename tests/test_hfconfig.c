@@ -118,6 +118,15 @@ static void test_errors(void)
     expect_err("{\"architectures\":[\"MistralForCausalLM\"]}", -DF_EUNSUPPORTED, "architectures",
                "'MistralForCausalLM' is not supported");
     expect_err("{\"hidden_size\":4}", -DF_EMISSING, "architectures", "missing");
+    /* bytes after the object (a damaged or concatenated file): refused; whitespace is fine */
+    char *tail = llama_json(NULL);
+    char glued[4096 + 16];
+    snprintf(glued, sizeof glued, "%s \n\t", tail);
+    parse_ok(glued);
+    snprintf(glued, sizeof glued, "%s}", tail);
+    expect_err(glued, -DF_EFORMAT, "json", "parse error near byte");
+    snprintf(glued, sizeof glued, "%s{\"a\":1}", tail);
+    expect_err(glued, -DF_EFORMAT, "json", "parse error near byte");
     expect_err("{\"architectures\":\"LlamaForCausalLM\"}", -DF_EFORMAT, "architectures", "expected a list");
     expect_err("{\"architectures\":[]}", -DF_EFORMAT, "architectures", "expected a list");
     expect_err("{\"architectures\":[\"LlamaForCausalLM\",\"X\"]}", -DF_EFORMAT, "architectures", "list of one");
