@@ -432,7 +432,7 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
     if (fd < 0) {
         rc = -errno;
         snprintf(err, errlen, "ring %s: %s", name,
-                 rc == -ENOENT ? "no such shm object (is the coordinator running?)" : strerror(-rc));
+                 rc == -ENOENT ? "no such shm object (the coordinator makes it at its start: is it running, or was the object removed?)" : strerror(-rc));
         return rc;
     }
     if (fstat(fd, &st) < 0) {
