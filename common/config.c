@@ -348,7 +348,7 @@ static int on_ini(void *user, const char *section, const char *name, const char 
 static int read_config_file(const char *path, char **text, size_t *len, char *err, size_t errlen)
 {
     struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* O_NONBLOCK: a FIFO opens, not waits */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY); /* O_NONBLOCK: a FIFO opens, not waits */
     if (fd < 0) {
         int r = -errno;
         if (r == -ENXIO && stat(path, &st) == 0 && !S_ISREG(st.st_mode)) /* a socket */

@@ -238,6 +238,11 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
         return -e;
     }
     text[len] = 0;
+    if (memchr(text, 0, len)) {     /* the parser would stop there, the rest unseen */
+        free(text);
+        snprintf(err, errlen, "%s: a NUL byte in it: not a JSON file", path);
+        return -DF_EFORMAT;
+    }
     cJSON *j = cJSON_ParseWithOpts(text, NULL, 1);     /* nothing but whitespace after it */
     free(text);
     char dup[128];

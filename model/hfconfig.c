@@ -292,5 +292,8 @@ int hf_config_load(const char *dir, struct hf_config *cfg, char *err, size_t err
     if (n != (size_t)st.st_size)
         return fail(&c, -DF_ETRUNC, "read", "short read (%zu of %lld bytes)", n, (long long)st.st_size);
     text[n] = 0;
+    const char *nul = memchr(text, 0, n);     /* the parser would stop there, the rest unseen */
+    if (nul)
+        return fail(&c, -DF_EFORMAT, "json", "NUL byte at offset %zu", (size_t)(nul - text));
     return hf_config_parse(text, path, cfg, err, errlen);
 }

@@ -334,6 +334,10 @@ static int read_text(const char *path, size_t max, char **out, char *err, size_t
         return df_fail(err, errlen, -e, "%s: read: %s", path, strerror(e));
     }
     buf[n] = 0;
+    if (memchr(buf, 0, n)) {        /* a JSON parser would stop there, the rest unseen */
+        free(buf);
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: a NUL byte in it: not a JSON file", path);
+    }
     *out = buf;
     return 0;
 }

@@ -63,7 +63,8 @@ static __attribute__((unused)) void tc_dataset(const char *path, int n, uint32_t
     free(mask);
 }
 
-/* Whether the INI lines `text` set section.key (`sec0` is their section before any [section]). */
+/* Whether the INI lines `text` set section.key (`sec0` is their section before any [section]:
+ * extra lines without one go on the last default section, [data]). */
 static int tc_sets(const char *text, const char *sec0, const char *section, const char *key)
 {
     char sec[64];
@@ -112,7 +113,7 @@ static __attribute__((unused)) void tc_setup(const char *extra_cluster, const ch
                 fprintf(f, "%s\n", extra_cluster ? extra_cluster : "");
             fprintf(f, "[%s]\n", sec = def[i].section);
         }
-        if (!tc_sets(extra_cluster, "cluster", def[i].section, def[i].key) && !tc_sets(extra, "", def[i].section, def[i].key))
+        if (!tc_sets(extra_cluster, "cluster", def[i].section, def[i].key) && !tc_sets(extra, "data", def[i].section, def[i].key))
             fprintf(f, "%s = %s\n", def[i].key, def[i].value);
     }
     fprintf(f, "%s", extra ? extra : "");

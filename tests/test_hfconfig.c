@@ -82,6 +82,18 @@ static void test_golden(void)
     CHECK_INT(hf_config_load(empty, &h, err, sizeof err), ==, -ENOENT);
     CHECK_CONTAINS(err, empty);
     CHECK_CONTAINS(err, "config.json");
+    /* a valid object, then a NUL and more (a zero-filled tail): the parser would stop at the NUL */
+    char cj[1100];
+    snprintf(cj, sizeof cj, "%s/config.json", empty);
+    FILE *f = fopen(cj, "wb");
+    CHECK(f);
+    const char *obj = llama_json(NULL);
+    fwrite(obj, 1, strlen(obj), f);
+    fwrite("\0\0\0junk", 1, 7, f);
+    fclose(f);
+    CHECK_INT(hf_config_load(empty, &h, err, sizeof err), ==, -DF_EFORMAT);
+    CHECK_CONTAINS(err, "config.json: json: NUL byte at offset");
+    unlink(cj);
 }
 
 static void test_defaults_and_forms(void)

@@ -130,13 +130,32 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
     if (rc != SQLITE_OK)
         goto fail;
     sqlite3_busy_timeout(l->db, 5000);
+    /* The schema's version: 0 (a new file, or one from before it was kept) is this one. A
+     * newer one is refused rather than misread (before the table check below: a newer schema
+     * may have tables this build does not know). */
+    sqlite3_stmt *uv = NULL;
+    int version = -1;
+    what = "schema version";
+    if ((rc = sqlite3_prepare_v2(l->db, "PRAGMA user_version", -1, &uv, NULL)) != SQLITE_OK)
+        goto fail;
+    if ((rc = sqlite3_step(uv)) == SQLITE_ROW)
+        version = sqlite3_column_int(uv, 0);
+    sqlite3_finalize(uv);
+    if (rc != SQLITE_ROW)
+        goto fail;
+    if (version > LEDGER_SCHEMA) {
+        snprintf(err, errlen, "%s: ledger schema %d, this build reads schema %d (written by a newer dflash)", path,
+                 version, LEDGER_SCHEMA);
+        ledger_close(l);
+        return -DF_EVERSION;
+    }
     /* Another program's database (coordinator.ledger pointing at the wrong file) is left as it
      * is: a table that no dflash ledger has says so. */
     what = "tables";
     sqlite3_stmt *tq = NULL;
     if ((rc = sqlite3_prepare_v2(l->db, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN "
                                  "('meta', 'batches', 'trains', 'checkpoints', 'generations', 'errors', 'untrained') "
-                                 "AND name NOT LIKE 'sqlite_%' ORDER BY name LIMIT 1", -1, &tq, NULL)) != SQLITE_OK)
+                                 "AND substr(name, 1, 7) <> 'sqlite_' ORDER BY name LIMIT 1", -1, &tq, NULL)) != SQLITE_OK)
         goto fail;
     rc = sqlite3_step(tq);
     if (rc == SQLITE_ROW) {
@@ -154,22 +173,6 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
     rc = sqlite3_exec(l->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;", NULL, NULL, NULL);
     if (rc != SQLITE_OK)
         goto fail;
-    /* The schema's version: 0 (a new file, or one from before it was kept) is this one. A
-     * newer one is refused rather than misread. */
-    sqlite3_stmt *uv = NULL;
-    int version = -1;
-    what = "schema version";
-    if ((rc = sqlite3_prepare_v2(l->db, "PRAGMA user_version", -1, &uv, NULL)) != SQLITE_OK)
-        goto fail;
-    if (sqlite3_step(uv) == SQLITE_ROW)
-        version = sqlite3_column_int(uv, 0);
-    sqlite3_finalize(uv);
-    if (version > LEDGER_SCHEMA) {
-        snprintf(err, errlen, "%s: ledger schema %d, this build reads schema %d (written by a newer dflash)", path,
-                 version, LEDGER_SCHEMA);
-        ledger_close(l);
-        return -DF_EVERSION;
-    }
     if (version < LEDGER_SCHEMA &&
         (rc = sqlite3_exec(l->db, "PRAGMA user_version = " STR(LEDGER_SCHEMA), NULL, NULL, NULL)) != SQLITE_OK)
         goto fail;
