@@ -1,8 +1,15 @@
 /* jsonutil.c: see jsonutil.h. */
 #include "common/jsonutil.h"
+#include "common/cleanup.h"
+#include "common/err.h"
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* path[at..] = ".key" (no dot at the start); the new end, kept inside pathlen. */
 static size_t append(char *path, size_t pathlen, size_t at, const char *key)
@@ -68,4 +75,66 @@ int json_duplicate_key(const cJSON *node, char *path, size_t pathlen)
         return 0;
     path[0] = 0;
     return dup_in(node, path, pathlen, 0);
+}
+
+int json_parse_object(const char *text, size_t len, const char *path, cJSON **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    const char *nul = memchr(text, 0, len);
+    if (nul)
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: NUL byte at offset %zu: not a JSON file", path,
+                       (size_t)(nul - text));
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithOpts(text, &end, 1);
+    if (!j)
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: not valid JSON (parse error near byte %zu)", path,
+                       end && end >= text ? (size_t)(end - text) : (size_t)0);
+    char dup[256];
+    int r = 0;
+    if (!cJSON_IsObject(j))
+        r = df_fail(err, errlen, -DF_EFORMAT, "%s: top level is not a JSON object", path);
+    else if (json_duplicate_key(j, dup, sizeof dup))
+        r = df_fail(err, errlen, -DF_EFORMAT, "%s: %s appears twice (JSON readers differ on which one counts)",
+                    path, dup);
+    if (r < 0) {
+        cJSON_Delete(j);
+        return r;
+    }
+    *out = j;
+    return 0;
+}
+
+int json_read_object(const char *path, size_t max, cJSON **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    /* O_NONBLOCK: a FIFO in its place opens without a writer and is refused below, not waited on */
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+        int e = errno;
+        return df_fail(err, errlen, e == ENOENT ? -DF_EMISSING : -e, "%s: %s", path, strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return df_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: not a regular file", path);
+    if ((uint64_t)st.st_size > max)
+        return df_fail(err, errlen, -DF_ERANGE, "%s: %lld bytes is too large (at most %zu)", path,
+                       (long long)st.st_size, max);
+    _cleanup_free_ char *text = malloc((size_t)st.st_size + 1);
+    if (!text)
+        return df_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
+    size_t len = 0;
+    while (len < (size_t)st.st_size) {     /* a file that shrank under us reads short: parsed as it is */
+        ssize_t n = pread(fd, text + len, (size_t)st.st_size - len, (off_t)len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return df_fail(err, errlen, -errno, "%s: read: %s", path, strerror(errno));
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    text[len] = 0;
+    return json_parse_object(text, len, path, out, err, errlen);
 }

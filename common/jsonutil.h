@@ -1,4 +1,4 @@
-/* jsonutil.h: checks on parsed JSON that cJSON leaves to its caller. */
+/* jsonutil.h: reading a JSON file, and the checks on parsed JSON that cJSON leaves to its caller. */
 #pragma once
 #include <stddef.h>
 #include <cjson/cJSON.h>
@@ -7,3 +7,12 @@
  * and finds the first, Python's json keeps the last, so such a file means different things to
  * different readers. Returns 1 and its dotted path in path (e.g. "rope_scaling.factor"), or 0. */
 int json_duplicate_key(const cJSON *node, char *path, size_t pathlen);
+
+/* text[0..len) as one JSON object, with nothing but whitespace after it (trailing bytes mean a
+ * damaged or concatenated file), no NUL byte in it (the parser would stop there, the rest unseen)
+ * and no key twice. text[len] must be 0. On error -DF_EFORMAT and "path: reason" in err. */
+int json_parse_object(const char *text, size_t len, const char *path, cJSON **out, char *err, size_t errlen);
+
+/* The regular file at path (at most max bytes) through json_parse_object. -DF_EMISSING when it
+ * does not exist, -DF_ERANGE when larger than max, -errno when it cannot be read. */
+int json_read_object(const char *path, size_t max, cJSON **out, char *err, size_t errlen);

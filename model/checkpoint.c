@@ -203,58 +203,10 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_CONFIG);
     struct jctx x = { path, err, errlen };
-    _cleanup_fclose_ FILE *f = fopen(path, "re");
-    if (!f) {
-        int r = -errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(-r));
-        return r == -ENOENT ? -DF_EMISSING : r;
-    }
-    char *text = NULL;
-    size_t cap = 0, len = 0;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 65536;
-            if (cap > (64u << 20)) {
-                free(text);
-                snprintf(err, errlen, "%s: too large", path);
-                return -DF_EFORMAT;
-            }
-            char *t = realloc(text, cap);
-            if (!t) {
-                free(text);
-                return -ENOMEM;
-            }
-            text = t;
-        }
-        size_t n = fread(text + len, 1, 4096, f);
-        len += n;
-        if (n < 4096)
-            break;
-    }
-    if (ferror(f)) {
-        int e = errno ? errno : EIO;
-        free(text);
-        snprintf(err, errlen, "%s: read: %s", path, strerror(e));
-        return -e;
-    }
-    text[len] = 0;
-    if (memchr(text, 0, len)) {     /* the parser would stop there, the rest unseen */
-        free(text);
-        snprintf(err, errlen, "%s: a NUL byte in it: not a JSON file", path);
-        return -DF_EFORMAT;
-    }
-    cJSON *j = cJSON_ParseWithOpts(text, NULL, 1);     /* nothing but whitespace after it */
-    free(text);
-    char dup[128];
-    if (!j || !cJSON_IsObject(j) || json_duplicate_key(j, dup, sizeof dup)) {
-        if (j && cJSON_IsObject(j))
-            snprintf(err, errlen, "%s: %s appears twice (JSON readers differ on which one counts)", path, dup);
-        else
-            snprintf(err, errlen, "%s: not a JSON object", path);
-        cJSON_Delete(j);
-        return -DF_EFORMAT;
-    }
-    int r = 0;
+    cJSON *j;
+    int r = json_read_object(path, 64u << 20, &j, err, errlen);
+    if (r < 0)
+        return r;
     memset(c, 0, sizeof *c);
     const cJSON *arch = jitem(j, "architectures"), *e;
     bool ok = false;

@@ -152,26 +152,11 @@ static int parse_rope(const struct ctx *c, const cJSON *root, struct hf_rope *ro
     return 0;
 }
 
-int hf_config_parse(const char *json, const char *path, struct hf_config *cfg, char *err, size_t errlen)
+/* The fields of a parsed config.json (an object with no key twice) into cfg. */
+static int parse_root(const cJSON *root, const char *path, struct hf_config *cfg, char *err, size_t errlen)
 {
     const struct ctx c = { path, err, errlen };
     int r;
-    memset(cfg, 0, sizeof *cfg);
-    /* whitespace only after the object: trailing bytes mean a damaged or concatenated file */
-    cJSON *root = cJSON_ParseWithOpts(json, NULL, 1);
-    if (!root)
-        return fail(&c, -DF_EFORMAT, "json", "parse error near byte %ld",
-                    cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);
-    if (!cJSON_IsObject(root)) {
-        r = fail(&c, -DF_EFORMAT, "json", "top level is not an object");
-        goto out;
-    }
-    char dup[128];
-    if (json_duplicate_key(root, dup, sizeof dup)) {
-        r = fail(&c, -DF_EFORMAT, dup, "appears twice (JSON readers differ on which one counts)");
-        goto out;
-    }
-
     const cJSON *arch = item(root, "architectures");
     const cJSON *a0 = arch && cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
     if (!arch) {
@@ -268,6 +253,17 @@ int hf_config_parse(const char *json, const char *path, struct hf_config *cfg, c
     }
     r = parse_rope(&c, root, &cfg->rope);
 out:
+    return r;
+}
+
+int hf_config_parse(const char *json, const char *path, struct hf_config *cfg, char *err, size_t errlen)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cJSON *root;
+    int r = json_parse_object(json, strlen(json), path, &root, err, errlen);
+    if (r < 0)
+        return r;
+    r = parse_root(root, path, cfg, err, errlen);
     cJSON_Delete(root);
     return r;
 }
@@ -276,24 +272,12 @@ int hf_config_load(const char *dir, struct hf_config *cfg, char *err, size_t err
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    const struct ctx c = { path, err, errlen };
-    _cleanup_fclose_ FILE *f = fopen(path, "rb");
-    if (!f)
-        return fail(&c, -errno, "open", "%s", strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) < 0)
-        return fail(&c, -errno, "stat", "%s", strerror(errno));
-    if (st.st_size > CONFIG_MAX_BYTES)
-        return fail(&c, -DF_ERANGE, "size", "%lld bytes is too large", (long long)st.st_size);
-    _cleanup_free_ char *text = malloc((size_t)st.st_size + 1);
-    if (!text)
-        return fail(&c, -ENOMEM, "read", "out of memory");
-    size_t n = fread(text, 1, (size_t)st.st_size, f);
-    if (n != (size_t)st.st_size)
-        return fail(&c, -DF_ETRUNC, "read", "short read (%zu of %lld bytes)", n, (long long)st.st_size);
-    text[n] = 0;
-    const char *nul = memchr(text, 0, n);     /* the parser would stop there, the rest unseen */
-    if (nul)
-        return fail(&c, -DF_EFORMAT, "json", "NUL byte at offset %zu", (size_t)(nul - text));
-    return hf_config_parse(text, path, cfg, err, errlen);
+    memset(cfg, 0, sizeof *cfg);
+    cJSON *root;
+    int r = json_read_object(path, CONFIG_MAX_BYTES, &root, err, errlen);
+    if (r < 0)
+        return r;
+    r = parse_root(root, path, cfg, err, errlen);
+    cJSON_Delete(root);
+    return r;
 }

@@ -314,34 +314,6 @@ int st_open_file(struct st_set **out, const char *path, char *err, size_t errlen
     return 0;
 }
 
-static int read_text(const char *path, size_t max, char **out, char *err, size_t errlen)
-{
-    _cleanup_fclose_ FILE *f = fopen(path, "rb");
-    if (!f)
-        return df_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) < 0)
-        return df_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
-    if ((uint64_t)st.st_size > max)
-        return df_fail(err, errlen, -DF_ERANGE, "%s: %lld bytes is too large", path, (long long)st.st_size);
-    char *buf = malloc((size_t)st.st_size + 1);
-    if (!buf)
-        return -ENOMEM;
-    size_t n = fread(buf, 1, (size_t)st.st_size, f);
-    if (ferror(f)) {        /* not "not valid JSON": say it could not be read */
-        int e = errno ? errno : EIO;
-        free(buf);
-        return df_fail(err, errlen, -e, "%s: read: %s", path, strerror(e));
-    }
-    buf[n] = 0;
-    if (memchr(buf, 0, n)) {        /* a JSON parser would stop there, the rest unseen */
-        free(buf);
-        return df_fail(err, errlen, -DF_EFORMAT, "%s: a NUL byte in it: not a JSON file", path);
-    }
-    *out = buf;
-    return 0;
-}
-
 static bool plain_file_name(const char *s)
 {
     return *s && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
@@ -350,22 +322,14 @@ static bool plain_file_name(const char *s)
 /* Sharded checkpoint: open every file named in weight_map, then check each mapping. */
 static int open_index(struct st_set *s, const char *dir, const char *index, char *err, size_t errlen)
 {
-    _cleanup_free_ char *text = NULL;
-    int r = read_text(index, ST_INDEX_MAX, &text, err, errlen);
+    cJSON *root;
+    int r = json_read_object(index, ST_INDEX_MAX, &root, err, errlen);
     if (r < 0)
         return r;
-    cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);    /* nothing but whitespace after it */
-    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
-    if (!root || !cJSON_IsObject(map)) {
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    if (!cJSON_IsObject(map)) {
         cJSON_Delete(root);
-        return df_fail(err, errlen, -DF_EFORMAT, "%s: %s", index, root ? "weight_map missing or not an object"
-                                                                    : "not valid JSON");
-    }
-    char dup[256];
-    if (json_duplicate_key(root, dup, sizeof dup)) {
-        r = df_fail(err, errlen, -DF_EFORMAT, "%s: %s appears twice (JSON readers differ on which one counts)", index,
-                    dup);
-        goto out;
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: weight_map missing or not an object", index);
     }
     const cJSON *e;
     cJSON_ArrayForEach(e, map) {

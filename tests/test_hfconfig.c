@@ -35,7 +35,7 @@ static void expect_err(const char *json, int code, const char *field, const char
     if (r != code)
         TEST_FAIL("%s: got %d (%s), want %d; err: %s", json, r, err_str(r), code, err);
     char want[256];
-    snprintf(want, sizeof want, "/x/config.json: %s: ", field);
+    snprintf(want, sizeof want, "/x/config.json: %s%s", field ? field : "", field ? ": " : "");  /* NULL: the file as a whole */
     CHECK_CONTAINS(err, want);
     CHECK_CONTAINS(err, reason);
     CHECK(!strchr(err, '\n'));
@@ -79,7 +79,7 @@ static void test_golden(void)
     char empty[1024];
     snprintf(empty, sizeof empty, "%s/cfg-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
     CHECK(mkdir(empty, 0700) == 0);
-    CHECK_INT(hf_config_load(empty, &h, err, sizeof err), ==, -ENOENT);
+    CHECK_INT(hf_config_load(empty, &h, err, sizeof err), ==, -DF_EMISSING);
     CHECK_CONTAINS(err, empty);
     CHECK_CONTAINS(err, "config.json");
     /* a valid object, then a NUL and more (a zero-filled tail): the parser would stop at the NUL */
@@ -92,8 +92,14 @@ static void test_golden(void)
     fwrite("\0\0\0junk", 1, 7, f);
     fclose(f);
     CHECK_INT(hf_config_load(empty, &h, err, sizeof err), ==, -DF_EFORMAT);
-    CHECK_CONTAINS(err, "config.json: json: NUL byte at offset");
+    CHECK_CONTAINS(err, "config.json: NUL byte at offset");
     unlink(cj);
+    /* a FIFO in its place is refused, not waited on for a writer */
+    CHECK(mkfifo(cj, 0600) == 0);
+    CHECK_INT(hf_config_load(empty, &h, err, sizeof err), ==, -DF_EFORMAT);
+    CHECK_CONTAINS(err, "config.json: not a regular file");
+    unlink(cj);
+    rmdir(empty);
 }
 
 static void test_defaults_and_forms(void)
@@ -136,20 +142,20 @@ static void test_errors(void)
     snprintf(glued, sizeof glued, "%s \n\t", tail);
     parse_ok(glued);
     snprintf(glued, sizeof glued, "%s}", tail);
-    expect_err(glued, -DF_EFORMAT, "json", "parse error near byte");
+    expect_err(glued, -DF_EFORMAT, NULL, "parse error near byte");
     snprintf(glued, sizeof glued, "%s{\"a\":1}", tail);
-    expect_err(glued, -DF_EFORMAT, "json", "parse error near byte");
+    expect_err(glued, -DF_EFORMAT, NULL, "parse error near byte");
     expect_err("{\"architectures\":\"LlamaForCausalLM\"}", -DF_EFORMAT, "architectures", "expected a list");
     expect_err("{\"architectures\":[]}", -DF_EFORMAT, "architectures", "expected a list");
     expect_err("{\"architectures\":[\"LlamaForCausalLM\",\"X\"]}", -DF_EFORMAT, "architectures", "list of one");
-    expect_err("{\"architectures\":[\"LlamaForCausalLM\"]", -DF_EFORMAT, "json", "parse error");
-    expect_err("[1]", -DF_EFORMAT, "json", "not an object");
+    expect_err("{\"architectures\":[\"LlamaForCausalLM\"]", -DF_EFORMAT, NULL, "not valid JSON");
+    expect_err("[1]", -DF_EFORMAT, NULL, "top level is not a JSON object");
     expect_err("{\"architectures\":[\"LlamaForCausalLM\"],\"num_hidden_layers\":4}", -DF_EMISSING,
                "hidden_size", "missing");
     /* a key twice: Python's json takes the last, cJSON finds the first: refused, at any depth */
-    expect_err(llama_json("\"hidden_size\":128"), -DF_EFORMAT, "hidden_size", "appears twice");
+    expect_err(llama_json("\"hidden_size\":128"), -DF_EFORMAT, NULL, "hidden_size appears twice");
     expect_err(llama_json("\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2.0,\"factor\":4.0}"), -DF_EFORMAT,
-               "rope_scaling.factor", "appears twice");
+               NULL, "rope_scaling.factor appears twice");
     expect_err(llama_json("\"num_key_value_heads\":3"), -DF_ERANGE, "num_key_value_heads", "does not divide");
     expect_err(llama_json("\"num_key_value_heads\":16"), -DF_ERANGE, "num_key_value_heads", "out of range");
     expect_err(llama_json("\"head_dim\":7"), -DF_ERANGE, "head_dim", "odd");
