@@ -586,6 +586,13 @@ static void poison(struct dft *f)
         f->poisoned_away = !client_connected(f->cl);
     }
     f->poisoned = 1;
+    /* The coordinator answers the report with a PAUSE (or a stop): the group, whose every rank
+     * gets here in the same step, waits for it now instead of training on until it arrives. A
+     * RESUME, a STOP or a reconnect's WELCOME sets the state again. */
+    if (f->state == PROTO_STATE_RUNNING || f->state == PROTO_STATE_STARTING || f->state == PROTO_STATE_DRAINING) {
+        f->state = PROTO_STATE_PAUSED;
+        log_notice("training held until the coordinator answers the report");
+    }
 }
 
 /* The NaN report (an ERROR the cluster pauses on), kept to be sent again if it was lost. */
