@@ -82,8 +82,8 @@ struct member {
     size_t rx_len, rx_cap;
     uint8_t *tx;                    /* encoded frames held until the ledger commit */
     size_t tx_len, tx_cap;
-    bool tx_over;                   /* more than COORD_TX_MAX not yet read by the peer: closed */
-    bool tx_nomem;                  /* a frame could not be queued for lack of memory: closed */
+    const char *tx_closed;          /* why frames are no longer queued (more than COORD_TX_MAX not yet
+                                     * read by the peer, or out of memory): closed at the flush */
     bool write_failed;              /* closed by the next flush */
     uint64_t close_deadline_ms;     /* closing: handle closed now, pending writes cancelled */
 };

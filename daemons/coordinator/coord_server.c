@@ -58,14 +58,16 @@ static int write_now(struct member *m, uint8_t *buf, size_t len)
 
 int coord_send(struct member *m, const struct proto_msg *msg)
 {
-    if (m->closing || m->tx_over)
+    if (m->closing || m->tx_closed)
         return 0;
     int64_t n = proto_encoded_size(msg);
     if (n < 0)
         return (int)n;
     if (m->stream.write_queue_size + m->tx_len + (size_t)n > COORD_TX_MAX) {
         /* A peer that does not read: closed at the flush (not here, inside some handler). */
-        m->tx_over = true;
+        log_warn(0, "%s (pid %d, member %llu) does not read what it is sent (%zu bytes waiting): closing it", m->name,
+                 (int)m->pid, (unsigned long long)m->id, m->stream.write_queue_size + m->tx_len);
+        m->tx_closed = "does not read what it is sent";
         return -ENOBUFS;
     }
     if (m->tx_cap - m->tx_len < (size_t)n) {
@@ -77,7 +79,7 @@ int coord_send(struct member *m, const struct proto_msg *msg)
             /* A frame left out would leave the peer's view behind (a lease granted that it never
              * hears of): the peer is closed at the flush, and its leases go back. */
             log_error(-ENOMEM, "a %s frame for %s: closing it", proto_type_name(msg->type), m->name);
-            m->tx_over = m->tx_nomem = true;
+            m->tx_closed = "a frame for it could not be queued (out of memory)";
             return -ENOMEM;
         }
         m->tx = p;
@@ -100,15 +102,10 @@ void coord_flush(struct coord *co)
      * GROUPs), which must not leave before the commit that records them. */
     for (struct member *m = co->members, *next; m; m = next) {
         next = m->next;     /* a close takes m (only m) off the list */
-        if (m->tx_nomem) {
-            coord_close_member(m, "a frame for it could not be queued (out of memory)");
-        } else if (m->tx_over) {
-            log_warn(0, "%s (pid %d, member %llu) does not read what it is sent (%zu bytes waiting): closed", m->name,
-                     (int)m->pid, (unsigned long long)m->id, m->stream.write_queue_size + m->tx_len);
-            coord_close_member(m, "does not read what it is sent");
-        } else if (m->write_failed) {
+        if (m->tx_closed)
+            coord_close_member(m, m->tx_closed);
+        else if (m->write_failed)
             coord_close_member(m, "write failed");
-        }
     }
     if (ledger_dirty(co->ledger)) {
         uint64_t t0 = mono_ns();
@@ -122,7 +119,7 @@ void coord_flush(struct coord *co)
         }
     }
     for (struct member *m = co->members; m; m = m->next) {
-        if (!m->tx_len || m->closing || m->tx_over)
+        if (!m->tx_len || m->closing || m->tx_closed)
             continue;
         uint8_t *buf = m->tx;
         size_t len = m->tx_len;
@@ -300,7 +297,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     m->rx_len += (size_t)nread;
     m->last_seen_ms = mono_ms();
     size_t off = 0;
-    while (!m->closing && !m->tx_over) {    /* (tx_over: it does not read; closed at the flush) */
+    while (!m->closing && !m->tx_closed) {  /* (tx_closed: closed at the flush; nothing more is read) */
         char err[256];
         int64_t n = proto_frame_size(m->rx + off, m->rx_len - off, err, sizeof err);
         if (n > 0 && m->is_tcp && !m->authed && !auth_header_ok(m->rx + off)) {
