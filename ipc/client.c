@@ -883,6 +883,18 @@ int client_checkpointed(struct client *c, uint64_t step, uint64_t generation, co
     return send_event(c, &m);
 }
 
+int client_ckpt_bad(struct client *c, uint64_t generation, uint64_t step, const char *dir, int code,
+                    const char *reason)
+{
+    struct proto_msg m = { .type = PROTO_CKPT_BAD };
+    m.ckpt_bad.generation = generation;
+    m.ckpt_bad.step = step;
+    m.ckpt_bad.code = code < 0 ? code : -DF_EFORMAT;
+    proto_strset(m.ckpt_bad.dir, sizeof m.ckpt_bad.dir, dir);
+    proto_strset(m.ckpt_bad.reason, sizeof m.ckpt_bad.reason, reason);
+    return send_held(c, &m);
+}
+
 int client_error(struct client *c, int fatal, int code, const char *fmt, ...)
 {
     struct proto_msg m = { .type = PROTO_ERROR };

@@ -121,6 +121,10 @@ int client_join_group(struct client *c);
 int client_trained(struct client *c, uint64_t batch_id, uint32_t lease, uint64_t step, uint32_t rank,
                    uint64_t generation);
 int client_checkpointed(struct client *c, uint64_t step, uint64_t generation, const char *dir);
+/* CKPT_BAD: the checkpoint of GROUP generation (step, dir) does not load (code, reason); held
+ * for the next connection like an error, so a coordinator restart does not lose it. */
+int client_ckpt_bad(struct client *c, uint64_t generation, uint64_t step, const char *dir, int code,
+                    const char *reason);
 int client_error(struct client *c, int fatal, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* Leases currently held (granted, not published/returned/revoked). */

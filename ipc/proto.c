@@ -34,6 +34,7 @@ static const struct {
     [PROTO_REPLY]         = { "REPLY", sizeof(struct proto_reply), 1 },
     [PROTO_AUTH]          = { "AUTH", sizeof(struct proto_auth), 0 },
     [PROTO_SKIPPED]       = { "SKIPPED", sizeof(struct proto_skipped), 0 },
+    [PROTO_CKPT_BAD]      = { "CKPT_BAD", sizeof(struct proto_ckpt_bad), 0 },
 };
 
 static const char *const role_names[] = { [PROTO_ROLE_TARGET] = "target", [PROTO_ROLE_DRAFTER] = "drafter", [PROTO_ROLE_CTL] = "ctl" };
@@ -119,6 +120,9 @@ static void plain_texts(struct proto_msg *m)
     case PROTO_CONTROL:
         plain_text(m->control.reason, sizeof m->control.reason);
         break;
+    case PROTO_CKPT_BAD:
+        plain_text(m->ckpt_bad.reason, sizeof m->ckpt_bad.reason);
+        break;
     default:
         break;
     }
@@ -189,6 +193,15 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
         STR_OK(m->checkpointed.dir, "dir");
         if (!m->checkpointed.dir[0])
             FAIL(-DF_EFORMAT, "%s: empty dir", tn);
+        break;
+    case PROTO_CKPT_BAD:
+        STR_OK(m->ckpt_bad.dir, "dir");
+        STR_OK(m->ckpt_bad.reason, "reason");
+        if (!m->ckpt_bad.dir[0])
+            FAIL(-DF_EFORMAT, "%s: empty dir", tn);
+        if (m->ckpt_bad.code >= 0)
+            FAIL(-DF_ERANGE, "%s: code %d is not an error", tn, m->ckpt_bad.code);
+        ZERO(m->ckpt_bad.pad, "pad");
         break;
     case PROTO_ACK:
         ZERO(m->ack.pad, "pad");

@@ -7,12 +7,12 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 7                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
+#define PROTO_VERSION 8                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
                                               4: lease numbers, SKIPPED; 5: dataset checksum and operator
                                               resume count in WELCOME, the count in CONTROL; 6: GROUP
                                               lists the batches kept from earlier generations that
                                               were leased more than once, and the run's batch count;
-                                              7: the run's id in GROUP */
+                                              7: the run's id in GROUP; 8: CKPT_BAD */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -67,7 +67,11 @@
  *     returns every batch trained after the checkpoint to pending (targets publish it
  *     again), and a slot READING by the dead drafter goes back to READY. A drafter that
  *     consumed a slot but will not train it (a non-finite step it skipped) sends
- *     SKIPPED(batch, lease): the batch goes back to pending.
+ *     SKIPPED(batch, lease): the batch goes back to pending. A drafter that cannot load the
+ *     GROUP's checkpoint (damaged, removed) sends CKPT_BAD(generation, step, dir, code,
+ *     reason) and waits: s drops that checkpoint and every batch trained after the one
+ *     before it in the lineage, and pushes RESTART from that one (FAILED when none is left).
+ *     A CKPT_BAD about a checkpoint that is not the lineage's head any more is ignored.
  *     Lease numbers: every grant of a batch carries the batch's count of leases so far
  *     (LEASE_GRANT.lease, 1 for the first; a REGRANT repeats it). The target writes it into
  *     the slot (ring_payload.lease); the drafter names it in TRAINED and SKIPPED. So s tells
@@ -120,6 +124,7 @@ enum proto_type {
     PROTO_REPLY = 19,
     PROTO_AUTH = 20,
     PROTO_SKIPPED = 21,
+    PROTO_CKPT_BAD = 22,
     PROTO_TYPE_MAX
 };
 
@@ -260,6 +265,16 @@ struct proto_skipped {
 };
 _Static_assert(sizeof(struct proto_skipped) == 24, "wire size");
 
+struct proto_ckpt_bad {
+    uint64_t generation;            /* the GROUP whose checkpoint would not load */
+    uint64_t step;                  /* that checkpoint, as the GROUP named it */
+    int32_t code;                   /* negative DF_E* / -errno of the load */
+    uint32_t pad;
+    char dir[PROTO_PATH_MAX];
+    char reason[PROTO_TEXT_MAX];
+};
+_Static_assert(sizeof(struct proto_ckpt_bad) == 536, "wire size");
+
 struct proto_checkpointed {
     uint64_t seq;
     uint64_t step;
@@ -332,6 +347,7 @@ struct proto_msg {
         struct proto_group group;
         struct proto_trained trained;
         struct proto_skipped skipped;
+        struct proto_ckpt_bad ckpt_bad;
         struct proto_checkpointed checkpointed;
         struct proto_ack ack;
         struct proto_error error;

@@ -1013,3 +1013,21 @@ out:
     st_close(st);
     return r;
 }
+
+int ckpt_damaged(const char *dir, int code)
+{
+    switch (code) {
+    case -DF_EMAGIC: case -DF_ETRUNC: case -DF_EFORMAT: case -DF_ECHECKSUM: case -DF_ENAN: case -DF_ERANGE:
+        return 1;
+    case -DF_EMISSING: case -ENOENT: case -ENOTDIR: {
+        char run[PATH_MAX];
+        const char *slash = strrchr(dir, '/');
+        int n = slash ? snprintf(run, sizeof run, "%.*s/%s", (int)(slash - dir), dir, CKPT_RUN_FILE)
+                      : snprintf(run, sizeof run, "%s", CKPT_RUN_FILE);
+        struct stat st;
+        return n > 0 && (size_t)n < sizeof run && stat(run, &st) == 0 && S_ISREG(st.st_mode);
+    }
+    default:
+        return 0;
+    }
+}

@@ -87,3 +87,11 @@ struct ckpt_load_opts {
  * (the error says so). */
 int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, const struct ckpt_load_opts *o,
               char *err, size_t errlen);
+
+/* Whether ckpt_load's error `code` for dir says the checkpoint itself is damaged or gone (a bad
+ * magic, size, format, checksum or value; its folder or a file in it missing while the folder
+ * above holds a claimed checkpoint root, so the storage is there), so that an older checkpoint of
+ * the lineage may do. Not: a layout or version of another drafter (a configuration error), a
+ * read error or a shortage of memory (a restart may do), a root that is not there (storage not
+ * mounted). */
+int ckpt_damaged(const char *dir, int code);

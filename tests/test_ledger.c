@@ -63,11 +63,69 @@ static void foreign_db(const char *dir)
     unlink(path);
 }
 
+/* A schema-1 ledger (its checkpoints without the dropped column) is migrated in place: its
+ * checkpoints stay in the lineage; then the fall back of the lineage: the newest checkpoint before
+ * a step that is not dropped, and dropping those after it. */
+static void checkpoints_and_schema_1(const char *dir)
+{
+    char path[600], err[512];
+    snprintf(path, sizeof path, "%s/schema1.db", dir);
+    unlink(path);
+    sqlite3 *db;
+    CHECK_INT(sqlite3_open(path, &db), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_exec(db, "CREATE TABLE checkpoints(gen INTEGER NOT NULL, step INTEGER NOT NULL, dir TEXT NOT NULL,"
+                               " ms INTEGER NOT NULL); INSERT INTO checkpoints VALUES (1, 10, '/c/step-10', 0),"
+                               " (1, 20, '/c/step-20', 0); PRAGMA user_version = 1;", NULL, NULL, NULL), ==, SQLITE_OK);
+    sqlite3_close(db);
+    struct ledger *l;
+    CHECK_OK(ledger_open(&l, path, err, sizeof err));
+    struct ledger_checkpoint c;
+    CHECK_INT(ledger_checkpoint_before(l, 100, &c), ==, 1);
+    CHECK_INT(c.step, ==, 20);
+    CHECK_STR(c.dir, "/c/step-20");
+    CHECK_OK(ledger_checkpoint_add(l, 2, 30, "/c/step-30"));
+    CHECK_OK(ledger_checkpoint_add(l, 3, 40, "/c/step-40"));
+    /* 40 does not load: back to 30; then 30 does not either: back to 20 */
+    CHECK_INT(ledger_checkpoint_before(l, 40, &c), ==, 1);
+    CHECK_INT(c.step, ==, 30);
+    CHECK_OK(ledger_checkpoint_drop(l, 30, "step 40 does not load"));
+    CHECK_INT(ledger_checkpoint_before(l, 30, &c), ==, 1);
+    CHECK_OK(ledger_checkpoint_drop(l, (int64_t)c.step, "step 30 does not load"));
+    CHECK_INT(c.step, ==, 20);
+    CHECK_INT(c.gen, ==, 1);
+    /* the new lineage from 20 writes 25: the newest before 50 is 25, not the dropped 30 or 40 */
+    CHECK_OK(ledger_checkpoint_add(l, 4, 25, "/c/step-25"));
+    CHECK_INT(ledger_checkpoint_before(l, 50, &c), ==, 1);
+    CHECK_INT(c.step, ==, 25);
+    CHECK_INT(ledger_checkpoint_before(l, 10, &c), ==, 0);
+    CHECK_OK(ledger_commit(l, err, sizeof err));
+    ledger_close(l);
+    CHECK_INT(sqlite3_open(path, &db), ==, SQLITE_OK);
+    sqlite3_stmt *q;
+    CHECK_INT(sqlite3_prepare_v2(db, "SELECT step, ifnull(dropped, '-') FROM checkpoints ORDER BY rowid", -1, &q, NULL), ==,
+              SQLITE_OK);
+    const char *want[] = { "10 -", "20 -", "30 step 30 does not load", "40 step 40 does not load", "25 -" };
+    for (int i = 0; i < 5; i++) {
+        CHECK_INT(sqlite3_step(q), ==, SQLITE_ROW);
+        char got[80];
+        snprintf(got, sizeof got, "%lld %s", (long long)sqlite3_column_int64(q, 0), sqlite3_column_text(q, 1));
+        CHECK_STR(got, want[i]);
+    }
+    sqlite3_finalize(q);
+    CHECK_INT(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &q, NULL), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_step(q), ==, SQLITE_ROW);
+    CHECK_INT(sqlite3_column_int(q, 0), ==, LEDGER_SCHEMA);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    unlink(path);
+}
+
 int main(void)
 {
     char path[512], err[512];
     snprintf(path, sizeof path, "%s/ledger.db", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     foreign_db(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    checkpoints_and_schema_1(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     struct ledger *l;
     CHECK_OK(ledger_open(&l, path, err, sizeof err));
     for (uint32_t i = 0; i < 100; i++) {
@@ -202,7 +260,7 @@ int main(void)
     CHECK_INT(sqlite3_exec(other, "PRAGMA user_version = 7", NULL, NULL, NULL), ==, SQLITE_OK);
     sqlite3_close(other);
     CHECK_INT(ledger_open(&l, path, err, sizeof err), ==, -DF_EVERSION);
-    CHECK_CONTAINS(err, "ledger schema 7, this build reads schema 1");
+    CHECK_CONTAINS(err, "ledger schema 7, this build reads schema " STR(LEDGER_SCHEMA));
     CHECK_CONTAINS(err, path);
 
     /* A path that cannot be created is named in the error. */

@@ -193,6 +193,30 @@ int main(void)
     CHECK_INT(d.skipped.batch_id, ==, 7);
     CHECK_INT(d.skipped.lease, ==, 8);
 
+    /* CKPT_BAD: the reason is a peer's text (control characters arrive as '?'); a code that is no
+     * error and a nonzero pad are refused */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_CKPT_BAD;
+    m.ckpt_bad = (struct proto_ckpt_bad){ .generation = 3, .step = 40, .code = -DF_ETRUNC };
+    proto_strset(m.ckpt_bad.dir, sizeof m.ckpt_bad.dir, "/c/step-0000000040");
+    proto_strset(m.ckpt_bad.reason, sizeof m.ckpt_bad.reason, "short\nread");
+    {
+        uint8_t fr[1024];
+        char e[256];
+        int64_t fn = proto_encode(&m, fr, sizeof fr, e, sizeof e);
+        CHECK(fn > 0);
+        CHECK_INT(proto_decode(fr, (size_t)fn, &d, e, sizeof e), ==, 0);
+        CHECK_INT(d.ckpt_bad.step, ==, 40);
+        CHECK_INT(d.ckpt_bad.code, ==, -DF_ETRUNC);
+        CHECK_STR(d.ckpt_bad.dir, "/c/step-0000000040");
+        CHECK_STR(d.ckpt_bad.reason, "short?read");
+        m.ckpt_bad.code = 0;
+        CHECK(proto_encode(&m, fr, sizeof fr, e, sizeof e) == -DF_ERANGE);
+        m.ckpt_bad.code = -DF_ETRUNC;
+        m.ckpt_bad.pad = 1;
+        CHECK(proto_encode(&m, fr, sizeof fr, e, sizeof e) == -DF_EFORMAT);
+    }
+
     memset(&m, 0, sizeof m);
     m.type = PROTO_CHECKPOINTED;
     m.checkpointed.seq = 5;

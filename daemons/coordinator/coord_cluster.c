@@ -574,6 +574,20 @@ static void end_generation(struct coord *co)
     ledger_train_rollback(co->ledger, g->gen, limit);
 }
 
+/* n batches were queued again (a group lost, or the lineage fallen back): if the final drain
+ * waited for them to be checkpointed, the run goes on instead (the targets were never told to
+ * drain); then the next generation, and leases for the batches. */
+static void run_on(struct coord *co, uint64_t n, const char *what)
+{
+    if (co->state == PROTO_STATE_DRAINING && co->finishing && n) {
+        char again[160];
+        snprintf(again, sizeof again, "%s before the final checkpoint: %" PRIu64 " batches to train again", what, n);
+        coord_set_state(co, PROTO_STATE_RUNNING, again);
+    }
+    try_form_group(co);
+    grant_leases(co);
+}
+
 /* A drafter of the running generation is gone: every rank restarts from the checkpoint. */
 static void group_fail(struct coord *co, const char *why)
 {
@@ -612,16 +626,7 @@ static void group_fail(struct coord *co, const char *why)
     }
     log_notice("rollback: %" PRIu64 " trained and %" PRIu64 " consumed batches back to the queue", rolled, lost);
     save_group(co);
-    if (co->state == PROTO_STATE_DRAINING && co->finishing && rolled + lost) {
-        /* The final checkpoint did not come: the batches it was to hold are queued again and
-         * the run goes on (the targets were never told to drain). */
-        char again[120];
-        snprintf(again, sizeof again, "a drafter was lost before the final checkpoint: %" PRIu64 " batches to train again",
-                 rolled + lost);
-        coord_set_state(co, PROTO_STATE_RUNNING, again);
-    }
-    try_form_group(co);
-    grant_leases(co);
+    run_on(co, rolled + lost, "a drafter was lost");
 }
 
 /* The group ends with the run (a clean stop; a start that finds the run complete): its
@@ -646,6 +651,74 @@ static void record_error(struct coord *co, const struct member *m, int fatal, in
     co->n_fatal += fatal != 0;
     ledger_error_add(co->ledger, e->wall_ms, m ? proto_role_name((unsigned)m->role) : "coordinator", e->device,
                      (int)e->pid, fatal, code, text);
+}
+
+/* A drafter cannot load the lineage's head checkpoint (its files damaged or gone): the lineage
+ * falls back to the newest checkpoint before it that is not dropped. Every batch trained after
+ * that one (checkpointed or not) is queued again, every training row after it rolled back, each
+ * generation's kept limit lowered to it; the checkpoints after it are dropped in the ledger (the
+ * drafters overwrite or prune their folders). With none left the run ends FAILED: nothing the
+ * ledger holds is lost, and the operator decides. */
+static void on_ckpt_bad(struct coord *co, struct member *m, const struct proto_ckpt_bad *cb)
+{
+    struct dgroup *g = &co->grp;
+    if (co->state >= PROTO_STATE_STOPPED)
+        return;
+    if (cb->generation != g->gen || !g->ckpt_dir[0] || cb->step != g->ckpt_step || strcmp(cb->dir, g->ckpt_dir)) {
+        /* Another rank's report acted on already, or one held across a reconnect: a generation
+         * formed since loads the head again (and reports it, if it still does not load). */
+        log_info("%s: checkpoint %s (step %" PRIu64 ", generation %" PRIu64 ") does not load, but the lineage stands"
+                 " on %s in generation %" PRIu64 " now: ignored", m->name, cb->dir, cb->step, cb->generation,
+                 g->ckpt_dir[0] ? g->ckpt_dir : "no checkpoint", g->gen);
+        return;
+    }
+    char why[PROTO_TEXT_MAX + PROTO_PATH_MAX + PROTO_NAME_MAX + 96];
+    snprintf(why, sizeof why, "checkpoint %s (step %" PRIu64 ") does not load on %s: %s", cb->dir, cb->step, m->name,
+             cb->reason);
+    record_error(co, m, 0, cb->code, why);
+    struct ledger_checkpoint prev;
+    int r = ledger_checkpoint_before(co->ledger, g->ckpt_step, &prev);
+    if (r < 0) {
+        log_error(r, "%s: the checkpoints table cannot be read: exiting to restart from the durable state",
+                  co->ledger_path);
+        exit(DAEMON_EX_FAILURE);
+    }
+    if (r == 0) {
+        char fail[sizeof why + 96];
+        snprintf(fail, sizeof fail, "%s; no earlier checkpoint of the run is left to fall back to", why);
+        log_error(0, "%s", fail);
+        co->fatal = true;
+        coord_set_state(co, PROTO_STATE_FAILED, fail);
+        return;
+    }
+    log_error(0, "%s: the lineage falls back to checkpoint %s (step %" PRIu64 ")", why, prev.dir, prev.step);
+    ledger_checkpoint_drop(co->ledger, (int64_t)prev.step, why);
+    ledger_train_rollback_after(co->ledger, (int64_t)prev.step);
+    for (size_t i = 0; i < g->n_lim; i++)
+        if (g->lim_step[i] > (int64_t)prev.step) {
+            g->lim_step[i] = (int64_t)prev.step;
+            ledger_generation_set(co->ledger, g->lim_gen[i], g->lim_step[i]);
+        }
+    uint64_t undone = 0;
+    for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
+        for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
+            struct batch *b = &co->ep[e].b[i];
+            if (b->row.state == BATCH_CHECKPOINTED && b->row.step > prev.step) {
+                requeue(co, b, "checkpointed in a checkpoint that does not load, or after it");
+                undone++;
+            }
+        }
+    g->ckpt_gen = prev.gen;
+    g->ckpt_step = prev.step;
+    snprintf(g->ckpt_dir, sizeof g->ckpt_dir, "%s", prev.dir);
+    ledger_meta_set_u64(co->ledger, "ckpt_gen", g->ckpt_gen);
+    ledger_meta_set_u64(co->ledger, "ckpt_step", g->ckpt_step);
+    ledger_meta_set(co->ledger, "ckpt_dir", g->ckpt_dir);
+    log_notice("fall back to %s: %" PRIu64 " checkpointed batches back to the queue", prev.dir, undone);
+    if (g->active)
+        group_fail(co, why);    /* its ranks restart from the new head; it calls run_on */
+    if (!g->active)
+        run_on(co, undone, "a checkpoint did not load");
 }
 
 /* ---- message handlers ---- */
@@ -1154,6 +1227,11 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
         }
         return;
     }
+    case PROTO_CKPT_BAD:
+        if (role != PROTO_ROLE_DRAFTER)
+            break;
+        on_ckpt_bad(co, m, &msg->ckpt_bad);
+        return;
     case PROTO_SKIPPED: {
         if (role != PROTO_ROLE_DRAFTER)
             break;

@@ -10,7 +10,8 @@
 
 enum {
     ST_META_GET, ST_META_SET, ST_BATCH_INS, ST_BATCH_UPD, ST_BATCH_ALL, ST_TRAIN_ADD, ST_TRAIN_RB,
-    ST_CKPT_ADD, ST_GEN_SET, ST_GEN_ALL, ST_ERR_ADD, ST_UNTRAINED_ADD, ST_UNTRAINED_HAS, ST_N
+    ST_TRAIN_RB_AFTER, ST_CKPT_ADD, ST_CKPT_DROP, ST_CKPT_BEFORE, ST_GEN_SET, ST_GEN_ALL, ST_ERR_ADD,
+    ST_UNTRAINED_ADD, ST_UNTRAINED_HAS, ST_N
 };
 
 static const char *const sql_text[ST_N] = {
@@ -25,7 +26,11 @@ static const char *const sql_text[ST_N] = {
     [ST_TRAIN_ADD] = "INSERT INTO trains(batch, gen, step, rank, rolled_back, ms) VALUES (?1, ?2, ?3, ?4, ?5,"
                      " CAST(strftime('%s','now') AS INTEGER) * 1000)",
     [ST_TRAIN_RB] = "UPDATE trains SET rolled_back = 1 WHERE gen = ?1 AND step > ?2",
+    [ST_TRAIN_RB_AFTER] = "UPDATE trains SET rolled_back = 1 WHERE step > ?1 AND rolled_back = 0",
     [ST_CKPT_ADD] = "INSERT INTO checkpoints(gen, step, dir, ms) VALUES (?1, ?2, ?3, CAST(strftime('%s','now') AS INTEGER) * 1000)",
+    [ST_CKPT_DROP] = "UPDATE checkpoints SET dropped = ?2 WHERE step > ?1 AND dropped IS NULL",
+    [ST_CKPT_BEFORE] = "SELECT gen, step, dir FROM checkpoints WHERE dropped IS NULL AND step < ?1"
+                       " ORDER BY step DESC, rowid DESC LIMIT 1",
     [ST_GEN_SET] = "INSERT INTO generations(gen, keep_limit) VALUES (?1, ?2)"
                    " ON CONFLICT(gen) DO UPDATE SET keep_limit = excluded.keep_limit",
     [ST_GEN_ALL] = "SELECT gen, keep_limit FROM generations ORDER BY gen",
@@ -44,14 +49,15 @@ static const char schema[] =
     "CREATE TABLE IF NOT EXISTS trains(batch INTEGER NOT NULL, gen INTEGER NOT NULL, step INTEGER NOT NULL,"
     "  rank INTEGER NOT NULL, rolled_back INTEGER NOT NULL, ms INTEGER NOT NULL);"
     "CREATE INDEX IF NOT EXISTS trains_gen ON trains(gen, step);"
-    "CREATE TABLE IF NOT EXISTS checkpoints(gen INTEGER NOT NULL, step INTEGER NOT NULL, dir TEXT NOT NULL, ms INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS checkpoints(gen INTEGER NOT NULL, step INTEGER NOT NULL, dir TEXT NOT NULL, ms INTEGER NOT NULL,"
+    "  dropped TEXT);"       /* NULL: in the lineage; else why not (it did not load, or came after one that did not) */
     "CREATE TABLE IF NOT EXISTS generations(gen INTEGER PRIMARY KEY, keep_limit INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS errors(ms INTEGER NOT NULL, role TEXT NOT NULL, device INTEGER NOT NULL,"
     "  pid INTEGER NOT NULL, fatal INTEGER NOT NULL, code INTEGER NOT NULL, message TEXT NOT NULL);"
     "CREATE TABLE IF NOT EXISTS untrained(batch INTEGER NOT NULL, lease INTEGER NOT NULL, ms INTEGER NOT NULL,"
     "  PRIMARY KEY(batch, lease));";
 
-#define LEDGER_SCHEMA 1       /* PRAGMA user_version of the tables below */
+#define LEDGER_SCHEMA 2       /* PRAGMA user_version of the tables below; 2: checkpoints.dropped */
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
@@ -173,9 +179,6 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
     rc = sqlite3_exec(l->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;", NULL, NULL, NULL);
     if (rc != SQLITE_OK)
         goto fail;
-    if (version < LEDGER_SCHEMA &&
-        (rc = sqlite3_exec(l->db, "PRAGMA user_version = " STR(LEDGER_SCHEMA), NULL, NULL, NULL)) != SQLITE_OK)
-        goto fail;
     char *msg = NULL;
     rc = sqlite3_exec(l->db, schema, NULL, NULL, &msg);
     if (rc != SQLITE_OK) {
@@ -185,6 +188,20 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
         ledger_close(l);
         return r;
     }
+    /* Schema 1 to 2: the checkpoints' dropped column (every checkpoint so far is in the lineage).
+     * The version is raised after it: a crash in between leaves a file that migrates again. */
+    what = "schema 2";
+    sqlite3_stmt *col = NULL;
+    if (sqlite3_prepare_v2(l->db, "SELECT dropped FROM checkpoints LIMIT 0", -1, &col, NULL) != SQLITE_OK &&
+        (rc = sqlite3_exec(l->db, "ALTER TABLE checkpoints ADD COLUMN dropped TEXT", NULL, NULL, NULL)) != SQLITE_OK) {
+        sqlite3_finalize(col);
+        goto fail;
+    }
+    sqlite3_finalize(col);
+    what = "schema version";
+    if (version < LEDGER_SCHEMA &&
+        (rc = sqlite3_exec(l->db, "PRAGMA user_version = " STR(LEDGER_SCHEMA), NULL, NULL, NULL)) != SQLITE_OK)
+        goto fail;
     what = "prepare";
     for (int i = 0; i < ST_N; i++)
         if ((rc = sqlite3_prepare_v3(l->db, sql_text[i], -1, SQLITE_PREPARE_PERSISTENT, &l->st[i], NULL)) != SQLITE_OK)
@@ -411,6 +428,39 @@ int ledger_checkpoint_add(struct ledger *l, uint64_t gen, uint64_t step, const c
     sqlite3_bind_int64(s, 2, (sqlite3_int64)step);
     sqlite3_bind_text(s, 3, dir, -1, SQLITE_STATIC);
     return run(l, s);
+}
+
+int ledger_train_rollback_after(struct ledger *l, int64_t after_step)
+{
+    sqlite3_stmt *s = l->st[ST_TRAIN_RB_AFTER];
+    sqlite3_bind_int64(s, 1, after_step);
+    return run(l, s);
+}
+
+int ledger_checkpoint_drop(struct ledger *l, int64_t after_step, const char *why)
+{
+    sqlite3_stmt *s = l->st[ST_CKPT_DROP];
+    sqlite3_bind_int64(s, 1, after_step);
+    sqlite3_bind_text(s, 2, why, -1, SQLITE_STATIC);
+    return run(l, s);
+}
+
+int ledger_checkpoint_before(struct ledger *l, uint64_t step, struct ledger_checkpoint *out)
+{
+    sqlite3_stmt *s = l->st[ST_CKPT_BEFORE];
+    sqlite3_bind_int64(s, 1, (sqlite3_int64)step);
+    int rc = sqlite3_step(s), r = 0;
+    if (rc == SQLITE_ROW) {
+        const char *dir = (const char *)sqlite3_column_text(s, 2);
+        out->gen = (uint64_t)sqlite3_column_int64(s, 0);
+        out->step = (uint64_t)sqlite3_column_int64(s, 1);
+        snprintf(out->dir, sizeof out->dir, "%s", dir ? dir : "");
+        r = 1;
+    } else if (rc != SQLITE_DONE) {
+        r = sql_err(l, rc);
+    }
+    sqlite3_reset(s);
+    return r;
 }
 
 int ledger_generation_set(struct ledger *l, uint64_t gen, int64_t limit)

@@ -60,7 +60,20 @@ int ledger_untrained_has(struct ledger *l, uint64_t batch, uint32_t lease);
 /* Mark the log rows of generation gen with step > after_step rolled back. */
 int ledger_train_rollback(struct ledger *l, uint64_t gen, int64_t after_step);
 
+/* Mark every log row with step > after_step rolled back, in any generation (a fall back of the
+ * lineage to the checkpoint of that step). */
+int ledger_train_rollback_after(struct ledger *l, int64_t after_step);
+
 int ledger_checkpoint_add(struct ledger *l, uint64_t gen, uint64_t step, const char *dir);
+/* The lineage falls back to the checkpoint of step after_step: every checkpoint after it is
+ * dropped, with why (the first reason stays). */
+int ledger_checkpoint_drop(struct ledger *l, int64_t after_step, const char *why);
+struct ledger_checkpoint {
+    uint64_t gen, step;
+    char dir[256];
+};
+/* The newest checkpoint not dropped before step: 1 found, 0 none, <0 error. */
+int ledger_checkpoint_before(struct ledger *l, uint64_t step, struct ledger_checkpoint *out);
 /* Generation bookkeeping: limit = last step of gen kept in the lineage (-1: none). */
 int ledger_generation_set(struct ledger *l, uint64_t gen, int64_t limit);
 int ledger_generation_foreach(struct ledger *l, int (*fn)(void *ctx, uint64_t gen, int64_t limit), void *ctx);

@@ -118,6 +118,7 @@ struct dft {
     int draining;
     int stop_now;               /* STOP pushed */
     int stop_vote;              /* stop signal: leave after this step, with a checkpoint */
+    int ckpt_unloadable;        /* the GROUP's checkpoint did not load: damaged or gone (ckpt_damaged) */
     int poisoned;               /* a non-finite loss was seen: never checkpoint from here */
     uint32_t resumes;           /* the operator's resumes as the coordinator last said (WELCOME, RESUME) */
     uint32_t poisoned_at;       /* `resumes` when the non-finite loss was seen */
@@ -840,8 +841,10 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     /* Every rank: any of them may write as rank 0 of a later generation. */
     if ((r = ckpt_claim_root(f->ckpt_root, g->run_id, g->ckpt_dir, err, errlen)) < 0)
         return r;
-    if ((r = load_weights(f, g->ckpt_dir, err, errlen)) < 0)
+    if ((r = load_weights(f, g->ckpt_dir, err, errlen)) < 0) {
+        f->ckpt_unloadable = g->ckpt_dir[0] && ckpt_damaged(g->ckpt_dir, r);
         return r;
+    }
     f->generation = g->generation;
     f->ckpt_head = g->ckpt_dir[0] ? (int64_t)g->ckpt_step : -1;
     ckpt_writer_set_head(f->writer, f->ckpt_head);
@@ -1029,11 +1032,11 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
     return 1;
 }
 
-/* Group failure seen in a collective: wait for the coordinator's RESTART (a peer died) or STOP;
- * without either the group cannot continue and this process exits to be restarted. */
-static int group_broken(struct dft *f, int code)
+/* Out of the group after `what` (generation gen): wait for the coordinator's RESTART (or a stop),
+ * as long as it takes the coordinator to notice a dead peer and a little more; without either
+ * the group cannot continue and this process exits to be restarted. */
+static int await_restart(struct dft *f, int code, const char *what, uint64_t gen)
 {
-    log_warn(code, "drafter group generation %" PRIu64 ": collective failed", f->generation);
     leave_group_how(f, 1);
     f->await_restart = 1;
     uint64_t deadline = mono_ms() + 2ull * (uint64_t)f->cfg->coordinator.dead_after_ms + 2000;
@@ -1044,10 +1047,16 @@ static int group_broken(struct dft *f, int code)
         if (!f->await_restart || f->stop_now)
             return 0;
     }
-    client_error(f->cl, 0, code, "drafter group generation %" PRIu64 " collective failed and was not restarted",
-                 f->generation);
+    client_error(f->cl, 0, code, "drafter group generation %" PRIu64 ": %s, and no restart came", gen, what);
     f->reported = 1;
     return code;
+}
+
+/* Group failure seen in a collective: a peer died (RESTART) or the cluster stops. */
+static int group_broken(struct dft *f, int code)
+{
+    log_warn(code, "drafter group generation %" PRIu64 ": collective failed", f->generation);
+    return await_restart(f, code, "collective failed", f->generation);
 }
 
 /* The group broke while this rank held a consumed, untrained batch: hand it back (its slot is
@@ -1671,6 +1680,16 @@ int main(int argc, char **argv)
                 if (r == -ECANCELED || r == -DF_ETIMEOUT || r == -DF_EDEAD || r == -DF_EPEER) {
                     /* a peer did not come, or the coordinator ended the generation: the next */
                     if ((r = group_broken(f, r)) < 0)
+                        goto out;
+                    continue;
+                }
+                if (f->ckpt_unloadable) {
+                    /* Damaged or gone: the coordinator falls back to the checkpoint before it
+                     * (every rank of the generation may say so; it acts on the first). */
+                    f->ckpt_unloadable = 0;
+                    client_ckpt_bad(f->cl, f->grp.generation, f->grp.ckpt_step, f->grp.ckpt_dir, r, err);
+                    log_notice("asked the coordinator to fall back from checkpoint %s", f->grp.ckpt_dir);
+                    if ((r = await_restart(f, r, "its checkpoint does not load", f->grp.generation)) < 0)
                         goto out;
                     continue;
                 }

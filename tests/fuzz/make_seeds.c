@@ -249,6 +249,11 @@ static void seeds_proto(void)
             m.trained = (struct proto_trained){ .seq = 2, .batch_id = 11, .step = 101, .generation = 2, .lease = 1 };
             break;
         case PROTO_SKIPPED: m.skipped = (struct proto_skipped){ .seq = 4, .batch_id = 11, .lease = 2 }; break;
+        case PROTO_CKPT_BAD:
+            m.ckpt_bad = (struct proto_ckpt_bad){ .generation = 2, .step = 100, .code = -10003 };
+            proto_strset(m.ckpt_bad.dir, sizeof m.ckpt_bad.dir, "/ckpt/step-0000000100");
+            proto_strset(m.ckpt_bad.reason, sizeof m.ckpt_bad.reason, "model.safetensors: truncated");
+            break;
         case PROTO_CHECKPOINTED:
             m.checkpointed = (struct proto_checkpointed){ .seq = 3, .step = 200, .generation = 2 };
             proto_strset(m.checkpointed.dir, sizeof m.checkpointed.dir, "/ckpt/step-0000000200");
