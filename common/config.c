@@ -248,6 +248,12 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
             snprintf(err, errlen, "longer than %.0f bytes", k->max - 1);
             return -ERANGE;
         }
+        /* paths and names reach logs, the protocol and dflashctl's terminal: none needs one */
+        for (const unsigned char *c = (const unsigned char *)val; *c; c++)
+            if (*c < 0x20 || *c == 0x7f) {
+                snprintf(err, errlen, "a control character (0x%02x) at byte %zu", *c, (size_t)(c - (const unsigned char *)val));
+                return -EINVAL;
+            }
         for (size_t i = 0; i < sizeof str_checks / sizeof str_checks[0]; i++) {
             int r = str_checks[i].offset == k->offset ? str_checks[i].check(val, err, errlen) : 0;
             if (r < 0)

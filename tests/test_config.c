@@ -131,6 +131,13 @@ int main(void)
     /* A NUL byte cut the line short ("slots = 4\0junk" read as 4); refused, with its line. */
     static const char nul_text[] = "[ring]\nslots = 4\0junk\n";
     expect_path_error(write_tmp_bytes("nul.ini", nul_text, sizeof nul_text - 1), ":2: NUL byte");
+    /* Paths and names reach logs and terminals: a control character in a string value is refused,
+     * in the file (an escape in a path) and in an override (a newline) */
+    static const char esc_text[] = "[cluster]\nstate_dir = /var/lib/\x1b[31mx\n";
+    expect_path_error(write_tmp_bytes("esc.ini", esc_text, sizeof esc_text - 1),
+                      ":2: cluster.state_dir: a control character (0x1b) at byte 9");
+    CHECK(cfg_set(&cfg, "drafter.checkpoint_dir=/c\nx", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "a control character (0x0a)");
     static char zeros[10240];
     expect_path_error(write_tmp_bytes("zeros.ini", zeros, sizeof zeros), ":1: NUL byte");
     /* Config files are small: a huge one is refused before parsing. */
