@@ -47,7 +47,7 @@ static const char *const control_names[] = {
 };
 static const char *const query_names[] = {
     [PROTO_Q_STATUS] = "status", [PROTO_Q_RING] = "ring", [PROTO_Q_DAEMONS] = "daemons",
-    [PROTO_Q_BATCHES] = "batches", [PROTO_Q_ERRORS] = "errors",
+    [PROTO_Q_BATCHES] = "batches", [PROTO_Q_ERRORS] = "errors", [PROTO_Q_CHECKPOINTS] = "checkpoints",
 };
 
 const char *proto_type_name(unsigned t) { return t > 0 && t < PROTO_TYPE_MAX ? types[t].name : "?"; }

@@ -12,7 +12,7 @@
                                               resume count in WELCOME, the count in CONTROL; 6: GROUP
                                               lists the batches kept from earlier generations that
                                               were leased more than once, and the run's batch count;
-                                              7: the run's id in GROUP; 8: CKPT_BAD */
+                                              7: the run's id in GROUP; 8: CKPT_BAD, QUERY checkpoints */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -142,7 +142,9 @@ enum proto_cluster_state {
 
 enum proto_control_cmd { PROTO_CTL_PAUSE = 1, PROTO_CTL_RESUME, PROTO_CTL_DRAIN, PROTO_CTL_STOP, PROTO_CTL_MAX };
 
-enum proto_query_what { PROTO_Q_STATUS = 1, PROTO_Q_RING, PROTO_Q_DAEMONS, PROTO_Q_BATCHES, PROTO_Q_ERRORS, PROTO_Q_MAX };
+enum proto_query_what {
+    PROTO_Q_STATUS = 1, PROTO_Q_RING, PROTO_Q_DAEMONS, PROTO_Q_BATCHES, PROTO_Q_ERRORS, PROTO_Q_CHECKPOINTS, PROTO_Q_MAX
+};
 
 #define PROTO_GRANT_REGRANT 1u      /* LEASE_GRANT.flags: re-issued after a reconnect */
 

@@ -5,7 +5,8 @@
 #    drafters started again report each (CKPT_BAD); the coordinator drops them in the ledger,
 #    queues again every batch trained after the third newest, and the group restarts from it.
 #    The run completes with every batch trained exactly once (tests/soak/check_run.py), the two
-#    checkpoints are marked dropped in the ledger, and `dflashctl errors` names the first.
+#    checkpoints are marked dropped in the ledger, `dflashctl checkpoints` shows them dropped with
+#    the reason, and the errors name the first.
 #  none left: every checkpoint folder removed: the walk back ends FAILED (exit 78) with a
 #    message that says so, no drafter restart loop.
 set -u
@@ -30,7 +31,7 @@ train_then_kill() {
 ckdir() { printf '%s/state/checkpoints/step-%010d' "$CL_DIR" "$1"; }
 
 # ---- fallback -------------------------------------------------------------------------------
-cl_init "$T/fb" 1600 || exit 1
+cl_init "$T/fb" 2400 || exit 1
 cl_ini_add drafter.world_size=2 drafter.checkpoint_every=15 drafter.keep_checkpoints=3
 cl_start_cluster 2 || fail "cluster start"
 train_then_kill 45
@@ -46,6 +47,21 @@ cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_start drafter1 drafter-d -c "$CL_INI" -i 1
 cl_wait_log "$CL_DIR/coord.log" "falls back to checkpoint .*step-$(printf %010d "$s_ok")" 60 ||
   fail "no fall back to step $s_ok"
+# dflashctl checkpoints: both dropped, with the reason; the JSON document says the same
+out=$("$CL_BIN/dflashctl" -s "$CL_SOCK" checkpoints) || fail "dflashctl checkpoints: $out"
+for st in "$s_bad" "$s_gone"; do
+  grep -Eq "^ +$st +[0-9]+ .* dropped +$(ckdir "$st")\$" <<<"$out" || fail "step $st not shown dropped: $out"
+done
+grep -q "does not load on drafter-d@" <<<"$out" || fail "no reason shown: $out"
+printf '%s\n' "$out" | head -8
+"$CL_BIN/dflashctl" -s "$CL_SOCK" --json checkpoints | "$CL_PY" -c '
+import json, sys
+c = json.load(sys.stdin)
+bad, gone, ok = (int(a) for a in sys.argv[1:4])
+rows = {r["step"]: r for r in c["checkpoints"]}
+assert "optimizer.bin" in rows[bad]["dropped"] and rows[gone]["dropped"], rows
+assert rows[ok]["dropped"] is None and c["head"]["step"] >= ok, (rows[ok], c["head"])' "$s_bad" "$s_gone" "$s_ok" ||
+  fail "dflashctl --json checkpoints"
 cl_wait_exit coord 300 || fail "coordinator exited '$CL_RC'"
 for n in target0 target1 drafter0 drafter1; do
   cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"

@@ -1,4 +1,4 @@
-/* coord_json.c: the JSON documents dflashctl reads (status, ring, daemons, batches, errors).
+/* coord_json.c: the JSON documents dflashctl reads (status, ring, daemons, batches, errors, checkpoints).
  * Keys are an interface: dflashctl, `make demo` and the tests read them. */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/log.h"
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
 #include "ipc/ring.h"
@@ -292,6 +293,43 @@ char *coord_json_result(struct coord *co, int ok, const char *error)
     return finish(o);
 }
 
+static cJSON *head_json(const struct coord *co)
+{
+    const struct dgroup *g = &co->grp;
+    if (!g->ckpt_dir[0])
+        return cJSON_CreateNull();
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddNumberToObject(h, "generation", (double)g->ckpt_gen);
+    cJSON_AddNumberToObject(h, "step", (double)g->ckpt_step);
+    cJSON_AddStringToObject(h, "dir", g->ckpt_dir);
+    return h;
+}
+
+static int checkpoint_row(void *arr, const struct ledger_checkpoint *c, uint64_t ms, const char *dropped)
+{
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddNumberToObject(e, "generation", (double)c->gen);
+    cJSON_AddNumberToObject(e, "step", (double)c->step);
+    cJSON_AddStringToObject(e, "dir", c->dir);
+    cJSON_AddNumberToObject(e, "written_ms", (double)ms);
+    if (dropped)
+        cJSON_AddStringToObject(e, "dropped", dropped);
+    else
+        cJSON_AddNullToObject(e, "dropped");
+    cJSON_AddItemToArray(arr, e);
+    return 0;
+}
+
+/* The ledger's newest checkpoints, newest first: the lineage's and those dropped from it. */
+static cJSON *checkpoints_json(struct coord *co, uint32_t limit)
+{
+    cJSON *a = cJSON_CreateArray();
+    int r = ledger_checkpoint_foreach(co->ledger, limit, checkpoint_row, a);
+    if (r < 0)
+        log_error(r, "%s: reading the checkpoints: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+    return a;
+}
+
 char *coord_json(struct coord *co, int what, uint32_t limit)
 {
     cJSON *o = cJSON_CreateObject();
@@ -343,6 +381,10 @@ char *coord_json(struct coord *co, int what, uint32_t limit)
     case PROTO_Q_BATCHES:
         cJSON_Delete(o);
         o = batches_json(co, limit);
+        break;
+    case PROTO_Q_CHECKPOINTS:
+        cJSON_AddItemToObject(o, "head", head_json(co));
+        cJSON_AddItemToObject(o, "checkpoints", checkpoints_json(co, limit));
         break;
     case PROTO_Q_ERRORS:
         cJSON_AddItemToObject(o, "errors", errors_json(co, limit));

@@ -11,7 +11,7 @@
 enum {
     ST_META_GET, ST_META_SET, ST_BATCH_INS, ST_BATCH_UPD, ST_BATCH_ALL, ST_TRAIN_ADD, ST_TRAIN_RB,
     ST_TRAIN_RB_AFTER, ST_CKPT_ADD, ST_CKPT_DROP, ST_CKPT_BEFORE, ST_GEN_SET, ST_GEN_ALL, ST_ERR_ADD,
-    ST_UNTRAINED_ADD, ST_UNTRAINED_HAS, ST_N
+    ST_UNTRAINED_ADD, ST_UNTRAINED_HAS, ST_CKPT_LIST, ST_N
 };
 
 static const char *const sql_text[ST_N] = {
@@ -38,6 +38,7 @@ static const char *const sql_text[ST_N] = {
     [ST_UNTRAINED_ADD] = "INSERT OR IGNORE INTO untrained(batch, lease, ms) VALUES (?1, ?2,"
                          " CAST(strftime('%s','now') AS INTEGER) * 1000)",
     [ST_UNTRAINED_HAS] = "SELECT 1 FROM untrained WHERE batch = ?1 AND lease = ?2",
+    [ST_CKPT_LIST] = "SELECT gen, step, dir, ms, dropped FROM checkpoints ORDER BY rowid DESC LIMIT ?1",
 };
 
 static const char schema[] =
@@ -443,6 +444,27 @@ int ledger_checkpoint_drop(struct ledger *l, int64_t after_step, const char *why
     sqlite3_bind_int64(s, 1, after_step);
     sqlite3_bind_text(s, 2, why, -1, SQLITE_STATIC);
     return run(l, s);
+}
+
+int ledger_checkpoint_foreach(struct ledger *l, uint32_t limit,
+                              int (*fn)(void *ctx, const struct ledger_checkpoint *c, uint64_t ms, const char *dropped),
+                              void *ctx)
+{
+    sqlite3_stmt *s = l->st[ST_CKPT_LIST];
+    sqlite3_bind_int64(s, 1, limit);
+    int rc, r = 0;
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        struct ledger_checkpoint c = { .gen = (uint64_t)sqlite3_column_int64(s, 0),
+                                       .step = (uint64_t)sqlite3_column_int64(s, 1) };
+        const char *dir = (const char *)sqlite3_column_text(s, 2);
+        snprintf(c.dir, sizeof c.dir, "%s", dir ? dir : "");
+        if ((r = fn(ctx, &c, (uint64_t)sqlite3_column_int64(s, 3), (const char *)sqlite3_column_text(s, 4))) != 0)
+            break;
+    }
+    if (!r && rc != SQLITE_DONE)
+        r = sql_err(l, rc);
+    sqlite3_reset(s);
+    return r;
 }
 
 int ledger_checkpoint_before(struct ledger *l, uint64_t step, struct ledger_checkpoint *out)

@@ -72,6 +72,11 @@ struct ledger_checkpoint {
     uint64_t gen, step;
     char dir[256];
 };
+/* Call fn for each of the newest `limit` checkpoints, newest first (dropped: NULL in the lineage,
+ * else why not); a non-zero return stops and is returned. */
+int ledger_checkpoint_foreach(struct ledger *l, uint32_t limit,
+                              int (*fn)(void *ctx, const struct ledger_checkpoint *c, uint64_t ms, const char *dropped),
+                              void *ctx);
 /* The newest checkpoint not dropped before step: 1 found, 0 none, <0 error. */
 int ledger_checkpoint_before(struct ledger *l, uint64_t step, struct ledger_checkpoint *out);
 /* Generation bookkeeping: limit = last step of gen kept in the lineage (-1: none). */

@@ -216,6 +216,30 @@ static int cmd_daemons(struct ctx *x, int argc, char **argv) { (void)argc, (void
 static int cmd_batches(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_BATCHES, show_batches); }
 static int cmd_errors(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_ERRORS, show_errors); }
 
+static void show_checkpoints(const cJSON *c)
+{
+    const cJSON *h = obj(c, "head"), *e;
+    if (cJSON_IsObject(h))
+        printf("lineage head: step %.0f (generation %.0f) %s\n", num(h, "step"), num(h, "generation"), str(h, "dir"));
+    else
+        printf("lineage head: none (the group starts from scratch)\n");
+    printf("%8s %6s %-20s %-8s %s\n", "STEP", "GEN", "WRITTEN (UTC)", "LINEAGE", "DIR");
+    cJSON_ArrayForEach(e, obj(c, "checkpoints")) {
+        char when[32] = "-";
+        time_t t = (time_t)(num(e, "written_ms") / 1000.0);
+        struct tm tm;
+        if (t > 0 && gmtime_r(&t, &tm))
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+        const cJSON *d = obj(e, "dropped");
+        int head = cJSON_IsObject(h) && num(h, "step") == num(e, "step") && !strcmp(str(h, "dir"), str(e, "dir"));
+        printf("%8.0f %6.0f %-20s %-8s %s\n", num(e, "step"), num(e, "generation"), when,
+               cJSON_IsString(d) ? "dropped" : head ? "head" : "yes", str(e, "dir"));
+        if (cJSON_IsString(d))
+            printf("%8s %6s   %s\n", "", "", d->valuestring);
+    }
+}
+static int cmd_checkpoints(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_CHECKPOINTS, show_checkpoints); }
+
 static int control(struct ctx *x, enum proto_control_cmd cmd, int argc, char **argv)
 {
     char reason[PROTO_TEXT_MAX] = "";
@@ -258,6 +282,7 @@ static const struct cmd_entry {
     { "daemons", "registered daemons with their timings", 0, 0, cmd_daemons },
     { "batches", "batch counts per state and epoch, batches in flight", 0, 0, cmd_batches },
     { "errors", "errors reported by the daemons", 0, 0, cmd_errors },
+    { "checkpoints", "the ledger's checkpoints, newest first: the lineage head, those dropped and why", 0, 0, cmd_checkpoints },
     { "pause", "[REASON]: stop leasing, pause targets and drafters", 0, 64, cmd_pause },
     { "resume", "continue after a pause", 0, 64, cmd_resume },
     { "drain", "[REASON]: finish in-flight work, final checkpoint, stop", 0, 64, cmd_drain },
@@ -274,9 +299,9 @@ static void usage(FILE *f)
                "  --connect HOST:PORT  the coordinator's TCP listener (cluster.tcp_listen; [IPv6]:PORT)\n"
                "  --token-file PATH    its shared secret (a copy of cluster.tcp_token_file, mode 0600)\n"
                "  --json     print the coordinator's JSON document (read commands)\n"
-               "  -n LIMIT   rows for batches / errors (default 100)\ncommands:\n");
+               "  -n LIMIT   rows for batches / errors / checkpoints (default 100)\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].usage);
+        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].usage);
 }
 
 int main(int argc, char **argv)
