@@ -1020,12 +1020,20 @@ int ckpt_damaged(const char *dir, int code)
     case -DF_EMAGIC: case -DF_ETRUNC: case -DF_EFORMAT: case -DF_ECHECKSUM: case -DF_ENAN: case -DF_ERANGE:
         return 1;
     case -DF_EMISSING: case -ENOENT: case -ENOTDIR: {
-        char run[PATH_MAX];
+        /* Gone from a root that holds other checkpoints: removed (by hand, or pruned). A root with
+         * none is storage not there (not mounted: the claim before the load made an empty one). */
+        char root[PATH_MAX];
         const char *slash = strrchr(dir, '/');
-        int n = slash ? snprintf(run, sizeof run, "%.*s/%s", (int)(slash - dir), dir, CKPT_RUN_FILE)
-                      : snprintf(run, sizeof run, "%s", CKPT_RUN_FILE);
-        struct stat st;
-        return n > 0 && (size_t)n < sizeof run && stat(run, &st) == 0 && S_ISREG(st.st_mode);
+        const char *self = slash ? slash + 1 : dir;
+        snprintf(root, sizeof root, "%.*s", slash ? (int)(slash - dir) : 1, slash ? dir : ".");
+        DIR *d = opendir(root[0] ? root : "/");
+        if (!d)
+            return 0;
+        int others = 0;
+        for (struct dirent *e; !others && (e = readdir(d));)
+            others = step_of_dir(e->d_name) >= 0 && strcmp(e->d_name, self);
+        closedir(d);
+        return others;
     }
     default:
         return 0;

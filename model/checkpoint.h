@@ -90,8 +90,8 @@ int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, c
 
 /* Whether ckpt_load's error `code` for dir says the checkpoint itself is damaged or gone (a bad
  * magic, size, format, checksum or value; its folder or a file in it missing while the folder
- * above holds a claimed checkpoint root, so the storage is there), so that an older checkpoint of
- * the lineage may do. Not: a layout or version of another drafter (a configuration error), a
- * read error or a shortage of memory (a restart may do), a root that is not there (storage not
+ * above holds other checkpoints, so the storage is there), so that an older checkpoint of the
+ * lineage may do. Not: a layout or version of another drafter (a configuration error), a read
+ * error or a shortage of memory (a restart may do), a root that holds no checkpoint (storage not
  * mounted). */
 int ckpt_damaged(const char *dir, int code);

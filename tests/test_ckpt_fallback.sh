@@ -7,8 +7,10 @@
 #    The run completes with every batch trained exactly once (tests/soak/check_run.py), the two
 #    checkpoints are marked dropped in the ledger, `dflashctl checkpoints` shows them dropped with
 #    the reason, and the errors name the first.
-#  none left: every checkpoint folder removed: the walk back ends FAILED (exit 78) with a
-#    message that says so, no drafter restart loop.
+#  storage not there: the checkpoint root moved away: no fall back (the drafters exit 1, as for a
+#    read error); moved back, the run resumes from the head it had and completes.
+#  none left: every checkpoint cut short: the walk back ends FAILED (exit 78) with a message that
+#    says so, no drafter restart loop.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -77,13 +79,43 @@ grep -q "falls back to checkpoint .*step-$(printf %010d "$s_gone")" "$CL_DIR/coo
 "$CL_PY" tests/soak/check_run.py "$CL_DIR/state/$CL_NAME-ledger.db" "$CL_DIR/state" || fail "exactly-once check"
 cl_log "ok: fell back from step $s_bad past $s_gone to $s_ok; every batch once"
 
+# ---- storage not there ---------------------------------------------------------------------
+# The checkpoint root moved away (a mount missing): the drafters' claim makes an empty one, the
+# head is not in it, and that is no reason to drop checkpoints: each drafter exits 1 (systemd
+# would restart it); once the root is back the run goes on from the head it had.
+cl_cleanup
+cl_init "$T/storage" 1600 || exit 1
+cl_ini_add drafter.world_size=2 drafter.checkpoint_every=15
+cl_start_cluster 2 || fail "cluster start"
+train_then_kill 30
+root=$CL_DIR/state/checkpoints
+mv "$root" "$root.away"
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+cl_wait_exit drafter0 60
+[[ $CL_RC == 1 ]] || fail "drafter0 exited '$CL_RC' without its checkpoint storage, want 1"
+cl_wait_exit drafter1 60
+grep -q "falls back" "$CL_DIR/coord.log" && fail "fell back without the storage: $(grep 'falls back' "$CL_DIR/coord.log")"
+[[ $(cl_sql "SELECT count(*) FROM checkpoints WHERE dropped IS NOT NULL") == 0 ]] || fail "checkpoints dropped"
+[[ $(cl_json 's["group"]["checkpoint"]["step"]') == "$head" ]] || fail "the head moved"
+rm -rf "$root" && mv "$root.away" "$root"
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+cl_wait_exit coord 300 || fail "coordinator exited '$CL_RC'"
+for n in target0 target1 drafter0 drafter1; do
+  cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"
+done
+grep -q "loaded checkpoint .*step-$(printf %010d "$head")" "$CL_DIR"/drafter*.log || fail "no drafter loaded step $head"
+"$CL_PY" tests/soak/check_run.py "$CL_DIR/state/$CL_NAME-ledger.db" "$CL_DIR/state" || fail "exactly-once check"
+cl_log "ok: storage away: no fall back; back: resumed from step $head"
+
 # ---- none left ------------------------------------------------------------------------------
 cl_cleanup
 cl_init "$T/none" 1600 || exit 1
 cl_ini_add drafter.world_size=2 drafter.checkpoint_every=15 drafter.keep_checkpoints=0
 cl_start_cluster 2 || fail "cluster start"
 train_then_kill 30
-rm -rf "$CL_DIR"/state/checkpoints/step-*
+for d in "$CL_DIR"/state/checkpoints/step-*; do truncate -s 100 "$d/optimizer.bin"; done
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_start drafter1 drafter-d -c "$CL_INI" -i 1
 cl_wait_exit coord 120
@@ -95,4 +127,4 @@ done
 n_load=$(cat "$CL_DIR"/drafter*.log | grep -c "asked the coordinator to fall back")
 n_ckpt=$(cl_sql "SELECT count(*) FROM checkpoints")
 ((n_load >= n_ckpt && n_load <= 2 * n_ckpt)) || fail "$n_load reports for $n_ckpt checkpoints"
-echo "ok: fell back from step $s_bad past $s_gone to $s_ok, every batch once; with none left (head $head) FAILED"
+echo "ok: fell back from step $s_bad past $s_gone to $s_ok, every batch once; storage away: no fall back; with none left FAILED"

@@ -1015,6 +1015,14 @@ static void on_checkpointed(struct coord *co, struct member *m, const struct pro
         send_ack(m, c->seq, 0);         /* an older one, replayed */
         return;
     }
+    if (g->ckpt_gen != c->generation && g->ckpt_dir[0] && c->step < g->ckpt_step) {
+        /* A generation starts from the head: its steps come after it. One that comes before was
+         * trained from other weights (a rank that did not load the head): not in the lineage. */
+        log_error(0, "%s: checkpoint %s of generation %" PRIu64 " at step %" PRIu64 " refused: the generation started"
+                  " from step %" PRIu64, m->name, c->dir, c->generation, c->step, g->ckpt_step);
+        send_ack(m, c->seq, -DF_ESTATE);
+        return;
+    }
     g->ckpt_gen = c->generation;
     g->ckpt_step = c->step;
     snprintf(g->ckpt_dir, sizeof g->ckpt_dir, "%s", c->dir);

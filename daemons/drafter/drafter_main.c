@@ -111,6 +111,8 @@ struct dft {
     uint64_t generation;
     int rank, world;
     char loaded[PROTO_PATH_MAX];/* checkpoint the weights came from ("" = fresh init) */
+    struct stat loaded_st;      /* its optimizer.bin as loaded: a path the lineage wrote again (after
+                                   a fall back) holds another checkpoint */
     int dirty;                  /* stepped since `loaded` */
 
     /* cluster */
@@ -336,13 +338,22 @@ static void load_progress(void *f)
 /* Weights for a new group: the group's checkpoint, or a fresh init (same seed on every rank). */
 static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen)
 {
-    if (!f->dirty && f->dr && !strcmp(dir, f->loaded)) {
+    struct stat st = { 0 };
+    char opt[PROTO_PATH_MAX + 32];
+    snprintf(opt, sizeof opt, "%s/%s", dir, CKPT_OPTIMIZER);
+    if (dir[0] && stat(opt, &st) < 0)
+        memset(&st, 0, sizeof st);
+    if (!f->dirty && f->dr && !strcmp(dir, f->loaded) &&
+        (!dir[0] || (st.st_ino && st.st_dev == f->loaded_st.st_dev && st.st_ino == f->loaded_st.st_ino &&
+                     st.st_size == f->loaded_st.st_size && st.st_mtim.tv_sec == f->loaded_st.st_mtim.tv_sec &&
+                     st.st_mtim.tv_nsec == f->loaded_st.st_mtim.tv_nsec))) {
 #ifdef DFLASH_HAVE_CUDA
         if (f->cuda && !f->gpu)
             return gpu_load(f, err, errlen);
 #endif
         return 0;
     }
+    f->dirty = 1;       /* until this load completes: a failed one may leave the weights half set */
     int r = make_drafter(f, err, errlen);
     if (r < 0)
         return r;
@@ -368,6 +379,7 @@ static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen
         return r;
 #endif
     snprintf(f->loaded, sizeof f->loaded, "%s", dir);
+    f->loaded_st = st;      /* (stat before the load: a file replaced during it does not match later) */
     f->dirty = 0;
     f->saved_step = drafter_step_count(f->dr);
     f->unsaved = 0;
@@ -841,10 +853,17 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     /* Every rank: any of them may write as rank 0 of a later generation. */
     if ((r = ckpt_claim_root(f->ckpt_root, g->run_id, g->ckpt_dir, err, errlen)) < 0)
         return r;
-    if ((r = load_weights(f, g->ckpt_dir, err, errlen)) < 0) {
-        f->ckpt_unloadable = g->ckpt_dir[0] && ckpt_damaged(g->ckpt_dir, r);
-        return r;
+    r = load_weights(f, g->ckpt_dir, err, errlen);
+    if (r < 0 && g->ckpt_dir[0] && ckpt_damaged(g->ckpt_dir, r)) {
+        /* Before the lineage gives it up: once more (a read that met a file being replaced, a
+         * folder being copied back) */
+        log_warn(r, "%s: reading it once more", err);
+        daemon_watchdog(&f->d);
+        r = load_weights(f, g->ckpt_dir, err, errlen);
+        f->ckpt_unloadable = r < 0 && ckpt_damaged(g->ckpt_dir, r);
     }
+    if (r < 0)
+        return r;
     f->generation = g->generation;
     f->ckpt_head = g->ckpt_dir[0] ? (int64_t)g->ckpt_step : -1;
     ckpt_writer_set_head(f->writer, f->ckpt_head);
