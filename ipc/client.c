@@ -909,6 +909,15 @@ int client_error(struct client *c, int fatal, int code, const char *fmt, ...)
     return send_held(c, &m);
 }
 
+int client_error_nan(struct client *c, uint64_t step, const char *text)
+{
+    struct proto_msg m = { .type = PROTO_ERROR };
+    m.error.code = -DF_ENAN;
+    m.error.step = step;
+    proto_strset(m.error.message, sizeof m.error.message, text);
+    return send_held(c, &m);
+}
+
 const struct client_lease *client_lease_find(const struct client *c, uint64_t batch) { return lease_get(c, batch); }
 int client_lease_held(const struct client *c, uint64_t batch) { return lease_get(c, batch) != NULL; }
 uint32_t client_leases_held(const struct client *c) { return (uint32_t)c->n_leases; }

@@ -126,6 +126,8 @@ int client_checkpointed(struct client *c, uint64_t step, uint64_t generation, co
 int client_ckpt_bad(struct client *c, uint64_t generation, uint64_t step, const char *dir, int code,
                     const char *reason);
 int client_error(struct client *c, int fatal, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Drafters: a non-finite loss or norm (-DF_ENAN) made this rank skip `step`. */
+int client_error_nan(struct client *c, uint64_t step, const char *text);
 
 /* Leases currently held (granted, not published/returned/revoked). */
 const struct client_lease *client_lease_find(const struct client *c, uint64_t batch_id);

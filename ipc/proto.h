@@ -12,7 +12,8 @@
                                               resume count in WELCOME, the count in CONTROL; 6: GROUP
                                               lists the batches kept from earlier generations that
                                               were leased more than once, and the run's batch count;
-                                              7: the run's id in GROUP; 8: CKPT_BAD, QUERY checkpoints */
+                                              7: the run's id in GROUP; 8: CKPT_BAD, QUERY checkpoints,
+                                              the skipped step in ERROR */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -89,7 +90,9 @@
  *     idempotently (state only moves forward, except by a generation rollback).
  *  5. Any daemon: HEARTBEAT(stats) every heartbeat period; ERROR(fatal, code, message).
  *     s acts: non-fatal = logged and counted; code DF_ENAN = cluster paused (PAUSE
- *     pushed); fatal = drain, then FAILED with the reason (the coordinator exits 78).
+ *     pushed), and until the operator's resume a CHECKPOINTED of ERROR.step or later is
+ *     refused (-DF_ESTATE); fatal = drain, then FAILED with the reason (the coordinator
+ *     exits 78).
  *  6. s pushes CONTROL(PAUSE|RESUME|DRAIN|STOP, reason) to daemons. On DRAIN targets
  *     finish/return their leases and drafters write a final checkpoint; STOP = exit.
  *  7. dflashctl (role CTL): QUERY(what) -> REPLY(status, JSON text); CONTROL(cmd) ->
@@ -291,9 +294,13 @@ _Static_assert(sizeof(struct proto_ack) == 16, "wire size");
 struct proto_error {
     uint32_t fatal;
     int32_t code;                   /* negative DF_E* / -errno; -DF_ENAN pauses the cluster */
+    uint64_t step;                  /* -DF_ENAN from a drafter: the step it skipped (the first step
+                                       number not trained from before the non-finite value), so no
+                                       checkpoint of it or later is taken until the operator's
+                                       resume; 0 otherwise */
     char message[PROTO_TEXT_MAX];
 };
-_Static_assert(sizeof(struct proto_error) == 264, "wire size");
+_Static_assert(sizeof(struct proto_error) == 272, "wire size");
 
 struct proto_control {
     uint32_t cmd;                   /* enum proto_control_cmd */

@@ -311,6 +311,48 @@ static struct client_stats await_answers(struct client *c, int poll_ms, int ms)
     return st;
 }
 
+/* A NaN report names the step the drafter skipped: until the operator's resume a checkpoint of
+ * that step or later is refused (a drafter that trained on after taking an earlier RESUME for the
+ * answer), one before it is taken; also after a coordinator restart; after the resume, taken. */
+static void nan_checkpoint_after_step_refused(void)
+{
+    struct client *d;
+    struct ring *r;
+    uint64_t gen = start_as_drafter(&d, &r);
+    train_one(d, r, gen);
+    struct proto_msg m;
+    char err[256];
+    CHECK_OK(client_error_nan(d, 2, "loss is nan at step 2"));
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (strcmp(status_str("state"), "paused") && mono_ms() < end)
+        client_poll(d, 20, &m, err, sizeof err);
+    CHECK_STR(status_str("state"), "paused");
+    struct client_stats st0, st;
+    client_get_stats(d, &st0);
+    CHECK_OK(client_checkpointed(d, 2, gen, "/nonexistent/step-2"));
+    st = await_answers(d, 10, 5000);
+    CHECK_INT(st.nacks, ==, st0.nacks + 1);
+    CHECK_INT(tc_status_num("batches.checkpointed"), ==, 0);
+    tc_kill(TC.coord);
+    tc_start_coord();
+    expect_state("paused", 5000);
+    CHECK_OK(client_checkpointed(d, 3, gen, "/nonexistent/step-3"));
+    st = await_answers(d, 10, 5000);
+    CHECK_INT(st.nacks, ==, st0.nacks + 2);
+    CHECK_OK(client_checkpointed(d, 1, gen, "/nonexistent/step-1"));
+    st = await_answers(d, 10, 5000);
+    CHECK_INT(st.nacks, ==, st0.nacks + 2);
+    tc_wait_num("batches.checkpointed", 1, 5000);
+    control(PROTO_CTL_RESUME);
+    CHECK_OK(client_checkpointed(d, 2, gen, "/nonexistent/step-2"));
+    st = await_answers(d, 10, 5000);
+    CHECK_INT(st.nacks, ==, st0.nacks + 2);
+    client_free(d);
+    ring_detach(r);
+    printf("ok: with a NaN at step 2 waiting for the resume, checkpoints of step 2 and 3 are refused (also after"
+           " a restart), step 1 is taken; after the resume step 2 is\n");
+}
+
 /* Set before fork_publisher: its copy must be out of the ring by the time its PUBLISHED is
  * answered (exit 6 when that slot is still READY with its batch). */
 static int publisher_expects_retract;
@@ -1143,7 +1185,7 @@ int main(void)
                              dead_owner_slot_freed_at_exit, complete_run_killed_before_exit,
                              released_batch_named_in_group, fatal_during_drain, nan_then_stop_signal,
                              failed_run_killed_before_exit, stop_signal_during_start, nan_then_fatal,
-                             nan_during_signal_drain };
+                             nan_during_signal_drain, nan_checkpoint_after_step_refused };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -196,6 +196,8 @@ struct coord {
     bool nan_pending;               /* a non-finite value was reported and the operator has not
                                        resumed since: its drafters write no checkpoint, so no drain
                                        could end (a DRAIN is refused until the resume) */
+    uint64_t nan_step;              /* with nan_pending: the earliest step a drafter skipped for it
+                                       (0: not said); a CHECKPOINTED of it or later is refused */
     int signal_drain_from;          /* draining on a stop signal: the state before it, else -1 */
     uint32_t resumes;               /* the operator's resumes (dflashctl resume) of this run */
     bool recovering;                /* restarted from a ledger: waiting for peers */

@@ -301,6 +301,7 @@ static void save_state(struct coord *co)
     ledger_meta_set_u64(co->ledger, "finishing", co->finishing);
     ledger_meta_set_u64(co->ledger, "resumes", co->resumes);
     ledger_meta_set_u64(co->ledger, "nan_pending", co->nan_pending);
+    ledger_meta_set_u64(co->ledger, "nan_step", co->nan_pending ? co->nan_step : 0);
     /* FAILED until the clean exit clears it (coord_main's finalize_ledger) */
     ledger_meta_set_u64(co->ledger, "failed_open", co->state == PROTO_STATE_FAILED);
 }
@@ -312,6 +313,7 @@ static void restore_state(struct coord *co)
     if (ledger_meta_get_u64(co->ledger, "resumes", &v) == 1)
         co->resumes = (uint32_t)v;
     co->nan_pending = ledger_meta_get_u64(co->ledger, "nan_pending", &v) == 1 && v;
+    co->nan_step = co->nan_pending && ledger_meta_get_u64(co->ledger, "nan_step", &v) == 1 ? v : 0;
     if (ledger_meta_get(co->ledger, "state", name, sizeof name) != 1)
         return;
     if (!strcmp(name, proto_state_name(PROTO_STATE_FAILED)) &&
@@ -1015,6 +1017,14 @@ static void on_checkpointed(struct coord *co, struct member *m, const struct pro
         send_ack(m, c->seq, 0);         /* an older one, replayed */
         return;
     }
+    if (co->nan_pending && co->nan_step && c->step >= co->nan_step) {
+        /* Trained on from the state that met the non-finite value (a drafter that took an
+         * earlier RESUME for the answer to its report): not before the operator's resume. */
+        log_warn(0, "%s: checkpoint %s of step %" PRIu64 " refused: a non-finite value at step %" PRIu64
+                 " waits for the operator's resume", m->name, c->dir, c->step, co->nan_step);
+        send_ack(m, c->seq, -DF_ESTATE);
+        return;
+    }
     if (g->ckpt_gen != c->generation && g->ckpt_dir[0] && c->step < g->ckpt_step) {
         /* A generation starts from the head: its steps come after it. One that comes before was
          * trained from other weights (a rank that did not load the head): not in the lineage. */
@@ -1097,8 +1107,12 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
             save_state(co);
         }
     } else if (e->code == -DF_ENAN) {
-        if (co->state < PROTO_STATE_STOPPED && !co->nan_pending) {
+        if (co->state < PROTO_STATE_STOPPED && (!co->nan_pending || (e->step && (!co->nan_step || e->step < co->nan_step)))) {
+            if (!co->nan_pending)
+                co->nan_step = 0;
             co->nan_pending = true;     /* (saved with the state change below, or here) */
+            if (e->step && (!co->nan_step || e->step < co->nan_step))
+                co->nan_step = e->step;
             save_state(co);
         }
         if (rec)

@@ -126,6 +126,7 @@ struct dft {
     uint32_t poisoned_at;       /* `resumes` when the non-finite loss was seen */
     int poisoned_away;          /* ... while disconnected: the next WELCOME's count is the one */
     char nan_report[PROTO_TEXT_MAX]; /* what this rank reported of it ("" = rank 0 reports) */
+    int64_t nan_step;           /* ... and the step it skipped */
     int voted_out;              /* CUDA: this rank's stop vote went through: leave */
 
     /* training position */
@@ -609,14 +610,15 @@ static void poison(struct dft *f)
 }
 
 /* The NaN report (an ERROR the cluster pauses on), kept to be sent again if it was lost. */
-static void report_nan(struct dft *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void report_nan(struct dft *f, const char *fmt, ...)
+static void report_nan(struct dft *f, int64_t step, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void report_nan(struct dft *f, int64_t step, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(f->nan_report, sizeof f->nan_report, fmt, ap);
     va_end(ap);
-    client_error(f->cl, 0, -DF_ENAN, "%s", f->nan_report);
+    f->nan_step = step;
+    client_error_nan(f->cl, (uint64_t)step, f->nan_report);
 }
 
 /* The coordinator's count of resumes, from a WELCOME or a CONTROL. */
@@ -637,7 +639,7 @@ static void resumes_seen(struct dft *f, uint32_t resumes, int welcome)
          * report never reached it (a coordinator that died with it unread; errors are not
          * acknowledged). */
         log_warn(-DF_ENAN, "the cluster runs as if this drafter had not reported its non-finite loss: reported again");
-        client_error(f->cl, 0, -DF_ENAN, "%s", f->nan_report);
+        client_error_nan(f->cl, (uint64_t)f->nan_step, f->nan_report);
     }
 }
 
@@ -1218,8 +1220,8 @@ static int iterate(struct dft *f)
             client_batch_skipped(f->cl, b.id, b.lease);
         if (have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum))) {
             log_error(-DF_ENAN, "batch %" PRIu64 ": the loss is not finite: step skipped, cluster pausing", b.id);
-            report_nan(f, "%s: batch %" PRIu64 " at step %" PRId64 ": loss is not finite", f->d.ident, b.id,
-                       drafter_step_count(f->dr) + 1);
+            report_nan(f, drafter_step_count(f->dr) + 1, "%s: batch %" PRIu64 " at step %" PRId64 ": loss is not finite",
+                       f->d.ident, b.id, drafter_step_count(f->dr) + 1);
         }
         poison(f);      /* after the report: a send that failed holds it for the reconnect */
     } else if (ghave > 0) {
@@ -1231,7 +1233,7 @@ static int iterate(struct dft *f)
                 client_batch_skipped(f->cl, b.id, b.lease);
             log_error(r, "gradient norm is not finite at step %" PRId64 ": step skipped", info.step + 1);
             if (f->rank == 0)
-                report_nan(f, "%s: gradient norm not finite at step %" PRId64, f->d.ident, info.step + 1);
+                report_nan(f, info.step + 1, "%s: gradient norm not finite at step %" PRId64, f->d.ident, info.step + 1);
             poison(f);
         } else if (r < 0 && r != -DF_ERANGE) {
             log_error(r, "optimizer step");
@@ -1286,8 +1288,8 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
         log_error(rc, "step %" PRId64 ": loss sum %g / gradient norm %g not finite: step skipped, cluster pausing",
                   info->step + 1, gm->loss_sum, info->grad_norm);
         if (f->rank == 0)
-            report_nan(f, "%s: loss or gradient norm not finite at step %" PRId64 " (batch %" PRId64 " of rank 0)",
-                       f->d.ident, info->step + 1, rec->have ? (int64_t)rec->b.id : (int64_t)-1);
+            report_nan(f, info->step + 1, "%s: loss or gradient norm not finite at step %" PRId64 " (batch %" PRId64
+                       " of rank 0)", f->d.ident, info->step + 1, rec->have ? (int64_t)rec->b.id : (int64_t)-1);
         poison(f);
         return;
     }
