@@ -342,6 +342,11 @@ static int handle_frame(struct client *c, const struct proto_msg *m, char *err, 
                     c->st.ckpt_accepted_step = (int64_t)e->checkpointed.step;
                     c->st.ckpt_accepted_gen = e->checkpointed.generation;
                 }
+                if (e->type == PROTO_CHECKPOINTED && m->ack.status) {
+                    c->st.ckpt_refusals++;
+                    c->st.ckpt_refused_step = (int64_t)e->checkpointed.step;
+                    c->st.ckpt_refused_gen = e->checkpointed.generation;
+                }
                 c->out[i] = c->out[--c->n_out];
                 c->st.events_acked++;
                 break;
@@ -646,6 +651,7 @@ int client_open(struct client **out, const struct client_opts *o, char *err, siz
     if (!c)
         return -ENOMEM;
     c->st.ckpt_accepted_step = -1;
+    c->st.ckpt_refused_step = -1;
     c->o = *o;
     if (!c->o.reply_timeout_ms)
         c->o.reply_timeout_ms = 5000;

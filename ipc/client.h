@@ -74,6 +74,9 @@ struct client_stats {
     uint32_t outbox;            /* events not yet acknowledged */
     int64_t ckpt_accepted_step; /* the newest CHECKPOINTED acknowledged with status 0 (-1: none) */
     uint64_t ckpt_accepted_gen; /* ... and its generation */
+    uint64_t ckpt_refusals;     /* CHECKPOINTEDs acknowledged with an error status */
+    int64_t ckpt_refused_step;  /* the last of them (-1: none) */
+    uint64_t ckpt_refused_gen;  /* ... and its generation */
     uint32_t leases_held, leases_wanted;
 };
 

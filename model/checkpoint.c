@@ -554,7 +554,8 @@ int ckpt_prune(const char *root, int keep, int64_t written, int64_t head)
     while (upto > 0 && steps[upto - 1] > written)
         upto--;
     for (int i = 0; i < n; i++) {
-        int stale = i >= upto, old = i < upto - keep && steps[i] < head;
+        /* (the head is never stale: a write below it is no lineage's, and must not take it) */
+        int stale = i >= upto && steps[i] != head, old = i < upto - keep && steps[i] < head;
         if (!stale && !old)
             continue;
         char path[2048];
@@ -1020,8 +1021,12 @@ int ckpt_damaged(const char *dir, int code)
     case -DF_EMAGIC: case -DF_ETRUNC: case -DF_EFORMAT: case -DF_ECHECKSUM: case -DF_ENAN: case -DF_ERANGE:
         return 1;
     case -DF_EMISSING: case -ENOENT: case -ENOTDIR: {
-        /* Gone from a root that holds other checkpoints: removed (by hand, or pruned). A root with
-         * none is storage not there (not mounted: the claim before the load made an empty one). */
+        /* Its folder there with a file missing, or gone from a root that holds other checkpoints:
+         * removed (by hand, or pruned). A root with none is storage not there (not mounted: the
+         * claim before the load made an empty one). */
+        struct stat st;
+        if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode))
+            return 1;
         char root[PATH_MAX];
         const char *slash = strrchr(dir, '/');
         const char *self = slash ? slash + 1 : dir;

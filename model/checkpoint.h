@@ -33,8 +33,9 @@ int ckpt_write_files(const char *dir, const struct drafter *d, const struct ckpt
                      char *err, size_t errlen);
 
 /* After the checkpoint of step `written` is in place, with keep > 0: remove every step-N
- * directory of root past it (left by a drafter generation that ended: the group restarted from
- * an earlier checkpoint, so they are in no lineage, and counting them would prune the new one),
+ * directory of root past it but `head` (left by a drafter generation that ended: the group
+ * restarted from an earlier checkpoint, so they are in no lineage, and counting them would prune
+ * the new one),
  * then of the rest those older than the newest `keep` and older than `head`: the step of the
  * checkpoint the lineage stands on (the newest the coordinator has accepted; a group that ends
  * restarts from it), so head and everything newer stay however many they are (-1: no head yet,
@@ -89,8 +90,8 @@ int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, c
               char *err, size_t errlen);
 
 /* Whether ckpt_load's error `code` for dir says the checkpoint itself is damaged or gone (a bad
- * magic, size, format, checksum or value; its folder or a file in it missing while the folder
- * above holds other checkpoints, so the storage is there), so that an older checkpoint of the
+ * magic, size, format, checksum or value; a file missing in its folder; its folder missing while
+ * the folder above holds other checkpoints, so the storage is there), so that an older checkpoint of the
  * lineage may do. Not: a layout or version of another drafter (a configuration error), a read
  * error or a shortage of memory (a restart may do), a root that holds no checkpoint (storage not
  * mounted). */

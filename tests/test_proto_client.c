@@ -376,7 +376,11 @@ static void test_checkpoint_accepted(int lfd)
         CHECK_INT(st.outbox, ==, 0);
         CHECK_INT(st.ckpt_accepted_step, ==, seq[i].want_step);
         CHECK_INT(st.ckpt_accepted_gen, ==, seq[i].want_gen);
+        /* the refusal is counted with its step and generation (drafter-d writes that one again) */
+        CHECK_INT(st.ckpt_refusals, ==, i >= 1);
+        CHECK_INT(st.ckpt_refused_step, ==, i >= 1 ? 7 : -1);
     }
+    CHECK_INT(st.ckpt_refused_gen, ==, 2);
     client_free(c);
     CHECK_INT(reap(srv), ==, 0);
 }

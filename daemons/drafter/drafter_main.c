@@ -135,6 +135,7 @@ struct dft {
     struct peer_batch *peers;   /* [world]: the group's batches of the current step */
     int peers_cap;
     int64_t saved_step;
+    uint64_t ckpt_refusals_seen;    /* the client's count of refused CHECKPOINTEDs, as last seen */
     int64_t ckpt_head;          /* the checkpoint the lineage stands on (never pruned), -1 none */
 
     /* statistics */
@@ -716,6 +717,16 @@ static int pump(struct dft *f, int timeout_ms)
         f->ckpt_head = cs.ckpt_accepted_step;
         ckpt_writer_set_head(f->writer, f->ckpt_head);
     }
+    if (cs.ckpt_refusals != f->ckpt_refusals_seen) {
+        /* Refused (e.g. a NaN waiting for the operator's resume): not in the lineage, so the
+         * next due checkpoint (a drain's included) is written again. */
+        f->ckpt_refusals_seen = cs.ckpt_refusals;
+        if (cs.ckpt_refused_gen == f->generation && cs.ckpt_refused_step == f->saved_step) {
+            log_warn(cs.last_nack_status, "the coordinator refused the checkpoint of step %" PRId64
+                     ": it is written again when due", f->saved_step);
+            f->saved_step = -1;
+        }
+    }
     daemon_watchdog(&f->d);
     if (r < 0) {
         log_error(r, "coordinator: %s", err);
@@ -857,8 +868,7 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
         return r;
     r = load_weights(f, g->ckpt_dir, err, errlen);
     if (r < 0 && g->ckpt_dir[0] && ckpt_damaged(g->ckpt_dir, r)) {
-        /* Before the lineage gives it up: once more (a read that met a file being replaced, a
-         * folder being copied back) */
+        /* Before the lineage gives it up: once more (a read that met a file being replaced) */
         log_warn(r, "%s: reading it once more", err);
         daemon_watchdog(&f->d);
         r = load_weights(f, g->ckpt_dir, err, errlen);
