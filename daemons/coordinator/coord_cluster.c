@@ -659,8 +659,8 @@ static void record_error(struct coord *co, const struct member *m, int fatal, in
  * falls back to the newest checkpoint before it that is not dropped. Every batch trained after
  * that one (checkpointed or not) is queued again, every training row after it rolled back, each
  * generation's kept limit lowered to it; the checkpoints after it are dropped in the ledger (the
- * drafters overwrite or prune their folders). With none left the run ends FAILED: nothing the
- * ledger holds is lost, and the operator decides. */
+ * drafters overwrite or prune their folders). With none left the run ends FAILED with the head
+ * it stands on: the operator decides. */
 static void on_ckpt_bad(struct coord *co, struct member *m, const struct proto_ckpt_bad *cb)
 {
     struct dgroup *g = &co->grp;
@@ -1107,12 +1107,12 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
             save_state(co);
         }
     } else if (e->code == -DF_ENAN) {
-        if (co->state < PROTO_STATE_STOPPED && (!co->nan_pending || (e->step && (!co->nan_step || e->step < co->nan_step)))) {
-            if (!co->nan_pending)
-                co->nan_step = 0;
+        /* the first report, or one of an earlier step (the checkpoints refused start there) */
+        bool first = !co->nan_pending;
+        bool earlier = e->step && (first || !co->nan_step || e->step < co->nan_step);
+        if (co->state < PROTO_STATE_STOPPED && (first || earlier)) {
             co->nan_pending = true;     /* (saved with the state change below, or here) */
-            if (e->step && (!co->nan_step || e->step < co->nan_step))
-                co->nan_step = e->step;
+            co->nan_step = earlier ? e->step : first ? 0 : co->nan_step;
             save_state(co);
         }
         if (rec)
