@@ -121,6 +121,8 @@ struct dft {
     int stop_now;               /* STOP pushed */
     int stop_vote;              /* stop signal: leave after this step, with a checkpoint */
     int ckpt_unloadable;        /* the GROUP's checkpoint did not load: damaged or gone (ckpt_damaged) */
+    int ckpt_bad_code;          /* ... reported (CKPT_BAD) with this code and reason, 0 = none: sent */
+    char ckpt_bad_reason[PROTO_TEXT_MAX];   /* again at a reconnect until the RESTART comes */
     int poisoned;               /* a non-finite loss was seen: never checkpoint from here */
     uint32_t resumes;           /* the operator's resumes as the coordinator last said (WELCOME, RESUME) */
     uint32_t poisoned_at;       /* `resumes` when the non-finite loss was seen */
@@ -659,6 +661,7 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         leave_group_how(f, 1);     /* a peer is gone: its collectives will not complete */
         f->have_group = 0;
         f->await_restart = 0;
+        f->ckpt_bad_code = 0;
         break;
     case PROTO_WELCOME:
         f->state = (int)m->welcome.cluster_state;
@@ -667,6 +670,9 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         if (f->state != PROTO_STATE_DRAINING)
             f->draining = 0;
         log_notice("reconnected to the coordinator (cluster %s)", proto_state_name(m->welcome.cluster_state));
+        if (f->ckpt_bad_code)       /* the report may have died with the coordinator that read it */
+            client_ckpt_bad(f->cl, f->grp.generation, f->grp.ckpt_step, f->grp.ckpt_dir, f->ckpt_bad_code,
+                            f->ckpt_bad_reason);
         resumes_seen(f, m->welcome.resumes, 1);     /* a RESUME may have gone out while it was away */
         break;
     case PROTO_CONTROL:
@@ -1718,6 +1724,8 @@ int main(int argc, char **argv)
                     /* Damaged or gone: the coordinator falls back to the checkpoint before it
                      * (every rank of the generation may say so; it acts on the first). */
                     f->ckpt_unloadable = 0;
+                    f->ckpt_bad_code = r;
+                    proto_strset(f->ckpt_bad_reason, sizeof f->ckpt_bad_reason, err);
                     client_ckpt_bad(f->cl, f->grp.generation, f->grp.ckpt_step, f->grp.ckpt_dir, r, err);
                     log_notice("asked the coordinator to fall back from checkpoint %s", f->grp.ckpt_dir);
                     if ((r = await_restart(f, r, "its checkpoint does not load", f->grp.generation)) < 0)
