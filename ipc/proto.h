@@ -70,7 +70,7 @@
  *     consumed a slot but will not train it (a non-finite step it skipped) sends
  *     SKIPPED(batch, lease): the batch goes back to pending. A drafter that cannot load the
  *     GROUP's checkpoint (damaged, removed) sends CKPT_BAD(generation, step, dir, code,
- *     reason) and waits: s drops that checkpoint and every batch trained after the one
+ *     reason) and waits (sending it again after a reconnect until the RESTART comes): s drops that checkpoint and every batch trained after the one
  *     before it in the lineage, and pushes RESTART from that one (FAILED when none is left).
  *     A CKPT_BAD about a checkpoint that is not the lineage's head any more is ignored.
  *     Lease numbers: every grant of a batch carries the batch's count of leases so far
