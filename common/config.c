@@ -1,7 +1,6 @@
 /* config.c: the key table and the inih-driven loader.
  * Unknown keys, bad types and out-of-range values fail with file:line: key: reason. */
 #include <errno.h>
-#include <fcntl.h>
 #include <ini.h>
 #include <math.h>
 #include <stdarg.h>
@@ -9,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include "common/config.h"
+#include "common/fileio.h"
 
 #define OFF(sec, field) offsetof(struct dflash_cfg, sec.field)
 #define I(sec, k, mn, mx, d, h)  { #sec, #k, CFG_INT, mn, mx, d, OFF(sec, k), h }
@@ -353,26 +352,13 @@ static int on_ini(void *user, const char *section, const char *name, const char 
  * would read as empty and a FIFO or /dev/zero never ends. The check and the read share one fd. */
 static int read_config_file(const char *path, char **text, size_t *len, char *err, size_t errlen)
 {
-    struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY); /* O_NONBLOCK: a FIFO opens, not waits */
+    int fd = fileio_open_regular(path, NULL);
     if (fd < 0) {
-        int r = -errno;
-        if (r == -ENXIO && stat(path, &st) == 0 && !S_ISREG(st.st_mode)) /* a socket */
+        if (fd == -EINVAL)
             snprintf(err, errlen, "%s: not a regular file", path);
         else
-            snprintf(err, errlen, "%s: cannot open: %s", path, strerror(-r));
-        return r;
-    }
-    if (fstat(fd, &st) < 0) {
-        int r = -errno;
-        snprintf(err, errlen, "%s: cannot stat: %s", path, strerror(-r));
-        close(fd);
-        return r;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return -EINVAL;
+            snprintf(err, errlen, "%s: cannot open: %s", path, strerror(-fd));
+        return fd;
     }
     /* Read to EOF rather than trusting st_size (the file may grow); one byte past the cap
      * tells "too big" from "exactly the cap". */
@@ -382,23 +368,14 @@ static int read_config_file(const char *path, char **text, size_t *len, char *er
         snprintf(err, errlen, "%s: out of memory", path);
         return -ENOMEM;
     }
-    size_t n = 0;
-    while (n <= CFG_MAX_FILE) {
-        ssize_t got = read(fd, buf + n, CFG_MAX_FILE + 1 - n);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0) {
-            int r = -errno;
-            snprintf(err, errlen, "%s: read error: %s", path, strerror(-r));
-            free(buf);
-            close(fd);
-            return r;
-        }
-        if (got == 0)
-            break;
-        n += (size_t)got;
-    }
+    long got = fileio_read_upto(fd, buf, CFG_MAX_FILE + 1);
     close(fd);
+    if (got < 0) {
+        snprintf(err, errlen, "%s: read error: %s", path, strerror((int)-got));
+        free(buf);
+        return (int)got;
+    }
+    size_t n = (size_t)got;
     if (n > CFG_MAX_FILE) {
         snprintf(err, errlen, "%s: larger than %d bytes: not a config file", path, CFG_MAX_FILE);
         free(buf);

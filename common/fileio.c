@@ -1,6 +1,8 @@
 /* fileio.c: whole-buffer read/write on a file descriptor.
  * Loops over short transfers and EINTR so callers see one result per buffer. */
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
 #include "common/fileio.h"
@@ -37,4 +39,42 @@ int fileio_read_all(int fd, void *buf, size_t n)
         n -= (size_t)r;
     }
     return 0;
+}
+
+long fileio_read_upto(int fd, void *buf, size_t cap)
+{
+    char *p = buf;
+    size_t n = 0;
+    while (n < cap) {
+        ssize_t r = read(fd, p + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+    return (long)n;
+}
+
+int fileio_open_regular(const char *path, struct stat *st_out)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+        int r = -errno;     /* ENXIO: a socket */
+        return r == -ENXIO && stat(path, &st) == 0 && !S_ISREG(st.st_mode) ? -EINVAL : r;
+    }
+    int r = fstat(fd, &st) < 0 ? -errno : S_ISREG(st.st_mode) ? 0 : -EINVAL;
+    if (r < 0) {
+        close(fd);
+        return r;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0)
+        fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    if (st_out)
+        *st_out = st;
+    return fd;
 }

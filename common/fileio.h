@@ -7,3 +7,11 @@
 int fileio_write_all(int fd, const void *buf, size_t n);
 /* Read exactly n bytes: 0, -DF_ETRUNC when the file ends first, or -errno. */
 int fileio_read_all(int fd, void *buf, size_t n);
+/* Read until the file ends or cap bytes are in: the count, or -errno. */
+long fileio_read_upto(int fd, void *buf, size_t cap);
+
+struct stat;
+/* Open path for reading if it is a regular file (config, JSON, token files): a FIFO in its place
+ * opens without waiting for a writer and is refused like a folder, a socket or a device. The fd
+ * (blocking again), or -EINVAL for not a regular file, or -errno; *st filled when not NULL. */
+int fileio_open_regular(const char *path, struct stat *st);

@@ -2,14 +2,13 @@
 #include "common/jsonutil.h"
 #include "common/cleanup.h"
 #include "common/err.h"
+#include "common/fileio.h"
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 /* path[at..] = ".key" (no dot at the start); the new end, kept inside pathlen. */
 static size_t append(char *path, size_t pathlen, size_t at, const char *key)
@@ -107,34 +106,21 @@ int json_parse_object(const char *text, size_t len, const char *path, cJSON **ou
 int json_read_object(const char *path, size_t max, cJSON **out, char *err, size_t errlen)
 {
     *out = NULL;
-    /* O_NONBLOCK: a FIFO in its place opens without a writer and is refused below, not waited on */
-    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0) {
-        int e = errno;
-        return df_fail(err, errlen, e == ENOENT ? -DF_EMISSING : -e, "%s: %s", path, strerror(e));
-    }
     struct stat st;
-    if (fstat(fd, &st) < 0)
-        return df_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode))
+    _cleanup_close_ int fd = fileio_open_regular(path, &st);
+    if (fd == -EINVAL)
         return df_fail(err, errlen, -DF_EFORMAT, "%s: not a regular file", path);
+    if (fd < 0)
+        return df_fail(err, errlen, fd == -ENOENT ? -DF_EMISSING : fd, "%s: %s", path, strerror(-fd));
     if ((uint64_t)st.st_size > max)
         return df_fail(err, errlen, -DF_ERANGE, "%s: %lld bytes is too large (at most %zu)", path,
                        (long long)st.st_size, max);
     _cleanup_free_ char *text = malloc((size_t)st.st_size + 1);
     if (!text)
         return df_fail(err, errlen, -ENOMEM, "%s: out of memory", path);
-    size_t len = 0;
-    while (len < (size_t)st.st_size) {     /* a file that shrank under us reads short: parsed as it is */
-        ssize_t n = pread(fd, text + len, (size_t)st.st_size - len, (off_t)len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return df_fail(err, errlen, -errno, "%s: read: %s", path, strerror(errno));
-        if (n == 0)
-            break;
-        len += (size_t)n;
-    }
+    long len = fileio_read_upto(fd, text, (size_t)st.st_size);  /* one that shrank is parsed as it is */
+    if (len < 0)
+        return df_fail(err, errlen, (int)len, "%s: read: %s", path, strerror((int)-len));
     text[len] = 0;
-    return json_parse_object(text, len, path, out, err, errlen);
+    return json_parse_object(text, (size_t)len, path, out, err, errlen);
 }

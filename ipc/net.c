@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "common/fileio.h"
 #include "common/timeutil.h"
 #include "ipc/net.h"
 
@@ -198,20 +199,12 @@ int net_token_load(const char *path, uint8_t *token, size_t cap, size_t min, siz
 {
     if (!path || !*path)
         FAIL(-EINVAL, "no token file given");
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0)
-        FAIL(-errno, "%s: %s", path, strerror(errno));
     struct stat st;
-    int r = 0;
-    if (fstat(fd, &st) < 0) {
-        r = -errno;
-        close(fd);
-        FAIL(r, "%s: %s", path, strerror(-r));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
+    int fd = fileio_open_regular(path, &st);
+    if (fd == -EINVAL)
         FAIL(-EINVAL, "%s: not a regular file", path);
-    }
+    if (fd < 0)
+        FAIL(fd, "%s: %s", path, strerror(-fd));
     if (st.st_mode & 077) {
         close(fd);
         FAIL(-EPERM, "%s: mode %04o lets group or others at the secret (chmod 600 it)", path,
@@ -219,21 +212,11 @@ int net_token_load(const char *path, uint8_t *token, size_t cap, size_t min, siz
     }
     memset(token, 0, cap);
     uint8_t buf[1024];
-    size_t n = 0;
-    while (n < sizeof buf) {
-        ssize_t k = read(fd, buf + n, sizeof buf - n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0) {
-            r = -errno;
-            close(fd);
-            FAIL(r, "%s: %s", path, strerror(-r));
-        }
-        if (k == 0)
-            break;
-        n += (size_t)k;
-    }
+    long got = fileio_read_upto(fd, buf, sizeof buf);
     close(fd);
+    if (got < 0)
+        FAIL((int)got, "%s: %s", path, strerror((int)-got));
+    size_t n = (size_t)got;
     if (n && buf[n - 1] == '\n') {
         n--;
         if (n && buf[n - 1] == '\r')
