@@ -209,6 +209,8 @@ struct coord {
     uint64_t stall_logged_ms;       /* when a stall was last logged (mono) */
     int exit_code;
     bool ring_created;
+    uint64_t ring_checked_ms;       /* coord_ring_check: when the name was last looked up (mono) */
+    bool ring_check_warned;         /* ... and could not be (logged once) */
 
     struct error_rec errors[COORD_ERRORS_KEPT];
     uint64_t n_errors, n_fatal;
@@ -278,6 +280,7 @@ static inline void coord_list_unlink(struct batch **head, struct batch *b)
 int coord_ring_open(struct coord *co, char *err, size_t errlen);       /* coord_ring.c */
 void coord_ring_reconcile(struct coord *co);        /* after (re)attach: adopt READY slots */
 void coord_ring_settle(struct coord *co);           /* clean exit: dead owners' slots, trained copies */
+int coord_ring_check(struct coord *co, char *why, size_t len);  /* 0: the name still names our ring */
 void coord_group_close(struct coord *co);           /* the group ends with the run */
 
 /* coord_json.c: the answer to QUERY (malloc'd JSON text). */

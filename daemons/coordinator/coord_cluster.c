@@ -1456,6 +1456,20 @@ void coord_tick(struct coord *co)
 {
     uint64_t now = mono_ms();
     uint64_t dead_after = (uint64_t)co->cfg->coordinator.dead_after_ms;
+    /* Once a second, before this tick changes anything: the ledger holds what the daemons were
+     * told, so the restart resumes from it exactly as after a crash. */
+    if (co->state < PROTO_STATE_STOPPED && now - co->ring_checked_ms >= 1000) {
+        co->ring_checked_ms = now;
+        char why[PROTO_TEXT_MAX];
+        if (coord_ring_check(co, why, sizeof why) < 0) {
+            log_error(0, "%s", why);
+            record_error(co, NULL, 0, -ENOENT, why);
+            char err[512];
+            if (ledger_commit(co->ledger, err, sizeof err) < 0)
+                log_error(0, "the error above is not in the ledger: %s", err);
+            exit(DAEMON_EX_FAILURE);
+        }
+    }
     if (co->recovering && now >= co->recovery_until_ms)
         end_recovery(co);
     /* A tick that comes late (the loop stalled: a slow fsync in a commit) runs before this loop

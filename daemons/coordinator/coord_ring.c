@@ -120,3 +120,25 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
                lay.max_tokens, lay.hidden, lay.n_layers);
     return 0;
 }
+
+/* Every target and drafter that starts finds the ring by its name. An object removed from
+ * /dev/shm while the cluster runs (a cleanup of /dev/shm, systemd's RemoveIPC=), or replaced,
+ * goes on working for the daemons that map it and fails every one started later. 0 while the
+ * name names the object mapped (or it cannot be told: logged once), else -ENOENT with the reason
+ * in why: the caller exits so that systemd starts it again to make the ring anew. */
+int coord_ring_check(struct coord *co, char *why, size_t len)
+{
+    int same = ring_same_object(co->ring, co->ring_name);
+    if (same > 0)
+        return 0;
+    if (same < 0) {
+        if (!co->ring_check_warned)
+            log_warn(same, "ring %s: cannot tell whether /dev/shm%s is still the object mapped", co->ring_name,
+                     co->ring_name);
+        co->ring_check_warned = true;
+        return 0;
+    }
+    snprintf(why, len, "ring %s was removed from /dev/shm or replaced while the cluster ran (RemoveIPC=? a cleanup?): "
+             "exiting 1 to make it anew when restarted; the daemons on the old one follow", co->ring_name);
+    return -ENOENT;
+}
