@@ -135,6 +135,11 @@ grep -q "this build has no NCCL\|this build has no CUDA" "$T/o.out" && { [[ $rc 
 rc=$?
 [[ $rc == 78 ]] && grep -q "override drafter.num_heads: drafter shape: drafter config: num_attention_heads 3" "$T/o.out" ||
   fail "drafter shape from [drafter]: exit $rc: $(tail -1 "$T/o.out")"
+# ... the key behind the first field named that a key set, not the field config.json gave first
+"$CL_BIN/drafter-d" -c "$CL_INI" -i 0 -o drafter.num_kv_heads=3 -t >"$T/o.out" 2>&1
+rc=$?
+[[ $rc == 78 ]] && grep -q "override drafter.num_kv_heads: drafter shape: .* of num_key_value_heads 3" "$T/o.out" ||
+  fail "drafter shape from [drafter], second field: exit $rc: $(tail -1 "$T/o.out")"
 cp -r "$CL_DIR/model" "$T/model-theta"
 "$CL_PY" - "$T/model-theta/config.json" <<'PY'
 import json, sys

@@ -159,8 +159,10 @@ static double now_s(void) { return (double)wall_ms() / 1000.0; }
 
 /* ---- configuration --------------------------------------------------------------------- */
 
-/* A drafter shape refused ("drafter config: <field> ..."): blamed on the key it came from, a
- * [drafter] or [model] key when that key set it, else the target's config.json. */
+/* A drafter shape refused ("drafter config: <field> ... [<field> ...]"): blamed on the key the
+ * first field it names that a [drafter] or [model] key set came from ("num_attention_heads 4 must
+ * be a multiple of num_key_value_heads 3" with only drafter.num_kv_heads set: that key), else on
+ * the target's config.json. */
 static int shape_error(struct daemon *d, const char *why, char *err, size_t errlen)
 {
     const struct dflash_cfg *c = &d->cfg;
@@ -176,11 +178,17 @@ static int shape_error(struct daemon *d, const char *why, char *err, size_t errl
     };
     const char *field = strstr(why, "drafter config: ");
     field = field ? field + strlen("drafter config: ") : why;
+    const char *first = NULL;
+    size_t blame = 0;
     for (size_t i = 0; i < sizeof from / sizeof from[0]; i++) {
-        const char *at = strstr(field, from[i].field);
-        if (at && at - field < 8 && from[i].set) /* the field the message starts with ("%d target_layer_ids") */
-            return daemon_key_error(d, from[i].section, from[i].key, err, errlen, "drafter shape: %s", why);
+        const char *at = from[i].set ? strstr(field, from[i].field) : NULL;
+        if (at && (!first || at < first)) {
+            first = at;
+            blame = i;
+        }
     }
+    if (first)
+        return daemon_key_error(d, from[blame].section, from[blame].key, err, errlen, "drafter shape: %s", why);
     return daemon_key_error(d, "model", "path", err, errlen, "%s/config.json: drafter shape: %s", c->model.path, why);
 }
 
