@@ -5,7 +5,8 @@
 #    creates a new ring of the same name;
 #  - running: the object is removed under a running coordinator. Every target or drafter started
 #    later would fail to find it; the coordinator sees it within a second, records why and
-#    exits 1; started again (as systemd would), it creates a new ring.
+#    exits 1; started again (as systemd would), it creates a new ring. A target started just
+#    after the removal finds no ring: that is its own error (exit 1), not the cluster's.
 # Either way the target and the drafter reconnect still mapping the old object; working beside
 # the cluster there (publishing slots nobody reads) would stall the run. Each sees that the
 # object is not the one it maps, says so and exits 1; started again (as systemd would), they
@@ -32,6 +33,8 @@ run_case() {    # run_case away|running
     rm -f /dev/shm/dflash-"$CL_NAME" || fail "cannot remove the ring"
   else
     rm -f /dev/shm/dflash-"$CL_NAME" || fail "cannot remove the ring"
+    # a target (re)started meanwhile finds no ring: its error must not end the cluster (78)
+    cl_start target1 target-d -c "$CL_INI" -i 1
     cl_wait_exit coord "$(cl_scaled 10)"
     [[ $CL_RC == 1 ]] || fail "coordinator exit with its ring removed: '$CL_RC' (wanted 1)"
     grep -q "ring /dflash-$CL_NAME was removed from /dev/shm" "$CL_DIR/coord.log" ||
@@ -51,6 +54,10 @@ run_case() {    # run_case away|running
   cl_start drafter0b drafter-d -c "$CL_INI" -i 0
   cl_wait_exit coord2 300 || fail "$how: the run did not complete: coordinator '$CL_RC'"
   for n in target0b drafter0b; do cl_wait_exit $n 30 || fail "$how: $n exited with '$CL_RC'"; done
+  if [[ $how == running ]]; then   # it left (1), or it came late enough to work on the new ring (0)
+    cl_wait_exit target1 30
+    [[ $CL_RC == 0 || $CL_RC == 1 ]] || fail "target1, started with the ring removed, exited with '$CL_RC'"
+  fi
   for who in target-d@0 drafter-d@0; do
     [[ $(cl_sql "SELECT count(*) FROM errors WHERE message LIKE '$who exits: %made anew%'") == 1 ]] ||
       fail "$how: the error log does not say why $who left: $(cl_sql 'SELECT message FROM errors')"

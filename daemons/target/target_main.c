@@ -679,11 +679,14 @@ int main(int argc, char **argv)
         goto out;
     }
     if (r < 0) {
+        /* A mismatch with the cluster (layout, dataset) ends it; anything else (the ring's object
+         * gone: the coordinator makes it anew) is this daemon's, restarted by systemd. */
+        bool config = r == -DF_ELAYOUT;
         log_error(r, "%s", err);
-        client_error(t->cl, 1, r, "%s: %s", t->d.ident, err);
+        client_error(t->cl, config, r, "%s: %s", t->d.ident, err);
         t->reported = 1;
         peer_flush_events(&t->d, t->cl, 2000);
-        code = r == -DF_ELAYOUT ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
+        code = config ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
         goto out;
     }
     daemon_watchdog(&t->d);     /* start time for what follows (pinning a large ring takes a while) */
