@@ -87,7 +87,7 @@ void dataset_close(struct dataset *ds)
         return;
     if (ds->map && ds->map != MAP_FAILED)
         munmap(ds->map, ds->map_len);
-    if (ds->fd > 0)
+    if (ds->fd >= 0)
         close(ds->fd);
     memset(ds, 0, sizeof *ds);
     ds->fd = -1;
@@ -186,18 +186,16 @@ int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err
     if (!path || !*path)
         return fail(err, errlen, "dataset", -EINVAL, "no path given (data.path is empty)");
     snprintf(ds->path, sizeof ds->path, "%s", path);
-    ds->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (ds->fd < 0)
-        return fail(err, errlen, path, -errno, "cannot open: %s", strerror(errno));
     struct stat st;
-    if (fstat(ds->fd, &st) < 0) {
-        int r = -errno;
-        dataset_close(ds);
-        return fail(err, errlen, path, r, "cannot stat: %s", strerror(-r));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        dataset_close(ds);
+    ds->fd = fileio_open_regular(path, &st);    /* a FIFO is refused, not waited on */
+    if (ds->fd == -EINVAL) {
+        ds->fd = -1;
         return fail(err, errlen, path, -DF_EFORMAT, "not a regular file");
+    }
+    if (ds->fd < 0) {
+        int r = ds->fd;
+        ds->fd = -1;
+        return fail(err, errlen, path, r, "cannot open: %s", strerror(-r));
     }
     ds->map_len = (size_t)st.st_size;
     if (ds->map_len < DATASET_HEADER_SIZE) {
@@ -261,7 +259,7 @@ int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t 
     }
     struct dataset_writer *w = calloc(1, sizeof *w);
     if (!w)
-        return -ENOMEM;
+        return fail(err, errlen, path, -ENOMEM, "out of memory");
     w->fd = -1;
     w->vocab = vocab_size;
     snprintf(w->path, sizeof w->path, "%s", path);
@@ -305,7 +303,8 @@ int dataset_writer_add(struct dataset_writer *w, const uint32_t *tokens, const u
         uint64_t cap = w->cap ? w->cap * 2 : 1024;
         void *p = realloc(w->index, cap * sizeof *w->index);
         if (!p)
-            return -ENOMEM;
+            return fail(err, errlen, w->path, -ENOMEM, "sample %llu: out of memory for an index of %llu samples",
+                        (unsigned long long)w->n_samples, (unsigned long long)cap);
         w->index = p;
         w->cap = cap;
     }

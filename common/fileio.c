@@ -2,6 +2,7 @@
  * Loops over short transfers and EINTR so callers see one result per buffer. */
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
@@ -58,14 +59,10 @@ long fileio_read_upto(int fd, void *buf, size_t cap)
     return (long)n;
 }
 
-int fileio_open_regular(const char *path, struct stat *st_out)
+/* fd, opened with O_NONBLOCK: kept (blocking again) if it is a regular file, else closed. */
+static int keep_regular(int fd, struct stat *st_out)
 {
     struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    if (fd < 0) {
-        int r = -errno;     /* ENXIO: a socket */
-        return r == -ENXIO && stat(path, &st) == 0 && !S_ISREG(st.st_mode) ? -EINVAL : r;
-    }
     int r = fstat(fd, &st) < 0 ? -errno : S_ISREG(st.st_mode) ? 0 : -EINVAL;
     if (r < 0) {
         close(fd);
@@ -77,4 +74,23 @@ int fileio_open_regular(const char *path, struct stat *st_out)
     if (st_out)
         *st_out = st;
     return fd;
+}
+
+int fileio_open_regular(const char *path, struct stat *st_out)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+        int r = -errno;     /* ENXIO: a socket */
+        return r == -ENXIO && stat(path, &st) == 0 && !S_ISREG(st.st_mode) ? -EINVAL : r;
+    }
+    return keep_regular(fd, st_out);
+}
+
+int fileio_shm_open(const char *name, int oflag, struct stat *st_out)
+{
+    int fd = shm_open(name, oflag | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0);
+    if (fd < 0)
+        return errno == ENXIO ? -EINVAL : -errno;    /* ENXIO: a socket */
+    return keep_regular(fd, st_out);
 }

@@ -15,3 +15,8 @@ struct stat;
  * opens without waiting for a writer and is refused like a folder, a socket or a device. The fd
  * (blocking again), or -EINVAL for not a regular file, or -errno; *st filled when not NULL. */
 int fileio_open_regular(const char *path, struct stat *st);
+/* shm_open of an existing object (O_RDONLY or O_RDWR) that refuses a FIFO, socket or device
+ * under the name at once (/dev/shm is writable by every user; an O_RDONLY open of a FIFO would
+ * wait for a writer forever): the fd (blocking, close-on-exec), -EINVAL for an object that is
+ * not a regular file, or -errno; *st filled when not NULL. */
+int fileio_shm_open(const char *name, int oflag, struct stat *st);

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "common/err.h"
+#include "common/fileio.h"
 #include "common/proc.h"
 #include "common/timeutil.h"
 #include "ipc/collective.h"
@@ -305,7 +306,7 @@ static int create_object(struct coll *c, const char *name, uint64_t gen, unsigne
 {
     /* A rank 0 late for its generation must not take the name from a newer one (whose peers,
      * not yet joined, would then never find it): it stays out instead. */
-    int old = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+    int old = fileio_shm_open(name, O_RDONLY, NULL);    /* (not a file: replaced below) */
     if (old >= 0) {
         struct coll_hdr hdr;
         memset(&hdr, 0, sizeof hdr);
@@ -445,8 +446,8 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
 static void unlink_if_ours(const char *name, int fd)
 {
     struct stat a, b;
-    int nfd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
-    if (nfd >= 0 && fstat(nfd, &a) == 0 && fstat(fd, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev)
+    int nfd = fileio_shm_open(name, O_RDONLY, &a);
+    if (nfd >= 0 && fstat(fd, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev)
         shm_unlink(name);
     if (nfd >= 0)
         close(nfd);

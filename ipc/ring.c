@@ -15,6 +15,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include "common/err.h"
+#include "common/fileio.h"
 #include "common/proc.h"
 #include "common/timeutil.h"
 #include "ipc/futex.h"
@@ -428,17 +429,13 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
         snprintf(err, errlen, "ring %s: no expected layout given (pass RING_ATTACH_ANY to accept any)", name);
         return -EINVAL;
     }
-    int fd = shm_open(name, (rdonly ? O_RDONLY : O_RDWR) | O_CLOEXEC, 0);
+    int fd = fileio_shm_open(name, rdonly ? O_RDONLY : O_RDWR, &st);
     if (fd < 0) {
-        rc = -errno;
+        rc = fd;
         snprintf(err, errlen, "ring %s: %s", name,
-                 rc == -ENOENT ? "no such shm object (the coordinator makes it at its start: is it running, or was the object removed?)" : strerror(-rc));
+                 rc == -ENOENT ? "no such shm object (the coordinator makes it at its start: is it running, or was the object removed?)"
+                 : rc == -EINVAL ? "not a dflash ring (a FIFO, socket or device under its name in /dev/shm)" : strerror(-rc));
         return rc;
-    }
-    if (fstat(fd, &st) < 0) {
-        rc = -errno;
-        snprintf(err, errlen, "ring %s: fstat: %s", name, strerror(-rc));
-        goto fail_close;
     }
     if (!proc_trusts_object(&st, atomic_load(&g_trust_uid), why, sizeof why)) {
         snprintf(err, errlen, "ring %s: refused: %s", name, why);
@@ -535,13 +532,12 @@ void ring_trust_user(uid_t uid) { atomic_store(&g_trust_uid, uid); }
 
 int ring_same_object(const struct ring *r, const char *name)
 {
-    int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return errno == ENOENT ? 0 : -errno;
     struct stat st;
-    int rc = fstat(fd, &st) < 0 ? -errno : st.st_dev == r->dev && st.st_ino == r->ino;
+    int fd = fileio_shm_open(name, O_RDONLY, &st);
+    if (fd < 0)
+        return fd == -ENOENT || fd == -EINVAL ? 0 : fd;    /* gone, or not a file: another object */
     close(fd);
-    return rc;
+    return st.st_dev == r->dev && st.st_ino == r->ino;
 }
 
 /* ---- accessors ---------------------------------------------------------------- */

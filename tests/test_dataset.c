@@ -253,6 +253,10 @@ int main(void)
     expect_bad(longer, -DF_EFORMAT, "size mismatch");
 
     expect_bad(dir, -DF_EFORMAT, "not a regular file");
+    const char *fifo = tmp("fifo.bin");     /* refused at once, not waited on for a writer */
+    CHECK_OK(mkfifo(fifo, 0600));
+    expect_bad(fifo, -DF_EFORMAT, "not a regular file");
+    expect_bad(tmp("absent.bin"), -ENOENT, "cannot open");
     test_progress();
     printf("dataset ok\n");
     return 0;

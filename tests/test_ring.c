@@ -1,6 +1,7 @@
 /* test_ring.c: ring creation, header validation, posix_fallocate on a full /dev/shm,
  * single-process transitions, pick policies, blocking waits, reclaim and stats. */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -438,8 +439,18 @@ static void test_same_object(void)
     CHECK_INT(ring_same_object(again, g_name), ==, 1);
     ring_detach(a);
     ring_detach(r);
-    ring_detach(again);
     CHECK_OK(ring_unlink(g_name));
+    /* A FIFO put under the name (/dev/shm is writable by every user): not the ring, told at once
+     * (a read-only open of a FIFO waits for a writer: the coordinator's loop would hang). */
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "/dev/shm%s", g_name);
+    CHECK_OK(mkfifo(path, 0600));
+    CHECK_INT(ring_same_object(again, g_name), ==, 0);
+    CHECK_INT(ring_attach(&a, g_name, NULL, RING_ATTACH_ANY | RING_ATTACH_RDONLY, err, sizeof err), ==, -EINVAL);
+    CHECK_CONTAINS(err, "not a dflash ring (a FIFO");
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -EINVAL);
+    CHECK_OK(unlink(path));
+    ring_detach(again);
 }
 
 static void test_transitions(void)
