@@ -808,11 +808,10 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
                             struct opt_header *hout, int *fd_out, struct stat *st_out,
                             const struct ckpt_load_opts *o, char *err, size_t errlen)
 {
-    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
+    _cleanup_close_ int fd = fileio_open_regular(path, NULL);
     if (fd < 0) {
-        int r = -errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(-r));
-        return r == -ENOENT ? -DF_EMISSING : r;
+        snprintf(err, errlen, "%s: %s", path, fd == -EINVAL ? "not a regular file" : strerror(-fd));
+        return fd == -ENOENT ? -DF_EMISSING : fd == -EINVAL ? -DF_EFORMAT : fd;
     }
     struct opt_header h;
     int r = fileio_read_all(fd, &h, sizeof h);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include "common/cleanup.h"
 #include "common/err.h"
+#include "common/fileio.h"
 #include "common/jsonutil.h"
 #include "common/progress.h"
 #include "model/cpu_ops.h"
@@ -168,14 +169,12 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
     s->nfiles++;            /* from here st_close releases it */
     path = f->path;
 
-    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return df_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
     struct stat stt;
-    if (fstat(fd, &stt) < 0)
-        return df_fail(err, errlen, -errno, "%s: %s", path, strerror(errno));
-    if (!S_ISREG(stt.st_mode))
+    _cleanup_close_ int fd = fileio_open_regular(path, &stt);     /* a FIFO: refused, not waited on */
+    if (fd == -EINVAL)
         return df_fail(err, errlen, -DF_EFORMAT, "%s: not a regular file", path);
+    if (fd < 0)
+        return df_fail(err, errlen, fd, "%s: %s", path, strerror(-fd));
     if (stt.st_size < 8)
         return df_fail(err, errlen, -DF_ETRUNC, "%s: %lld bytes, shorter than the 8-byte header length", path,
                     (long long)stt.st_size);

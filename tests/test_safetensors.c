@@ -175,6 +175,10 @@ static void test_bad_files(void)
     write_text(p, "abc");
     expect_fail(p, -DF_ETRUNC, "shorter than the 8-byte header length");
 
+    p = tpath("fifo.safetensors");                       /* refused at once, not waited on */
+    CHECK_OK(mkfifo(p, 0600));
+    expect_fail(p, -DF_EFORMAT, "not a regular file");
+
     p = tpath("truncated.safetensors");                  /* data block cut short */
     write_st(p, ok, data, 10, -1);
     expect_fail(p, -DF_ETRUNC, "tensor 'w': data_offsets [0, 16] run past the end");
