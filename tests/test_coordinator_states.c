@@ -44,7 +44,9 @@
  *     once it left cleanly, the next start runs.
  * 21. A stop signal during the checks at start (a new ledger held by another connection here) is
  *     taken once they are done: the coordinator stops cleanly (exit 0, the stop note), not by the
- *     signal's default action. */
+ *     signal's default action.
+ * 22. A stop (dflashctl's or a signal) while a fatal error drains the run ends it FAILED, the
+ *     error kept in the reason (exit 78). */
 #include <sqlite3.h>
 #include "tests/test_coord_util.h"
 
@@ -60,7 +62,7 @@ static void start_coord(const char *extra)
 
 static char *status_str(const char *key)
 {
-    static char v[64];
+    static char v[512];
     snprintf(v, sizeof v, "(down)");
     cJSON *s = tc_query(PROTO_Q_STATUS);
     const cJSON *o = cJSON_GetObjectItemCaseSensitive(s, key);
@@ -833,10 +835,8 @@ static void released_batch_named_in_group(void)
 
 /* A fatal error that comes while the operator's drain is on its way still ends the run FAILED
  * (exit 78): it was logged and forgotten, and the drain ended "stopped", exit 0. */
-static void fatal_during_drain(void)
+static uint64_t lease_one(struct client *t)
 {
-    start_coord("[drafter]\nworld_size = 1\n");
-    struct client *t = peer_connect(PROTO_ROLE_TARGET, 0);
     struct proto_msg m;
     char err[256];
     CHECK_OK(client_lease_request(t, 1));
@@ -846,7 +846,14 @@ static void fatal_during_drain(void)
         if (client_poll(t, 20, &m, err, sizeof err) <= 0)
             m.type = 0;
     CHECK_INT(m.type, ==, PROTO_LEASE_GRANT);
-    uint64_t id = m.grant.batch_id;
+    return m.grant.batch_id;
+}
+
+static void fatal_during_drain(void)
+{
+    start_coord("[drafter]\nworld_size = 1\n");
+    struct client *t = peer_connect(PROTO_ROLE_TARGET, 0);
+    uint64_t id = lease_one(t);
     control(PROTO_CTL_DRAIN);                       /* waits for the lease */
     CHECK_OK(client_error(t, 1, -EIO, "GPU 0 fell off the bus"));
     poll_for(t, 300);
@@ -858,6 +865,35 @@ static void fatal_during_drain(void)
     client_free(t);
     printf("ok: a fatal error during a drain ends the run FAILED\n");
 }
+
+/* A stop while a fatal error drains the run (the operator's `dflashctl stop`, or a signal) cuts
+ * the drain short but ends the run FAILED with the error in its reason (exit 78): it ended
+ * "stopped by dflashctl", exit 0, as if nothing had failed. */
+static void fatal_then_stop(int by_signal)
+{
+    start_coord("[drafter]\nworld_size = 1\n");
+    struct client *t = peer_connect(PROTO_ROLE_TARGET, 0);
+    lease_one(t);                                   /* the drain waits for it */
+    CHECK_OK(client_error(t, 1, -EIO, "GPU 0 fell off the bus"));
+    poll_for(t, 300);
+    CHECK_STR(status_str("state"), "draining");
+    if (by_signal) {
+        kill(TC.coord, SIGTERM);
+        expect_state("failed", 5000);
+    } else {
+        control(PROTO_CTL_STOP);
+        CHECK_STR(status_str("state"), "failed");
+    }
+    const char *why = status_str("reason");
+    CHECK_CONTAINS(why, "GPU 0 fell off the bus");
+    CHECK_CONTAINS(why, by_signal ? "stop signal" : "stop by");
+    client_free(t);
+    CHECK_INT(tc_exit_status(TC.coord, 5000 * test_time_scale()), ==, 78);
+    TC.coord = 0;
+    printf("ok: a %s during a fatal error's drain ends the run FAILED: %s\n", by_signal ? "stop signal" : "stop", why);
+}
+static void fatal_then_ctl_stop(void) { fatal_then_stop(0); }
+static void fatal_then_stop_signal(void) { fatal_then_stop(1); }
 
 /* A stop signal while a non-finite value waits for the operator's resume stops at once (a drain
  * could not end: the poisoned drafter writes no checkpoint); the run started again is not held
@@ -1185,7 +1221,8 @@ int main(void)
                              dead_owner_slot_freed_at_exit, complete_run_killed_before_exit,
                              released_batch_named_in_group, fatal_during_drain, nan_then_stop_signal,
                              failed_run_killed_before_exit, stop_signal_during_start, nan_then_fatal,
-                             nan_during_signal_drain, nan_checkpoint_after_step_refused };
+                             nan_during_signal_drain, nan_checkpoint_after_step_refused, fatal_then_ctl_stop,
+                             fatal_then_stop_signal };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

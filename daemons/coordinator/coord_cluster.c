@@ -373,6 +373,20 @@ void coord_set_state(struct coord *co, int state, const char *reason)
     grant_leases(co);
 }
 
+/* STOPPED by the operator or a signal; FAILED when a fatal error is draining the run: a stop
+ * cuts that drain short but must not turn the failure into a success (exit 0, a stop note
+ * saying "stopped"), and the reason keeps the error. */
+static void stop_cluster(struct coord *co, const char *why)
+{
+    if (!co->fatal) {
+        coord_set_state(co, PROTO_STATE_STOPPED, why);
+        return;
+    }
+    char r[sizeof co->reason];
+    snprintf(r, sizeof r, "%.*s (its drain cut short: %.*s)", (int)sizeof r / 2, co->reason, (int)sizeof r / 3, why);
+    coord_set_state(co, PROTO_STATE_FAILED, r);
+}
+
 /* ---- drafter group ---- */
 
 uint64_t coord_est_batches(const struct coord *co)
@@ -1204,7 +1218,7 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
         break;
     case PROTO_CTL_STOP:
         if (co->state < PROTO_STATE_STOPPED)
-            coord_set_state(co, PROTO_STATE_STOPPED, reason);
+            stop_cluster(co, reason);
         break;
     }
     char why[400];
@@ -1570,10 +1584,9 @@ void coord_signal_stop(struct coord *co, int hard)
 {
     if (hard || co->state >= PROTO_STATE_DRAINING || co->nan_pending) {
         /* (with a non-finite value unresolved no drain could end: no checkpoint comes) */
-        coord_set_state(co, co->fatal ? PROTO_STATE_FAILED : PROTO_STATE_STOPPED,
-                        co->nan_pending && !hard && co->state < PROTO_STATE_DRAINING
-                            ? "stop signal (no drain: a non-finite value waits for the operator's resume)"
-                            : "stop signal");
+        stop_cluster(co, co->nan_pending && !hard && co->state < PROTO_STATE_DRAINING
+                             ? "stop signal (no drain: a non-finite value waits for the operator's resume)"
+                             : "stop signal");
     } else {
         co->signal_drain_from = co->state == PROTO_STATE_STARTING ? PROTO_STATE_RUNNING : co->state;
         coord_set_state(co, PROTO_STATE_DRAINING, "stop signal: draining");
