@@ -3,7 +3,8 @@
  * drains and stops the cluster with the reason (state failed, exit 78). Reports from the wrong
  * peer are refused: an ERROR from a ctl client, a CONTROL from a daemon, a TRAINED for the
  * running generation from a drafter that holds no rank in it. A batch trained twice (a second
- * TRAINED at another step) is refused, counted and logged; the same report again is a replay. */
+ * TRAINED at another step) is refused, counted and logged; the same report again is a replay, and
+ * so is a CHECKPOINTED of the lineage's head sent again (acknowledged, no second ledger row). */
 #include <limits.h>
 #include "tests/test_coord_util.h"
 
@@ -142,7 +143,23 @@ int main(void)
             if (rs.outbox || rs.nacks != (i == 2))
                 _exit(10 + i);
         }
-        _exit(rs.last_nack_status == -DF_ESTATE ? 0 : 9);
+        if (rs.last_nack_status != -DF_ESTATE)
+            _exit(9);
+        /* its checkpoint of step 1, then the same again (an ACK lost with a connection): both
+         * acknowledged, one checkpoint in the ledger */
+        for (int i = 0; i < 2; i++) {
+            if (client_checkpointed(r, 1, 1, "/nowhere/step-0000000001") < 0)
+                _exit(20);
+            uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+            do {
+                if (client_idle(r, 20, err, sizeof err) < 0)
+                    _exit(21);
+                client_get_stats(r, &rs);
+            } while (rs.outbox && mono_ms() < end);
+            if (rs.outbox || rs.nacks != 1)
+                _exit(22 + i);
+        }
+        _exit(0);
     }
     char rb;
     CHECK_INT(read(ready[0], &rb, 1), ==, 1);
@@ -161,6 +178,10 @@ int main(void)
     CHECK_INT(tc_exit_status(ranked, 10000 * test_time_scale()), ==, 0);
     ranked = 0;
     CHECK_INT(tc_status_num("batches.duplicates"), ==, 1);
+    cJSON *ck = tc_query(PROTO_Q_CHECKPOINTS);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(ck, "checkpoints");
+    CHECK_INT(cJSON_GetArraySize(list), ==, 1);     /* the replay wrote no second row */
+    cJSON_Delete(ck);
     snprintf(cmd, sizeof cmd, "grep -q 'batch 0:0 trained again (gen 1 step 2, before gen 1 step 1)' '%s/coordinator.log'",
              TC.dir);
     CHECK_INT(system(cmd), ==, 0);

@@ -1027,8 +1027,9 @@ static void on_checkpointed(struct coord *co, struct member *m, const struct pro
         send_ack(m, c->seq, -DF_EPEER);
         return;
     }
-    if (g->ckpt_gen == c->generation && g->ckpt_dir[0] && c->step < g->ckpt_step) {
-        send_ack(m, c->seq, 0);         /* an older one, replayed */
+    if (g->ckpt_gen == c->generation && g->ckpt_dir[0] &&
+        (c->step < g->ckpt_step || (c->step == g->ckpt_step && !strcmp(c->dir, g->ckpt_dir)))) {
+        send_ack(m, c->seq, 0);         /* an older one or the head, replayed (its ACK was lost) */
         return;
     }
     if (co->nan_pending && co->nan_step && c->step >= co->nan_step) {
