@@ -17,20 +17,19 @@ static int count_cb(void *ctx, const struct ledger_batch *b)
 
 /* Another program's database is refused, and left as it was (no table added, its journal mode
  * kept); a file that is no database is named. */
-static void foreign_db(const char *dir)
+static void foreign_one(const char *path, const char *sql, const char *why)
 {
-    char path[600], err[512];
-    snprintf(path, sizeof path, "%s/other.db", dir);
+    char err[512];
     unlink(path);
     sqlite3 *db;
     CHECK_INT(sqlite3_open(path, &db), ==, SQLITE_OK);
-    CHECK_INT(sqlite3_exec(db, "CREATE TABLE foo(x INTEGER); INSERT INTO foo VALUES (7);", NULL, NULL, NULL), ==,
-              SQLITE_OK);
+    CHECK_INT(sqlite3_exec(db, sql, NULL, NULL, NULL), ==, SQLITE_OK);
     sqlite3_close(db);
     struct ledger *l = (struct ledger *)1;
     CHECK_INT(ledger_open(&l, path, err, sizeof err), ==, -DF_ELAYOUT);
     CHECK(l == NULL);
-    CHECK_CONTAINS(err, "other.db: not a dflash ledger (it has a table 'foo'): set coordinator.ledger");
+    CHECK_CONTAINS(err, why);
+    CHECK_CONTAINS(err, "): set coordinator.ledger to another path");
     CHECK_INT(sqlite3_open(path, &db), ==, SQLITE_OK);
     sqlite3_stmt *q;
     CHECK_INT(sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master", -1, &q, NULL), ==, SQLITE_OK);
@@ -41,7 +40,24 @@ static void foreign_db(const char *dir)
     CHECK_INT(sqlite3_step(q), ==, SQLITE_ROW);
     CHECK_STR((const char *)sqlite3_column_text(q, 0), "delete");
     sqlite3_finalize(q);
+    CHECK_INT(sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &q, NULL), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_step(q), ==, SQLITE_ROW);
+    CHECK_INT(sqlite3_column_int(q, 0), ==, 0);
+    sqlite3_finalize(q);
     sqlite3_close(db);
+}
+
+static void foreign_db(const char *dir)
+{
+    char path[600], err[512];
+    snprintf(path, sizeof path, "%s/other.db", dir);
+    sqlite3 *db;
+    struct ledger *l;
+    foreign_one(path, "CREATE TABLE foo(x INTEGER); INSERT INTO foo VALUES (7);",
+                "other.db: not a dflash ledger (it has a table 'foo')");
+    /* only names a ledger has, but not its columns: refused before anything is written */
+    foreign_one(path, "CREATE TABLE meta(name TEXT, val TEXT); INSERT INTO meta VALUES ('a', 'b');",
+                "other.db: not a dflash ledger (its table 'meta' has the columns (name,val), a ledger's has (key,value))");
     /* a ledger of a newer dflash, with a table this build does not know: named as newer */
     unlink(path);
     CHECK_OK(ledger_open(&l, path, err, sizeof err));

@@ -2,6 +2,7 @@
  * transaction per event batch). WAL + synchronous=FULL: a commit survives a power cut. */
 #include <errno.h>
 #include <sqlite3.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +126,76 @@ void ledger_close(struct ledger *l)
     free(l);
 }
 
+static const char *const ledger_tables[] = { "meta", "batches", "trains", "checkpoints", "generations", "errors",
+                                             "untrained" };
+
+/* The columns of table t in db, in order ("a,b,c"), into buf ("" for no such table). */
+static int table_columns(sqlite3 *db, const char *t, char *buf, size_t len)
+{
+    sqlite3_stmt *q = NULL;
+    int rc = sqlite3_prepare_v2(db, "SELECT name FROM pragma_table_info(?1) ORDER BY cid", -1, &q, NULL);
+    size_t n = 0;
+    buf[0] = 0;
+    if (rc == SQLITE_OK)
+        rc = sqlite3_bind_text(q, 1, t, -1, SQLITE_STATIC);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+        const char *c = (const char *)sqlite3_column_text(q, 0);
+        int k = snprintf(buf + n, len - n, "%s%s", n ? "," : "", c ? c : "");
+        n = k < 0 || (size_t)k >= len - n ? len - 1 : n + (size_t)k;
+        rc = SQLITE_OK;
+    }
+    sqlite3_finalize(q);
+    return rc == SQLITE_DONE || rc == SQLITE_OK ? SQLITE_OK : rc;
+}
+
+/* Every table of the file is one of a ledger's, with this schema's columns (the checkpoints'
+ * `dropped` may be missing: schema 1, added below). The columns expected are read from the
+ * schema made in memory, so there is one description of it. 0; -DF_ELAYOUT with the reason in
+ * err; or another error with its SQLite code in *rc. */
+static int check_tables(struct ledger *l, int *rc, char *err, size_t errlen)
+{
+    sqlite3 *ref = NULL;
+    sqlite3_stmt *tq = NULL;
+    int r = 0;
+    *rc = sqlite3_open_v2(":memory:", &ref, SQLITE_OPEN_READWRITE, NULL);
+    if (*rc == SQLITE_OK)
+        *rc = sqlite3_exec(ref, schema, NULL, NULL, NULL);
+    if (*rc == SQLITE_OK)
+        *rc = sqlite3_prepare_v2(l->db, "SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                                 "substr(name, 1, 7) <> 'sqlite_' ORDER BY name", -1, &tq, NULL);
+    while (*rc == SQLITE_OK && (*rc = sqlite3_step(tq)) == SQLITE_ROW) {
+        *rc = SQLITE_OK;
+        const char *t = (const char *)sqlite3_column_text(tq, 0);
+        size_t i = 0;
+        while (t && i < sizeof ledger_tables / sizeof ledger_tables[0] && strcmp(t, ledger_tables[i]))
+            i++;
+        if (!t || i == sizeof ledger_tables / sizeof ledger_tables[0]) {
+            snprintf(err, errlen, "%s: not a dflash ledger (it has a table '%s'): set coordinator.ledger to another "
+                     "path", l->path, t ? t : "");
+            r = -DF_ELAYOUT;
+            break;
+        }
+        char have[512], want[512];
+        if ((*rc = table_columns(l->db, t, have, sizeof have)) != SQLITE_OK ||
+            (*rc = table_columns(ref, t, want, sizeof want)) != SQLITE_OK)
+            break;
+        size_t wl = strlen(want), dl = strlen(",dropped");
+        bool schema1 = !strcmp(t, "checkpoints") && wl > dl && !strcmp(want + wl - dl, ",dropped") &&
+                       strlen(have) == wl - dl && !strncmp(have, want, wl - dl);
+        if (strcmp(have, want) && !schema1) {
+            snprintf(err, errlen, "%s: not a dflash ledger (its table '%s' has the columns (%.150s), a ledger's has "
+                     "(%.150s)): set coordinator.ledger to another path", l->path, t, have, want);
+            r = -DF_ELAYOUT;
+            break;
+        }
+    }
+    if (!r && *rc != SQLITE_DONE && *rc != SQLITE_OK)
+        r = -1;
+    sqlite3_finalize(tq);
+    sqlite3_close(ref);
+    return r;
+}
+
 int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
@@ -157,23 +228,15 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
         return -DF_EVERSION;
     }
     /* Another program's database (coordinator.ledger pointing at the wrong file) is left as it
-     * is: a table that no dflash ledger has says so. */
+     * is: a table that no dflash ledger has, or one of a ledger's names with other columns, says
+     * so before anything is written to the file. */
     what = "tables";
-    sqlite3_stmt *tq = NULL;
-    if ((rc = sqlite3_prepare_v2(l->db, "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN "
-                                 "('meta', 'batches', 'trains', 'checkpoints', 'generations', 'errors', 'untrained') "
-                                 "AND substr(name, 1, 7) <> 'sqlite_' ORDER BY name LIMIT 1", -1, &tq, NULL)) != SQLITE_OK)
-        goto fail;
-    rc = sqlite3_step(tq);
-    if (rc == SQLITE_ROW) {
-        snprintf(err, errlen, "%s: not a dflash ledger (it has a table '%s'): set coordinator.ledger to another path",
-                 path, (const char *)sqlite3_column_text(tq, 0));
-        sqlite3_finalize(tq);
+    int foreign = check_tables(l, &rc, err, errlen);
+    if (foreign == -DF_ELAYOUT) {
         ledger_close(l);
-        return -DF_ELAYOUT;
+        return foreign;
     }
-    sqlite3_finalize(tq);
-    if (rc != SQLITE_DONE)
+    if (foreign < 0)
         goto fail;
     what = "setup";
     /* WAL: readers (sqlite3 CLI, tests) never block the coordinator; FULL: fsync per commit. */
