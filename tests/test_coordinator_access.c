@@ -1,13 +1,14 @@
 /* test_coordinator_access.c: the control socket refuses what it must and keeps serving:
  * garbage, truncated, oversized, wrong-version frames, a non-HELLO first message, no HELLO at
  * all, a peer that never reads its replies, a peer with a disallowed uid/gid (dropped
- * privileges in a child); an allowed group gets in. */
+ * privileges in a child), more dflashctl connections than COORD_CTL_MAX; an allowed group gets in. */
 #include <dirent.h>
 #include <grp.h>
 #include <pwd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include "common/proc.h"
+#include "daemons/coordinator/coord.h"
 #include "tests/test_coord_util.h"
 
 static void cleanup(void)
@@ -148,6 +149,33 @@ static void deaf_peer_closed(struct client *c)
     printf("  a peer that does not read: closed after %d queries\n", sent);
 }
 
+/* dflashctl connections left open (a leaky monitoring loop) stop at COORD_CTL_MAX: the next is
+ * refused with the reason, not left to use up the coordinator's descriptors, after which every
+ * connection (a daemon's reconnect too) was dropped without a word. One closed makes room. */
+static void ctl_cap(struct client *c)
+{
+    struct client *open_ctl[COORD_CTL_MAX];
+    struct client_opts o = { .socket_path = TC.sock, .role = PROTO_ROLE_CTL, .device = -1, .name = "leaky" };
+    char err[512];
+    int n = 0;
+    for (; n < COORD_CTL_MAX - 1; n++)      /* c is one */
+        CHECK_OK(client_open(&open_ctl[n], &o, err, sizeof err));
+    struct client *more = NULL;
+    CHECK_INT(client_open(&more, &o, err, sizeof err), <, 0);
+    CHECK_CONTAINS(err, "dflashctl connections are open already (at most 64");
+    still_serving(c);
+    client_free(open_ctl[--n]);
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    int r;
+    while ((r = client_open(&more, &o, err, sizeof err)) < 0 && mono_ms() < end)
+        tc_sleep_ms(20);        /* (the close is seen on the coordinator's next loop turn) */
+    CHECK_OK(r);
+    client_free(more);
+    while (n)
+        client_free(open_ctl[--n]);
+    printf("  ctl connections: the %dth refused: %s\n", COORD_CTL_MAX + 1, err);
+}
+
 /* In a child: become uid/gid (with supplementary group `extra` unless it is -1), then try to
  * talk; returns the child's exit code: 0 = served, 2 = refused by the coordinator, 3 = connect
  * failed (kernel said no). */
@@ -231,6 +259,8 @@ int main(void)
 
     silent_peer_refused();
     deaf_peer_closed(c);
+    still_serving(c);
+    ctl_cap(c);
     still_serving(c);
 
     /* The socket itself is 0660. */

@@ -106,6 +106,10 @@ struct error_rec {
     char message[PROTO_TEXT_MAX];
 };
 #define COORD_ERRORS_KEPT 64
+/* dflashctl connections: at most this many open at once; one that sends nothing for this long
+ * is closed (each holds a descriptor of the coordinator's). */
+#define COORD_CTL_MAX 64
+#define COORD_CTL_IDLE_MS 60000
 /* Bytes a peer may leave unread (queued in libuv plus held for the next flush) before it is
  * closed; a closed peer's last writes get COORD_CLOSE_GRACE_MS, then its handle is closed. */
 #define COORD_TX_MAX (32u << 20)

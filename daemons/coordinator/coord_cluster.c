@@ -760,6 +760,17 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
                 return;
             }
         m->token = h->token;
+    } else {
+        /* Each holds a descriptor: a leaky monitoring loop must not use them all up (every
+         * connection after that, a daemon's reconnect included, would be dropped). */
+        unsigned ctls = 0;
+        for (struct member *o = co->members; o; o = o->next)
+            ctls += o->role == PROTO_ROLE_CTL && !o->closing;
+        if (ctls >= COORD_CTL_MAX) {
+            coord_refuse(m, -EBUSY, "%u dflashctl connections are open already (at most %d; one idle for %d s is "
+                         "closed)", ctls, COORD_CTL_MAX, COORD_CTL_IDLE_MS / 1000);
+            return;
+        }
     }
     m->role = (int)h->role;
     m->device = h->device;
@@ -1510,6 +1521,10 @@ void coord_tick(struct coord *co)
             char why[64];
             snprintf(why, sizeof why, "no heartbeat for %" PRIu64 " ms", now - m->last_seen_ms);
             coord_close_member(m, why);
+        } else if (m->role == PROTO_ROLE_CTL && !m->closing && now - m->last_seen_ms > COORD_CTL_IDLE_MS) {
+            log_info("%s (pid %d): dflashctl connection closed: idle for %" PRIu64 " ms", m->name, (int)m->pid,
+                     now - m->last_seen_ms);
+            coord_close_member(m, "idle");
         }
     }
     /* Detached owners: a socket hang-up can arrive while the process is still in exit(),
