@@ -46,7 +46,8 @@
  *     taken once they are done: the coordinator stops cleanly (exit 0, the stop note), not by the
  *     signal's default action.
  * 22. A stop (dflashctl's or a signal) while a fatal error drains the run ends it FAILED, the
- *     error kept in the reason (exit 78). */
+ *     error kept in the reason (exit 78).
+ * 23. A non-finite value reported while the operator's pause holds is in the reason shown. */
 #include <sqlite3.h>
 #include "tests/test_coord_util.h"
 
@@ -884,7 +885,8 @@ static void fatal_then_stop(int by_signal)
         control(PROTO_CTL_STOP);
         CHECK_STR(status_str("state"), "failed");
     }
-    const char *why = status_str("reason");
+    char why[512];
+    snprintf(why, sizeof why, "%s", status_str("reason"));
     CHECK_CONTAINS(why, "GPU 0 fell off the bus");
     CHECK_CONTAINS(why, by_signal ? "stop signal" : "stop by");
     client_free(t);
@@ -928,6 +930,34 @@ static void nan_then_stop_signal(void)
     CHECK_INT(tc_exit_status(TC.coord, 10000 * test_time_scale()), ==, 0);
     TC.coord = 0;
     printf("ok: a stop signal with a non-finite value pending stops at once; the next start drains\n");
+}
+
+/* A non-finite value reported while the operator's pause holds: the reason shown says so (it
+ * kept the pause's note alone, while a drain was refused for the value and the operator's next
+ * resume answered a report never shown). */
+static void nan_while_paused(void)
+{
+    struct client *d;
+    struct ring *r;
+    uint64_t gen = start_as_drafter(&d, &r);
+    train_one(d, r, gen);
+    control(PROTO_CTL_PAUSE);
+    expect_state("paused", 5000);
+    struct proto_msg m;
+    char err[256];
+    CHECK_OK(client_error(d, 0, -DF_ENAN, "loss is nan at step 2"));
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (!strstr(status_str("reason"), "loss is nan") && mono_ms() < end)
+        client_poll(d, 20, &m, err, sizeof err);
+    char why[512];
+    snprintf(why, sizeof why, "%s", status_str("reason"));
+    CHECK_CONTAINS(why, "loss is nan at step 2");
+    CHECK_CONTAINS(why, "paused before: pause by test");
+    CHECK_STR(status_str("state"), "paused");
+    CHECK_INT(control_answer(PROTO_CTL_DRAIN, NULL, 0), ==, -DF_ESTATE);
+    client_free(d);
+    ring_detach(r);
+    printf("ok: a non-finite value while paused is in the reason: %s\n", why);
 }
 
 /* A fatal error while a non-finite value waits for the operator's resume ends the run FAILED at
@@ -1222,7 +1252,7 @@ int main(void)
                              released_batch_named_in_group, fatal_during_drain, nan_then_stop_signal,
                              failed_run_killed_before_exit, stop_signal_during_start, nan_then_fatal,
                              nan_during_signal_drain, nan_checkpoint_after_step_refused, fatal_then_ctl_stop,
-                             fatal_then_stop_signal };
+                             fatal_then_stop_signal, nan_while_paused };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -1159,6 +1159,15 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
             }
         } else if (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING) {
             coord_set_state(co, PROTO_STATE_PAUSED, reason);
+        } else if (co->state == PROTO_STATE_PAUSED && first) {
+            /* Paused by the operator already: the reason now says what the resume must answer
+             * (status showed the pause's note alone while a drain was refused for the value). */
+            char both[sizeof co->reason];
+            snprintf(both, sizeof both, "%.*s (paused before: %.*s)", (int)sizeof both / 2, reason,
+                     (int)sizeof both / 3, co->reason);
+            memcpy(co->reason, both, sizeof both);
+            log_notice("cluster paused: %s", co->reason);
+            save_state(co);
         }
     } else if (rec) {
         log_warn(0, "error from %s (pid %d): %s (%s)", m->name, (int)m->pid, e->message, err_str(e->code));
