@@ -42,6 +42,10 @@ run_case() {    # run_case away|running
     [[ ! -e /dev/shm/dflash-$CL_NAME ]] || fail "the exiting coordinator made a ring"
   fi
   cl_start coord2 coordinator-d -c "$CL_INI"
+  if [[ $how == running ]]; then   # the restarted coordinator shows why its predecessor left
+    cl_wait '[e for e in s["errors"] if "removed from /dev/shm" in e["message"] and e["role"] == "coordinator"]' 30 coord2 ||
+      fail "dflashctl does not show the error recorded before the restart: $(cl_json 's["errors"]')"
+  fi
   for n in target0 drafter0; do
     cl_wait_exit $n 60
     [[ $CL_RC == 1 ]] || fail "$how: $n exited with '$CL_RC' after the ring was made anew (wanted 1)"

@@ -669,6 +669,29 @@ static void record_error(struct coord *co, const struct member *m, int fatal, in
                      (int)e->pid, fatal, code, text);
 }
 
+/* The errors recorded before this start (ledger_error_recent: co->n_errors counted first, then
+ * the newest COORD_ERRORS_KEPT oldest first), into the kept ones where record_error puts them. */
+struct error_load {
+    struct coord *co;
+    uint64_t next;
+};
+
+static int load_error(void *ctx, const struct ledger_error *le)
+{
+    struct error_load *el = ctx;
+    struct coord *co = el->co;
+    uint64_t first = co->n_errors > COORD_ERRORS_KEPT ? co->n_errors - COORD_ERRORS_KEPT : 0;
+    struct error_rec *e = &co->errors[(first + el->next++) % COORD_ERRORS_KEPT];
+    int role = 0;
+    for (unsigned i = 1; i <= PROTO_ROLE_CTL; i++)
+        if (!strcmp(le->role, proto_role_name(i)))
+            role = (int)i;
+    *e = (struct error_rec){ .wall_ms = le->wall_ms, .role = role, .device = le->device, .fatal = le->fatal,
+                             .code = le->code, .pid = le->pid };
+    snprintf(e->message, sizeof e->message, "%s", le->message);
+    return 0;
+}
+
 /* A drafter cannot load the lineage's head checkpoint (its files damaged or gone): the lineage
  * falls back to the newest checkpoint before it that is not dropped. Every batch trained after
  * that one (checkpointed or not) is queued again, every training row after it rolled back, each
@@ -1708,6 +1731,14 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
 
     if ((r = ledger_open(&co->ledger, co->ledger_path, err, errlen)) < 0)
         return r;
+    struct error_load el = { co, 0 };
+    if ((r = ledger_error_recent(co->ledger, COORD_ERRORS_KEPT, &co->n_errors, &co->n_fatal, load_error, &el)) < 0) {
+        snprintf(err, errlen, "%s: reading the errors: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
+    }
+    if (co->n_errors)
+        log_notice("%s: %" PRIu64 " errors (%" PRIu64 " fatal) recorded in this run before this start: dflashctl errors",
+                   co->ledger_path, co->n_errors, co->n_fatal);
     char fp[32], old[64];
     snprintf(fp, sizeof fp, "%016" PRIx64, sched_fingerprint(co->lengths, (uint32_t)co->ds.n_samples, &co->sp));
     r = ledger_meta_get(co->ledger, "fingerprint", old, sizeof old);

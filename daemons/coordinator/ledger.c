@@ -595,6 +595,35 @@ static int query_u64(struct ledger *l, const char *sql, uint64_t *out)
     return rc == SQLITE_ROW || rc == SQLITE_DONE ? 0 : sql_err(l, rc);
 }
 
+int ledger_error_recent(struct ledger *l, uint32_t limit, uint64_t *n, uint64_t *n_fatal,
+                        int (*fn)(void *ctx, const struct ledger_error *e), void *ctx)
+{
+    int r = query_u64(l, "SELECT count(*) FROM errors", n);
+    if (!r)
+        r = query_u64(l, "SELECT count(*) FROM errors WHERE fatal != 0", n_fatal);
+    if (r)
+        return r;
+    sqlite3_stmt *s;
+    int rc = sqlite3_prepare_v2(l->db, "SELECT ms, role, device, pid, fatal, code, message FROM (SELECT rowid AS k, * "
+                                "FROM errors ORDER BY rowid DESC LIMIT ?1) ORDER BY k", -1, &s, NULL);
+    if (rc != SQLITE_OK)
+        return sql_err(l, rc);
+    sqlite3_bind_int64(s, 1, limit);
+    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+        const char *role = (const char *)sqlite3_column_text(s, 1), *msg = (const char *)sqlite3_column_text(s, 6);
+        struct ledger_error e = { .wall_ms = (uint64_t)sqlite3_column_int64(s, 0), .role = role ? role : "",
+                                  .message = msg ? msg : "", .device = sqlite3_column_int(s, 2),
+                                  .pid = sqlite3_column_int(s, 3), .fatal = sqlite3_column_int(s, 4),
+                                  .code = sqlite3_column_int(s, 5) };
+        if ((r = fn(ctx, &e)) != 0)
+            break;
+    }
+    if (!r && rc != SQLITE_DONE)
+        r = sql_err(l, rc);
+    sqlite3_finalize(s);
+    return r;
+}
+
 int ledger_audit(struct ledger *l, struct ledger_audit *a)
 {
     memset(a, 0, sizeof *a);

@@ -85,6 +85,15 @@ int ledger_generation_foreach(struct ledger *l, int (*fn)(void *ctx, uint64_t ge
 
 int ledger_error_add(struct ledger *l, uint64_t wall_ms, const char *role, int device, int pid, int fatal,
                      int code, const char *message);
+struct ledger_error {
+    uint64_t wall_ms;
+    const char *role, *message;     /* valid during the call only */
+    int device, pid, fatal, code;
+};
+/* The run's errors: *n and *n_fatal counted, fn called for the newest `limit`, oldest first
+ * (a restarted coordinator shows what was recorded before it). 0, fn's non-zero, or <0. */
+int ledger_error_recent(struct ledger *l, uint32_t limit, uint64_t *n, uint64_t *n_fatal,
+                        int (*fn)(void *ctx, const struct ledger_error *e), void *ctx);
 
 /* Consistency summary: batches per state, and the exactly-once check: batches whose
  * count of kept (not rolled back) training rows differs from 1 among checkpointed ones. */
