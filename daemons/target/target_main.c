@@ -527,8 +527,14 @@ static void on_copied(void *ctx, int status)
     /* A revoke that came while the batch was on the GPU is read first (pump never touches the
      * pipe; a refusal by the coordinator ends the main loop through pipe_error). */
     int r = pump(t, 0);
-    if (r < 0 && !t->pipe_error)
-        t->pipe_error = r;     /* refused by the coordinator: the main loop ends */
+    if (r < 0) {
+        /* Refused by the coordinator, or its ring made anew: a revoke may be unread, so the
+         * batch is not published (as on the CPU path); the main loop ends. */
+        ring_abort_write(t->ring, f->slot);
+        if (!t->pipe_error)
+            t->pipe_error = r;
+        return;
+    }
     r = publish(t, f->batch_id, f->lease, f->slot, f->n_tokens);
     if (r < 0 && !t->pipe_error)
         t->pipe_error = r;
