@@ -4,7 +4,8 @@
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
-export DFLASH_SRC=$PWD DFLASH_BUILD=$PWD/$BUILD
+[[ $BUILD == /* ]] || BUILD=$PWD/$BUILD     # relative to the tree, or absolute
+export DFLASH_SRC=$PWD DFLASH_BUILD=$BUILD
 export NCCL_NVLS_ENABLE=0
 TIMEOUT=${TEST_TIMEOUT:-600}
 filter=${1:-}
@@ -24,7 +25,8 @@ for t in "${tests[@]}"; do
   [[ -n $filter && ! $name =~ $filter ]] && continue
   tmp=$(mktemp -d /tmp/dflash-test.XXXXXX)
   start=$(date +%s%N)
-  TMPDIR=$tmp DFLASH_TEST_TMP=$tmp timeout -k 10 "$TIMEOUT" "$PWD/$t" >"$logdir/$name.log" 2>&1
+  [[ $t == /* ]] || t=$PWD/$t
+  TMPDIR=$tmp DFLASH_TEST_TMP=$tmp timeout -k 10 "$TIMEOUT" "$t" >"$logdir/$name.log" 2>&1
   rc=$?
   ms=$(( ($(date +%s%N) - start) / 1000000 )); secs=$((ms / 1000)).$(( (ms % 1000) / 100 ))
   rm -rf "$tmp"
