@@ -101,6 +101,9 @@ bad2 "s|^devices = 4|devices = 4|" "$(grep -n '^devices' "$CL_INI" | tail -1 | c
 bad2 "s|^path = .*/model$|path = $T/no-such-model|" "$(grep -n "^path = .*/model$" "$CL_INI" | cut -d: -f1): model.path: $T/no-such-model: No such file or directory" target-d -i 0
 bad2 "s|^path = .*/model$|path = $T/no-such-model|" "$(grep -n "^path = .*/model$" "$CL_INI" | cut -d: -f1): model.path: $T/no-such-model: No such file or directory" drafter-d -i 0
 bad2 "s|^path = .*/model$|path = $T|" "$(grep -n "^path = .*/model$" "$CL_INI" | cut -d: -f1): model.path:" target-d -i 0
+# the coordinator's -t reads the model's config.json and the dataset's header as its start does
+bad2 "s|^path = .*/model$|path = $T|" "$(grep -n "^path = .*/model$" "$CL_INI" | cut -d: -f1): model.path: $T/config.json:" coordinator-d
+bad2 "s|^path = .*/data.bin$|path = $T/no-data.bin|" "$(grep -n "^path = .*/data.bin$" "$CL_INI" | cut -d: -f1): data.path: $T/no-data.bin: cannot open" coordinator-d
 l=$(grep -n "^\[target\]" "$CL_INI" | cut -d: -f1)
 bad2 "/^\[target\]/a backend = tpu" "$((l + 1)): target.backend: 'tpu': expected cpu or cuda" target-d -i 0
 bad2 "s/^pick = .*/pick = newest/" "$(line pick): drafter.pick: 'newest': expected oldest or random" drafter-d -i 0
@@ -164,10 +167,19 @@ rc=$?
 [[ $rc == 78 ]] && grep -q "model-nan/model.safetensors: tensor 'model.layers.1.mlp.down_proj.weight': element 3 is NaN or infinite" "$T/o.out" ||
   fail "NaN weights: exit $rc: $(tail -1 "$T/o.out")"
 # A cluster.group that names no group (looked up at a real start, when the socket is made).
+ledger=$CL_DIR/state/$CL_NAME-ledger.db
+rm -f "$ledger"
 timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.group=dflash-no-such-group >"$T/g.out" 2>&1
 rc=$?
 [[ $rc == 78 ]] && grep -q "cluster.group: no such group 'dflash-no-such-group'" "$T/g.out" ||
   fail "unknown cluster.group: exit $rc: $(tail -2 "$T/g.out")"
+# ... and the ledger that start made is gone: the next start (its config mended, and a changed
+# schedule) is not refused for "another dataset or schedule"
+[[ ! -e $ledger ]] || fail "a start that failed its checks left its new ledger $ledger"
+timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o model.path="$T" >"$T/g.out" 2>&1
+rc=$?
+[[ $rc == 78 && ! -e $ledger ]] && grep -q "model.path: $T/config.json" "$T/g.out" ||
+  fail "a model without config.json: exit $rc, ledger there: $([[ -e $ledger ]] && echo yes): $(tail -2 "$T/g.out")"
 # cluster.socket naming a file that is not a socket: left alone, a config error; one in a folder
 # that does not exist: named
 echo "precious" >"$T/notsock"

@@ -12,6 +12,7 @@
 #include "daemons/coordinator/ledger.h"
 #include "daemons/coordinator/sched.h"
 #include "ipc/proto.h"
+#include "ipc/ring.h"
 
 struct ring;
 struct member;
@@ -213,6 +214,7 @@ struct coord {
     uint64_t stall_logged_ms;       /* when a stall was last logged (mono) */
     int exit_code;
     bool ring_created;
+    struct ring_layout lay;         /* the ring's, from the config (coord_ring_layout) */
     uint64_t ring_checked_ms;       /* coord_ring_check: when the name was last looked up (mono) */
     bool ring_check_warned;         /* ... and could not be (logged once) */
 
@@ -281,7 +283,8 @@ static inline void coord_list_unlink(struct batch **head, struct batch *b)
         b->lnext->lprev = b->lprev;
     b->lnext = b->lprev = NULL;
 }
-int coord_ring_open(struct coord *co, char *err, size_t errlen);       /* coord_ring.c */
+int coord_ring_layout(struct coord *co, char *err, size_t errlen);     /* coord_ring.c: co->lay */
+int coord_ring_open(struct coord *co, char *err, size_t errlen);
 void coord_ring_reconcile(struct coord *co);        /* after (re)attach: adopt READY slots */
 void coord_ring_settle(struct coord *co);           /* clean exit: dead owners' slots, trained copies */
 int coord_ring_check(struct coord *co, char *why, size_t len);  /* 0: the name still names our ring */

@@ -1693,9 +1693,12 @@ static int load_gen(void *ctx, uint64_t gen, int64_t limit)
 int coord_cluster_init(struct coord *co, char *err, size_t errlen)
 {
     const struct dflash_cfg *cfg = co->cfg;
-    int r = dataset_open(&co->ds, cfg->data.path, 0, err, errlen);
-    if (r < 0)
+    char why[768];
+    int r = dataset_open(&co->ds, cfg->data.path, 0, why, sizeof why);
+    if (r < 0) {
+        daemon_key_error(&co->d, "data", "path", err, errlen, "%s", why);
         return r;
+    }
     if (co->ds.n_samples > UINT32_MAX) {
         snprintf(err, errlen, "%s: more than 2^32 samples", cfg->data.path);
         return -DF_ERANGE;
@@ -1711,11 +1714,10 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
                                     .max_seqs = (uint32_t)cfg->ring.max_seqs };
     if ((r = sched_check(&co->sp, err, errlen)) < 0)
         return r;
-    if (cfg->data.token_budget > cfg->ring.max_tokens) {
-        snprintf(err, errlen, "data.token_budget (%lld) is larger than ring.max_tokens (%lld): a batch would not fit a slot",
-                 (long long)cfg->data.token_budget, (long long)cfg->ring.max_tokens);
-        return -EINVAL;
-    }
+    if (cfg->data.token_budget > cfg->ring.max_tokens)
+        return daemon_key_error(&co->d, "data", "token_budget", err, errlen,
+                                "%lld is larger than ring.max_tokens (%lld): a batch would not fit a slot",
+                                (long long)cfg->data.token_budget, (long long)cfg->ring.max_tokens);
     co->epochs = (uint32_t)cfg->data.epochs;
     co->ep = calloc(co->epochs, sizeof *co->ep);
     co->grp.world = (uint32_t)cfg->drafter.world_size;

@@ -110,6 +110,20 @@ static int tcp_config(struct coord *co, char *err, size_t errlen)
     return 0;
 }
 
+/* A ledger this start made and left before anything ran on it (its checks failed): removed, so
+ * the next start, its config mended (and perhaps changed), makes its own instead of refusing
+ * this one as written for another schedule. */
+static void remove_new_ledger(const char *path)
+{
+    char p[sizeof g_co.ledger_path + 8];
+    unlink(path);
+    snprintf(p, sizeof p, "%.*s-wal", (int)sizeof p - 5, path);
+    unlink(p);
+    snprintf(p, sizeof p, "%.*s-shm", (int)sizeof p - 5, path);
+    unlink(p);
+    log_notice("removed %s: this start made it and stopped before anything ran", path);
+}
+
 static void close_walk(uv_handle_t *h, void *arg)
 {
     (void)arg;
@@ -152,8 +166,24 @@ int main(int argc, char **argv)
                   sizeof co->socket_path - 1);
         return DAEMON_EX_CONFIG;
     }
-    if (co->d.check_only)
+    /* The model's config.json and the ring's layout, and (for -t: the start hashes it in full
+     * below) the dataset's header: before the ledger exists, so a start that fails on them leaves
+     * none behind (it would hold the schedule of a config the operator is about to change). */
+    if ((r = coord_ring_layout(co, err, sizeof err)) < 0) {
+        log_error(0, "%s", err);
+        return DAEMON_EX_CONFIG;
+    }
+    if (co->d.check_only) {
+        struct dataset ds;
+        if ((r = dataset_open(&ds, cfg->data.path, DATASET_OPEN_NO_CHECKSUM, err, sizeof err)) < 0) {
+            char why[1024];
+            daemon_key_error(&co->d, "data", "path", why, sizeof why, "%s", err);
+            log_error(0, "%s", why);
+            return r == -ENOMEM || r == -EIO ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
+        }
+        dataset_close(&ds);
         return 0;
+    }
 
     /* A stop signal during the checks at start (the dataset, the ledger: seconds on a large run)
      * is noted and taken once they are done, by the loop's handler as at any other time (a drain,
@@ -182,9 +212,13 @@ int main(int argc, char **argv)
 
     daemon_notify_status(&co->d, "checking the dataset and the ledger");
     daemon_watchdog(&co->d);    /* start time; the dataset's hash ticks for more as it goes (progress.h) */
+    struct stat lst;
+    bool ledger_new = stat(co->ledger_path, &lst) < 0 && errno == ENOENT, ready = false;
     if ((r = coord_cluster_init(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
         coord_cluster_done(co);
+        if (ledger_new)
+            remove_new_ledger(co->ledger_path);
         daemon_done(&co->d);
         /* What a restart may clear (memory, I/O, the disk full, the ledger locked by another
          * process) exits 1; the rest (a foreign ledger, bad data, no permission) is the operator's. */
@@ -240,6 +274,7 @@ int main(int argc, char **argv)
                co->ds.n_samples, co->epochs);
     daemon_notify_ready(&co->d, "%s: socket %s, ring %s", proto_state_name((unsigned)co->state), co->socket_path,
                         co->ring_name);
+    ready = true;
     uv_run(co->loop, UV_RUN_DEFAULT);
 
     daemon_notify_stopping(&co->d, "%s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
@@ -269,6 +304,8 @@ out:
             ring_unlink(co->ring_name);
     }
     coord_cluster_done(co);
+    if (!ready && ledger_new)
+        remove_new_ledger(co->ledger_path);
     daemon_done(&co->d);
     return co->exit_code;
 }

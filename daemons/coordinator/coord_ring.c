@@ -13,53 +13,52 @@
 #include "model/hfconfig.h"
 #include "model/target.h"
 
-/* The layout every target and drafter must agree on (they compute it the same way). */
-static int ring_layout_from_cfg(const struct dflash_cfg *cfg, struct ring_layout *lay, char *err, size_t errlen)
+/* The layout every target and drafter must agree on (they compute it the same way), into
+ * co->lay; a config error names its key (file:line), -EINVAL. Before the ledger is opened: a
+ * start that cannot make the ring leaves no ledger behind. */
+int coord_ring_layout(struct coord *co, char *err, size_t errlen)
 {
+    const struct dflash_cfg *cfg = co->cfg;
+    const struct daemon *d = &co->d;
+    struct ring_layout *lay = &co->lay;
     memset(lay, 0, sizeof *lay);
     int hidden = (int)cfg->coordinator.ring_hidden, n_layers = 0;
     if (cfg->model.path[0]) {
         /* the same reading of config.json as target-d and drafter-d */
         struct hf_config hf;
         char why[400];
-        if (hf_config_load(cfg->model.path, &hf, why, sizeof why) < 0) {
-            /* a model the daemons cannot read is a configuration error: no restart loop */
-            snprintf(err, errlen, "model.path %s: %s", cfg->model.path, why);
-            return -EINVAL;
-        }
+        if (hf_config_load(cfg->model.path, &hf, why, sizeof why) < 0)    /* a config error: no restart loop */
+            return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
         n_layers = hf.num_layers;
         if (!hidden)
             hidden = hf.hidden_size;
     } else if (!hidden) {
-        snprintf(err, errlen, "model.path is empty and coordinator.ring_hidden is 0: cannot size the ring");
-        return -EINVAL;
+        return daemon_key_error(d, "model", "path", err, errlen,
+                                "empty, and coordinator.ring_hidden is 0: cannot size the ring");
     }
     int ids[RING_MAX_LAYERS];
     int n = 0;
     if (cfg->model.capture_layers[0]) {
         n = cfg_parse_int_list(cfg->model.capture_layers, ids, RING_MAX_LAYERS);
-        if (n <= 0) {
-            snprintf(err, errlen, "model.capture_layers: '%s' is not a list of layer ids", cfg->model.capture_layers);
-            return -EINVAL;
-        }
+        if (n <= 0)
+            return daemon_key_error(d, "model", "capture_layers", err, errlen, "'%s' is not a list of layer ids",
+                                    cfg->model.capture_layers);
     } else if (n_layers) {
         n = target_default_layer_ids(n_layers, (int)cfg->model.draft_layers, ids);
-        if (n < 0) {
-            snprintf(err, errlen, "model.draft_layers: no DFlash default capture ids for %lld drafter layers over "
-                     "the %d layers of %s/config.json: set model.capture_layers", (long long)cfg->model.draft_layers,
-                     n_layers, cfg->model.path);
-            return -EINVAL;
-        }
+        if (n < 0)
+            return daemon_key_error(d, "model", "draft_layers", err, errlen,
+                                    "no DFlash default capture ids for %lld drafter layers over the %d layers of "
+                                    "%s/config.json: set model.capture_layers", (long long)cfg->model.draft_layers,
+                                    n_layers, cfg->model.path);
     } else {
-        snprintf(err, errlen, "model.capture_layers is empty and there is no model.path to derive it from");
-        return -EINVAL;
+        return daemon_key_error(d, "model", "capture_layers", err, errlen,
+                                "empty, and there is no model.path to derive it from");
     }
     for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || (n_layers && ids[i] >= n_layers)) {
-            snprintf(err, errlen, "model.capture_layers: layer id %d is out of range [0, %d)", ids[i],
-                     n_layers ? n_layers : INT_MAX);
-            return -EINVAL;
-        }
+        if (ids[i] < 0 || (n_layers && ids[i] >= n_layers))
+            return daemon_key_error(d, "model", "capture_layers", err, errlen,
+                                    "layer id %d is out of range [0, %d) of %s/config.json", ids[i],
+                                    n_layers ? n_layers : INT_MAX, cfg->model.path);
     lay->nslots = (uint32_t)cfg->ring.slots;
     lay->hidden = (uint32_t)hidden;
     lay->n_layers = (uint32_t)n;
@@ -73,10 +72,8 @@ static int ring_layout_from_cfg(const struct dflash_cfg *cfg, struct ring_layout
 
 int coord_ring_open(struct coord *co, char *err, size_t errlen)
 {
-    struct ring_layout lay;
-    int r = ring_layout_from_cfg(co->cfg, &lay, err, errlen);
-    if (r < 0)
-        return r;
+    const struct ring_layout lay = co->lay;     /* coord_ring_layout */
+    int r;
     char why[512];
     for (int attempt = 0; attempt < 50; attempt++) {
         r = ring_attach(&co->ring, co->ring_name, &lay, 0, why, sizeof why);
