@@ -800,6 +800,32 @@ static const char *read_why(int r)
 
 #define LOAD_CHUNK (4u << 20)   /* floats per read while verifying optimizer.bin (16 MiB) */
 
+/* Whether optimizer.bin's last 8 bytes are the FNV-1a of everything before them, read with
+ * pread through buf (LOAD_CHUNK floats, or n_params when fewer): 1, 0, or -errno. The header
+ * is not trusted for the size here (it may be the damaged part). */
+static int whole_file_sum_ok(int fd, float *buf, size_t n_params)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return -errno;
+    if (st.st_size < 8)
+        return 0;
+    size_t cap = (n_params < LOAD_CHUNK ? n_params : LOAD_CHUNK) * sizeof(float);
+    uint64_t h = FNV_INIT, want;
+    off_t end = st.st_size - 8;
+    for (off_t at = 0; at < end;) {
+        size_t n = (size_t)(end - at) < cap ? (size_t)(end - at) : cap;
+        ssize_t got = pread(fd, buf, n, at);
+        if (got <= 0)
+            return got < 0 ? -errno : 0;
+        h = fnv1a(h, buf, (size_t)got);
+        at += got;
+    }
+    if (pread(fd, &want, sizeof want, end) != (ssize_t)sizeof want)
+        return 0;
+    return h == want;
+}
+
 /* optimizer.bin, opened and verified without keeping its arrays: the header, then master / m / v
  * read a chunk at a time (buf: LOAD_CHUNK floats), hashed, master checked against the bf16 weights
  * w it was rounded to. On success *fd_out is left open, positioned at the arrays, for
@@ -823,7 +849,16 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
         snprintf(err, errlen, "%s: not a dflash optimizer state", path);
         return -DF_EMAGIC;
     }
-    if (h.version != OPT_VERSION) {
+    /* Another version or layout is a config error (exit 78) only when the file is whole: behind
+     * a config.json that matched (checked first), a flipped byte in the header is the likelier
+     * story, and a damaged checkpoint makes the lineage fall back instead. */
+    bool version_ok = h.version == OPT_VERSION, layout_ok = h.n_params == d->n_params && h.layout_hash == layout_hash(d);
+    if ((!version_ok || !layout_ok) && (r = whole_file_sum_ok(fd, buf, d->n_params)) <= 0) {
+        snprintf(err, errlen, "%s: checksum mismatch (corrupt file: its header says version %u, %" PRIu64 " params)",
+                 path, h.version, h.n_params);
+        return r < 0 ? r : -DF_ECHECKSUM;
+    }
+    if (!version_ok) {
         snprintf(err, errlen, "%s: version %u, this build reads %d", path, h.version, OPT_VERSION);
         return -DF_EVERSION;
     }
@@ -831,7 +866,7 @@ static int verify_optimizer(const char *path, const struct drafter *d, const flo
         snprintf(err, errlen, "%s: header_size %u, version %u has %zu", path, h.header_size, h.version, sizeof h);
         return -DF_EFORMAT;
     }
-    if (h.n_params != d->n_params || h.layout_hash != layout_hash(d)) {
+    if (!layout_ok) {
         snprintf(err, errlen, "%s: parameter layout (%" PRIu64 " params) does not match this drafter (%zu)",
                  path, h.n_params, d->n_params);
         return -DF_ELAYOUT;
@@ -1018,6 +1053,7 @@ int ckpt_damaged(const char *dir, int code)
 {
     switch (code) {
     case -DF_EMAGIC: case -DF_ETRUNC: case -DF_EFORMAT: case -DF_ECHECKSUM: case -DF_ENAN: case -DF_ERANGE:
+    case -DF_EUNSUPPORTED: case -DF_ESHAPE:     /* (what this build never writes: a dtype, an architecture) */
         return 1;
     case -DF_EMISSING: case -ENOENT: case -ENOTDIR: {
         /* Its folder there with a file missing, or gone from a root that holds other checkpoints:

@@ -90,7 +90,8 @@ int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, c
               char *err, size_t errlen);
 
 /* Whether ckpt_load's error `code` for dir says the checkpoint itself is damaged or gone (a bad
- * magic, size, format, checksum or value; a file missing in its folder; its folder missing while
+ * magic, size, format, checksum or value; a dtype, shape or architecture this build never writes,
+ * behind a config.json that matched; a file missing in its folder; its folder missing while
  * the folder above holds other checkpoints, so the storage is there), so that an older checkpoint of the
  * lineage may do. Not: a layout or version of another drafter (a configuration error), a read
  * error or a shortage of memory (a restart may do), a root that holds no checkpoint (storage not

@@ -91,7 +91,7 @@ static void count_call(void *n)
     ++*(int *)n;
 }
 
-static void expect_load_error(const char *dir, struct drafter *d, const char *needle)
+static int expect_load_error(const char *dir, struct drafter *d, const char *needle)
 {
     char err[512] = "";
     struct ckpt_train_state ts;
@@ -100,6 +100,29 @@ static void expect_load_error(const char *dir, struct drafter *d, const char *ne
         TEST_FAIL("loading %s succeeded; expected an error about %s", dir, needle);
     printf("expected error: %s\n", err);
     CHECK_CONTAINS(err, needle);
+    return r;
+}
+
+/* optimizer.bin's header field at `off` (8 bytes) set to v, its checksum made to match when
+ * `fix_sum` (a whole file of another version or layout), else left (a damaged one). */
+static void set_opt_header(const char *path, size_t off, uint64_t v, int fix_sum)
+{
+    int fd = open(path, O_RDWR);
+    struct stat st;
+    CHECK(fd >= 0 && fstat(fd, &st) == 0);
+    size_t len = (size_t)st.st_size;
+    unsigned char *file = malloc(len);
+    CHECK(file && pread(fd, file, len, 0) == (ssize_t)len);
+    memcpy(file + off, &v, sizeof v);
+    if (fix_sum) {
+        uint64_t h = 0xcbf29ce484222325ull;
+        for (size_t i = 0; i < len - 8; i++)
+            h = (h ^ file[i]) * 0x100000001b3ull;
+        memcpy(file + len - 8, &h, sizeof h);
+    }
+    CHECK(pwrite(fd, file, len, 0) == (ssize_t)len);
+    close(fd);
+    free(file);
 }
 
 /* A drafter of more parameters than one chunk of the load's verification (4 Mi floats): the
@@ -481,7 +504,7 @@ int main(void)
     write_weights_variant(bad, a, "layers.1.mlp.up_proj.weight", NULL);
     expect_load_error(bad, b, "layers.1.mlp.up_proj.weight");
     write_weights_variant(bad, a, NULL, "layers.0.self_attn.k_norm.weight");
-    expect_load_error(bad, b, "layers.0.self_attn.k_norm.weight");
+    CHECK_INT(ckpt_damaged(bad, expect_load_error(bad, b, "layers.0.self_attn.k_norm.weight")), ==, 1);
 
     CHECK_OK(ckpt_write_files(bad, a, &ts, err, sizeof err));
     snprintf(path, sizeof path, "%s/optimizer.bin", bad);
@@ -493,6 +516,31 @@ int main(void)
     fputc(ch ^ 0x10, fp);
     fclose(fp);
     expect_load_error(bad, b, "checksum");
+    CHECK_INT(ckpt_damaged(bad, -DF_ECHECKSUM), ==, 1);
+    /* A byte flipped in the header's parameter count, layout hash or version (behind a config.json
+     * that matches): damage (the lineage falls back), not a config error that ends the run. Whole
+     * files of another layout or version (checksums right) stay config errors. */
+    const size_t at_version = 8, at_n_params = 16, at_layout = 24;
+    CHECK_OK(ckpt_write_files(bad, a, &ts, err, sizeof err));
+    set_opt_header(path, at_n_params, a->n_params ^ 0x100, 0);
+    int r = expect_load_error(bad, b, "checksum mismatch (corrupt file: its header says version 1");
+    CHECK_INT(ckpt_damaged(bad, r), ==, 1);
+    CHECK_OK(ckpt_write_files(bad, a, &ts, err, sizeof err));
+    uint64_t lay;
+    int lfd = open(path, O_RDONLY);
+    CHECK(lfd >= 0 && pread(lfd, &lay, 8, at_layout) == 8);
+    close(lfd);
+    set_opt_header(path, at_layout, lay ^ 1, 0);
+    CHECK_INT(expect_load_error(bad, b, "checksum mismatch"), ==, -DF_ECHECKSUM);
+    set_opt_header(path, at_layout, lay ^ 1, 1);
+    CHECK_INT(expect_load_error(bad, b, "parameter layout"), ==, -DF_ELAYOUT);
+    CHECK_OK(ckpt_write_files(bad, a, &ts, err, sizeof err));
+    set_opt_header(path, at_version, (uint64_t)128 << 32 | 7, 0);    /* version 7, header_size kept */
+    CHECK_INT(expect_load_error(bad, b, "checksum mismatch"), ==, -DF_ECHECKSUM);
+    set_opt_header(path, at_version, (uint64_t)128 << 32 | 7, 1);
+    CHECK_INT(expect_load_error(bad, b, "version 7, this build reads"), ==, -DF_EVERSION);
+    CHECK_INT(ckpt_damaged(bad, -DF_EVERSION), ==, 0);
+    CHECK_OK(ckpt_write_files(bad, a, &ts, err, sizeof err));
 
     /* weights only (no optimizer state): bf16 values, fresh optimizer */
     CHECK_OK(unlink(path));
@@ -541,7 +589,7 @@ int main(void)
     CHECK(cf);
     fputs("{\"architectures\": [\"Qwen3ForCausalLM\"], \"hidden_size\": 48}", cf);
     fclose(cf);
-    expect_load_error(bad, b, "DFlashDraftModel");
+    CHECK_INT(ckpt_damaged(bad, expect_load_error(bad, b, "DFlashDraftModel")), ==, 1);
     CHECK_OK(unlink(path));
     expect_load_error(bad, b, "config.json");
 
