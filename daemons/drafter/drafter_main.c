@@ -522,8 +522,10 @@ static void checkpoint_if_due(struct dft *f, int ghave, int gstop)
     int64_t step = step_count(f);
     if (gstop) {
         /* The group's checkpoint first, then every rank waits until the coordinator has it:
-         * a rank leaving earlier ends the generation, which would roll back to the one before. */
-        checkpoint(f, "a rank is stopping", 1);
+         * a rank leaving earlier ends the generation, which would roll back to the one before.
+         * (None after a STOP read from the stop note: no coordinator is left to record it.) */
+        if (!client_ended(f->cl))
+            checkpoint(f, "a rank is stopping", 1);
         if (f->rank == 0)
             peer_flush_events(&f->d, f->cl, 10000);     /* CHECKPOINTED acknowledged */
         if (f->coll && coll_barrier(f->coll) < 0)
@@ -748,6 +750,13 @@ static int pump(struct dft *f, int timeout_ms)
     }
     if (daemon_stop_requested() && !f->stop_vote) {
         log_notice("%s: finishing this step, then a final checkpoint", strsignal(daemon_last_signal()));
+        f->stop_vote = 1;
+    }
+    if (f->stop_now && f->in_group && !f->stop_vote) {
+        /* The coordinator's STOP in a group goes through the step's vote, as a stop signal does:
+         * a rank that left on its own ended the collective under rank 0, which then lost its
+         * stop checkpoint (the group's checkpoint, then a barrier, then every rank leaves). */
+        log_notice("STOP: finishing this step with the group, then the stop checkpoint");
         f->stop_vote = 1;
     }
     return 0;
@@ -1720,8 +1729,8 @@ int main(int argc, char **argv)
     for (;;) {
         if ((r = pump(f, 0)) < 0)
             goto out;
-        if (f->stop_now)
-            break;
+        if (f->stop_now && !f->in_group)
+            break;      /* (in a group the stop vote of the next step ends it) */
         if (f->have_group) {
             if ((r = enter_group(f, err, sizeof err)) < 0) {
                 log_error(r, "joining generation %" PRIu64 ": %s", f->grp.generation, err);
