@@ -299,6 +299,14 @@ void coll_close(struct coll *c)
     free(c);
 }
 
+/* Whether the rank 0 that made the object (its owner token, else its pid) still lives: one
+ * whose maker is gone is stale (a run before that crashed), whatever it says. */
+static bool maker_alive(struct coll_hdr *h)
+{
+    uint64_t owner = atomic_load(&h->rank_token[0]);
+    return owner ? proc_token_alive(owner) == 1 : h->creator_pid > 0 && kill(h->creator_pid, 0) == 0;
+}
+
 /* Rank 0: a fresh object for this generation (any older one under the name is replaced;
  * peers of the old generation keep their own, now nameless, object). */
 static int create_object(struct coll *c, const char *name, uint64_t gen, unsigned mode, int *fd_out,
@@ -313,9 +321,8 @@ static int create_object(struct coll *c, const char *name, uint64_t gen, unsigne
         ssize_t got = pread(old, &hdr, sizeof hdr, 0);
         close(old);
         /* (one of a run before, its rank 0 gone, is stale whatever its number: replaced) */
-        uint64_t owner = atomic_load(&hdr.rank_token[0]);
-        bool live = owner ? proc_token_alive(owner) == 1 : hdr.creator_pid > 0 && kill(hdr.creator_pid, 0) == 0;
-        if (got == (ssize_t)sizeof hdr && atomic_load(&hdr.magic) == COLL_MAGIC && hdr.generation > gen && live) {
+        if (got == (ssize_t)sizeof hdr && atomic_load(&hdr.magic) == COLL_MAGIC && hdr.generation > gen &&
+            maker_alive(&hdr)) {
             snprintf(err, errlen, "collective %s: generation %llu is there already: generation %llu is over", name,
                      (unsigned long long)hdr.generation, (unsigned long long)gen);
             return -ECANCELED;
@@ -378,7 +385,12 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
                 return -EPERM;
             }
             uint64_t magic = atomic_load(&hdr.magic);
-            if (got == (ssize_t)sizeof hdr && magic == COLL_MAGIC && hdr.generation == gen) {
+            /* One of this generation's number whose rank 0 is gone is an earlier run's, left by a
+             * crash (the numbers start again with a new ledger): wait for this rank 0 to replace
+             * it, rather than take its version or world size for a config error. */
+            bool stale = got == (ssize_t)sizeof hdr && magic == COLL_MAGIC && hdr.generation == gen &&
+                         !maker_alive(&hdr);
+            if (got == (ssize_t)sizeof hdr && magic == COLL_MAGIC && hdr.generation == gen && !stale) {
                 if (hdr.version != COLL_VERSION) {
                     snprintf(err, errlen, "collective %s: version %u, this build speaks %u", name, hdr.version, COLL_VERSION);
                     close(fd);
@@ -411,7 +423,10 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
                 *fd_out = fd;
                 return 0;
             }
-            if (got == (ssize_t)sizeof hdr && magic == COLL_MAGIC)
+            if (stale)
+                snprintf(last, sizeof last, "an object of generation %llu whose rank 0 is gone (an earlier run's)",
+                         (unsigned long long)gen);
+            else if (got == (ssize_t)sizeof hdr && magic == COLL_MAGIC)
                 snprintf(last, sizeof last, "object is generation %llu, expected %llu",
                          (unsigned long long)hdr.generation, (unsigned long long)gen);
             else if (magic && magic != COLL_MAGIC)
