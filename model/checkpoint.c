@@ -600,6 +600,21 @@ int ckpt_remove_stale(const char *root)
             continue;   /* a write in progress (or gone already) */
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        long long step;
+        int end = 0;
+        if (!strncmp(e->d_name, ".old-step-", 10) && sscanf(e->d_name + 10, "%lld-%*d%n", &step, &end) == 1 &&
+            !e->d_name[10 + end] && step >= 0) {
+            /* A replacement by two renames cut between them (a file system that cannot
+             * exchange): step-N is gone and this is the checkpoint the coordinator may hold as
+             * durable. Put back, not removed; with step-N there, the replacement completed. */
+            char final[4096];
+            snprintf(final, sizeof final, "%s/step-%010lld", root, step);
+            struct stat st;
+            if (lstat(final, &st) < 0 && errno == ENOENT && rename(path, final) == 0) {
+                fsync_path(root, O_RDONLY | O_DIRECTORY);
+                continue;
+            }
+        }
         if (remove_dir(path) == 0)
             removed++;
     }
