@@ -1098,8 +1098,8 @@ static int await_restart(struct dft *f, int code, const char *what, uint64_t gen
         int r = pump(f, (int)daemon_wait_slice_ms(&f->d, 200));
         if (r < 0)
             return r;
-        if (!f->await_restart || f->stop_now)
-            return 0;
+        if (!f->await_restart || f->stop_now || f->stop_vote)
+            return 0;   /* (a stop signal meanwhile: out of the group, the main loop leaves, exit 0) */
     }
     client_error(f->cl, 0, code, "drafter group generation %" PRIu64 ": %s, and no restart came", gen, what);
     f->reported = 1;
