@@ -102,7 +102,7 @@ static void show_daemon_rows(const cJSON *daemons)
 
 static void show_counts(const cJSON *b)
 {
-    printf("batches: %.0f total: pending %.0f, leased %.0f, published %.0f, trained %.0f, checkpointed %.0f"
+    printf("batches of the epochs scheduled so far: %.0f: pending %.0f, leased %.0f, published %.0f, trained %.0f, checkpointed %.0f"
            " (re-queued %.0f, duplicates %.0f, extra copies retracted %.0f)\n", num(b, "total"), num(b, "pending"),
            num(b, "leased"), num(b, "published"), num(b, "trained"), num(b, "checkpointed"), num(b, "requeued"),
            num(b, "duplicates"), num(b, "retracted"));
@@ -127,8 +127,18 @@ static void show_status(const cJSON *s)
     printf("state: %s%s%s%s   cluster %s, run %s, up %.1f s%s\n", str(s, "state"), why ? " (" : "", str(s, "reason"),
            why ? ")" : "", str(s, "cluster"), str(s, "run"), num(s, "uptime_s"),
            cJSON_IsTrue(obj(s, "recovering")) ? ", recovering" : "");
-    printf("epoch %.0f of %.0f: %.1f%% done (%.0f of %.0f batches checkpointed)\n", num(ep, "current") + 1,
-           num(ep, "epochs"), 100 * num(ep, "progress"), num(ep, "done_batches"), num(ep, "total_batches"));
+    /* Epochs are counted from 1 here and from 0 in batch ids ("3:797" is in epoch 4), as in the logs. */
+    double cur = num(ep, "current"), in_epoch = -1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, obj(ep, "per_epoch"))
+        if (num(e, "epoch") == cur && num(e, "batches") > 0)
+            in_epoch = 100 * num(e, "checkpointed") / num(e, "batches");
+    char part[48] = "";
+    if (in_epoch >= 0)
+        snprintf(part, sizeof part, ": %.1f%% of it checkpointed", in_epoch);
+    printf("epoch %.0f of %.0f (batch ids %.0f:*)%s; the run: %.1f%% (%.0f of about %.0f batches checkpointed)\n",
+           cur + 1, num(ep, "epochs"), cur, part, 100 * num(ep, "progress"), num(ep, "done_batches"),
+           num(ep, "total_batches"));
     show_counts(obj(s, "batches"));
     const cJSON *ls = obj(s, "listen");
     printf("listening on %s%s%s\n", str(ls, "socket"), *str(ls, "tcp") ? " and TCP " : "", str(ls, "tcp"));
@@ -187,8 +197,8 @@ static void show_batches(const cJSON *b)
     show_counts(obj(b, "batches"));
     const cJSON *e;
     cJSON_ArrayForEach(e, obj(obj(b, "epoch"), "per_epoch"))
-        printf("epoch %.0f: %.0f of %.0f batches checkpointed\n", num(e, "epoch"), num(e, "checkpointed"),
-               num(e, "batches"));
+        printf("epoch %.0f (batch ids %.0f:*): %.0f of %.0f batches checkpointed\n", num(e, "epoch") + 1, num(e, "epoch"),
+               num(e, "checkpointed"), num(e, "batches"));
     printf("%-12s %-12s %7s %7s %6s %6s %8s %6s %8s\n", "BATCH", "STATE", "SAMPLES", "TOKENS", "LEASES", "SLOT", "HOLDER",
            "GEN", "STEP");
     cJSON_ArrayForEach(e, obj(b, "in_flight")) {
