@@ -66,6 +66,10 @@ awk '$2 ~ /^(leased|published|trained)$/ {
 "$CL_BIN/dflashctl" -s "$CL_SOCK" drain || fail "dflashctl drain"
 expect_all_exit_0
 cl_log "run 1 drained; ledger: $(cl_sql 'SELECT state, count(*) FROM batches GROUP BY state' | tr '\n' ' ')"
+# dflashctl with the coordinator gone says how the cluster ended (its stop note), exit 1
+"$CL_BIN/dflashctl" -s "$CL_SOCK" status >"$CL_DIR/ended.txt" 2>&1 && fail "dflashctl status with no coordinator: exit 0"
+grep -qF "the coordinator ended the cluster ($CL_SOCK.stopped): stopped" "$CL_DIR/ended.txt" ||
+  fail "dflashctl does not show the stop note: $(cat "$CL_DIR/ended.txt"; ls "$CL_DIR/run")"
 # Only pending (0) and checkpointed (4) remain after a clean drain.
 [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state NOT IN (0, 4)') == 0 ]] || fail "ledger not consistent after drain"
 done1=$(cl_sql 'SELECT count(*) FROM batches WHERE state = 4')

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include "common/config.h"
 #include "ipc/client.h"
+#include "ipc/stopnote.h"
 #include "ipc/net.h"
 
 #define EX_OK 0
@@ -420,6 +421,9 @@ int main(int argc, char **argv)
     explicit_bzero(token, sizeof token);
     if (r < 0) {
         fprintf(stderr, "dflashctl: %s\n", err);
+        char why[512];
+        if (x.socket && stop_note_read(x.socket, why, sizeof why) == 1)   /* the cluster ended: say how */
+            fprintf(stderr, "dflashctl: the coordinator ended the cluster (%s.stopped): %s\n", x.socket, why);
         return EX_FAIL;
     }
     int rc = ce->fn(&x, nargs, argv + i + 1);
