@@ -84,6 +84,10 @@ int daemon_parse_args(struct daemon *d, const char *prog, const char *role, int 
                 snprintf(err, errlen, "more than %d -o overrides", DAEMON_MAX_OVERRIDES);
                 return -E2BIG;
             }
+            if (!strchr(val, '=') || !strchr(val, '.') || strchr(val, '.') > strchr(val, '=')) {
+                snprintf(err, errlen, "-o '%s': expected section.key=value", val);    /* a usage error (64) */
+                return -EINVAL;
+            }
             d->overrides[d->n_overrides++] = val;
             break;
         }

@@ -108,6 +108,9 @@ l=$(grep -n "^\[target\]" "$CL_INI" | cut -d: -f1)
 bad2 "/^\[target\]/a backend = tpu" "$((l + 1)): target.backend: 'tpu': expected cpu or cuda" target-d -i 0
 bad2 "s/^pick = .*/pick = newest/" "$(line pick): drafter.pick: 'newest': expected oldest or random" drafter-d -i 0
 bad2 "s/^log_level = .*/log_level = loud/" "$(line log_level): cluster.log_level: 'loud' is not a log level" target-d -i 0
+# An -o that is not section.key=value is a usage error (64), like a bad -i.
+"$CL_BIN/target-d" -c "$CL_INI" -i 0 -o 'ring.slots 3' -t >"$T/o.out" 2>&1
+[[ $? == 64 ]] && grep -q "\-o 'ring.slots 3': expected section.key=value" "$T/o.out" || fail "malformed -o: $(tail -2 "$T/o.out")"
 # A key given with -o is blamed on the override.
 "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o target.backend=tpu -t >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "override target.backend: 'tpu'" "$T/o.out" || fail "override error: $(tail -2 "$T/o.out")"
