@@ -16,6 +16,11 @@ printf '%s\n' '{"input_ids":[1,2,3],"loss_mask":[0,1,1]}' '' '{"input_ids":[7,8]
 "$D" build -o "$T/b.bin" < "$T/out.jsonl" >/dev/null || fail "build from stdin"
 "$D" info "$T/b.bin" | grep -q "vocab 9" || fail "vocab = max id + 1"
 
+# Hugging Face style labels: -100 = no loss there, the token itself = learned (the same mask)
+printf '%s\n' '{"input_ids":[1,2,3],"labels":[-100,2,3],"id":"x7"}' > "$T/hf.jsonl"
+"$D" build -o "$T/hf.bin" -v 10 "$T/hf.jsonl" || fail "build with labels"
+[[ "$("$D" dump "$T/hf.bin")" == '{"input_ids":[1,2,3],"loss_mask":[0,1,1]}' ]] || fail "labels -> loss_mask: $("$D" dump "$T/hf.bin")"
+
 # A read error part way (here: an input that is a directory) is not the end of the input: no
 # dataset from what was read before it, and the old output stays.
 cp "$T/a.bin" "$T/keep.bin"
@@ -36,6 +41,9 @@ expect_err '{"input_ids":[1,2],"loss_mask":[1,5]}' "loss_mask\[1\]: not 0 or 1" 
 expect_err '{"input_ids":[]}' "input_ids: empty" ""
 expect_err '{"input_ids":[1,-3]}' "input_ids\[1\]: not a token id" ""
 expect_err 'not json' "not valid JSON" ""
+expect_err '{"input_ids":[1,2],"labels":[-100,3]}' "labels\[1\]: 3 is neither -100 nor input_ids\[1\] (2): shifted labels" ""
+expect_err '{"input_ids":[1,2],"labels":[-100,2],"loss_mask":[0,1]}' "both loss_mask and labels" ""
+expect_err '{"input_ids":[1,2],"labels":[-100]}' "labels: not an array of the same length" ""
 expect_err '{"input_ids":[5,6,7]}{"input_ids":[8,9]}' "more after the JSON object" ""
 expect_err '{"input_ids":[1,2]} trailing' "more after the JSON object" ""
 expect_err '[1,2]' "not a JSON object" ""

@@ -19,7 +19,8 @@ static void usage(FILE *f)
         "       dflash-data verify FILE\n"
         "       dflash-data dump [-n N] FILE          (first N samples as JSONL)\n"
         "build reads one JSON object per line: input_ids (token ids) and loss_mask (0/1, same\n"
-        "length; absent = every token 1). VOCAB defaults to the largest id + 1.\n");
+        "length) or Hugging Face style labels (-100 = not learned, else the token itself); neither =\n"
+        "every token learned. Other keys are ignored. VOCAB defaults to the largest id + 1.\n");
 }
 
 struct buf { uint32_t *tok; uint8_t *mask; size_t cap; };
@@ -82,6 +83,15 @@ static long parse_line(const char *line, struct buf *b, char *why, size_t whylen
         snprintf(why, whylen, "loss_mask: not an array of the same length as input_ids (%d)", cnt);
         goto out;
     }
+    const cJSON *labels = cJSON_GetObjectItemCaseSensitive(j, "labels");
+    if (labels && mask) {
+        snprintf(why, whylen, "both loss_mask and labels: give one");
+        goto out;
+    }
+    if (labels && (!cJSON_IsArray(labels) || cJSON_GetArraySize(labels) != cnt)) {
+        snprintf(why, whylen, "labels: not an array of the same length as input_ids (%d)", cnt);
+        goto out;
+    }
     if (grow(b, (size_t)cnt) < 0) {
         snprintf(why, whylen, "out of memory");
         goto out;
@@ -105,6 +115,18 @@ static long parse_line(const char *line, struct buf *b, char *why, size_t whylen
                 goto out;
             }
             b->mask[i++] = (uint8_t)v;
+        }
+    } else if (labels) {
+        /* Hugging Face style: -100 where no loss is taken, else the position's own token (the
+         * model shifts them). Shifted labels would train the wrong positions: refused. */
+        cJSON_ArrayForEach(e, labels) {
+            double v = cJSON_IsNumber(e) ? e->valuedouble : -2;
+            if (v != -100 && v != (double)b->tok[i]) {
+                snprintf(why, whylen, "labels[%d]: %g is neither -100 nor input_ids[%d] (%u): shifted labels? give "
+                         "loss_mask instead", i, v, i, b->tok[i]);
+                goto out;
+            }
+            b->mask[i++] = v != -100;
         }
     } else {
         memset(b->mask, 1, (size_t)cnt);
