@@ -330,7 +330,11 @@ static int on_ini(void *user, const char *section, const char *name, const char 
         return 1;
     const struct cfg_key *k = cfg_find(section, name);
     if (!k) {
-        fail_at(c, lineno, -EINVAL, "%s.%s: %s", section, name, section_known(section) ? "unknown key" : "unknown section");
+        if (!section[0])
+            fail_at(c, lineno, -EINVAL, "%s: a key outside any [section]", name);
+        else
+            fail_at(c, lineno, -EINVAL, "%s.%s: %s", section, name,
+                    section_known(section) ? "unknown key" : "unknown section");
         return 0;
     }
     /* The last one winning silently hides an edit that had no effect; -o is for overriding. */

@@ -455,7 +455,7 @@ int daemon_start(struct daemon *d, const char *prog, const char *role, int need_
         return DAEMON_EX_CONFIG;
     enum log_level lvl;
     if (log_level_parse(d->cfg.cluster.log_level, &lvl) < 0) {
-        daemon_key_error(d, "cluster", "log_level", err, errlen, "'%s' is not a log level", d->cfg.cluster.log_level);
+        daemon_key_error(d, "cluster", "log_level", err, errlen, "'%s' is not a log level (error, warn, notice, info, debug)", d->cfg.cluster.log_level);
         return DAEMON_EX_CONFIG;
     }
     log_set_level(lvl);

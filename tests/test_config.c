@@ -71,6 +71,7 @@ int main(void)
 
     expect_error("[ring]\nslots = 8\nbogus = 1\n", ":3: ring.bogus: unknown key");
     expect_error("[nosuch]\nx = 1\n", ":2: nosuch.x: unknown section");
+    expect_error("slots = 3\n[ring]\n", ":1: slots: a key outside any [section]");
     expect_error("[ring]\n\nslots = eight\n", ":3: ring.slots: not an integer");
     expect_error("[ring]\nslots = 1\n", ":2: ring.slots: 1 out of range");
     expect_error("[drafter]\ngamma = -2\n", "drafter.gamma: -2 out of range");
