@@ -246,10 +246,31 @@ int main(void)
     text[n] = 0;
     fclose(f);
     for (size_t i = 0; i < cfg_nkeys; i++) {
+        const struct cfg_key *k = &cfg_keys[i];
         char line[400];
-        snprintf(line, sizeof line, "\n%s =%s%s\n", cfg_keys[i].key, *cfg_keys[i].def ? " " : "", cfg_keys[i].def);
+        snprintf(line, sizeof line, "\n%s =%s%s\n", k->key, *k->def ? " " : "", k->def);
         if (!strstr(text, line))
-            TEST_FAIL("etc/dflash.ini lacks '%s.%s = %s'", cfg_keys[i].section, cfg_keys[i].key, cfg_keys[i].def);
+            TEST_FAIL("etc/dflash.ini lacks '%s.%s = %s'", k->section, k->key, k->def);
+        if (k->type != CFG_INT && k->type != CFG_DOUBLE)
+            continue;
+        /* a numeric key's comment line (the one right above it, in its section) ends with its range */
+        char sec[80], range[120];
+        snprintf(sec, sizeof sec, "\n[%s]\n", k->section);
+        const char *in = strstr(text, sec);
+        CHECK(in);
+        const char *at = strstr(in, line);
+        CHECK(at && at > in);
+        const char *eol = at, *bol = at;
+        while (bol > text && bol[-1] != '\n')
+            bol--;
+        if (k->type == CFG_INT)
+            snprintf(range, sizeof range, " [%.0f, %.0f]", k->min, k->max);
+        else
+            snprintf(range, sizeof range, " [%.10g, %.10g]", k->min, k->max);
+        size_t rl = strlen(range);
+        if (*bol != '#' || (size_t)(eol - bol) < rl || memcmp(eol - rl, range, rl))
+            TEST_FAIL("etc/dflash.ini: the comment above %s.%s does not end with its range%s: '%.*s'", k->section,
+                      k->key, range, (int)(eol - bol), bol);
     }
     printf("config ok: %zu keys\n", cfg_nkeys);
     return 0;
