@@ -52,7 +52,7 @@ int daemon_parse_args(struct daemon *d, const char *prog, const char *role, int 
             d->check_only = 1;
             continue;
         }
-        if (a[0] != '-' || !a[1] || !strchr("cio", a[1])) {
+        if (a[0] != '-' || !a[1] || !strchr(need_index ? "cio" : "co", a[1])) {   /* -i: targets and drafters */
             snprintf(err, errlen, "unknown argument '%s' (try -h)", a);
             return -EINVAL;
         }

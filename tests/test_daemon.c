@@ -62,6 +62,10 @@ int main(void)
     CHECK_CONTAINS(err, "not a device index");
     CHECK(parse(&d, 1, err, "-c", "x.ini", "-q", NULL, NULL, NULL) < 0);
     CHECK_CONTAINS(err, "unknown argument");
+    CHECK(parse(&d, 0, err, "-c", "x.ini", "-i", "0", NULL, NULL) < 0);      /* the coordinator has no index */
+    CHECK_CONTAINS(err, "unknown argument '-i'");
+    CHECK(parse(&d, 1, err, "-c", "x.ini", "-i", "0", "-o", "ring.slots 3") < 0);
+    CHECK_CONTAINS(err, "-o 'ring.slots 3': expected section.key=value");
     CHECK(parse(&d, 1, err, "-c", NULL, NULL, NULL, NULL, NULL) < 0);
     CHECK_CONTAINS(err, "needs a value");
     CHECK_INT(parse(&d, 1, err, "-h", NULL, NULL, NULL, NULL, NULL), ==, 1);
