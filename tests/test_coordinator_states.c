@@ -889,6 +889,7 @@ static void fatal_then_stop(int by_signal)
     snprintf(why, sizeof why, "%s", status_str("reason"));
     CHECK_CONTAINS(why, "GPU 0 fell off the bus");
     CHECK_CONTAINS(why, by_signal ? "stop signal" : "stop by");
+    CHECK_INT(control_answer(PROTO_CTL_DRAIN, NULL, 0), ==, -DF_ESTATE);     /* ended: not "drain: failed", 0 */
     client_free(t);
     CHECK_INT(tc_exit_status(TC.coord, 5000 * test_time_scale()), ==, 78);
     TC.coord = 0;

@@ -1245,7 +1245,9 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
             co->signal_drain_from = -1;     /* the operator's drain now: a restart resumes it */
             save_state(co);
         }
-        if (co->state < PROTO_STATE_DRAINING && co->nan_pending) {
+        if (co->state >= PROTO_STATE_STOPPED) {
+            refused = "the cluster has ended: nothing to drain";
+        } else if (co->state < PROTO_STATE_DRAINING && co->nan_pending) {
             refused = "a non-finite value paused the run and no resume came since: its drafters write no "
                       "checkpoint, so the drain could not end; remove the cause, resume, then drain";
         } else if (co->state < PROTO_STATE_DRAINING) {
