@@ -1,6 +1,8 @@
 /* test_coordinator_tcp.c: the optional TCP listener (cluster.tcp_listen): absent unless
  * configured; bound to exactly the configured address; dflashctl over TCP with the token;
- * wrong token, no AUTH, a target HELLO, an idle peer refused and logged; config errors
+ * wrong token, no AUTH, a target HELLO, an idle peer refused and logged; idle peers cannot
+ * keep dflashctl out; a long name keeps the address; a flood of refusals is logged up to a
+ * limit, then counted; config errors
  * (token file mode, short token, bad address) stop the start with one line and exit 78. */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -389,6 +391,49 @@ int main(void)
     uint64_t took = mono_ms() - t0;
     printf("  idle peer dropped after %llu ms\n", (unsigned long long)took);
     CHECK(took >= 4000);
+    /* Idle peers (no AUTH) cannot keep dflashctl out: of 6 held open from one address the two
+     * waiting longest are closed, and a peer with the token (a 7th) still gets in. */
+    int idle[6];
+    for (int i = 0; i < 6; i++) {
+        idle[i] = tcp_connect(AF_INET, port);
+        CHECK(idle[i] >= 0);
+        tc_sleep_ms(30);
+    }
+    expect_refused_fd(idle[0], NULL, 0, "from one address waiting to authenticate: the one waiting longest is closed");
+    expect_refused_fd(idle[1], NULL, 0, "the one waiting longest is closed");
+    status_over_tcp(addr, addr);
+    for (int i = 2; i < 6; i++)
+        close(idle[i]);
+    /* A name that fills the HELLO's field still leaves the peer's address in what it does. */
+    char longname[PROTO_NAME_MAX];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    struct client_opts lo = { .tcp_address = addr, .auth_token = (const uint8_t *)TOKEN, .auth_token_len = strlen(TOKEN),
+                              .role = PROTO_ROLE_CTL, .device = -1, .name = longname, .reply_timeout_ms = 5000 };
+    CHECK_OK(client_open(&c, &lo, err, sizeof err));
+    char *json = NULL;
+    int st = -1;
+    CHECK_OK(client_control(c, PROTO_CTL_PAUSE, "named long", &json, &st, err, sizeof err));
+    free(json);
+    CHECK_OK(client_control(c, PROTO_CTL_RESUME, "", &json, &st, err, sizeof err));
+    free(json);
+    client_free(c);
+    CHECK_CONTAINS(slurp(log_path), "nnnn@127.0.0.1:");
+    /* Wrong tokens in a flood: logged one by one up to a limit a window, then counted. */
+    const char *before = slurp(log_path);
+    size_t lines_before = 0;
+    for (const char *q = before; (q = strstr(q, ": wrong token")); q++)
+        lines_before++;
+    for (int i = 0; i < 40; i++)
+        CHECK_INT(open_tcp_client(addr, "not-the-token-of-this-cluster", &c, err, sizeof err), ==, -DF_EPEER);
+    size_t lines = 0;
+    for (const char *q = slurp(log_path); (q = strstr(q, ": wrong token")); q++)
+        lines++;
+    printf("  40 wrong tokens: %zu logged one by one\n", lines - lines_before);
+    CHECK(lines - lines_before <= 20);
+    tc_sleep_ms(10500);         /* the window turns: the next refusal says how many were not logged */
+    CHECK_INT(open_tcp_client(addr, "not-the-token-of-this-cluster", &c, err, sizeof err), ==, -DF_EPEER);
+    CHECK_CONTAINS(slurp(log_path), "more peers refused in the last 10 s (not logged one by one)");
     /* Still serving, over both. */
     status_over_tcp(addr, addr);
     s = tc_query(PROTO_Q_STATUS);

@@ -70,6 +70,7 @@ struct member {
     char name[PROTO_NAME_MAX];
     bool closing;
     uint64_t connected_ms, last_seen_ms;    /* mono */
+    uint64_t last_request_ms;       /* ctl: its last HELLO, QUERY or CONTROL (heartbeats do not count) */
     struct proto_heartbeat hb;
     bool have_hb;
     uint32_t want;                  /* targets: leases asked for, not yet granted */
@@ -107,8 +108,8 @@ struct error_rec {
     char message[PROTO_TEXT_MAX];
 };
 #define COORD_ERRORS_KEPT 64
-/* dflashctl connections: at most this many open at once; one that sends nothing for this long
- * is closed (each holds a descriptor of the coordinator's). */
+/* dflashctl connections: at most this many open at once; one that asks nothing for this long
+ * (heartbeats do not count) is closed (each holds a descriptor of the coordinator's). */
 #define COORD_CTL_MAX 64
 #define COORD_CTL_IDLE_MS 60000
 /* Bytes a peer may leave unread (queued in libuv plus held for the next flush) before it is
@@ -216,6 +217,7 @@ struct coord {
     bool ring_created;
     struct ring_layout lay;         /* the ring's, from the config (coord_ring_layout) */
     uint64_t ring_checked_ms;       /* coord_ring_check: when the name was last looked up (mono) */
+    uint64_t refusals_window_ms, refusals_logged, refusals_unlogged;   /* coord_refuse's log limit */
     bool ring_check_warned;         /* ... and could not be (logged once) */
 
     struct error_rec errors[COORD_ERRORS_KEPT];

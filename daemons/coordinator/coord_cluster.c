@@ -797,6 +797,7 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
     }
     m->role = (int)h->role;
     m->device = h->device;
+    m->last_request_ms = mono_ms();
     snprintf(m->name, sizeof m->name, "%s", h->name[0] ? h->name : proto_role_name(h->role));
     if (m->role != PROTO_ROLE_CTL)
         log_notice("%s (pid %d) registered as member %" PRIu64, m->name, (int)m->pid, m->id);
@@ -1365,9 +1366,11 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
     case PROTO_CONTROL:
         if (role != PROTO_ROLE_CTL)
             break;      /* pause, resume, drain and stop are the operator's (dflashctl) */
+        m->last_request_ms = mono_ms();
         on_control(co, m, &msg->control);
         return;
     case PROTO_QUERY:
+        m->last_request_ms = mono_ms();
         reply(m, 0, coord_json(co, (int)msg->query.what, msg->query.limit));
         return;
     default:
@@ -1555,9 +1558,9 @@ void coord_tick(struct coord *co)
             char why[64];
             snprintf(why, sizeof why, "no heartbeat for %" PRIu64 " ms", now - m->last_seen_ms);
             coord_close_member(m, why);
-        } else if (m->role == PROTO_ROLE_CTL && !m->closing && now - m->last_seen_ms > COORD_CTL_IDLE_MS) {
-            log_info("%s (pid %d): dflashctl connection closed: idle for %" PRIu64 " ms", m->name, (int)m->pid,
-                     now - m->last_seen_ms);
+        } else if (m->role == PROTO_ROLE_CTL && !m->closing && now - m->last_request_ms > COORD_CTL_IDLE_MS) {
+            log_info("%s (pid %d): dflashctl connection closed: no request for %" PRIu64 " ms", m->name, (int)m->pid,
+                     now - m->last_request_ms);
             coord_close_member(m, "idle");
         }
     }

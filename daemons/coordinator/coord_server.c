@@ -2,6 +2,7 @@
  * listener (token AUTH, dflashctl only), framing, per-member output held until the ledger
  * commit, member close and free (close cb only). */
 #include <errno.h>
+#include <inttypes.h>
 #include <grp.h>
 #include <libgen.h>
 #include <stdarg.h>
@@ -22,6 +23,9 @@
  * most this many. */
 #define HELLO_TIMEOUT_MS 5000
 #define TCP_PENDING_MAX 16
+#define TCP_PENDING_PER_HOST 4
+#define REFUSALS_LOGGED 20          /* refused peers logged per REFUSALS_WINDOW_MS, then counted */
+#define REFUSALS_WINDOW_MS 10000
 
 struct write_req {
     uv_write_t req;
@@ -223,7 +227,21 @@ void coord_refuse(struct member *m, int code, const char *fmt, ...)
     msg.refuse.code = code;
     msg.refuse.server_version = PROTO_VERSION;
     proto_strset(msg.refuse.message, sizeof msg.refuse.message, text);
-    if (m->is_tcp)
+    /* A flood of bad peers (token guessing over TCP) must not flood the journal, whose rate
+     * limit would then drop the coordinator's own lines: REFUSALS_LOGGED per window, then a count. */
+    struct coord *co = m->co;
+    uint64_t now = mono_ms();
+    if (now - co->refusals_window_ms >= REFUSALS_WINDOW_MS) {
+        if (co->refusals_unlogged)
+            log_warn(0, "%" PRIu64 " more peers refused in the last %d s (not logged one by one)",
+                     co->refusals_unlogged, REFUSALS_WINDOW_MS / 1000);
+        co->refusals_window_ms = now;
+        co->refusals_logged = 0;
+        co->refusals_unlogged = 0;
+    }
+    if (co->refusals_logged >= REFUSALS_LOGGED)
+        co->refusals_unlogged++;
+    else if (++co->refusals_logged, m->is_tcp)
         log_warn(0, "refused TCP peer %s: %s", m->peer, text);
     else
         log_warn(0, "refused peer (pid %d uid %d gid %d): %s", (int)m->pid, (int)m->uid, (int)m->gid, text);
@@ -334,9 +352,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         coord_handle(m, &msg);
         if (tcp_hello && m->role && !m->closing) {
             /* Shown wherever the coordinator names this peer (control reasons, logs). */
-            char name[PROTO_NAME_MAX];
-            if (snprintf(name, sizeof name, "%s@%s", m->name, m->peer) < (int)sizeof name)
-                memcpy(m->name, name, sizeof name);
+            char name[PROTO_NAME_MAX];      /* the address always kept whole: the name cut to fit */
+            size_t pl = strnlen(m->peer, sizeof name - 2), nl = strnlen(m->name, sizeof name - 2 - pl);
+            memcpy(name, m->name, nl);
+            name[nl] = '@';
+            memcpy(name + nl + 1, m->peer, pl);
+            name[nl + 1 + pl] = 0;
+            memcpy(m->name, name, sizeof name);
             log_info("TCP peer %s registered as %s", m->peer, m->name);
         }
         off += (size_t)n;
@@ -372,6 +394,13 @@ static bool in_group(int fd, gid_t gid, gid_t allowed)
     return found;
 }
 
+/* The host part of a TCP peer's "a.b.c.d:port" / "[v6]:port". */
+static size_t host_len(const char *peer)
+{
+    const char *colon = strrchr(peer, ':');
+    return colon ? (size_t)(colon - peer) : strlen(peer);
+}
+
 /* A TCP peer: no credentials to check; AUTH, then HELLO as CTL, within the timeout. */
 static void tcp_accepted(struct coord *co, struct member *m)
 {
@@ -384,13 +413,31 @@ static void tcp_accepted(struct coord *co, struct member *m)
         net_addr_format((struct sockaddr *)&ss, m->peer, sizeof m->peer);
     else
         snprintf(m->peer, sizeof m->peer, "(unknown address)");
-    unsigned pending = 0;
-    for (const struct member *o = co->members; o; o = o->next)
-        pending += o->is_tcp && !o->role && !o->closing;
-    if (pending > TCP_PENDING_MAX) {
-        coord_refuse(m, -EBUSY, "more than %d TCP connections waiting to authenticate", TCP_PENDING_MAX);
-        return;
+    /* Waiting to authenticate: at most TCP_PENDING_PER_HOST from one address and TCP_PENDING_MAX
+     * in all. A newcomer is always taken, the one waiting longest (of its address, else of all)
+     * closed: a peer with the token authenticates at once, so only idle ones are there long, and
+     * idle peers, however many and however often renewed, cannot keep dflashctl out. */
+    unsigned pending = 0, same_host = 0;
+    struct member *oldest = NULL, *oldest_here = NULL;
+    size_t hl = host_len(m->peer);
+    for (struct member *o = co->members; o; o = o->next) {
+        if (o == m || !o->is_tcp || o->role || o->closing)
+            continue;
+        pending++;
+        if (!oldest || o->connected_ms < oldest->connected_ms)
+            oldest = o;
+        if (host_len(o->peer) == hl && !memcmp(o->peer, m->peer, hl)) {
+            same_host++;
+            if (!oldest_here || o->connected_ms < oldest_here->connected_ms)
+                oldest_here = o;
+        }
     }
+    if (same_host >= TCP_PENDING_PER_HOST)
+        coord_refuse(oldest_here, -EBUSY, "%d TCP connections from one address waiting to authenticate: the one "
+                     "waiting longest is closed", TCP_PENDING_PER_HOST);
+    else if (pending >= TCP_PENDING_MAX)
+        coord_refuse(oldest, -EBUSY, "%d TCP connections waiting to authenticate: the one waiting longest is closed",
+                     TCP_PENDING_MAX);
     log_debug("TCP connection from %s (peer %llu)", m->peer, (unsigned long long)m->id);
     uv_tcp_nodelay(&m->tcp, 1);
     uv_tcp_keepalive(&m->tcp, 1, 60);
