@@ -1143,12 +1143,17 @@ static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const
         else
             group[0] = 0;   /* a group too large for the line: no list rather than a cut one */
     }
+    /* Two calls of few conversions each, one flush (one write): glibc formats a call of 16 or more
+     * conversions through a heap buffer once printf hooks are registered (libquadmath, loaded with
+     * OpenBLAS, registers them), and this runs every step. */
     fprintf(f->metrics,
             "{\"time\":%.3f,\"rank\":%d,\"generation\":%" PRIu64 ",\"step\":%" PRId64 ",\"epoch\":%" PRIu64
-            ",\"batch\":%" PRId64 "%s,\"loss\":%.6g,\"accuracy\":%.6g,\"accept_len\":%.6g,\"grad_norm\":%.6g"
+            ",\"batch\":%" PRId64 "%s",
+            now_s(), f->rank, f->generation, info->step, f->ts.epoch, have ? (int64_t)batch_id : (int64_t)-1, group);
+    fprintf(f->metrics,
+            ",\"loss\":%.6g,\"accuracy\":%.6g,\"accept_len\":%.6g,\"grad_norm\":%.6g"
             ",\"lr\":%.6g,\"tokens\":%.0f,\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"idle_frac\":%.3f"
             ",\"samples\":%" PRIu64 ",\"idle_s\":%.3f}\n",
-            now_s(), f->rank, f->generation, info->step, f->ts.epoch, have ? (int64_t)batch_id : (int64_t)-1, group,
             drafter_metrics_loss(gm), drafter_metrics_accuracy(gm), drafter_metrics_accept_len(gm), info->grad_norm,
             info->lr, gm->tokens, f->tokens_per_s, f->step_ms, f->idle_frac, f->ts.samples, f->idle_s);
     fflush(f->metrics);
