@@ -197,15 +197,14 @@ static int send_soft(struct client *c, const struct proto_msg *m);
  * goes back too. soft: send_soft (may reconnect first); else send_msg, as a frame handler must. */
 static int send_return(struct client *c, uint64_t batch, int soft)
 {
-    if (c->n_returned < RETURNED_MAX)
-        c->returned[c->n_returned++] = batch;
+    c->returned[c->n_returned++ % RETURNED_MAX] = batch;    /* the newest kept: those a break may have lost */
     struct proto_msg m = { .type = PROTO_LEASE_RETURN, .batch.batch_id = batch };
     return soft ? send_soft(c, &m) : send_msg(c, &m);
 }
 
 static int was_returned(const struct client *c, uint64_t batch)
 {
-    for (size_t i = 0; i < c->n_returned; i++)
+    for (size_t i = 0; i < c->n_returned && i < RETURNED_MAX; i++)
         if (c->returned[i] == batch)
             return 1;
     return 0;
