@@ -671,6 +671,80 @@ static void regrant_then_deaf(int fd, const struct proto_msg *m, void *arg)
     _exit(0);
 }
 
+#define MANY_RETURNS 4100
+static void count_one_return(int fd, const struct proto_msg *m, void *arg)
+{
+    (void)fd;
+    if (m->type == PROTO_LEASE_RETURN && m->batch.batch_id == 5000 + MANY_RETURNS - 1)
+        ++*(int *)arg;
+}
+
+/* A long connection returns more leases than the client remembers (4096): the newest are the
+ * ones a broken connection may have lost, so a reconnect's re-grant of the last one returned
+ * goes back too (the first 4096 were kept before, and the re-grant of a later one was taken).
+ * The server: 4100 grants; on the last return, hang up, take the reconnect, re-grant that batch,
+ * and wait for it to come back. */
+static void regrant_last_returned(int fd, const struct proto_msg *m, void *arg)
+{
+    if (m->type != PROTO_LEASE_RETURN || m->batch.batch_id != 5000 + MANY_RETURNS - 1)
+        return;
+    int lfd = *(int *)arg;
+    close(fd);
+    fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        _exit(14);
+    read_hello(fd);
+    send_welcome(fd, 10000, 1);
+    grant_flags(fd, 5000 + MANY_RETURNS - 1, 1, 5, PROTO_GRANT_REGRANT);
+    int back = 0;
+    read_frames(fd, count_one_return, &back);       /* until the client hangs up */
+    _exit(back == 1 ? 0 : 15);
+}
+
+static void test_newest_returns_kept(int lfd)
+{
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        int fd = accept_welcomed(lfd, 10000, 0);
+        for (int i = 0; i < MANY_RETURNS; i++)
+            grant(fd, 5000 + (uint64_t)i, 1, 1);
+        read_frames(fd, regrant_last_returned, &lfd);
+        _exit(13);
+    }
+    struct client *c = open_client();
+    char err[512] = "";
+    struct proto_msg m;
+    /* all granted first (the server writes them all before it reads: returning each at once
+     * would have both sides blocked writing), then all returned */
+    for (int got = 0; got < MANY_RETURNS;) {
+        int r = client_poll(c, 5000, &m, err, sizeof err);
+        if (r != 1)
+            TEST_FAIL("after %d grants: client_poll %d (%s)", got, r, err);
+        got += m.type == PROTO_LEASE_GRANT;
+    }
+    for (int i = 0; i < MANY_RETURNS; i++)
+        CHECK_OK(client_lease_return(c, 5000 + (uint64_t)i));
+    struct client_stats cs = { 0 };
+    for (int i = 0; i < 200 * test_time_scale() && !cs.reconnects; i++) {
+        CHECK_INT(client_idle(c, 50, err, sizeof err), ==, 0);
+        client_get_stats(c, &cs);
+    }
+    CHECK_INT(cs.reconnects, ==, 1);        /* the re-grant was handled in that handshake */
+    CHECK_INT(client_leases_held(c), ==, 0);
+    client_free(c);                         /* hang up: the server counts what came back */
+    int st = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 200 * test_time_scale() && !done; i++) {
+        done = waitpid(srv, &st, WNOHANG);
+        if (!done)
+            usleep(20000);
+    }
+    CHECK(done == srv);
+    CHECK_INT(WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), ==, 0);
+    printf("%d leases returned on one connection: the re-grant of the last one went back\n", MANY_RETURNS);
+}
+
 /* Last: the client's later reconnects are left in the listening queue. */
 static void test_leaving_regrant_send_fails(int lfd)
 {
@@ -716,6 +790,7 @@ int main(void)
     test_lease_churn(lfd);
     test_ended_lease_poisoned(lfd);
     test_leaving_returns_leases(lfd);
+    test_newest_returns_kept(lfd);
     test_group_ids_kept(lfd);
     test_late_reply_skipped(lfd);
     test_leaving_regrant_send_fails(lfd);
