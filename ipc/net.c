@@ -210,6 +210,12 @@ int net_token_load(const char *path, uint8_t *token, size_t cap, size_t min, siz
         FAIL(-EPERM, "%s: mode %04o lets group or others at the secret (chmod 600 it)", path,
              (unsigned)(st.st_mode & 07777));
     }
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+        /* (its owner could change the token under this process: read as root, say) */
+        close(fd);
+        FAIL(-EPERM, "%s: owned by uid %u, not by this user (uid %u) or root", path, (unsigned)st.st_uid,
+             (unsigned)geteuid());
+    }
     memset(token, 0, cap);
     uint8_t buf[1024];
     long got = fileio_read_upto(fd, buf, sizeof buf);

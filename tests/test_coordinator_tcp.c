@@ -281,6 +281,11 @@ int main(void)
     expect_config_error("cluster.tcp_token_file", "the token is 5 bytes, at least 16");
     write_file(tok_path, "xxxxxxxxxxxxxxxxxxxxxxxx\n", 0600);
     expect_config_error("cluster.tcp_token_file", "the token is one byte repeated: not a secret");
+    if (geteuid() == 0) {       /* another user's file: its owner could change the token */
+        write_file(tok_path, TOKEN, 0600);
+        CHECK_OK(chown(tok_path, 65534, (gid_t)-1));
+        expect_config_error("cluster.tcp_token_file", "owned by uid 65534, not by this user (uid 0) or root");
+    }
     unlink(tok_path);
     expect_config_error("cluster.tcp_token_file", "No such file");
     setup_tcp("127.0.0.1:0", "");
