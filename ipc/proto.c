@@ -94,6 +94,18 @@ static int field_ok(const char *f, size_t cap)
 #define STR_OK(field, what) do { if (!field_ok((field), sizeof(field))) \
     FAIL(-DF_EFORMAT, "%s: %s is not a NUL-terminated string", tn, what); } while (0)
 #define ZERO(field, what) do { if (field) FAIL(-DF_EFORMAT, "%s: %s must be 0", tn, what); } while (0)
+/* A path (a checkpoint folder): stored in the ledger, sent back to the drafters, shown by
+ * dflashctl; a control character in it cannot be replaced (it would name another folder): refused. */
+#define PATH_OK(field, what) do { if (has_control((field), sizeof(field))) \
+    FAIL(-DF_EFORMAT, "%s: %s holds a control character", tn, what); } while (0)
+
+static int has_control(const char *s, size_t cap)
+{
+    for (size_t i = 0; i < cap && s[i]; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+            return 1;
+    return 0;
+}
 
 /* Text a peer wrote (a name, a message, a reason) goes into logs, the ledger and dflashctl's
  * output: a control character in it (a newline, an escape sequence) could forge a log line or
@@ -173,6 +185,7 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
             FAIL(-DF_ERANGE, "%s: rank %u of world %u", tn, m->group.rank, m->group.world_size);
         STR_OK(m->group.coll_name, "coll_name");
         STR_OK(m->group.ckpt_dir, "ckpt_dir");
+        PATH_OK(m->group.ckpt_dir, "ckpt_dir");
         if (m->group.n_done > PROTO_MAX_GROUP_IDS)
             FAIL(-DF_ERANGE, "%s: n_done=%u above %u", tn, m->group.n_done, PROTO_MAX_GROUP_IDS);
         ZERO(m->group.pad, "pad");
@@ -191,11 +204,13 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
         break;
     case PROTO_CHECKPOINTED:
         STR_OK(m->checkpointed.dir, "dir");
+        PATH_OK(m->checkpointed.dir, "dir");
         if (!m->checkpointed.dir[0])
             FAIL(-DF_EFORMAT, "%s: empty dir", tn);
         break;
     case PROTO_CKPT_BAD:
         STR_OK(m->ckpt_bad.dir, "dir");
+        PATH_OK(m->ckpt_bad.dir, "dir");
         STR_OK(m->ckpt_bad.reason, "reason");
         if (!m->ckpt_bad.dir[0])
             FAIL(-DF_EFORMAT, "%s: empty dir", tn);
@@ -218,6 +233,7 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
         break;
     case PROTO_RESTART:
         STR_OK(m->restart.ckpt_dir, "ckpt_dir");
+        PATH_OK(m->restart.ckpt_dir, "ckpt_dir");
         break;
     case PROTO_QUERY:
         if (m->query.what < 1 || m->query.what >= PROTO_Q_MAX)

@@ -215,6 +215,11 @@ int main(void)
         m.ckpt_bad.code = -DF_ETRUNC;
         m.ckpt_bad.pad = 1;
         CHECK(proto_encode(&m, fr, sizeof fr, e, sizeof e) == -DF_EFORMAT);
+        m.ckpt_bad.pad = 0;
+        memset(m.ckpt_bad.dir, 0, sizeof m.ckpt_bad.dir);     /* a path cannot be mended: refused */
+        strcpy(m.ckpt_bad.dir, "/c/step-\n40");
+        CHECK(proto_encode(&m, fr, sizeof fr, e, sizeof e) == -DF_EFORMAT);
+        CHECK_CONTAINS(e, "dir holds a control character");
     }
 
     memset(&m, 0, sizeof m);
@@ -225,6 +230,13 @@ int main(void)
     proto_strset(m.checkpointed.dir, sizeof m.checkpointed.dir, "/ck/step-1000");
     roundtrip(&m, &d);
     CHECK_STR(d.checkpointed.dir, "/ck/step-1000");
+    {
+        uint8_t fr[1024];
+        char e[256];
+        memset(m.checkpointed.dir, 0, sizeof m.checkpointed.dir);
+        strcpy(m.checkpointed.dir, "/ck/\033[2Jstep-1000");
+        CHECK(proto_encode(&m, fr, sizeof fr, e, sizeof e) == -DF_EFORMAT);
+    }
 
     memset(&m, 0, sizeof m);
     m.type = PROTO_ACK;
