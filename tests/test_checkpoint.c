@@ -103,6 +103,15 @@ static int expect_load_error(const char *dir, struct drafter *d, const char *nee
     return r;
 }
 
+/* optimizer.bin's last 8 bytes made the FNV-1a of everything before them (its checksum right). */
+static void reseal(unsigned char *file, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len - 8; i++)
+        h = (h ^ file[i]) * 0x100000001b3ull;
+    memcpy(file + len - 8, &h, sizeof h);
+}
+
 /* optimizer.bin's header field at `off` (8 bytes) set to v, its checksum made to match when
  * `fix_sum` (a whole file of another version or layout), else left (a damaged one). */
 static void set_opt_header(const char *path, size_t off, uint64_t v, int fix_sum)
@@ -114,12 +123,8 @@ static void set_opt_header(const char *path, size_t off, uint64_t v, int fix_sum
     unsigned char *file = malloc(len);
     CHECK(file && pread(fd, file, len, 0) == (ssize_t)len);
     memcpy(file + off, &v, sizeof v);
-    if (fix_sum) {
-        uint64_t h = 0xcbf29ce484222325ull;
-        for (size_t i = 0; i < len - 8; i++)
-            h = (h ^ file[i]) * 0x100000001b3ull;
-        memcpy(file + len - 8, &h, sizeof h);
-    }
+    if (fix_sum)
+        reseal(file, len);
     CHECK(pwrite(fd, file, len, 0) == (ssize_t)len);
     close(fd);
     free(file);
@@ -192,20 +197,15 @@ static void multi_chunk_load(const char *root)
     CHECK(pwrite(fd, file, len, 0) == (ssize_t)len);
     expect_load_error(dir, b, "checksum mismatch");
     same_state(fresh, b);
-    uint64_t h = 0xcbf29ce484222325ull;     /* FNV-1a over everything before the checksum */
-    for (size_t i = 0; i < len - 8; i++)
-        h = (h ^ file[i]) * 0x100000001b3ull;
-    CHECK(pwrite(fd, &h, sizeof h, (off_t)(len - 8)) == sizeof h);
+    reseal(file, len);
+    CHECK(pwrite(fd, file + len - 8, 8, (off_t)(len - 8)) == 8);
     expect_load_error(dir, b, "element 4194309");
     same_state(fresh, b);
     /* the master weight put back, a second moment made NaN (checksum matching): refused as such */
     memcpy(file + 128 + 4 * ((size_t)(4u << 20) + 5), &a->params[(4u << 20) + 5], sizeof(float));
     float nan = NAN;
     memcpy(file + 128 + 4 * (2 * a->n_params + 77), &nan, sizeof nan);
-    h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len - 8; i++)
-        h = (h ^ file[i]) * 0x100000001b3ull;
-    memcpy(file + len - 8, &h, sizeof h);
+    reseal(file, len);
     CHECK(pwrite(fd, file, len, 0) == (ssize_t)len);
     close(fd);
     free(file);
