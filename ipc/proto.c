@@ -101,10 +101,12 @@ static int field_ok(const char *f, size_t cap)
 #define PATH_OK(field, what) do { if (has_control((field), sizeof(field))) \
     FAIL(-DF_EFORMAT, "%s: %s holds a control character", tn, what); } while (0)
 
+static int is_control(char c) { return (unsigned char)c < 0x20 || c == 0x7f; }
+
 static int has_control(const char *s, size_t cap)
 {
     for (size_t i = 0; i < cap && s[i]; i++)
-        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+        if (is_control(s[i]))
             return 1;
     return 0;
 }
@@ -115,7 +117,7 @@ static int has_control(const char *s, size_t cap)
 static void plain_text(char *s, size_t cap)
 {
     for (size_t i = 0; i < cap && s[i]; i++)
-        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
+        if (is_control(s[i]))
             s[i] = '?';
 }
 

@@ -241,15 +241,22 @@ static void train_one(struct client *d, struct ring *r, uint64_t gen)
     tc_wait_num("batches.trained", 1, 5000);
 }
 
-/* Drafter d reports a non-finite loss; the cluster pauses. */
-static void nan_pause(struct client *d)
+/* Drafter d reports a non-finite loss; wait (5 s, scaled, polling d) until the status's `key`
+ * holds `needle`. */
+static void nan_report(struct client *d, const char *key, const char *needle)
 {
     struct proto_msg m;
     char err[256];
     CHECK_OK(client_error(d, 0, -DF_ENAN, "loss is nan at step 2"));
     uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (strcmp(status_str("state"), "paused") && mono_ms() < end)
+    while (!strstr(status_str(key), needle) && mono_ms() < end)
         client_poll(d, 20, &m, err, sizeof err);
+}
+
+/* Drafter d reports a non-finite loss; the cluster pauses. */
+static void nan_pause(struct client *d)
+{
+    nan_report(d, "state", "paused");
     CHECK_STR(status_str("state"), "paused");
 }
 
@@ -944,12 +951,7 @@ static void nan_while_paused(void)
     train_one(d, r, gen);
     control(PROTO_CTL_PAUSE);
     expect_state("paused", 5000);
-    struct proto_msg m;
-    char err[256];
-    CHECK_OK(client_error(d, 0, -DF_ENAN, "loss is nan at step 2"));
-    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
-    while (!strstr(status_str("reason"), "loss is nan") && mono_ms() < end)
-        client_poll(d, 20, &m, err, sizeof err);
+    nan_report(d, "reason", "loss is nan");
     char why[512];
     snprintf(why, sizeof why, "%s", status_str("reason"));
     CHECK_CONTAINS(why, "loss is nan at step 2");

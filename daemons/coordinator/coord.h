@@ -285,6 +285,8 @@ static inline void coord_list_unlink(struct batch **head, struct batch *b)
         b->lnext->lprev = b->lprev;
     b->lnext = b->lprev = NULL;
 }
+/* data.path opened (dataset_open flags), an error naming the key (file:line: data.path: ...). */
+int coord_dataset_open(struct coord *co, struct dataset *ds, unsigned flags, char *err, size_t errlen);
 int coord_ring_layout(struct coord *co, char *err, size_t errlen);     /* coord_ring.c: co->lay */
 int coord_ring_open(struct coord *co, char *err, size_t errlen);
 void coord_ring_reconcile(struct coord *co);        /* after (re)attach: adopt READY slots */

@@ -1695,15 +1695,21 @@ static int load_gen(void *ctx, uint64_t gen, int64_t limit)
     return 0;
 }
 
+int coord_dataset_open(struct coord *co, struct dataset *ds, unsigned flags, char *err, size_t errlen)
+{
+    char why[768];
+    int r = dataset_open(ds, co->cfg->data.path, flags, why, sizeof why);
+    if (r < 0)
+        daemon_key_error(&co->d, "data", "path", err, errlen, "%s", why);    /* file:line: data.path: ... */
+    return r;
+}
+
 int coord_cluster_init(struct coord *co, char *err, size_t errlen)
 {
     const struct dflash_cfg *cfg = co->cfg;
-    char why[768];
-    int r = dataset_open(&co->ds, cfg->data.path, 0, why, sizeof why);
-    if (r < 0) {
-        daemon_key_error(&co->d, "data", "path", err, errlen, "%s", why);
+    int r = coord_dataset_open(co, &co->ds, 0, err, errlen);
+    if (r < 0)
         return r;
-    }
     if (co->ds.n_samples > UINT32_MAX) {
         snprintf(err, errlen, "%s: more than 2^32 samples", cfg->data.path);
         return -DF_ERANGE;

@@ -176,10 +176,8 @@ int main(int argc, char **argv)
     }
     if (co->d.check_only) {
         struct dataset ds;
-        if ((r = dataset_open(&ds, cfg->data.path, DATASET_OPEN_NO_CHECKSUM, err, sizeof err)) < 0) {
-            char why[1024];
-            daemon_key_error(&co->d, "data", "path", why, sizeof why, "%s", err);
-            log_error(0, "%s", why);
+        if ((r = coord_dataset_open(co, &ds, DATASET_OPEN_NO_CHECKSUM, err, sizeof err)) < 0) {
+            log_error(0, "%s", err);
             return r == -ENOMEM || r == -EIO ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
         }
         dataset_close(&ds);
