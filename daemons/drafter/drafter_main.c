@@ -1236,6 +1236,7 @@ static int iterate(struct dft *f)
         if (epoch != f->ts.epoch)
             f->ts.batch_in_epoch = 0;
         f->ts.epoch = epoch;
+        f->dirty = 1;   /* the state moved from the loaded one, even if the step is skipped */
     }
     if (!have)
         memset(f->dr->grads, 0, f->dr->n_params * sizeof(float));
