@@ -1,6 +1,7 @@
 /* config.c: the key table and the inih-driven loader.
  * Unknown keys, bad types and out-of-range values fail with file:line: key: reason. */
 #include <errno.h>
+#include <float.h>
 #include <ini.h>
 #include <math.h>
 #include <stdarg.h>
@@ -13,18 +14,19 @@
 #include "common/fileio.h"
 
 #define OFF(sec, field) offsetof(struct dflash_cfg, sec.field)
-#define I(sec, k, mn, mx, d, h)  { #sec, #k, CFG_INT, mn, mx, d, OFF(sec, k), h }
-#define D(sec, k, mn, mx, d, h)  { #sec, #k, CFG_DOUBLE, mn, mx, d, OFF(sec, k), h }
-#define S(sec, k, d, h)          { #sec, #k, CFG_STR, 0, sizeof(((struct dflash_cfg *)0)->sec.k), d, OFF(sec, k), h }
+#define I(sec, k, mn, mx, d, h)  { #sec, #k, CFG_INT, mn, mx, d, OFF(sec, k), h, 0 }
+#define D(sec, k, mn, mx, d, h)  { #sec, #k, CFG_DOUBLE, mn, mx, d, OFF(sec, k), h, 0 }
+#define S(sec, k, d, h)          { #sec, #k, CFG_STR, 0, sizeof(((struct dflash_cfg *)0)->sec.k), d, OFF(sec, k), h, 0 }
+#define P(sec, k, d, h)          { #sec, #k, CFG_STR, 0, sizeof(((struct dflash_cfg *)0)->sec.k), d, OFF(sec, k), h, 1 }
 
 const struct cfg_key cfg_keys[] = {
     S(cluster, name, "dflash", "cluster id; names the shm ring (/dflash-<name>) and the socket"),
-    S(cluster, runtime_dir, "/run/dflash", "sockets and lock files"),
-    S(cluster, state_dir, "/var/lib/dflash", "ledger, checkpoints, metrics"),
-    S(cluster, socket, "", "control socket path; empty = <runtime_dir>/<name>.sock"),
+    P(cluster, runtime_dir, "/run/dflash", "sockets and lock files"),
+    P(cluster, state_dir, "/var/lib/dflash", "ledger, checkpoints, metrics"),
+    P(cluster, socket, "", "control socket path; empty = <runtime_dir>/<name>.sock"),
     S(cluster, group, "", "group allowed to use the socket and ring; empty = owner only"),
     S(cluster, tcp_listen, "", "host:port (IPv4, [IPv6]:port or a name) of an optional TCP listener for dflashctl; empty = none"),
-    S(cluster, tcp_token_file, "", "with tcp_listen: file holding the shared secret (16-256 bytes, mode 0600) TCP peers must present"),
+    P(cluster, tcp_token_file, "", "with tcp_listen: file holding the shared secret (16-256 bytes, mode 0600) TCP peers must present"),
     S(cluster, log_level, "info", "error | warn | notice | info | debug"),
 
     I(ring, slots, 2, 4096, "16", "slots in the shared-memory ring"),
@@ -32,11 +34,11 @@ const struct cfg_key cfg_keys[] = {
     I(ring, max_seqs, 1, 65535, "256", "sequences per slot (the GPU attention's grid bounds it)"),
     I(ring, stuck_writing_ms, 100, 86400000, "600000", "report a slot WRITING longer than this"),
 
-    S(model, path, "", "target model dir (config.json + *.safetensors)"),
+    P(model, path, "", "target model dir (config.json + *.safetensors)"),
     S(model, capture_layers, "", "captured layer ids, comma separated; empty = DFlash default"),
     I(model, draft_layers, 1, 64, "5", "drafter layers; sets the default capture ids"),
 
-    S(data, path, "", "dataset file written by dflash-data"),
+    P(data, path, "", "dataset file written by dflash-data"),
     I(data, token_budget, 16, 1 << 24, "16384", "tokens per packed batch"),
     I(data, max_seq_len, 2, 1 << 22, "4096", "longer samples are truncated"),
     I(data, epochs, 1, 100000, "1", "epochs to train"),
@@ -44,9 +46,9 @@ const struct cfg_key cfg_keys[] = {
     I(data, bucket_width, 1, 1 << 20, "256", "tokens per length bucket"),
 
     I(coordinator, heartbeat_ms, 10, 600000, "500", "heartbeat period asked of daemons"),
-    I(coordinator, dead_after_ms, 50, 3600000, "5000", "a daemon silent this long is dead"),
+    I(coordinator, dead_after_ms, 50, 3600000, "5000", "a daemon silent this long is dead (at least 3 x heartbeat_ms)"),
     I(coordinator, watchdog_ms, 0, 3600000, "0", "ignored, kept so older files load: the watchdog interval is the units' WatchdogSec="),
-    S(coordinator, ledger, "", "SQLite ledger file; empty = <state_dir>/<name>-ledger.db"),
+    P(coordinator, ledger, "", "SQLite ledger file; empty = <state_dir>/<name>-ledger.db"),
     I(coordinator, ring_hidden, 0, 1 << 20, "0", "ring slot hidden size; 0 = the target model's hidden_size"),
     I(coordinator, recovery_ms, 0, 3600000, "2000", "after a restart, wait this long for peers to reconnect before re-leasing their batches"),
 
@@ -79,8 +81,8 @@ const struct cfg_key cfg_keys[] = {
     D(drafter, adam_eps, 1e-300, 1, "1e-8", "AdamW epsilon (above 0: a parameter whose gradient stays 0 divides 0 by it)"),
     D(drafter, grad_clip, 0, 1e9, "1.0", "global gradient norm clip (0 = off)"),
     I(drafter, checkpoint_every, 1, 1 << 30, "1000", "steps between checkpoints"),
-    S(drafter, checkpoint_dir, "", "empty = <state_dir>/checkpoints"),
-    S(drafter, metrics_path, "", "empty = <state_dir>/metrics-rank<N>.jsonl; set: every rank appends its lines (each names its rank) to this one file"),
+    P(drafter, checkpoint_dir, "", "empty = <state_dir>/checkpoints"),
+    P(drafter, metrics_path, "", "empty = <state_dir>/metrics-rank<N>.jsonl; set: every rank appends its lines (each names its rank) to this one file"),
     I(drafter, seed, 0, 4294967295.0, "42", "init and anchor seed"),
     I(drafter, threads, 1, 1024, "1", "CPU backend threads"),
     I(drafter, devices, 1, 1024, "8", "instance index must be below this"),
@@ -188,17 +190,74 @@ static int check_cluster_name(const char *val, char *why, size_t whylen)
     return -EINVAL;
 }
 
+/* One of the words in `words` (a NULL-ended list), else "'val': expected a, b or c". */
+static int check_word(const char *val, const char *const *words, char *why, size_t whylen)
+{
+    size_t n = 0;
+    for (; words[n]; n++)
+        if (!strcmp(val, words[n]))
+            return 0;
+    int k = snprintf(why, whylen, "'%s': expected ", val);
+    for (size_t i = 0; i < n && k >= 0 && (size_t)k < whylen; i++)
+        k += snprintf(why + k, whylen - (size_t)k, "%s%s", i == 0 ? "" : i + 1 < n ? ", " : " or ", words[i]);
+    return -EINVAL;
+}
+
+/* Enumerated values are checked here, by every program that loads the file (the coordinator's
+ * -t, dflashctl), not only by the daemon that uses the key. */
+static int check_backend(const char *val, char *why, size_t whylen)
+{
+    static const char *const w[] = { "cpu", "cuda", NULL };
+    return check_word(val, w, why, whylen);
+}
+
+static int check_pick(const char *val, char *why, size_t whylen)
+{
+    static const char *const w[] = { "oldest", "random", NULL };
+    return check_word(val, w, why, whylen);
+}
+
+static int check_log_level(const char *val, char *why, size_t whylen)
+{
+    static const char *const w[] = { "error", "warn", "notice", "info", "debug", NULL };
+    return check_word(val, w, why, whylen);
+}
+
 /* String keys whose values have a syntax of their own. */
 static const struct {
     size_t offset;
     int (*check)(const char *val, char *why, size_t whylen);
 } str_checks[] = {
     { OFF(cluster, name), check_cluster_name },
+    { OFF(cluster, log_level), check_log_level },
     { OFF(model, capture_layers), check_capture_layers },
+    { OFF(target, backend), check_backend },
+    { OFF(drafter, backend), check_backend },
+    { OFF(drafter, pick), check_pick },
 };
 
+/* The shortest decimal that reads back as v: 0.9, not 0.90000000000000002; whole numbers as
+ * integers (10, not 1e+01). A value that is not finite, or one below the smallest normal
+ * double (an underflow: the text may say 1e-320 and be read as 0), is shown as `text` said it. */
+static void fmt_double(char *buf, size_t len, const char *text, double v)
+{
+    if (text && (!isfinite(v) || (v != 0 && fabs(v) < DBL_MIN) || (v == 0 && strpbrk(text, "123456789")))) {
+        snprintf(buf, len, "%.24s", text);
+        return;
+    }
+    if (v == floor(v) && fabs(v) < 1e15) {
+        snprintf(buf, len, "%.0f", v);
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, len, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+}
+
 /* Store one value; on failure write the reason (without location) into err. */
-static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char *val,
+static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char *val, const char *base,
                      char *err, size_t errlen)
 {
     char *p = (char *)cfg + k->offset;
@@ -221,12 +280,17 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
     case CFG_DOUBLE: {
         errno = 0;
         double v = strtod(val, &end);
-        if (errno || end == val || *end || !isfinite(v)) {
+        /* ERANGE on underflow still gives a number (tiny or 0): the range check judges it */
+        if (end == val || *end || isnan(v)) {
             snprintf(err, errlen, "not a number: '%s'", val);
             return -EINVAL;
         }
-        if (v < k->min || v > k->max) {
-            snprintf(err, errlen, "%g out of range [%g, %g]", v, k->min, k->max);
+        if (!isfinite(v) || v < k->min || v > k->max) {
+            char a[32], lo[32], hi[32];
+            fmt_double(a, sizeof a, val, v);
+            fmt_double(lo, sizeof lo, NULL, k->min);
+            fmt_double(hi, sizeof hi, NULL, k->max);
+            snprintf(err, errlen, "%s out of range [%s, %s]", a, lo, hi);
             return -ERANGE;
         }
         *(double *)p = v;
@@ -258,6 +322,17 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
             if (r < 0)
                 return r;
         }
+        if (k->path && base && val[0] && val[0] != '/') {
+            /* relative: from `base`, so a daemon under systemd (started in /) and one started
+             * by hand read the same file, and a path the coordinator hands out means one thing */
+            int n = snprintf(p, (size_t)k->max, "%s/%s", base, val);
+            if (n < 0 || n >= (int)k->max) {
+                snprintf(err, errlen, "'%s' taken from %s is longer than %.0f bytes", val, base, k->max - 1);
+                p[0] = 0;
+                return -ERANGE;
+            }
+            return 0;
+        }
         strcpy(p, val);
         return 0;
     }
@@ -275,6 +350,7 @@ struct load_ctx {
     int lineno;     /* Debian's inih has no line numbers in the handler: count here */
     int fail_line;
     int *set_line;  /* per cfg_keys[] entry: the file line that set it (0 = not yet) */
+    const char *base;   /* the file's folder, absolute: relative path values start there */
 };
 
 #define CFG_MAX_LINE 4096   /* inih's line buffer (heap); a longer line is an error, never split */
@@ -344,7 +420,7 @@ static int on_ini(void *user, const char *section, const char *name, const char 
         return 0;
     }
     *first = lineno;
-    int r = cfg_store(c->cfg, k, value, why, sizeof why);
+    int r = cfg_store(c->cfg, k, value, c->base, why, sizeof why);
     if (r < 0) {
         fail_at(c, lineno, r, "%s.%s: %s", section, name, why);
         return 0;
@@ -401,12 +477,29 @@ static int read_config_file(const char *path, char **text, size_t *len, char *er
     return 0;
 }
 
+/* The absolute folder of `path` (the current folder joined with its dirname when relative). */
+static int file_folder(const char *path, char *out, size_t len)
+{
+    const char *slash = strrchr(path, '/');
+    char cwd[CFG_STR_MAX];
+    if (path[0] != '/' && !getcwd(cwd, sizeof cwd))
+        return -errno;
+    int n;
+    if (path[0] == '/')
+        n = snprintf(out, len, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    else if (slash)
+        n = snprintf(out, len, "%s/%.*s", cwd, (int)(slash - path), path);
+    else
+        n = snprintf(out, len, "%s", cwd);
+    return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
 int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
 {
     char why[512];
     memset(cfg, 0, sizeof *cfg);
     for (size_t i = 0; i < cfg_nkeys; i++)
-        if (cfg_store(cfg, &cfg_keys[i], cfg_keys[i].def, why, sizeof why) < 0) {
+        if (cfg_store(cfg, &cfg_keys[i], cfg_keys[i].def, NULL, why, sizeof why) < 0) {
             snprintf(err, errlen, "built-in default %s.%s: %s", cfg_keys[i].section, cfg_keys[i].key, why);
             return -EINVAL;
         }
@@ -417,9 +510,15 @@ int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
     int r = read_config_file(path, &text, &len, err, errlen);
     if (r < 0)
         return r;
+    char base[CFG_STR_MAX];
+    if ((r = file_folder(path, base, sizeof base)) < 0) {
+        snprintf(err, errlen, "%s: its folder: %s", path, strerror(-r));
+        free(text);
+        return r;
+    }
     int set_line[sizeof cfg_keys / sizeof cfg_keys[0]] = { 0 };
     struct load_ctx c = { .cfg = cfg, .path = path, .err = err, .errlen = errlen, .text = text, .len = len,
-                          .set_line = set_line };
+                          .set_line = set_line, .base = base };
     /* Debian's inih takes these at run time: a heap line buffer of CFG_MAX_LINE bytes, and no
      * continuation lines (an indented "key = value" would be glued to the key before it). */
     ini_use_stack = false;
@@ -462,28 +561,17 @@ int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t er
         snprintf(err, errlen, "override %s.%s: unknown key", buf, dot + 1);
         return -EINVAL;
     }
-    int r = cfg_store(cfg, k, eq + 1, why, sizeof why);
+    char cwd[CFG_STR_MAX];
+    if (k->path && !getcwd(cwd, sizeof cwd)) {
+        snprintf(err, errlen, "override %s.%s: the current folder: %s", buf, dot + 1, strerror(errno));
+        return -errno;
+    }
+    int r = cfg_store(cfg, k, eq + 1, k->path ? cwd : NULL, why, sizeof why);
     if (r < 0)
         snprintf(err, errlen, "override %s.%s: %s", buf, dot + 1, why);
     return r;
 }
 
-/* The shortest decimal that reads back as v: 0.9, not 0.90000000000000002; whole numbers as
- * integers (10, not 1e+01). */
-static void print_double(FILE *f, double v)
-{
-    char buf[32];
-    if (v == floor(v) && fabs(v) < 1e15) {
-        fprintf(f, "%.0f", v);
-        return;
-    }
-    for (int prec = 1; prec <= 17; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v)
-            break;
-    }
-    fputs(buf, f);
-}
 
 void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section)
 {
@@ -494,11 +582,12 @@ void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section)
         const char *p = (const char *)cfg + k->offset;
         switch (k->type) {
         case CFG_INT: fprintf(f, "%s.%s = %lld\n", k->section, k->key, (long long)*(const int64_t *)p); break;
-        case CFG_DOUBLE:
-            fprintf(f, "%s.%s = ", k->section, k->key);
-            print_double(f, *(const double *)p);
-            fputc('\n', f);
+        case CFG_DOUBLE: {
+            char v[32];
+            fmt_double(v, sizeof v, NULL, *(const double *)p);
+            fprintf(f, "%s.%s = %s\n", k->section, k->key, v);
             break;
+        }
         case CFG_BOOL: fprintf(f, "%s.%s = %s\n", k->section, k->key, *(const int *)p ? "true" : "false"); break;
         case CFG_STR: fprintf(f, "%s.%s = %s\n", k->section, k->key, p); break;
         }

@@ -115,15 +115,19 @@ struct cfg_key {
     const char *def;
     size_t offset;
     const char *help;
+    int path;                   /* CFG_STR naming a file or folder: a relative one is made absolute */
 };
 
 extern const struct cfg_key cfg_keys[];
 extern const size_t cfg_nkeys;
 
-/* Fill *cfg with defaults, then apply `path` (NULL = defaults only).
- * On error returns <0 and writes "file:line: section.key: reason" into err. */
+/* Fill *cfg with defaults, then apply `path` (NULL = defaults only). A relative path value
+ * (model.path, data.path, ...) is taken from the file's folder, so every daemon reads the same
+ * one wherever it was started. On error returns <0 and writes "file:line: section.key: reason"
+ * into err. */
 int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen);
-/* Apply one "section.key=value" override (command line); same checks. */
+/* Apply one "section.key=value" override (command line); same checks. A relative path value
+ * is taken from the current folder. */
 int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen);
 /* Print every key with its effective value, one per line ("section.key = value"). */
 void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section /* NULL = all */);

@@ -132,6 +132,13 @@ int daemon_load_config(struct daemon *d, char *err, size_t errlen)
         return daemon_key_error(d, d->role, "devices", err, errlen,
                                 "instance index -i %d out of range [0, %lld)", d->index, (long long)devices);
     }
+    /* Keys that bound each other. A daemon silent for less than a few of its heartbeats is not
+     * dead: with fewer, every daemon would be cut off and reconnect over and over. */
+    const struct dflash_cfg *c = &d->cfg;
+    if (c->coordinator.dead_after_ms < 3 * c->coordinator.heartbeat_ms)
+        return daemon_key_error(d, "coordinator", "dead_after_ms", err, errlen,
+                                "%lld is less than three heartbeats (coordinator.heartbeat_ms = %lld)",
+                                (long long)c->coordinator.dead_after_ms, (long long)c->coordinator.heartbeat_ms);
     return 0;
 }
 
@@ -453,11 +460,8 @@ int daemon_start(struct daemon *d, const char *prog, const char *role, int need_
     bus_error_init(d->ident);
     if (daemon_load_config(d, err, errlen) < 0)
         return DAEMON_EX_CONFIG;
-    enum log_level lvl;
-    if (log_level_parse(d->cfg.cluster.log_level, &lvl) < 0) {
-        daemon_key_error(d, "cluster", "log_level", err, errlen, "'%s' is not a log level (error, warn, notice, info, debug)", d->cfg.cluster.log_level);
-        return DAEMON_EX_CONFIG;
-    }
+    enum log_level lvl = LOG_LVL_INFO;
+    log_level_parse(d->cfg.cluster.log_level, &lvl);    /* (the loader checked the word) */
     log_set_level(lvl);
     daemon_print_config(d, stdout);
     return -1;

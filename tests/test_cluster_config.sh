@@ -105,9 +105,14 @@ bad2 "s|^path = .*/model$|path = $T|" "$(grep -n "^path = .*/model$" "$CL_INI" |
 bad2 "s|^path = .*/model$|path = $T|" "$(grep -n "^path = .*/model$" "$CL_INI" | cut -d: -f1): model.path: $T/config.json:" coordinator-d
 bad2 "s|^path = .*/data.bin$|path = $T/no-data.bin|" "$(grep -n "^path = .*/data.bin$" "$CL_INI" | cut -d: -f1): data.path: $T/no-data.bin: cannot open" coordinator-d
 l=$(grep -n "^\[target\]" "$CL_INI" | cut -d: -f1)
-bad2 "/^\[target\]/a backend = tpu" "$((l + 1)): target.backend: 'tpu': expected cpu or cuda" target-d -i 0
-bad2 "s/^pick = .*/pick = newest/" "$(line pick): drafter.pick: 'newest': expected oldest or random" drafter-d -i 0
-bad2 "s/^log_level = .*/log_level = loud/" "$(line log_level): cluster.log_level: 'loud' is not a log level" target-d -i 0
+# enumerated values: refused by every program that loads the file, not only the one using the key
+for d in "target-d -i 0" "drafter-d -i 0" "coordinator-d"; do
+  bad2 "/^\[target\]/a backend = tpu" "$((l + 1)): target.backend: 'tpu': expected cpu or cuda" $d
+  bad2 "s/^pick = .*/pick = newest/" "$(line pick): drafter.pick: 'newest': expected oldest or random" $d
+  bad2 "s/^log_level = .*/log_level = loud/" "$(line log_level): cluster.log_level: 'loud': expected error, warn, notice, info or debug" $d
+  # keys that bound each other: fewer than three heartbeats before a daemon counts as dead
+  bad2 "s/^heartbeat_ms = .*/heartbeat_ms = 1500/" "$(line dead_after_ms): coordinator.dead_after_ms: $(sed -n 's/^dead_after_ms = //p' "$CL_INI") is less than three heartbeats (coordinator.heartbeat_ms = 1500)" $d
+done
 # An -o that is not section.key=value is a usage error (64), like a bad -i.
 "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o 'ring.slots 3' -t >"$T/o.out" 2>&1
 [[ $? == 64 ]] && grep -q "\-o 'ring.slots 3': expected section.key=value" "$T/o.out" || fail "malformed -o: $(tail -2 "$T/o.out")"

@@ -78,6 +78,20 @@ int main(void)
     expect_error("[drafter]\nbeta2 = 1\n", "drafter.beta2: 1 out of range");     /* bias correction 1 - 1^t = 0 */
     expect_error("[drafter]\nadam_eps = 0\n", "drafter.adam_eps: 0 out of range");
     expect_error("[drafter]\ngamma = nan\n", "drafter.gamma: not a number");
+    /* Ranges of doubles shown as the table has them (not rounded to 1); an underflow is a number
+     * that the range judges (not "not a number"), shown as written. */
+    expect_error("[drafter]\nbeta1 = 1\n", "drafter.beta1: 1 out of range [0, 0.9999999]");
+    expect_error("[drafter]\nbeta2 = 0.99999995\n", "drafter.beta2: 0.99999995 out of range [0, 0.9999999]");
+    expect_error("[drafter]\nadam_eps = 1e-320\n", "drafter.adam_eps: 1e-320 out of range [1e-300, 1]");
+    expect_error("[drafter]\nadam_eps = 1e-400\n", "drafter.adam_eps: 1e-400 out of range [1e-300, 1]");
+    expect_error("[drafter]\nlr = 1e999\n", "drafter.lr: 1e999 out of range [0, 10]");
+    p = write_tmp("tiny.ini", "[drafter]\nlr = 1e-310\n");
+    CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
+    CHECK(cfg.drafter.lr > 0 && cfg.drafter.lr < 1e-300);
+    /* Enumerated values are the loader's: every program reading the file refuses them. */
+    expect_error("[target]\nbackend = tpu\n", ":2: target.backend: 'tpu': expected cpu or cuda");
+    expect_error("[drafter]\npick = newest\n", ":2: drafter.pick: 'newest': expected oldest or random");
+    expect_error("[cluster]\nlog_level = loud\n", ":2: cluster.log_level: 'loud': expected error, warn, notice, info or debug");
     expect_error("[ring\nslots=3\n", ":1: syntax error");
     expect_error("[ring]\nslots = 8\nbogus = 1\nalso = 2\n", ":3: ring.bogus: unknown key");     /* the first */
 
@@ -101,6 +115,41 @@ int main(void)
     CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
     CHECK_INT(cfg.data.epochs, ==, 10);
     CHECK_INT(cfg.data.seed, ==, 7);
+
+    /* Relative paths: from the file's folder (a file named by a relative path too), from the
+     * current folder for -o; absolute ones and names that are not paths stay as written. */
+    const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char sub[512], want[700], cwd[512];
+    snprintf(sub, sizeof sub, "%s/cfgrel", tmp);
+    mkdir(sub, 0755);
+    p = write_tmp("cfgrel/rel.ini", "[data]\npath = data.bin\n[model]\npath = ../models/m\n"
+                  "[cluster]\nstate_dir = /srv/s\nname = x.y\n");
+    CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
+    snprintf(want, sizeof want, "%s/data.bin", sub);
+    CHECK_STR(cfg.data.path, want);
+    snprintf(want, sizeof want, "%s/../models/m", sub);
+    CHECK_STR(cfg.model.path, want);
+    CHECK_STR(cfg.cluster.state_dir, "/srv/s");
+    CHECK_STR(cfg.cluster.name, "x.y");
+    CHECK_STR(cfg.drafter.checkpoint_dir, "");      /* empty stays empty (= under state_dir) */
+    CHECK(getcwd(cwd, sizeof cwd) != NULL);
+    CHECK_OK(chdir(tmp));
+    CHECK_OK(cfg_load(&cfg, "cfgrel/rel.ini", err, sizeof err));
+    CHECK(cfg.data.path[0] == '/');
+    CHECK_CONTAINS(cfg.data.path, "/cfgrel/data.bin");
+    CHECK_OK(cfg_set(&cfg, "drafter.metrics_path=m.jsonl", err, sizeof err));
+    char here[512];
+    CHECK(getcwd(here, sizeof here) != NULL);
+    snprintf(want, sizeof want, "%s/m.jsonl", here);
+    CHECK_STR(cfg.drafter.metrics_path, want);
+    CHECK_OK(chdir(cwd));
+    char lng[300], asg[400];
+    memset(lng, 'r', 250);
+    lng[250] = 0;
+    snprintf(asg, sizeof asg, "data.path=%s", lng);
+    CHECK(cfg_set(&cfg, asg, err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "override data.path: 'rrr");
+    CHECK_CONTAINS(err, "is longer than 255 bytes");
 
     CHECK(cfg_load(&cfg, "/nonexistent/x.ini", err, sizeof err) < 0);
     CHECK_CONTAINS(err, "/nonexistent/x.ini: cannot open");

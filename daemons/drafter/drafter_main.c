@@ -207,15 +207,9 @@ static int check_config(struct dft *f, char *err, size_t errlen)
 #else
         return daemon_key_error(d, "drafter", "backend", err, errlen, "cuda: this build has no CUDA drafter backend");
 #endif
-    } else if (strcmp(cfg->drafter.backend, "cpu")) {
-        return daemon_key_error(d, "drafter", "backend", err, errlen, "'%s': expected cpu or cuda", cfg->drafter.backend);
     }
-    if (!strcmp(cfg->drafter.pick, "oldest"))
-        f->pick.policy = RING_PICK_OLDEST;
-    else if (!strcmp(cfg->drafter.pick, "random"))
-        f->pick.policy = RING_PICK_RANDOM;
-    else
-        return daemon_key_error(d, "drafter", "pick", err, errlen, "'%s': expected oldest or random", cfg->drafter.pick);
+    /* (the loader took only the words: cpu or cuda, oldest or random) */
+    f->pick.policy = strcmp(cfg->drafter.pick, "random") ? RING_PICK_OLDEST : RING_PICK_RANDOM;
     f->pick.min_ready = (uint32_t)cfg->drafter.min_ready;
     f->pick.ready_timeout_ms = (int)cfg->drafter.ready_timeout_ms;
     if (!cfg->model.path[0])
@@ -1711,9 +1705,10 @@ int main(int argc, char **argv)
         if ((r = gpu_load(f, err, sizeof err)) < 0 ||
             (r = feed_create(&f->feed, f->ring, f->d.index, &f->ring_pinned, err, sizeof err)) < 0) {
             log_error(r, "GPU %d: %s", f->d.index, err);
-            if (r == -DF_ERANGE) {
-                /* sizes the GPU cannot take (buffers larger than it): a configuration error for
-                 * the whole cluster (a shortage of memory only is restarted) */
+            if (r == -DF_ERANGE || r == -DF_EUNSUPPORTED) {
+                /* sizes the GPU cannot take (buffers larger than it) or shapes its kernels do not
+                 * handle: a configuration error for the whole cluster, which a restart would only
+                 * repeat (a shortage of memory only is restarted) */
                 client_error(f->cl, 1, r, "%s: GPU %d: %s", f->d.ident, f->d.index, err);
                 f->reported = 1;
                 peer_flush_events(&f->d, f->cl, 2000);

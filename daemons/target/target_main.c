@@ -100,16 +100,14 @@ static int check_config(struct tgt *t, char *err, size_t errlen)
 {
     const struct dflash_cfg *cfg = t->cfg;
     struct daemon *d = &t->d;
-    if (!strcmp(cfg->target.backend, "cpu"))
-        t->backend = TARGET_BACKEND_CPU;
-    else if (!strcmp(cfg->target.backend, "cuda")) {
+    t->backend = TARGET_BACKEND_CPU;     /* (the loader took only cpu or cuda) */
+    if (!strcmp(cfg->target.backend, "cuda")) {
 #ifdef DFLASH_HAVE_TARGET_CUDA
         t->backend = TARGET_BACKEND_CUDA;
 #else
         return daemon_key_error(d, "target", "backend", err, errlen, "cuda: this build has no CUDA target backend");
 #endif
-    } else
-        return daemon_key_error(d, "target", "backend", err, errlen, "'%s': expected cpu or cuda", cfg->target.backend);
+    }
     if (!cfg->model.path[0])
         return daemon_key_error(d, "model", "path", err, errlen, "empty: the target model dir is required");
     struct stat st;
