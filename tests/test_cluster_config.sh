@@ -181,6 +181,11 @@ timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.group=dflash-no-such-
 rc=$?
 [[ $rc == 78 ]] && grep -q "cluster.group: no such group 'dflash-no-such-group'" "$T/g.out" ||
   fail "unknown cluster.group: exit $rc: $(tail -2 "$T/g.out")"
+# (that start read the dataset first: samples cut to data.max_seq_len are counted in its log)
+timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.group=dflash-no-such-group -o data.max_seq_len=16 >"$T/g.out" 2>&1
+grep -Eq "data.bin: [1-9][0-9]* of 50 samples are longer than data.max_seq_len \(16\) and are cut to it: [0-9]+ of [0-9]+ tokens \([0-9.]+%\) are not trained" "$T/g.out" ||
+  fail "no word of the samples cut to data.max_seq_len: $(grep -v ' = ' "$T/g.out" | tail -3)"
+rm -f "$ledger"
 # ... and the ledger that start made is gone: the next start (its config mended, and a changed
 # schedule) is not refused for "another dataset or schedule"
 [[ ! -e $ledger ]] || fail "a start that failed its checks left its new ledger $ledger"
@@ -199,6 +204,20 @@ timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.socket="$T/none/x.soc
 rc=$?
 [[ $rc == 78 ]] && grep -q "control socket $T/none/x.sock: its folder $T/none: No such file or directory" "$T/s.out" ||
   fail "cluster.socket in a missing folder: exit $rc: $(tail -2 "$T/s.out")"
+# A dataset with no token in the loss: refused, by -t too (it would train nothing, "complete")
+cp "$CL_DIR/data.bin" "$T/nomask.bin"
+"$CL_PY" - "$T/nomask.bin" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(128)
+n_tokens, mask_off = struct.unpack_from("<Q", h, 24)[0], struct.unpack_from("<Q", h, 48)[0]
+f.seek(mask_off); f.write(bytes(n_tokens))
+f.seek(80); f.write(struct.pack("<Q", 0))      # masked_tokens
+PY
+"$CL_BIN/coordinator-d" -c "$CL_INI" -o data.path="$T/nomask.bin" -t >"$T/o.out" 2>&1
+rc=$?
+[[ $rc == 78 ]] && grep -q "override data.path: $T/nomask.bin: no token is in the loss (every loss mask is 0): nothing to learn" "$T/o.out" ||
+  fail "a dataset with nothing to learn: exit $rc: $(tail -1 "$T/o.out")"
 # A missing config file is a config error too.
 "$CL_BIN/drafter-d" -c "$T/nope.ini" -i 0 >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "$T/nope.ini: cannot open" "$T/o.out" || fail "missing file: $(tail -2 "$T/o.out")"

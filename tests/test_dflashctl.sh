@@ -71,6 +71,15 @@ PY
 "$CTL" -s "$S" pause maintenance | grep -q "paused" || fail "pause"
 "$CTL" -s "$S" --json status | grep -q '"state":"paused"' || fail "state after pause"
 "$CTL" -s "$S" status | grep -q "maintenance" || fail "pause reason not shown"
+# options after the command are options, not words of the reason; "--" lets a reason start with '-'
+"$CTL" status -s "$S" --json | json_ok || fail "options after the command"
+"$CTL" -s "$S" resume >/dev/null || fail "resume"
+"$CTL" -s "$S" pause --json again | grep -q '"state":"paused"' || fail "pause --json printed no JSON"
+"$CTL" -s "$S" status | grep -q "again" || fail "the reason after --json not kept"
+"$CTL" -s "$S" status | grep -q -- "--json" && fail "--json taken as the reason"
+"$CTL" -s "$S" resume >/dev/null || fail "resume"
+"$CTL" -s "$S" pause -- -x- | grep -q "paused" || fail "pause -- -x-"
+"$CTL" -s "$S" status | grep -q -- "-x-" || fail "a reason after -- not kept"
 "$CTL" -s "$S" resume | grep -q "running" || fail "resume"
 "$CTL" -s "$S" --json resume | grep -q '"ok":true' || fail "resume is idempotent"
 

@@ -8,6 +8,7 @@ tools/install-deps.sh || { echo "dependency install failed"; echo "0 passed, 1 f
 jobs=$(nproc)
 total_p=0 total_f=0 total_s=0
 phases=${CHECK_PHASES:-"plain asan tsan fuzz"}
+logs=$(mktemp -d /tmp/dflash-check.XXXXXX)     # this run's own: two checks on one host do not mix
 
 run_phase() { # name, make args..., -- run.sh filter
   local name=$1; shift
@@ -17,13 +18,13 @@ run_phase() { # name, make args..., -- run.sh filter
   echo "=== $name: make ${margs[*]}"
   local build
   build=$(make -s "${margs[@]}" print-build 2>/dev/null | tail -n 1)
-  if ! make -s -j"$jobs" "${margs[@]}" all >"/tmp/dflash-build-$name.log" 2>&1; then
-    tail -n 40 "/tmp/dflash-build-$name.log"
+  if ! make -s -j"$jobs" "${margs[@]}" all >"$logs/build-$name.log" 2>&1; then
+    tail -n 40 "$logs/build-$name.log"
     echo "=== $name: build failed"
     total_f=$((total_f + 1))
     return
   fi
-  local out log=/tmp/dflash-check-$name.log scale=1
+  local out log=$logs/check-$name.log scale=1
   [[ $name != plain ]] && scale=${DFLASH_SAN_TIME_SCALE:-5}
   BUILD=$build DFLASH_TEST_TIME_SCALE=$scale tests/run.sh "$filter" | tee "$log"
   out=$(tail -n 1 "$log")
@@ -51,5 +52,6 @@ for ph in $phases; do
            case $rc in 0) total_p=$((total_p + 1));; 77) total_s=$((total_s + 1));; *) total_f=$((total_f + 1));; esac ;;
   esac
 done
+echo "(logs: $logs)"
 echo "$total_p passed, $total_f failed, $total_s skipped"
 [[ $total_f -eq 0 ]]

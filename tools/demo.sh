@@ -12,7 +12,13 @@ export DFLASH_SRC=$PWD DFLASH_BUILD=${DFLASH_BUILD:-$PWD/build}
 . tests/lib/cluster.sh
 SECS=${DEMO_SECONDS:-60}
 RUN=${DEMO_DIR:-$(mktemp -d /tmp/dflash-demo.XXXXXX)}
-mkdir -p "$RUN"
+# Each demo is a new run (a cluster name of its own): the checkpoints of an earlier one in the
+# same folder belong to another run and would be refused.
+if [[ -n $(ls -A "$RUN" 2>/dev/null) ]]; then
+  echo "demo: DEMO_DIR $RUN is not empty (an earlier run's files): give a new or empty folder" >&2
+  exit 1
+fi
+mkdir -p "$RUN" || exit 1
 say() { printf '\033[1m== %s\033[0m\n' "$*"; }
 die() { echo "demo: $*" >&2; cl_logs 10 >&2; cl_cleanup; exit 1; }
 

@@ -24,7 +24,7 @@ while [[ $# -gt 0 ]]; do
     --ci) mode=ci; secs=${FUZZ_CI_SECONDS:-25} ;;
     --build) mode=build ;;
     --seeds) mode=seeds ;;
-    --seconds) secs=$2; shift ;;
+    --seconds) [[ $# -ge 2 ]] || { echo "fuzz.sh: --seconds needs a value" >&2; exit 64; }; secs=$2; shift ;;
     --seconds=*) secs=${1#*=} ;;
     -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 64 ;;

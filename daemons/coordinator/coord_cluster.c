@@ -1701,6 +1701,12 @@ int coord_dataset_open(struct coord *co, struct dataset *ds, unsigned flags, cha
     int r = dataset_open(ds, co->cfg->data.path, flags, why, sizeof why);
     if (r < 0)
         daemon_key_error(&co->d, "data", "path", err, errlen, "%s", why);    /* file:line: data.path: ... */
+    else if (ds->hdr->masked_tokens == 0) {
+        /* a run over it would end "complete" having learned nothing, loss 0 throughout */
+        dataset_close(ds);
+        r = daemon_key_error(&co->d, "data", "path", err, errlen,
+                             "%s: no token is in the loss (every loss mask is 0): nothing to learn", co->cfg->data.path);
+    }
     return r;
 }
 
@@ -1717,8 +1723,19 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     co->lengths = malloc(co->ds.n_samples * 4);
     if (!co->lengths)
         return -ENOMEM;
-    for (uint64_t i = 0; i < co->ds.n_samples; i++)
+    uint64_t n_cut = 0, tokens_cut = 0;
+    for (uint64_t i = 0; i < co->ds.n_samples; i++) {
         co->lengths[i] = dataset_sample_len(&co->ds, i);
+        if (co->lengths[i] > (uint64_t)cfg->data.max_seq_len) {
+            n_cut++;
+            tokens_cut += co->lengths[i] - (uint64_t)cfg->data.max_seq_len;
+        }
+    }
+    if (n_cut)
+        log_warn(0, "%s: %" PRIu64 " of %" PRIu64 " samples are longer than data.max_seq_len (%lld) and are cut to it:"
+                 " %" PRIu64 " of %" PRIu64 " tokens (%.1f%%) are not trained", cfg->data.path, n_cut, co->ds.n_samples,
+                 (long long)cfg->data.max_seq_len, tokens_cut, co->ds.n_tokens,
+                 100.0 * (double)tokens_cut / (double)co->ds.n_tokens);
     co->sp = (struct sched_params){ .seed = (uint64_t)cfg->data.seed, .token_budget = (uint32_t)cfg->data.token_budget,
                                     .max_seq_len = (uint32_t)cfg->data.max_seq_len,
                                     .bucket_width = (uint32_t)cfg->data.bucket_width,

@@ -310,7 +310,9 @@ static void usage(FILE *f)
                "  --connect HOST:PORT  the coordinator's TCP listener (cluster.tcp_listen; [IPv6]:PORT)\n"
                "  --token-file PATH    its shared secret (a copy of cluster.tcp_token_file, mode 0600)\n"
                "  --json     print the coordinator's JSON document (read commands)\n"
-               "  -n LIMIT   rows for batches / errors / checkpoints (default 100)\ncommands:\n");
+               "  -n LIMIT   rows for batches / errors / checkpoints (default 100)\n"
+               "options may also follow the command; after \"--\" every word is the command's (a REASON\n"
+               "starting with '-')\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].usage);
 }
@@ -319,9 +321,20 @@ int main(int argc, char **argv)
 {
     struct ctx x = { .limit = 100 };
     const char *config = NULL;
-    int i = 1;
-    for (; i < argc && argv[i][0] == '-'; i++) {
+    /* Options go anywhere (`dflashctl status --json`); "--" ends them, for a reason that starts
+     * with '-'. The words left, in order: the command and its arguments. */
+    char **words = argv + 1;    /* gathered in place: words[k] is never past the argument read */
+    int n_words = 0, opts_done = 0;
+    for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (opts_done || a[0] != '-' || !a[1]) {
+            words[n_words++] = argv[i];
+            continue;
+        }
+        if (!strcmp(a, "--")) {
+            opts_done = 1;
+            continue;
+        }
         if (!strcmp(a, "--json")) {
             x.json = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -357,7 +370,7 @@ int main(int argc, char **argv)
             return EX_USAGE;
         }
     }
-    if (i >= argc) {
+    if (n_words == 0) {
         usage(stderr);
         return EX_USAGE;
     }
@@ -375,13 +388,13 @@ int main(int argc, char **argv)
     }
     const struct cmd_entry *ce = NULL;
     for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++)
-        if (!strcmp(argv[i], commands[k].name))
+        if (!strcmp(words[0], commands[k].name))
             ce = &commands[k];
     if (!ce) {
-        fprintf(stderr, "dflashctl: unknown command '%s' (dflashctl -h lists them)\n", argv[i]);
+        fprintf(stderr, "dflashctl: unknown command '%s' (dflashctl -h lists them)\n", words[0]);
         return EX_USAGE;
     }
-    int nargs = argc - i - 1;
+    int nargs = n_words - 1;
     if (nargs < ce->min_args || nargs > ce->max_args) {
         fprintf(stderr, "dflashctl: %s: wrong number of arguments (%s)\n", ce->name, ce->usage);
         return EX_USAGE;
@@ -426,7 +439,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "dflashctl: the coordinator ended the cluster (%s.stopped): %s\n", x.socket, why);
         return EX_FAIL;
     }
-    int rc = ce->fn(&x, nargs, argv + i + 1);
+    int rc = ce->fn(&x, nargs, words + 1);
     client_free(x.c);
     return rc;
 }
