@@ -1,6 +1,7 @@
 /* attention.cu: packed varlen causal GQA prefill. attn_mma: FlashAttention-2 style tiles
  * with mma.sync m16n8k16 (bf16 -> fp32), cp.async double-buffered K/V; attn_simple: a warp
  * per (query, head) with the same online softmax, for any head_dim and as a cross-check. */
+#include <limits.h>
 #include <math.h>
 #include "gpukern/attention.h"
 #include "gpukern/gk_impl.cuh"
@@ -11,7 +12,7 @@
 /* Keys in chunks of 32, one key per lane for the scores; each lane then owns head_dim/32
  * output dims (at most 8) and accumulates p * v over the chunk. */
 __global__ void attn_simple(const bf16 *q, long qs, const bf16 *k, long ks, const bf16 *v, long vs,
-                            bf16 *out, long os, const int32_t *cu, int n_seqs, int n_tokens_max,
+                            bf16 *out, long os, const int32_t *cu, int n_seqs, long n_tokens,
                             int n_heads, int group, int hd, float scale_log2)
 {
     extern __shared__ float qsh[];  /* [warps][hd] */
@@ -19,7 +20,7 @@ __global__ void attn_simple(const bf16 *q, long qs, const bf16 *k, long ks, cons
     long gid = (long)blockIdx.x * (blockDim.x / 32) + warp;
     int h = (int)(gid % n_heads);
     long t = gid / n_heads;
-    if (t >= n_tokens_max) return;
+    if (t >= n_tokens) return;
     if (t < cu[0] || t >= cu[n_seqs]) return;
     int lo = 0, hi = n_seqs - 1;  /* sequence s with cu[s] <= t < cu[s+1] */
     while (lo < hi) {
@@ -83,12 +84,21 @@ __device__ __forceinline__ void load_tile(bf16 *tile, const bf16 *base, long str
     }
 }
 
-/* grid: (n_heads, n_seqs, ceil(max_seqlen / 64)); the last query tiles (the longest causal
- * rows) are scheduled first. Each warp owns 16 query rows of the block's 64. */
+/* The query tiles of a batch without a rectangular (sequence x tile) grid, which a skewed batch
+ * (thousands of short sequences beside one long one) makes billions of blocks large: sequence s
+ * owns the tile slots [base(s), base(s + 1)), base(s) = s + cu[s] / 64, and its tiles are the
+ * first ceil(len / 64) of them (floor((a + len) / 64) - floor(a / 64) >= floor(len / 64), so
+ * base(s + 1) - base(s) >= 1 + floor(len / 64) >= ceil(len / 64)). The slots number
+ * n_seqs + n_tokens / 64 in all; at most about one per sequence is idle. */
+static long tile_slots(int n_seqs, long n_tokens) { return n_seqs + n_tokens / BM; }
+
+/* 1-D grid over (tile slot, head), heads of a slot adjacent, taken from the last slot down: a
+ * sequence's last query tiles (its longest causal rows) start first. Each warp owns 16 query rows
+ * of the block's 64. */
 template <int HD>
 __global__ void __launch_bounds__(WARPS * 32)
 attn_mma(const bf16 *q, long qs, const bf16 *k, long ks, const bf16 *v, long vs, bf16 *out, long os,
-         const int32_t *cu, int group, float scale_log2)
+         const int32_t *cu, int n_seqs, int n_heads, int group, float scale_log2)
 {
     constexpr int LDS = HD + PAD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -96,10 +106,18 @@ attn_mma(const bf16 *q, long qs, const bf16 *k, long ks, const bf16 *v, long vs,
     bf16 *sK = sQ + BM * LDS;       /* two buffers */
     bf16 *sV = sK + 2 * BN * LDS;   /* two buffers */
 
-    const int h = blockIdx.x, seq = blockIdx.y;
-    const int start = cu[seq], len = cu[seq + 1] - start;
-    const int mb = gridDim.z - 1 - blockIdx.z;
-    if (mb * BM >= len) return;
+    const long idx = (long)gridDim.x - 1 - blockIdx.x;
+    const int h = (int)(idx % n_heads);
+    const long slot = idx / n_heads;
+    int lo = 0, hi = n_seqs - 1;    /* the last sequence whose first slot is at or before this one */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (mid + cu[mid] / BM <= slot) lo = mid; else hi = mid - 1;
+    }
+    const int seq = lo, start = cu[seq], len = cu[seq + 1] - start;
+    const long mbl = slot - (seq + start / BM);
+    if (mbl < 0 || mbl * BM >= len) return;
+    const int mb = (int)mbl;
     const int kvh = h / group;
     const bf16 *qb = q + (long)start * qs + (long)h * HD;
     const bf16 *kb = k + (long)start * ks + (long)kvh * HD;
@@ -234,7 +252,7 @@ attn_mma(const bf16 *q, long qs, const bf16 *k, long ks, const bf16 *v, long vs,
 
 template <int HD>
 static int launch_mma(const void *q, long qs, const void *k, long ks, const void *v, long vs, void *out,
-                      long os, const int32_t *cu, int n_seqs, int max_seqlen, int n_heads, int group,
+                      long os, const int32_t *cu, int n_seqs, long blocks, int n_heads, int group,
                       float scale_log2, cudaStream_t stream)
 {
     const int smem = (BM + 4 * BN) * (HD + PAD) * 2;
@@ -243,47 +261,49 @@ static int launch_mma(const void *q, long qs, const void *k, long ks, const void
     if (cudaFuncSetAttribute(attn_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
         cudaSuccess)
         return -DF_ECUDA;
-    dim3 grid(n_heads, n_seqs, (max_seqlen + BM - 1) / BM);
-    attn_mma<HD><<<grid, WARPS * 32, smem, stream>>>((const bf16 *)q, qs, (const bf16 *)k, ks,
-                                                     (const bf16 *)v, vs, (bf16 *)out, os, cu, group,
-                                                     scale_log2);
+    attn_mma<HD><<<(unsigned)blocks, WARPS * 32, smem, stream>>>((const bf16 *)q, qs, (const bf16 *)k, ks,
+                                                                 (const bf16 *)v, vs, (bf16 *)out, os, cu, n_seqs,
+                                                                 n_heads, group, scale_log2);
     GK_LAUNCH_CHECK();
     return 0;
 }
 
 extern "C" int gk_attention_prefill(const void *q, long q_stride, const void *k, long k_stride,
                                     const void *v, long v_stride, void *out, long out_stride,
-                                    const int32_t *cu_seqlens, int n_seqs, int max_seqlen,
+                                    const int32_t *cu_seqlens, int n_seqs, int n_tokens,
                                     int n_heads, int n_kv_heads, int head_dim, float scale,
                                     int impl, cudaStream_t stream)
 {
-    if (n_seqs < 0 || n_seqs > 65535 || max_seqlen < 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads ||
+    if (n_seqs < 0 || n_tokens < 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads ||
         head_dim <= 0 || head_dim % 8 || head_dim > 256 || !(scale > 0) ||
         q_stride < (long)n_heads * head_dim || out_stride < (long)n_heads * head_dim ||
         k_stride < (long)n_kv_heads * head_dim || v_stride < (long)n_kv_heads * head_dim ||
         !gk_vec_ok(q, q_stride) || !gk_vec_ok(k, k_stride) || !gk_vec_ok(v, v_stride) ||
         !gk_vec_ok(out, out_stride) || !cu_seqlens)
         return -EINVAL;
-    if (n_seqs == 0 || max_seqlen == 0) return 0;
     if (impl < GK_ATTN_AUTO || impl > GK_ATTN_MMA) return -EINVAL;
+    const bool mma_ok = head_dim == 64 || head_dim == 128;
+    if (impl == GK_ATTN_MMA && !mma_ok) return -EINVAL;
+    if (n_seqs == 0 || n_tokens == 0) return 0;
     const int group = n_heads / n_kv_heads;
     const float scale_log2 = scale * 1.4426950408889634f;
-    bool mma_ok = head_dim == 64 || head_dim == 128;
-    if (impl == GK_ATTN_MMA && !mma_ok) return -EINVAL;
-    if (impl != GK_ATTN_SIMPLE && mma_ok && max_seqlen <= 65535 * BM) {
+    /* both grids are 1-D: at most 2^31 - 1 blocks */
+    if (impl != GK_ATTN_SIMPLE && mma_ok) {
+        const long blocks = tile_slots(n_seqs, n_tokens) * n_heads;
+        if (blocks > INT_MAX) return -EINVAL;
         if (head_dim == 128)
             return launch_mma<128>(q, q_stride, k, k_stride, v, v_stride, out, out_stride, cu_seqlens,
-                                   n_seqs, max_seqlen, n_heads, group, scale_log2, stream);
+                                   n_seqs, blocks, n_heads, group, scale_log2, stream);
         return launch_mma<64>(q, q_stride, k, k_stride, v, v_stride, out, out_stride, cu_seqlens,
-                              n_seqs, max_seqlen, n_heads, group, scale_log2, stream);
+                              n_seqs, blocks, n_heads, group, scale_log2, stream);
     }
-    /* The simple kernel needs the total token count: bound it by n_seqs * max_seqlen and let
-     * each warp check its token against cu_seqlens[n_seqs]. */
+    /* a warp per (token, head) of the n_tokens tokens; each finds its sequence in cu_seqlens */
     const int warps = 4;
-    long rows = (long)n_seqs * max_seqlen * n_heads;
+    const long rows = (long)n_tokens * n_heads;
+    if ((rows + warps - 1) / warps > INT_MAX) return -EINVAL;
     attn_simple<<<gk_blocks(rows, warps), warps * 32, warps * head_dim * sizeof(float), stream>>>(
         (const bf16 *)q, q_stride, (const bf16 *)k, k_stride, (const bf16 *)v, v_stride, (bf16 *)out,
-        out_stride, cu_seqlens, n_seqs, n_seqs * max_seqlen, n_heads, group, head_dim, scale_log2);
+        out_stride, cu_seqlens, n_seqs, n_tokens, n_heads, group, head_dim, scale_log2);
     GK_LAUNCH_CHECK();
     return 0;
 }
