@@ -4,6 +4,7 @@
  * backward recomputes the scores: dq query-major, dk/dv key-major over gk_dflash_plan's tiles.
  * Three generations of the same kernels: CUDA cores (any head_dim, fp32), mma.sync (head_dim 64 /
  * 128) and, on Hopper, warpgroup MMA (head_dim 128, sm_90a); gk_dflash_attn_fwd/_bwd pick. */
+#include <limits.h>
 #include <math.h>
 #include <algorithm>
 #include "gpukern/dflash_attn.h"
@@ -849,7 +850,8 @@ __global__ void __launch_bounds__(MW * 32) bwd_kv_mma(gk_dflash_attn a, gk_dflas
 }
 
 
-/* dK, dV of a context key tile (gr.tiles[y], kv head x) with two warpgroups: warpgroup j takes the
+/* dK, dV of a context key tile (gr.tiles[x / nkv], kv head x % nkv: a 1-D grid, as the tiles can
+ * number more than a y dimension's 65535) with two warpgroups: warpgroup j takes the
  * work units j, j + 2, ... (a unit: 64 query rows of one block of the tile's list) and prefetches
  * its next unit's Q, dO, lse and delta while it computes the current one; at the end warpgroup 1
  * hands its sums to warpgroup 0 through shared memory (a fixed order: the same result every run).
@@ -871,9 +873,9 @@ __global__ void __launch_bounds__(KV_WG * MW * 32) bwd_kv_mma2(gk_dflash_attn a,
     bf16 *sK = (bf16 *)smem, *sV = sK + TILE;
     bf16 *sQD = sV + TILE + wg * 4 * TILE;                      /* this warpgroup's [2 buffers][Q, dO] */
     float *stat = (float *)(sK + (2 + 4 * KV_WG) * TILE) + wg * 4 * MB;    /* [2 buffers][lse, delta] */
-    const gk_dflash_ktile tile = gr.tiles[blockIdx.y];
+    const gk_dflash_ktile tile = gr.tiles[blockIdx.x / a.n_kv_heads];
     if (tile.key0 < 0) return;      /* not a context tile: the plan's layout was not kept */
-    const int g = blockIdx.x, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
+    const int g = blockIdx.x % a.n_kv_heads, bs = a.block_size, grp = a.n_heads / a.n_kv_heads, R = bs * grp;
     const int n_keys = tile.n_keys, nch = (R + MB - 1) / MB, units = (tile.q1 - tile.q0) * nch;
     const bf16 *kbase = (const bf16 *)a.kc + (long)tile.key0 * a.kc_stride + (long)g * HD;
     const bf16 *vbase = (const bf16 *)a.vc + (long)tile.key0 * a.vc_stride + (long)g * HD;
@@ -1428,7 +1430,7 @@ int launch_bwd_mma(const gk_dflash_attn *a, const gk_dflash_attn_grad *g, cudaSt
         return 0;
     }
     if (n_ctx_tiles > 0) {
-        bwd_kv_mma2<HD><<<dim3((unsigned)a->n_kv_heads, (unsigned)n_ctx_tiles), KV_WG * MW * 32, skv2, stream>>>(*a, *g);
+        bwd_kv_mma2<HD><<<(unsigned)n_ctx_tiles * (unsigned)a->n_kv_heads, KV_WG * MW * 32, skv2, stream>>>(*a, *g);
         GK_LAUNCH_CHECK();
     }
     if (n_self > 0) {
@@ -1543,8 +1545,9 @@ int launch_bwd(const gk_dflash_attn *a, const gk_dflash_attn_grad *g, cudaStream
 bool check_args(const gk_dflash_attn *a)
 {
     int hd = a->head_dim;
+    /* the kv heads are a y grid dimension (at most 65535) of the query-major kernels */
     if (a->n_blocks < 0 || a->block_size < 1 || a->block_size > KT || a->n_heads <= 0 ||
-        a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads)
+        a->n_kv_heads <= 0 || a->n_kv_heads > 65535 || a->n_heads % a->n_kv_heads)
         return false;
     if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256) return false;
     if ((long)a->block_size * (a->n_heads / a->n_kv_heads) + MB >= 65536) return false;    /* div_by's range */
@@ -1586,6 +1589,8 @@ extern "C" int gk_dflash_attn_bwd(const gk_dflash_attn *a, const gk_dflash_attn_
         g->dvb_stride < kvd || g->dvc_stride % 2 || g->dvb_stride % 2 ||
         !gk_vec_ok(g->dout, g->dout_stride) || !g->dq || !g->dkc || !g->dvc || !g->dkb || !g->dvb)
         return -EINVAL;
+    if ((long)g->n_tiles * a->n_kv_heads > INT_MAX)
+        return -EINVAL;     /* the key pass's 1-D grids: a CTA per (tile, kv head) */
     if (use_mma(a) && (g->dq_stride % 2 || g->dkc_stride % 2 || g->dkb_stride % 2 || (uintptr_t)g->dq % 8 ||
                        (uintptr_t)g->dkc % 8 || (uintptr_t)g->dkb % 8))
         return -EINVAL;     /* the tensor-core kernels store float2 */

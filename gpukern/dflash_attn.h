@@ -43,7 +43,8 @@ enum gk_dflash_impl { GK_DFLASH_AUTO = 0, GK_DFLASH_SIMPLE = 1, GK_DFLASH_MMA = 
  * with sm_90a code), else 0. */
 GK_API int gk_dflash_attn_has_wgmma(void);
 
-/* Supported head_dim: 16, 32, 64, 128, 256; every stride % 8 == 0 and 16-byte aligned bases. */
+/* Supported head_dim: 16, 32, 64, 128, 256; every stride % 8 == 0 and 16-byte aligned bases;
+ * n_kv_heads <= 65535 and block_size * (n_heads / n_kv_heads) + 64 < 65536 (else -EINVAL). */
 GK_API int gk_dflash_attn_fwd(const gk_dflash_attn *a, cudaStream_t stream);
 
 /* Host: the key tiles of the backward. blocks (host copy, any order) sharing a ctx0 are one
@@ -68,6 +69,7 @@ typedef struct gk_dflash_attn_grad {
 } gk_dflash_attn_grad;
 
 /* Gradients from the forward's q, k, v, o and lse (a as given to the forward). dq in the query
- * pass, dk/dv in a key-major pass over the tiles: deterministic, no atomics. */
+ * pass, dk/dv in a key-major pass over the tiles: deterministic, no atomics. A CTA per (tile,
+ * kv head) in a 1-D grid: n_tiles * n_kv_heads <= 2^31 - 1 (else -EINVAL). */
 GK_API int gk_dflash_attn_bwd(const gk_dflash_attn *a, const gk_dflash_attn_grad *g,
                               cudaStream_t stream);

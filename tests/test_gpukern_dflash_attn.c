@@ -1,7 +1,8 @@
 /* test_gpukern_dflash_attn.c: DFlash block attention forward and backward against an fp64 CPU
  * reference on fresh random data (several sequences, unsorted blocks, contexts of many key tiles,
- * GQA, head_dim 16/32/64/128/256), the CUDA-core and the tensor-core kernels; the backward's key-tile
- * plan checked on the host (runs without a GPU). --bench: speed of both at the drafter bench's shape. */
+ * GQA, head_dim 16/32/64/128/256; 70000 short sequences: more key tiles than a grid's y dimension
+ * holds), the CUDA-core and the tensor-core kernels; the backward's key-tile plan checked on the
+ * host (runs without a GPU). --bench: speed of both at the drafter bench's shape. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "gpukern/dflash_attn.h"
@@ -161,14 +162,12 @@ static float *download_f32_raw(const float *d, size_t n)
     return h;
 }
 
-static void attn_case(int hd, int nh, int nkv, int bs, int impl)
+/* Forward and backward of p (heads and blocks set) on fresh random data against the reference.
+ * tail_rows > 0: also the context gradients of the last tail_rows rows alone (the last key tiles). */
+static void run_case(const struct problem *pp, int impl, int tail_rows)
 {
-    struct problem p;
-    make_problem(&p, gk_rng_int(1, 5), gk_rng_int(20, 300), bs);
-    p.nh = nh;
-    p.nkv = nkv;
-    p.hd = hd;
-    if (p.nb == 0) p.blk[p.nb++] = (gk_dflash_block){ 0, p.cu[1] - 1 };
+    const struct problem p = *pp;
+    const int hd = p.hd, nh = p.nh, nkv = p.nkv, bs = p.bs;
     int Q = p.nb * bs, qd = nh * hd, kvd = nkv * hd;
     long qs = qd + 8 * gk_rng_int(0, 2), kvs = kvd + 8 * gk_rng_int(0, 2);
     float *q, *kc, *vc, *kb, *vb, *dout;
@@ -232,6 +231,13 @@ static void attn_case(int hd, int nh, int nkv, int bs, int impl)
     /* the tensor-core kernels round P and dS to bf16 as mma operands (2^-9 relative each) */
     double eg = mma ? 1e-2 : 5e-3;
     CHECK(eo < 1e-2 && el < 1e-4 && eq < eg && ekc < eg && ekb < eg && evc < 1e-2 && evb < 1e-2);
+    if (tail_rows > 0) {
+        const long r0 = p.T - tail_rows;
+        double tkc = gk_rel_err(gkc + r0 * kvd, kvd, rdkc + r0 * kvd, kvd, tail_rows, kvd);
+        double tvc = gk_rel_err(gvc + r0 * kvd, kvd, rdvc + r0 * kvd, kvd, tail_rows, kvd);
+        printf("%s context rows [%ld, %d): rel err dkc %.1e dvc %.1e\n", kind, r0, p.T, tkc, tvc);
+        CHECK(tkc < eg && tvc < 1e-2);
+    }
 
     cudaFree(dq_); cudaFree(dkc_); cudaFree(dvc_); cudaFree(dkb_); cudaFree(dvb_); cudaFree(ddo); cudaFree(dblk);
     cudaFree(dout_o); cudaFree(dlse); cudaFree(ddelta); cudaFree(gdq); cudaFree(gdkc); cudaFree(gdkb);
@@ -240,7 +246,52 @@ static void attn_case(int hd, int nh, int nkv, int bs, int impl)
     free(q); free(kc); free(vc); free(kb); free(vb); free(dout);
     free(ro); free(rl); free(rdq); free(rdkc); free(rdvc); free(rdkb); free(rdvb);
     free(o); free(lse); free(gq); free(gkc); free(gkb); free(gvc); free(gvb);
-    free(ql); free(tiles); free(p.blk);
+    free(ql); free(tiles);
+}
+
+static void attn_case(int hd, int nh, int nkv, int bs, int impl)
+{
+    struct problem p;
+    make_problem(&p, gk_rng_int(1, 5), gk_rng_int(20, 300), bs);
+    p.nh = nh;
+    p.nkv = nkv;
+    p.hd = hd;
+    if (p.nb == 0) p.blk[p.nb++] = (gk_dflash_block){ 0, p.cu[1] - 1 };
+    run_case(&p, impl, 0);
+    free(p.blk);
+}
+
+/* More context key tiles than a grid's y dimension holds (65535): 70000 sequences of 2 to 4
+ * tokens, one block each with a context of at least one key, so each sequence is one context tile
+ * of the key pass. Small heads keep the reference to a second or two. */
+static void many_tiles_case(int hd, int impl)
+{
+    enum { N_SEQS = 70000 };
+    struct problem p = { .n_seqs = N_SEQS, .bs = 4, .nh = 2, .nkv = 1, .hd = hd };
+    p.blk = malloc(sizeof *p.blk * N_SEQS);
+    CHECK(p.blk);
+    int start = 0;
+    for (int s = 0; s < N_SEQS; s++) {
+        int len = gk_rng_int(2, 4);
+        p.blk[p.nb++] = (gk_dflash_block){ start, start + gk_rng_int(1, len - 1) };
+        start += len;
+    }
+    p.T = start;
+    for (int i = p.nb - 1; i > 0; i--) {    /* unsorted, as in the other cases */
+        int j = gk_rng_int(0, i);
+        gk_dflash_block t = p.blk[i]; p.blk[i] = p.blk[j]; p.blk[j] = t;
+    }
+    int max = gk_dflash_max_tiles(p.T, p.nb);
+    int32_t *ql = malloc(sizeof *ql * (size_t)p.nb);
+    gk_dflash_ktile *tiles = malloc(sizeof *tiles * (size_t)max);
+    CHECK(ql && tiles);
+    int nt = gk_dflash_plan(p.blk, p.nb, p.bs, p.T, ql, tiles, max);
+    CHECK_INT(nt - p.nb, ==, N_SEQS);      /* the context tiles */
+    CHECK(nt - p.nb > 65535);
+    free(ql);
+    free(tiles);
+    run_case(&p, impl, 4000);
+    free(p.blk);
 }
 
 /* Speed at the drafter bench's shape: one 3072-token sequence, 512 blocks of 16 anchored in its
@@ -367,6 +418,10 @@ int main(int argc, char **argv)
             attn_case(128, 6, 2, 16, impl);     /* 3 heads a group: 48 rows, rows not 8 apart */
             attn_case(128, 12, 1, 16, impl);    /* 192 rows: a tile starts inside a block row */
         }
+    }
+    if (!getenv("GK_TEST_QUICK")) {     /* the mma.sync key pass (the warpgroup one had a 1-D grid) */
+        many_tiles_case(64, GK_DFLASH_MMA);
+        many_tiles_case(128, GK_DFLASH_MMA);
     }
     gk_dflash_attn bad = { .n_blocks = 1, .block_size = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 48 };
     CHECK_INT(gk_dflash_attn_fwd(&bad, 0), ==, -EINVAL);
