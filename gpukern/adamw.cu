@@ -160,14 +160,25 @@ __device__ __forceinline__ uint32_t bf16_bits(float x)
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16(x));
 }
 
+/* The constants from the device (gk_adamw_scheduled) where dc is given, else p's from the host. */
+__device__ __forceinline__ void device_hp(adamw_hp &p, const float *gscale, const gk_adamw_count *dc)
+{
+    p.gs = gscale[1];
+    if (dc) {
+        p.step_size = dc->step_size;
+        p.inv_sqrt_bc2 = dc->inv_sqrt_bc2;
+        p.dec = dc->decay;
+    }
+}
+
 /* Elements [base, base + 4 * n4) as float4 (w, g, m, v 16-byte aligned there, wb 8-byte aligned),
  * grid-stride; block 0 also does the < 4 elements before base and the < 4 after the body. */
 __global__ void __launch_bounds__(AW_THREADS, AW_MIN_BLOCKS)
 adamw_vec_kernel(float *w, const float *g, float *m, float *v, bf16 *wb, size_t n, size_t base, size_t n4,
-                 const gk_adamw_seg *seg, int n_seg, const float *gscale, adamw_hp p)
+                 const gk_adamw_seg *seg, int n_seg, const float *gscale, const gk_adamw_count *dc, adamw_hp p)
 {
     if (gscale[2] == 0.f) return;
-    p.gs = gscale[1];
+    device_hp(p, gscale, dc);
     seg_cursor c;
     if (blockIdx.x == 0 && threadIdx.x < 8) {
         size_t i = threadIdx.x < 4 ? threadIdx.x : base + 4 * n4 + (threadIdx.x - 4);
@@ -206,14 +217,43 @@ adamw_vec_kernel(float *w, const float *g, float *m, float *v, bf16 *wb, size_t 
 /* Any alignment: one element per thread and iteration, grid-stride. */
 __global__ void __launch_bounds__(AW_THREADS, AW_MIN_BLOCKS)
 adamw_kernel(float *w, const float *g, float *m, float *v, bf16 *wb, size_t n, const gk_adamw_seg *seg,
-             int n_seg, const float *gscale, adamw_hp p)
+             int n_seg, const float *gscale, const gk_adamw_count *dc, adamw_hp p)
 {
     if (gscale[2] == 0.f) return;
-    p.gs = gscale[1];
+    device_hp(p, gscale, dc);
     seg_cursor c;
     c.init(seg, n_seg, p.dec);
     for (size_t i = (size_t)blockIdx.x * AW_THREADS + threadIdx.x; i < n; i += (size_t)gridDim.x * AW_THREADS)
         adamw_at(w, g, m, v, wb, i, c.at(i), p);
+}
+
+/* model/optim.c's optim_lr, in the same double expressions. */
+__device__ double sched_lr(const gk_adamw_sched &s, int64_t step)
+{
+    if (s.warmup_steps > 0 && step < s.warmup_steps)
+        return s.lr * (double)(step + 1) / (double)s.warmup_steps;
+    if (s.total_steps <= s.warmup_steps)
+        return s.lr;
+    double t = (double)(step - s.warmup_steps) / (double)(s.total_steps - s.warmup_steps);
+    if (t > 1.0)
+        t = 1.0;
+    const double min_lr = s.lr * s.min_lr_ratio;
+    return min_lr + (s.lr - min_lr) * 0.5 * (1.0 + cos(3.14159265358979323846 * t));
+}
+
+/* One thread: the update constants of step count->step (as gk_adamw's caller would compute them on
+ * the host), then the count advanced if the update will be applied. */
+__global__ void sched_kernel(gk_adamw_sched s, gk_adamw_count *c, const float *gscale)
+{
+    const int64_t t0 = c->step;
+    const double lr = sched_lr(s, t0), t = (double)(t0 + 1);
+    const double bc1 = 1.0 - pow(s.beta1, t), bc2 = 1.0 - pow(s.beta2, t);
+    c->lr = lr;
+    c->step_size = (float)(lr / bc1);
+    c->inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2));
+    c->decay = 1.f - __fmul_rn((float)lr, (float)s.weight_decay);     /* as the host's float expression */
+    if (gscale[2] != 0.f)
+        c->step = t0 + 1;
 }
 
 __global__ void cast_kernel(const float *src, bf16 *dst, size_t n)
@@ -245,6 +285,31 @@ unsigned aw_resident_blocks(void)
         return sms * (per > 1 ? per : 1);
     });
     return c > 0 ? (unsigned)c : 1024;
+}
+
+/* The update with p's constants, or (dc) those sched_kernel left on the device. */
+int launch_adamw(float *w, const float *g, float *m, float *v, bf16 *wb, size_t n, const gk_adamw_seg *seg,
+                 int n_seg, const float *gscale, const gk_adamw_count *dc, const adamw_hp &p, cudaStream_t stream)
+{
+    /* float4 access needs w, g, m, v equally placed within 16 bytes (then one scalar head brings all
+     * four to a boundary) and the bf16 copy 8-byte aligned from there */
+    const uintptr_t a = (uintptr_t)w & 15;
+    const size_t base = head_elems(w, n);
+    const bool vec = (a & 3) == 0 && ((uintptr_t)g & 15) == a && ((uintptr_t)m & 15) == a &&
+                     ((uintptr_t)v & 15) == a && (!wb || ((uintptr_t)(wb + base) & 7) == 0);
+    const unsigned resident = aw_resident_blocks();
+    if (vec) {
+        const size_t n4 = (n - base) / 4;
+        unsigned grid = grid_for(n4, AW_THREADS);
+        if (grid > resident) grid = resident;
+        adamw_vec_kernel<<<grid, AW_THREADS, 0, stream>>>(w, g, m, v, wb, n, base, n4, seg, n_seg, gscale, dc, p);
+    } else {
+        unsigned grid = grid_for(n, AW_THREADS);
+        if (grid > resident) grid = resident;
+        adamw_kernel<<<grid, AW_THREADS, 0, stream>>>(w, g, m, v, wb, n, seg, n_seg, gscale, dc, p);
+    }
+    GK_LAUNCH_CHECK();
+    return 0;
 }
 
 } // namespace
@@ -287,26 +352,24 @@ extern "C" int gk_adamw(float *w, const float *g, float *m, float *v, void *w_bf
     p.step_size = step_size;
     p.inv_sqrt_bc2 = inv_sqrt_bc2;
     p.dec = 1.f - lr * weight_decay;
-    bf16 *wb = (bf16 *)w_bf16;
-    /* float4 access needs w, g, m, v equally placed within 16 bytes (then one scalar head brings all
-     * four to a boundary) and the bf16 copy 8-byte aligned from there */
-    const uintptr_t a = (uintptr_t)w & 15;
-    const size_t base = head_elems(w, n);
-    const bool vec = (a & 3) == 0 && ((uintptr_t)g & 15) == a && ((uintptr_t)m & 15) == a &&
-                     ((uintptr_t)v & 15) == a && (!wb || ((uintptr_t)(wb + base) & 7) == 0);
-    const unsigned resident = aw_resident_blocks();
-    if (vec) {
-        const size_t n4 = (n - base) / 4;
-        unsigned grid = grid_for(n4, AW_THREADS);
-        if (grid > resident) grid = resident;
-        adamw_vec_kernel<<<grid, AW_THREADS, 0, stream>>>(w, g, m, v, wb, n, base, n4, seg, n_seg, gscale, p);
-    } else {
-        unsigned grid = grid_for(n, AW_THREADS);
-        if (grid > resident) grid = resident;
-        adamw_kernel<<<grid, AW_THREADS, 0, stream>>>(w, g, m, v, wb, n, seg, n_seg, gscale, p);
-    }
+    return launch_adamw(w, g, m, v, (bf16 *)w_bf16, n, seg, n_seg, gscale, nullptr, p, stream);
+}
+
+extern "C" int gk_adamw_scheduled(float *w, const float *g, float *m, float *v, void *w_bf16, size_t n,
+                                  const gk_adamw_seg *seg, int n_seg, const float *gscale,
+                                  const gk_adamw_sched *sched, gk_adamw_count *count, cudaStream_t stream)
+{
+    if (n_seg < 1 || !seg || !gscale || !sched || !count || (n && (!w || !g || !m || !v))) return -EINVAL;
+    sched_kernel<<<1, 1, 0, stream>>>(*sched, count, gscale);
     GK_LAUNCH_CHECK();
-    return 0;
+    if (n == 0) return 0;
+    adamw_hp p;
+    p.gs = 0.f;     /* these three from the device */
+    p.step_size = p.inv_sqrt_bc2 = p.dec = 0.f;
+    p.b1 = (float)sched->beta1;
+    p.b2 = (float)sched->beta2;
+    p.eps = (float)sched->eps;
+    return launch_adamw(w, g, m, v, (bf16 *)w_bf16, n, seg, n_seg, gscale, count, p, stream);
 }
 
 extern "C" int gk_cast_f32_bf16(const float *src, void *dst, size_t n, cudaStream_t stream)

@@ -38,5 +38,30 @@ GK_API int gk_adamw(float *w, const float *g, float *m, float *v, void *w_bf16, 
                     float beta2, float eps, float weight_decay, float step_size, float inv_sqrt_bc2,
                     cudaStream_t stream);
 
+/* The learning-rate schedule of gk_adamw_scheduled, model/optim.c's optim_lr: linear warmup from
+ * lr / warmup_steps to lr over warmup_steps, then cosine down to lr * min_lr_ratio at total_steps
+ * (total_steps <= warmup_steps: constant); with AdamW's constants. */
+typedef struct gk_adamw_sched {
+    double lr, min_lr_ratio;
+    int64_t warmup_steps, total_steps;
+    double beta1, beta2, eps, weight_decay;
+} gk_adamw_sched;
+
+/* Device memory of gk_adamw_scheduled: the step count, which the caller sets (a resumed
+ * optimizer's count) and reads back, and what the last call derived from it. */
+typedef struct gk_adamw_count {
+    int64_t step;               /* updates applied */
+    double lr;                  /* the last call's lr: the schedule at `step` as it found it */
+    float step_size, inv_sqrt_bc2, decay, pad;  /* the last call's update constants */
+} gk_adamw_count;
+
+/* gk_adamw with the step number t = count->step read on the device: the lr of step t, the bias
+ * corrections of update t + 1, computed by a one-thread kernel before the update. count->step
+ * advances only where gscale[2] != 0 (the update is applied), so several steps can be enqueued
+ * before any is known to be applied and each still uses the exact count. */
+GK_API int gk_adamw_scheduled(float *w, const float *g, float *m, float *v, void *w_bf16, size_t n,
+                              const gk_adamw_seg *seg, int n_seg, const float *gscale,
+                              const gk_adamw_sched *sched, gk_adamw_count *count, cudaStream_t stream);
+
 /* dst[i] = bf16(src[i]) (round to nearest even). */
 GK_API int gk_cast_f32_bf16(const float *src, void *dst, size_t n, cudaStream_t stream);

@@ -94,21 +94,21 @@ struct drafter_cuda {
     int32_t *pos_ctx;
     double *d_metrics, *d_block_loss, *norm_work;
     float *d_clip;
+    gk_adamw_count *d_count;    /* the optimizer's step count: advanced by the update kernels when applied */
 
     void *meta_dev, *meta_host;
     struct cu_meta md, mh;      /* device / host views of the region */
     double *h_metrics, *h_block_loss;
     float *h_clip;
+    gk_adamw_count *h_count;    /* pinned: d_count after a synchronous step */
     uint16_t *stage;            /* pinned */
     double *d_mvec;             /* [DRAFTER_METRICS_N] metric sums of the last pass (all-reduced in place) */
 
     /* results of asynchronous optimizer steps: pinned copies behind events, read a step later */
-    struct cu_result { double metrics[DRAFTER_METRICS_N]; float clip[4]; } *h_res;
+    struct cu_result { double metrics[DRAFTER_METRICS_N]; float clip[4]; gk_adamw_count count; } *h_res;
     struct {
         int state;              /* RES_EMPTY, RES_PENDING (event not yet seen), RES_DONE (retired, unread) */
         uint64_t seq;
-        double lr;
-        int64_t step;           /* optimizer steps applied after it (set when retired) */
         int rc;                 /* 0, -DF_ENAN (skipped, non-finite), -DF_ERANGE (nothing supervised) */
     } res[RES_DEPTH];
     cudaEvent_t ev_res[RES_DEPTH], ev_meta;
@@ -128,7 +128,8 @@ struct drafter_cuda {
 
     struct obj_block *sample_blocks;    /* host scratch of train_step */
     int32_t *sample_work;
-    int64_t applied;            /* optimizer steps known to be applied */
+    int64_t applied;            /* optimizer steps known to be applied: d_count's step as of the last
+                                   result read (the device's count is the one the updates use) */
 };
 
 enum { RES_EMPTY = 0, RES_PENDING, RES_DONE };
@@ -205,6 +206,7 @@ static void layout_acts(struct drafter_cuda *dc, struct carver *c)
     CARVE(c, dc->norm_work, GK_GRAD_CLIP_WORK);
     dc->norm_ws = (float *)carve(c, gk_norm_bwd_ws_bytes(dc->H > dc->hd ? dc->H : dc->hd));
     CARVE(c, dc->d_clip, 4);
+    CARVE(c, dc->d_count, 1);
     CARVE(c, dc->inv_freq, dc->hd / 2);
     CARVE(c, dc->segs, dc->n_seg);
     dc->head_work = carve(c, gk_lmhead_ce_work_bytes(dc->chunk_rows, dc->H, dc->V));
@@ -219,6 +221,7 @@ static void layout_host(struct drafter_cuda *dc, struct carver *c)
                 dc->max_tiles);
     CARVE(c, dc->h_metrics, DRAFTER_METRICS_N);
     CARVE(c, dc->h_clip, 4);
+    CARVE(c, dc->h_count, 1);
     CARVE(c, dc->h_res, RES_DEPTH);
     CARVE(c, dc->h_block_loss, dc->max_blocks);
     CARVE(c, dc->stage, STAGE_BYTES / 2);
@@ -335,6 +338,10 @@ extern "C" int drafter_cuda_load_from_host(struct drafter_cuda *dc, const struct
     CU(cudaMemcpy(dc->m, d->opt->m, bytes, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dc->v, d->opt->v, bytes, cudaMemcpyHostToDevice));
     TRY(gk_cast_f32_bf16(dc->params, dc->wb, dc->n_params, dc->stream));
+    gk_adamw_count count;
+    memset(&count, 0, sizeof count);
+    count.step = d->opt->step;
+    CU(cudaMemcpy(dc->d_count, &count, sizeof count, cudaMemcpyHostToDevice));
     CU(cudaStreamSynchronize(dc->stream));
     dc->applied = d->opt->step;
     return 0;
@@ -979,17 +986,14 @@ extern "C" int drafter_cuda_forward(struct drafter_cuda *dc, const struct obj_ba
     return run_pass(dc, b, blocks, n_blocks, gamma, m, block_loss, 0);
 }
 
-/* AdamW of step t0 + 1 (warmup/cosine lr of step t0) with gk_grad_clip's factor from d_clip. */
-static int enqueue_adamw(struct drafter_cuda *dc, const struct drafter_train_opts *o, int64_t t0, double *lr_out)
+/* AdamW with gk_grad_clip's factor from d_clip, the lr and bias correction from the step count on
+ * the device (d_count), which the update advances only when it is applied. */
+static int enqueue_adamw(struct drafter_cuda *dc, const struct drafter_train_opts *o)
 {
-    double lr = optim_lr(o->lr, o->min_lr_ratio, o->warmup_steps, o->total_steps, t0);
-    double t = (double)(t0 + 1);
-    double bc1 = 1.0 - pow(o->beta1, t), bc2 = 1.0 - pow(o->beta2, t);
-    TRY(gk_adamw(dc->params, dc->grads, dc->m, dc->v, dc->wb, dc->n_params, dc->segs, dc->n_seg, dc->d_clip,
-                 (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps, (float)o->weight_decay,
-                 (float)(lr / bc1), (float)(1.0 / sqrt(bc2)), dc->stream));
-    *lr_out = lr;
-    return 0;
+    const gk_adamw_sched sched = { o->lr, o->min_lr_ratio, o->warmup_steps, o->total_steps,
+                                   o->beta1, o->beta2, o->eps, o->weight_decay };
+    return gk_adamw_scheduled(dc->params, dc->grads, dc->m, dc->v, dc->wb, dc->n_params, dc->segs, dc->n_seg,
+                              dc->d_clip, &sched, dc->d_count, dc->stream);
 }
 
 extern "C" int drafter_cuda_optimizer_step(struct drafter_cuda *dc, double global_weight_sum,
@@ -1009,16 +1013,16 @@ extern "C" int drafter_cuda_optimizer_step(struct drafter_cuda *dc, double globa
     mark(dc, DCP_OPT);
     TRY(gk_grad_clip(dc->grads, dc->n_params, (float)(1.0 / global_weight_sum), (float)o->grad_clip,
                      dc->norm_work, dc->d_clip, s));
-    double lr = 0;
-    TRY(enqueue_adamw(dc, o, dc->applied, &lr));
+    TRY(enqueue_adamw(dc, o));
     mark(dc, DCP_IDLE);
     CU(cudaMemcpyAsync(dc->h_clip, dc->d_clip, 3 * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CU(cudaMemcpyAsync(dc->h_count, dc->d_count, sizeof *dc->h_count, cudaMemcpyDeviceToHost, s));
     CU(cudaStreamSynchronize(s));
     info->grad_norm = dc->h_clip[0];
     if (dc->h_clip[2] == 0.0f)
-        return -DF_ENAN;        /* the update kernel changed nothing */
-    info->lr = lr;
-    info->step = ++dc->applied;
+        return -DF_ENAN;        /* the update kernel changed nothing, nor the count */
+    info->lr = dc->h_count->lr;
+    info->step = dc->applied = dc->h_count->step;
     return 0;
 }
 
@@ -1042,30 +1046,27 @@ extern "C" int drafter_cuda_optimizer_step_async(struct drafter_cuda *dc, const 
     mark(dc, DCP_OPT);
     TRY(gk_grad_clip_dev(dc->grads, dc->n_params, dc->d_mvec + 1, dc->d_mvec, (float)o->grad_clip,
                          dc->norm_work, dc->d_clip, s));
-    double lr = 0;
-    TRY(enqueue_adamw(dc, o, dc->applied + dc->n_pending, &lr));
+    TRY(enqueue_adamw(dc, o));
     mark(dc, DCP_IDLE);
-    CU(cudaMemcpyAsync(dc->h_res[slot].metrics, dc->d_mvec, sizeof dc->h_res[slot].metrics,
-                       cudaMemcpyDeviceToHost, s));
-    CU(cudaMemcpyAsync(dc->h_res[slot].clip, dc->d_clip, sizeof dc->h_res[slot].clip, cudaMemcpyDeviceToHost, s));
+    struct drafter_cuda::cu_result *hr = &dc->h_res[slot];
+    CU(cudaMemcpyAsync(hr->metrics, dc->d_mvec, sizeof hr->metrics, cudaMemcpyDeviceToHost, s));
+    CU(cudaMemcpyAsync(hr->clip, dc->d_clip, sizeof hr->clip, cudaMemcpyDeviceToHost, s));
+    CU(cudaMemcpyAsync(&hr->count, dc->d_count, sizeof hr->count, cudaMemcpyDeviceToHost, s));
     CU(cudaEventRecord(dc->ev_res[slot], s));
     dc->res[slot].state = RES_PENDING;
     dc->res[slot].seq = dc->res_next++;
-    dc->res[slot].lr = lr;
-    dc->res[slot].step = 0;
     dc->res[slot].rc = 0;
     dc->n_pending++;
     return 0;
 }
 
-/* The oldest pending result, its event complete: count the step if it was applied. */
+/* The oldest pending result, its event complete: the device's step count after it (one more
+ * than before if it was applied) is the host's from now on. */
 static void retire(struct drafter_cuda *dc, int slot)
 {
     const float *c = dc->h_res[slot].clip;
     dc->res[slot].rc = c[2] != 0.0f ? 0 : c[3] == 0.0f ? -DF_ERANGE : -DF_ENAN;
-    if (dc->res[slot].rc == 0)
-        dc->applied++;
-    dc->res[slot].step = dc->applied;
+    dc->applied = dc->h_res[slot].count.step;
     dc->res[slot].state = RES_DONE;
     dc->n_pending--;
 }
@@ -1101,9 +1102,9 @@ extern "C" int drafter_cuda_step_result(struct drafter_cuda *dc, int wait, struc
     if (m)
         memcpy(m, dc->h_res[slot].metrics, sizeof *m);
     if (info) {
-        info->lr = dc->res[slot].lr;
+        info->lr = dc->h_res[slot].count.lr;
         info->grad_norm = dc->h_res[slot].clip[0];
-        info->step = dc->res[slot].step;
+        info->step = dc->h_res[slot].count.step;
     }
     int rc = dc->res[slot].rc;
     dc->res[slot].state = RES_EMPTY;

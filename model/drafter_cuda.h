@@ -99,8 +99,10 @@ int drafter_cuda_train_step(struct drafter_cuda *dc, const struct obj_batch *b, 
  *    later: 0, -DF_ENAN (not finite: skipped, nothing changed), -DF_ERANGE (nothing supervised:
  *    skipped), -EAGAIN (wait = 0 and not done), -ENOENT (none in flight), -DF_ECUDA. Up to 4
  *    results may be in flight; a fifth optimizer_step_async returns -DF_ESTATE.
- * The lr and bias correction of a step count the steps still in flight as applied; after a
- * skipped step, at most the steps enqueued before its result was read used a count one too high.
+ * The step count that sets a step's lr and bias correction is kept on the device and advanced by
+ * the update itself only when it is applied: a skipped step in flight shifts nothing for the steps
+ * enqueued after it (they run as in a run resumed from the state before them). A result's lr and
+ * step are the device's.
  */
 int drafter_cuda_forward_backward_async(struct drafter_cuda *dc, const struct obj_batch *b,
                                         const struct obj_block *blocks, int n_blocks, double gamma);
@@ -117,7 +119,8 @@ void *drafter_cuda_result_event(struct drafter_cuda *dc);
  * all-reduces between forward_backward and optimizer_step. The stream is a cudaStream_t. */
 float *drafter_cuda_grads(struct drafter_cuda *dc, size_t *n_params);
 void *drafter_cuda_stream(struct drafter_cuda *dc);
-/* Optimizer steps applied, counting those still in flight as applied. */
+/* Optimizer steps applied, counting those still in flight as applied (exact once every result
+ * has been read; the updates themselves use the exact count). */
 int64_t drafter_cuda_step_count(const struct drafter_cuda *dc);
 
 /* Copies for tests and checkpoints (they wait for the device). */

@@ -2,8 +2,9 @@
  * gradient (cosine >= 0.999) on the golden batch, a longer random batch (many key tiles) and a
  * head_dim 128 drafter; the optimizer step on identical gradients; a few training steps side by
  * side, and the asynchronous step API (results read a step later) against the synchronous one, also
- * with four steps in flight on pinned bf16 features (copies overlapping compute); parameters and
- * moments round-tripped through the host drafter. */
+ * with four steps in flight on pinned bf16 features (copies overlapping compute) and with a skipped
+ * step (nothing supervised) in flight before a real one; parameters and moments round-tripped
+ * through the host drafter. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
 #include "model/drafter_cuda.h"
@@ -408,16 +409,66 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
         free(pc);
         free(pa);
     }
-    /* nothing supervised: the asynchronous step is skipped and says so */
+    /* nothing supervised: the asynchronous step is skipped and says so; a step enqueued behind it
+     * before its result is read takes the exact step count: twice over, it gives the weights the
+     * synchronous drafter's steps give from the same state without the skipped one (bitwise), and
+     * the lr and step the CPU reference's step from that state reports. The schedule moves at every
+     * step here, so a count one off would show. */
     {
-        int64_t before = drafter_cuda_step_count(da);
-        struct drafter_metrics ma;
+        CHECK_OK(drafter_cuda_sync_to_host(da, d));
+        CHECK_OK(drafter_cuda_load_from_host(dc, d));
+        const int64_t before = drafter_cuda_step_count(da);
+        CHECK_INT(before, ==, drafter_step_count(d));
+        CHECK(optim_lr(o.lr, o.min_lr_ratio, o.warmup_steps, o.total_steps, before) !=
+              optim_lr(o.lr, o.min_lr_ratio, o.warmup_steps, o.total_steps, before + 1));
+        struct drafter_metrics ma, mg, mc;
+        struct drafter_step_info ia, ig, ic;
         CHECK_OK(drafter_cuda_forward_backward_async(da, &f.batch, blk, 0, GAMMA));
         CHECK_OK(drafter_cuda_optimizer_step_async(da, &o));
-        CHECK_INT(drafter_cuda_step_result(da, 1, &ma, NULL), ==, -DF_ERANGE);
-        CHECK_INT(drafter_cuda_step_count(da), ==, before);
+        CHECK_OK(drafter_cuda_forward_backward_async(da, &f.batch, blk, nb, GAMMA));
+        CHECK_OK(drafter_cuda_optimizer_step_async(da, &o));
+        CHECK_INT(drafter_cuda_step_count(da), ==, before + 2);     /* in flight: counted as applied */
+        CHECK_INT(drafter_cuda_step_result(da, 1, &ma, &ia), ==, -DF_ERANGE);
+        CHECK_INT(ia.step, ==, before);
         CHECK_NEAR(ma.tokens, f.n_tokens, 0);
         CHECK_NEAR(ma.weight_sum, 0, 0);
+        CHECK_OK(drafter_cuda_step_result(da, 1, &ma, &ia));
+        CHECK_INT(drafter_cuda_step_count(da), ==, before + 1);
+        CHECK_OK(drafter_cuda_forward_backward(dc, &f.batch, blk, nb, GAMMA, &mg));
+        CHECK_OK(drafter_cuda_optimizer_step(dc, mg.weight_sum, &o, &ig));
+        CHECK_OK(drafter_forward_backward(d, &f.batch, blk, nb, GAMMA, &mc));
+        CHECK_OK(drafter_optimizer_step(d, mc.weight_sum, &o, &ic));
+        printf("  %s skipped step in flight: step %lld lr %.9g; alone: step %lld lr %.9g; cpu: step %lld lr %.9g\n",
+               name, (long long)ia.step, ia.lr, (long long)ig.step, ig.lr, (long long)ic.step, ic.lr);
+        CHECK_INT(ia.step, ==, before + 1);
+        CHECK_INT(ig.step, ==, before + 1);
+        CHECK_INT(ic.step, ==, before + 1);
+        CHECK_NEAR(ia.lr, ig.lr, 0);
+        CHECK_NEAR(ia.lr, ic.lr, 1e-12 * ic.lr);
+        CHECK_NEAR(ma.loss_sum, mg.loss_sum, TWIN_LOSS_REL * fabs(mg.loss_sum));
+        CHECK_NEAR(ia.grad_norm, ig.grad_norm, TWIN_NORM_REL * ig.grad_norm);
+        /* one more step each: the moments the skipped step left alone agree too */
+        CHECK_OK(drafter_cuda_forward_backward_async(da, &f.batch, blk, nb, GAMMA));
+        CHECK_OK(drafter_cuda_optimizer_step_async(da, &o));
+        CHECK_OK(drafter_cuda_step_result(da, 1, &ma, &ia));
+        CHECK_OK(drafter_cuda_forward_backward(dc, &f.batch, blk, nb, GAMMA, &mg));
+        CHECK_OK(drafter_cuda_optimizer_step(dc, mg.weight_sum, &o, &ig));
+        CHECK_INT(ia.step, ==, before + 2);
+        CHECK_INT(ig.step, ==, before + 2);
+        CHECK_NEAR(ia.lr, ig.lr, 0);
+        size_t np = d->n_params;
+        float *pc = malloc(np * sizeof *pc), *pa = malloc(np * sizeof *pa);
+        CHECK(pc && pa);
+        CHECK_OK(drafter_cuda_download_params(dc, pc));
+        CHECK_OK(drafter_cuda_download_params(da, pa));
+        double dmax = 0;
+        for (size_t i = 0; i < np; i++)
+            dmax = fmax(dmax, fabs((double)pc[i] - pa[i]));
+        printf("  %s after a skipped step in flight and two steps: max |param diff| from the steps alone %.3g\n",
+               name, dmax);
+        CHECK(dmax <= TWIN_PARAM_ABS);
+        free(pc);
+        free(pa);
     }
     drafter_cuda_free(da);
     drafter_cuda_free(dc);

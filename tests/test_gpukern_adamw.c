@@ -1,5 +1,6 @@
 /* test_gpukern_adamw.c: gradient norm / clip factor (host or device scale), AdamW (against model/optim.c, the CPU
- * optimizer) with decay and no-decay segments over several steps, the NaN guard, the bf16 cast; the norm and
+ * optimizer) with decay and no-decay segments over several steps, the NaN guard, the bf16 cast, the step count
+ * and lr schedule kept on the device (a skipped update in between moves nothing); the norm and
  * one step on buffers at odd element offsets (a scalar head before the vector body, or the scalar kernel) with
  * segments a few elements long. */
 #include "tests/test_gpukern.h"
@@ -93,6 +94,81 @@ static void offsets_case(int ow, int og, int om, int ov, int ob)
     cudaFree(dw_); cudaFree(dg); cudaFree(dm); cudaFree(dv); cudaFree(dwb); cudaFree(dclip); cudaFree(work);
     cudaFree(dseg);
     free(w); free(g); free(hw); free(hm); free(hv); free(sentinel); free(hb);
+}
+
+/* gk_adamw_scheduled: three updates enqueued back to back, the middle one skipped (a NaN gradient),
+ * against the CPU optimizer given the first and the last: the step count (and with it the warmup lr
+ * and the bias correction) moves only with the applied updates. */
+static void scheduled_case(void)
+{
+    const size_t n = 100003;
+    const int ns = 2;
+    struct optim_segment seg[2] = { { 0, 40000, true }, { 40000, n - 40000, false } };
+    gk_adamw_seg gseg[2] = { { 0, 40000, 1, 0 }, { 40000, n - 40000, 0, 0 } };
+    const gk_adamw_sched sc = { .lr = 1e-3, .min_lr_ratio = 0.1, .warmup_steps = 4, .total_steps = 20,
+                                .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1 };
+    float *w = malloc(n * 4), *g[3], *hw = malloc(n * 4), *hm = malloc(n * 4), *hv = malloc(n * 4);
+    CHECK(w && hw && hm && hv);
+    for (size_t i = 0; i < n; i++) w[i] = gk_rng_uniform();
+    struct optim o;
+    CHECK_OK(optim_init(&o, n, seg, ns));
+    o.step = 5;     /* a resumed optimizer: the count starts where it left off */
+    float *dw_, *dm, *dv, *dg[3], *dclip[3];
+    double *work;
+    gk_adamw_count *dcount, count = { .step = 5 };
+    CUDA_CHECK(cudaMalloc((void **)&dw_, n * 4));
+    CUDA_CHECK(cudaMalloc((void **)&dm, n * 4));
+    CUDA_CHECK(cudaMalloc((void **)&dv, n * 4));
+    CUDA_CHECK(cudaMalloc((void **)&work, GK_GRAD_CLIP_WORK * sizeof(double)));
+    CUDA_CHECK(cudaMemcpy(dw_, w, n * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(dm, 0, n * 4));
+    CUDA_CHECK(cudaMemset(dv, 0, n * 4));
+    dcount = gk_dev_upload(&count, sizeof count);
+    void *dseg = gk_dev_upload(gseg, sizeof gseg);
+    for (int k = 0; k < 3; k++) {
+        g[k] = malloc(n * 4);
+        CHECK(g[k]);
+        for (size_t i = 0; i < n; i++) g[k][i] = gk_rng_uniform() * 1e-2f;
+        if (k == 1) g[k][77] = NAN;
+        dg[k] = gk_dev_upload(g[k], n * 4);
+        CUDA_CHECK(cudaMalloc((void **)&dclip[k], 16));
+    }
+    for (int k = 0; k < 3; k++) {   /* no host wait in between */
+        CHECK_INT(gk_grad_clip(dg[k], n, 1.0f, 0.0f, work, dclip[k], 0), ==, 0);
+        CHECK_INT(gk_adamw_scheduled(dw_, dg[k], dm, dv, NULL, n, dseg, ns, dclip[k], &sc, dcount, 0), ==, 0);
+    }
+    CUDA_CHECK(cudaMemcpy(&count, dcount, sizeof count, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hw, dw_, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hm, dm, n * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hv, dv, n * 4, cudaMemcpyDeviceToHost));
+    double lr5 = optim_lr(sc.lr, sc.min_lr_ratio, sc.warmup_steps, sc.total_steps, 5);
+    double lr6 = optim_lr(sc.lr, sc.min_lr_ratio, sc.warmup_steps, sc.total_steps, 6);
+    optim_adamw(&o, w, g[0], lr5, sc.beta1, sc.beta2, sc.eps, sc.weight_decay);
+    optim_adamw(&o, w, g[2], lr6, sc.beta1, sc.beta2, sc.eps, sc.weight_decay);
+    double ew = 0, em = 0, ev = 0, mmax = 0, vmax = 0;
+    for (size_t i = 0; i < n; i++) {
+        ew = fmax(ew, fabs(hw[i] - w[i]));
+        em = fmax(em, fabs(hm[i] - o.m[i]));
+        ev = fmax(ev, fabs(hv[i] - o.v[i]));
+        mmax = fmax(mmax, fabs(o.m[i]));
+        vmax = fmax(vmax, fabs(o.v[i]));
+    }
+    em /= mmax;
+    ev /= vmax;
+    printf("scheduled: applied, skipped, applied from step 5: count %lld lr %.9g (cpu %.9g), max |w diff| %.2e, "
+           "m %.2e, v %.2e\n", (long long)count.step, count.lr, lr6, ew, em, ev);
+    CHECK_INT(count.step, ==, 7);
+    CHECK_NEAR(count.lr, lr6, 1e-12 * lr6);
+    CHECK(fabs(lr6 - lr5) > 1e-2 * lr5);    /* a count one off would be seen */
+    CHECK(ew < 1e-6 && em < 1e-5 && ev < 1e-5);
+    optim_done(&o);
+    for (int k = 0; k < 3; k++) {
+        cudaFree(dg[k]);
+        cudaFree(dclip[k]);
+        free(g[k]);
+    }
+    cudaFree(dw_); cudaFree(dm); cudaFree(dv); cudaFree(work); cudaFree(dcount); cudaFree(dseg);
+    free(w); free(hw); free(hm); free(hv);
 }
 
 int main(void)
@@ -229,6 +305,7 @@ int main(void)
     cudaFree(dw_); cudaFree(dg); cudaFree(dm); cudaFree(dv); cudaFree(dclip); cudaFree(work); cudaFree(dwb); cudaFree(dseg);
     free(w); free(g); free(hw); free(hm); free(hv); free(hb);
 
+    scheduled_case();
     offsets_case(0, 0, 0, 0, 0);    /* all aligned: the float4 body and a scalar tail */
     offsets_case(1, 1, 1, 1, 1);    /* a 3-element head, then aligned */
     offsets_case(2, 2, 2, 2, 2);
