@@ -63,7 +63,7 @@ extern "C" int gk_gemm_create(gk_gemm **out, size_t workspace_bytes, char *err, 
     *out = NULL;
     gk_gemm *g = (gk_gemm *)calloc(1, sizeof(*g));
     if (!g) return -ENOMEM;
-    g->ws_bytes = workspace_bytes ? workspace_bytes : (32u << 20);
+    g->ws_bytes = workspace_bytes ? workspace_bytes : GK_GEMM_WORKSPACE_DEFAULT;
     cublasStatus_t s = cublasLtCreate(&g->lt);
     if (s != CUBLAS_STATUS_SUCCESS) {
         if (err) snprintf(err, errlen, "cublasLtCreate: %s", cublasGetStatusString(s));

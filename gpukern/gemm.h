@@ -6,7 +6,9 @@
 
 typedef struct gk_gemm gk_gemm;
 
-/* workspace_bytes: cuBLASLt workspace on the current device (0 = 32 MiB). */
+#define GK_GEMM_WORKSPACE_DEFAULT ((size_t)32 << 20)
+
+/* workspace_bytes: cuBLASLt workspace on the current device (0 = GK_GEMM_WORKSPACE_DEFAULT). */
 GK_API int gk_gemm_create(gk_gemm **out, size_t workspace_bytes, char *err, size_t errlen);
 /* Accepts NULL. Frees the workspace (cudaFree synchronises the device). */
 GK_API void gk_gemm_free(gk_gemm *g);

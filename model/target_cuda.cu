@@ -188,6 +188,42 @@ static int dev_alloc(void **p, size_t bytes, const char *what, const struct targ
     return 0;
 }
 
+/* Device bytes per token of max_tokens that cuda_open and the pipeline take: token ids, cu_seqlens,
+ * positions, the fp32 residual stream, the normed stream, q/k/v, the attention output, gate/up,
+ * the MLP activation (its allocations below) and the two capture sets. */
+static size_t scratch_per_token(const struct target *m)
+{
+    const struct hf_config *cf = &m->cfg;
+    const size_t H = (size_t)cf->hidden_size, D = (size_t)cf->head_dim, FF = (size_t)cf->intermediate_size;
+    const size_t NH = (size_t)cf->num_heads, NKV = (size_t)cf->num_kv_heads;
+    return 3 * 4 + H * 4 + H * 2 + (NH + 2 * NKV) * D * 2 + NH * D * 2 + 2 * FF * 2 + FF * 2 +
+           2 * (size_t)m->n_ids * H * 2;
+}
+
+/* What the model will take on the device, weights_bytes and the pipeline's second capture set
+ * included (target-d always makes one), against the GPU's whole memory: more than that is the
+ * configuration's doing (-DF_ERANGE), which a restart would only repeat; a shortfall of free memory
+ * only (another process) stays -DF_ECUDA at the allocation. */
+static int check_fits(const struct target *m, size_t weights_bytes, char *err, size_t errlen)
+{
+    const size_t T = (size_t)m->max_tokens, H = (size_t)m->cfg.hidden_size;
+    const size_t scratch = scratch_per_token(m) * (T + 1), cap = 2 * (size_t)m->n_ids * T * H * 2;
+    const size_t need = weights_bytes + scratch + GK_GEMM_WORKSPACE_DEFAULT + (size_t)m->cfg.head_dim * 2;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;       /* unknown: the allocations tell */
+    }
+    if (need <= total_b)
+        return 0;
+    const double gib = 1073741824.0;
+    return df_fail(err, errlen, -DF_ERANGE,
+                   "%s: the weights (%.2f GiB) and the buffers for %zu tokens (%.2f GiB, of which %.2f GiB the two "
+                   "capture sets of %d layers x hidden %zu; intermediate_size %d) need %.2f GiB, more than device "
+                   "%d's %.2f GiB: lower ring.max_tokens", m->dir, weights_bytes / gib, T, scratch / gib, cap / gib,
+                   m->n_ids, H, m->cfg.intermediate_size, need / gib, m->device, total_b / gib);
+}
+
 static int cuda_open(struct target *m, char *err, size_t errlen)
 {
     const struct hf_config *cf = &m->cfg;
@@ -249,6 +285,8 @@ static int cuda_open(struct target *m, char *err, size_t errlen)
             (r = add_piece(&L, &y->bdown, t[TW_DOWN_BIAS], NULL, NULL)) < 0)
             goto done;
     }
+    if ((r = check_fits(m, L.bytes, err, errlen)) < 0)
+        goto done;
     if ((r = dev_alloc(&c->weights, L.bytes, "the weights", m, err, errlen)) < 0 ||
         (r = upload_pieces(c, &L, err, errlen)) < 0)
         goto done;

@@ -1,5 +1,8 @@
 /* target_cuda.h: what the CUDA backend of the target adds to target.h: the double-buffered
- * capture pipeline target-d uses to forward batch k+1 while batch k is DMA'd into a ring slot. */
+ * capture pipeline target-d uses to forward batch k+1 while batch k is DMA'd into a ring slot.
+ * target_open with this backend returns -DF_ERANGE, before allocating, when the weights and the
+ * buffers for max_tokens tokens (the pipeline's second capture set counted) need more than the
+ * GPU's whole memory: the configuration's doing, which a restart would only repeat. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,8 @@
 /* test_target_cuda.c: the CUDA target forward on the tiny golden models (Qwen3; Llama with GQA,
  * Llama-3 rope, biases, fp32 shards; Llama with the hub config form) against the CPU backend and the
  * transformers golden hidden states, per captured layer; then the capture pipeline into registered
- * host memory (double buffering, several packings, callback order). Exit 77 without a GPU.
+ * host memory (double buffering, several packings, callback order); buffers larger than the GPU refused
+ * as a configuration error. Exit 77 without a GPU.
  * The CUDA backend holds weights in bf16. For an fp32 checkpoint (the Llama) the CPU reference runs
  * on a copy whose weights are rounded to bf16 (the model the GPU really holds): the forward must be
  * within 1e-2 of it; against the fp32 golden data the rounding of the weights adds its own error
@@ -349,6 +350,29 @@ int main(void)
     const char *src = test_srcdir();
     snprintf(path, sizeof path, "%s/tests/data/golden/golden.safetensors", src);
     if (st_open_file(&golden, path, errbuf, sizeof errbuf) < 0) TEST_FAIL("%s", errbuf);
+
+    /* buffers for more tokens than the GPU holds (64 captured layers of 2^24 tokens, two capture sets:
+     * 256 GiB): -DF_ERANGE naming the key to lower (target-d exits 78 on it, as a restart would only
+     * repeat it), before anything large is allocated */
+    {
+        int ids64[TARGET_MAX_CAPTURE];
+        for (int i = 0; i < TARGET_MAX_CAPTURE; i++)
+            ids64[i] = i % 4;
+        const size_t caps = 2 * (size_t)TARGET_MAX_CAPTURE * ((size_t)1 << 24) * 64 * 2;  /* hidden 64 */
+        size_t free_b = 0, total_b = 0;
+        CHECK(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess);
+        if (total_b >= caps) {
+            printf("too big: not tried, this GPU holds %zu GiB\n", total_b >> 30);
+        } else {
+            struct target *big = NULL;
+            snprintf(path, sizeof path, "%s/tests/data/golden/qwen3", src);
+            CHECK_INT(target_open(&big, path, ids64, TARGET_MAX_CAPTURE, TARGET_BACKEND_CUDA, 0, 1 << 24, errbuf,
+                                  sizeof errbuf), ==, -DF_ERANGE);
+            CHECK(!big);
+            CHECK_CONTAINS(errbuf, "lower ring.max_tokens");
+            printf("too big: %s\n", errbuf);
+        }
+    }
 
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char qdir[1024], wdir[4096];
