@@ -246,6 +246,33 @@ static void layout_meta(struct cu_meta *m, struct carver *c, size_t n_cu, size_t
 
 /* ---- create / free ---- */
 
+/* What the drafter will take on the device (its state, the frozen embedding / LM head it owns, the
+ * activation arena, the batch metadata, the GEMM workspace) and the two buffers of one batch's
+ * features that drafter-d's slot feed keeps beside it, against the GPU's whole memory: more than
+ * that is the configuration's doing (-DF_ERANGE), which no restart mends; a shortfall of free
+ * memory only (another process) stays -DF_ECUDA at the allocation. */
+static int check_fits(const struct drafter_cuda *dc, size_t state, size_t frozen, size_t acts, size_t meta,
+                      char *err, size_t errlen)
+{
+    const size_t feed = 2 * (size_t)dc->max_tokens * dc->LcH * 2;
+    const size_t need = state + frozen + acts + meta + GK_GEMM_WORKSPACE_DEFAULT + feed;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;       /* unknown: the allocations tell */
+    }
+    if (need <= total_b)
+        return 0;
+    const double gib = 1073741824.0;
+    return df_fail(err, errlen, -DF_ERANGE,
+                   "drafter_cuda: %d tokens and %d blocks of %d need %.1f GiB on the GPU (activations %.1f, "
+                   "parameters, gradients and moments %.1f, embedding and LM head %.1f, the feed's two batches of "
+                   "features %.1f, metadata and GEMM workspace %.1f), more than its %.1f GiB: lower ring.max_tokens "
+                   "(or ring.max_seqs x drafter.num_anchors, the blocks of a step)", dc->max_tokens, dc->max_blocks,
+                   dc->bs, need / gib, acts / gib, state / gib, frozen / gib, feed / gib,
+                   (meta + GK_GEMM_WORKSPACE_DEFAULT) / gib, total_b / gib);
+}
+
 extern "C" void drafter_cuda_free(struct drafter_cuda *dc)
 {
     if (!dc)
@@ -364,6 +391,15 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
                     "drafter_cuda: hidden_size %d (<= 16384) and intermediate_size %d must be multiples of 8, "
                     "head_dim %d one of 16/32/64/128/256, block_size %d <= %d", k->hidden_size,
                     k->intermediate_size, hd, k->block_size, GK_DFLASH_KEY_TILE);
+    /* the attention kernels' rows per (block, kv head) and grid (gk_dflash_attn_fwd's limits): here,
+     * not as -EINVAL from inside the first step */
+    const int nkv = k->num_kv_heads, grp = nkv > 0 ? k->num_heads / nkv : 0;
+    const long rows = (long)k->block_size * grp;
+    if (nkv < 1 || nkv > 65535 || rows + GK_DFLASH_KEY_TILE >= 65536)
+        return df_fail(err, errlen, -DF_EUNSUPPORTED,
+                    "drafter_cuda: %d kv heads, block_size %d x %d query heads per kv head = %ld query rows per "
+                    "block and kv head: the attention kernels take 1 to 65535 kv heads and at most %d such rows",
+                    nkv, k->block_size, grp, rows, 65535 - GK_DFLASH_KEY_TILE);
     if (max_tokens < 2 || max_blocks < 1)
         return df_fail(err, errlen, -DF_ERANGE, "drafter_cuda: max_tokens %d / max_blocks %d too small",
                     max_tokens, max_blocks);
@@ -374,6 +410,9 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     if (!dc)
         return -ENOMEM;
     int r = -ENOMEM;
+    size_t na, state, VH, frozen;       /* device bytes, found before anything large is allocated */
+    bool tied;
+    struct carver ca, cm, ch;           /* the arenas' sizing passes */
     dc->cfg = *k;
     dc->L = k->num_layers;
     dc->n_tensors = host->n_tensors;
@@ -471,32 +510,36 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
             goto fail_cuda;
     }
 
-    {
-        /* each array 256-byte aligned: gk_adamw's float4 path needs them equally placed */
-        size_t n = dc->n_params, na = (n + 63) & ~(size_t)63, state = 4 * na * sizeof(float) + na * 2 + 256;
-        if (cudaMalloc(&dc->state_mem, state) != cudaSuccess) {
-            dc->state_mem = NULL;
-            r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for parameters, gradients and moments",
-                     state);
-            goto fail;
-        }
-        dc->params = (float *)dc->state_mem;
-        dc->grads = dc->params + na;
-        dc->m = dc->grads + na;
-        dc->v = dc->m + na;
-        dc->wb = (bf16_t *)(dc->v + na);
+    /* each state array 256-byte aligned: gk_adamw's float4 path needs them equally placed */
+    na = (dc->n_params + 63) & ~(size_t)63;
+    state = 4 * na * sizeof(float) + na * 2 + 256;
+    VH = (size_t)dc->V * dc->H;
+    tied = host->embed == host->lm_head;
+    frozen = (opts->embed_bf16 ? 0 : VH) + (opts->lm_head_bf16 || (tied && !opts->embed_bf16) ? 0 : VH);
+    ca.base = cm.base = ch.base = NULL;
+    ca.off = cm.off = ch.off = 0;
+    layout_acts(dc, &ca);
+    layout_meta(&dc->md, &cm, (size_t)max_tokens + 1, (size_t)max_blocks * dc->bs, max_blocks, dc->max_tiles);
+    layout_host(dc, &ch);
+    if ((r = check_fits(dc, state, frozen * 2, ca.off, cm.off, err, errlen)) < 0)
+        goto fail;
+    if (cudaMalloc(&dc->state_mem, state) != cudaSuccess) {
+        dc->state_mem = NULL;
+        r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for parameters, gradients and moments",
+                    state);
+        goto fail;
+    }
+    dc->params = (float *)dc->state_mem;
+    dc->grads = dc->params + na;
+    dc->m = dc->grads + na;
+    dc->v = dc->m + na;
+    dc->wb = (bf16_t *)(dc->v + na);
+    if (frozen && cudaMalloc(&dc->frozen_mem, frozen * 2) != cudaSuccess) {
+        dc->frozen_mem = NULL;
+        r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for the embedding / LM head", frozen * 2);
+        goto fail;
     }
     {
-        size_t VH = (size_t)dc->V * dc->H;
-        bool tied = host->embed == host->lm_head;
-        size_t need = (opts->embed_bf16 ? 0 : VH) + (opts->lm_head_bf16 || (tied && !opts->embed_bf16) ? 0 : VH);
-        if (need) {
-            if (cudaMalloc(&dc->frozen_mem, need * 2) != cudaSuccess) {
-                dc->frozen_mem = NULL;
-                r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for the embedding / LM head", need * 2);
-                goto fail;
-            }
-        }
         bf16_t *p = (bf16_t *)dc->frozen_mem;
         if (opts->embed_bf16) {
             dc->embed = (bf16_t *)opts->embed_bf16;
@@ -517,28 +560,20 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
         }
     }
     {
-        struct carver c = { NULL, 0 };
-        layout_acts(dc, &c);
-        if (cudaMalloc(&dc->act_mem, c.off) != cudaSuccess) {
+        if (cudaMalloc(&dc->act_mem, ca.off) != cudaSuccess) {
             dc->act_mem = NULL;
             cudaGetLastError();
-            /* More than the whole GPU holds is the configuration's doing: no restart mends it. */
             size_t free_b = 0, total_b = 0;
-            int never = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && c.off > total_b;
-            r = df_fail(err, errlen, never ? -DF_ERANGE : -DF_ECUDA,
+            if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
+                cudaGetLastError();
+            r = df_fail(err, errlen, -DF_ECUDA,
                         "drafter_cuda: the activations for %d tokens and %d blocks of %d need %.1f GiB, the GPU has "
-                        "%.1f GiB free of %.1f%s", max_tokens, max_blocks, dc->cfg.block_size, c.off / 1073741824.0,
-                        free_b / 1073741824.0, total_b / 1073741824.0,
-                        never ? ": lower ring.max_tokens (or ring.max_seqs x drafter.num_anchors, the blocks of a step)"
-                              : "");
+                        "%.1f GiB free of %.1f", max_tokens, max_blocks, dc->cfg.block_size, ca.off / 1073741824.0,
+                        free_b / 1073741824.0, total_b / 1073741824.0);
             goto fail;
         }
-        c = (struct carver){ (char *)dc->act_mem, 0 };
+        struct carver c = { (char *)dc->act_mem, 0 };
         layout_acts(dc, &c);
-        struct carver cm = { NULL, 0 };
-        layout_meta(&dc->md, &cm, (size_t)max_tokens + 1, (size_t)max_blocks * dc->bs, max_blocks, dc->max_tiles);
-        struct carver ch = { NULL, 0 };
-        layout_host(dc, &ch);
         if (cudaMalloc(&dc->meta_dev, cm.off) != cudaSuccess) {
             dc->meta_dev = NULL;
             r = df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: cudaMalloc(%zu) for batch metadata", cm.off);

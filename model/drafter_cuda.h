@@ -52,9 +52,11 @@ int drafter_cuda_profile_take(struct drafter_cuda *dc, double *ms);
 /* A CUDA twin of `host` (its config, tensor layout, parameters, optimizer moments and step are
  * copied; `host` is not kept) for batches of up to max_tokens tokens and max_blocks blocks. All
  * device memory is taken here. Needs hidden_size, intermediate_size % 8 == 0, head_dim in
- * {16, 32, 64, 128, 256}, block_size <= 64. opts may be NULL (device 0, defaults). -DF_ERANGE
- * when the sizes cannot be (buffers larger than the whole GPU: the configuration's doing),
- * -DF_ECUDA / -ENOMEM for a failure that may pass. */
+ * {16, 32, 64, 128, 256}, block_size <= 64 and block_size * (num_heads / num_kv_heads) + 64 <
+ * 65536 (the attention kernels), else -DF_EUNSUPPORTED. opts may be NULL (device 0, defaults).
+ * -DF_ERANGE when the sizes cannot be: what the drafter takes plus two buffers of max_tokens rows
+ * of features (drafter-d's slot feed keeps them beside it) is more than the whole GPU, the
+ * configuration's doing. -DF_ECUDA / -ENOMEM for a failure that may pass. */
 int drafter_cuda_create(struct drafter_cuda **out, const struct drafter *host, int max_tokens,
                         int max_blocks, const struct drafter_cuda_opts *opts, char *err, size_t errlen);
 void drafter_cuda_free(struct drafter_cuda *dc);    /* accepts NULL */

@@ -7,6 +7,7 @@
  * through the host drafter. */
 #include "tests/test_gpukern.h"
 #ifdef DFLASH_HAVE_CUDA
+#include "gpukern/dflash_attn.h"
 #include "model/drafter_cuda.h"
 #include "model/optim.h"
 #include "model/safetensors.h"
@@ -155,6 +156,18 @@ static void golden_case(void)
     CHECK(!big);
     CHECK_CONTAINS(err, "lower ring.max_tokens");
     printf("too big: %s\n", err);
+    /* more query rows per (block, kv head) than the attention kernels take: refused at create with
+     * -DF_EUNSUPPORTED (drafter-d exits 78 on it), not with -EINVAL from inside the first step. The
+     * check reads the configuration only, so a shallow copy with other head counts shows it. */
+    struct drafter wide = *d;
+    wide.cfg.block_size = GK_DFLASH_KEY_TILE;
+    wide.cfg.num_heads = 1024;
+    wide.cfg.num_kv_heads = 1;
+    CHECK((long)wide.cfg.block_size * 1024 + GK_DFLASH_KEY_TILE >= 65536);
+    CHECK_INT(drafter_cuda_create(&big, &wide, T, nb, &bo, err, sizeof err), ==, -DF_EUNSUPPORTED);
+    CHECK(!big);
+    CHECK_CONTAINS(err, "query rows");
+    printf("too wide: %s\n", err);
     for (int i = 0; i < d->n_tensors; i++) {
         const struct drafter_tensor *t = &d->tensors[i];
         const struct st_tensor *st;
