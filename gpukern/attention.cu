@@ -92,15 +92,13 @@ __device__ __forceinline__ void load_tile(bf16 *tile, const bf16 *base, long str
  * n_seqs + n_tokens / 64 in all; at most about one per sequence is idle. */
 static long tile_slots(int n_seqs, long n_tokens) { return n_seqs + n_tokens / BM; }
 
-/* Two grids. rect: (n_heads, n_seqs, ceil(max_seqlen / 64)), the last query tiles of every
- * sequence (the longest causal rows) scheduled first, which balances a batch of similar lengths
- * best; chosen while it has at most twice the blocks of the slot grid. Otherwise 1-D over (tile
- * slot, head), heads of a slot adjacent, from the last slot down (each sequence's last tiles
- * first). Each warp owns 16 query rows of the block's 64. */
+/* 1-D grid over (tile slot, head), heads of a slot adjacent, taken from the last slot down: a
+ * sequence's last query tiles (its longest causal rows) start first. Each warp owns 16 query rows
+ * of the block's 64. */
 template <int HD>
 __global__ void __launch_bounds__(WARPS * 32)
 attn_mma(const bf16 *q, long qs, const bf16 *k, long ks, const bf16 *v, long vs, bf16 *out, long os,
-         const int32_t *cu, int n_seqs, int n_heads, int group, float scale_log2, int rect)
+         const int32_t *cu, int n_seqs, int n_heads, int group, float scale_log2)
 {
     constexpr int LDS = HD + PAD;
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -108,27 +106,18 @@ attn_mma(const bf16 *q, long qs, const bf16 *k, long ks, const bf16 *v, long vs,
     bf16 *sK = sQ + BM * LDS;       /* two buffers */
     bf16 *sV = sK + 2 * BN * LDS;   /* two buffers */
 
-    int h, seq, mb;
-    if (rect) {
-        h = blockIdx.x;
-        seq = blockIdx.y;
-        mb = gridDim.z - 1 - blockIdx.z;
-        if (mb * BM >= cu[seq + 1] - cu[seq]) return;
-    } else {
-        const long idx = (long)gridDim.x - 1 - blockIdx.x;
-        h = (int)(idx % n_heads);
-        const long slot = idx / n_heads;
-        int lo = 0, hi = n_seqs - 1;    /* the last sequence whose first slot is at or before this one */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (mid + cu[mid] / BM <= slot) lo = mid; else hi = mid - 1;
-        }
-        seq = lo;
-        const long mbl = slot - (seq + cu[seq] / BM);
-        if (mbl < 0 || mbl * BM >= cu[seq + 1] - cu[seq]) return;
-        mb = (int)mbl;
+    const long idx = (long)gridDim.x - 1 - blockIdx.x;
+    const int h = (int)(idx % n_heads);
+    const long slot = idx / n_heads;
+    int lo = 0, hi = n_seqs - 1;    /* the last sequence whose first slot is at or before this one */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (mid + cu[mid] / BM <= slot) lo = mid; else hi = mid - 1;
     }
-    const int start = cu[seq], len = cu[seq + 1] - start;
+    const int seq = lo, start = cu[seq], len = cu[seq + 1] - start;
+    const long mbl = slot - (seq + start / BM);
+    if (mbl < 0 || mbl * BM >= len) return;
+    const int mb = (int)mbl;
     const int kvh = h / group;
     const bf16 *qb = q + (long)start * qs + (long)h * HD;
     const bf16 *kb = k + (long)start * ks + (long)kvh * HD;
@@ -263,7 +252,7 @@ attn_mma(const bf16 *q, long qs, const bf16 *k, long ks, const bf16 *v, long vs,
 
 template <int HD>
 static int launch_mma(const void *q, long qs, const void *k, long ks, const void *v, long vs, void *out,
-                      long os, const int32_t *cu, int n_seqs, dim3 grid, int rect, int n_heads, int group,
+                      long os, const int32_t *cu, int n_seqs, long blocks, int n_heads, int group,
                       float scale_log2, cudaStream_t stream)
 {
     const int smem = (BM + 4 * BN) * (HD + PAD) * 2;
@@ -272,19 +261,20 @@ static int launch_mma(const void *q, long qs, const void *k, long ks, const void
     if (cudaFuncSetAttribute(attn_mma<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
         cudaSuccess)
         return -DF_ECUDA;
-    attn_mma<HD><<<grid, WARPS * 32, smem, stream>>>((const bf16 *)q, qs, (const bf16 *)k, ks, (const bf16 *)v, vs,
-                                                     (bf16 *)out, os, cu, n_seqs, n_heads, group, scale_log2, rect);
+    attn_mma<HD><<<(unsigned)blocks, WARPS * 32, smem, stream>>>((const bf16 *)q, qs, (const bf16 *)k, ks,
+                                                                 (const bf16 *)v, vs, (bf16 *)out, os, cu, n_seqs,
+                                                                 n_heads, group, scale_log2);
     GK_LAUNCH_CHECK();
     return 0;
 }
 
 extern "C" int gk_attention_prefill(const void *q, long q_stride, const void *k, long k_stride,
                                     const void *v, long v_stride, void *out, long out_stride,
-                                    const int32_t *cu_seqlens, int n_seqs, int n_tokens, int max_seqlen,
+                                    const int32_t *cu_seqlens, int n_seqs, int n_tokens,
                                     int n_heads, int n_kv_heads, int head_dim, float scale,
                                     int impl, cudaStream_t stream)
 {
-    if (n_seqs < 0 || n_tokens < 0 || max_seqlen < 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads ||
+    if (n_seqs < 0 || n_tokens < 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads ||
         head_dim <= 0 || head_dim % 8 || head_dim > 256 || !(scale > 0) ||
         q_stride < (long)n_heads * head_dim || out_stride < (long)n_heads * head_dim ||
         k_stride < (long)n_kv_heads * head_dim || v_stride < (long)n_kv_heads * head_dim ||
@@ -297,19 +287,15 @@ extern "C" int gk_attention_prefill(const void *q, long q_stride, const void *k,
     if (n_seqs == 0 || n_tokens == 0) return 0;
     const int group = n_heads / n_kv_heads;
     const float scale_log2 = scale * 1.4426950408889634f;
+    /* both grids are 1-D: at most 2^31 - 1 blocks */
     if (impl != GK_ATTN_SIMPLE && mma_ok) {
-        const long slots = tile_slots(n_seqs, n_tokens), tiles = (max_seqlen + BM - 1) / BM;
-        const int rect = n_seqs <= 65535 && tiles <= 65535 && (long)n_seqs * tiles <= 2 * slots;
-        dim3 grid(n_heads, n_seqs, (unsigned)tiles);
-        if (!rect) {
-            if (slots * n_heads > INT_MAX) return -EINVAL;      /* a 1-D grid: at most 2^31 - 1 blocks */
-            grid = dim3((unsigned)(slots * n_heads));
-        }
+        const long blocks = tile_slots(n_seqs, n_tokens) * n_heads;
+        if (blocks > INT_MAX) return -EINVAL;
         if (head_dim == 128)
             return launch_mma<128>(q, q_stride, k, k_stride, v, v_stride, out, out_stride, cu_seqlens,
-                                   n_seqs, grid, rect, n_heads, group, scale_log2, stream);
+                                   n_seqs, blocks, n_heads, group, scale_log2, stream);
         return launch_mma<64>(q, q_stride, k, k_stride, v, v_stride, out, out_stride, cu_seqlens,
-                              n_seqs, grid, rect, n_heads, group, scale_log2, stream);
+                              n_seqs, blocks, n_heads, group, scale_log2, stream);
     }
     /* a warp per (token, head) of the n_tokens tokens; each finds its sequence in cu_seqlens */
     const int warps = 4;

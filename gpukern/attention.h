@@ -14,14 +14,11 @@ enum gk_attn_impl {
  * h / (n_heads / n_kv_heads). Head h of token t: q + t*q_stride + h*head_dim (likewise k, v
  * with kv heads; out with query heads). cu_seqlens is device memory [n_seqs+1], non-negative
  * and non-decreasing; n_tokens is cu_seqlens[n_seqs] (host value; a larger one only launches
- * idle blocks, a smaller one leaves the last tokens unwritten). max_seqlen bounds every
- * sequence's length (host value; n_tokens is always a bound): with the real longest length a
- * batch of similar lengths runs on a (sequence, tile) grid that starts every sequence's longest
- * rows first; a skewed batch (or a loose bound) on a grid that grows with n_tokens and n_seqs
- * only, not with the longest sequence: -EINVAL when that would pass 2^31 - 1 blocks.
+ * idle blocks, a smaller one leaves the last tokens unwritten). The grids grow with n_tokens and
+ * n_seqs only, not with the longest sequence: -EINVAL when one would pass 2^31 - 1 blocks.
  * scale multiplies q.k (usually 1/sqrt(head_dim)). */
 GK_API int gk_attention_prefill(const void *q, long q_stride, const void *k, long k_stride,
                                 const void *v, long v_stride, void *out, long out_stride,
-                                const int32_t *cu_seqlens, int n_seqs, int n_tokens, int max_seqlen,
+                                const int32_t *cu_seqlens, int n_seqs, int n_tokens,
                                 int n_heads, int n_kv_heads, int head_dim, float scale,
                                 int impl, cudaStream_t stream);

@@ -350,7 +350,7 @@ static int capture_index(const struct target *m, int l)
  * down GEMMs add into it in place (fp32 C = D), so the residual adds never round to bf16. On the
  * tiny fp32 golden Llama this halves the error against transformers' fp32 forward; a captured
  * layer costs one fp32 -> bf16 pass into its capture buffer (the final norm writes there directly). */
-static int forward_enqueue(struct target *m, int set, int n_seqs, int T, int max_seqlen)
+static int forward_enqueue(struct target *m, int set, int n_seqs, int T)
 {
     struct cuda_model *c = (struct cuda_model *)m->impl;
     const struct hf_config *cf = &m->cfg;
@@ -372,7 +372,7 @@ static int forward_enqueue(struct target *m, int set, int n_seqs, int T, int max
         TRY(gk_rope(c->qkv, QKVD, T, NH, D, c->pos, c->inv_freq, y->q_norm, eps, s));
         TRY(gk_rope(c->qkv + QD, QKVD, T, NKV, D, c->pos, c->inv_freq, y->k_norm, eps, s));
         TRY(gk_attention_prefill(c->qkv, QKVD, c->qkv + QD, QKVD, c->qkv + QD + NKV * D, QKVD, c->attn, QD,
-                                 c->cu, n_seqs, T, max_seqlen, NH, NKV, D, scale, GK_ATTN_AUTO, s));
+                                 c->cu, n_seqs, T, NH, NKV, D, scale, GK_ATTN_AUTO, s));
         TRY(gk_linear_f32out(c->gemm, s, T, H, QD, c->attn, QD, y->wo, c->x, H, c->x, H));   /* x += o_proj */
         if (y->bo)
             TRY(gk_add_bias_f32(c->x, H, y->bo, T, H, s));
@@ -401,16 +401,6 @@ static int forward_enqueue(struct target *m, int set, int n_seqs, int T, int max
     return 0;
 }
 
-/* The longest sequence of a batch (the attention's grid is sized by it when that is cheap). */
-static int max_len(const int32_t *cu, int n_seqs)
-{
-    int mx = 0;
-    for (int s = 0; s < n_seqs; s++)
-        if (cu[s + 1] - cu[s] > mx)
-            mx = cu[s + 1] - cu[s];
-    return mx;
-}
-
 __global__ void bf16_to_f32_kernel(const bf16_t *src, float *dst, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -436,7 +426,7 @@ static int cuda_forward(struct target *m, const uint32_t *tokens, const int32_t 
         cudaMemcpyAsync(c->tokens, tokens, (size_t)T * 4, cudaMemcpyHostToDevice, s) != cudaSuccess ||
         cudaMemcpyAsync(c->cu, cu_seqlens, (size_t)(n_seqs + 1) * 4, cudaMemcpyHostToDevice, s) != cudaSuccess)
         return -DF_ECUDA;
-    TRY(forward_enqueue(m, 0, n_seqs, T, max_len(cu_seqlens, n_seqs)));
+    TRY(forward_enqueue(m, 0, n_seqs, T));
     for (int k = 0; k < m->n_ids; k++) {
         const bf16_t *src = c->cap[0] + (size_t)k * plane;
         if (dtype == OUT_BF16) {
@@ -696,7 +686,7 @@ static int submit_enqueue(struct target_pipe *p, const uint32_t *tokens, const i
     /* the copy that last read this capture set must be over before the forward rewrites it */
     PIPE_CUDA(cudaStreamWaitEvent(s, c->set_free[set], 0));
     PIPE_CUDA(cudaEventRecord(e->fwd_start, s));
-    int r = forward_enqueue(m, set, n_seqs, T, max_len(cu_seqlens, n_seqs));
+    int r = forward_enqueue(m, set, n_seqs, T);
     if (r < 0) {
         p->error = r == -EINVAL ? -DF_ECUDA : r;
         return p->error;

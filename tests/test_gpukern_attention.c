@@ -57,34 +57,26 @@ static void one(int hd, int nh, int nkv, int impl, const int *lens, int n_seqs)
     uint16_t *h = gk_rand_bf16((size_t)T * stride, 2.0f, 0.f, &qkv);
     uint16_t *d = gk_dev_upload(h, (size_t)T * stride * 2);
     int32_t *dcu = gk_dev_upload(cu, sizeof(int32_t) * (n_seqs + 1));
+    void *dout = gk_dev_poisoned((size_t)T * os);
     const double scale = 1.0 / sqrt(hd);
+    CHECK_INT(gk_attention_prefill(d, stride, d + (long)nh * hd, stride, d + (long)(nh + nkv) * hd, stride, dout, os,
+                                   dcu, n_seqs, T, nh, nkv, hd, (float)scale, impl, 0), ==, 0);
+    float *out = gk_dev_download_f32(dout, (size_t)T * os);
     double *ref = malloc(sizeof(double) * T * nh * hd);
     ref_attention(qkv, stride, cu, n_seqs, nh, nkv, hd, scale, ref);
-    int maxlen = 0;
-    for (int s = 0; s < n_seqs; s++) if (lens[s] > maxlen) maxlen = lens[s];
-    /* the real longest length (the (sequence, tile) grid where cheap), then T as the bound (the
-     * tile slot grid once n_seqs x tiles of T is more than twice the slots) */
-    for (int pass = 0; pass < 2; pass++) {
-        void *dout = gk_dev_poisoned((size_t)T * os);
-        CHECK_INT(gk_attention_prefill(d, stride, d + (long)nh * hd, stride, d + (long)(nh + nkv) * hd, stride, dout,
-                                       os, dcu, n_seqs, T, pass ? T : maxlen, nh, nkv, hd, (float)scale, impl, 0), ==, 0);
-        float *out = gk_dev_download_f32(dout, (size_t)T * os);
-        double e = gk_rel_err(out, os, ref, (long)nh * hd, T, (long)nh * hd);
-        /* per-row check too: a wrong mask on a few rows must not hide in the global norm */
-        double worst = 0;
-        for (int t = 0; t < T; t++) {
-            double er = gk_rel_err(out + (long)t * os, os, ref + (long)t * nh * hd, nh * hd, 1, (long)nh * hd);
-            if (er > worst) worst = er;
-        }
-        printf("attention impl %d hd %d heads %d/%d seqs %d T %d bound %d: rel err %.2e, worst row %.2e\n", impl, hd,
-               nh, nkv, n_seqs, T, pass ? T : maxlen, e, worst);
-        CHECK(e < 1e-2);
-        CHECK(worst < 3e-2);
-        cudaFree(dout);
-        free(out);
+    double e = gk_rel_err(out, os, ref, (long)nh * hd, T, (long)nh * hd);
+    /* per-row check too: a wrong mask on a few rows must not hide in the global norm */
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        double er = gk_rel_err(out + (long)t * os, os, ref + (long)t * nh * hd, nh * hd, 1, (long)nh * hd);
+        if (er > worst) worst = er;
     }
-    cudaFree(d); cudaFree(dcu);
-    free(h); free(qkv); free(ref);
+    printf("attention impl %d hd %d heads %d/%d seqs %d T %d: rel err %.2e, worst row %.2e\n", impl, hd, nh, nkv,
+           n_seqs, T, e, worst);
+    CHECK(e < 1e-2);
+    CHECK(worst < 3e-2);
+    cudaFree(d); cudaFree(dcu); cudaFree(dout);
+    free(h); free(qkv); free(out); free(ref);
 }
 
 /* A skewed batch at the configuration's limits: 65534 sequences of 1 to 3 tokens around one of
@@ -113,7 +105,7 @@ static void skewed(int hd, int nh, int nkv, int impl)
     const double scale = 1.0 / sqrt(hd);
     double t0 = gk_now();
     CHECK_INT(gk_attention_prefill(d, stride, d + (long)nh * hd, stride, d + (long)(nh + nkv) * hd, stride, dout, os,
-                                   dcu, n_seqs, T, LONG, nh, nkv, hd, (float)scale, impl, 0), ==, 0);
+                                   dcu, n_seqs, T, nh, nkv, hd, (float)scale, impl, 0), ==, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     double t1 = gk_now();
     float *out = gk_dev_download_f32(dout, (size_t)T * os);
@@ -170,30 +162,24 @@ static void bench(void)
     void *dout = gk_dev_poisoned((size_t)T * os);
     double flops = 0;
     for (int s = 0; s < n; s++) flops += 4.0 * hd * nh * (double)lens[s] * (lens[s] + 1) / 2;
-    int maxlen = 0;
-    for (int s = 0; s < n; s++) if (lens[s] > maxlen) maxlen = lens[s];
-    /* the tensor-core kernel on its (sequence, tile) grid (bound = the longest), on the tile slot
-     * grid (bound = T), then the simple kernel */
-    for (int run = 0; run < 3; run++) {
-        const int impl = run < 2 ? GK_ATTN_MMA : GK_ATTN_SIMPLE, bound = run == 1 ? T : maxlen;
+    for (int impl = GK_ATTN_MMA; impl >= GK_ATTN_SIMPLE; impl--) {
         cudaEvent_t e0, e1;
         CUDA_CHECK(cudaEventCreate(&e0));
         CUDA_CHECK(cudaEventCreate(&e1));
         int reps = impl == GK_ATTN_MMA ? 20 : 1;
         CHECK_INT(gk_attention_prefill(d, stride, d + nh * hd, stride, d + (nh + nkv) * hd, stride, dout, os, dcu, n,
-                                       T, bound, nh, nkv, hd, 0.088f, impl, 0), ==, 0);
+                                       T, nh, nkv, hd, 0.088f, impl, 0), ==, 0);
         CUDA_CHECK(cudaEventRecord(e0, 0));
         for (int i = 0; i < reps; i++)
             gk_attention_prefill(d, stride, d + nh * hd, stride, d + (nh + nkv) * hd, stride, dout, os, dcu, n,
-                                 T, bound, nh, nkv, hd, 0.088f, impl, 0);
+                                 T, nh, nkv, hd, 0.088f, impl, 0);
         CUDA_CHECK(cudaEventRecord(e1, 0));
         CUDA_CHECK(cudaEventSynchronize(e1));
         float ms = 0;
         CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         ms /= reps;
         printf("BENCH attention impl %s T %d seqs %d heads 32/8 hd 128: %.3f ms, %.1f TFLOP/s\n",
-               run == 0 ? "mma (sequence x tile grid)" : run == 1 ? "mma (tile slot grid)" : "simple", T, n, ms,
-               flops / (ms * 1e-3) / 1e12);
+               impl == GK_ATTN_MMA ? "mma" : "simple", T, n, ms, flops / (ms * 1e-3) / 1e12);
         cudaEventDestroy(e0); cudaEventDestroy(e1);
     }
     cudaFree(d); cudaFree(dcu); cudaFree(dout);
@@ -234,9 +220,9 @@ int main(int argc, char **argv)
     one(128, 4, 2, GK_ATTN_MMA, withzero, 5);
     one(128, 4, 2, GK_ATTN_SIMPLE, withzero, 5);
     int cu1[2] = {0, 8};
-    CHECK_INT(gk_attention_prefill((void *)256, 96, (void *)256, 96, (void *)256, 96, (void *)256, 96, cu1, 1, 8, 8, 6,
+    CHECK_INT(gk_attention_prefill((void *)256, 96, (void *)256, 96, (void *)256, 96, (void *)256, 96, cu1, 1, 8, 6,
                                    4, 16, 0.25f, GK_ATTN_AUTO, 0), ==, -EINVAL);  /* 6 % 4 != 0 */
-    CHECK_INT(gk_attention_prefill((void *)256, 96, (void *)256, 96, (void *)256, 96, (void *)256, 96, cu1, 1, 8, 8, 6,
+    CHECK_INT(gk_attention_prefill((void *)256, 96, (void *)256, 96, (void *)256, 96, (void *)256, 96, cu1, 1, 8, 6,
                                    3, 16, 0.25f, GK_ATTN_MMA, 0), ==, -EINVAL);   /* no mma kernel for 16 */
     CUDA_CHECK(cudaDeviceSynchronize());
     return 0;
