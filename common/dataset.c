@@ -221,7 +221,9 @@ int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err
 /* ---- writer ---- */
 
 struct dataset_writer {
-    char path[512], tmp[512 + 16];
+    char path[512];             /* as given: what messages name */
+    char target[512];           /* the file renamed over: path, or where its symlinks lead */
+    char tmp[512 + 16];
     int fd;                     /* the output temp file: header hole + tokens */
     FILE *maskf;                /* loss mask, unlinked temp file, appended at finish */
     struct dataset_index_entry *index;
@@ -247,6 +249,53 @@ void dataset_writer_free(struct dataset_writer *w)
     free(w);
 }
 
+static const char *file_kind(mode_t m)
+{
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m) ? "a character device" : S_ISBLK(m) ? "a block device" : "not a file";
+}
+
+/* Where the output goes: path itself, or the file its symlinks lead to (a rename over the link
+ * would replace the link with a file). What is there must be a regular file or nothing: a rename
+ * over a device or a FIFO replaces it (as root, /dev/null), and over a directory it fails only
+ * after all the input was read. */
+static int output_target(const char *path, char *target, size_t cap, char *err, size_t errlen)
+{
+    snprintf(target, cap, "%s", path);
+    for (int hops = 0;; hops++) {
+        struct stat st;
+        if (lstat(target, &st) < 0) {
+            if (errno == ENOENT)    /* a new file, or a dangling link's target */
+                return 0;
+            return fail(err, errlen, path, -errno, "cannot stat %s: %s", target, strerror(errno));
+        }
+        if (S_ISREG(st.st_mode))
+            return 0;
+        if (!S_ISLNK(st.st_mode)) {
+            if (strcmp(target, path))
+                return fail(err, errlen, path, -DF_EFORMAT, "exists and is not a regular file (it links to %s, %s)",
+                            target, file_kind(st.st_mode));
+            return fail(err, errlen, path, -DF_EFORMAT, "exists and is not a regular file (%s)", file_kind(st.st_mode));
+        }
+        if (hops == 40)
+            return fail(err, errlen, path, -ELOOP, "too many levels of symbolic links");
+        char link[512], next[512];
+        ssize_t n = readlink(target, link, sizeof link);
+        if (n < 0)
+            return fail(err, errlen, path, -errno, "readlink %s: %s", target, strerror(errno));
+        if ((size_t)n >= sizeof link)
+            return fail(err, errlen, path, -ENAMETOOLONG, "%s: symbolic link longer than %zu bytes", target,
+                        sizeof link - 1);
+        link[n] = 0;
+        const char *slash = strrchr(target, '/');  /* a relative link is relative to its own directory */
+        int dirlen = link[0] == '/' || !slash ? 0 : (int)(slash - target + 1);
+        if (snprintf(next, sizeof next, "%.*s%s", dirlen, target, link) >= (int)sizeof next)
+            return fail(err, errlen, path, -ENAMETOOLONG, "its symbolic link leads to a path longer than %zu bytes",
+                        sizeof next - 1);
+        snprintf(target, cap, "%s", next);
+    }
+}
+
 int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t vocab_size, char *err, size_t errlen)
 {
     *out = NULL;
@@ -263,16 +312,21 @@ int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t 
     w->fd = -1;
     w->vocab = vocab_size;
     snprintf(w->path, sizeof w->path, "%s", path);
-    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.XXXXXX", path);
+    int r = output_target(path, w->target, sizeof w->target, err, errlen);
+    if (r < 0) {
+        dataset_writer_free(w);
+        return r;
+    }
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.XXXXXX", w->target);
     w->fd = mkostemp(w->tmp, O_CLOEXEC);
     if (w->fd < 0) {
-        int r = -errno;
+        r = -errno;
         dataset_writer_free(w);
         return fail(err, errlen, path, r, "cannot create a temp file beside it: %s", strerror(-r));
     }
     w->maskf = tmpfile();
     if (!w->maskf || lseek(w->fd, DATASET_HEADER_SIZE, SEEK_SET) < 0) {
-        int r = -errno;
+        r = -errno;
         dataset_writer_free(w);
         return fail(err, errlen, path, r, "temp file: %s", strerror(-r));
     }
@@ -351,6 +405,7 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
     h.masked_tokens = w->masked;
 
     struct dataset_hash s = w->tok_hash;
+    const char *what = "write";
     if (fflush(w->maskf) || fseek(w->maskf, 0, SEEK_SET)) {
         r = -errno;
         goto io_fail;
@@ -381,15 +436,16 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
         r = -errno;
         goto io_fail;
     }
-    if (rename(w->tmp, w->path) < 0) {
+    if (rename(w->tmp, w->target) < 0) {
         r = -errno;
+        what = "rename";
         goto io_fail;
     }
     close(w->fd);
     w->fd = -1;
     /* Make the rename itself durable. */
     char dir[512];
-    snprintf(dir, sizeof dir, "%s", w->path);
+    snprintf(dir, sizeof dir, "%s", w->target);
     char *slash = strrchr(dir, '/');
     if (slash)
         *(slash == dir ? slash + 1 : slash) = 0;
@@ -403,5 +459,5 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
     return 0;
 io_fail:
     w->failed = 1;
-    return fail(err, errlen, w->path, r, "write: %s", strerror(-r));
+    return fail(err, errlen, w->path, r, "%s: %s", what, strerror(-r));
 }

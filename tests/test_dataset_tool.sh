@@ -53,6 +53,32 @@ expect_err '{"input_ids":[1,2,3,4294967295]}' "sample 0: token 3: id 4294967295 
 printf '%s\n' '{"input_ids":[1,2,3,4294967295]}' > "$T/bad.jsonl"
 if "$D" build -o "$T/a.bin" "$T/bad.jsonl" 2>/dev/null; then fail "accepted an id beyond any vocabulary"; fi
 "$D" verify "$T/a.bin" | grep -q ok || fail "a failed build damaged the file it would have replaced"
+# An output that exists and is not a regular file is refused at once, before any input is read
+# (a rename would replace a FIFO or, as root, a device with a file; a directory would fail only
+# at the end), and left as it was.
+mkfifo "$T/out.fifo"
+mkdir -p "$T/out.dir"
+ln -sf out.dir "$T/dirlink"
+for o in out.fifo out.dir dirlink; do
+  if "$D" build -o "$T/$o" "$T/in.jsonl" 2>"$T/err.txt"; then fail "wrote over $o"; fi
+  grep -q "$T/$o: exists and is not a regular file" "$T/err.txt" || fail "$o message: $(cat "$T/err.txt")"
+done
+[[ -p $T/out.fifo && -d $T/out.dir && -L $T/dirlink ]] || fail "a refused output was changed"
+[[ -z $(ls -A "$T/out.dir") ]] || fail "a temp file was left in a refused output directory"
+# Through a symlink (relative, into another directory; or dangling) the file it leads to is
+# replaced and the link stays a link.
+mkdir -p "$T/real" "$T/links"
+cp "$T/a.bin" "$T/real/r.bin"
+ln -sf ../real/r.bin "$T/links/r.bin"
+ln -sf ../real/new.bin "$T/links/new.bin"
+"$D" build -o "$T/links/r.bin" -v 77 "$T/in.jsonl" >/dev/null || fail "build through a symlink"
+"$D" build -o "$T/links/new.bin" -v 77 "$T/in.jsonl" >/dev/null || fail "build through a dangling symlink"
+for f in r new; do
+  [[ -L $T/links/$f.bin && $(readlink "$T/links/$f.bin") == ../real/$f.bin ]] || fail "$f.bin: the symlink was replaced"
+  "$D" info "$T/real/$f.bin" | grep -q "vocab 77" || fail "$f.bin: the file the symlink leads to was not written"
+done
+[[ -z $(ls "$T/links" "$T/real" | grep "\.tmp\.") ]] || fail "a temp file was left beside a symlink"
+
 long=$T/$(printf 'd%.0s' {1..200})/$(printf 'e%.0s' {1..200})/$(printf 'f%.0s' {1..100})/train.bin
 if "$D" build -o "$long" "$T/in.jsonl" 2>"$T/err.txt"; then fail "accepted a path of ${#long} bytes"; fi
 grep -q "output path longer than 511 bytes" "$T/err.txt" || fail "long path message: $(cat "$T/err.txt")"
