@@ -225,7 +225,7 @@ struct dataset_writer {
     char target[512];           /* the file renamed over: path, or where its symlinks lead */
     char tmp[512 + 16];
     int fd;                     /* the output temp file: header hole + tokens */
-    FILE *maskf;                /* loss mask, unlinked temp file, appended at finish */
+    FILE *maskf;                /* loss mask, unlinked temp file beside the output, appended at finish */
     struct dataset_index_entry *index;
     uint64_t n_samples, cap, n_tokens, masked;
     uint32_t vocab, max_id, max_len;
@@ -324,8 +324,19 @@ int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t 
         dataset_writer_free(w);
         return fail(err, errlen, path, r, "cannot create a temp file beside it: %s", strerror(-r));
     }
-    w->maskf = tmpfile();
-    if (!w->maskf || lseek(w->fd, DATASET_HEADER_SIZE, SEEK_SET) < 0) {
+    /* The mask temp beside the output too: /tmp is often a small tmpfs, and the mask is a byte a
+     * token. Unlinked at once: nothing of it is left whatever stops the writer. */
+    char mtmp[sizeof w->tmp];
+    snprintf(mtmp, sizeof mtmp, "%s.mask.XXXXXX", w->target);
+    int mfd = mkostemp(mtmp, O_CLOEXEC);
+    if (mfd < 0 || unlink(mtmp) < 0 || !(w->maskf = fdopen(mfd, "w+"))) {
+        r = -errno;
+        if (mfd >= 0 && !w->maskf)
+            close(mfd);
+        dataset_writer_free(w);
+        return fail(err, errlen, path, r, "cannot create the loss-mask temp file beside it: %s", strerror(-r));
+    }
+    if (lseek(w->fd, DATASET_HEADER_SIZE, SEEK_SET) < 0) {
         r = -errno;
         dataset_writer_free(w);
         return fail(err, errlen, path, r, "temp file: %s", strerror(-r));
@@ -363,11 +374,15 @@ int dataset_writer_add(struct dataset_writer *w, const uint32_t *tokens, const u
         w->cap = cap;
     }
     int r = fileio_write_all(w->fd, tokens, 4ull * n);
-    if (r == 0 && fwrite(mask, 1, n, w->maskf) != n)
-        r = -EIO;
     if (r < 0) {
         w->failed = 1;
         return fail(err, errlen, w->path, r, "write: %s", strerror(-r));
+    }
+    errno = 0;
+    if (fwrite(mask, 1, n, w->maskf) != n) {
+        w->failed = 1;
+        r = errno ? -errno : -EIO;
+        return fail(err, errlen, w->path, r, "loss-mask temp file: write: %s", strerror(-r));
     }
     dataset_hash_update(&w->tok_hash, tokens, 4ull * n);
     for (uint32_t i = 0; i < n; i++) {
@@ -405,21 +420,25 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
     h.masked_tokens = w->masked;
 
     struct dataset_hash s = w->tok_hash;
-    const char *what = "write";
+    const char *what = "loss-mask temp file: write";   /* its buffered tail is written here */
     if (fflush(w->maskf) || fseek(w->maskf, 0, SEEK_SET)) {
         r = -errno;
         goto io_fail;
     }
+    what = "write";
     static const uint8_t zeros[8];
     uint8_t buf[1 << 16];
     size_t k;
+    errno = 0;
     while ((k = fread(buf, 1, sizeof buf, w->maskf)) > 0) {
         if ((r = fileio_write_all(w->fd, buf, k)) < 0)
             goto io_fail;
         dataset_hash_update(&s, buf, k);
+        errno = 0;
     }
     if (ferror(w->maskf)) {
-        r = -EIO;
+        what = "loss-mask temp file: read";
+        r = errno ? -errno : -EIO;
         goto io_fail;
     }
     size_t pad = (size_t)(h.index_off - h.mask_off - w->n_tokens);

@@ -5,6 +5,7 @@ set -u
 B=${DFLASH_BUILD:-build}
 T=${TMPDIR:-/tmp}
 D=$B/bin/dflash-data
+SCALE=${DFLASH_TEST_TIME_SCALE:-1}
 fail() { echo "FAIL: $*" >&2; exit 1; }
 printf '%s\n' '{"input_ids":[1,2,3],"loss_mask":[0,1,1]}' '' '{"input_ids":[7,8]}' > "$T/in.jsonl"
 "$D" build -o "$T/a.bin" -v 10 "$T/in.jsonl" || fail "build"
@@ -78,6 +79,24 @@ for f in r new; do
   "$D" info "$T/real/$f.bin" | grep -q "vocab 77" || fail "$f.bin: the file the symlink leads to was not written"
 done
 [[ -z $(ls "$T/links" "$T/real" | grep "\.tmp\.") ]] || fail "a temp file was left beside a symlink"
+
+# A build in progress: its input a FIFO that stays open (fd 3 holds both ends, so no open waits).
+mkfifo "$T/slow.fifo"
+start_slow() {  # out: starts the build as $pid and waits for its temp file
+  exec 3<>"$T/slow.fifo"
+  "$D" build -o "$1" -v 10 "$T/slow.fifo" 2>"$T/slow.err" 3>&- & pid=$!
+  for ((i = 0; i < 200 * SCALE; i++)); do compgen -G "$1.tmp.*" >/dev/null && return; sleep 0.05; done
+  fail "no temp file beside $1: $(cat "$T/slow.err")"
+}
+# The loss-mask temp is beside the output (not in /tmp, often a small tmpfs), unlinked at once.
+start_slow "$T/slow.bin"
+for ((i = 0; i < 100 * SCALE; i++)); do
+  ls -l "/proc/$pid/fd" 2>/dev/null | grep -q "$T/slow.bin.mask.* (deleted)" && break
+  sleep 0.05
+done
+ls -l "/proc/$pid/fd" | grep -q "$T/slow.bin.mask.* (deleted)" || fail "the loss-mask temp is not beside the output: $(ls -l "/proc/$pid/fd")"
+exec 3>&-
+wait $pid
 
 long=$T/$(printf 'd%.0s' {1..200})/$(printf 'e%.0s' {1..200})/$(printf 'f%.0s' {1..100})/train.bin
 if "$D" build -o "$long" "$T/in.jsonl" 2>"$T/err.txt"; then fail "accepted a path of ${#long} bytes"; fi
