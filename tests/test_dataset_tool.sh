@@ -97,6 +97,19 @@ done
 ls -l "/proc/$pid/fd" | grep -q "$T/slow.bin.mask.* (deleted)" || fail "the loss-mask temp is not beside the output: $(ls -l "/proc/$pid/fd")"
 exec 3>&-
 wait $pid
+# Stopped by a signal part way: its temp file goes with it, the old output stays.
+for sig in TERM HUP; do
+  cp "$T/a.bin" "$T/sig.bin"
+  start_slow "$T/sig.bin"
+  echo '{"input_ids":[4,5,6]}' >&3
+  kill -$sig $pid
+  wait $pid
+  rc=$?
+  exec 3>&-
+  [[ $rc == $((128 + $(kill -l $sig))) ]] || fail "SIG$sig: exit $rc: $(cat "$T/slow.err")"
+  ! compgen -G "$T/sig.bin.*" >/dev/null || fail "SIG$sig left $(compgen -G "$T/sig.bin.*")"
+  cmp -s "$T/a.bin" "$T/sig.bin" || fail "SIG$sig: the output was replaced"
+done
 
 long=$T/$(printf 'd%.0s' {1..200})/$(printf 'e%.0s' {1..200})/$(printf 'f%.0s' {1..100})/train.bin
 if "$D" build -o "$long" "$T/in.jsonl" 2>"$T/err.txt"; then fail "accepted a path of ${#long} bytes"; fi

@@ -3,9 +3,11 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "common/dataset.h"
 #include "common/err.h"
 #include "common/jsonutil.h"
@@ -21,6 +23,56 @@ static void usage(FILE *f)
         "build reads one JSON object per line: input_ids (token ids) and loss_mask (0/1, same\n"
         "length) or Hugging Face style labels (-100 = not learned, else the token itself); neither =\n"
         "every token learned. Other keys are ignored. VOCAB defaults to the largest id + 1.\n");
+}
+
+/* The temp file of the build in progress: an interrupted build (of many GB perhaps) must not
+ * leave it beside the output. The handlers read only this copy (async-signal-safe). */
+static char temp_path[1024];
+static volatile sig_atomic_t have_temp;
+
+static void on_stop_signal(int sig)
+{
+    if (have_temp)
+        unlink(temp_path);
+    raise(sig);     /* SA_RESETHAND: the default action, once this handler returns */
+}
+
+static const int stop_signals[] = { SIGINT, SIGTERM, SIGHUP };
+
+/* One ignored when we started (nohup, a background job of a script) stays ignored. */
+static void catch_stop_signals(void)
+{
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++) {
+        struct sigaction sa = { .sa_handler = on_stop_signal, .sa_flags = SA_RESETHAND }, old;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(stop_signals[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            sigaction(stop_signals[i], &sa, NULL);
+    }
+}
+
+/* dataset_writer_open with its temp path noted for the handlers, no signal in between. */
+static int writer_open(struct dataset_writer **w, const char *out, uint32_t vocab, char *err, size_t errlen)
+{
+    sigset_t set, old;
+    sigemptyset(&set);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
+        sigaddset(&set, stop_signals[i]);
+    sigprocmask(SIG_BLOCK, &set, &old);
+    int r = dataset_writer_open(w, out, vocab, err, errlen);
+    if (r == 0) {
+        snprintf(temp_path, sizeof temp_path, "%s", dataset_writer_temp_path(*w));
+        have_temp = 1;
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
+
+/* After dataset_writer_finish renamed the temp into place, or to drop it (NULL is fine). A signal
+ * between the two lines unlinks a name already gone. */
+static void writer_free(struct dataset_writer *w)
+{
+    dataset_writer_free(w);
+    have_temp = 0;
 }
 
 struct buf { uint32_t *tok; uint8_t *mask; size_t cap; };
@@ -141,7 +193,7 @@ static int cmd_build(const char *out, uint32_t vocab, char **inputs, int n_input
 {
     char err[512];
     struct dataset_writer *w;
-    if (dataset_writer_open(&w, out, vocab, err, sizeof err) < 0) {
+    if (writer_open(&w, out, vocab, err, sizeof err) < 0) {
         fprintf(stderr, "dflash-data: %s\n", err);
         return 1;
     }
@@ -199,7 +251,7 @@ static int cmd_build(const char *out, uint32_t vocab, char **inputs, int n_input
     printf("%s: %llu samples\n", out, (unsigned long long)dataset_writer_samples(w));
     rc = 0;
 done:
-    dataset_writer_free(w);
+    writer_free(w);
     free(line);
     free(b.tok);
     free(b.mask);
@@ -225,7 +277,7 @@ static int cmd_synth(const char *out, uint64_t n, uint32_t vocab, uint32_t min_l
         return 1;
     }
     struct dataset_writer *w;
-    if (dataset_writer_open(&w, out, vocab, err, sizeof err) < 0) {
+    if (writer_open(&w, out, vocab, err, sizeof err) < 0) {
         fprintf(stderr, "dflash-data: %s\n", err);
         return 1;
     }
@@ -261,7 +313,7 @@ static int cmd_synth(const char *out, uint64_t n, uint32_t vocab, uint32_t min_l
     printf("%s: %llu samples\n", out, (unsigned long long)n);
     rc = 0;
 done:
-    dataset_writer_free(w);
+    writer_free(w);
     free(succ);
     free(tok);
     free(mask);
@@ -373,6 +425,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "dflash-data: %s: -o OUT is required\n", cmd);
             return 64;
         }
+        catch_stop_signals();
         if (!strcmp(cmd, "build"))
             return cmd_build(out, (uint32_t)vocab, argv + optind, argc - optind);
         return cmd_synth(out, have_n ? n : 1000, vocab ? (uint32_t)vocab : 1024, (uint32_t)min_len,
