@@ -30,6 +30,26 @@ if "$D" build -o "$T/keep.bin" -v 10 "$T/in.jsonl" "$T/adir" 2>"$T/err.txt"; the
 grep -q "$T/adir:1: read error" "$T/err.txt" || fail "read error message: $(cat "$T/err.txt")"
 cmp -s "$T/a.bin" "$T/keep.bin" || fail "the output was replaced after a read error"
 
+# --end-line: the input is whole only with its last line {"end": N}, N the records before it. A
+# writer killed part way leaves a clean end of input all the same: nothing written then.
+cp "$T/a.bin" "$T/keep.bin"
+{ cat "$T/in.jsonl"; echo '{"end": 2}'; echo; } > "$T/end.jsonl"
+"$D" build --end-line -o "$T/end.bin" -v 10 "$T/end.jsonl" >/dev/null || fail "build with an end line"
+cmp -s "$T/a.bin" "$T/end.bin" || fail "the end line changed the dataset"
+end_err() {  # input file, needle
+  if "$D" build --end-line -o "$T/keep.bin" -v 10 < "$1" 2>"$T/err.txt"; then fail "--end-line accepted $(cat "$1")"; fi
+  [[ $(wc -l < "$T/err.txt") == 1 ]] && grep -q "$2" "$T/err.txt" || fail "--end-line message: $(cat "$T/err.txt")"
+  cmp -s "$T/a.bin" "$T/keep.bin" || fail "--end-line: an incomplete input replaced the output"
+  ! compgen -G "$T/keep.bin.*" >/dev/null || fail "--end-line: left $(compgen -G "$T/keep.bin.*")"
+}
+end_err "$T/in.jsonl" '<stdin>: the input ended without its end line {"end": N} (--end-line): incomplete, nothing written'
+{ cat "$T/in.jsonl"; echo '{"end": 3}'; } > "$T/end3.jsonl"
+end_err "$T/end3.jsonl" "<stdin>:4: the end line counts 3 records, 2 came before it: nothing written"
+{ cat "$T/in.jsonl"; echo '{"end": 1}'; } > "$T/end1.jsonl"
+end_err "$T/end1.jsonl" "<stdin>:4: the end line counts 1 records, 2 came before it"
+{ cat "$T/end.jsonl"; echo '{"input_ids":[5]}'; } > "$T/endmore.jsonl"
+end_err "$T/endmore.jsonl" "<stdin>:6: a line after the end line"
+
 expect_err() {  # input, needle, extra args
   printf '%s\n' "$1" > "$T/bad.jsonl"
   if "$D" build -o "$T/bad.bin" $3 "$T/bad.jsonl" 2>"$T/err.txt"; then fail "accepted: $1"; fi

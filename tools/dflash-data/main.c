@@ -15,14 +15,16 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: dflash-data build -o OUT [-v VOCAB] [INPUT.jsonl ...]   (no input or '-' = stdin)\n"
+        "usage: dflash-data build -o OUT [-v VOCAB] [--end-line] [INPUT.jsonl ...]   (no input or '-' = stdin)\n"
         "       dflash-data synth -o OUT [-n SAMPLES] [-v VOCAB] [--min-len N] [--max-len N] [--seed S]\n"
         "       dflash-data info [--json] FILE\n"
         "       dflash-data verify FILE\n"
         "       dflash-data dump [-n N] FILE          (first N samples as JSONL)\n"
         "build reads one JSON object per line: input_ids (token ids) and loss_mask (0/1, same\n"
         "length) or Hugging Face style labels (-100 = not learned, else the token itself); neither =\n"
-        "every token learned. Other keys are ignored. VOCAB defaults to the largest id + 1.\n");
+        "every token learned. Other keys are ignored. VOCAB defaults to the largest id + 1.\n"
+        "--end-line: the input's last line is {\"end\": N}, N the number of records before it; an\n"
+        "input that ends without it (its writer stopped part way) writes nothing.\n");
 }
 
 /* The temp file of the build in progress: an interrupted build (of many GB perhaps) must not
@@ -96,8 +98,9 @@ static int grow(struct buf *b, size_t n)
     return 0;
 }
 
-/* One JSONL line into b; returns token count or <0 with the reason in why. */
-static long parse_line(const char *line, struct buf *b, char *why, size_t whylen)
+/* One JSONL line into b; returns token count or -1 with the reason in why. With end_n (--end-line),
+ * an {"end": N} line returns -2 and N in *end_n. */
+static long parse_line(const char *line, struct buf *b, uint64_t *end_n, char *why, size_t whylen)
 {
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithOpts(line, &end, 0);
@@ -118,6 +121,17 @@ static long parse_line(const char *line, struct buf *b, char *why, size_t whylen
     char dup[64];
     if (json_duplicate_key(j, dup, sizeof dup)) {
         snprintf(why, whylen, "%s: appears twice (JSON readers differ on which one counts)", dup);
+        goto out;
+    }
+    const cJSON *endj = end_n ? cJSON_GetObjectItemCaseSensitive(j, "end") : NULL;
+    if (endj) {
+        double v = cJSON_IsNumber(endj) ? endj->valuedouble : -1;
+        if (cJSON_GetArraySize(j) != 1 || v < 0 || v >= 18446744073709551616.0 || v != (double)(uint64_t)v) {
+            snprintf(why, whylen, "end line: not {\"end\": N}, N the number of records before it");
+            goto out;
+        }
+        *end_n = (uint64_t)v;
+        n = -2;
         goto out;
     }
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
@@ -189,7 +203,7 @@ out:
     return n;
 }
 
-static int cmd_build(const char *out, uint32_t vocab, char **inputs, int n_inputs)
+static int cmd_build(const char *out, uint32_t vocab, int end_line, char **inputs, int n_inputs)
 {
     char err[512];
     struct dataset_writer *w;
@@ -205,9 +219,10 @@ static int cmd_build(const char *out, uint32_t vocab, char **inputs, int n_input
     struct buf b = { 0 };
     char *line = NULL;
     size_t cap = 0;
-    int rc = 1;
+    int rc = 1, ended = 0;
+    const char *name = "<stdin>";
     for (int f = 0; f < n_inputs; f++) {
-        const char *name = strcmp(inputs[f], "-") ? inputs[f] : "<stdin>";
+        name = strcmp(inputs[f], "-") ? inputs[f] : "<stdin>";
         FILE *in = strcmp(inputs[f], "-") ? fopen(inputs[f], "r") : stdin;
         if (!in) {
             fprintf(stderr, "dflash-data: %s: cannot open: %s\n", name, strerror(errno));
@@ -220,7 +235,21 @@ static int cmd_build(const char *out, uint32_t vocab, char **inputs, int n_input
             if (strspn(line, " \t\r\n") == (size_t)len)
                 continue;
             char why[256];
-            long n = parse_line(line, &b, why, sizeof why);
+            uint64_t end_n = 0;
+            long n = -1;
+            if (ended)
+                snprintf(why, sizeof why, "a line after the end line (--end-line)");
+            else
+                n = parse_line(line, &b, end_line ? &end_n : NULL, why, sizeof why);
+            if (n == -2) {      /* the end line */
+                if (end_n == dataset_writer_samples(w)) {
+                    ended = 1;
+                    continue;
+                }
+                snprintf(why, sizeof why, "the end line counts %llu records, %llu came before it: nothing written",
+                         (unsigned long long)end_n, (unsigned long long)dataset_writer_samples(w));
+                n = -1;
+            }
             if (n < 0) {
                 fprintf(stderr, "dflash-data: %s:%ld: %s\n", name, lineno, why);
                 if (in != stdin)
@@ -243,6 +272,13 @@ static int cmd_build(const char *out, uint32_t vocab, char **inputs, int n_input
         }
         if (in != stdin)
             fclose(in);
+    }
+    /* A clean end of the input is all a killed writer leaves (a pipe closes the same way): only
+     * its end line says the input is whole. */
+    if (end_line && !ended) {
+        fprintf(stderr, "dflash-data: %s: the input ended without its end line {\"end\": N} (--end-line): "
+                "incomplete, nothing written\n", name);
+        goto done;
     }
     if (dataset_writer_finish(w, err, sizeof err) < 0) {
         fprintf(stderr, "dflash-data: %s\n", err);
@@ -391,10 +427,11 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     const char *out = NULL;
     uint64_t vocab = 0, n = 0, min_len = 16, max_len = 256, seed = 1;
-    int json = 0, have_n = 0;
+    int json = 0, have_n = 0, end_line = 0;
     static const struct option opts[] = {
         { "min-len", required_argument, 0, 1 }, { "max-len", required_argument, 0, 2 },
-        { "seed", required_argument, 0, 3 }, { "json", no_argument, 0, 4 }, { 0, 0, 0, 0 },
+        { "seed", required_argument, 0, 3 }, { "json", no_argument, 0, 4 }, { "end-line", no_argument, 0, 5 },
+        { 0, 0, 0, 0 },
     };
     optind = 2;
     int c;
@@ -408,6 +445,7 @@ int main(int argc, char **argv)
         case 2: dst = &max_len; break;
         case 3: dst = &seed; break;
         case 4: json = 1; break;
+        case 5: end_line = 1; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 64;
         }
@@ -427,7 +465,7 @@ int main(int argc, char **argv)
         }
         catch_stop_signals();
         if (!strcmp(cmd, "build"))
-            return cmd_build(out, (uint32_t)vocab, argv + optind, argc - optind);
+            return cmd_build(out, (uint32_t)vocab, end_line, argv + optind, argc - optind);
         return cmd_synth(out, have_n ? n : 1000, vocab ? (uint32_t)vocab : 1024, (uint32_t)min_len,
                          (uint32_t)max_len, seed);
     }
