@@ -234,6 +234,7 @@ struct dataset_writer {
 };
 
 uint64_t dataset_writer_samples(const struct dataset_writer *w) { return w->n_samples; }
+uint64_t dataset_writer_masked_tokens(const struct dataset_writer *w) { return w->masked; }
 const char *dataset_writer_temp_path(const struct dataset_writer *w) { return w->tmp; }
 
 void dataset_writer_free(struct dataset_writer *w)

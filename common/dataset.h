@@ -94,6 +94,7 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen);
 /* Drop an unfinished writer and its temp files (NULL is fine). */
 void dataset_writer_free(struct dataset_writer *w);
 uint64_t dataset_writer_samples(const struct dataset_writer *w);
+uint64_t dataset_writer_masked_tokens(const struct dataset_writer *w);  /* with loss mask 1, so far */
 /* The temp file the writer fills and renames into place at finish, for a caller that removes it
  * from a signal handler (dataset_writer_free does otherwise). */
 const char *dataset_writer_temp_path(const struct dataset_writer *w);

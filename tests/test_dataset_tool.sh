@@ -50,6 +50,14 @@ end_err "$T/end1.jsonl" "<stdin>:4: the end line counts 1 records, 2 came before
 { cat "$T/end.jsonl"; echo '{"input_ids":[5]}'; } > "$T/endmore.jsonl"
 end_err "$T/endmore.jsonl" "<stdin>:6: a line after the end line"
 
+# No token in the loss: nothing to learn, refused at the end, the old output stays.
+for rec in '{"input_ids":[1,2],"loss_mask":[0,0]}' '{"input_ids":[1,2],"labels":[-100,-100]}'; do
+  printf '%s\n' '{"input_ids":[3],"loss_mask":[0]}' "$rec" > "$T/noloss.jsonl"
+  if "$D" build -o "$T/keep.bin" -v 10 "$T/noloss.jsonl" 2>"$T/err.txt"; then fail "accepted a dataset with no token in the loss"; fi
+  grep -q "$T/keep.bin: no token is in the loss .*: nothing to learn" "$T/err.txt" || fail "no-loss message: $(cat "$T/err.txt")"
+  cmp -s "$T/a.bin" "$T/keep.bin" || fail "a dataset with no token in the loss replaced the output"
+done
+
 expect_err() {  # input, needle, extra args
   printf '%s\n' "$1" > "$T/bad.jsonl"
   if "$D" build -o "$T/bad.bin" $3 "$T/bad.jsonl" 2>"$T/err.txt"; then fail "accepted: $1"; fi

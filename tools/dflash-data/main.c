@@ -280,6 +280,12 @@ static int cmd_build(const char *out, uint32_t vocab, int end_line, char **input
                 "incomplete, nothing written\n", name);
         goto done;
     }
+    /* Such a file would train nothing, step after step (a mask inverted or every label -100). */
+    if (dataset_writer_samples(w) && !dataset_writer_masked_tokens(w)) {
+        fprintf(stderr, "dflash-data: %s: no token is in the loss (every loss_mask 0 or label -100): nothing to "
+                "learn, nothing written\n", out);
+        goto done;
+    }
     if (dataset_writer_finish(w, err, sizeof err) < 0) {
         fprintf(stderr, "dflash-data: %s\n", err);
         goto done;
