@@ -131,7 +131,7 @@ for sig in TERM HUP; do
   start_slow "$T/sig.bin"
   echo '{"input_ids":[4,5,6]}' >&3
   kill -$sig $pid
-  wait $pid
+  wait $pid 2>/dev/null
   rc=$?
   exec 3>&-
   [[ $rc == $((128 + $(kill -l $sig))) ]] || fail "SIG$sig: exit $rc: $(cat "$T/slow.err")"
@@ -142,6 +142,20 @@ done
 long=$T/$(printf 'd%.0s' {1..200})/$(printf 'e%.0s' {1..200})/$(printf 'f%.0s' {1..100})/train.bin
 if "$D" build -o "$long" "$T/in.jsonl" 2>"$T/err.txt"; then fail "accepted a path of ${#long} bytes"; fi
 grep -q "output path longer than 511 bytes" "$T/err.txt" || fail "long path message: $(cat "$T/err.txt")"
+# info --json names any path as a JSON string.
+odd=$T/$'q"b\\c\td.bin'
+cp "$T/a.bin" "$odd"
+"$D" info --json "$odd" | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["path"]==sys.argv[1], d' "$odd" || fail "info --json with a path holding a quote, a backslash and a tab"
+# An option out of range is named with its value and limit (not cut to 32 bits).
+opt_err() {  # needle, args...
+  local needle=$1; shift
+  if "$D" synth -o "$T/opt.bin" "$@" 2>"$T/err.txt" >/dev/null; then fail "accepted $*"; fi
+  grep -qF -- "$needle" "$T/err.txt" || fail "message for $*: $(cat "$T/err.txt")"
+}
+opt_err "--min-len: 4294967298 is above the limit, 16777216" --min-len 4294967298 --max-len 8
+opt_err "--max-len: 16777217 is above the limit, 16777216" --max-len 16777217
+opt_err "-v: 1073741825 is above the largest vocabulary, 1073741824" -v 1073741825
+
 "$D" synth -o "$T/s.bin" -n 50 -v 64 --min-len 4 --max-len 32 >/dev/null || fail "synth"
 "$D" verify "$T/s.bin" >/dev/null || fail "synth output does not verify"
 head -c 1000 "$T/s.bin" > "$T/cut.bin"

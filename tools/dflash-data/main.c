@@ -77,6 +77,8 @@ static void writer_free(struct dataset_writer *w)
     have_temp = 0;
 }
 
+#define MAX_SAMPLE_LEN (1u << 24)     /* synth's --min-len and --max-len */
+
 struct buf { uint32_t *tok; uint8_t *mask; size_t cap; };
 
 static int grow(struct buf *b, size_t n)
@@ -372,18 +374,34 @@ static int open_or_report(struct dataset *ds, const char *path)
     return 0;
 }
 
+/* s as a JSON string: a path may hold '"', '\\' or control characters. */
+static void put_json_string(const char *s)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    putchar('"');
+}
+
 static int cmd_info(const char *path, int json)
 {
     struct dataset ds;
     if (open_or_report(&ds, path) < 0)
         return 1;
     const struct dataset_header *h = ds.hdr;
-    if (json)
-        printf("{\"path\":\"%s\",\"samples\":%llu,\"tokens\":%llu,\"masked_tokens\":%llu,\"vocab_size\":%u,"
-               "\"max_len\":%u,\"checksum\":\"%016llx\"}\n", path, (unsigned long long)h->n_samples,
-               (unsigned long long)h->n_tokens, (unsigned long long)h->masked_tokens, h->vocab_size, h->max_len,
-               (unsigned long long)h->checksum);
-    else
+    if (json) {
+        fputs("{\"path\":", stdout);
+        put_json_string(path);
+        printf(",\"samples\":%llu,\"tokens\":%llu,\"masked_tokens\":%llu,\"vocab_size\":%u,\"max_len\":%u,"
+               "\"checksum\":\"%016llx\"}\n", (unsigned long long)h->n_samples, (unsigned long long)h->n_tokens,
+               (unsigned long long)h->masked_tokens, h->vocab_size, h->max_len, (unsigned long long)h->checksum);
+    } else
         printf("%s: %llu samples, %llu tokens (%llu in the loss), vocab %u, longest %u, mean %.1f, checksum %016llx\n",
                path, (unsigned long long)h->n_samples, (unsigned long long)h->n_tokens,
                (unsigned long long)h->masked_tokens, h->vocab_size, h->max_len,
@@ -460,8 +478,15 @@ int main(int argc, char **argv)
             return 64;
         }
     }
-    if (vocab > DATASET_MAX_VOCAB || max_len > (1u << 24)) {
-        fprintf(stderr, "dflash-data: vocab or length too large\n");
+    if (vocab > DATASET_MAX_VOCAB) {
+        fprintf(stderr, "dflash-data: -v: %llu is above the largest vocabulary, %u\n", (unsigned long long)vocab,
+                DATASET_MAX_VOCAB);
+        return 64;
+    }
+    if (min_len > MAX_SAMPLE_LEN || max_len > MAX_SAMPLE_LEN) {
+        int is_min = min_len > MAX_SAMPLE_LEN;
+        fprintf(stderr, "dflash-data: --%s-len: %llu is above the limit, %u\n", is_min ? "min" : "max",
+                (unsigned long long)(is_min ? min_len : max_len), MAX_SAMPLE_LEN);
         return 64;
     }
     if (!strcmp(cmd, "build") || !strcmp(cmd, "synth")) {
