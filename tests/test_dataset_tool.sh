@@ -38,7 +38,7 @@ cp "$T/a.bin" "$T/keep.bin"
 cmp -s "$T/a.bin" "$T/end.bin" || fail "the end line changed the dataset"
 end_err() {  # input file, needle
   if "$D" build --end-line -o "$T/keep.bin" -v 10 < "$1" 2>"$T/err.txt"; then fail "--end-line accepted $(cat "$1")"; fi
-  [[ $(wc -l < "$T/err.txt") == 1 ]] && grep -q "$2" "$T/err.txt" || fail "--end-line message: $(cat "$T/err.txt")"
+  if [[ $(wc -l < "$T/err.txt") != 1 ]] || ! grep -q "$2" "$T/err.txt"; then fail "--end-line message: $(cat "$T/err.txt")"; fi
   cmp -s "$T/a.bin" "$T/keep.bin" || fail "--end-line: an incomplete input replaced the output"
   ! compgen -G "$T/keep.bin.*" >/dev/null || fail "--end-line: left $(compgen -G "$T/keep.bin.*")"
 }
@@ -106,7 +106,7 @@ for f in r new; do
   [[ -L $T/links/$f.bin && $(readlink "$T/links/$f.bin") == ../real/$f.bin ]] || fail "$f.bin: the symlink was replaced"
   "$D" info "$T/real/$f.bin" | grep -q "vocab 77" || fail "$f.bin: the file the symlink leads to was not written"
 done
-[[ -z $(ls "$T/links" "$T/real" | grep "\.tmp\.") ]] || fail "a temp file was left beside a symlink"
+if compgen -G "$T/links/*.tmp.*" >/dev/null || compgen -G "$T/real/*.tmp.*" >/dev/null; then fail "a temp file was left beside a symlink"; fi
 
 # A build in progress: its input a FIFO that stays open (fd 3 holds both ends, so no open waits).
 mkfifo "$T/slow.fifo"
@@ -117,12 +117,14 @@ start_slow() {  # out: starts the build as $pid and waits for its temp file
   fail "no temp file beside $1: $(cat "$T/slow.err")"
 }
 # The loss-mask temp is beside the output (not in /tmp, often a small tmpfs), unlinked at once.
+mask_beside() {
+  local f
+  for f in "/proc/$pid/fd"/*; do [[ $(readlink "$f") == "$T/slow.bin.mask."*" (deleted)" ]] && return 0; done
+  return 1
+}
 start_slow "$T/slow.bin"
-for ((i = 0; i < 100 * SCALE; i++)); do
-  ls -l "/proc/$pid/fd" 2>/dev/null | grep -q "$T/slow.bin.mask.* (deleted)" && break
-  sleep 0.05
-done
-ls -l "/proc/$pid/fd" | grep -q "$T/slow.bin.mask.* (deleted)" || fail "the loss-mask temp is not beside the output: $(ls -l "/proc/$pid/fd")"
+for ((i = 0; i < 100 * SCALE; i++)); do mask_beside && break; sleep 0.05; done
+mask_beside || fail "the loss-mask temp is not beside the output: $(ls -l "/proc/$pid/fd")"
 exec 3>&-
 wait $pid
 # Stopped by a signal part way: its temp file goes with it, the old output stays.
