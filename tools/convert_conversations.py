@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """convert_conversations.py: JSONL conversations -> dflash-data input (or a dataset file).
 
-Reads lines {"id": ..., "conversations": [{"role": "user"|"assistant"|"system", "content": "..."}]}
-and renders each with the target model's Hugging Face tokenizer and chat template. The loss
-mask is 1 on the tokens of assistant turns (what the drafter learns to predict), 0 elsewhere.
+Reads lines {"id": ..., "conversations": [{"role": "user"|"assistant"|"system"|"tool", "content": "..."}]}
+("messages" in place of "conversations" too, and ShareGPT turns {"from": "human"|"gpt"|"system",
+"value": "..."}) and renders each with the target model's Hugging Face tokenizer and chat template.
+The loss mask is 1 on the tokens of assistant turns (what the drafter learns to predict), 0 elsewhere.
 
     tools/convert_conversations.py --model /models/Qwen3-8B in.jsonl > tokens.jsonl
     tools/convert_conversations.py --model /models/Qwen3-8B in.jsonl -o data.bin   # runs dflash-data build
@@ -12,42 +13,125 @@ Needs `transformers` (pip install transformers). The mask is found by rendering 
 prefixes of the conversation: the tokens a turn adds are the ones that turn owns. A chat
 template that re-renders earlier turns differently when later ones are added (some do for
 reasoning traces) is detected and reported.
+
+With -o, dflash-data build gets --end-line and the end line {"end": N} only once every record
+is through: a stop of this script for any reason (an error, a signal, a kill) leaves the old
+output as it was.
 """
 import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+from collections.abc import Mapping
+
+PROG = "convert_conversations.py"
+# The chat roles, and ShareGPT's names for them.
+ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
+         "human": "user", "gpt": "assistant"}
+SCHEMA = ('expected {"conversations": [{"role": "user", "content": "..."}, ...]} ("messages" in place of '
+          '"conversations", or ShareGPT turns {"from": "human", "value": "..."}, also do)')
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP, raised where the script is so that its cleanup runs."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def on_stop_signal(signum, frame):
+    raise Stopped(signum)
+
+
+def die(msg):
+    sys.exit(f"{PROG}: {msg}")
+
+
+def json_type(v):
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null"}.get(type(v), "a number")
+
+
+def turn_of(i, t):
+    """Turn i of a record as a chat-template message, or ValueError naming what is wrong."""
+    if not isinstance(t, dict):
+        raise ValueError(f"turn {i}: {json_type(t)}, not an object: {SCHEMA}")
+    if "role" in t:
+        role, content = t.get("role"), t.get("content")
+        msg = dict(t)   # other keys (tool_calls, reasoning_content, ...) are the template's
+    elif "from" in t:
+        role, content = t.get("from"), t.get("value")
+        msg = {k: v for k, v in t.items() if k not in ("from", "value")}
+    else:
+        raise ValueError(f"turn {i}: no 'role' (nor ShareGPT's 'from'): {SCHEMA}")
+    if not isinstance(role, str) or role not in ROLES:
+        raise ValueError(f"turn {i}: unknown role {role!r} (system, user, assistant, tool; ShareGPT's human, gpt)")
+    if not isinstance(content, str):
+        raise ValueError(f"turn {i}: content is {json_type(content)}, not a string")
+    msg["role"], msg["content"] = ROLES[role], content
+    return msg
+
+
+def conversation(line):
+    """One input line (bytes) -> its turns, or ValueError naming what is wrong."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1})") from None
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON: {e.msg} at column {e.colno}") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"{json_type(rec)}, not a JSON object: {SCHEMA}")
+    keys = [k for k in ("conversations", "messages") if k in rec]
+    if len(keys) > 1:
+        raise ValueError("both 'conversations' and 'messages': give one")
+    conv = rec[keys[0]] if keys else None
+    if not isinstance(conv, list) or not conv:
+        raise ValueError(f"no 'conversations' list of turns: {SCHEMA}")
+    return [turn_of(i, t) for i, t in enumerate(conv)]
 
 
 def render(tok, messages, add_generation_prompt=False):
-    return tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+    try:
+        ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+    except TemplateError as e:  # the template's own refusals ("roles must alternate", ...) are this record's
+        raise ValueError(f"the chat template refused it: {e}") from None
+    if isinstance(ids, Mapping):    # transformers 5 returns a BatchEncoding, 4 a list of ids
+        ids = ids["input_ids"]
+    ids = list(ids)
+    if ids and isinstance(ids[0], (list, tuple)):   # a batch of one
+        ids = list(ids[0])
+    return [int(x) for x in ids]
 
 
 def encode(tok, conv, max_len):
     ids, mask = [], []
     for i, msg in enumerate(conv):
-        if msg.get("role") not in ("system", "user", "assistant", "tool"):
-            raise ValueError(f"turn {i}: unknown role {msg.get('role')!r}")
-        if not isinstance(msg.get("content"), str):
-            raise ValueError(f"turn {i}: content is not a string")
         if msg["role"] == "assistant":
             # The assistant header (e.g. "<|im_start|>assistant\n") is the generation prompt: not learned.
             head = render(tok, conv[:i], add_generation_prompt=True)
             if head[: len(ids)] != ids:
                 raise ValueError(f"turn {i}: the chat template re-renders earlier turns; cannot align the mask")
             mask += [0] * (len(head) - len(ids))
-            ids = list(head)
+            ids = head
         full = render(tok, conv[: i + 1])
         if full[: len(ids)] != ids:
             raise ValueError(f"turn {i}: the chat template re-renders earlier turns; cannot align the mask")
         added = len(full) - len(ids)
         mask += [1 if msg["role"] == "assistant" else 0] * added
-        ids = list(full)
+        ids = full
     if max_len and len(ids) > max_len:
         ids, mask = ids[:max_len], mask[:max_len]
     return ids, mask
+
+
+TemplateError = ()  # jinja2's, once transformers is imported (nothing to catch before)
 
 
 def main():
@@ -59,73 +143,165 @@ def main():
     ap.add_argument("--skip-bad", action="store_true", help="skip malformed conversations instead of stopping")
     ap.add_argument("--dflash-data", default=None, help="path of the dflash-data binary")
     args = ap.parse_args()
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        sys.exit("convert_conversations.py: needs the transformers package (pip install transformers)")
-    tok = AutoTokenizer.from_pretrained(args.model)
-    if not getattr(tok, "chat_template", None):
-        sys.exit(f"convert_conversations.py: {args.model}: the tokenizer has no chat template")
-
-    out, proc = sys.stdout, None
+    if args.max_len < 0:
+        ap.error(f"--max-len: {args.max_len} is negative")
+    # What can be checked before the tokenizer loads (that can take a while) is checked first.
+    for path in args.input:
+        if path != "-":
+            try:
+                open(path, "rb").close()
+            except OSError as e:
+                die(f"{path}: cannot open: {e.strerror}")
+    tool = None
     if args.output:
         tool = args.dflash_data or shutil.which("dflash-data") or os.path.join(
             os.path.dirname(os.path.abspath(__file__)), "..", "build", "bin", "dflash-data")
-        vocab = str(len(tok))
-        proc = subprocess.Popen([tool, "build", "-o", args.output, "-v", vocab, "-"], stdin=subprocess.PIPE, text=True)
-        out = proc.stdin
+        if not os.path.isfile(tool) or not os.access(tool, os.X_OK):
+            die(f"{tool}: no dflash-data program there (build it, or give --dflash-data PATH)")
+        outdir = os.path.dirname(args.output) or "."
+        if not os.path.isdir(outdir):
+            die(f"{args.output}: no directory {outdir}")
+    with_stop_signals(lambda: run(args, tool))
 
+
+def with_stop_signals(fn):
+    """fn() with SIGTERM and SIGHUP raised as Stopped where the script is, so that its cleanup runs
+    (one ignored at the start, as under nohup, stays ignored); a stop by one of them or by ^C ends
+    in one line and the signal's own death, for what waits on this script."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, on_stop_signal)
     try:
-        n_ok, n_bad = convert(args, tok, out)
-    except BaseException:
-        # A stop on a bad record (or anything else) must not let dflash-data see a clean end of
-        # its input: it would finish and rename a partial dataset over the output file. A line
-        # it refuses makes it stop and remove its temp file; a kill if it does not.
-        if proc:
-            try:
-                proc.stdin.write("\n(input ended early: convert_conversations.py stopped)\n")
-                proc.stdin.close()
-                proc.wait(timeout=60)
-            except (OSError, ValueError, subprocess.TimeoutExpired):
-                proc.kill()
-                proc.wait()
-        raise
-    if proc:
+        return fn()
+    except KeyboardInterrupt:
+        signum = signal.SIGINT
+    except Stopped as s:
+        signum = s.signum
+    print(f"{PROG}: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    sys.exit(128 + signum)
+
+
+def run(args, tool):
+    global TemplateError
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        die("needs the transformers package (pip install transformers)")
+    try:
+        from jinja2 import TemplateError
+    except ImportError:
+        pass
+    try:
+        tok = AutoTokenizer.from_pretrained(args.model)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()
+        die(f"{args.model}: cannot load its tokenizer: {first[0] if first else type(e).__name__}")
+    if not getattr(tok, "chat_template", None):
+        die(f"{args.model}: the tokenizer has no chat template")
+    stats = {"skipped": 0}
+    samples = encoded(args, tok, stats)
+    n = build_dataset(tool, args.output, len(tok), samples) if args.output else write_jsonl(samples, sys.stdout)
+    print(f"{PROG}: {n} conversations, {stats['skipped']} skipped", file=sys.stderr)
+
+
+def sample_line(ids, mask):
+    return json.dumps({"input_ids": ids, "loss_mask": mask}, separators=(",", ":")) + "\n"
+
+
+def write_jsonl(samples, out):
+    """samples to out as dflash-data build's input lines; their count."""
+    n = 0
+    try:
+        for ids, mask in samples:
+            out.write(sample_line(ids, mask))
+            n += 1
+        out.flush()
+    except BrokenPipeError:
+        # The reader went away (| head): say so once; the exit's own flush must not try again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        die("standard output: closed by its reader before the end")
+    return n
+
+
+def build_dataset(tool, output, vocab, samples):
+    """samples into the dataset file output through dflash-data build; their count. The end line
+    goes last, once every sample is through: an input cut short anywhere before it (this script
+    stopped by an error, a signal or a kill) makes dflash-data write nothing, the old output kept."""
+    try:
+        proc = subprocess.Popen([tool, "build", "--end-line", "-o", output, "-v", str(vocab), "-"],
+                                stdin=subprocess.PIPE, text=True)
+    except OSError as e:
+        die(f"{tool}: cannot run: {e.strerror}")
+    n = 0
+    try:
+        for ids, mask in samples:
+            proc.stdin.write(sample_line(ids, mask))
+            n += 1
+        proc.stdin.write(json.dumps({"end": n}) + "\n")
         proc.stdin.close()
-        if proc.wait() != 0:
-            sys.exit("convert_conversations.py: dflash-data build failed")
-    print(f"convert_conversations.py: {n_ok} conversations, {n_bad} skipped", file=sys.stderr)
+    except BrokenPipeError:     # it stopped first, and said why
+        close_quietly(proc.stdin)
+        die(f"dflash-data build stopped (exit {proc.wait()}) before its input was through: nothing written")
+    except BaseException:
+        # On SIGTERM dflash-data removes its temp file and says nothing more (this script says
+        # why it stopped); were it to stay, its input ends without the end line all the same.
+        proc.terminate()
+        close_quietly(proc.stdin)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    if proc.wait() != 0:
+        die(f"dflash-data build failed (exit {proc.returncode}): nothing written")
+    return n
 
 
-def convert(args, tok, out):
-    """Every record of the inputs to `out`: (converted, skipped)."""
-    n_ok = n_bad = 0
-    files = args.input or ["-"]
-    for path in files:
-        f = sys.stdin if path == "-" else open(path, encoding="utf-8")
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{'<stdin>' if path == '-' else path}:{lineno}"
+def close_quietly(f):
+    """Close f, its unwritten tail dropped (a pipe whose reader is gone)."""
+    try:
+        f.close()
+    except OSError:
+        pass
+
+
+def records(path):
+    """(where, line bytes) of every non-blank line of one input; a read error stops all."""
+    name = "<stdin>" if path == "-" else path
+    try:
+        f = sys.stdin.buffer if path == "-" else open(path, "rb")
+    except OSError as e:
+        die(f"{name}: cannot open: {e.strerror}")
+    lineno = 0
+    try:
+        with f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    yield f"{name}:{lineno}", line
+    except OSError as e:
+        die(f"{name}:{lineno + 1}: read error: {e.strerror}")
+
+
+def encoded(args, tok, stats):
+    """(ids, mask) of every record of the inputs; one that is bad stops all, or with --skip-bad
+    is counted in stats["skipped"]."""
+    for path in args.input or ["-"]:
+        for where, line in records(path):
             try:
-                rec = json.loads(line)
-                conv = rec.get("conversations")
-                if not isinstance(conv, list) or not conv:
-                    raise ValueError("no 'conversations' list")
-                ids, mask = encode(tok, conv, args.max_len)
+                ids, mask = encode(tok, conversation(line), args.max_len)
                 if not any(mask):
                     raise ValueError("no assistant tokens: nothing to learn")
-            except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+            except (ValueError, KeyError, TypeError) as e:
                 if not args.skip_bad:
-                    sys.exit(f"convert_conversations.py: {where}: {e}")
-                print(f"convert_conversations.py: {where}: skipped: {e}", file=sys.stderr)
-                n_bad += 1
+                    die(f"{where}: {e}")
+                print(f"{PROG}: {where}: skipped: {e}", file=sys.stderr)
+                stats["skipped"] += 1
                 continue
-            out.write(json.dumps({"input_ids": ids, "loss_mask": mask}, separators=(",", ":")) + "\n")
-            n_ok += 1
-        if f is not sys.stdin:
-            f.close()
-    return n_ok, n_bad
+            yield ids, mask
 
 
 if __name__ == "__main__":

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# test_convert_conversations.sh: tools/convert_conversations.py without a tokenizer (none is here
+# to load): what it checks before loading one, each bad record as one line FILE:LINE: reason
+# (counted with --skip-bad), and its dflash-data pipe: a stop part way (an error, SIGTERM, a kill)
+# leaves the old output and no temp file.
+set -u
+B=${DFLASH_BUILD:-build}
+T=${TMPDIR:-/tmp}
+D=$B/bin/dflash-data
+export S=${DFLASH_SRC:-.}/tools/convert_conversations.py D T
+SCALE=${DFLASH_TEST_TIME_SCALE:-1}
+fail() { echo "FAIL: $*" >&2; exit 1; }
+one_line() {  # file, needle: the file is that one line, no traceback
+  if [[ $(wc -l < "$1") != 1 ]] || ! grep -qF -- "$2" "$1"; then fail "expected one line '$2', got: $(cat "$1")"; fi
+}
+# The script as a module m (its transformers import is in run()), then the Python code of $1.
+LOAD="import importlib.util, json, os, signal, sys, time
+spec = importlib.util.spec_from_file_location('cc', os.environ['S'])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)"
+py() { python3 -c "$LOAD
+$1"; }
+
+python3 -m py_compile "$S" || fail "py_compile"
+
+# Checked before any tokenizer is loaded.
+python3 "$S" --model none "$T/nope.jsonl" 2>"$T/err.txt" && fail "accepted a missing input"
+one_line "$T/err.txt" "convert_conversations.py: $T/nope.jsonl: cannot open: No such file or directory"
+printf '{}\n' > "$T/in.jsonl"
+python3 "$S" --model none --dflash-data "$T/nope" -o "$T/x.bin" "$T/in.jsonl" 2>"$T/err.txt" && fail "accepted --dflash-data nope"
+one_line "$T/err.txt" "convert_conversations.py: $T/nope: no dflash-data program there"
+python3 "$S" --model none --dflash-data "$D" -o "$T/nodir/x.bin" "$T/in.jsonl" 2>"$T/err.txt" && fail "accepted -o nodir/x.bin"
+one_line "$T/err.txt" "convert_conversations.py: $T/nodir/x.bin: no directory $T/nodir"
+if ! python3 -c 'import transformers' 2>/dev/null; then
+  python3 "$S" --model none "$T/in.jsonl" 2>"$T/err.txt" && fail "ran without transformers"
+  one_line "$T/err.txt" "convert_conversations.py: needs the transformers package"
+fi
+
+# Records: each bad one is "FILE:LINE: reason", counted under --skip-bad; the tokenizer is never
+# reached for them. ShareGPT turns and "messages" are read as conversations.
+{
+  echo '[1,2]'
+  echo '{"conversations":["hi"]}'
+  printf '{"conversations":[{"role":"user","content":"caf\xe9"}]}\n'
+  echo '{"text":"no turns"}'
+  echo '{"conversations":[{"role":"narrator","content":"x"}]}'
+  echo '{"messages":[{"role":"user","content":null}]}'
+  echo
+  echo '{"input_ids":[1'
+} > "$T/bad.jsonl"
+py "args = type('A', (), {'input': [os.environ['T'] + '/bad.jsonl'], 'skip_bad': True, 'max_len': 0})
+stats = {'skipped': 0}
+assert list(m.encoded(args, None, stats)) == []
+print(stats['skipped'])" >"$T/out.txt" 2>"$T/err.txt" || fail "encoded: $(cat "$T/err.txt")"
+[[ $(cat "$T/out.txt") == 7 ]] || fail "skipped count: $(cat "$T/out.txt")"
+[[ $(wc -l < "$T/err.txt") == 7 ]] || fail "one line a bad record: $(cat "$T/err.txt")"
+n=0
+for want in "1: skipped: an array, not a JSON object: expected {\"conversations\"" \
+            "2: skipped: turn 0: a string, not an object: expected" \
+            "3: skipped: not UTF-8 (byte 0xe9 at column 48)" \
+            "4: skipped: no 'conversations' list of turns: expected" \
+            "5: skipped: turn 0: unknown role 'narrator'" \
+            "6: skipped: turn 0: content is null, not a string" \
+            "8: skipped: not valid JSON: "; do
+  n=$((n + 1))
+  sed -n "${n}p" "$T/err.txt" | grep -qF -- "convert_conversations.py: $T/bad.jsonl:$want" || fail "line $n: $(sed -n "${n}p" "$T/err.txt")"
+done
+head -n 1 "$T/bad.jsonl" > "$T/bad1.jsonl"
+py "args = type('A', (), {'input': [os.environ['T'] + '/bad1.jsonl'], 'skip_bad': False, 'max_len': 0})
+list(m.encoded(args, None, {'skipped': 0}))" 2>"$T/err.txt" && fail "a bad record without --skip-bad went on"
+one_line "$T/err.txt" "convert_conversations.py: $T/bad1.jsonl:1: an array, not a JSON object"
+py 'share = m.conversation(b"{\"id\":1,\"conversations\":[{\"from\":\"system\",\"value\":\"s\"},{\"from\":\"human\",\"value\":\"q\"},{\"from\":\"gpt\",\"value\":\"a\"}]}")
+assert share == [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], share
+msgs = m.conversation(b"{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":\"r\"}]}")
+assert msgs == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": "r"}], msgs
+try:
+    m.conversation(b"{\"messages\":[],\"conversations\":[]}")
+    sys.exit("accepted both keys")
+except ValueError as e:
+    assert "both" in str(e), e' || fail "ShareGPT and messages rows"
+
+# The dflash-data pipe (-o). A whole input: a dataset with the samples.
+SAMPLES='[([1, 2, 3], [0, 1, 1]), ([4, 5], [0, 1])]'
+py "assert m.build_dataset(os.environ['D'], os.environ['T'] + '/good.bin', 10, iter($SAMPLES)) == 2" >/dev/null ||
+  fail "build_dataset"
+"$D" info "$T/good.bin" | grep -q "2 samples, 5 tokens (3 in the loss), vocab 10" || fail "built: $("$D" info "$T/good.bin")"
+cp "$T/good.bin" "$T/keep.bin"
+kept() {  # what: the old output as it was, no temp file beside it
+  cmp -s "$T/good.bin" "$T/keep.bin" || fail "$1: the output was replaced"
+  ! compgen -G "$T/keep.bin.*" >/dev/null || fail "$1: left $(compgen -G "$T/keep.bin.*")"
+}
+# An error part way (a bad record without --skip-bad): one line, nothing written.
+py "def gen():
+    yield from $SAMPLES
+    m.die('in.jsonl:3: a bad record')
+m.build_dataset(os.environ['D'], os.environ['T'] + '/keep.bin', 10, gen())" 2>"$T/err.txt" && fail "went on after an error"
+one_line "$T/err.txt" "convert_conversations.py: in.jsonl:3: a bad record"
+kept "an error part way"
+# SIGTERM part way: raised where the script is, dflash-data stopped, one line, death by SIGTERM.
+python3 -c "$LOAD
+def gen():
+    yield from $SAMPLES
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+    yield from $SAMPLES
+m.with_stop_signals(lambda: m.build_dataset(os.environ['D'], os.environ['T'] + '/keep.bin', 10, gen()))" 2>"$T/err.txt" &
+wait $! 2>/dev/null     # (the shell's "Terminated" not in err.txt)
+rc=$?
+[[ $rc == 143 ]] || fail "SIGTERM: exit $rc: $(cat "$T/err.txt")"
+one_line "$T/err.txt" "convert_conversations.py: stopped by SIGTERM"
+kept "SIGTERM"
+# SIGKILL part way (many samples through to dflash-data first): no cleanup at all; dflash-data
+# sees its input end without the end line.
+python3 -c "$LOAD
+def gen():
+    yield from $SAMPLES * 5000
+    sys.stdout.write('fed\n'); sys.stdout.flush()
+    time.sleep(60)
+    yield from $SAMPLES
+m.build_dataset(os.environ['D'], os.environ['T'] + '/keep.bin', 10, gen())" 2>"$T/err.txt" >"$T/fed.txt" & pid=$!
+for ((i = 0; i < 200 * SCALE; i++)); do [[ -s $T/fed.txt ]] && break; sleep 0.05; done
+[[ -s $T/fed.txt ]] || fail "SIGKILL: the samples were not fed: $(cat "$T/err.txt")"
+kill -KILL $pid
+wait $pid 2>/dev/null
+for ((i = 0; i < 200 * SCALE; i++)); do compgen -G "$T/keep.bin.*" >/dev/null || break; sleep 0.05; done
+kept "SIGKILL"
+one_line "$T/err.txt" 'dflash-data: <stdin>: the input ended without its end line {"end": N} (--end-line): incomplete, nothing written'
+# dflash-data stops first (here at once: the output is a directory): one line of its own, one of
+# this script's, no BrokenPipeError.
+mkdir -p "$T/outdir"
+py "m.build_dataset(os.environ['D'], os.environ['T'] + '/outdir', 10, iter($SAMPLES * 50000))" 2>"$T/err.txt" &&
+  fail "went on after dflash-data stopped"
+if [[ $(wc -l < "$T/err.txt") != 2 ]] ||
+   ! grep -q "^dflash-data: $T/outdir: exists and is not a regular file" "$T/err.txt" ||
+   ! grep -q "^convert_conversations.py: dflash-data build stopped (exit 1) before its input was through" "$T/err.txt"; then
+  fail "dflash-data stopped first: $(cat "$T/err.txt")"
+fi
+py "m.build_dataset('$T/nope', os.environ['T'] + '/keep.bin', 10, iter($SAMPLES))" 2>"$T/err.txt" && fail "ran a missing dflash-data"
+one_line "$T/err.txt" "convert_conversations.py: $T/nope: cannot run: No such file or directory"
+# JSONL to standard output, its reader gone (| head): one line.
+py "m.write_jsonl(iter($SAMPLES * 50000), sys.stdout)" 2>"$T/err.txt" | head -c 10 >/dev/null
+one_line "$T/err.txt" "convert_conversations.py: standard output: closed by its reader before the end"
+echo "convert_conversations ok"
