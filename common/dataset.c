@@ -267,9 +267,10 @@ static int output_target(const char *path, char *target, size_t cap, char *err, 
     for (int hops = 0;; hops++) {
         struct stat st;
         if (lstat(target, &st) < 0) {
-            if (errno == ENOENT)    /* a new file, or a dangling link's target */
+            int e = errno;
+            if (e == ENOENT)        /* a new file, or a dangling link's target */
                 return 0;
-            return fail(err, errlen, path, -errno, "cannot stat %s: %s", target, strerror(errno));
+            return fail(err, errlen, path, -e, "cannot stat %s: %s", target, strerror(e));
         }
         if (S_ISREG(st.st_mode))
             return 0;
@@ -283,8 +284,10 @@ static int output_target(const char *path, char *target, size_t cap, char *err, 
             return fail(err, errlen, path, -ELOOP, "too many levels of symbolic links");
         char link[512], next[512];
         ssize_t n = readlink(target, link, sizeof link);
-        if (n < 0)
-            return fail(err, errlen, path, -errno, "readlink %s: %s", target, strerror(errno));
+        if (n < 0) {
+            int e = errno;
+            return fail(err, errlen, path, -e, "readlink %s: %s", target, strerror(e));
+        }
         if ((size_t)n >= sizeof link)
             return fail(err, errlen, path, -ENAMETOOLONG, "%s: symbolic link longer than %zu bytes", target,
                         sizeof link - 1);

@@ -84,7 +84,9 @@ void dataset_hash_update(struct dataset_hash *s, const void *data, size_t len);
 uint64_t dataset_hash_final(const struct dataset_hash *s);
 
 /* Streaming writer: samples are appended, the file appears (atomically renamed into
- * place, fsync'd) only on dataset_writer_finish. vocab_size 0 = max id + 1. */
+ * place, fsync'd) only on dataset_writer_finish. vocab_size 0 = max id + 1. A path that exists
+ * and is not a regular file is refused at open; through a symlink, the file it leads to is
+ * replaced (the link stays). Its temp files are beside that file. */
 struct dataset_writer;
 int dataset_writer_open(struct dataset_writer **w, const char *path, uint32_t vocab_size, char *err, size_t errlen);
 /* Append one sample; rejects length 0, ids >= vocab (when set), mask values other than 0/1. */

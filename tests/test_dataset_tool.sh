@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_dataset_tool.sh: dflash-data builds a dataset from JSONL, dump gives the same samples
-# back, and bad input names file:line and the reason.
+# back, and bad input names file:line and the reason; a build that fails, is stopped, or reads an
+# input cut short (--end-line) leaves the old output and no temp file.
 set -u
 B=${DFLASH_BUILD:-build}
 T=${TMPDIR:-/tmp}
