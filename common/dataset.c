@@ -301,6 +301,12 @@ static int output_target(const char *path, char *target, size_t cap, char *err, 
     }
 }
 
+/* What a temp file is beside, in a message that names path first. */
+static const char *beside(const struct dataset_writer *w, const char *path)
+{
+    return strcmp(w->target, path) ? w->target : "it";
+}
+
 int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t vocab_size, char *err, size_t errlen)
 {
     *out = NULL;
@@ -326,8 +332,9 @@ int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t 
     w->fd = mkostemp(w->tmp, O_CLOEXEC);
     if (w->fd < 0) {
         r = -errno;
+        fail(err, errlen, path, r, "cannot create a temp file beside %s: %s", beside(w, path), strerror(-r));
         dataset_writer_free(w);
-        return fail(err, errlen, path, r, "cannot create a temp file beside it: %s", strerror(-r));
+        return r;
     }
     /* The mask temp beside the output too: /tmp is often a small tmpfs, and the mask is a byte a
      * token. Unlinked at once: nothing of it is left whatever stops the writer. */
@@ -338,8 +345,10 @@ int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t 
         r = -errno;
         if (mfd >= 0 && !w->maskf)
             close(mfd);
+        fail(err, errlen, path, r, "cannot create the loss-mask temp file beside %s: %s", beside(w, path),
+             strerror(-r));
         dataset_writer_free(w);
-        return fail(err, errlen, path, r, "cannot create the loss-mask temp file beside it: %s", strerror(-r));
+        return r;
     }
     if (lseek(w->fd, DATASET_HEADER_SIZE, SEEK_SET) < 0) {
         r = -errno;
