@@ -19,10 +19,12 @@ is through: a stop of this script for any reason (an error, a signal, a kill) le
 output as it was.
 """
 import argparse
+import errno
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -31,6 +33,7 @@ PROG = "convert_conversations.py"
 # The chat roles, and ShareGPT's names for them.
 ROLES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
          "human": "user", "gpt": "assistant"}
+TemplateError = ()  # jinja2's, once run() imports it (until then nothing renders)
 SCHEMA = ('expected {"conversations": [{"role": "user", "content": "..."}, ...]} ("messages" in place of '
           '"conversations", or ShareGPT turns {"from": "human", "value": "..."}, also do)')
 
@@ -131,9 +134,6 @@ def encode(tok, conv, max_len):
     return ids, mask
 
 
-TemplateError = ()  # jinja2's, once transformers is imported (nothing to catch before)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="Hugging Face model dir or id (tokenizer + chat template)")
@@ -145,13 +145,16 @@ def main():
     args = ap.parse_args()
     if args.max_len < 0:
         ap.error(f"--max-len: {args.max_len} is negative")
-    # What can be checked before the tokenizer loads (that can take a while) is checked first.
+    # What can be checked before the tokenizer loads (that can take a while) is checked first;
+    # without opening the inputs (a FIFO's writer would see its reader come and go).
     for path in args.input:
         if path != "-":
             try:
-                open(path, "rb").close()
+                st = os.stat(path)
             except OSError as e:
                 die(f"{path}: cannot open: {e.strerror}")
+            if stat.S_ISDIR(st.st_mode) or not os.access(path, os.R_OK):
+                die(f"{path}: cannot open: {os.strerror(errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EACCES)}")
     tool = None
     if args.output:
         tool = args.dflash_data or shutil.which("dflash-data") or os.path.join(
