@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_dflashctl.sh: dflashctl against a live coordinator-d: every command, --json parses,
-# pause/resume/drain change the state, a bad socket path fails with a clear message.
+# pause/resume/drain change the state, a bad socket path fails with a clear message; restarted on
+# a ledger holding batches in flight and errors: -n N limits the rows, a refused control exits 1.
 set -u
 B=${DFLASH_BUILD:-build}
 T=${TMPDIR:-/tmp}
@@ -26,6 +27,8 @@ capture_layers = 1
 [coordinator]
 ring_hidden = 8
 heartbeat_ms = 50
+# (a restart waits this long for its daemons: the drain below stays DRAINING meanwhile)
+recovery_ms = 120000
 [data]
 path = $T/data.bin
 token_budget = 512
@@ -111,4 +114,50 @@ wait "$cpid"; rc=$?; cpid=
 [[ ! -e $S ]] || fail "socket left behind"
 [[ ! -e /dev/shm/dflash-$name ]] || fail "ring left behind"
 grep -q "coordinator.ring_hidden = 8" "$T/coord.log" || fail "effective config not printed"
+
+# Restarted on a ledger that holds six batches LEASED (by no process: they wait out the recovery
+# window) and five errors: -n N shows N of them.
+db=$T/$name-ledger.db
+python3 - "$db" <<'PY' || fail "cannot change the ledger"
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+assert c.execute("SELECT count(*) FROM batches").fetchone()[0] > 6
+c.execute("UPDATE batches SET state = 1, owner = 0, slot = -1, leases = 1"
+          " WHERE id IN (SELECT id FROM batches ORDER BY id LIMIT 6)")
+c.executemany("INSERT INTO errors VALUES (?, 'target', 0, 4242, 0, -5, ?)",
+              [(1700000000000 + 1000 * k, "test error %d" % k) for k in range(1, 6)])
+c.commit()
+PY
+mv "$T/coord.log" "$T/coord1.log"
+"$B/bin/coordinator-d" -c "$T/dflash.ini" >"$T/coord.log" 2>&1 &
+cpid=$!
+for _ in $(seq 200); do "$CTL" -s "$S" status >/dev/null 2>&1 && break; sleep 0.05; done
+"$CTL" -s "$S" --json status | grep -q '"recovering":true' || fail "the restarted coordinator is not recovering"
+"$CTL" -s "$S" --json batches | python3 -c 'import json,sys; assert len(json.load(sys.stdin)["in_flight"]) == 6' ||
+  fail "batches --json: not the 6 leased batches in flight"
+"$CTL" -s "$S" --json -n 3 batches | python3 -c 'import json,sys; a=json.load(sys.stdin)["in_flight"]; assert len(a) == 3, len(a)' ||
+  fail "batches --json -n 3: not 3 rows"
+"$CTL" -s "$S" -n 3 batches >"$T/out.txt" || fail "batches -n 3"
+[[ $(grep -c "^0:[0-9]* *leased " "$T/out.txt") == 3 ]] || fail "batches -n 3 shows: $(cat "$T/out.txt")"
+"$CTL" -s "$S" errors >"$T/out.txt" || fail "errors"
+[[ $(grep -c "test error" "$T/out.txt") == 5 ]] && grep -q "errors: 5 (0 fatal)" "$T/out.txt" || fail "errors shows: $(cat "$T/out.txt")"
+"$CTL" -s "$S" --json -n 3 errors | python3 -c 'import json,sys; e=json.load(sys.stdin); assert len(e["errors"]) == 3 and e["count"] == 5, e' ||
+  fail "errors --json -n 3: not 3 rows of 5"
+"$CTL" -s "$S" -n 3 errors >"$T/out.txt" || fail "errors -n 3"
+[[ $(grep -c "test error" "$T/out.txt") == 3 ]] && grep -q "test error 5" "$T/out.txt" && ! grep -q "test error 2" "$T/out.txt" ||
+  fail "errors -n 3 (the newest 3) shows: $(cat "$T/out.txt")"
+
+# A control the coordinator refuses exits 1 with its reason (DRAINING: the recovery window and the
+# leases keep it there).
+"$CTL" -s "$S" drain | grep -q "drain: cluster is draining" || fail "drain in the recovery window"
+"$CTL" -s "$S" pause >"$T/out.txt" 2>"$T/err.txt"; rc=$?
+[[ $rc == 1 ]] && grep -q "^dflashctl: pause: only a running cluster can pause (state is draining)$" "$T/err.txt" ||
+  fail "a refused pause: exit $rc: $(cat "$T/out.txt" "$T/err.txt")"
+"$CTL" -s "$S" --json resume >"$T/out.txt"; rc=$?
+[[ $rc == 1 ]] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["ok"] is False and r["state"] == "draining" and "only a paused cluster can resume" in r["error"], r' "$T/out.txt" ||
+  fail "a refused resume --json: exit $rc: $(cat "$T/out.txt")"
+"$CTL" -s "$S" stop | grep -q "stop: cluster is stopped" || fail "stop"
+for _ in $(seq 200); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.05; done
+wait "$cpid"; rc=$?; cpid=
+[[ $rc -eq 0 ]] || fail "coordinator exit $rc after stop"
 echo "dflashctl ok"
