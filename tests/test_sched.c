@@ -1,5 +1,6 @@
 /* test_sched.c: the batch schedule: same seed -> same batches, every sample exactly once
- * per epoch, no batch over the token budget or the sequence cap, epochs differ. */
+ * per epoch, no batch over the token budget or the sequence cap, epochs differ, the batch
+ * order is shuffled (not short batches first). */
 #include "daemons/coordinator/sched.c"
 #include "tests/test.h"
 
@@ -44,8 +45,49 @@ static void check_epoch(const struct sched_epoch *e, const uint32_t *len, uint32
     free(seen);
 }
 
+/* Pearson correlation of batch position and the batch's mean (truncated) length: about 0 when
+ * the batch order is shuffled, near 1 when the batches come in bucket order. */
+static double order_vs_length(const struct sched_epoch *e, const uint32_t *len, const struct sched_params *p)
+{
+    double sx = 0, sy = 0, sxx = 0, syy = 0, sxy = 0, nb = e->n_batches;
+    for (uint32_t b = 0; b < e->n_batches; b++) {
+        double sum = 0;
+        for (uint32_t i = e->first[b]; i < e->first[b + 1]; i++)
+            sum += len[e->samples[i]] < p->max_seq_len ? len[e->samples[i]] : p->max_seq_len;
+        double x = b, y = sum / (e->first[b + 1] - e->first[b]);
+        sx += x, sy += y, sxx += x * x, syy += y * y, sxy += x * y;
+    }
+    return (nb * sxy - sx * sy) / sqrt((nb * sxx - sx * sx) * (nb * syy - sy * sy));
+}
+
+/* The batch order of each epoch is shuffled: batch position says nothing of the batch's length
+ * (without the shuffle every epoch trains the short batches first). */
+static void batch_order_shuffled(void)
+{
+    enum { N = 2000 };
+    static uint32_t len[N];
+    uint64_t x = 777;
+    for (uint32_t i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        len[i] = 1 + (uint32_t)((x >> 33) % 2500);
+    }
+    struct sched_params p = { .seed = 1234, .token_budget = 8192, .max_seq_len = 2048, .bucket_width = 256, .max_seqs = 64 };
+    char err[256];
+    for (uint32_t ep = 0; ep < 3; ep++) {
+        struct sched_epoch e;
+        CHECK_OK(sched_build(len, N, &p, ep, &e, err, sizeof err));
+        CHECK_INT(e.n_batches, >=, 100);
+        double rho = order_vs_length(&e, len, &p);
+        printf("epoch %u: %u batches, correlation of position and mean length %.3f\n", ep, e.n_batches, rho);
+        if (!(fabs(rho) < 0.3))
+            TEST_FAIL("epoch %u: batch position and mean length correlate (%.3f): the batch order is not shuffled", ep, rho);
+        sched_epoch_done(&e);
+    }
+}
+
 int main(void)
 {
+    batch_order_shuffled();
     enum { N = 20000 };
     static uint32_t len[N];
     uint64_t x = 12345;
