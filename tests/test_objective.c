@@ -1,6 +1,7 @@
 /* test_objective.c: anchor sampling (candidates, counts, order, determinism by
- * (seed, epoch, batch id, rank), uniformity) and block targets (same-position labels, slot 0
- * excluded, decay weights, loss mask, labels past the sequence's end), the blocks a pass accepts. */
+ * (seed, epoch, batch id, rank), a draw of its own per sequence, uniformity, one pinned draw)
+ * and block targets (same-position labels, slot 0 excluded, decay weights, loss mask, labels
+ * past the sequence's end), the blocks a pass accepts. */
 #include "common/err.h"
 #include "tests/test_drafter_fixture.h"
 
@@ -12,8 +13,42 @@ static int sample(const struct obj_batch *b, int na, uint64_t seed, uint64_t epo
     return obj_sample_anchors(b, na, &k, out, 256, work);
 }
 
+/* Each sequence draws its anchors with a stream of its own (keyed by its index too): two
+ * sequences with as many candidates get different picks, not one draw repeated. One draw is
+ * pinned: a change of the sampling shows here (checkpointed runs would resume on other anchors). */
+static void anchors_per_sequence(void)
+{
+    int lens[2] = { 30, 30 }, prompt[2] = { 6, 6 };     /* 23 candidates each */
+    struct fixture f;
+    fixture_init(&f, 43, 2, lens, prompt);
+    struct obj_block a[256];
+    const int na = 4;
+    int same = 0;
+    for (int t = 0; t < 200; t++) {
+        CHECK_INT(sample(&f.batch, na, 11 + (uint64_t)t, (uint64_t)t % 3, 1000 + (uint64_t)t, (uint32_t)t % 2, a), ==, 2 * na);
+        int eq = 1;
+        for (int k = 0; k < na; k++) {
+            CHECK_INT(a[k].seq, ==, 0);
+            CHECK_INT(a[na + k].seq, ==, 1);
+            eq &= a[k].anchor - f.cu[0] == a[na + k].anchor - f.cu[1];
+        }
+        same += eq;
+    }
+    /* by chance: 1 in C(23, 4) = 8855 */
+    if (same > 2)
+        TEST_FAIL("%d of 200 keys gave both sequences the same anchors: the draw is not per sequence", same);
+
+    static const int32_t golden[8] = { 10, 21, 26, 28, 39, 50, 54, 56 };
+    CHECK_INT(sample(&f.batch, na, 1, 2, 3, 0, a), ==, 8);
+    for (int k = 0; k < 8; k++)
+        if (a[k].anchor != golden[k])
+            TEST_FAIL("anchor %d of key (1, 2, 3, 0) is %d, was %d: the anchor draw changed", k, a[k].anchor, golden[k]);
+    fixture_done(&f);
+}
+
 int main(void)
 {
+    anchors_per_sequence();
     int lens[4] = { 20, 6, 2, 30 }, prompt[4] = { 5, 0, 0, 4 };
     struct fixture f;
     fixture_init(&f, 41, 4, lens, prompt);
