@@ -1,5 +1,6 @@
 /* test_dataset.c: the dataset file: writer -> reader round trip, and bad files
- * (truncated, bad checksum, token id >= vocab, bad magic/version/mask) give one-line errors. */
+ * (truncated, bad checksum, token id >= vocab, bad magic/version/mask, header fields that do
+ * not match the file, empty or damaged index entries) give one-line errors. */
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,9 +14,9 @@ static char dir[400];
 
 static const char *tmp(const char *name)
 {
-    static char pool[32][512];
+    static char pool[48][512];
     static int k;
-    CHECK(k < 32);
+    CHECK(k < 48);
     snprintf(pool[k], sizeof pool[k], "%s/%s", dir, name);
     return pool[k++];
 }
@@ -88,6 +89,75 @@ static void copy(const char *from, const char *to)
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
     CHECK_INT(system(cmd), ==, 0);
+}
+
+/* A copy of `good` with `n` bytes at `off` replaced. The checksum covers the bytes after the
+ * header: a change there is resealed, so that the structural check is what fails. */
+static const char *spoiled(const char *good, const char *name, long off, const void *bytes, size_t n)
+{
+    const char *path = tmp(name);
+    copy(good, path);
+    patch(path, off, bytes, n);
+    if (off >= (long)DATASET_HEADER_SIZE)
+        fix_checksum(path);
+    return path;
+}
+
+#define HDR(field) offsetof(struct dataset_header, field)
+
+/* Header fields that do not match the file, and index entries validate() refuses. */
+static void test_header_checks(const char *good)
+{
+    struct dataset ds;
+    char err[512], want[160];
+    CHECK_OK(dataset_open(&ds, good, 0, err, sizeof err));
+    struct dataset_header h = *ds.hdr;
+    long idx = (long)h.index_off;
+    uint32_t len3 = ds.index[3].length;
+    dataset_close(&ds);
+    CHECK(len3 < h.max_len);        /* (emptying it leaves max_len as it is) */
+    CHECK(h.masked_tokens > 0 && h.masked_tokens < h.n_tokens);
+
+    uint32_t u32 = 64;
+    expect_bad(spoiled(good, "hsize.bin", HDR(header_size), &u32, 4), -DF_EFORMAT, "header_size 64, expected 128");
+    u32 = 0;
+    expect_bad(spoiled(good, "vocab0.bin", HDR(vocab_size), &u32, 4), -DF_EFORMAT, "vocab_size 0 out of range [1, ");
+    u32 = DATASET_MAX_VOCAB + 1;
+    snprintf(want, sizeof want, "vocab_size %u out of range [1, %u]", u32, DATASET_MAX_VOCAB);
+    expect_bad(spoiled(good, "vocabbig.bin", HDR(vocab_size), &u32, 4), -DF_EFORMAT, want);
+    uint64_t u64 = 0;
+    expect_bad(spoiled(good, "nosamples.bin", HDR(n_samples), &u64, 8), -DF_EFORMAT, "no samples");
+    u64 = (1ull << 40) + 1;
+    expect_bad(spoiled(good, "hugecount.bin", HDR(n_tokens), &u64, 8), -DF_EFORMAT, "implausible counts");
+    /* sections out of place: the mask and the index swapped, the tokens not right after the header */
+    uint64_t swapped[3] = { h.tokens_off, h.index_off, h.mask_off };
+    snprintf(want, sizeof want, "section offsets (%llu, %llu, %llu) do not match the counts",
+             (unsigned long long)h.tokens_off, (unsigned long long)h.index_off, (unsigned long long)h.mask_off);
+    expect_bad(spoiled(good, "swapped.bin", HDR(tokens_off), swapped, sizeof swapped), -DF_EFORMAT, want);
+    u64 = h.tokens_off + 8;
+    expect_bad(spoiled(good, "tokoff.bin", HDR(tokens_off), &u64, 8), -DF_EFORMAT, "section offsets (136, ");
+    u64 = h.mask_off - 4;       /* overlapping the tokens */
+    expect_bad(spoiled(good, "maskoff.bin", HDR(mask_off), &u64, 8), -DF_EFORMAT, "do not match the counts");
+    u64 = h.mask_off + 8;       /* overlapping the mask */
+    expect_bad(spoiled(good, "idxoff.bin", HDR(index_off), &u64, 8), -DF_EFORMAT, "do not match the counts");
+    /* one sample fewer than the index holds */
+    u64 = h.n_samples - 1;
+    snprintf(want, sizeof want, "file size %llu does not match the counts (%llu)", (unsigned long long)h.file_size,
+             (unsigned long long)(h.file_size - 16));
+    expect_bad(spoiled(good, "fewer.bin", HDR(n_samples), &u64, 8), -DF_EFORMAT, want);
+    /* header totals the data do not bear out */
+    u32 = h.max_len + 1;
+    snprintf(want, sizeof want, "max_len %u, samples say %u", h.max_len + 1, h.max_len);
+    expect_bad(spoiled(good, "maxlen.bin", HDR(max_len), &u32, 4), -DF_EFORMAT, want);
+    u64 = h.masked_tokens + 1;
+    snprintf(want, sizeof want, "masked_tokens %llu, mask says %llu", (unsigned long long)h.masked_tokens + 1,
+             (unsigned long long)h.masked_tokens);
+    expect_bad(spoiled(good, "masked.bin", HDR(masked_tokens), &u64, 8), -DF_EFORMAT, want);
+    /* index entries (resealed): an empty sample, a reserved field set */
+    u32 = 0;
+    expect_bad(spoiled(good, "empty.bin", idx + 16 * 3 + 8, &u32, 4), -DF_EFORMAT, "sample 3: empty");
+    u32 = 1;
+    expect_bad(spoiled(good, "idxres.bin", idx + 16 * 5 + 12, &u32, 4), -DF_EFORMAT, "sample 5: reserved field not 0");
 }
 
 static int ticks;
@@ -257,6 +327,7 @@ int main(void)
     CHECK_OK(mkfifo(fifo, 0600));
     expect_bad(fifo, -DF_EFORMAT, "not a regular file");
     expect_bad(tmp("absent.bin"), -ENOENT, "cannot open");
+    test_header_checks(good);
     test_progress();
     printf("dataset ok\n");
     return 0;
