@@ -47,7 +47,11 @@
  *     signal's default action.
  * 22. A stop (dflashctl's or a signal) while a fatal error drains the run ends it FAILED, the
  *     error kept in the reason (exit 78).
- * 23. A non-finite value reported while the operator's pause holds is in the reason shown. */
+ * 23. A non-finite value reported while the operator's pause holds is in the reason shown.
+ * 24. A second copy of a published batch (from a lease given back before its PUBLISHED came) is
+ *     taken out of the ring when that PUBLISHED comes; the published copy stays.
+ * 25. A checkpoint of a new generation at a step before the head it started from is refused: the
+ *     head stays. */
 #include <sqlite3.h>
 #include "tests/test_coord_util.h"
 
@@ -367,6 +371,10 @@ static void nan_checkpoint_after_step_refused(void)
  * answered (exit 6 when that slot is still READY with its batch). */
 static int publisher_expects_retract;
 
+/* Set before fork_publisher: it returns its lease once its copy is READY in the ring, before its
+ * PUBLISHED (the batch is queued again while that copy waits there). */
+static int publisher_returns_lease;
+
 /* A target: leases one batch, writes it into the ring and its id to id_fd; with go_fd >= 0 it
  * reports PUBLISHED only once a byte comes on go_fd. It exits when the report is answered:
  * 0 accepted, 1 refused with -DF_ESTATE, more: trouble. */
@@ -390,7 +398,7 @@ static pid_t fork_publisher(int id_fd, int go_fd)
     int n;
     if (ring_claim_write(r, 1000, &slot) < 0 || (n = tc_fill_publish(c, r, &ds, id, m.grant.epoch, m.grant.n_tokens, slot)) <= 0)
         _exit(3);
-    if (write(id_fd, &id, sizeof id) != sizeof id)
+    if ((publisher_returns_lease && client_lease_return(c, id) < 0) || write(id_fd, &id, sizeof id) != sizeof id)
         _exit(4);
     while (go_fd >= 0 && read(go_fd, &b, 1) != 1)
         client_poll(c, 10, &m, err, sizeof err);
@@ -690,6 +698,92 @@ static void trained_copy_of_dead_target_retracted(void)
     printf("ok: a READY copy of a trained batch that no PUBLISHED announces is taken out of the ring\n");
 }
 
+/* The first slot that holds batch id READY in r (-1: none). */
+static int ready_slot(struct ring *r, uint64_t id)
+{
+    struct ring_stats rs;
+    struct ring_slot_stat ss[16];
+    CHECK_OK(ring_stats(r, &rs, ss));
+    for (uint32_t i = 0; i < rs.nslots && i < 16; i++)
+        if (ss[i].state == RING_READY && ss[i].batch_id == id)
+            return (int)i;
+    return -1;
+}
+
+/* A second copy of a published batch is taken out of the ring when its PUBLISHED comes: target A
+ * wrote batch X into the ring under lease 1 and returned the lease before its PUBLISHED; target
+ * B leased X again (lease 2) and published it in another slot. A's PUBLISHED, late, is refused
+ * as a duplicate and its copy (lease 1) leaves the ring; B's (the lease to keep) stays. */
+static void second_copy_retracted(void)
+{
+    start_coord("[drafter]\nworld_size = 1\n");
+    int tp[2], tgo[2];
+    CHECK(pipe(tp) == 0 && pipe(tgo) == 0);
+    publisher_returns_lease = 1;
+    publisher_expects_retract = 1;
+    pid_t a = fork_publisher(tp[1], tgo[0]);        /* A, device 0: PUBLISHED only on `tgo` */
+    publisher_returns_lease = 0;
+    publisher_expects_retract = 0;
+    kids[0] = a;
+    uint64_t id = read_id(tp[0]);
+    expect_batch(id, "queued", NULL, 5000);         /* the lease returned */
+    struct ring *r = peer_ring();
+    int slot_a = ready_slot(r, id);
+    CHECK(slot_a >= 0);                             /* A's copy waits in the ring */
+
+    struct client *b = peer_connect(PROTO_ROLE_TARGET, 1);     /* B */
+    struct dataset ds;
+    char err[512];
+    CHECK_OK(dataset_open(&ds, TC.data, DATASET_OPEN_NO_CHECKSUM, err, sizeof err));
+    CHECK_OK(client_lease_request(b, 1));
+    struct proto_msg m = { 0 };
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    while (m.type != PROTO_LEASE_GRANT && mono_ms() < end)
+        if (client_poll(b, 20, &m, err, sizeof err) <= 0)
+            m.type = 0;
+    CHECK_INT(m.type, ==, PROTO_LEASE_GRANT);
+    CHECK_INT(m.grant.batch_id, ==, id);            /* the lowest pending id goes first */
+    CHECK_INT(m.grant.lease, ==, 2);
+    unsigned slot_b;
+    CHECK_OK(ring_claim_write(r, 1000, &slot_b));
+    CHECK_INT(slot_b, !=, slot_a);
+    int n = tc_fill_publish(b, r, &ds, id, m.grant.epoch, m.grant.n_tokens, slot_b);
+    CHECK(n > 0);
+    CHECK_OK(client_published(b, id, slot_b, (uint32_t)n));
+    struct client_stats st = await_answers(b, 10, 5000);
+    CHECK_INT(st.outbox, ==, 0);
+    CHECK_INT(st.nacks, ==, 0);
+    CHECK_STR(tc_batch_state(id), "published");
+    CHECK_INT(tc_status_num("ring.retracted"), ==, 0);
+    CHECK_INT(tc_status_num("batches.retracted"), ==, 0);
+
+    CHECK(write(tgo[1], "g", 1) == 1);              /* now A's PUBLISHED of its copy, slot_a */
+    CHECK_INT(tc_exit_status(a, 5000 * test_time_scale()), ==, 1);     /* a duplicate (6: its copy still READY) */
+    kids[0] = 0;
+    struct ring_stats rs;
+    struct ring_slot_stat ss[16];
+    CHECK_OK(ring_stats(r, &rs, ss));
+    CHECK_STR(ring_state_name(ss[slot_a].state), ring_state_name(RING_FREE));
+    CHECK_INT(ready_slot(r, id), ==, (int)slot_b);  /* B's copy stays */
+    CHECK_INT(rs.retracted, ==, 1);
+    CHECK_INT(tc_status_num("ring.retracted"), ==, 1);
+    CHECK_INT(tc_status_num("batches.retracted"), ==, 1);
+    CHECK_INT(tc_status_num("batches.duplicates"), ==, 1);
+    CHECK_STR(tc_batch_state(id), "published");
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "grep -q 'its copy in slot %d taken out of the ring: a second copy of a published batch' "
+             "'%s/coordinator.log'", slot_a, TC.dir);
+    CHECK_INT(system(cmd), ==, 0);
+    for (int i = 0; i < 2; i++) {
+        close(tp[i]);
+        close(tgo[i]);
+    }
+    dataset_close(&ds);
+    client_free(b);
+    ring_detach(r);
+    printf("ok: a second copy of a published batch leaves the ring when its late PUBLISHED comes\n");
+}
+
 /* A drafter (device 0) of a one-rank group: takes the copy of the next batch in the ring, reports
  * it TRAINED and checkpointed at step 1 (its id on done_fd once both are acknowledged) and keeps
  * the slot claimed until it is killed. */
@@ -784,6 +878,95 @@ static void trained_copy_out_before_group(int recovery)
     ring_detach(r);
     printf("ok: a READY copy of a checkpointed batch is out of the ring before the next generation starts%s\n",
            recovery ? " (formed in the recovery window)" : "");
+}
+
+/* A drafter (device 0) of a one-rank group: joins, reports a checkpoint of its generation at
+ * `step` (a byte on done_fd once it is acknowledged) and stays connected until it is killed. */
+static pid_t fork_checkpointer(uint64_t step, int done_fd)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid)
+        return pid;
+    struct client *c = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    struct proto_msg m;
+    char err[256], dir[64];
+    uint64_t gen = tc_join_group(c, 10000).generation;
+    snprintf(dir, sizeof dir, "/nonexistent/ckpt-step%llu", (unsigned long long)step);
+    if (!gen || client_checkpointed(c, step, gen, dir) < 0 || await_answers(c, 10, 0).nacks ||
+        write(done_fd, "c", 1) != 1)
+        _exit(2);
+    for (;;)
+        client_poll(c, 10, &m, err, sizeof err);
+}
+
+/* Drafter d's checkpoint of generation gen at step: 0 acknowledged, else the refusal's status. */
+static int checkpoint_answer(struct client *d, uint64_t gen, uint64_t step, const char *dir)
+{
+    struct client_stats st0, st;
+    client_get_stats(d, &st0);
+    CHECK_OK(client_checkpointed(d, step, gen, dir));
+    st = await_answers(d, 10, 5000);
+    CHECK_INT(st.outbox, ==, 0);
+    return st.nacks == st0.nacks ? 0 : st.last_nack_status;
+}
+
+/* The lineage's head in the checkpoints query (read from the ledger with it): its generation and
+ * step, and how many checkpoints the ledger lists. */
+static void expect_head(uint64_t gen, uint64_t step, int listed)
+{
+    cJSON *ck = tc_query(PROTO_Q_CHECKPOINTS);
+    CHECK(ck);
+    const cJSON *head = cJSON_GetObjectItemCaseSensitive(ck, "head");
+    CHECK_INT(tc_num(head, "generation"), ==, gen);
+    CHECK_INT(tc_num(head, "step"), ==, step);
+    CHECK_INT(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(ck, "checkpoints")), ==, listed);
+    cJSON_Delete(ck);
+    CHECK_INT(tc_status_num("group.checkpoint.generation"), ==, gen);
+    CHECK_INT(tc_status_num("group.checkpoint.step"), ==, step);
+}
+
+/* A generation starts from the lineage's head: a checkpoint of it at a step before the head's
+ * was trained from other weights (a rank that did not load the head) and is refused; the head
+ * stays. Generation 1 checkpoints step 5 and ends (its drafter dies); generation 2, formed from
+ * that head, reports step 3: refused. Its step 6 is taken. */
+static void checkpoint_before_generation_start_refused(void)
+{
+    start_coord("[drafter]\nworld_size = 1\n");
+    int dp[2];
+    CHECK(pipe(dp) == 0);
+    kids[1] = fork_checkpointer(5, dp[1]);
+    char c;
+    CHECK(read(dp[0], &c, 1) == 1);                 /* generation 1's checkpoint of step 5: the head */
+    expect_head(1, 5, 1);
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 1);
+    client_join_group(d);                           /* standby */
+    poll_for(d, 300);
+    tc_kill(kids[1]);                               /* generation 1 ends */
+    kids[1] = 0;
+    struct proto_msg m;
+    char err[256];
+    uint64_t end = mono_ms() + 10000 * (uint64_t)test_time_scale();
+    m.type = 0;
+    while (mono_ms() < end && !(m.type == PROTO_GROUP && m.group.generation == 2))
+        if (client_poll(d, 5, &m, err, sizeof err) <= 0)
+            m.type = 0;
+    CHECK_INT(m.type, ==, PROTO_GROUP);
+    CHECK_INT(m.group.generation, ==, 2);
+    CHECK_INT(m.group.rank, ==, 0);
+    CHECK_INT(m.group.ckpt_step, ==, 5);            /* it starts from the head */
+    CHECK_INT(checkpoint_answer(d, 2, 3, "/nonexistent/gen2-step3"), ==, -DF_ESTATE);
+    expect_head(1, 5, 1);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "grep -q 'checkpoint /nonexistent/gen2-step3 of generation 2 at step 3 refused: the "
+             "generation started from step 5' '%s/coordinator.log'", TC.dir);
+    CHECK_INT(system(cmd), ==, 0);
+    CHECK_INT(checkpoint_answer(d, 2, 6, "/nonexistent/gen2-step6"), ==, 0);
+    expect_head(2, 6, 2);
+    close(dp[0]);
+    close(dp[1]);
+    client_free(d);
+    printf("ok: a checkpoint of a new generation before the step it started from is refused\n");
 }
 
 static void released_batch_named_in_group(void)
@@ -1255,7 +1438,8 @@ int main(void)
                              released_batch_named_in_group, fatal_during_drain, nan_then_stop_signal,
                              failed_run_killed_before_exit, stop_signal_during_start, nan_then_fatal,
                              nan_during_signal_drain, nan_checkpoint_after_step_refused, fatal_then_ctl_stop,
-                             fatal_then_stop_signal, nan_while_paused };
+                             fatal_then_stop_signal, nan_while_paused, second_copy_retracted,
+                             checkpoint_before_generation_start_refused };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {
