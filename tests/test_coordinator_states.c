@@ -926,6 +926,25 @@ static void expect_head(uint64_t gen, uint64_t step, int listed)
     CHECK_INT(tc_status_num("group.checkpoint.step"), ==, step);
 }
 
+/* A standby drafter joins, the group's only rank (*kid) is killed: returns the standby, *m the
+ * GROUP of generation 2 it is given. */
+static struct client *standby_takes_over(pid_t *kid, struct proto_msg *m)
+{
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 1);
+    client_join_group(d);
+    poll_for(d, 300);
+    tc_kill(*kid);
+    *kid = 0;
+    char err[256];
+    uint64_t end = mono_ms() + 10000 * (uint64_t)test_time_scale();
+    m->type = 0;
+    while (mono_ms() < end && !(m->type == PROTO_GROUP && m->group.generation == 2))
+        if (client_poll(d, 5, m, err, sizeof err) <= 0)
+            m->type = 0;
+    CHECK_INT(m->type, ==, PROTO_GROUP);
+    return d;
+}
+
 /* A generation starts from the lineage's head: a checkpoint of it at a step before the head's
  * was trained from other weights (a rank that did not load the head) and is refused; the head
  * stays. Generation 1 checkpoints step 5 and ends (its drafter dies); generation 2, formed from
@@ -939,19 +958,8 @@ static void checkpoint_before_generation_start_refused(void)
     char c;
     CHECK(read(dp[0], &c, 1) == 1);                 /* generation 1's checkpoint of step 5: the head */
     expect_head(1, 5, 1);
-    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 1);
-    client_join_group(d);                           /* standby */
-    poll_for(d, 300);
-    tc_kill(kids[1]);                               /* generation 1 ends */
-    kids[1] = 0;
     struct proto_msg m;
-    char err[256];
-    uint64_t end = mono_ms() + 10000 * (uint64_t)test_time_scale();
-    m.type = 0;
-    while (mono_ms() < end && !(m.type == PROTO_GROUP && m.group.generation == 2))
-        if (client_poll(d, 5, &m, err, sizeof err) <= 0)
-            m.type = 0;
-    CHECK_INT(m.type, ==, PROTO_GROUP);
+    struct client *d = standby_takes_over(&kids[1], &m);     /* generation 1 ends, 2 forms */
     CHECK_INT(m.group.generation, ==, 2);
     CHECK_INT(m.group.rank, ==, 0);
     CHECK_INT(m.group.ckpt_step, ==, 5);            /* it starts from the head */
@@ -999,19 +1007,8 @@ static void released_batch_named_in_group(void)
     CHECK(read(rp[0], &g, 1) == 1);                 /* generation 1 formed with the holder */
     CHECK_INT(publish_one(), ==, id);               /* its second lease (the lowest id goes first) */
     CHECK_INT(read_id(dp[0]), ==, id);              /* trained and checkpointed by generation 1 */
-    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 1);
-    client_join_group(d);                           /* standby */
-    poll_for(d, 300);
-    tc_kill(kids[1]);
-    kids[1] = 0;
     struct proto_msg m;
-    char err[256];
-    uint64_t end = mono_ms() + 10000 * (uint64_t)test_time_scale();
-    m.type = 0;
-    while (mono_ms() < end && !(m.type == PROTO_GROUP && m.group.generation == 2))
-        if (client_poll(d, 5, &m, err, sizeof err) <= 0)
-            m.type = 0;
-    CHECK_INT(m.type, ==, PROTO_GROUP);
+    struct client *d = standby_takes_over(&kids[1], &m);     /* generation 1 ends, 2 forms */
     CHECK_INT(m.group.n_done, ==, 1);
     CHECK_INT(proto_group_id(&m, 0), ==, id);
     CHECK_INT(m.group.run_batches, ==, tc_status_num("epoch.total_batches"));  /* one epoch: exact */
