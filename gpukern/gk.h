@@ -32,3 +32,15 @@ static inline float gk_bf16_to_f32(uint16_t h)
     memcpy(&f, &u, 4);
     return f;
 }
+
+/* The current device's whole memory in bytes (what a buffer can never exceed), or 0 when the
+ * runtime cannot say (its error cleared). */
+static inline size_t gk_device_total_bytes(void)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return total_b;
+}

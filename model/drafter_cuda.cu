@@ -256,13 +256,9 @@ static int check_fits(const struct drafter_cuda *dc, size_t state, size_t frozen
 {
     const size_t feed = 2 * (size_t)dc->max_tokens * dc->LcH * 2;
     const size_t need = state + frozen + acts + meta + GK_GEMM_WORKSPACE_DEFAULT + feed;
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;       /* unknown: the allocations tell */
-    }
-    if (need <= total_b)
-        return 0;
+    const size_t total_b = gk_device_total_bytes();
+    if (!total_b || need <= total_b)
+        return 0;       /* (unknown: the allocations tell) */
     const double gib = 1073741824.0;
     return df_fail(err, errlen, -DF_ERANGE,
                    "drafter_cuda: %d tokens and %d blocks of %d need %.1f GiB on the GPU (activations %.1f, "

@@ -209,13 +209,9 @@ static int check_fits(const struct target *m, size_t weights_bytes, char *err, s
     const size_t T = (size_t)m->max_tokens, H = (size_t)m->cfg.hidden_size;
     const size_t scratch = scratch_per_token(m) * (T + 1), cap = 2 * (size_t)m->n_ids * T * H * 2;
     const size_t need = weights_bytes + scratch + GK_GEMM_WORKSPACE_DEFAULT + (size_t)m->cfg.head_dim * 2;
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;       /* unknown: the allocations tell */
-    }
-    if (need <= total_b)
-        return 0;
+    const size_t total_b = gk_device_total_bytes();
+    if (!total_b || need <= total_b)
+        return 0;       /* (unknown: the allocations tell) */
     const double gib = 1073741824.0;
     return df_fail(err, errlen, -DF_ERANGE,
                    "%s: the weights (%.2f GiB) and the buffers for %zu tokens (%.2f GiB, of which %.2f GiB the two "
