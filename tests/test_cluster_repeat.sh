@@ -7,7 +7,8 @@
 # orphan sweep queues them again), then a two-rank group starts. The repeats must be left out
 # (or, once the batch is trained, taken out of the ring by the coordinator), not trained again:
 # the run completes with every batch trained exactly once (each repeat was once trained again
-# and counted as a duplicate). Then, on a CUDA build with a GPU, the same with
+# and counted as a duplicate), and the two ranks' parameters agree at every checkpoint-due
+# step (tests/soak/check_run.py). Then, on a CUDA build with a GPU, the same with
 # one drafter on the CUDA backend (its steps are pipelined: a repeat may meet its batch in a step
 # still in flight).
 set -u
@@ -48,6 +49,12 @@ PY
   cl_wait_exit coord 120 || fail "the run did not complete: coordinator '$CL_RC', $(cl_json 's["batches"]')"
   for ((i = 0; i < world; i++)); do cl_wait_exit drafter$i 30 || fail "drafter$i exited with '$CL_RC'"; done
   cl_wait_exit target0 30 || fail "target0 exited with '$CL_RC'"
+  # Two ranks: every batch trained once, from the ledger, the final checkpoint and the metrics,
+  # and the ranks' parameters the same at every checkpoint-due step.
+  if ((world > 1)); then
+    "$CL_PY" tests/soak/check_run.py "$CL_DIR/state/$CL_NAME-ledger.db" "$CL_DIR/state" --min-hashed=3 ||
+      fail "$name: exactly-once / replica check"
+  fi
   # Each extra copy is left out by the drafters, or taken out of the ring by the coordinator
   # once the batch is trained (if no drafter took it first); the first two copies (slots 0 and
   # 1, the oldest) are taken together (one step of two ranks; on CUDA, one step enqueued and the
@@ -63,7 +70,7 @@ PY
   echo "ok: $name: of two repeats of batch $rep, $left left out by the drafters, $out taken out of the ring; $total batches trained once each"
 }
 
-phase cpu 2
+phase cpu 2 drafter.checkpoint_every=4    # a checkpoint-due step (its parameters hashed) every 4
 if nvidia-smi -L 2>/dev/null | grep -q '^GPU' &&
   CL_MKMODEL_ARGS="--hidden 256 --heads 4 --kv-heads 2 --head-dim 64 --intermediate 512 --layers 4" cl_init "$T/probe" 8 &&
   cl_ini_add drafter.backend=cuda && "$CL_BIN/drafter-d" -c "$CL_INI" -i 0 -t >/dev/null 2>&1; then

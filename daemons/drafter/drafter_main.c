@@ -1116,14 +1116,39 @@ static int broken_with(struct dft *f, int have, struct batch_ref b, int code)
     return group_broken(f, code);
 }
 
+/* FNV-1a over the parameters' 64-bit words (a trailing odd float on its own): equal on every
+ * rank of a generation after the same steps, the replicas being bit for bit the same. */
+static uint64_t params_hash(const struct drafter *dr)
+{
+    const unsigned char *p = (const unsigned char *)dr->params;
+    size_t n = dr->n_params * sizeof(float), i = 0;
+    uint64_t h = 0xcbf29ce484222325ull, w;
+    for (; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+    }
+    if (i < n) {
+        uint32_t t;
+        memcpy(&t, p + i, 4);
+        h = (h ^ t) * 0x100000001b3ull;
+    }
+    return h;
+}
+
 /* One JSON line per step. Rank 0's line of a group step also lists every rank's batch
  * ("group_batches"): a peer killed between the step and its own line leaves that batch trained
- * (rank 0 reports it, and may checkpoint it) without a line of its own. */
+ * (rank 0 reports it, and may checkpoint it) without a line of its own. On the CPU backend the
+ * line of a step a periodic checkpoint is due at (checkpoint_if_due's test, on every rank) has
+ * "params_hash": the parameters after that step, the same on every rank of the generation. */
 static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const struct drafter_step_info *info,
                           uint64_t batch_id, int have, const struct peer_batch *peers)
 {
     if (!f->metrics)
         return;
+    char hash[40] = "";
+    int64_t step = drafter_step_count(f->dr);
+    if (!f->cuda && step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
+        snprintf(hash, sizeof hash, ",\"params_hash\":\"%016" PRIx64 "\"", params_hash(f->dr));
     char group[1024] = "";
     if (f->rank == 0 && f->world > 1 && peers) {
         size_t n = (size_t)snprintf(group, sizeof group, ",\"group_batches\":[");
@@ -1142,8 +1167,9 @@ static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const
      * OpenBLAS, registers them), and this runs every step. */
     fprintf(f->metrics,
             "{\"time\":%.3f,\"rank\":%d,\"generation\":%" PRIu64 ",\"step\":%" PRId64 ",\"epoch\":%" PRIu64
-            ",\"batch\":%" PRId64 "%s",
-            now_s(), f->rank, f->generation, info->step, f->ts.epoch, have ? (int64_t)batch_id : (int64_t)-1, group);
+            ",\"batch\":%" PRId64 "%s%s",
+            now_s(), f->rank, f->generation, info->step, f->ts.epoch, have ? (int64_t)batch_id : (int64_t)-1, group,
+            hash);
     fprintf(f->metrics,
             ",\"loss\":%.6g,\"accuracy\":%.6g,\"accept_len\":%.6g,\"grad_norm\":%.6g"
             ",\"lr\":%.6g,\"tokens\":%.0f,\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"idle_frac\":%.3f"

@@ -6,9 +6,14 @@ batch of the run was trained exactly once in the surviving checkpoint lineage:
   - the final checkpoint's training state (optimizer.bin header): its step, and the sequences
     and tokens it has trained equal the sums over every batch of the run;
   - the drafters' metrics (metrics-rank*.jsonl): in the lineage, each batch appears once.
-Usage: check_run.py LEDGER STATE_DIR [--partial]
+And that the data-parallel replicas stayed identical: every step whose metrics line carries
+"params_hash" (CPU backend, the steps a periodic checkpoint is due at) on more than one rank has
+the same hash on each (rolled-back generations included: their ranks trained in step too).
+Usage: check_run.py LEDGER STATE_DIR [--partial] [--min-hashed=N]
 --partial: the run was drained, not completed: only checkpointed batches must have been
-trained once; pending ones not at all. Prints one summary line; exit 0 ok, 1 failed."""
+trained once; pending ones not at all.
+--min-hashed=N: fail unless at least N steps had their hash compared between ranks.
+Prints one summary line; exit 0 ok, 1 failed."""
 import glob
 import json
 import os
@@ -29,6 +34,7 @@ def fail(msg):
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     partial = "--partial" in sys.argv
+    min_hashed = max([int(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--min-hashed=")] or [0])
     ledger, state = args
     db = sqlite3.connect("file:%s?mode=ro" % ledger, uri=True)
     q = lambda sql, *a: db.execute(sql, a).fetchall()
@@ -95,6 +101,7 @@ def main():
 
     # The drafters' metrics: each batch of the lineage once (a SIGKILL may cut the last line).
     seen, listed, cut, nonfinite = {}, set(), 0, 0
+    hashes = {}     # (generation, step) -> {rank: {params_hash}}
     for path in sorted(glob.glob(os.path.join(state, "metrics-rank*.jsonl"))):
         for line in open(path):
             try:
@@ -102,6 +109,8 @@ def main():
             except ValueError:
                 cut += 1
                 continue
+            if "params_hash" in m:
+                hashes.setdefault((m["generation"], m["step"]), {}).setdefault(m["rank"], set()).add(m["params_hash"])
             if not kept(m["generation"], m["step"]):
                 continue
             # rank 0 lists the group's batches of the step: a peer killed before its own line
@@ -124,15 +133,25 @@ def main():
         fail("metrics: %d batches in the lineage are not checkpointed, e.g. %s" % (len(extra), extra[:5]))
     if nonfinite:
         fail("metrics: %d kept steps with a non-finite loss" % nonfinite)
+    # The replicas: one hash per hashed step over every rank that wrote it.
+    compared = {k: v for k, v in hashes.items() if len(v) > 1}
+    differ = sorted((k, {r: sorted(h) for r, h in v.items()}) for k, v in hashes.items()
+                    if len(set().union(*v.values())) > 1)
+    if differ:     # listed first: replicas that drifted apart explain much of what else fails
+        failures.insert(0, "metrics: %d steps whose parameters differ between ranks (or within one), first "
+                        "(generation, step) %s" % (len(differ), differ[:3]))
+    if len(compared) < min_hashed:
+        fail("metrics: %d steps with params_hash on more than one rank, wanted at least %d" %
+             (len(compared), min_hashed))
 
     gens = max(list(limits) + [head_gen])
     rolled = sum(1 for r in rows if r[4])
     releases = sum(max(0, v[3] - 1) for v in batches.values())
     print("%s: %d batches (%d epochs), %d checkpointed each trained once; head gen %d step %d (%d generations); "
           "checkpoint: %s sequences, %s tokens; %d training rows rolled back, %d re-leases; metrics: %d rows kept, "
-          "%d cut lines; states %s" %
+          "%d cut lines, %d steps' parameters compared between ranks; states %s" %
           ("FAIL" if failures else "ok", len(batches), n_epochs, len(done), head_gen, head_step, gens,
-           ck.get("samples"), ck.get("tokens"), rolled, releases, len(seen), cut, states))
+           ck.get("samples"), ck.get("tokens"), rolled, releases, len(seen), cut, len(compared), states))
     for f in failures[:20]:
         print("  " + f)
     return 1 if failures else 0
