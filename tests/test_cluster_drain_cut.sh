@@ -34,7 +34,7 @@ at=$(cl_json 'step()')
 cl_wait "step() >= $at + 20" 60 coord2 || fail "no training after the restart"
 before=$(grep -c "(draining)" "$D/drafter0.log")
 cl_kill target1 STOP                            # the ring runs dry
-sleep 1.5
+sleep "$(cl_scaled 1.5)"
 cl_kill target1 CONT
 at=$(cl_json 'step()')
 cl_wait "step() >= $at + 20" 60 coord2 || fail "no training after the dry spell"

@@ -7,6 +7,8 @@
 # stop checkpoint (every batch since the last one trained again). Now the STOP goes through the
 # step's stop vote: the group's checkpoint, a barrier, then every rank leaves (exit 0) and the
 # coordinator records that checkpoint (checkpoint_every is far away: it is the only one).
+# Meanwhile the targets wait for a FREE slot of the full ring: they keep their heartbeat (the
+# coordinator takes none for dead), read the STOP and exit 0.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -32,11 +34,19 @@ for ((i = 0; i < 120 && same < 3; i++)); do
 done
 (( same >= 3 )) || fail "training did not stall with rank 1's metrics reader stopped"
 cl_log "training stalled at step $now (rank 1 held in its metrics write)"
+# the ring is full, the targets wait for a FREE slot: with their heartbeat
+age=$(cl_json 'max(int(d["heartbeat_age_ms"]) for d in targets())')
+((age < $(cl_scaled 2) * 1000)) || fail "the targets wait for a FREE slot: a last heartbeat ${age} ms old"
 "$CL_BIN/dflashctl" -s "$CL_SOCK" stop "test" >/dev/null || fail "dflashctl stop"
 sleep 1
 kill -CONT $READER
 for n in drafter0 drafter1 coord; do
   cl_wait_exit $n 120
+  [[ $CL_RC == 0 ]] || fail "$n exited with '$CL_RC' after the stop"
+done
+cl_hb_lost target-d && fail "a target waiting for a FREE slot lost its heartbeat"
+for n in target0 target1; do
+  cl_wait_exit $n 30
   [[ $CL_RC == 0 ]] || fail "$n exited with '$CL_RC' after the stop"
 done
 grep -q "collective failed" "$CL_DIR/drafter0.log" && fail "rank 0 met a dead peer: $(grep -h 'collective failed' "$CL_DIR/drafter0.log" | head -1)"

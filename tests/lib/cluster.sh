@@ -12,6 +12,7 @@
 #   cl_wait 'PYEXPR' SECS     poll the status until the expression is true
 #   cl_ring_hold / cl_ring_states NSLOTS   keep the ring open (fd 9), print every slot's state
 #   cl_sql 'SQL'              query the ledger with sqlite3
+#   cl_hb_lost PROG           the coordinator's "left: no heartbeat" lines for daemons of PROG (e.g. target-d)
 #   cl_cleanup                kill what is left, remove the ring / collective shm objects
 # Needs: python3 (sqlite3 shell optional); DFLASH_BUILD (the build dir) and DFLASH_SRC (the source tree).
 
@@ -288,6 +289,12 @@ for row in sqlite3.connect(sys.argv[1]).execute(sys.argv[2]):
     print("|".join("" if v is None else str(v) for v in row))
 EOF
   fi
+}
+
+# cl_hb_lost PROG: print the lines where the coordinator took a daemon of PROG (target-d,
+# drafter-d) for dead for want of heartbeats; returns 0 if there is one.
+cl_hb_lost() {
+  grep -E "^(<[0-9]>)?coordinator-d: $1@[0-9]+ \(pid [0-9]+, member [0-9]+\) left: no heartbeat" "$CL_DIR"/coord*.log
 }
 
 cl_cleanup() {
