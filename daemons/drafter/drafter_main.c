@@ -296,7 +296,7 @@ static int make_drafter(struct dft *f, char *err, size_t errlen)
         drafter_set_progress(f->dr, step_progress, f);
     /* CPU: checkpoints copy the state into the writer's snapshot: make it before training */
     if (r == 0 && !f->cuda && (r = ckpt_writer_reserve(f->writer, f->dr->n_params)) < 0)
-        snprintf(err, errlen, "checkpoint snapshot of %zu parameters: %s", f->dr->n_params, err_str(r));
+        snprintf(err, errlen, "drafter: checkpoint snapshot of %zu parameters: %s", f->dr->n_params, err_str(r));
     return r;
 }
 
@@ -1720,7 +1720,7 @@ int main(int argc, char **argv)
     }
     daemon_watchdog(&f->d);     /* start time for each phase that follows */
     if ((r = make_drafter(f, err, sizeof err)) < 0) {
-        log_error(r, "drafter: %s", err);
+        log_error(r, "%s", err);    /* (it names the drafter) */
         goto out;
     }
     f->ts.seed = (uint64_t)f->cfg->drafter.seed;   /* a fresh drafter's, kept by the first GROUP */
