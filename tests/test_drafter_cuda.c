@@ -35,6 +35,21 @@ static double cosine(const float *a, const float *b, size_t n)
     return aa > 0 && bb > 0 ? ab / sqrt(aa * bb) : (aa == bb ? 1.0 : 0.0);
 }
 
+/* The largest |difference| between two CUDA drafters' parameters (twins: 0). */
+static double twin_param_diff(struct drafter_cuda *a, struct drafter_cuda *b, size_t np)
+{
+    float *pa = malloc(np * sizeof *pa), *pb = malloc(np * sizeof *pb);
+    CHECK(pa && pb);
+    CHECK_OK(drafter_cuda_download_params(a, pa));
+    CHECK_OK(drafter_cuda_download_params(b, pb));
+    double dmax = 0;
+    for (size_t i = 0; i < np; i++)
+        dmax = fmax(dmax, fabs((double)pa[i] - pb[i]));
+    free(pa);
+    free(pb);
+    return dmax;
+}
+
 static struct drafter_cuda *make_cuda(struct drafter *d, int max_tokens, int max_blocks, int chunk)
 {
     struct drafter_cuda *dc = NULL;
@@ -354,13 +369,7 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
         CHECK_NEAR(ma.loss_sum, prev_m.loss_sum, TWIN_LOSS_REL * fabs(prev_m.loss_sum));
         CHECK_INT(drafter_cuda_step_result(da, 0, NULL, NULL), ==, -ENOENT);
         size_t np = d->n_params;
-        float *pc = malloc(np * sizeof *pc), *pa = malloc(np * sizeof *pa);
-        CHECK(pc && pa);
-        CHECK_OK(drafter_cuda_download_params(dc, pc));
-        CHECK_OK(drafter_cuda_download_params(da, pa));
-        double dmax = 0;
-        for (size_t i = 0; i < np; i++)
-            dmax = fmax(dmax, fabs((double)pc[i] - pa[i]));
+        double dmax = twin_param_diff(dc, da, np);
         printf("  %s async twin after %d steps: max |param diff| %.3g\n", name, train_steps, dmax);
         CHECK(dmax <= TWIN_PARAM_ABS);
 
@@ -409,18 +418,12 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
         }
         /* -X is another batch: a step that read it in place of X would be seen */
         CHECK(fabs(ms[2].loss_sum - ms[1].loss_sum) > 1e-3 * fabs(ms[1].loss_sum));
-        CHECK_OK(drafter_cuda_download_params(dc, pc));
-        CHECK_OK(drafter_cuda_download_params(da, pa));
-        dmax = 0;
-        for (size_t i = 0; i < np; i++)
-            dmax = fmax(dmax, fabs((double)pc[i] - pa[i]));
+        dmax = twin_param_diff(dc, da, np);
         printf("  %s %d steps in flight on pinned bf16 features X, X, -X, -X: loss %.5f %.5f %.5f %.5f,"
                " max |param diff| %.3g\n", name, (int)K, drafter_metrics_loss(&ms[0]), drafter_metrics_loss(&ms[1]),
                drafter_metrics_loss(&ms[2]), drafter_metrics_loss(&ms[3]), dmax);
         CHECK(dmax <= TWIN_PARAM_ABS);
         cudaFreeHost(hx);
-        free(pc);
-        free(pa);
     }
     /* nothing supervised: the asynchronous step is skipped and says so; a step enqueued behind it
      * before its result is read takes the exact step count: twice over, it gives the weights the
@@ -469,19 +472,10 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
         CHECK_INT(ia.step, ==, before + 2);
         CHECK_INT(ig.step, ==, before + 2);
         CHECK_NEAR(ia.lr, ig.lr, 0);
-        size_t np = d->n_params;
-        float *pc = malloc(np * sizeof *pc), *pa = malloc(np * sizeof *pa);
-        CHECK(pc && pa);
-        CHECK_OK(drafter_cuda_download_params(dc, pc));
-        CHECK_OK(drafter_cuda_download_params(da, pa));
-        double dmax = 0;
-        for (size_t i = 0; i < np; i++)
-            dmax = fmax(dmax, fabs((double)pc[i] - pa[i]));
+        double dmax = twin_param_diff(dc, da, d->n_params);
         printf("  %s after a skipped step in flight and two steps: max |param diff| from the steps alone %.3g\n",
                name, dmax);
         CHECK(dmax <= TWIN_PARAM_ABS);
-        free(pc);
-        free(pa);
     }
     drafter_cuda_free(da);
     drafter_cuda_free(dc);

@@ -10,6 +10,25 @@
 
 /* One step on views w + ow, g + og, m + om, v + ov, bf16 copy + ob of n elements, next to
  * untouched guard elements; segments 1-9 elements long first (boundaries inside a group of four). */
+/* The GPU's weights and moments against the CPU optimizer's: the largest |w| difference, and the
+ * moments' relative to their largest value (a first moment that cancels to ~0 over the steps has
+ * no meaningful relative error of its own). */
+static void diff_vs_cpu(const float *hw, const float *hm, const float *hv, const float *w, const struct optim *o,
+                        size_t n, double *ew, double *em, double *ev)
+{
+    double mmax = 0, vmax = 0;
+    *ew = *em = *ev = 0;
+    for (size_t i = 0; i < n; i++) {
+        *ew = fmax(*ew, fabs(hw[i] - w[i]));
+        *em = fmax(*em, fabs(hm[i] - o->m[i]));
+        *ev = fmax(*ev, fabs(hv[i] - o->v[i]));
+        mmax = fmax(mmax, fabs(o->m[i]));
+        vmax = fmax(vmax, fabs(o->v[i]));
+    }
+    *em /= mmax;
+    *ev /= vmax;
+}
+
 static void offsets_case(int ow, int og, int om, int ov, int ob)
 {
     const size_t n = 100003, pad = 8;
@@ -145,16 +164,8 @@ static void scheduled_case(void)
     double lr6 = optim_lr(sc.lr, sc.min_lr_ratio, sc.warmup_steps, sc.total_steps, 6);
     optim_adamw(&o, w, g[0], lr5, sc.beta1, sc.beta2, sc.eps, sc.weight_decay);
     optim_adamw(&o, w, g[2], lr6, sc.beta1, sc.beta2, sc.eps, sc.weight_decay);
-    double ew = 0, em = 0, ev = 0, mmax = 0, vmax = 0;
-    for (size_t i = 0; i < n; i++) {
-        ew = fmax(ew, fabs(hw[i] - w[i]));
-        em = fmax(em, fabs(hm[i] - o.m[i]));
-        ev = fmax(ev, fabs(hv[i] - o.v[i]));
-        mmax = fmax(mmax, fabs(o.m[i]));
-        vmax = fmax(vmax, fabs(o.v[i]));
-    }
-    em /= mmax;
-    ev /= vmax;
+    double ew, em, ev;
+    diff_vs_cpu(hw, hm, hv, w, &o, n, &ew, &em, &ev);
     printf("scheduled: applied, skipped, applied from step 5: count %lld lr %.9g (cpu %.9g), max |w diff| %.2e, "
            "m %.2e, v %.2e\n", (long long)count.step, count.lr, lr6, ew, em, ev);
     CHECK_INT(count.step, ==, 7);
@@ -268,19 +279,10 @@ int main(void)
     CUDA_CHECK(cudaMemcpy(hm, dm, n * 4, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(hv, dv, n * 4, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(hb, dwb, n * 2, cudaMemcpyDeviceToHost));
-    /* moments relative to their largest value: a first moment that cancels to ~0 over the steps
-     * has no meaningful relative error of its own */
-    double ew = 0, em = 0, ev = 0, mmax = 0, vmax = 0;
-    for (size_t i = 0; i < n; i++) {
-        ew = fmax(ew, fabs(hw[i] - w[i]));
-        em = fmax(em, fabs(hm[i] - o.m[i]));
-        ev = fmax(ev, fabs(hv[i] - o.v[i]));
-        mmax = fmax(mmax, fabs(o.m[i]));
-        vmax = fmax(vmax, fabs(o.v[i]));
+    double ew, em, ev;
+    diff_vs_cpu(hw, hm, hv, w, &o, n, &ew, &em, &ev);
+    for (size_t i = 0; i < n; i++)
         if (hb[i] != gk_f32_to_bf16(hw[i])) TEST_FAIL("bf16 copy at %zu", i);
-    }
-    em /= mmax;
-    ev /= vmax;
     printf("adamw 3 steps, %d segments: max |w diff| %.2e, max m diff %.2e, v diff %.2e (of the largest)\n",
            ns, ew, em, ev);
     CHECK(ew < 1e-6 && em < 1e-5 && ev < 1e-5);

@@ -60,17 +60,23 @@ static double order_vs_length(const struct sched_epoch *e, const uint32_t *len, 
     return (nb * sxy - sx * sy) / sqrt((nb * sxx - sx * sx) * (nb * syy - sy * sy));
 }
 
+/* n lengths in [1, max] from a fixed LCG seeded with `seed`. */
+static void random_lengths(uint32_t *len, uint32_t n, uint64_t seed, uint32_t max)
+{
+    uint64_t x = seed;
+    for (uint32_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        len[i] = 1 + (uint32_t)((x >> 33) % max);
+    }
+}
+
 /* The batch order of each epoch is shuffled: batch position says nothing of the batch's length
  * (without the shuffle every epoch trains the short batches first). */
 static void batch_order_shuffled(void)
 {
     enum { N = 2000 };
     static uint32_t len[N];
-    uint64_t x = 777;
-    for (uint32_t i = 0; i < N; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        len[i] = 1 + (uint32_t)((x >> 33) % 2500);
-    }
+    random_lengths(len, N, 777, 2500);
     struct sched_params p = { .seed = 1234, .token_budget = 8192, .max_seq_len = 2048, .bucket_width = 256, .max_seqs = 64 };
     char err[256];
     for (uint32_t ep = 0; ep < 3; ep++) {
@@ -90,11 +96,7 @@ int main(void)
     batch_order_shuffled();
     enum { N = 20000 };
     static uint32_t len[N];
-    uint64_t x = 12345;
-    for (uint32_t i = 0; i < N; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        len[i] = 1 + (uint32_t)((x >> 33) % 3000);
-    }
+    random_lengths(len, N, 12345, 3000);
     struct sched_params p = { .seed = 1234, .token_budget = 8192, .max_seq_len = 2048, .bucket_width = 256, .max_seqs = 64 };
     char err[256];
     struct sched_epoch a, b, c, d;
