@@ -31,7 +31,7 @@ const struct cfg_key cfg_keys[] = {
 
     I(ring, slots, 2, 4096, "16", "slots in the shared-memory ring"),
     I(ring, max_tokens, 16, 1 << 20, "16384", "tokens per slot (packed batch capacity; the GPU kernels' grids bound it)"),
-    I(ring, max_seqs, 1, 65535, "256", "sequences per slot (the GPU attention's grid bounds it)"),
+    I(ring, max_seqs, 1, 65535, "256", "sequences per slot"),
     I(ring, stuck_writing_ms, 100, 86400000, "600000", "report a slot WRITING longer than this"),
 
     P(model, path, "", "target model dir (config.json + *.safetensors)"),

@@ -63,7 +63,7 @@ PY
   left=$(cat "$CL_DIR"/drafter*.log | grep -c "batch $rep: its copy with lease [0-9]* is a repeat")
   out=$(grep -c "batch $((rep >> 32)):$((rep & 0xffffffff)): its copy in slot [0-9]* taken out of the ring" "$CL_DIR/coord.log")
   ((left >= 1 && left + out == 2)) || fail "$name: of the 2 extra copies of batch $rep, $left left out by the drafters, $out taken out of the ring"
-  grep -q "trained again" "$CL_DIR/coord.log" && fail "$name: the coordinator saw a batch trained twice"
+  cl_never "$CL_DIR/coord.log" "trained again" "trained again" "$name: the coordinator saw a batch trained twice"
   [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state != 4') == 0 ]] || fail "$name: not every batch is checkpointed"
   n=$(cl_sql 'SELECT count(*) FROM batches b WHERE (SELECT count(*) FROM trains t WHERE t.batch = b.id AND t.rolled_back = 0) = 1')
   [[ $n == "$total" ]] || fail "$name: $n of $total batches trained exactly once"

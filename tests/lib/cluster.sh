@@ -13,6 +13,7 @@
 #   cl_ring_hold / cl_ring_states NSLOTS   keep the ring open (fd 9), print every slot's state
 #   cl_sql 'SQL'              query the ledger with sqlite3
 #   cl_hb_lost PROG           the coordinator's "left: no heartbeat" lines for daemons of PROG (e.g. target-d)
+#   cl_never FILE SRC PAT MSG fail when FILE has a line matching PAT (SRC: its text in the source)
 #   cl_cleanup                kill what is left, remove the ring / collective shm objects
 # Needs: python3 (sqlite3 shell optional); DFLASH_BUILD (the build dir) and DFLASH_SRC (the source tree).
 
@@ -239,6 +240,16 @@ cl_test_init() {
   # shellcheck disable=SC2064  # $1 is expanded now, on purpose
   trap "${1:+$1; }cl_cleanup" EXIT
   fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
+}
+
+# cl_never FILE SRC PATTERN MSG: fail with MSG (and the line) when FILE has a line matching the
+# grep PATTERN. SRC is a fixed piece of that line as the source prints it, checked to be there
+# first: a reworded message fails the test instead of letting it pass unseen.
+cl_never() {
+  grep -rqF -- "$2" "$CL_SRC"/daemons "$CL_SRC"/ipc "$CL_SRC"/model "$CL_SRC"/common ||
+    fail "no daemon prints '$2' any more: the check for '$3' would pass unseen"
+  if grep -q -- "$3" "$1"; then fail "$4: $(grep -m1 -- "$3" "$1")"; fi
+  return 0
 }
 
 # Start the coordinator and wait (30 s, scaled) until it runs.
