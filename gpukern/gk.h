@@ -33,14 +33,18 @@ static inline float gk_bf16_to_f32(uint16_t h)
     return f;
 }
 
-/* The current device's whole memory in bytes (what a buffer can never exceed), or 0 when the
- * runtime cannot say (its error cleared). */
-static inline size_t gk_device_total_bytes(void)
+/* What a process's CUDA context, cuBLAS handles and NCCL communicator take on the device beside
+ * the buffers it sizes itself: an allowance, not a measurement of this process. */
+#define GK_DEVICE_RESERVE_BYTES ((size_t)1 << 30)
+
+/* The current device's whole memory in bytes less GK_DEVICE_RESERVE_BYTES: what a process's own
+ * buffers can never exceed. 0 when the runtime cannot say (its error cleared). */
+static inline size_t gk_device_usable_bytes(void)
 {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
-    return total_b;
+    return total_b > GK_DEVICE_RESERVE_BYTES ? total_b - GK_DEVICE_RESERVE_BYTES : 1;
 }

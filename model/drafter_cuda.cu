@@ -248,23 +248,24 @@ static void layout_meta(struct cu_meta *m, struct carver *c, size_t n_cu, size_t
 
 /* What the drafter will take on the device (its state, the frozen embedding / LM head it owns, the
  * activation arena, the batch metadata, the GEMM workspace) and the two buffers of one batch's
- * features that drafter-d's slot feed keeps beside it, against the GPU's whole memory: more than
- * that is the configuration's doing (-DF_ERANGE), which no restart mends; a shortfall of free
- * memory only (another process) stays -DF_ECUDA at the allocation. */
+ * features that drafter-d's slot feed keeps beside it, against the GPU's whole memory less the
+ * context's allowance (gk_device_usable_bytes): more than that is the configuration's doing
+ * (-DF_ERANGE), which no restart mends; a shortfall of free memory only (another process) stays
+ * -DF_ECUDA at the allocation. */
 static int check_fits(const struct drafter_cuda *dc, size_t state, size_t frozen, size_t acts, size_t meta,
                       char *err, size_t errlen)
 {
     const size_t feed = 2 * (size_t)dc->max_tokens * dc->LcH * 2;
     const size_t need = state + frozen + acts + meta + GK_GEMM_WORKSPACE_DEFAULT + feed;
-    const size_t total_b = gk_device_total_bytes();
+    const size_t total_b = gk_device_usable_bytes();
     if (!total_b || need <= total_b)
         return 0;       /* (unknown: the allocations tell) */
     const double gib = 1073741824.0;
     return df_fail(err, errlen, -DF_ERANGE,
                    "drafter_cuda: %d tokens and %d blocks of %d need %.1f GiB on the GPU (activations %.1f, "
                    "parameters, gradients and moments %.1f, embedding and LM head %.1f, the feed's two batches of "
-                   "features %.1f, metadata and GEMM workspace %.1f), more than its %.1f GiB: lower ring.max_tokens "
-                   "(or ring.max_seqs x drafter.num_anchors, the blocks of a step)", dc->max_tokens, dc->max_blocks,
+                   "features %.1f, metadata and GEMM workspace %.1f), more than its %.1f GiB beside the CUDA context: "
+                   "lower ring.max_tokens (or ring.max_seqs x drafter.num_anchors, the blocks of a step)", dc->max_tokens, dc->max_blocks,
                    dc->bs, need / gib, acts / gib, state / gib, frozen / gib, feed / gib,
                    (meta + GK_GEMM_WORKSPACE_DEFAULT) / gib, total_b / gib);
 }

@@ -201,23 +201,24 @@ static size_t scratch_per_token(const struct target *m)
 }
 
 /* What the model will take on the device, weights_bytes and the pipeline's second capture set
- * included (target-d always makes one), against the GPU's whole memory: more than that is the
- * configuration's doing (-DF_ERANGE), which a restart would only repeat; a shortfall of free memory
- * only (another process) stays -DF_ECUDA at the allocation. */
+ * included (target-d always makes one), against the GPU's whole memory less the context's
+ * allowance (gk_device_usable_bytes): more than that is the configuration's doing (-DF_ERANGE),
+ * which a restart would only repeat; a shortfall of free memory only (another process) stays
+ * -DF_ECUDA at the allocation. */
 static int check_fits(const struct target *m, size_t weights_bytes, char *err, size_t errlen)
 {
     const size_t T = (size_t)m->max_tokens, H = (size_t)m->cfg.hidden_size;
     const size_t scratch = scratch_per_token(m) * (T + 1), cap = 2 * (size_t)m->n_ids * T * H * 2;
     const size_t need = weights_bytes + scratch + GK_GEMM_WORKSPACE_DEFAULT + (size_t)m->cfg.head_dim * 2;
-    const size_t total_b = gk_device_total_bytes();
+    const size_t total_b = gk_device_usable_bytes();
     if (!total_b || need <= total_b)
         return 0;       /* (unknown: the allocations tell) */
     const double gib = 1073741824.0;
     return df_fail(err, errlen, -DF_ERANGE,
                    "%s: the weights (%.2f GiB) and the buffers for %zu tokens (%.2f GiB, of which %.2f GiB the two "
-                   "capture sets of %d layers x hidden %zu; intermediate_size %d) need %.2f GiB, more than device "
-                   "%d's %.2f GiB: lower ring.max_tokens", m->dir, weights_bytes / gib, T, scratch / gib, cap / gib,
-                   m->n_ids, H, m->cfg.intermediate_size, need / gib, m->device, total_b / gib);
+                   "capture sets of %d layers x hidden %zu; intermediate_size %d) need %.2f GiB, more than the %.2f GiB "
+                   "of device %d beside the CUDA context: lower ring.max_tokens", m->dir, weights_bytes / gib, T, scratch / gib, cap / gib,
+                   m->n_ids, H, m->cfg.intermediate_size, need / gib, total_b / gib, m->device);
 }
 
 static int cuda_open(struct target *m, char *err, size_t errlen)
