@@ -33,6 +33,22 @@ static inline float gk_bf16_to_f32(uint16_t h)
     return f;
 }
 
+/* Whether device index `device` names no GPU of this host (none there, or a driver too old for
+ * this runtime): what a restart cannot mend. *count gets the GPUs there are (0 when none). */
+static inline int gk_device_missing(int device, int *count)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        n = 0;
+        if (e != cudaErrorNoDevice && e != cudaErrorInsufficientDriver)
+            return 0;       /* another failure: the caller's cudaSetDevice says what */
+    }
+    *count = n;
+    return device < 0 || device >= n;
+}
+
 /* What a process's CUDA context, cuBLAS handles and NCCL communicator take on the device beside
  * the buffers it sizes itself: an allowance, not a measurement of this process. */
 #define GK_DEVICE_RESERVE_BYTES ((size_t)1 << 30)

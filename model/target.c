@@ -164,8 +164,8 @@ void target_close(struct target *m)
 int target_forward(struct target *m, const uint32_t *tokens, const int32_t *cu_seqlens, int n_seqs,
                    int n_tokens, void *out, enum out_dtype dtype, size_t out_row_pitch_bytes)
 {
-    if (n_tokens < 0 || n_tokens > m->max_tokens || n_seqs < 0)
-        return -DF_ERANGE;
+    if (n_tokens < 0 || n_tokens > m->max_tokens || n_seqs < 0 || n_seqs > m->max_tokens)
+        return -DF_ERANGE;      /* (the CUDA backend's cu_seqlens buffer holds max_tokens + 1) */
     if (dtype != OUT_F32 && dtype != OUT_BF16)
         return -DF_EUNSUPPORTED;
     size_t row = (size_t)m->n_ids * m->cfg.hidden_size * (dtype == OUT_F32 ? 4 : 2);

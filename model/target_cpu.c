@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "common/err.h"
 #include "model/cpu_ops.h"
 #include "model/target_internal.h"
@@ -57,6 +58,36 @@ static int load(const struct st_tensor *t, float **out, char *err, size_t errlen
     return r;
 }
 
+/* The layers' weights in fp32 and the scratch for ring.max_tokens against the host's whole
+ * memory: more than that is the configuration's doing (-DF_ERANGE: target-d exits 78 rather than
+ * be restarted, each time reading the model again, into the same shortage). A shortfall of free
+ * memory only stays -ENOMEM at the allocation. */
+static int check_fits(const struct target *m, size_t scratch, char *err, size_t errlen)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0)
+        return 0;       /* (unknown: the allocations tell) */
+    size_t weights = 0;
+    for (int l = 0; l < m->last_layer + 1; l++) {
+        const struct st_tensor *t[TW_COUNT];
+        int r = target_find_layer(m, l, t, err, errlen);
+        if (r < 0)
+            return r;
+        for (int w = 0; w < TW_COUNT; w++)
+            if (t[w])
+                weights += (size_t)t[w]->numel * sizeof(float);
+    }
+    const size_t have = (size_t)pages * (size_t)page;
+    if (weights + scratch <= have)
+        return 0;
+    const double gib = 1073741824.0;
+    return df_fail(err, errlen, -DF_ERANGE,
+                   "%s: the weights of %d layers in fp32 (%.2f GiB) and the scratch for %d tokens (%.2f GiB) need "
+                   "%.2f GiB, more than this host's %.2f GiB: lower ring.max_tokens or use target.backend = cuda",
+                   m->dir, m->last_layer + 1, weights / gib, m->max_tokens, scratch / gib,
+                   (weights + scratch) / gib, have / gib);
+}
+
 static int cpu_open(struct target *m, char *err, size_t errlen)
 {
     const struct hf_config *cf = &m->cfg;
@@ -75,6 +106,19 @@ static int cpu_open(struct target *m, char *err, size_t errlen)
         return r;
 
     c->n_layers = m->last_layer + 1;
+    const size_t T = (size_t)m->max_tokens, H = cf->hidden_size, D = cf->head_dim;
+    const size_t QD = (size_t)cf->num_heads * D, KD = (size_t)cf->num_kv_heads * D, FF = cf->intermediate_size;
+    const size_t sizes[] = { T * H, T * H, T * QD, T * KD, T * KD, T * QD, T * FF, T * FF,
+                             cpu_attention_scratch_floats(m->max_tokens), T * (D / 2), T * (D / 2), T };
+    float *pos_slice;
+    float **ptrs[] = { &c->x, &c->h, &c->q, &c->k, &c->v, &c->attn, &c->gate, &c->up,
+                       &c->attn_scratch, &c->rope_cos, &c->rope_sin, &pos_slice };
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        total += (sizes[i] + 15) & ~(size_t)15;     /* 64-byte aligned slices */
+    if ((r = check_fits(m, total * sizeof(float), err, errlen)) < 0)
+        return r;
+
     if (!(c->layers = calloc(c->n_layers, sizeof *c->layers)))
         return -ENOMEM;
     for (int l = 0; l < c->n_layers; l++) {
@@ -86,16 +130,6 @@ static int cpu_open(struct target *m, char *err, size_t errlen)
                 return r;
     }
 
-    const size_t T = (size_t)m->max_tokens, H = cf->hidden_size, D = cf->head_dim;
-    const size_t QD = (size_t)cf->num_heads * D, KD = (size_t)cf->num_kv_heads * D, FF = cf->intermediate_size;
-    const size_t sizes[] = { T * H, T * H, T * QD, T * KD, T * KD, T * QD, T * FF, T * FF,
-                             cpu_attention_scratch_floats(m->max_tokens), T * (D / 2), T * (D / 2), T };
-    float *pos_slice;
-    float **ptrs[] = { &c->x, &c->h, &c->q, &c->k, &c->v, &c->attn, &c->gate, &c->up,
-                       &c->attn_scratch, &c->rope_cos, &c->rope_sin, &pos_slice };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
-        total += (sizes[i] + 15) & ~(size_t)15;     /* 64-byte aligned slices */
     if (!(c->arena = aligned_alloc(64, total * sizeof(float)))) {
         snprintf(err, errlen, "%s: scratch for %d tokens (%zu MiB): out of memory", m->dir, m->max_tokens,
                  total * sizeof(float) >> 20);

@@ -237,6 +237,10 @@ static int cuda_open(struct target *m, char *err, size_t errlen)
         return -ENOMEM;
     m->impl = c;
     c->device = m->device;
+    int n_gpus = 0;
+    if (gk_device_missing(m->device, &n_gpus))
+        return df_fail(err, errlen, -DF_ERANGE, "%s: device %d: this host has %d GPU%s (target-d -i picks the GPU)",
+                       m->dir, m->device, n_gpus, n_gpus == 1 ? "" : "s");
     cudaError_t e = cudaSetDevice(m->device);
     if (e != cudaSuccess)
         return df_fail(err, errlen, -DF_ECUDA, "%s: cudaSetDevice(%d): %s", m->dir, m->device, cudaGetErrorString(e));
@@ -582,6 +586,15 @@ int target_pipe_drain(struct target_pipe *p)
 int target_pipe_pending(const struct target_pipe *p)
 {
     return p->count;
+}
+
+int target_pipe_ready(const struct target_pipe *p)
+{
+    if (p->error)
+        return 1;
+    if (p->count == TARGET_PIPE_DEPTH)
+        return 0;
+    return cudaEventQuery(p->staged[p->submitted & 1]) != cudaErrorNotReady;
 }
 
 double target_pipe_last_forward_ms(const struct target_pipe *p)

@@ -54,6 +54,10 @@ int target_pipe_poll(struct target_pipe *p);
 /* Block until every submitted batch has completed; callbacks run. 0 or -DF_ECUDA. */
 int target_pipe_drain(struct target_pipe *p);
 int target_pipe_pending(const struct target_pipe *p);
+/* 1 when target_pipe_submit would not wait for the GPU (a place in the pipeline is free and the
+ * staging area it reuses has been uploaded), else 0; never blocks. After an error: 1 (the submit
+ * reports it). A caller with other work polls this instead of blocking in the submit. */
+int target_pipe_ready(const struct target_pipe *p);
 
 /* GPU time of the most recent completed batch's forward (ms, from events), or -1. */
 double target_pipe_last_forward_ms(const struct target_pipe *p);

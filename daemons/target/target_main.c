@@ -332,6 +332,8 @@ static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char
     p->n_tokens = n;
     p->flags = 0;
     p->checksum = 0;
+    p->reserved32 = 0;
+    memset(p->reserved, 0, sizeof p->reserved);
     return 0;
 }
 
@@ -366,6 +368,18 @@ static int pipe_pending(const struct tgt *t)
         return target_pipe_pending(t->pipe);
 #endif
     return 0;
+}
+
+/* Whether a batch can go to the GPU now without the host waiting for it: while it cannot, the
+ * loop keeps serving the socket (heartbeats, revokes) and publishing finished batches. */
+static int pipe_ready(const struct tgt *t)
+{
+#ifdef DFLASH_HAVE_TARGET_CUDA
+    if (t->pipe)
+        return target_pipe_ready(t->pipe);
+#endif
+    (void)t;
+    return 1;
 }
 
 /* Wait for a FREE slot for the lease, in short slices: heartbeats, the watchdog and (CUDA) the
@@ -729,7 +743,7 @@ int main(int argc, char **argv)
             log_error(r, "lease request");
             goto out;
         }
-        if (running && t->qlen) {
+        if (running && t->qlen && pipe_ready(t)) {
 #ifdef DFLASH_HAVE_TARGET_CUDA
             if (t->pipe) {
                 if ((r = submit_batch(t, t->queue[0])) < 0)

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# test_exit_config.sh: a daemon that can never run as configured exits 78 (systemd's "not
+# configured": not restarted) with one line saying what to change, not 1 (restarted for ever,
+# each time loading the model again into the same failure).
+#  - target-d on the CPU backend whose fp32 weights and scratch are larger than the host's memory
+#    (the host made small with an LD_PRELOAD shim over sysconf(_SC_PHYS_PAGES), compiled here);
+#  - target-d and drafter-d on the CUDA backend with an instance index past this host's GPUs (on a
+#    host without any: index 0). Not run in a build without CUDA.
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib/cluster.sh
+cl_test_init
+
+cl_init "$T/c" 50 || exit 1
+cc=${CC:-cc}
+cat >"$T/small_host.c" <<'EOF'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <unistd.h>
+/* A host of 16 pages: sysconf(_SC_PHYS_PAGES) says so, everything else is the real one's. */
+long sysconf(int name)
+{
+    long (*real)(int) = (long (*)(int))dlsym(RTLD_NEXT, "sysconf");
+    return name == _SC_PHYS_PAGES ? 16 : real(name);
+}
+EOF
+"$cc" -shared -fPIC -o "$T/small_host.so" "$T/small_host.c" -ldl || fail "cannot build the sysconf shim"
+
+# one line on stderr naming the fix, exit 78, before the daemon connects
+expect78() {
+  local name=$1 want=$2
+  cl_wait_exit "$name" 60
+  [[ $CL_RC == 78 ]] || fail "$name exited with '$CL_RC', wanted 78: $(tail -3 "$CL_DIR/$name.log")"
+  grep -q -- "$want" "$CL_DIR/$name.log" || fail "$name does not say '$want': $(tail -3 "$CL_DIR/$name.log")"
+  echo "ok: $name: exit 78: $(grep -m1 -- "$want" "$CL_DIR/$name.log")"
+}
+
+# (ASan must come first among the libraries; the shim need not be)
+(export LD_PRELOAD=$T/small_host.so ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
+ exec "$CL_BIN/target-d" -c "$CL_INI" -i 0) >>"$CL_DIR/target_mem.log" 2>&1 &
+CL_PIDS[target_mem]=$!
+expect78 target_mem "more than this host's .* GiB: lower ring.max_tokens"
+
+if "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o target.backend=cuda -t 2>&1 | grep -q "this build has no CUDA"; then
+  echo "(a build without CUDA: the device index cases are not run)"
+  exit 0
+fi
+n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+cl_start target_dev target-d -c "$CL_INI" -i "$n_gpu" -o target.backend=cuda
+expect78 target_dev "device $n_gpu: this host has $n_gpu GPU"
+cl_start_coord || fail "coordinator did not come up"
+cl_start drafter_dev drafter-d -c "$CL_INI" -i "$n_gpu" -o drafter.backend=cuda
+expect78 drafter_dev "device $n_gpu: this host has $n_gpu GPU"
