@@ -30,6 +30,7 @@ struct queued {
 
 struct outbox_ent {
     struct proto_msg m;         /* PUBLISHED / TRAINED / SKIPPED / CHECKPOINTED, seq set */
+    int acked;                  /* answered; gone once every entry before it is */
 };
 
 struct client {
@@ -64,8 +65,9 @@ struct client {
     uint64_t returned[RETURNED_MAX];
     size_t n_returned;
 
-    struct outbox_ent *out;
-    size_t n_out, cap_out;
+    struct outbox_ent *out;     /* out[out_head, n_out), in the order sent: a replay keeps it (a
+                                   CHECKPOINTED never overtakes the TRAINED it holds) */
+    size_t out_head, n_out, cap_out, n_unacked;
     struct proto_msg held[HELD_MAX];    /* errors written while disconnected */
     size_t n_held;
     uint64_t next_seq;
@@ -212,8 +214,8 @@ static int was_returned(const struct client *c, uint64_t batch)
 
 static int outbox_has_publish(const struct client *c, uint64_t batch)
 {
-    for (size_t i = 0; i < c->n_out; i++)
-        if (c->out[i].m.type == PROTO_PUBLISHED && c->out[i].m.published.batch_id == batch)
+    for (size_t i = c->out_head; i < c->n_out; i++)
+        if (!c->out[i].acked && c->out[i].m.type == PROTO_PUBLISHED && c->out[i].m.published.batch_id == batch)
             return 1;
     return 0;
 }
@@ -331,9 +333,9 @@ static int handle_frame(struct client *c, const struct proto_msg *m, char *err, 
     struct proto_msg cp = *m;
     switch (m->type) {
     case PROTO_ACK:
-        for (size_t i = 0; i < c->n_out; i++) {
+        for (size_t i = c->out_head; i < c->n_out; i++) {
             uint64_t seq = c->out[i].m.published.seq;   /* seq is the first field of every event */
-            if (seq == m->ack.seq) {
+            if (!c->out[i].acked && seq == m->ack.seq) {
                 const struct proto_msg *e = &c->out[i].m;
                 if (e->type == PROTO_CHECKPOINTED && !m->ack.status &&
                     (e->checkpointed.generation != c->st.ckpt_accepted_gen ||
@@ -346,7 +348,12 @@ static int handle_frame(struct client *c, const struct proto_msg *m, char *err, 
                     c->st.ckpt_refused_step = (int64_t)e->checkpointed.step;
                     c->st.ckpt_refused_gen = e->checkpointed.generation;
                 }
-                c->out[i] = c->out[--c->n_out];
+                c->out[i].acked = 1;
+                c->n_unacked--;
+                while (c->out_head < c->n_out && c->out[c->out_head].acked)
+                    c->out_head++;
+                if (c->out_head == c->n_out)
+                    c->out_head = c->n_out = 0;
                 c->st.events_acked++;
                 break;
             }
@@ -563,7 +570,9 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
     free(kept);
     c->n_returned = 0;
 
-    for (size_t i = 0; i < c->n_out; i++) {
+    for (size_t i = c->out_head; i < c->n_out; i++) {
+        if (c->out[i].acked)
+            continue;
         if ((r = send_msg(c, &c->out[i].m)) < 0)
             FAIL(r, "replay to %s: %s", c->where, err_str(r));
         c->st.events_replayed++;
@@ -737,7 +746,7 @@ int client_fd(const struct client *c) { return c->fd; }
 void client_get_stats(const struct client *c, struct client_stats *st)
 {
     *st = c->st;
-    st->outbox = (uint32_t)c->n_out;
+    st->outbox = (uint32_t)c->n_unacked;
     st->leases_held = (uint32_t)c->n_leases;
     st->leases_wanted = c->want;
 }
@@ -800,6 +809,11 @@ static int send_event(struct client *c, struct proto_msg *m)
         log_error((int)n, "%s: not sent: %s", proto_type_name(m->type), why);
         return (int)n;
     }
+    if (c->n_out == c->cap_out && c->out_head > 0) {   /* the answered ones at the front make room */
+        memmove(c->out, c->out + c->out_head, (c->n_out - c->out_head) * sizeof *c->out);
+        c->n_out -= c->out_head;
+        c->out_head = 0;
+    }
     if (c->n_out == c->cap_out) {
         size_t cap = c->cap_out ? c->cap_out * 2 : 32;
         void *p = realloc(c->out, cap * sizeof *c->out);
@@ -809,7 +823,8 @@ static int send_event(struct client *c, struct proto_msg *m)
         c->cap_out = cap;
     }
     m->published.seq = c->next_seq++;   /* seq is the first field of every event struct */
-    c->out[c->n_out++].m = *m;
+    c->out[c->n_out++] = (struct outbox_ent){ .m = *m };
+    c->n_unacked++;
     c->st.events_sent++;
     return send_soft(c, m);
 }

@@ -385,6 +385,68 @@ static void test_checkpoint_accepted(int lfd)
     CHECK_INT(reap(srv), ==, 0);
 }
 
+/* The first connection's answers: ACK the reports of batches 101 and 103, hang up at the
+ * CHECKPOINTED; the second's: note each report's batch (the checkpoint as 0) until it is there. */
+struct replay_seen { int conn, n; uint64_t batch[8]; };
+
+static void ack_some_then_note(int fd, const struct proto_msg *m, void *arg)
+{
+    struct replay_seen *rs = arg;
+    if (m->type != PROTO_TRAINED && m->type != PROTO_CHECKPOINTED)
+        return;
+    uint64_t batch = m->type == PROTO_TRAINED ? m->trained.batch_id : 0;
+    if (rs->conn == 1) {
+        if (batch == 101 || batch == 103) {
+            struct proto_msg a = { .type = PROTO_ACK };
+            a.ack.seq = m->trained.seq;
+            send_frame(fd, &a);
+        }
+        if (!batch)
+            shutdown(fd, SHUT_RDWR);    /* read_frames returns: the next connection */
+    } else if (rs->n < 8) {
+        rs->batch[rs->n++] = batch;
+        if (!batch)
+            _exit(rs->n == 2 && rs->batch[0] == 102 ? 0 : 10 + rs->n);
+    }
+}
+
+/* A replay sends the unanswered reports in the order they were written: rank 0's CHECKPOINTED
+ * never overtakes the TRAINED of a batch it holds (answering one in the middle of the outbox
+ * moved the newest entry into its place). */
+static void test_replay_keeps_order(int lfd)
+{
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        struct replay_seen rs = { .conn = 1 };
+        int fd = accept_welcomed(lfd, 10000, 0);
+        read_frames(fd, ack_some_then_note, &rs);
+        close(fd);
+        rs.conn = 2;
+        fd = accept_welcomed(lfd, 10000, 0);
+        read_frames(fd, ack_some_then_note, &rs);
+        _exit(20);              /* (the second connection ends in ack_some_then_note) */
+    }
+    struct client *c = NULL;
+    struct client_opts o = opts();
+    o.role = PROTO_ROLE_DRAFTER;
+    char err[512] = "";
+    CHECK_OK(client_open(&c, &o, err, sizeof err));
+    for (uint64_t b = 101; b <= 103; b++)
+        CHECK_OK(client_trained(c, b, 1, 10, 0, 2));
+    CHECK_OK(client_checkpointed(c, 10, 2, "/nonexistent/step-10"));
+    struct proto_msg m;
+    int reconnected = 0;
+    for (int i = 0; i < 500 && !(reconnected && !client_connected(c)); i++) {
+        client_poll(c, 10, &m, err, sizeof err);
+        struct client_stats st;
+        client_get_stats(c, &st);
+        reconnected |= st.events_replayed > 0;
+    }
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
 static void grant_flags(int fd, uint64_t batch, uint32_t n, uint32_t first, uint32_t flags)
 {
     static uint32_t sm[PROTO_MAX_SAMPLES];
@@ -787,6 +849,7 @@ int main(void)
     test_held_until_reconnect(lfd);
     test_held_after_send_timeout(lfd);
     test_checkpoint_accepted(lfd);
+    test_replay_keeps_order(lfd);
     test_lease_churn(lfd);
     test_ended_lease_poisoned(lfd);
     test_leaving_returns_leases(lfd);
