@@ -127,8 +127,10 @@ struct dft {
     uint32_t resumes;           /* the operator's resumes as the coordinator last said (WELCOME, RESUME) */
     uint32_t poisoned_at;       /* `resumes` when the non-finite loss was seen */
     int poisoned_away;          /* ... while disconnected: the next WELCOME's count is the one */
-    char nan_report[PROTO_TEXT_MAX]; /* what this rank reported of it ("" = rank 0 reports) */
+    char nan_report[PROTO_TEXT_MAX]; /* the report of it: this rank's, or on a rank that did not send
+                                        it one to send if the rank that did leaves it unread */
     int64_t nan_step;           /* ... and the step it skipped */
+    int nan_answered;           /* the coordinator paused or stopped since: its report arrived */
     int voted_out;              /* CUDA: this rank's stop vote went through: leave */
 
     /* training position */
@@ -600,11 +602,19 @@ static void leave_group(struct dft *f)
  * send just failed), the count this drafter knows may be stale (resumes while it was away): the
  * report goes out at the reconnect, before the WELCOME is read, so that WELCOME's count is the one
  * of the NaN. */
-static void poison(struct dft *f)
+static void poison(struct dft *f, int64_t step)
 {
     if (!f->poisoned) {
         f->poisoned_at = f->resumes;
         f->poisoned_away = !client_connected(f->cl);
+        f->nan_answered = 0;
+    }
+    if (!f->nan_report[0]) {
+        /* Another rank reported it: kept in case that rank dies with its report unread. */
+        snprintf(f->nan_report, sizeof f->nan_report, "%s: a loss or gradient norm of drafter group generation %"
+                 PRIu64 " was not finite at step %" PRId64 " (on a peer, whose report may be lost)", f->d.ident,
+                 f->generation, step);
+        f->nan_step = step;
     }
     f->poisoned = 1;
     /* The coordinator answers the report with a PAUSE (or a stop): the group, whose every rank
@@ -663,12 +673,19 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         log_notice("drafter group restarts as generation %" PRIu64 " from %s", m->restart.generation,
                    m->restart.ckpt_dir[0] ? m->restart.ckpt_dir : "scratch");
         leave_group_how(f, 1);     /* a peer is gone: its collectives will not complete */
+        if (f->poisoned && !f->nan_answered && f->resumes == f->poisoned_at && f->nan_report[0]) {
+            /* The peer that reported it may be the one gone, its report unsent: the cluster
+             * would run on while this rank waits for an answer that never comes. */
+            log_warn(-DF_ENAN, "the group restarts with the non-finite step unanswered: reported again");
+            client_error_nan(f->cl, (uint64_t)f->nan_step, f->nan_report);
+        }
         f->have_group = 0;
         f->await_restart = 0;
         f->ckpt_bad_code = 0;
         break;
     case PROTO_WELCOME:
         f->state = (int)m->welcome.cluster_state;
+        f->nan_answered |= f->state == PROTO_STATE_PAUSED || f->state >= PROTO_STATE_STOPPED;
         /* A drain in force is pushed again (DRAIN) to a daemon that reconnects; none is in force
          * otherwise (one on a stop signal cut short by a coordinator restart is not resumed). */
         if (f->state != PROTO_STATE_DRAINING)
@@ -684,6 +701,7 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         resumes_seen(f, m->control.resumes, 0);     /* moved: the operator resumed (it removed the cause) */
         switch (m->control.cmd) {
         case PROTO_CTL_PAUSE:
+            f->nan_answered = 1;
             f->state = PROTO_STATE_PAUSED;
             f->pick.since_ns = 0;   /* a wait for min_ready slots starts again after the pause */
             daemon_notify_status(&f->d, "paused: %s", m->control.reason);
@@ -697,6 +715,7 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
             f->draining = 1;
             break;
         case PROTO_CTL_STOP:
+            f->nan_answered = 1;
             f->state = PROTO_STATE_STOPPED;
             f->stop_now = 1;
             break;
@@ -1282,7 +1301,7 @@ static int iterate(struct dft *f)
             report_nan(f, drafter_step_count(f->dr) + 1, "%s: batch %" PRIu64 " at step %" PRId64 ": loss is not finite",
                        f->d.ident, b.id, drafter_step_count(f->dr) + 1);
         }
-        poison(f);      /* after the report: a send that failed holds it for the reconnect */
+        poison(f, drafter_step_count(f->dr) + 1);   /* after the report: a failed send holds it for the reconnect */
     } else if (ghave > 0) {
         if (f->coll && (r = coll_allreduce_sum(f->coll, f->dr->grads, f->dr->n_params)) < 0)
             return broken_with(f, have, b, r);
@@ -1293,7 +1312,7 @@ static int iterate(struct dft *f)
             log_error(r, "gradient norm is not finite at step %" PRId64 ": step skipped", info.step + 1);
             if (f->rank == 0)
                 report_nan(f, info.step + 1, "%s: gradient norm not finite at step %" PRId64, f->d.ident, info.step + 1);
-            poison(f);
+            poison(f, info.step + 1);
         } else if (r < 0 && r != -DF_ERANGE) {
             log_error(r, "optimizer step");
             return r;
@@ -1349,7 +1368,7 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
         if (f->rank == 0)
             report_nan(f, info->step + 1, "%s: loss or gradient norm not finite at step %" PRId64 " (batch %" PRId64
                        " of rank 0)", f->d.ident, info->step + 1, rec->have ? (int64_t)rec->b.id : (int64_t)-1);
-        poison(f);
+        poison(f, info->step + 1);
         return;
     }
     /* 0, or -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
