@@ -1271,12 +1271,8 @@ static int iterate(struct dft *f)
         n_seqs = 0;
         memset(&m, 0, sizeof m);
     }
-    if (have) {
-        if (epoch != f->ts.epoch)
-            f->ts.batch_in_epoch = 0;
-        f->ts.epoch = epoch;
+    if (have)
         f->dirty = 1;   /* the state moved from the loaded one, even if the step is skipped */
-    }
     if (!have)
         memset(f->dr->grads, 0, f->dr->n_params * sizeof(float));
     float sm[SM_N] = { 0 };
@@ -1320,6 +1316,11 @@ static int iterate(struct dft *f)
             /* -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
             uint64_t t2 = mono_ns();
             f->dirty = 1;
+            if (have) {     /* the training position moves with a step taken only */
+                if (epoch != f->ts.epoch)
+                    f->ts.batch_in_epoch = 0;
+                f->ts.epoch = epoch;
+            }
             step_done(f, have, b, f->coll ? f->peers : NULL, ghave, (uint64_t)sm[SM_SEQS],
                       (uint64_t)drafter_step_count(f->dr), r, &gm, &info, (double)(t2 - t_wait) / 1e6,
                       (double)(t2 - t0) / 1e9 + 1e-9);

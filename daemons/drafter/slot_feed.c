@@ -124,7 +124,8 @@ int feed_stage(struct feed *f, unsigned slot)
     if (f->n >= FEED_DEPTH)
         return -DF_ESTATE;
     const struct ring_layout *l = ring_layout(f->ring);
-    const struct ring_payload *p = ring_slot_header(f->ring, slot);
+    /* shared memory another process wrote: each field read once, then checked */
+    const volatile struct ring_payload *p = ring_slot_header(f->ring, slot);
     uint32_t n_tokens = p->n_tokens, n_seqs = p->n_seqs;
     if (n_tokens < 1 || n_tokens > l->max_tokens || n_seqs < 1 || n_seqs > l->max_seqs) {
         ring_release(f->ring, slot);
