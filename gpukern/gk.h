@@ -34,7 +34,8 @@ static inline float gk_bf16_to_f32(uint16_t h)
 }
 
 /* Whether device index `device` names no GPU of this host (none there, or a driver too old for
- * this runtime): what a restart cannot mend. *count gets the GPUs there are (0 when none). */
+ * this runtime): what a restart cannot mend (the daemons exit 78 on it, -ENODEV). *count gets the
+ * GPUs there are (0 when none). */
 static inline int gk_device_missing(int device, int *count)
 {
     int n = 0;

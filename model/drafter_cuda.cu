@@ -473,7 +473,7 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
     {
         int n_gpus = 0;
         if (gk_device_missing(dc->device, &n_gpus)) {
-            r = df_fail(err, errlen, -DF_ERANGE, "drafter_cuda: device %d: this host has %d GPU%s (drafter-d -i "
+            r = df_fail(err, errlen, -ENODEV, "drafter_cuda: device %d: this host has %d GPU%s (drafter-d -i "
                         "picks the GPU)", dc->device, n_gpus, n_gpus == 1 ? "" : "s");
             goto fail;
         }

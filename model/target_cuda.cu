@@ -239,7 +239,7 @@ static int cuda_open(struct target *m, char *err, size_t errlen)
     c->device = m->device;
     int n_gpus = 0;
     if (gk_device_missing(m->device, &n_gpus))
-        return df_fail(err, errlen, -DF_ERANGE, "%s: device %d: this host has %d GPU%s (target-d -i picks the GPU)",
+        return df_fail(err, errlen, -ENODEV, "%s: device %d: this host has %d GPU%s (target-d -i picks the GPU)",
                        m->dir, m->device, n_gpus, n_gpus == 1 ? "" : "s");
     cudaError_t e = cudaSetDevice(m->device);
     if (e != cudaSuccess)

@@ -5,7 +5,8 @@
 #  - target-d on the CPU backend whose fp32 weights and scratch are larger than the host's memory
 #    (the host made small with an LD_PRELOAD shim over sysconf(_SC_PHYS_PAGES), compiled here);
 #  - target-d and drafter-d on the CUDA backend with an instance index past this host's GPUs (on a
-#    host without any: index 0). Not run in a build without CUDA.
+#    host without any: index 0); the drafter's is not fatal to the cluster (test_exit_report). Not
+#    run in a build without CUDA.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -51,3 +52,7 @@ expect78 target_dev "device $n_gpu: this host has $n_gpu GPU"
 cl_start_coord || fail "coordinator did not come up"
 cl_start drafter_dev drafter-d -c "$CL_INI" -i "$n_gpu" -o drafter.backend=cuda
 expect78 drafter_dev "device $n_gpu: this host has $n_gpu GPU"
+"$CL_BIN/dflashctl" -s "$CL_SOCK" errors >"$CL_DIR/errors.txt" || fail "dflashctl errors"
+grep -q "drafter-d@$n_gpu exits: .*device $n_gpu: this host has $n_gpu GPU" "$CL_DIR/errors.txt" &&
+  grep -q "errors: 1 (0 fatal)" "$CL_DIR/errors.txt" || fail "dflashctl errors: $(cat "$CL_DIR/errors.txt")"
+cl_status && [[ $(cl_json 's["state"]') == running ]] || fail "the cluster is not running: $(cl_json 's["state"]')"

@@ -1759,6 +1759,11 @@ int main(int argc, char **argv)
                 f->reported = 1;
                 peer_flush_events(&f->d, f->cl, 2000);
                 code = DAEMON_EX_CONFIG;
+            } else if (r == -ENODEV) {
+                /* this daemon names a GPU the host lacks: it cannot run (no restart), the others
+                 * can; the coordinator keeps why (a non-fatal error) */
+                peer_report_exit(&f->d, f->cl, r, &f->reported);
+                code = DAEMON_EX_CONFIG;
             }
             goto out;
         }
