@@ -490,7 +490,7 @@ struct target_pipe {
     struct pipe_entry q[TARGET_PIPE_DEPTH];
     int head, count;            /* pending entries: q[head], q[head+1], ... */
     uint64_t submitted;
-    double last_fwd_ms;
+    double last_fwd_ms, last_copy_ms;
     struct target_pipe_stats stats;
     int error;                  /* sticky */
 };
@@ -554,6 +554,7 @@ static int complete_oldest(struct target_pipe *p, bool block)
         p->last_fwd_ms = ms;
         p->stats.forward_ms += ms;
         if (e->copy_bytes && cudaEventElapsedTime(&cms, e->copy_start, e->done) == cudaSuccess) {
+            p->last_copy_ms = cms;
             p->stats.copy_ms += cms;
             p->stats.copy_bytes += e->copy_bytes;
         }
@@ -600,6 +601,11 @@ int target_pipe_ready(const struct target_pipe *p)
 double target_pipe_last_forward_ms(const struct target_pipe *p)
 {
     return p->last_fwd_ms;
+}
+
+double target_pipe_last_copy_ms(const struct target_pipe *p)
+{
+    return p->last_copy_ms;
 }
 
 void target_pipe_get_stats(const struct target_pipe *p, struct target_pipe_stats *st)

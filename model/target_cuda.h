@@ -61,6 +61,8 @@ int target_pipe_ready(const struct target_pipe *p);
 
 /* GPU time of the most recent completed batch's forward (ms, from events), or -1. */
 double target_pipe_last_forward_ms(const struct target_pipe *p);
+/* ... and of its copies into the slot (ms, from the copy stream's events), 0 before any. */
+double target_pipe_last_copy_ms(const struct target_pipe *p);
 
 /* Totals over the completed batches: forward time (upload to last kernel) and copy time (the
  * copy stream's D2H, from its start after the forward to its end), from CUDA events. */

@@ -53,6 +53,8 @@ static cJSON *daemons_json(struct coord *co)
         cJSON_AddStringToObject(o, "state", m->have_hb ? proto_state_name(m->hb.state) : "starting");
         cJSON_AddNumberToObject(o, "connected_s", (double)(now - m->connected_ms) / 1000.0);
         cJSON_AddNumberToObject(o, "heartbeat_age_ms", (double)(now - m->last_seen_ms));
+        /* two heartbeats missed: its figures are as last heard, not current */
+        cJSON_AddBoolToObject(o, "silent", now - m->last_seen_ms > 2 * (uint64_t)co->cfg->coordinator.heartbeat_ms);
         if (m->role == PROTO_ROLE_TARGET) {
             cJSON_AddNumberToObject(o, "leases", m->leases);
             cJSON_AddNumberToObject(o, "published", (double)m->published);
@@ -203,8 +205,10 @@ static cJSON *drafter_json(struct coord *co)
         add_timings(o, PROTO_ROLE_DRAFTER, &best->hb);
     }
     double tps = 0;
-    for (const struct member *m = co->members; m; m = m->next)
-        if (m->role == PROTO_ROLE_TARGET && !m->closing)
+    uint64_t now = mono_ms();
+    for (const struct member *m = co->members; m; m = m->next)     /* (a silent one's rate is stale) */
+        if (m->role == PROTO_ROLE_TARGET && !m->closing &&
+            now - m->last_seen_ms <= 2 * (uint64_t)co->cfg->coordinator.heartbeat_ms)
             tps += m->hb.tokens_per_s;
     cJSON_AddNumberToObject(o, "target_tokens_per_s", tps);
     return o;

@@ -77,25 +77,28 @@ static void show_daemon_rows(const cJSON *daemons)
     const cJSON *d;
     cJSON_ArrayForEach(d, daemons) {
         int alive = cJSON_IsTrue(obj(d, "alive"));
-        char detail[256];
+        char detail[384];
         if (!alive)
             snprintf(detail, sizeof detail, "left: %s", str(d, "left_reason"));
         else if (!strcmp(str(d, "role"), "target"))
-            snprintf(detail, sizeof detail, "leases %.0f, published %.0f, fwd %.1f ms, wait %.1f ms, write %.1f ms, %.0f tok/s",
-                     num(d, "leases"), num(d, "published"), num(d, "forward_ms"), num(d, "wait_ms"), num(d, "write_ms"),
-                     num(d, "tokens_per_s"));
+            snprintf(detail, sizeof detail, "leases %.0f, published %.0f since connect, forward %.1f ms, slot wait %.1f ms,"
+                     " write %.1f ms, %.0f tok/s", num(d, "leases"), num(d, "published"), num(d, "forward_ms"),
+                     num(d, "wait_ms"), num(d, "write_ms"), num(d, "tokens_per_s"));
         else if (num(d, "rank") < 0)
             snprintf(detail, sizeof detail, "no rank: %s, step %.0f",
                      cJSON_IsTrue(obj(d, "joined")) ? "waiting for the group to form" : "not in the group",
                      num(d, "step"));
         else {
-            int n = snprintf(detail, sizeof detail, "rank %.0f, step %.0f, loss %.4g, acc %.3f, %.0f tok/s, idle %.0f%%",
-                             num(d, "rank"), num(d, "step"), num(d, "loss"), num(d, "accuracy"), num(d, "tokens_per_s"),
-                             100 * num(d, "idle_frac"));
+            int n = snprintf(detail, sizeof detail, "rank %.0f, step %.0f (%.0f ms), loss %.4g, acc %.3f, group %.0f tok/s,"
+                             " idle %.0f%%", num(d, "rank"), num(d, "step"), num(d, "step_ms"), num(d, "loss"),
+                             num(d, "accuracy"), num(d, "tokens_per_s"), 100 * num(d, "idle_frac"));
             if (num(d, "ckpt_write_ms") > 0 && n > 0 && (size_t)n < sizeof detail)
                 snprintf(detail + n, sizeof detail - (size_t)n, ", ckpt pause %.0f ms + write %.0f ms",
                          num(d, "ckpt_pause_ms"), num(d, "ckpt_write_ms"));
         }
+        size_t n = strlen(detail);
+        if (alive && cJSON_IsTrue(obj(d, "silent")) && n < sizeof detail)
+            snprintf(detail + n, sizeof detail - n, " (silent for %.1f s: as last heard)", num(d, "heartbeat_age_ms") / 1000);
         printf("%-8s %4.0f %8.0f %-5s %-9s %s\n", str(d, "role"), num(d, "gpu"), num(d, "pid"), alive ? "yes" : "no",
                alive ? str(d, "state") : "-", detail);
     }

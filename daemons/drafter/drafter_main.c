@@ -15,6 +15,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/id_set.h"
+#include "common/rate.h"
 #include "common/timeutil.h"
 #include "ipc/client.h"
 #include "ipc/collective.h"
@@ -144,7 +145,11 @@ struct dft {
 
     /* statistics */
     uint64_t batches;           /* trained by this rank */
-    double loss, accuracy, accept_len, grad_norm, lr, tokens_per_s, idle_frac, step_ms;
+    double loss, accuracy, accept_len, grad_norm, lr, tokens_per_s, idle_frac, step_ms; /* tokens_per_s: the
+                                       group's, over its last steps (the metrics lines) */
+    double group_tokens;        /* the group's tokens trained in the steps this process took */
+    struct rate_window rate;    /* ... and their rate over the last ~10 s (heartbeats, status) */
+    double hb_tokens_per_s;
     double ckpt_pause_ms, ckpt_write_ms;    /* rank 0's last checkpoint */
     double idle_s;              /* total time waiting for slots with nothing to compute */
     uint64_t last_step_end_ns;
@@ -536,11 +541,12 @@ static void checkpoint_if_due(struct dft *f, int ghave, int gstop)
 
 static void set_heartbeat(struct dft *f)
 {
+    f->hb_tokens_per_s = rate_window_note(&f->rate, mono_ms(), f->group_tokens);
     struct proto_heartbeat hb = {
         .state = (uint32_t)f->state,
         .batches_done = f->batches,
         .step = (uint64_t)step_count(f),
-        .tokens_per_s = f->tokens_per_s,
+        .tokens_per_s = f->hb_tokens_per_s,
         .loss = f->loss,
         .accuracy = f->accuracy,
         .accept_len = f->accept_len,
@@ -1209,6 +1215,7 @@ static void step_done(struct dft *f, int have, struct batch_ref b, const struct 
     f->ts.batch_in_epoch += (uint64_t)ghave;
     f->ts.samples += gseqs;
     f->ts.tokens += (uint64_t)gm->tokens;
+    f->group_tokens += gm->tokens;
     f->loss = drafter_metrics_loss(gm);
     f->accuracy = drafter_metrics_accuracy(gm);
     f->accept_len = drafter_metrics_accept_len(gm);
@@ -1847,7 +1854,7 @@ int main(int argc, char **argv)
             last_status = mono_ms();
             daemon_notify_status(&f->d, "%s: step %" PRId64 ", loss %.4f, accept %.2f, %.0f tok/s, rank %d/%d",
                                  proto_state_name((unsigned)f->state), step_count(f), f->loss,
-                                 f->accept_len, f->tokens_per_s, f->rank, f->world);
+                                 f->accept_len, f->hb_tokens_per_s, f->rank, f->world);
         }
     }
     /* After a STOP read from the stop note no coordinator is left to record a checkpoint, and

@@ -11,6 +11,7 @@
 #include "common/dataset.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/rate.h"
 #include "common/timeutil.h"
 #include "ipc/client.h"
 #include "ipc/peer.h"
@@ -54,7 +55,6 @@ struct tgt {
         double wait_ms;
     } inflight[TARGET_PIPE_DEPTH + 1];
     int pipe_error;                 /* a batch failed on the GPU: leave, systemd restarts */
-    uint64_t last_publish_ns;
 #endif
 
     int state;                      /* cluster state as last pushed (enum proto_cluster_state) */
@@ -65,7 +65,9 @@ struct tgt {
 
     /* statistics for heartbeats */
     uint64_t batches, tokens;
-    double forward_ms, wait_ms, write_ms, tokens_per_s;
+    double forward_ms, wait_ms, write_ms, tokens_per_s;   /* tokens_per_s: over the last ~10 s */
+    struct rate_window rate;
+    uint64_t claim_since_ns;        /* waiting for a free slot since then (0: not waiting) */
     uint64_t start_ms;
 };
 
@@ -188,12 +190,16 @@ static void return_leases(struct tgt *t)
 
 static void set_heartbeat(struct tgt *t)
 {
+    uint64_t now = mono_ns();
+    t->tokens_per_s = rate_window_note(&t->rate, now / 1000000, (double)t->tokens);
+    /* a wait for a free slot still going on counts as it grows (a full ring shows) */
+    double wait_ms = t->claim_since_ns ? (double)(now - t->claim_since_ns) / 1e6 : 0;
     struct proto_heartbeat hb = {
         .state = (uint32_t)t->state,
         .leases_held = client_leases_held(t->cl),
         .batches_done = t->batches,
         .forward_ms = t->forward_ms,
-        .wait_ms = t->wait_ms,
+        .wait_ms = wait_ms > t->wait_ms ? wait_ms : t->wait_ms,
         .write_ms = t->write_ms,
         .tokens_per_s = t->tokens_per_s,
     };
@@ -384,7 +390,7 @@ static int pipe_ready(const struct tgt *t)
 
 /* Wait for a FREE slot for the lease, in short slices: heartbeats, the watchdog and (CUDA) the
  * publishing of finished batches go on meanwhile. 1 and *slot, 0 (lease gone, stop, drain, pause), <0. */
-static int claim_slot(struct tgt *t, uint64_t batch_id, unsigned *slot)
+static int claim_slot_wait(struct tgt *t, uint64_t batch_id, unsigned *slot)
 {
     int r;
     for (;;) {
@@ -413,6 +419,14 @@ static int claim_slot(struct tgt *t, uint64_t batch_id, unsigned *slot)
             return 0;
         }
     }
+}
+
+static int claim_slot(struct tgt *t, uint64_t batch_id, unsigned *slot)
+{
+    t->claim_since_ns = mono_ns();      /* the heartbeats show the wait as it grows */
+    int r = claim_slot_wait(t, batch_id, slot);
+    t->claim_since_ns = 0;
+    return r;
 }
 
 /* The claimed slot's lease and packed inputs. 1 packed, 0 lease gone (slot aborted), <0 fatal.
@@ -514,8 +528,6 @@ static int run_batch(struct tgt *t, uint64_t batch_id)
     t->wait_ms = (double)(t1 - t0) / 1e6;
     t->forward_ms = (double)(t3 - t2) / 1e6;
     t->write_ms = (double)((t2 - t1) + (t4 - t3)) / 1e6;
-    double rate = n_tokens / ((double)(t4 - t0) / 1e9 + 1e-9);
-    t->tokens_per_s = t->batches == 1 ? rate : 0.8 * t->tokens_per_s + 0.2 * rate;
     log_debug("batch %" PRIu64 ": %u tokens in slot %u: wait %.1f ms, forward %.1f ms, write %.2f ms", batch_id,
               n_tokens, slot, t->wait_ms, t->forward_ms, t->write_ms);
     return 0;
@@ -557,14 +569,12 @@ static void on_copied(void *ctx, int status)
     t->tokens += f->n_tokens;
     t->wait_ms = f->wait_ms;
     t->forward_ms = target_pipe_last_forward_ms(t->pipe);
-    t->write_ms = (double)(now - f->t_submitted) / 1e6;     /* submit to publish: forward + copy */
-    /* Throughput from publish to publish: the pipeline overlaps batches, so their own spans overlap too. */
-    double span = (double)(now - (t->last_publish_ns ? t->last_publish_ns : f->t_claimed)) / 1e9;
-    double rate = f->n_tokens / (span + 1e-9);
-    t->tokens_per_s = t->batches == 1 ? rate : 0.8 * t->tokens_per_s + 0.2 * rate;
-    t->last_publish_ns = now;
-    log_debug("batch %" PRIu64 ": %u tokens in slot %u: wait %.1f ms, GPU forward %.1f ms, submit to publish %.1f ms",
-              f->batch_id, f->n_tokens, f->slot, t->wait_ms, t->forward_ms, t->write_ms);
+    /* as on the CPU path: what putting the batch into its slot took beside the forward (packing
+     * on the host, the copies on the GPU's copy stream) */
+    t->write_ms = (double)(f->t_submitted - f->t_claimed) / 1e6 + target_pipe_last_copy_ms(t->pipe);
+    log_debug("batch %" PRIu64 ": %u tokens in slot %u: wait %.1f ms, GPU forward %.1f ms, pack + copy %.1f ms,"
+              " submit to publish %.1f ms", f->batch_id, f->n_tokens, f->slot, t->wait_ms, t->forward_ms, t->write_ms,
+              (double)(now - f->t_submitted) / 1e6);
 }
 
 /* One lease on the CUDA backend: slot, pack, enqueue forward + pitched copies straight into
