@@ -975,6 +975,8 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
         f->metrics = fopen(path, "ae");
         if (!f->metrics)
             log_warn(-errno, "metrics file %s", path);
+        else
+            log_info("metrics: one line per step appended to %s", path);
         f->metrics_rank = f->rank;
     }
     log_notice("in drafter group generation %" PRIu64 ": rank %d of %d, step %" PRId64 ", lr horizon %" PRId64
@@ -1782,6 +1784,10 @@ int main(int argc, char **argv)
     log_notice("ready: drafter %d layers, %zu parameters, block %d, ring %s, cluster %s, backend %s", f->dc.num_layers,
                f->dr->n_params, f->dc.block_size, ring_name(f->ring), proto_state_name((unsigned)f->state),
                f->cuda ? "cuda" : "cpu");
+    /* the values the config's 0 / -1 / empty keys came to */
+    log_info("drafter shape: hidden %d, heads %d / %d kv x %d, intermediate %d, vocab %d, mask token %d; "
+             "checkpoints in %s", f->dc.hidden_size, f->dc.num_heads, f->dc.num_kv_heads, f->dc.head_dim,
+             f->dc.intermediate_size, f->dc.vocab_size, f->dc.mask_token_id, f->ckpt_root);
     daemon_notify_ready(&f->d, "waiting for the drafter group");
 
     uint64_t last_status = 0;

@@ -694,8 +694,11 @@ int main(int argc, char **argv)
         code = r == -ENOMEM || r == -DF_ECUDA ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
         goto out;
     }
-    log_info("model %s: %s, %d layers, hidden %d, capturing %d layer%s", t->cfg->model.path, t->hf.arch_name,
-             t->hf.num_layers, t->hf.hidden_size, t->n_ids, t->n_ids == 1 ? "" : "s");
+    char ids[TARGET_MAX_CAPTURE * 12] = "";
+    for (int i = 0, n = 0; i < t->n_ids && n >= 0 && (size_t)n < sizeof ids; i++)
+        n += snprintf(ids + n, sizeof ids - (size_t)n, "%s%d", i ? ", " : "", t->ids[i]);
+    log_info("model %s: %s, %d layers, hidden %d, capturing layer%s %s (output_hidden_states[id + 1])",
+             t->cfg->model.path, t->hf.arch_name, t->hf.num_layers, t->hf.hidden_size, t->n_ids == 1 ? "" : "s", ids);
     daemon_notify_status(&t->d, "connecting to the coordinator at %s", t->sock);
     if ((r = peer_connect_coordinator(&t->d, t->sock, PROTO_ROLE_TARGET, &t->cl, err, sizeof err)) < 0) {
         code = peer_connect_failed(&t->d, t->sock, r, err);
