@@ -313,7 +313,7 @@ static void usage(FILE *f)
                "  --connect HOST:PORT  the coordinator's TCP listener (cluster.tcp_listen; [IPv6]:PORT)\n"
                "  --token-file PATH    its shared secret (a copy of cluster.tcp_token_file, mode 0600)\n"
                "  --json     print the coordinator's JSON document (read commands)\n"
-               "  -n LIMIT   rows for batches / errors / checkpoints (default 100)\n"
+               "  -n LIMIT   rows for batches / errors / checkpoints (default 100; errors keeps the newest 64)\n"
                "options may also follow the command; after \"--\" every word is the command's (a REASON\n"
                "starting with '-')\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
