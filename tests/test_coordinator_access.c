@@ -224,6 +224,10 @@ int main(void)
     /* A frame header announcing more than the maximum. */
     struct proto_hdr h = { PROTO_MAGIC, PROTO_MAX_FRAME, PROTO_VERSION, PROTO_HELLO };
     expect_refused(&h, sizeof h, 0, "exceeds");
+    /* A type only the coordinator sends (its length may be up to PROTO_MAX_FRAME) announcing 1 MiB:
+     * refused from the header, nothing buffered. */
+    struct proto_hdr big = { PROTO_MAGIC, 1u << 20, PROTO_VERSION, PROTO_GROUP };
+    expect_refused(&big, sizeof big, 0, "no message to the coordinator is over 64 KiB");
 
     /* Wrong version: a clear answer naming both versions. */
     uint8_t frame[512] __attribute__((aligned(8)));

@@ -254,22 +254,17 @@ void coord_refuse(struct member *m, int code, const char *fmt, ...)
     coord_close_member(m, "refused");
 }
 
+/* What a peer sends the coordinator is small (the largest, an ERROR or a CONTROL, under 1 KiB):
+ * one buffer of this size per member holds any frame whole, and a larger one is refused from
+ * its header (the variable-length types, up to PROTO_MAX_FRAME, go only the other way). */
+#define COORD_RX_BYTES 65536
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     struct member *m = (struct member *)h;
-    size_t want = suggested < 65536 ? 65536 : suggested;
-    if (m->rx_cap - m->rx_len < want) {
-        size_t cap = m->rx_cap ? m->rx_cap : 65536;
-        while (cap - m->rx_len < want && cap < PROTO_MAX_FRAME + 65536)
-            cap *= 2;
-        if (cap > m->rx_cap) {
-            uint8_t *p = realloc(m->rx, cap);
-            if (p) {
-                m->rx = p;
-                m->rx_cap = cap;
-            }
-        }
-    }
+    (void)suggested;
+    if (!m->rx && (m->rx = malloc(COORD_RX_BYTES)))
+        m->rx_cap = COORD_RX_BYTES;
     *buf = uv_buf_init((char *)m->rx + m->rx_len, (unsigned)(m->rx_cap - m->rx_len));
 }
 
@@ -322,6 +317,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
             coord_refuse(m, -EACCES, "the first message over TCP must be AUTH with the cluster token");
             return;
         }
+        if (n > COORD_RX_BYTES) {
+            struct proto_hdr h;
+            memcpy(&h, m->rx + off, sizeof h);
+            coord_refuse(m, -E2BIG, "a frame of %lld bytes (type %u): no message to the coordinator is over %d KiB",
+                         (long long)n, (unsigned)h.type, COORD_RX_BYTES >> 10);
+            return;
+        }
         if (n == 0 || (n > 0 && (size_t)n > m->rx_len - off))
             break;
         struct proto_msg msg;
@@ -367,7 +369,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         return;
     memmove(m->rx, m->rx + off, m->rx_len - off);
     m->rx_len -= off;
-    if (m->rx_len == m->rx_cap) /* cannot happen: frames are capped below the buffer */
+    if (m->rx_len == m->rx_cap) /* cannot happen: frames are refused above past the buffer's size */
         coord_refuse(m, -E2BIG, "frame larger than the buffer");
 }
 
