@@ -654,8 +654,7 @@ int ckpt_latest(const char *root, char *dir, size_t dir_len, int64_t *step)
     return 0;
 }
 
-/* The run id in root/CKPT_RUN_FILE: 1 and *id, 0 when there is none, <0 with err. */
-static int read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
+int ckpt_read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
 {
     char path[4096], buf[64];
     snprintf(path, sizeof path, "%s/%s", root, CKPT_RUN_FILE);
@@ -765,7 +764,7 @@ int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, c
         if (r < 0)
             return r;
         uint64_t have = 0;
-        if ((r = read_run_id(root, &have, err, errlen)) < 0)
+        if ((r = ckpt_read_run_id(root, &have, err, errlen)) < 0)
             return r;
         if (r == 1 && have == run_id)
             return 0;

@@ -51,6 +51,8 @@ int ckpt_prune(const char *root, int keep, int64_t written, int64_t head);
  * roots were claimed). 0 or <0 with err. */
 int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, char *err, size_t errlen);
 #define CKPT_RUN_FILE "run-id"
+/* The run id in root/CKPT_RUN_FILE: 1 and *id, 0 when there is none, <0 with err. */
+int ckpt_read_run_id(const char *root, uint64_t *id, char *err, size_t errlen);
 
 /* Remove the temp dirs of writes that were interrupted (a crash mid-write): every .tmp-step-* /
  * .old-step-* whose lock no writer holds, and a folder claim's written .run-id-* temp file no

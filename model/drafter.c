@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/config.h"
 #include "common/err.h"
 #include "model/drafter.h"
 #include "model/hfconfig.h"
@@ -82,6 +83,24 @@ int drafter_config_from_target(struct drafter_config *c, const struct hf_config 
     c->rope_theta = t->rope.theta;
     c->initializer_range = 0.02;
     return drafter_config_validate(c, err, errlen);
+}
+
+int drafter_config_from_cfg(struct drafter_config *c, const struct hf_config *t, const struct dflash_cfg *cfg,
+                            const int *target_layer_ids, int n_target_ids, char *err, size_t errlen)
+{
+    const struct cfg_drafter *k = &cfg->drafter;
+    return drafter_config_from_target(c, t, (int)cfg->model.draft_layers, target_layer_ids, n_target_ids,
+                                      (int)k->block_size, (int)k->mask_token_id, (int)k->num_heads,
+                                      (int)k->num_kv_heads, (int)k->head_dim, (int)k->intermediate_size, err, errlen);
+}
+
+struct drafter_train_opts drafter_train_opts_from_cfg(const struct dflash_cfg *cfg)
+{
+    const struct cfg_drafter *k = &cfg->drafter;
+    return (struct drafter_train_opts){ .lr = k->lr, .min_lr_ratio = k->min_lr_ratio, .warmup_steps = k->warmup_steps,
+                                        .total_steps = k->total_steps, .weight_decay = k->weight_decay,
+                                        .beta1 = k->beta1, .beta2 = k->beta2, .eps = k->adam_eps,
+                                        .grad_clip = k->grad_clip };
 }
 
 int drafter_max_blocks_for(int max_tokens, int max_seqs, int num_anchors)

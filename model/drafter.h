@@ -111,6 +111,13 @@ int drafter_config_from_target(struct drafter_config *c, const struct hf_config 
                                int num_layers, const int *target_layer_ids, int n_target_ids,
                                int block_size, int mask_token_id, int num_heads, int num_kv_heads,
                                int head_dim, int intermediate_size, char *err, size_t errlen);
+struct dflash_cfg;
+/* drafter_config_from_target with the [model] and [drafter] keys of the cluster config, as
+ * drafter-d reads them; ids: the captured layers (model.capture_layers or the default ones). */
+int drafter_config_from_cfg(struct drafter_config *c, const struct hf_config *target, const struct dflash_cfg *cfg,
+                            const int *target_layer_ids, int n_target_ids, char *err, size_t errlen);
+/* The optimizer options of the [drafter] keys; total_steps as set (0: the caller derives it). */
+struct drafter_train_opts drafter_train_opts_from_cfg(const struct dflash_cfg *cfg);
 /* Shape checks of a config (positive sizes, heads divide, ids in range, ...). */
 int drafter_config_validate(const struct drafter_config *c, char *err, size_t errlen);
 

@@ -242,10 +242,7 @@ static int check_config(struct dft *f, char *err, size_t errlen)
                                     (long long)cfg->model.draft_layers, f->hf.num_layers);
     }
     f->n_ids = n;
-    int r = drafter_config_from_target(&f->dc, &f->hf, (int)cfg->model.draft_layers, f->ids, n,
-                                       (int)cfg->drafter.block_size, (int)cfg->drafter.mask_token_id,
-                                       (int)cfg->drafter.num_heads, (int)cfg->drafter.num_kv_heads,
-                                       (int)cfg->drafter.head_dim, (int)cfg->drafter.intermediate_size, why, sizeof why);
+    int r = drafter_config_from_cfg(&f->dc, &f->hf, cfg, f->ids, n, why, sizeof why);
     if (r >= 0)
         r = drafter_config_validate(&f->dc, why, sizeof why);
     if (r < 0)
@@ -263,12 +260,7 @@ static int check_config(struct dft *f, char *err, size_t errlen)
                                 cfg->drafter.checkpoint_dir[0] ? "checkpoint_dir" : "state_dir", err, errlen,
                                 "its checkpoint folders (%s/step-N) would be longer than the %d bytes a path "
                                 "may have in the protocol", f->ckpt_root, PROTO_PATH_MAX - 1);
-    f->topt = (struct drafter_train_opts){ .lr = cfg->drafter.lr, .min_lr_ratio = cfg->drafter.min_lr_ratio,
-                                           .warmup_steps = cfg->drafter.warmup_steps,
-                                           .total_steps = cfg->drafter.total_steps,
-                                           .weight_decay = cfg->drafter.weight_decay, .beta1 = cfg->drafter.beta1,
-                                           .beta2 = cfg->drafter.beta2, .eps = cfg->drafter.adam_eps,
-                                           .grad_clip = cfg->drafter.grad_clip };
+    f->topt = drafter_train_opts_from_cfg(cfg);
     return 0;
 }
 
