@@ -71,12 +71,14 @@ CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 LIB      := $(BUILD)/libdflash.a
 
 # Programs: each is the .c files of one folder.
-BINS := coordinator-d target-d drafter-d dflashctl dflash-data
+BINS := coordinator-d target-d drafter-d dflashctl dflash-data dflash-replay
 coordinator-d_SRC := $(wildcard daemons/coordinator/*.c)
 target-d_SRC      := $(wildcard daemons/target/*.c)
 drafter-d_SRC     := $(wildcard daemons/drafter/*.c)
 dflashctl_SRC     := $(wildcard daemons/dflashctl/*.c)
 dflash-data_SRC   := $(wildcard tools/dflash-data/*.c)
+# (rebuilds the run's batches with the coordinator's schedule)
+dflash-replay_SRC := $(wildcard tools/dflash-replay/*.c) daemons/coordinator/sched.c
 BIN_PATHS := $(foreach b,$(BINS),$(if $($(b)_SRC),$(BUILD)/bin/$(b)))
 
 # Tests and benches: one .c file = one program.
