@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# test_replay.sh: dflash-replay re-trains a CPU run from its ledger and finds the weights of its
+# checkpoints bit for bit. One target and a two-rank drafter group train one epoch; many steps
+# have a batch on one rank only. Such a rank must add zeros to the gradients' all-reduce (not the
+# gradients of its step before), which no comparison of the replicas can see: the all-reduce keeps
+# them identical whatever it sums. The replay sums each step's batches as the ledger lists them.
+# Then: an earlier checkpoint (--checkpoint) passes too, another learning rate fails (exit 1), and
+# input that does not belong to the run is refused (exit 78).
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib/cluster.sh
+cl_test_init
+unset WATCHDOG_PID NOTIFY_SOCKET
+
+# A target of 16 layers (15 run per batch) against a drafter of one: it forwards a batch in more
+# time than a rank's wait slice for a slot, so while one rank trains the batch it took, the other
+# often finds none. The slice is a quarter of the watchdog interval (capped at 200 ms): the
+# drafters get one of 40 ms, as under WatchdogSec=40ms, so 10 ms slices. 140 samples make 35
+# batches: an odd number, so at least one step has a single batch whatever the timing.
+CL_MKMODEL_ARGS="--layers 16" cl_init "$T/c" 140 || exit 1
+cl_ini_add model.capture_layers=1,14 drafter.world_size=2 drafter.checkpoint_every=8
+D=$CL_DIR
+REPLAY=$CL_BIN/dflash-replay
+[[ -x $REPLAY ]] || fail "missing $REPLAY (build first)"
+
+cl_start_coord || fail "coordinator did not come up"
+cl_start target0 target-d -c "$CL_INI" -i 0
+for i in 0 1; do
+  WATCHDOG_USEC=40000 cl_start drafter$i drafter-d -c "$CL_INI" -i $i
+done
+# the epoch completes: the coordinator drains the drafters for a final checkpoint and stops
+cl_wait_exit coord 120 || fail "coordinator exited with '$CL_RC'"
+for n in target0 drafter0 drafter1; do
+  cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"
+done
+
+steps=$(cl_sql 'SELECT count(DISTINCT step) FROM trains WHERE gen = 1 AND rolled_back = 0')
+single=$(cl_sql 'SELECT count(*) FROM (SELECT step FROM trains WHERE gen = 1 AND rolled_back = 0
+                 GROUP BY step HAVING count(DISTINCT rank) = 1)')
+final=$(cl_sql 'SELECT step FROM checkpoints WHERE gen = 1 AND dropped IS NULL ORDER BY step DESC LIMIT 1')
+first=$(cl_sql 'SELECT dir FROM checkpoints WHERE gen = 1 ORDER BY step LIMIT 1')
+nck=$(cl_sql 'SELECT count(*) FROM checkpoints WHERE gen = 1')
+[[ $(cl_sql 'SELECT count(*) FROM trains WHERE gen != 1') == 0 ]] ||
+  fail "a second generation: $(cl_sql 'SELECT DISTINCT gen FROM trains')"
+cl_log "$steps steps, $single of them with one rank's batch only; $nck checkpoints, the last at step $final"
+if ((single == 0)); then
+  echo "SKIP: every step had a batch on both ranks (the target kept up with the ranks): nothing to test"
+  exit 77
+fi
+((nck >= 3)) || fail "$nck checkpoints, expected one every 8 of $steps steps"
+[[ $final == "$steps" ]] || fail "the last checkpoint is at step $final, the run took $steps steps"
+
+# expect RC PATTERN ARGS...: dflash-replay exits RC and its output has a line matching PATTERN
+expect() {
+  local want=$1 pat=$2 out rc
+  shift 2
+  out=$("$REPLAY" -c "$CL_INI" "$@" 2>&1)
+  rc=$?
+  cl_log "dflash-replay${*:+ $*}: exit $rc: $out"
+  [[ $rc == "$want" ]] || fail "dflash-replay${*:+ $*}: exit $rc, expected $want: $out"
+  grep -qE -- "$pat" <<<"$out" || fail "dflash-replay${*:+ $*}: no line matching '$pat': $out"
+  [[ $(wc -l <<<"$out") == 1 ]] || fail "dflash-replay${*:+ $*}: more than one line: $out"
+}
+
+# the final checkpoint (the default: the newest of generation 1), then the first one
+expect 0 "^dflash-replay: $final steps of generation 1 replayed to .*step-0*$final: master weights max abs diff 0,\
+ max rel diff 0 .*: PASS$"
+first_step=$((10#${first##*step-}))
+expect 0 "^dflash-replay: $first_step steps .*: PASS$" --checkpoint "$first"
+# a learning rate 1% off the run's: the weights differ
+expect 1 ": FAIL$" -o drafter.lr=2.97e-3
+
+# input that is not the run's, each named in one line
+expect 78 "nowhere: No such file" --checkpoint "$T/nowhere"
+expect 78 "drafter.seed: 7, the run's checkpoint .* was trained with seed 42" -o drafter.seed=7
+expect 78 "meta.fingerprint .* data.seed" -o data.seed=99
+expect 78 "target.backend: cuda" -o target.backend=cuda
+root=$(dirname "$first")
+cp "$root/run-id" "$T/run-id.saved"
+printf '%016x\n' 1 >"$root/run-id"
+expect 78 "run-id: run 0000000000000001, the ledger .* is of run" --checkpoint "$first"
+cp "$T/run-id.saved" "$root/run-id"
+mkdir "$T/other" && cp -r "$first" "$T/other/"
+expect 78 "not one the ledger .* records" --checkpoint "$T/other/$(basename "$first")"
+echo "ok: $steps steps ($single with one rank's batch) replayed bit for bit"
