@@ -33,18 +33,21 @@ static inline float gk_bf16_to_f32(uint16_t h)
     return f;
 }
 
-/* Whether device index `device` names no GPU of this host (none there, or a driver too old for
- * this runtime): what a restart cannot mend (the daemons exit 78 on it, -ENODEV). *count gets the
- * GPUs there are (0 when none). */
-static inline int gk_device_missing(int device, int *count)
+/* Whether device index `device` names no GPU this process can see (CUDA_VISIBLE_DEVICES limits
+ * them; none there, or a driver too old for this runtime): what a restart cannot mend (the daemons
+ * exit 78 on it, -ENODEV). *count gets the GPUs visible (0 when none), *why the runtime's reason
+ * when it found none ("" otherwise). */
+static inline int gk_device_missing(int device, int *count, const char **why)
 {
     int n = 0;
+    *why = "";
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         n = 0;
         if (e != cudaErrorNoDevice && e != cudaErrorInsufficientDriver)
             return 0;       /* another failure: the caller's cudaSetDevice says what */
+        *why = cudaGetErrorString(e);
     }
     *count = n;
     return device < 0 || device >= n;

@@ -472,9 +472,11 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
 
     {
         int n_gpus = 0;
-        if (gk_device_missing(dc->device, &n_gpus)) {
-            r = df_fail(err, errlen, -ENODEV, "drafter_cuda: device %d: this host has %d GPU%s (drafter-d -i "
-                        "picks the GPU)", dc->device, n_gpus, n_gpus == 1 ? "" : "s");
+        const char *why;
+        if (gk_device_missing(dc->device, &n_gpus, &why)) {
+            r = df_fail(err, errlen, -ENODEV, "drafter_cuda: device %d: %d GPU%s visible to this process%s%s "
+                        "(drafter-d -i picks the GPU)", dc->device, n_gpus, n_gpus == 1 ? "" : "s", *why ? ": " : "",
+                        why);
             goto fail;
         }
     }

@@ -55,8 +55,8 @@ int drafter_cuda_profile_take(struct drafter_cuda *dc, double *ms);
  * {16, 32, 64, 128, 256}, block_size <= 64 and block_size * (num_heads / num_kv_heads) + 64 <
  * 65536 (the attention kernels), else -DF_EUNSUPPORTED. opts may be NULL (device 0, defaults).
  * -DF_ERANGE when the sizes cannot be: what the drafter takes plus two buffers of max_tokens rows
- * of features (drafter-d's slot feed keeps them beside it) is more than the whole GPU, the
- * configuration's doing. -DF_ECUDA / -ENOMEM for a failure that may pass. */
+ * of features (drafter-d's slot feed keeps them beside it) is more than the GPU less 1 GiB left
+ * to the CUDA context, the configuration's doing; -ENODEV for a device index past the visible GPUs. -DF_ECUDA / -ENOMEM for a failure that may pass. */
 int drafter_cuda_create(struct drafter_cuda **out, const struct drafter *host, int max_tokens,
                         int max_blocks, const struct drafter_cuda_opts *opts, char *err, size_t errlen);
 void drafter_cuda_free(struct drafter_cuda *dc);    /* accepts NULL */

@@ -238,9 +238,10 @@ static int cuda_open(struct target *m, char *err, size_t errlen)
     m->impl = c;
     c->device = m->device;
     int n_gpus = 0;
-    if (gk_device_missing(m->device, &n_gpus))
-        return df_fail(err, errlen, -ENODEV, "%s: device %d: this host has %d GPU%s (target-d -i picks the GPU)",
-                       m->dir, m->device, n_gpus, n_gpus == 1 ? "" : "s");
+    const char *why;
+    if (gk_device_missing(m->device, &n_gpus, &why))
+        return df_fail(err, errlen, -ENODEV, "%s: device %d: %d GPU%s visible to this process%s%s (target-d -i picks "
+                       "the GPU)", m->dir, m->device, n_gpus, n_gpus == 1 ? "" : "s", *why ? ": " : "", why);
     cudaError_t e = cudaSetDevice(m->device);
     if (e != cudaSuccess)
         return df_fail(err, errlen, -DF_ECUDA, "%s: cudaSetDevice(%d): %s", m->dir, m->device, cudaGetErrorString(e));

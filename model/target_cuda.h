@@ -2,7 +2,8 @@
  * capture pipeline target-d uses to forward batch k+1 while batch k is DMA'd into a ring slot.
  * target_open with this backend returns -DF_ERANGE, before allocating, when the weights and the
  * buffers for max_tokens tokens (the pipeline's second capture set counted) need more than the
- * GPU's whole memory: the configuration's doing, which a restart would only repeat. */
+ * GPU's memory less 1 GiB left to the CUDA context (GK_DEVICE_RESERVE_BYTES): the configuration's
+ * doing, which a restart would only repeat; -ENODEV for a device index past the visible GPUs. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>

@@ -47,12 +47,15 @@ if "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o target.backend=cuda -t 2>&1 | grep -q
   exit 0
 fi
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [[ -n ${CUDA_VISIBLE_DEVICES+x} ]]; then   # the GPUs this process sees
+  n_gpu=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+fi
 cl_start target_dev target-d -c "$CL_INI" -i "$n_gpu" -o target.backend=cuda
-expect78 target_dev "device $n_gpu: this host has $n_gpu GPU"
+expect78 target_dev "device $n_gpu: $n_gpu GPUs* visible to this process"
 cl_start_coord || fail "coordinator did not come up"
 cl_start drafter_dev drafter-d -c "$CL_INI" -i "$n_gpu" -o drafter.backend=cuda
-expect78 drafter_dev "device $n_gpu: this host has $n_gpu GPU"
+expect78 drafter_dev "device $n_gpu: $n_gpu GPUs* visible to this process"
 "$CL_BIN/dflashctl" -s "$CL_SOCK" errors >"$CL_DIR/errors.txt" || fail "dflashctl errors"
-grep -q "drafter-d@$n_gpu exits: .*device $n_gpu: this host has $n_gpu GPU" "$CL_DIR/errors.txt" &&
+grep -q "drafter-d@$n_gpu exits: .*device $n_gpu: $n_gpu GPUs* visible" "$CL_DIR/errors.txt" &&
   grep -q "errors: 1 (0 fatal)" "$CL_DIR/errors.txt" || fail "dflashctl errors: $(cat "$CL_DIR/errors.txt")"
 cl_status && [[ $(cl_json 's["state"]') == running ]] || fail "the cluster is not running: $(cl_json 's["state"]')"

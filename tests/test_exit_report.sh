@@ -23,7 +23,7 @@ cl_wait_exit drafter 120
 grep -E "GPU $ngpu" "$CL_DIR/drafter.log" || fail "the drafter's log does not name GPU $ngpu"
 "$CL_BIN/dflashctl" -s "$CL_SOCK" errors >"$CL_DIR/errors.txt" || fail "dflashctl errors"
 cat "$CL_DIR/errors.txt"
-grep -q "drafter-d@$ngpu exits: .*device $ngpu: this host has $ngpu GPU" "$CL_DIR/errors.txt" || fail "dflashctl errors does not show why drafter@$ngpu exited"
+grep -q "drafter-d@$ngpu exits: .*device $ngpu: $ngpu GPUs* visible" "$CL_DIR/errors.txt" || fail "dflashctl errors does not show why drafter@$ngpu exited"
 grep -q "errors: 1 (0 fatal)" "$CL_DIR/errors.txt" || fail "wanted one non-fatal error"
 cl_alive coord || fail "the coordinator did not stay up"
 cl_status && [[ $(cl_json 's["state"]') == running ]] || fail "the cluster is not running: $(cl_json 's["state"]')"

@@ -75,6 +75,7 @@ expect 78 "nowhere: No such file" --checkpoint "$T/nowhere"
 expect 78 "drafter.seed: 7, the run's checkpoint .* was trained with seed 42" -o drafter.seed=7
 expect 78 "meta.fingerprint .* data.seed" -o data.seed=99
 expect 78 "target.backend: cuda" -o target.backend=cuda
+expect 78 "drafter.world_size is 3, the run.s drafter group had 2 ranks" -o drafter.world_size=3
 root=$(dirname "$first")
 cp "$root/run-id" "$T/run-id.saved"
 printf '%016x\n' 1 >"$root/run-id"

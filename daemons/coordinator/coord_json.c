@@ -12,6 +12,14 @@
 #include "daemons/coordinator/coord.h"
 #include "ipc/ring.h"
 
+/* Heard from too long ago for its figures to be current: two heartbeats missed, and a third of
+ * the way to being taken for dead (a daemon's waits and steps send them up to that late). */
+static bool coord_silent(const struct coord *co, const struct member *m, uint64_t now)
+{
+    uint64_t hb2 = 2 * (uint64_t)co->cfg->coordinator.heartbeat_ms, dead3 = (uint64_t)co->cfg->coordinator.dead_after_ms / 3;
+    return now - m->last_seen_ms > (hb2 > dead3 ? hb2 : dead3);
+}
+
 static void add_timings(cJSON *o, int role, const struct proto_heartbeat *hb)
 {
     if (role == PROTO_ROLE_TARGET) {
@@ -53,8 +61,7 @@ static cJSON *daemons_json(struct coord *co)
         cJSON_AddStringToObject(o, "state", m->have_hb ? proto_state_name(m->hb.state) : "starting");
         cJSON_AddNumberToObject(o, "connected_s", (double)(now - m->connected_ms) / 1000.0);
         cJSON_AddNumberToObject(o, "heartbeat_age_ms", (double)(now - m->last_seen_ms));
-        /* two heartbeats missed: its figures are as last heard, not current */
-        cJSON_AddBoolToObject(o, "silent", now - m->last_seen_ms > 2 * (uint64_t)co->cfg->coordinator.heartbeat_ms);
+        cJSON_AddBoolToObject(o, "silent", coord_silent(co, m, now));
         if (m->role == PROTO_ROLE_TARGET) {
             cJSON_AddNumberToObject(o, "leases", m->leases);
             cJSON_AddNumberToObject(o, "published", (double)m->published);
@@ -207,8 +214,7 @@ static cJSON *drafter_json(struct coord *co)
     double tps = 0;
     uint64_t now = mono_ms();
     for (const struct member *m = co->members; m; m = m->next)     /* (a silent one's rate is stale) */
-        if (m->role == PROTO_ROLE_TARGET && !m->closing &&
-            now - m->last_seen_ms <= 2 * (uint64_t)co->cfg->coordinator.heartbeat_ms)
+        if (m->role == PROTO_ROLE_TARGET && !m->closing && !coord_silent(co, m, now))
             tps += m->hb.tokens_per_s;
     cJSON_AddNumberToObject(o, "target_tokens_per_s", tps);
     return o;

@@ -174,8 +174,8 @@ static int meta_u64(struct replay *rp, const char *key, uint64_t *v, int *code)
         const char *s = (const char *)sqlite3_column_text(q, 0);
         char *end;
         errno = 0;
-        *v = s ? strtoull(s, &end, 10) : 0;
-        if (!s || errno || end == s || *end)
+        *v = s && *s != '-' ? strtoull(s, &end, 10) : 0;
+        if (!s || *s == '-' || errno || end == s || *end)
             *code = fail(EX_BAD_INPUT, "%s: meta.%s: '%s' is not a number", rp->ledger_path, key, s ? s : "");
         found = 1;
     } else if (rc != SQLITE_DONE) {
@@ -203,8 +203,28 @@ static int open_ledger(struct replay *rp)
     if (!meta_u64(rp, "run_batches", &rp->run_batches, &code) || code)
         return code ? code : fail(EX_BAD_INPUT, "%s: meta.run_batches: missing (no drafter group formed: nothing was"
                                   " trained)", rp->ledger_path);
+    if (!rp->run_batches)
+        return fail(EX_BAD_INPUT, "%s: meta.run_batches: 0 (a run schedules at least one batch)", rp->ledger_path);
     if (!rp->topt.total_steps)
         rp->topt.total_steps = (int64_t)((rp->run_batches + (uint64_t)rp->world - 1) / (uint64_t)rp->world);
+    /* The group's size, while generation 1 is the last formed: one owner token a rank. */
+    uint64_t gen = 0;
+    if (!meta_u64(rp, "group_gen", &gen, &code) && code)
+        return code;
+    sqlite3_stmt *q = NULL;
+    if (gen == 1 && sqlite3_prepare_v2(rp->db, "SELECT value FROM meta WHERE key = 'group_tokens'", -1, &q, NULL) ==
+                        SQLITE_OK && sqlite3_step(q) == SQLITE_ROW && sqlite3_column_text(q, 0)) {
+        const char *toks = (const char *)sqlite3_column_text(q, 0);
+        int ranks = *toks ? 1 : 0;
+        for (const char *c = toks; *c; c++)
+            ranks += *c == ',';
+        if (ranks != rp->world) {
+            sqlite3_finalize(q);
+            return fail(EX_BAD_INPUT, "%s: drafter.world_size is %d, the run's drafter group had %d ranks (%s)",
+                        rp->d.config_path ? rp->d.config_path : "(defaults)", rp->world, ranks, rp->ledger_path);
+        }
+    }
+    sqlite3_finalize(q);
     return 0;
 }
 
@@ -300,22 +320,25 @@ static int read_rows(struct replay *rp)
         return fail(EX_BAD_INPUT, "%s: %" PRId64 " training rows of generation 1 up to step %" PRId64 " were rolled"
                     " back: a run rolled back there is not replayed", rp->ledger_path, rolled, rp->ckpt_step);
     if (sqlite3_prepare_v2(rp->db, "SELECT DISTINCT step, rank, batch FROM trains WHERE gen = 1 AND rolled_back = 0"
-                           " AND step BETWEEN 1 AND ?1 ORDER BY step, rank, batch", -1, &q, NULL) != SQLITE_OK)
+                           " AND step <= ?1 ORDER BY step, rank, batch", -1, &q, NULL) != SQLITE_OK)
         return sql_fail(rp, "trains");
     sqlite3_bind_int64(q, 1, rp->ckpt_step);
     size_t cap = 0;
     int rc = SQLITE_DONE, code = 0;
     while (!code && (rc = sqlite3_step(q)) == SQLITE_ROW) {
-        struct train_row t = { sqlite3_column_int64(q, 0), (uint32_t)sqlite3_column_int64(q, 1),
-                               (uint64_t)sqlite3_column_int64(q, 2) };
+        int64_t rank = sqlite3_column_int64(q, 1);     /* checked whole, before it is narrowed */
+        struct train_row t = { sqlite3_column_int64(q, 0), (uint32_t)rank, (uint64_t)sqlite3_column_int64(q, 2) };
         const struct train_row *prev = rp->n_rows ? &rp->rows[rp->n_rows - 1] : NULL;
-        if (sqlite3_column_int64(q, 1) < 0 || t.rank >= (uint32_t)rp->world)
+        if (t.step < 1)     /* a first step with nothing supervised anywhere keeps the count at 0 */
+            code = fail(EX_BAD_INPUT, "%s: trains: batch %" PRIu64 " at step %" PRId64 ": a step with nothing "
+                        "supervised, not replayable", rp->ledger_path, t.batch, t.step);
+        else if (rank < 0 || rank >= rp->world)
             code = fail(EX_BAD_INPUT, "%s: trains: batch %" PRIu64 " at step %" PRId64 " by rank %" PRId64 ", the"
                         " group has %d ranks (drafter.world_size)", rp->ledger_path, t.batch, t.step,
                         (int64_t)sqlite3_column_int64(q, 1), rp->world);
         else if (prev && prev->step == t.step && prev->rank == t.rank)
-            /* a step in which nothing was supervised anywhere takes no optimizer step: its batches
-             * carry the number of the step after them, which cannot be told apart */
+            /* a step in which nothing was supervised anywhere moves no step count: its batches carry
+             * the number of the step before them, and the two cannot be told apart */
             code = fail(EX_BAD_INPUT, "%s: trains: step %" PRId64 " has two batches of rank %u (%" PRIu64 " and %"
                         PRIu64 "): a step with nothing supervised, not replayable", rp->ledger_path, t.step, t.rank,
                         prev->batch, t.batch);
