@@ -594,6 +594,14 @@ void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section)
     }
 }
 
+int cfg_ledger_path(const struct dflash_cfg *cfg, char *buf, size_t len)
+{
+    int n = cfg->coordinator.ledger[0]
+                ? snprintf(buf, len, "%s", cfg->coordinator.ledger)
+                : snprintf(buf, len, "%s/%s-ledger.db", cfg->cluster.state_dir, cfg->cluster.name);
+    return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
 int cfg_parse_int_list(const char *s, int *out, int max)
 {
     char why[160];

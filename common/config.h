@@ -131,6 +131,10 @@ int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
 int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen);
 /* Print every key with its effective value, one per line ("section.key = value"). */
 void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section /* NULL = all */);
+
+/* The ledger's file: coordinator.ledger, or <state_dir>/<name>-ledger.db. 0, or -ENAMETOOLONG
+ * when it does not fit in len bytes. */
+int cfg_ledger_path(const struct dflash_cfg *cfg, char *buf, size_t len);
 /* Parse a comma list of layer ids (capture_layers) into out[]: decimal ids in [0, 2^20], no empty
  * items, no id twice. Returns the count, -E2BIG for more than max ids, or -EINVAL / -ERANGE. */
 int cfg_parse_int_list(const char *s, int *out, int max);

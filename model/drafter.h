@@ -94,6 +94,21 @@ static inline double drafter_metrics_accuracy(const struct drafter_metrics *m)
 static inline double drafter_metrics_accept_len(const struct drafter_metrics *m)
 { return m->accept_blocks > 0 ? m->accept_sum / m->accept_blocks : 0.0; }
 
+/* The metrics as the group's all-reduce sums them (floats), and back: the one conversion drafter-d
+ * and dflash-replay share, since the replay's sums must be the group's bit for bit. */
+static inline void drafter_metrics_to_floats(const struct drafter_metrics *m, float *out)
+{
+    const double *v = (const double *)m;
+    for (int i = 0; i < DRAFTER_METRICS_N; i++)
+        out[i] = (float)v[i];
+}
+static inline void drafter_metrics_from_floats(const float *in, struct drafter_metrics *m)
+{
+    double *v = (double *)m;
+    for (int i = 0; i < DRAFTER_METRICS_N; i++)
+        v[i] = in[i];
+}
+
 /* Optimizer settings (from [drafter] of the config). */
 struct drafter_train_opts {
     double lr;                  /* peak */

@@ -157,11 +157,7 @@ int main(int argc, char **argv)
         too_long |= snprintf(co->socket_path, sizeof co->socket_path, "%s/%s.sock", cfg->cluster.runtime_dir,
                              cfg->cluster.name) >= (int)sizeof co->socket_path;
     too_long |= snprintf(co->ring_name, sizeof co->ring_name, "/dflash-%s", cfg->cluster.name) >= (int)sizeof co->ring_name - 8;
-    if (cfg->coordinator.ledger[0])
-        too_long |= snprintf(co->ledger_path, sizeof co->ledger_path, "%s", cfg->coordinator.ledger) >= (int)sizeof co->ledger_path;
-    else
-        too_long |= snprintf(co->ledger_path, sizeof co->ledger_path, "%s/%s-ledger.db", cfg->cluster.state_dir,
-                             cfg->cluster.name) >= (int)sizeof co->ledger_path;
+    too_long |= cfg_ledger_path(cfg, co->ledger_path, sizeof co->ledger_path) < 0;
     if (too_long) {
         log_error(0, "cluster.name, the socket path (at most %zu bytes) or the ledger path is too long",
                   sizeof co->socket_path - 1);

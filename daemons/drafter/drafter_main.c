@@ -979,20 +979,6 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
 
 /* ---- one step ---------------------------------------------------------------------------- */
 
-static void metrics_to_floats(const struct drafter_metrics *m, float *out)
-{
-    const double *v = (const double *)m;
-    for (int i = 0; i < DRAFTER_METRICS_N; i++)
-        out[i] = (float)v[i];
-}
-
-static void floats_to_metrics(const float *in, struct drafter_metrics *m)
-{
-    double *v = (double *)m;
-    for (int i = 0; i < DRAFTER_METRICS_N; i++)
-        v[i] = in[i];
-}
-
 /* A claim with drafter.min_ready > 1 waits for that many READY slots, or drafter.ready_timeout_ms,
  * across the short slices the daemon waits in (its heartbeat and watchdog go on between them):
  * the wait's clock starts at the first claim after a slot was taken. */
@@ -1281,11 +1267,11 @@ static int iterate(struct dft *f)
     sm[SM_STOP] = (float)f->stop_vote;
     sm[SM_SEQS] = (float)n_seqs;
     sm[SM_NAN] = have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum)) ? 1.0f : 0.0f;
-    metrics_to_floats(&m, sm + SM_METRICS);
+    drafter_metrics_to_floats(&m, sm + SM_METRICS);
     if (f->coll && (r = coll_allreduce_sum(f->coll, sm, SM_N)) < 0)
         return broken_with(f, have, b, r);
     struct drafter_metrics gm;
-    floats_to_metrics(sm + SM_METRICS, &gm);
+    drafter_metrics_from_floats(sm + SM_METRICS, &gm);
     int ghave = (int)sm[SM_HAVE], gstop = sm[SM_STOP] > 0;
     struct drafter_step_info info = { .step = drafter_step_count(f->dr) };
     if (ghave > 0 && sm[SM_NAN] > 0) {

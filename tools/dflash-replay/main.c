@@ -144,10 +144,8 @@ static int setup_config(struct replay *rp)
         return key_fail(rp, "model", "path", "%s/config.json: drafter shape: %s", c->model.path, err);
     rp->world = (int)c->drafter.world_size;
     rp->topt = drafter_train_opts_from_cfg(c);
-    if (c->coordinator.ledger[0])
-        snprintf(rp->ledger_path, sizeof rp->ledger_path, "%s", c->coordinator.ledger);
-    else
-        snprintf(rp->ledger_path, sizeof rp->ledger_path, "%s/%s-ledger.db", c->cluster.state_dir, c->cluster.name);
+    if (cfg_ledger_path(c, rp->ledger_path, sizeof rp->ledger_path) < 0)
+        return key_fail(rp, "cluster", "state_dir", "the ledger's path is too long");
     return 0;
 }
 
@@ -576,15 +574,14 @@ static int replay_step(struct replay *rp, const struct train_row *rows, size_t n
         else
             for (size_t i = 0; i < dr->n_params; i++)
                 rp->sum[i] += dr->grads[i];
-        const double *v = (const double *)&m;
+        float mf[DRAFTER_METRICS_N];
+        drafter_metrics_to_floats(&m, mf);
         for (int k = 0; k < DRAFTER_METRICS_N; k++)
-            msum[k] = rank == 0 ? (float)v[k] : msum[k] + (float)v[k];
+            msum[k] = rank == 0 ? mf[k] : msum[k] + mf[k];
         seqs = rank == 0 ? (float)ns : seqs + (float)ns;
     }
     struct drafter_metrics gm;
-    double *g = (double *)&gm;
-    for (int k = 0; k < DRAFTER_METRICS_N; k++)
-        g[k] = msum[k];
+    drafter_metrics_from_floats(msum, &gm);
     memcpy(dr->grads, rp->sum, dr->n_params * sizeof(float));
     struct drafter_step_info info;
     int r = drafter_optimizer_step(dr, gm.weight_sum, &rp->topt, &info);
