@@ -6,7 +6,10 @@
 #    (the host made small with an LD_PRELOAD shim over sysconf(_SC_PHYS_PAGES), compiled here);
 #  - target-d and drafter-d on the CUDA backend with an instance index past this host's GPUs (on a
 #    host without any: index 0); the drafter's is not fatal to the cluster (test_exit_report). Not
-#    run in a build without CUDA.
+#    run in a build without CUDA;
+#  - target-d that cannot open the dataset the coordinator schedules (the path gone for it):
+#    reported to the coordinator as its exit, not fatal to the cluster; one replaced by a file
+#    that is no dataset fails the cluster.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -42,20 +45,37 @@ expect78() {
 CL_PIDS[target_mem]=$!
 expect78 target_mem "more than this host's .* GiB: lower ring.max_tokens"
 
-if "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o target.backend=cuda -t 2>&1 | grep -q "this build has no CUDA"; then
-  echo "(a build without CUDA: the device index cases are not run)"
-  exit 0
-fi
-n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [[ -n ${CUDA_VISIBLE_DEVICES+x} ]]; then   # the GPUs this process sees
-  n_gpu=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
-fi
-cl_start target_dev target-d -c "$CL_INI" -i "$n_gpu" -o target.backend=cuda
-expect78 target_dev "device $n_gpu: $n_gpu GPUs* visible to this process"
 cl_start_coord || fail "coordinator did not come up"
-cl_start drafter_dev drafter-d -c "$CL_INI" -i "$n_gpu" -o drafter.backend=cuda
-expect78 drafter_dev "device $n_gpu: $n_gpu GPUs* visible to this process"
+mv "$CL_DIR/data.bin" "$CL_DIR/data.away"     # the coordinator keeps its mapping of it
+cl_start target_data target-d -c "$CL_INI" -i 0
+expect78 target_data "data.bin: cannot open: No such file or directory"
+mv "$CL_DIR/data.away" "$CL_DIR/data.bin"
 "$CL_BIN/dflashctl" -s "$CL_SOCK" errors >"$CL_DIR/errors.txt" || fail "dflashctl errors"
-grep -q "drafter-d@$n_gpu exits: .*device $n_gpu: $n_gpu GPUs* visible" "$CL_DIR/errors.txt" &&
+grep -q "target-d@0 exits: .*data.bin: cannot open" "$CL_DIR/errors.txt" &&
   grep -q "errors: 1 (0 fatal)" "$CL_DIR/errors.txt" || fail "dflashctl errors: $(cat "$CL_DIR/errors.txt")"
 cl_status && [[ $(cl_json 's["state"]') == running ]] || fail "the cluster is not running: $(cl_json 's["state"]')"
+
+if "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o target.backend=cuda -t 2>&1 | grep -q "this build has no CUDA"; then
+  echo "(a build without CUDA: the device index cases are not run)"
+else
+  n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [[ -n ${CUDA_VISIBLE_DEVICES+x} ]]; then   # the GPUs this process sees
+    n_gpu=$(tr ',' '\n' <<<"$CUDA_VISIBLE_DEVICES" | grep -c .)
+  fi
+  cl_start target_dev target-d -c "$CL_INI" -i "$n_gpu" -o target.backend=cuda
+  expect78 target_dev "device $n_gpu: $n_gpu GPUs* visible to this process"
+  cl_start drafter_dev drafter-d -c "$CL_INI" -i "$n_gpu" -o drafter.backend=cuda
+  expect78 drafter_dev "device $n_gpu: $n_gpu GPUs* visible to this process"
+  "$CL_BIN/dflashctl" -s "$CL_SOCK" errors >"$CL_DIR/errors.txt" || fail "dflashctl errors"
+  grep -q "drafter-d@$n_gpu exits: .*device $n_gpu: $n_gpu GPUs* visible" "$CL_DIR/errors.txt" &&
+    grep -q "errors: 2 (0 fatal)" "$CL_DIR/errors.txt" || fail "dflashctl errors: $(cat "$CL_DIR/errors.txt")"
+  cl_status && [[ $(cl_json 's["state"]') == running ]] || fail "the cluster is not running: $(cl_json 's["state"]')"
+fi
+
+# a dataset file replaced (renamed over) by one that is not a dataset: nobody's restart mends
+# that, the cluster fails with the reason
+head -c 4096 /dev/urandom >"$CL_DIR/data.new" && mv "$CL_DIR/data.new" "$CL_DIR/data.bin"
+cl_start target_bad target-d -c "$CL_INI" -i 0
+expect78 target_bad "data.bin: not a dflash dataset (bad magic) (data.path: it was replaced"
+cl_wait_log "$CL_DIR/coord.log" "cluster .* -> failed: target-d@0: .*data.bin: not a dflash dataset" 30 ||
+  fail "the cluster did not fail: $(tail -3 "$CL_DIR/coord.log")"

@@ -618,17 +618,39 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
 }
 #endif
 
-static int attach(struct tgt *t, char *err, size_t errlen)
+/* Whether a failure to open the coordinator's dataset lasts: the file is not there for this
+ * daemon or not readable by its user (a unit's user or mount namespace unlike the
+ * coordinator's), or no longer a valid dataset. Short of memory or descriptors, or a read
+ * error, may pass with a restart. */
+static bool dataset_failure_lasts(int r)
+{
+    return r != -ENOMEM && r != -EMFILE && r != -ENFILE && r != -EIO && r != -EINTR && r != -EAGAIN;
+}
+
+/* Maps the ring and opens the dataset the WELCOME names. Fails with -DF_ELAYOUT where this
+ * daemon and the cluster do not agree (nobody's restart mends that), sets *this_only where
+ * only this daemon cannot run as set up (the others can), else the failure is one a restart
+ * may mend. */
+static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(t->cl);
+    *this_only = false;
     int r = peer_attach_ring(t->cl, t->sock, &t->ring, err, errlen);
     if (r < 0)
         return r;
     if ((r = check_ring_layout(t, err, errlen)) < 0)
         return r;
     r = dataset_open(&t->ds, w->dataset_path, DATASET_OPEN_NO_CHECKSUM, err, errlen);
-    if (r < 0)
+    if (r == -DF_EMAGIC || r == -DF_EVERSION || r == -DF_ETRUNC || r == -DF_EFORMAT || r == -DF_ERANGE) {
+        size_t n = strlen(err);
+        snprintf(err + n, errlen - n, " (data.path: it was replaced after the coordinator opened it; restart the "
+                 "coordinator on a valid dataset)");
+        return -DF_ELAYOUT;
+    }
+    if (r < 0) {
+        *this_only = dataset_failure_lasts(r);
         return r;
+    }
     if (t->ds.checksum != w->dataset_checksum) {
         snprintf(err, errlen, "%s: checksum %016" PRIx64 ", but the coordinator schedules a dataset of checksum %016" PRIx64
                  ": the file was replaced after the coordinator opened it (restart the coordinator to train on it)",
@@ -705,8 +727,16 @@ int main(int argc, char **argv)
         goto out;
     }
     target_set_progress(t->model, forward_progress, t);
-    if ((r = attach(t, err, sizeof err)) == -ESHUTDOWN) {
+    bool this_only;
+    if ((r = attach(t, &this_only, err, sizeof err)) == -ESHUTDOWN) {
         code = peer_connect_failed(&t->d, t->sock, r, err);
+        goto out;
+    }
+    if (r < 0 && this_only) {
+        /* the coordinator keeps why (a non-fatal error); no restart */
+        log_error(r, "%s", err);
+        peer_report_exit(&t->d, t->cl, r, &t->reported);
+        code = DAEMON_EX_CONFIG;
         goto out;
     }
     if (r < 0) {
