@@ -7,13 +7,14 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 8                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
+#define PROTO_VERSION 9                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
                                               4: lease numbers, SKIPPED; 5: dataset checksum and operator
                                               resume count in WELCOME, the count in CONTROL; 6: GROUP
                                               lists the batches kept from earlier generations that
                                               were leased more than once, and the run's batch count;
                                               7: the run's id in GROUP; 8: CKPT_BAD, QUERY checkpoints,
-                                              the skipped step in ERROR */
+                                              the skipped step in ERROR; 9: the drafter's H2D
+                                              time in HEARTBEAT */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -207,8 +208,9 @@ struct proto_heartbeat {
     double tokens_per_s;
     double loss, accuracy, accept_len, grad_norm, lr, idle_frac, step_ms; /* drafters */
     double ckpt_pause_ms, ckpt_write_ms;  /* drafter rank 0, last checkpoint: training stalled / written beside */
+    double h2d_ms;                  /* CUDA drafters: the last slot's copy to the GPU (0 on the CPU: read in place) */
 };
-_Static_assert(sizeof(struct proto_heartbeat) == 128, "wire size");
+_Static_assert(sizeof(struct proto_heartbeat) == 136, "wire size");
 
 struct proto_lease_request { uint32_t n; uint32_t pad; };
 _Static_assert(sizeof(struct proto_lease_request) == 8, "wire size");

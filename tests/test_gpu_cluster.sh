@@ -87,6 +87,10 @@ phase_kill() {
   cl_start $DR drafter-d -c "$CL_INI" -i $DI
   cl_wait 'step() >= 100 and len(targets()) == 1' 90 coord || fail "no training"
   cl_log "training: $(cl_json 's["drafter"]')"
+  # the slot's copy to the GPU is timed and shown
+  cl_wait 'drafters() and drafters()[0].get("h2d_ms", 0) > 0' 10 coord || fail "no H2D time in the drafter's heartbeat"
+  "$CL_BIN/dflashctl" -s "$CL_SOCK" daemons | grep -q "^drafter .*, h2d [0-9.]* ms" ||
+    fail "dflashctl daemons shows no h2d: $("$CL_BIN/dflashctl" -s "$CL_SOCK" daemons)"
   local k s0 s1
   for k in 1 2; do
     cl_wait '[t for t in targets() if t.get("published", 0) >= 10]' 30 coord || fail "target 0 is not publishing"

@@ -40,5 +40,7 @@ cl_wait 'all(d["tokens_per_s"] == 0 and not d["silent"] for d in targets() + dra
 "$CL_BIN/dflashctl" -s "$CL_SOCK" daemons >"$CL_DIR/daemons.txt"
 grep -q "^target .* 0 tok/s" "$CL_DIR/daemons.txt" && grep -q "^drafter .* group 0 tok/s" "$CL_DIR/daemons.txt" ||
   fail "dflashctl daemons after the pause: $(cat "$CL_DIR/daemons.txt")"
+cl_never "$CL_DIR/daemons.txt" ", h2d %.2f ms" "^drafter .*, h2d" "a CPU drafter (it reads the slot in place) shows an H2D time"
+[[ $(cl_json 'drafters()[0]["h2d_ms"]') == 0 ]] || fail "a CPU drafter's h2d_ms: $(cl_json 'drafters()[0]["h2d_ms"]')"
 cat "$CL_DIR/daemons.txt"
 echo "ok: slot wait grows with a full ring, a stopped target is silent, rates fall to 0 when paused"

@@ -38,6 +38,7 @@ static void add_timings(cJSON *o, int role, const struct proto_heartbeat *hb)
         cJSON_AddNumberToObject(o, "tokens_per_s", hb->tokens_per_s);
         cJSON_AddNumberToObject(o, "idle_frac", hb->idle_frac);
         cJSON_AddNumberToObject(o, "step_ms", hb->step_ms);
+        cJSON_AddNumberToObject(o, "h2d_ms", hb->h2d_ms);
         cJSON_AddNumberToObject(o, "ckpt_pause_ms", hb->ckpt_pause_ms);
         cJSON_AddNumberToObject(o, "ckpt_write_ms", hb->ckpt_write_ms);
         cJSON_AddNumberToObject(o, "batches_done", (double)hb->batches_done);

@@ -92,6 +92,8 @@ static void show_daemon_rows(const cJSON *daemons)
             int n = snprintf(detail, sizeof detail, "rank %.0f, step %.0f (%.0f ms), loss %.4g, acc %.3f, group %.0f tok/s,"
                              " idle %.0f%%", num(d, "rank"), num(d, "step"), num(d, "step_ms"), num(d, "loss"),
                              num(d, "accuracy"), num(d, "tokens_per_s"), 100 * num(d, "idle_frac"));
+            if (num(d, "h2d_ms") > 0 && n > 0 && (size_t)n < sizeof detail)   /* CUDA: the slot's copy */
+                n += snprintf(detail + n, sizeof detail - (size_t)n, ", h2d %.2f ms", num(d, "h2d_ms"));
             if (num(d, "ckpt_write_ms") > 0 && n > 0 && (size_t)n < sizeof detail)
                 snprintf(detail + n, sizeof detail - (size_t)n, ", ckpt pause %.0f ms + write %.0f ms",
                          num(d, "ckpt_pause_ms"), num(d, "ckpt_write_ms"));

@@ -151,6 +151,7 @@ struct dft {
     struct rate_window rate;    /* ... and their rate over the last ~10 s (heartbeats, status) */
     double hb_tokens_per_s;
     double ckpt_pause_ms, ckpt_write_ms;    /* rank 0's last checkpoint */
+    double h2d_ms;              /* CUDA: the copy of the last batch taken into a step, into the GPU */
     double idle_s;              /* total time waiting for slots with nothing to compute */
     uint64_t last_step_end_ns;
 
@@ -548,6 +549,7 @@ static void set_heartbeat(struct dft *f)
         .step_ms = f->step_ms,
         .ckpt_pause_ms = f->ckpt_pause_ms,
         .ckpt_write_ms = f->ckpt_write_ms,
+        .h2d_ms = f->h2d_ms,
     };
     client_set_heartbeat(f->cl, &hb);
 }
@@ -1178,9 +1180,9 @@ static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const
     fprintf(f->metrics,
             ",\"loss\":%.6g,\"accuracy\":%.6g,\"accept_len\":%.6g,\"grad_norm\":%.6g"
             ",\"lr\":%.6g,\"tokens\":%.0f,\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"idle_frac\":%.3f"
-            ",\"samples\":%" PRIu64 ",\"idle_s\":%.3f}\n",
+            ",\"h2d_ms\":%.3f,\"samples\":%" PRIu64 ",\"idle_s\":%.3f}\n",
             drafter_metrics_loss(gm), drafter_metrics_accuracy(gm), drafter_metrics_accept_len(gm), info->grad_norm,
-            info->lr, gm->tokens, f->tokens_per_s, f->step_ms, f->idle_frac, f->ts.samples, f->idle_s);
+            info->lr, gm->tokens, f->tokens_per_s, f->step_ms, f->idle_frac, f->h2d_ms, f->ts.samples, f->idle_s);
     fflush(f->metrics);
 }
 
@@ -1483,6 +1485,7 @@ static int enqueue_batch(struct dft *f, struct batch_ref *b, uint32_t *epoch, ui
                      lost == 1 ? "" : "es");
         if (!fb)
             break;
+        f->h2d_ms = feed_last_copy_ms(f->feed);     /* its copy, or a later one, is complete */
         char err[512];
         int r = obj_batch_check(&fb->b, f->dc.vocab_size, err, sizeof err);
         if (r < 0) {

@@ -20,6 +20,8 @@ struct feed {
     cudaStream_t copy;
     void *dev[FEED_DEPTH];
     cudaEvent_t copied[FEED_DEPTH];     /* per buffer: its last H2D has completed */
+    cudaEvent_t started[FEED_DEPTH];    /* ... and has begun (after the waits ordering it) */
+    double copy_ms;                     /* the last copy known complete: its time on the copy stream */
     uint32_t *tokens[FEED_DEPTH];       /* per buffer: host copies of the slot's small arrays */
     uint8_t *mask[FEED_DEPTH];
     int32_t *cu[FEED_DEPTH];
@@ -65,8 +67,13 @@ int feed_create(struct feed **out, struct ring *ring, int device, int *pinned, c
             r = fail(err, errlen, "device buffer for one slot's hidden states");
             goto fail;
         }
-        if (cudaEventCreateWithFlags(&f->copied[i], cudaEventDisableTiming) != cudaSuccess) {
+        if (cudaEventCreate(&f->copied[i]) != cudaSuccess) {
             f->copied[i] = NULL;
+            r = fail(err, errlen, "event");
+            goto fail;
+        }
+        if (cudaEventCreate(&f->started[i]) != cudaSuccess) {
+            f->started[i] = NULL;
             r = fail(err, errlen, "event");
             goto fail;
         }
@@ -98,6 +105,8 @@ void feed_free(struct feed *f)
             cudaFree(f->dev[i]);
         if (f->copied[i])
             cudaEventDestroy(f->copied[i]);
+        if (f->started[i])
+            cudaEventDestroy(f->started[i]);
         free(f->tokens[i]);
         free(f->mask[i]);
         free(f->cu[i]);
@@ -112,6 +121,11 @@ void feed_free(struct feed *f)
 int feed_count(const struct feed *f)
 {
     return f->n;
+}
+
+double feed_last_copy_ms(const struct feed *f)
+{
+    return f->copy_ms;
 }
 
 static struct feed_entry *at(struct feed *f, int i)
@@ -141,7 +155,7 @@ int feed_stage(struct feed *f, unsigned slot)
     memcpy(f->mask[buf], ring_slot_loss_mask(f->ring, slot), n_tokens);
     memcpy(f->cu[buf], ring_slot_cu_seqlens(f->ring, slot), ((size_t)n_seqs + 1) * sizeof *f->cu[buf]);
     size_t pitch = ring_hidden_pitch(f->ring);
-    if (cudaSetDevice(f->device) != cudaSuccess ||
+    if (cudaSetDevice(f->device) != cudaSuccess || cudaEventRecord(f->started[buf], f->copy) != cudaSuccess ||
         cudaMemcpyAsync(f->dev[buf], ring_slot_hidden(f->ring, slot), (size_t)n_tokens * pitch,
                         cudaMemcpyHostToDevice, f->copy) != cudaSuccess ||
         cudaEventRecord(f->copied[buf], f->copy) != cudaSuccess) {
@@ -170,6 +184,11 @@ static int release(struct feed *f, struct feed_entry *e, int wait)
         return 0;
     if (st != cudaSuccess)
         return -DF_ECUDA;
+    float ms;   /* both events are complete: no wait */
+    if (cudaEventElapsedTime(&ms, f->started[e->fb.buf], f->copied[e->fb.buf]) == cudaSuccess)
+        f->copy_ms = ms;
+    else
+        (void)cudaGetLastError();
     e->fb.held = 0;
     if (ring_release(f->ring, e->fb.slot) == -DF_ESTATE) {
         /* Reclaimed while we copied it (we were taken for dead): another writer may have

@@ -28,6 +28,10 @@ void feed_free(struct feed *f);
 
 int feed_count(const struct feed *f);
 
+/* The H2D time of the last slot whose copy was found complete (ms on the copy stream, from its
+ * start to its end, not the wait before it for the buffer to be free); 0 before the first. */
+double feed_last_copy_ms(const struct feed *f);
+
 /* Claimed READY slot -> staged: copies its header arrays to host memory, enqueues the H2D of its
  * hidden states. Needs feed_count() < FEED_DEPTH. 0, or -DF_ECUDA (the slot is requeued). */
 int feed_stage(struct feed *f, unsigned slot);
