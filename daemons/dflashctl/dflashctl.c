@@ -169,26 +169,6 @@ static void show_status(const cJSON *s)
     show_errors_rows(obj(s, "errors"));
 }
 
-static void show_ring(const cJSON *r)
-{
-    printf("ring %s: %.0f slots of %.0f tokens (hidden %.0f x %.0f layers): free %.0f, writing %.0f, ready %.0f, reading %.0f\n",
-           str(r, "name"), num(r, "slots"), num(r, "max_tokens"), num(r, "hidden"), num(r, "layers"), num(r, "free"),
-           num(r, "writing"), num(r, "ready"), num(r, "reading"));
-    printf("%5s %-8s %8s %10s %12s %8s %10s\n", "SLOT", "STATE", "OWNER", "SEQ", "BATCH", "TOKENS", "AGE");
-    const cJSON *s;
-    cJSON_ArrayForEach(s, obj(r, "slot_list")) {
-        char batch[32] = "-", owner[16] = "-";
-        if (num(s, "seq") > 0 || strcmp(str(s, "state"), "FREE"))
-            snprintf(batch, sizeof batch, "%.0f:%.0f", num(s, "epoch"), num(s, "index"));
-        if (num(s, "pid") > 0)
-            snprintf(owner, sizeof owner, "%.0f", num(s, "pid"));
-        printf("%5.0f %-8s %8s %10.0f %12s %8.0f %8.1f s%s\n", num(s, "slot"), str(s, "state"), owner, num(s, "seq"),
-               batch, num(s, "tokens"), num(s, "age_ms") / 1000, cJSON_IsTrue(obj(s, "stuck")) ? " STUCK" : "");
-    }
-}
-
-static void show_daemons(const cJSON *d) { show_daemon_rows(obj(d, "daemons")); }
-
 static const char *num_or_dash(char *buf, size_t n, double v, int have)
 {
     if (have)
@@ -197,6 +177,31 @@ static const char *num_or_dash(char *buf, size_t n, double v, int have)
         snprintf(buf, n, "-");
     return buf;
 }
+
+static void show_ring(const cJSON *r)
+{
+    printf("ring %s: %.0f slots of %.0f tokens (hidden %.0f x %.0f layers): free %.0f, writing %.0f, ready %.0f, reading %.0f\n",
+           str(r, "name"), num(r, "slots"), num(r, "max_tokens"), num(r, "hidden"), num(r, "layers"), num(r, "free"),
+           num(r, "writing"), num(r, "ready"), num(r, "reading"));
+    printf("%5s %-8s %8s %10s %12s %8s %10s\n", "SLOT", "STATE", "OWNER", "SEQ", "BATCH", "TOKENS", "AGE");
+    const cJSON *s;
+    cJSON_ArrayForEach(s, obj(r, "slot_list")) {
+        char batch[32] = "-", owner[16] = "-", seq[24], tokens[16];
+        /* A slot's seq, batch and tokens are those of the last payload published in it: a WRITING
+         * slot's are of the one before the payload being written, whose batch is not known yet. */
+        int writing = !strcmp(str(s, "state"), "WRITING");
+        if (!writing && (num(s, "seq") > 0 || strcmp(str(s, "state"), "FREE")))
+            snprintf(batch, sizeof batch, "%.0f:%.0f", num(s, "epoch"), num(s, "index"));
+        if (num(s, "pid") > 0)
+            snprintf(owner, sizeof owner, "%.0f", num(s, "pid"));
+        printf("%5.0f %-8s %8s %10s %12s %8s %8.1f s%s\n", num(s, "slot"), str(s, "state"), owner,
+               num_or_dash(seq, sizeof seq, num(s, "seq"), !writing), batch,
+               num_or_dash(tokens, sizeof tokens, num(s, "tokens"), !writing), num(s, "age_ms") / 1000,
+               cJSON_IsTrue(obj(s, "stuck")) ? " STUCK" : "");
+    }
+}
+
+static void show_daemons(const cJSON *d) { show_daemon_rows(obj(d, "daemons")); }
 
 static void show_batches(const cJSON *b)
 {
