@@ -59,6 +59,12 @@ int coord_ring_layout(struct coord *co, char *err, size_t errlen)
             return daemon_key_error(d, "model", "capture_layers", err, errlen,
                                     "layer id %d is out of range [0, %d) of %s/config.json", ids[i],
                                     n_layers ? n_layers : INT_MAX, cfg->model.path);
+    /* ring_create refuses this too, but the keys' own ranges allow it: refused there, the start
+     * would exit 1 and be restarted into the same refusal every second. */
+    if (cfg->ring.max_seqs > cfg->ring.max_tokens)
+        return daemon_key_error(d, "ring", "max_seqs", err, errlen, "%lld is more than ring.max_tokens %lld: every "
+                                "sequence in a slot has a token", (long long)cfg->ring.max_seqs,
+                                (long long)cfg->ring.max_tokens);
     lay->nslots = (uint32_t)cfg->ring.slots;
     lay->hidden = (uint32_t)hidden;
     lay->n_layers = (uint32_t)n;
