@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -529,6 +530,25 @@ fail_close:
 }
 
 void ring_trust_user(uid_t uid) { atomic_store(&g_trust_uid, uid); }
+
+int ring_hold(const char *name, char *err, size_t errlen)
+{
+    int rc = name_check(name, err, errlen);
+    if (rc < 0)
+        return rc;
+    int fd = fileio_shm_open(name, O_RDONLY, NULL);
+    if (fd < 0) {
+        snprintf(err, errlen, "ring %s: %s", name, strerror(-fd));
+        return fd;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+        close(fd);
+        snprintf(err, errlen, "ring %s: %s", name, rc == -EBUSY ? "held by another process" : strerror(-rc));
+        return rc;
+    }
+    return fd;
+}
 
 int ring_same_object(const struct ring *r, const char *name)
 {

@@ -88,6 +88,13 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
  * which made the ring). (uid_t)-1 takes that back. Process-wide. */
 void ring_trust_user(uid_t uid);
 
+/* Hold the shm object now called `name` for this process: an exclusive flock on it, let go when the
+ * returned fd (O_CLOEXEC) is closed or the process ends. The coordinator holds its ring so that a
+ * second coordinator under the same ring name (another cluster of that name) takes over, remakes
+ * or replaces nothing in use. The fd, or -EBUSY (another process holds it), -ENOENT, -errno;
+ * err says which object and why. */
+int ring_hold(const char *name, char *err, size_t errlen);
+
 /* Unmap and free the handle (NULL is fine). Slots this handle still holds stay claimed
  * until reclaimed: detaching is not releasing. */
 void ring_detach(struct ring *r);

@@ -215,6 +215,7 @@ struct coord {
     uint64_t stall_logged_ms;       /* when a stall was last logged (mono) */
     int exit_code;
     bool ring_created;
+    int ring_lock;                  /* coord_ring_open: the ring's object held (ring_hold) for the process's life */
     struct ring_layout lay;         /* the ring's, from the config (coord_ring_layout) */
     uint64_t ring_checked_ms;       /* coord_ring_check: when the name was last looked up (mono) */
     uint64_t refusals_window_ms, refusals_logged, refusals_unlogged;   /* coord_refuse's log limit */

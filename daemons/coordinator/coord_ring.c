@@ -76,16 +76,41 @@ int coord_ring_layout(struct coord *co, char *err, size_t errlen)
     return 0;
 }
 
+/* Hold the object now named by the ring into co->ring_lock (-1 when there is none or it cannot be
+ * opened: the attach says why). -EINVAL naming cluster.name when another coordinator holds it: a
+ * cluster of the same name beside this one, with its own runtime_dir (their locks there never
+ * meet) and the same ring, which this one would otherwise take over or replace under it, the two
+ * runs training on each other's batches. */
+static int hold_ring(struct coord *co, char *err, size_t errlen)
+{
+    char why[300];
+    int fd = ring_hold(co->ring_name, why, sizeof why);
+    co->ring_lock = fd < 0 ? -1 : fd;
+    if (fd == -EBUSY)
+        return daemon_key_error(&co->d, "cluster", "name", err, errlen, "ring %s is held by another coordinator: a "
+                                "cluster of the same name runs beside this one (each needs a name of its own)",
+                                co->ring_name);
+    return 0;
+}
+
 int coord_ring_open(struct coord *co, char *err, size_t errlen)
 {
     const struct ring_layout lay = co->lay;     /* coord_ring_layout */
     int r;
     char why[512];
+    /* Before anything is looked at: a coordinator that holds the ring it maps is the one using it. */
+    if ((r = hold_ring(co, err, errlen)) < 0)
+        return r;
     for (int attempt = 0; attempt < 50; attempt++) {
         r = ring_attach(&co->ring, co->ring_name, &lay, 0, why, sizeof why);
         if (r != -EAGAIN)
             break;
         usleep(20000);
+    }
+    if (r == 0 && co->ring_lock < 0 && (r = hold_ring(co, err, errlen)) < 0) {
+        ring_detach(co->ring);      /* made by another coordinator since this one looked */
+        co->ring = NULL;
+        return r;
     }
     if (r == 0) {
         struct ring_reclaim rc = { 0 };
@@ -118,6 +143,13 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
     r = ring_create(&co->ring, co->ring_name, &lay, &opts, err, errlen);
     if (r < 0)
         return r;
+    if (co->ring_lock >= 0)
+        close(co->ring_lock);       /* the object replaced */
+    if ((r = hold_ring(co, err, errlen)) < 0) {
+        ring_detach(co->ring);      /* taken by another coordinator as soon as it was made */
+        co->ring = NULL;
+        return r;
+    }
     co->ring_created = true;
     log_notice("created ring %s: %u slots of %u tokens, hidden %u x %u layers", co->ring_name, lay.nslots,
                lay.max_tokens, lay.hidden, lay.n_layers);
