@@ -138,7 +138,10 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
         log_warn(0, "replacing incompatible ring %s: %s", co->ring_name, why);
         flags = RING_CREATE_REPLACE;
     }
-    struct ring_create_opts opts = { .mode = 0660, .gid = co->allowed_gid == (gid_t)-1 ? -1 : (int)co->allowed_gid,
+    /* Without cluster.group the ring is the user's alone, as the socket is (SO_PEERCRED): 0660 would
+     * give it to the coordinator's primary group, on some systems every user's. */
+    bool grp = co->allowed_gid != (gid_t)-1;
+    struct ring_create_opts opts = { .mode = grp ? 0660 : 0600, .gid = grp ? (int)co->allowed_gid : -1,
                                      .stuck_writing_ms = (uint32_t)co->cfg->ring.stuck_writing_ms, .flags = flags };
     r = ring_create(&co->ring, co->ring_name, &lay, &opts, err, errlen);
     if (r < 0)
