@@ -1,6 +1,7 @@
 /* test_ring_mode.c: the ring's shm object is the coordinator's user's alone without cluster.group
  * ("empty = owner only": the coordinator's primary group, which may be every user's, gets nothing),
- * and that group's (mode 0660) with it. */
+ * and that group's (mode 0660) with it; a ring re-attached by a coordinator restarted with another
+ * cluster.group is given the new one's access. */
 #include <grp.h>
 #include "tests/test_coord_util.h"
 
@@ -10,8 +11,9 @@ static void cleanup(void)
     ring_unlink(TC.ring);
 }
 
-/* Mode and group of the ring of a coordinator started on the config as tc_setup wrote it. */
-static void ring_mode(struct stat *st)
+/* Start the coordinator on the config as tc_setup wrote it, and SIGKILL it (the ring stays)
+ * once *st is the ring's. */
+static void ring_stat(struct stat *st)
 {
     tc_start_coord();
     char path[200];
@@ -20,29 +22,50 @@ static void ring_mode(struct stat *st)
     fprintf(stderr, "ring %s: mode %04o, gid %u\n", TC.ring, (unsigned)(st->st_mode & 07777), (unsigned)st->st_gid);
     tc_kill(TC.coord);
     TC.coord = 0;
-    CHECK_OK(ring_unlink(TC.ring));
-    unlink(TC.ledger);
+}
+
+/* A group the coordinator may give the ring to, other than its primary one where it can. */
+static struct group *some_group(void)
+{
+    gid_t gs[64];
+    int n = getgroups(64, gs);
+    for (int i = 0; i < n; i++)
+        if (gs[i] != getegid() && getgrgid(gs[i]))
+            return getgrgid(gs[i]);
+    struct group *g = geteuid() == 0 ? getgrnam("nogroup") : NULL;
+    return g ? g : getgrgid(getegid());
 }
 
 int main(void)
 {
     atexit(cleanup);
+    struct group *g = some_group();
+    if (!g)
+        SKIP("no group to give the ring to");
+    gid_t gid = g->gr_gid;
+    char with_group[200];
+    snprintf(with_group, sizeof with_group, "group = %s\n", g->gr_name);
     tc_setup(NULL, NULL);
     tc_dataset(TC.data, 50, 8, 100, 500);
     struct stat st;
-    ring_mode(&st);
+
+    /* made without a group */
+    ring_stat(&st);
     CHECK_INT(st.st_mode & 07777, ==, 0600);
     CHECK_INT(st.st_uid, ==, geteuid());
-
-    /* a group this user is in: its primary one */
-    struct group *g = getgrgid(getegid());
-    if (!g)
-        SKIP("the primary group %u has no name", (unsigned)getegid());
-    char extra[200];
-    snprintf(extra, sizeof extra, "group = %s\n", g->gr_name);
-    tc_setup(extra, NULL);
-    ring_mode(&st);
+    /* re-attached after a crash by a coordinator whose cluster.group changed meanwhile */
+    tc_setup(with_group, NULL);
+    ring_stat(&st);
     CHECK_INT(st.st_mode & 07777, ==, 0660);
-    CHECK_INT(st.st_gid, ==, getegid());
+    CHECK_INT(st.st_gid, ==, gid);
+    tc_setup(NULL, NULL);
+    ring_stat(&st);
+    CHECK_INT(st.st_mode & 07777, ==, 0600);
+    /* made with a group */
+    CHECK_OK(ring_unlink(TC.ring));
+    tc_setup(with_group, NULL);
+    ring_stat(&st);
+    CHECK_INT(st.st_mode & 07777, ==, 0660);
+    CHECK_INT(st.st_gid, ==, gid);
     return 0;
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
 #include "common/log.h"
@@ -93,6 +94,26 @@ static int hold_ring(struct coord *co, char *err, size_t errlen)
     return 0;
 }
 
+/* The ring's access as cluster.group says: 0660 and that group, else 0600, the user's alone as the
+ * socket is (SO_PEERCRED): 0660 would give it to the coordinator's primary group, on some systems
+ * every user's. */
+static unsigned ring_mode(const struct coord *co)
+{
+    return co->allowed_gid != (gid_t)-1 ? 0660 : 0600;
+}
+
+/* A re-attached ring was made under the cluster.group of an earlier start: it gets this one's. */
+static void ring_set_access(const struct coord *co)
+{
+    if (co->ring_lock < 0)
+        return;
+    /* the group first: the old one never has the new mode */
+    if ((co->allowed_gid != (gid_t)-1 && fchown(co->ring_lock, (uid_t)-1, co->allowed_gid) < 0) ||
+        fchmod(co->ring_lock, ring_mode(co)) < 0)
+        log_warn(-errno, "ring %s: cannot give it mode %o%s%s", co->ring_name, ring_mode(co),
+                 co->cfg->cluster.group[0] ? " and group " : "", co->cfg->cluster.group);
+}
+
 int coord_ring_open(struct coord *co, char *err, size_t errlen)
 {
     const struct ring_layout lay = co->lay;     /* coord_ring_layout */
@@ -113,6 +134,7 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
         return r;
     }
     if (r == 0) {
+        ring_set_access(co);
         struct ring_reclaim rc = { 0 };
         ring_reclaim_dead(co->ring, &rc);
         log_notice("re-attached ring %s (%u slots); slots of dead owners: %u WRITING freed, %u READING requeued",
@@ -138,10 +160,8 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
         log_warn(0, "replacing incompatible ring %s: %s", co->ring_name, why);
         flags = RING_CREATE_REPLACE;
     }
-    /* Without cluster.group the ring is the user's alone, as the socket is (SO_PEERCRED): 0660 would
-     * give it to the coordinator's primary group, on some systems every user's. */
-    bool grp = co->allowed_gid != (gid_t)-1;
-    struct ring_create_opts opts = { .mode = grp ? 0660 : 0600, .gid = grp ? (int)co->allowed_gid : -1,
+    struct ring_create_opts opts = { .mode = ring_mode(co),
+                                     .gid = co->allowed_gid == (gid_t)-1 ? -1 : (int)co->allowed_gid,
                                      .stuck_writing_ms = (uint32_t)co->cfg->ring.stuck_writing_ms, .flags = flags };
     r = ring_create(&co->ring, co->ring_name, &lay, &opts, err, errlen);
     if (r < 0)
