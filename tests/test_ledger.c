@@ -1,6 +1,9 @@
 /* test_ledger.c: the SQLite ledger: committed writes survive a SIGKILL, uncommitted ones
  * vanish, reopen reads everything back, the audit counts exactly-once training. */
+#include <linux/capability.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "daemons/coordinator/ledger.c"
@@ -136,12 +139,44 @@ static void checkpoints_and_schema_1(const char *dir)
     unlink(path);
 }
 
+/* A ledger this process may not write (mode 0444; root drops its capabilities in the child, so
+ * the mode holds for it too) is refused at open, naming the file: SQLite would open it read-only
+ * and only the first write fail, the coordinator exiting 1 into a restart that fails the same. */
+static void read_only_file(const char *dir)
+{
+    char path[600], err[512];
+    snprintf(path, sizeof path, "%s/readonly.db", dir);
+    unlink(path);
+    struct ledger *l;
+    CHECK_OK(ledger_open(&l, path, err, sizeof err));
+    CHECK_OK(ledger_meta_set(l, "k", "v"));
+    CHECK_OK(ledger_commit(l, err, sizeof err));
+    ledger_close(l);
+    CHECK(chmod(path, 0444) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3 };
+        struct __user_cap_data_struct none[2] = { { 0 } };
+        if (syscall(SYS_capset, &h, none) < 0)
+            _exit(2);
+        int r = ledger_open(&l, path, err, sizeof err);
+        printf("expected error: %s\n", r < 0 ? err : "(opened)");
+        fflush(stdout);
+        _exit(r == -EACCES && strstr(err, path) && strstr(err, "may not write it") ? 0 : 1);
+    }
+    int st;
+    CHECK_INT(waitpid(pid, &st, 0), ==, pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    unlink(path);
+}
+
 int main(void)
 {
     char path[512], err[512];
     snprintf(path, sizeof path, "%s/ledger.db", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     foreign_db(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     checkpoints_and_schema_1(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    read_only_file(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     struct ledger *l;
     CHECK_OK(ledger_open(&l, path, err, sizeof err));
     for (uint32_t i = 0; i < 100; i++) {

@@ -207,6 +207,15 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
     const char *what = "open";
     if (rc != SQLITE_OK)
         goto fail;
+    /* A file this process may not write (another user's, mode 0444) is opened read-only without
+     * a word: the start would pass and the first write fail, exiting 1 into a restart that fails
+     * the same way, batch after batch. It is the operator's to mend: said now, once. */
+    if (sqlite3_db_readonly(l->db, "main") == 1) {
+        snprintf(err, errlen, "%s: opened read-only, this process may not write it (its owner, mode or file "
+                 "system): the coordinator records every batch in it", path);
+        ledger_close(l);
+        return -EACCES;
+    }
     sqlite3_busy_timeout(l->db, 5000);
     /* The schema's version: 0 (a new file, or one from before it was kept) is this one. A
      * newer one is refused rather than misread (before the table check below: a newer schema
