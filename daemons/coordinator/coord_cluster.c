@@ -1710,6 +1710,47 @@ int coord_dataset_open(struct coord *co, struct dataset *ds, unsigned flags, cha
     return r;
 }
 
+/* What the schedule is made from (sched_fingerprint's inputs), as the ledger keeps each: a
+ * ledger refused for another schedule names what changed, not only that a hash differs. */
+struct sched_input {
+    const char *key;
+    uint64_t value;
+};
+#define SCHED_INPUTS 6
+
+static void schedule_inputs(const struct coord *co, struct sched_input in[SCHED_INPUTS])
+{
+    in[0] = (struct sched_input){ "data.seed", co->sp.seed };
+    in[1] = (struct sched_input){ "data.token_budget", co->sp.token_budget };
+    in[2] = (struct sched_input){ "data.max_seq_len", co->sp.max_seq_len };
+    in[3] = (struct sched_input){ "data.bucket_width", co->sp.bucket_width };
+    in[4] = (struct sched_input){ "ring.max_seqs", co->sp.max_seqs };
+    in[5] = (struct sched_input){ "data.path samples", co->ds.n_samples };
+}
+
+/* "; data.seed was 42, is 7" for each input the ledger recorded otherwise; "; the same settings
+ * and number of samples, other sample lengths" when none differs; "" for a ledger from before
+ * the inputs were kept. */
+static void schedule_changes(struct coord *co, char *out, size_t len)
+{
+    struct sched_input in[SCHED_INPUTS];
+    schedule_inputs(co, in);
+    size_t n = 0;
+    bool kept = false;
+    out[0] = 0;
+    for (size_t i = 0; i < SCHED_INPUTS; i++) {
+        uint64_t was;
+        if (ledger_meta_get_u64(co->ledger, in[i].key, &was) != 1)
+            continue;
+        kept = true;
+        if (was != in[i].value && n < len)
+            n += (size_t)snprintf(out + n, len - n, "; %s was %" PRIu64 ", is %" PRIu64, in[i].key, was,
+                                  in[i].value);
+    }
+    if (kept && !out[0])
+        snprintf(out, len, "; the same settings and number of samples, other sample lengths");
+}
+
 int coord_cluster_init(struct coord *co, char *err, size_t errlen)
 {
     const struct dflash_cfg *cfg = co->cfg;
@@ -1781,10 +1822,18 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         ledger_meta_set(co->ledger, "dataset", cfg->data.path);
         ledger_meta_set_u64(co->ledger, "created_ms", wall_ms());
     } else if (strcmp(old, fp)) {
-        snprintf(err, errlen, "%s was written for another dataset or schedule (fingerprint %s, now %s): "
-                 "move it away to start a new run (with the drafters' checkpoint folder)", co->ledger_path, old, fp);
+        char what[400];
+        schedule_changes(co, what, sizeof what);
+        snprintf(err, errlen, "%s was written for another dataset or schedule (fingerprint %s, now %s%s): "
+                 "move it away to start a new run (with the drafters' checkpoint folder)", co->ledger_path, old, fp,
+                 what);
         return -DF_ELAYOUT;
     }
+    /* (also into a ledger from before they were kept, whose fingerprint matched) */
+    struct sched_input in[SCHED_INPUTS];
+    schedule_inputs(co, in);
+    for (size_t i = 0; i < SCHED_INPUTS; i++)
+        ledger_meta_set_u64(co->ledger, in[i].key, in[i].value);
     /* The schedule only sees lengths: a dataset replaced by one of the same lengths is told by
      * its checksum (the batches trained so far hold the old one's tokens). */
     uint64_t sum;
