@@ -374,6 +374,26 @@ static void fail_at(struct load_ctx *c, int lineno, int code, const char *fmt, .
     c->fail_line = lineno;
 }
 
+/* A "[section]" line with more after its ']' than blanks and a comment: -EINVAL with the
+ * reason in why. inih drops that text unseen, so "[ring] slots = 4" would leave ring.slots at
+ * its default without a word. */
+static int check_section_line(const char *line, int lineno, char *why, size_t whylen)
+{
+    if (lineno == 1 && !strncmp(line, "\xef\xbb\xbf", 3))
+        line += 3;  /* inih skips a UTF-8 BOM */
+    line += strspn(line, " \t\r\n\v\f");
+    const char *close = line[0] == '[' ? strchr(line, ']') : NULL;
+    if (!close)
+        return 0;   /* no section line, or one without ']': inih's syntax error */
+    const char *tail = close + 1 + strspn(close + 1, " \t\r\n\v\f");
+    if (!*tail || *tail == ';' || *tail == '#')
+        return 0;
+    int name = (int)(close + 1 - line), n = (int)strcspn(tail, "\r\n");
+    snprintf(why, whylen, "%.*s: '%.*s' after the section name (a key goes on a line of its own)",
+             name < 60 ? name : 60, line, n < 60 ? n : 60, tail);
+    return -EINVAL;
+}
+
 /* inih reads one line per call, so the line count at handler time is its line. A line that
  * does not fit inih's buffer would come back in pieces, the tail parsed as a line of its own
  * (a commented-out setting could come alive): it ends the parse with an error instead. */
@@ -394,6 +414,11 @@ static char *ini_read_line(char *buf, int size, void *stream)
     memcpy(buf, s, n);
     buf[n] = 0;
     c->pos += n;
+    char why[160];
+    if (check_section_line(buf, c->lineno, why, sizeof why) < 0) {
+        fail_at(c, c->lineno, -EINVAL, "%s", why);
+        return NULL;
+    }
     return buf;
 }
 

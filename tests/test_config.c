@@ -93,6 +93,13 @@ int main(void)
     expect_error("[drafter]\npick = newest\n", ":2: drafter.pick: 'newest': expected oldest or random");
     expect_error("[cluster]\nlog_level = loud\n", ":2: cluster.log_level: 'loud': expected error, warn, notice, info or debug");
     expect_error("[ring\nslots=3\n", ":1: syntax error");
+    /* Text after a section's ']' is refused (inih would drop it: ring.slots left at 16 unsaid);
+     * blanks and a comment there are fine, a BOM before the first line too. */
+    expect_error("[ring] slots = 4\n", ":1: [ring]: 'slots = 4' after the section name (a key goes on a line of its own)");
+    expect_error("[data]\nseed = 1\n  [ring]]\r\n", ":3: [ring]: ']' after the section name");
+    p = write_tmp("secfine.ini", "\xef\xbb\xbf[ring]  ; the ring\n[data]\t# the data\r\nseed = 3\n");
+    CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
+    CHECK_INT(cfg.data.seed, ==, 3);
     expect_error("[ring]\nslots = 8\nbogus = 1\nalso = 2\n", ":3: ring.bogus: unknown key");     /* the first */
 
     /* A line too long for the reader is refused, never split: the tail of this comment would
