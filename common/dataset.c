@@ -149,7 +149,11 @@ static int validate(struct dataset *ds, const char *path, unsigned flags, char *
             return fail(err, errlen, path, -DF_ECHECKSUM, "checksum mismatch (file %016llx, computed %016llx): corrupted",
                         (unsigned long long)h->checksum, (unsigned long long)sum);
     }
+    /* The samples tile the tokens in order, as the writer lays them: each token in exactly one
+     * sample, so the header's totals (masked_tokens: is there anything to learn?) are the
+     * samples' too. */
     uint32_t max_len = 0;
+    uint64_t next = 0;
     for (uint64_t i = 0; i < h->n_samples; i++) {
         const struct dataset_index_entry *e = &ds->index[i];
         if (e->length == 0 || e->reserved)
@@ -158,9 +162,17 @@ static int validate(struct dataset *ds, const char *path, unsigned flags, char *
         if (e->offset > h->n_tokens || e->length > h->n_tokens - e->offset)
             return fail(err, errlen, path, -DF_ERANGE, "sample %llu: tokens [%llu, +%u) beyond the %llu tokens",
                         (unsigned long long)i, (unsigned long long)e->offset, e->length, (unsigned long long)h->n_tokens);
+        if (e->offset != next)
+            return fail(err, errlen, path, -DF_EFORMAT, "sample %llu: starts at token %llu, expected %llu (samples "
+                        "tile the tokens in order)", (unsigned long long)i, (unsigned long long)e->offset,
+                        (unsigned long long)next);
+        next += e->length;
         if (e->length > max_len)
             max_len = e->length;
     }
+    if (next != h->n_tokens)
+        return fail(err, errlen, path, -DF_EFORMAT, "the samples end at token %llu, the tokens at %llu",
+                    (unsigned long long)next, (unsigned long long)h->n_tokens);
     if (max_len != h->max_len)
         return fail(err, errlen, path, -DF_EFORMAT, "max_len %u, samples say %u", h->max_len, max_len);
     uint64_t masked = 0;

@@ -9,7 +9,9 @@
  *   [128, +4*n_tokens)            token ids, u32, every id < vocab_size
  *   [mask_off, +n_tokens)         loss mask, u8, 0 or 1 (1 = the drafter learns this token)
  *   [index_off, +16*n_samples)    struct dataset_index_entry, index_off 8-aligned
- * Samples are contiguous token ranges [offset, offset+length), length >= 1.
+ * Samples are contiguous token ranges [offset, offset+length), length >= 1, that tile the tokens
+ * in order: sample 0 starts at token 0, each next one where the one before ends, the last ends
+ * at n_tokens.
  * checksum = dataset_hash64 of bytes [128, file end) seeded with DATASET_HASH_SEED. */
 #define DATASET_MAGIC "DFLDATA1"
 #define DATASET_VERSION 1u
@@ -59,9 +61,10 @@ struct dataset {
 #define DATASET_OPEN_NO_CHECKSUM 1u /* skip the full-file checksum (structure still checked) */
 
 /* Map and validate: magic, version, header fields, file size, section offsets, every
- * index entry in bounds, token ids < vocab, mask values 0/1, checksum. On failure returns
- * <0 (-DF_EMAGIC, -DF_EVERSION, -DF_ETRUNC, -DF_EFORMAT, -DF_ERANGE, -DF_ECHECKSUM, -errno)
- * and err holds one line "<path>: <reason>". ds is then closed. */
+ * index entry in bounds and the entries tiling the tokens, token ids < vocab, mask values 0/1,
+ * checksum. On failure returns <0 (-DF_EMAGIC, -DF_EVERSION, -DF_ETRUNC, -DF_EFORMAT,
+ * -DF_ERANGE, -DF_ECHECKSUM, -errno) and err holds one line "<path>: <reason>". ds is then
+ * closed. */
 int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err, size_t errlen);
 void dataset_close(struct dataset *ds);   /* zero-filled or half-opened is fine */
 

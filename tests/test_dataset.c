@@ -114,6 +114,7 @@ static void test_header_checks(const char *good)
     struct dataset_header h = *ds.hdr;
     long idx = (long)h.index_off;
     uint32_t len3 = ds.index[3].length;
+    struct dataset_index_entry e0 = ds.index[0], e1 = ds.index[1], e3 = ds.index[3], last = ds.index[h.n_samples - 1];
     dataset_close(&ds);
     CHECK(len3 < h.max_len);        /* (emptying it leaves max_len as it is) */
     CHECK(h.masked_tokens > 0 && h.masked_tokens < h.n_tokens);
@@ -158,6 +159,19 @@ static void test_header_checks(const char *good)
     expect_bad(spoiled(good, "empty.bin", idx + 16 * 3 + 8, &u32, 4), -DF_EFORMAT, "sample 3: empty");
     u32 = 1;
     expect_bad(spoiled(good, "idxres.bin", idx + 16 * 5 + 12, &u32, 4), -DF_EFORMAT, "sample 5: reserved field not 0");
+    /* an index that does not tile the tokens (resealed): sample 4 the same tokens as sample 3,
+     * the first two swapped, the last one short of the end (its token never trained) */
+    snprintf(want, sizeof want, "sample 4: starts at token %llu, expected %llu (samples tile the tokens in order)",
+             (unsigned long long)e3.offset, (unsigned long long)(e3.offset + e3.length));
+    expect_bad(spoiled(good, "overlap.bin", idx + 16 * 4, &e3, 16), -DF_EFORMAT, want);
+    struct dataset_index_entry swap[2] = { e1, e0 };
+    snprintf(want, sizeof want, "sample 0: starts at token %llu, expected 0", (unsigned long long)e1.offset);
+    expect_bad(spoiled(good, "swap.bin", idx, swap, sizeof swap), -DF_EFORMAT, want);
+    CHECK(last.length > 1 && last.length < h.max_len);
+    u32 = last.length - 1;
+    snprintf(want, sizeof want, "the samples end at token %llu, the tokens at %llu",
+             (unsigned long long)h.n_tokens - 1, (unsigned long long)h.n_tokens);
+    expect_bad(spoiled(good, "gap.bin", idx + 16 * ((long)h.n_samples - 1) + 8, &u32, 4), -DF_EFORMAT, want);
 }
 
 static int ticks;

@@ -4,7 +4,8 @@
 #include "common/dataset.h"
 #include "tests/fuzz/fuzz.h"
 
-/* Walk everything dataset_open vouched for: every sample in bounds, ids < vocab, mask 0/1. */
+/* Walk everything dataset_open vouched for: every sample in bounds and the samples tiling the
+ * tokens, ids < vocab, mask 0/1. */
 static void dataset_walk(const struct dataset *ds)
 {
     uint64_t masked = 0, tokens = 0;
@@ -16,6 +17,7 @@ static void dataset_walk(const struct dataset *ds)
         const uint8_t *m = dataset_sample_mask(ds, i);
         FUZZ_ASSERT(n >= 1);
         FUZZ_ASSERT(t >= ds->tokens && t + n <= ds->tokens + ds->n_tokens);
+        FUZZ_ASSERT(t == ds->tokens + tokens);     /* the samples tile the tokens in order */
         for (uint32_t j = 0; j < n; j++) {
             FUZZ_ASSERT(t[j] < ds->vocab_size);
             FUZZ_ASSERT(m[j] <= 1);
@@ -27,7 +29,7 @@ static void dataset_walk(const struct dataset *ds)
         masked += ds->mask[t];
     FUZZ_ASSERT(max_len == ds->hdr->max_len);
     FUZZ_ASSERT(masked == ds->hdr->masked_tokens);
-    (void)tokens;   /* samples may overlap or leave gaps: only bounds are promised */
+    FUZZ_ASSERT(tokens == ds->n_tokens);
 }
 
 static void dataset_try(int *fd, const uint8_t *data, size_t size, unsigned flags)
