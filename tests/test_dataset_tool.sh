@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # test_dataset_tool.sh: dflash-data builds a dataset from JSONL, dump gives the same samples
-# back, and bad input names file:line and the reason; a build that fails, is stopped, or reads an
-# input cut short (--end-line) leaves the old output and no temp file.
+# back, and bad input (a NUL byte in a line too) names file:line and the reason; a build that
+# fails, is stopped, or reads an input cut short (--end-line) leaves the old output and no temp
+# file.
 set -u
 B=${DFLASH_BUILD:-build}
 T=${TMPDIR:-/tmp}
@@ -78,6 +79,11 @@ expect_err '{"input_ids":[5,6,7]}{"input_ids":[8,9]}' "more after the JSON objec
 expect_err '{"input_ids":[1,2]} trailing' "more after the JSON object" ""
 expect_err '[1,2]' "not a JSON object" ""
 expect_err '{"input_ids":[1,2],"input_ids":[3]}' "input_ids: appears twice" ""
+# A NUL ends the parser's string: the record after it on that line would be lost unsaid.
+printf '{"input_ids":[1,2]}\0{"input_ids":[3,4]}\n' > "$T/nul.jsonl"
+if "$D" build -o "$T/bad.bin" "$T/nul.jsonl" 2>"$T/err.txt"; then fail "accepted a line with a NUL byte"; fi
+grep -q "$T/nul.jsonl:1: a NUL byte at column 20: not a JSON line" "$T/err.txt" || fail "NUL message: $(cat "$T/err.txt")"
+[[ ! -e $T/bad.bin ]] || fail "left a half-written file"
 expect_err '{"input_ids":[1,2,3,4294967295]}' "sample 0: token 3: id 4294967295 >= 1073741824, no vocabulary is that large" ""
 # A failed build leaves the file it would have replaced as it was.
 printf '%s\n' '{"input_ids":[1,2,3,4294967295]}' > "$T/bad.jsonl"

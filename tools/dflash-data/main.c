@@ -239,8 +239,12 @@ static int cmd_build(const char *out, uint32_t vocab, int end_line, char **input
             char why[256];
             uint64_t end_n = 0;
             long n = -1;
+            /* the parser reads a C string: a record after a NUL (a damaged file) would go unseen */
+            const char *nul = memchr(line, 0, (size_t)len);
             if (ended)
                 snprintf(why, sizeof why, "a line after the end line (--end-line)");
+            else if (nul)
+                snprintf(why, sizeof why, "a NUL byte at column %zu: not a JSON line", (size_t)(nul - line) + 1);
             else
                 n = parse_line(line, &b, end_line ? &end_n : NULL, why, sizeof why);
             if (n == -2) {      /* the end line */
