@@ -197,11 +197,20 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
     if (hlen < 2 || base[8] != '{')
         return df_fail(err, errlen, -DF_EFORMAT, "%s: header is not a JSON object", path);
 
-    cJSON *root = cJSON_ParseWithLength((const char *)base + 8, (size_t)hlen);
+    const char *json = (const char *)base + 8, *json_end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, (size_t)hlen, &json_end, 0);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return df_fail(err, errlen, -DF_EFORMAT, "%s: header is not valid JSON", path);
     }
+    /* Writers pad the header with spaces. Anything else after the object (a second one, junk)
+     * is a damaged header whose tensors would be dropped unseen; other readers refuse it. */
+    for (const char *p = json_end; p < json + hlen; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
+            cJSON_Delete(root);
+            return df_fail(err, errlen, -DF_EFORMAT, "%s: header has bytes after its JSON object (at byte %zu of %llu)",
+                           path, (size_t)(p - json), (unsigned long long)hlen);
+        }
     const unsigned char *data = base + 8 + hlen;
     const uint64_t data_len = f->size - 8 - hlen;
     int count = cJSON_GetArraySize(root), nspan = 0, r = 0;

@@ -159,6 +159,10 @@ static void test_valid(void)
     CHECK_OK(st_open_file(&s, none, err, sizeof err));
     CHECK_INT(st_count(s), ==, 0);
     st_close(s);
+    write_st(none, "{} \r\n\t    ", NULL, 0, -1);     /* blanks after the object: padding */
+    CHECK_OK(st_open_file(&s, none, err, sizeof err));
+    CHECK_INT(st_count(s), ==, 0);
+    st_close(s);
 
     /* round to nearest even, NaN kept */
     CHECK_INT(cpu_f32_to_bf16_one(1.0f + ldexpf(1, -8)), ==, 0x3f80);      /* tie -> even */
@@ -240,6 +244,15 @@ static void test_bad_files(void)
     expect_fail(p, -DF_EFORMAT, "header is not valid JSON");
     write_st(p, "[1,2,3]", data, 0, -1);
     expect_fail(p, -DF_EFORMAT, "header is not a JSON object");
+    /* after the object only blanks (writers pad with spaces): a second object's tensor, or
+     * junk, is a damaged header, not one to read the first part of */
+    char two[200];
+    snprintf(two, sizeof two, "%s%s", ok, ok);
+    write_st(p, two, data, 16, -1);
+    expect_fail(p, -DF_EFORMAT, "header has bytes after its JSON object (at byte 55 of 110)");
+    snprintf(two, sizeof two, "%s \n\tx  ", ok);
+    write_st(p, two, data, 16, -1);
+    expect_fail(p, -DF_EFORMAT, "header has bytes after its JSON object (at byte 58 of 61)");
     write_st(p, "{\"w\":[1]}", data, 0, -1);
     expect_fail(p, -DF_EFORMAT, "tensor 'w': header entry is not an object");
     write_st(p, "{\"w\":{\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
