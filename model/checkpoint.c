@@ -149,6 +149,7 @@ struct jctx {
     const char *path;
     char *err;
     size_t errlen;
+    const char *in;     /* the object's dotted name for messages: "" (top level), "dflash_config." */
 };
 
 static const cJSON *jitem(const cJSON *o, const char *key)
@@ -170,11 +171,11 @@ static int jint(const struct jctx *x, const cJSON *o, const char *key, int *out,
     if (!v) {
         if (!required)
             return 0;
-        snprintf(x->err, x->errlen, "%s: %s: missing", x->path, key);
+        snprintf(x->err, x->errlen, "%s: %s%s: missing", x->path, x->in, key);
         return -DF_EMISSING;
     }
     if (!json_is_int(v)) {
-        snprintf(x->err, x->errlen, "%s: %s: not an integer", x->path, key);
+        snprintf(x->err, x->errlen, "%s: %s%s: not an integer", x->path, x->in, key);
         return -DF_EFORMAT;
     }
     *out = (int)v->valuedouble;
@@ -187,11 +188,11 @@ static int jdouble(const struct jctx *x, const cJSON *o, const char *key, double
     if (!v) {
         if (!required)
             return 0;
-        snprintf(x->err, x->errlen, "%s: %s: missing", x->path, key);
+        snprintf(x->err, x->errlen, "%s: %s%s: missing", x->path, x->in, key);
         return -DF_EMISSING;
     }
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        snprintf(x->err, x->errlen, "%s: %s: not a finite number", x->path, key);
+        snprintf(x->err, x->errlen, "%s: %s%s: not a finite number", x->path, x->in, key);
         return -DF_EFORMAT;
     }
     *out = v->valuedouble;
@@ -202,7 +203,8 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_CONFIG);
-    struct jctx x = { path, err, errlen };
+    struct jctx x = { path, err, errlen, "" }, xdf = { path, err, errlen, "dflash_config." },
+                xrp = { path, err, errlen, "rope_parameters." };
     cJSON *j;
     int r = json_read_object(path, 64u << 20, &j, err, errlen);
     if (r < 0)
@@ -220,8 +222,8 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
     }
     const cJSON *df = jitem(j, "dflash_config");
     if (!df || !cJSON_IsObject(df)) {
-        snprintf(err, errlen, "%s: dflash_config: missing", path);
-        r = -DF_EMISSING;
+        snprintf(err, errlen, "%s: dflash_config: %s", path, df ? "not an object" : "missing");
+        r = df ? -DF_EFORMAT : -DF_EMISSING;
         goto out;
     }
     if ((r = jint(&x, j, "hidden_size", &c->hidden_size, true)) < 0 ||
@@ -245,7 +247,7 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
         (r = jdouble(&x, j, "initializer_range", &c->initializer_range, false)) < 0)
         goto out;
     /* block_size: top level (current checkpoints) or inside dflash_config */
-    if ((r = jint(&x, df, "block_size", &c->block_size, false)) < 0)
+    if ((r = jint(&xdf, df, "block_size", &c->block_size, false)) < 0)
         goto out;
     if (r == 0 && (r = jint(&x, j, "block_size", &c->block_size, true)) < 0)
         goto out;
@@ -253,18 +255,15 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
     const cJSON *rp = jitem(j, "rope_parameters");
     if ((r = jdouble(&x, j, "rope_theta", &c->rope_theta, false)) < 0)
         goto out;
-    if (r == 0 && (!rp || (r = jdouble(&x, rp, "rope_theta", &c->rope_theta, true)) < 0)) {
+    if (r == 0 && (!rp || (r = jdouble(&xrp, rp, "rope_theta", &c->rope_theta, true)) < 0)) {
         if (!rp) {
             snprintf(err, errlen, "%s: rope_theta: missing", path);
             r = -DF_EMISSING;
         }
         goto out;
     }
-    x.path = path;
-    if ((r = jint(&x, df, "mask_token_id", &c->mask_token_id, true)) < 0) {
-        snprintf(err, errlen, "%s: dflash_config.mask_token_id: missing or not an integer", path);
+    if ((r = jint(&xdf, df, "mask_token_id", &c->mask_token_id, true)) < 0)
         goto out;
-    }
     const cJSON *ids = jitem(df, "target_layer_ids");
     int n = cJSON_GetArraySize(ids);
     if (!cJSON_IsArray(ids) || n < 1 || n > DRAFTER_MAX_CTX_LAYERS) {

@@ -408,6 +408,41 @@ int main(void)
         CHECK_CONTAINS(err, bad_num[i].key);
         CHECK_CONTAINS(err, bpath);
     }
+    /* a field inside an object is named with it, and a wrong type is not called missing */
+    static const struct { const char *edit, *value, *want; int code; } nested[] = {
+        { "dflash_config.block_size", "16.25", "dflash_config.block_size: not an integer", -DF_EFORMAT },
+        { "dflash_config.mask_token_id", "\"x\"", "dflash_config.mask_token_id: not an integer", -DF_EFORMAT },
+        { "dflash_config", "[1]", "dflash_config: not an object", -DF_EFORMAT },
+        { "rope_parameters", "{}", "rope_parameters.rope_theta: missing", -DF_EMISSING },
+        { "rope_parameters", "{\"rope_theta\":\"big\"}", "rope_parameters.rope_theta: not a finite number", -DF_EFORMAT },
+    };
+    for (size_t i = 0; i < sizeof nested / sizeof *nested; i++) {
+        cJSON *k = cJSON_Parse(read_text(path));
+        CHECK(k);
+        char key[64];
+        snprintf(key, sizeof key, "%s", nested[i].edit);
+        char *dot = strchr(key, '.');
+        cJSON *obj = k;
+        if (dot) {
+            *dot = 0;
+            obj = cJSON_GetObjectItemCaseSensitive(k, key);
+        }
+        cJSON_DeleteItemFromObjectCaseSensitive(obj, dot ? dot + 1 : key);
+        CHECK(cJSON_AddItemToObject(obj, dot ? dot + 1 : key, cJSON_CreateRaw(nested[i].value)));
+        if (!strcmp(key, "rope_parameters"))
+            cJSON_DeleteItemFromObjectCaseSensitive(k, "rope_theta");
+        char *text = cJSON_Print(k);
+        FILE *bf = fopen(bpath, "w");
+        CHECK(bf && fputs(text, bf) >= 0);
+        fclose(bf);
+        free(text);
+        cJSON_Delete(k);
+        struct drafter_config bc;
+        err[0] = 0;
+        CHECK_INT(ckpt_read_config(bdir, &bc, err, sizeof err), ==, nested[i].code);
+        CHECK_CONTAINS(err, bpath);
+        CHECK_CONTAINS(err, nested[i].want);
+    }
 
     /* tensor names: exactly the DFlash set, bf16, with their shapes and values */
     struct st_set *st = NULL;
