@@ -164,6 +164,9 @@ opt_err() {  # needle, args...
 opt_err "--min-len: 4294967298 is above the limit, 16777216" --min-len 4294967298 --max-len 8
 opt_err "--max-len: 16777217 is above the limit, 16777216" --max-len 16777217
 opt_err "-v: 1073741825 is above the largest vocabulary, 1073741824" -v 1073741825
+# strtoull skips blanks and wraps a minus: " -1" is no count, not 2^64 - 1 (-n would run away)
+opt_err "-v: not a number: ' -1'" -v " -1"
+opt_err "-n: not a number: ' 5'" -n " 5"
 
 "$D" synth -o "$T/s.bin" -n 50 -v 64 --min-len 4 --max-len 32 >/dev/null || fail "synth"
 "$D" verify "$T/s.bin" >/dev/null || fail "synth output does not verify"

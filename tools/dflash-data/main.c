@@ -440,7 +440,8 @@ static int parse_u64(const char *s, uint64_t *out)
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || *s == '-')
+    /* a digit first: strtoull skips blanks and takes " -1" as 2^64 - 1 */
+    if (errno || end == s || *end || *s < '0' || *s > '9')
         return -1;
     *out = v;
     return 0;
