@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +18,15 @@ static int read_stat(pid_t pid, char *state, long *threads, uint64_t *ticks)
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) {
+        /* Gone, or hidden: /proc mounted hidepid=2 hides other users' processes from one without
+         * CAP_SYS_PTRACE. A live process taken for dead would have its slots reclaimed in use. */
+        if (kill(pid, 0) == 0 || errno == EPERM)
+            return -EACCES;
+        return -ESRCH;
+    }
     if (fd < 0)
-        return errno == ENOENT ? -ESRCH : -errno;
+        return -errno;
     ssize_t n = read(fd, buf, sizeof buf - 1);
     int e = errno;
     close(fd);

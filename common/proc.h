@@ -16,7 +16,8 @@
 #define PROC_TOKEN_MASK      ((1ull << PROC_TOKEN_BITS) - 1)
 
 /* Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat).
- * Returns 0, -ESRCH when the process is gone or a zombie, or another -errno. */
+ * Returns 0, -ESRCH when the process is gone or a zombie, -EACCES when it runs with its /proc
+ * entry hidden from this process (hidepid), or another -errno. */
 int proc_start_time(pid_t pid, uint64_t *ticks);
 
 /* Token for (pid, start time); never 0 for a real process. */

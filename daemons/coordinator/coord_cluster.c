@@ -767,6 +767,11 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
     if (h->role != PROTO_ROLE_CTL) {
         uint64_t ticks = 0;
         int r = proc_start_time(m->pid, &ticks);
+        if (r == -EACCES) {
+            coord_refuse(m, -EACCES, "pid %d: its /proc entry is hidden from the coordinator (/proc mounted with "
+                         "hidepid): run it as the coordinator's user", (int)m->pid);
+            return;
+        }
         if (r < 0 || h->pid != (uint32_t)m->pid || h->start_ticks != ticks) {
             coord_refuse(m, -DF_EPEER, "HELLO says pid %u start %" PRIu64 ", the socket peer is pid %d start %" PRIu64
                          " (another pid namespace?)", h->pid, h->start_ticks, (int)m->pid, ticks);
