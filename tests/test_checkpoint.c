@@ -54,6 +54,19 @@ static char *read_text(const char *path)
     return buf;
 }
 
+/* The checkpoint in dir read with its config.json (path) replaced by k (freed here). */
+static int read_config_as(cJSON *k, const char *path, const char *dir, struct drafter_config *c, char *err,
+                          size_t errlen)
+{
+    char *text = cJSON_Print(k);
+    FILE *f = fopen(path, "w");
+    CHECK(f && fputs(text, f) >= 0);
+    fclose(f);
+    free(text);
+    cJSON_Delete(k);
+    return ckpt_read_config(dir, c, err, errlen);
+}
+
 static int jint(const cJSON *o, const char *k)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
@@ -395,14 +408,8 @@ int main(void)
             cJSON *nv = bad_num[i].raw ? cJSON_CreateRaw(bad_num[i].raw) : cJSON_CreateNumber(bad_num[i].v);
             CHECK(cJSON_ReplaceItemInObjectCaseSensitive(k, bad_num[i].key, nv));
         }
-        char *text = cJSON_Print(k);
-        FILE *bf = fopen(bpath, "w");
-        CHECK(bf && fputs(text, bf) >= 0);
-        fclose(bf);
-        free(text);
-        cJSON_Delete(k);
         struct drafter_config bc;
-        int r = ckpt_read_config(bdir, &bc, err, sizeof err);
+        int r = read_config_as(k, bpath, bdir, &bc, err, sizeof err);
         if (r != -DF_EFORMAT)
             TEST_FAIL("%s = %g: got %d (%s), want -DF_EFORMAT", bad_num[i].key, bad_num[i].v, r, err);
         CHECK_CONTAINS(err, bad_num[i].key);
@@ -431,15 +438,9 @@ int main(void)
         CHECK(cJSON_AddItemToObject(obj, dot ? dot + 1 : key, cJSON_CreateRaw(nested[i].value)));
         if (!strcmp(key, "rope_parameters"))
             cJSON_DeleteItemFromObjectCaseSensitive(k, "rope_theta");
-        char *text = cJSON_Print(k);
-        FILE *bf = fopen(bpath, "w");
-        CHECK(bf && fputs(text, bf) >= 0);
-        fclose(bf);
-        free(text);
-        cJSON_Delete(k);
         struct drafter_config bc;
         err[0] = 0;
-        CHECK_INT(ckpt_read_config(bdir, &bc, err, sizeof err), ==, nested[i].code);
+        CHECK_INT(read_config_as(k, bpath, bdir, &bc, err, sizeof err), ==, nested[i].code);
         CHECK_CONTAINS(err, bpath);
         CHECK_CONTAINS(err, nested[i].want);
     }
