@@ -397,6 +397,31 @@ fail_free:
 
 /* ---- attach ----------------------------------------------------------------- */
 
+/* An object without the magic that a ring_create left unfinished: empty (cut short before the
+ * creator named itself), or a header holding only the creator's identity. -EAGAIN while the
+ * creation may still go on, -DF_EDEAD when it never will (the creator died: the object is
+ * dflash's own to replace), 0 when the object is something else (not a dflash ring). */
+#define HALF_MADE_GRACE_S 10
+static int half_made(const char *name, const struct ring_hdr *hdr, ssize_t got, const struct stat *st,
+                     char *err, size_t errlen)
+{
+    if (got == 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        if (now.tv_sec - st->st_mtim.tv_sec < HALF_MADE_GRACE_S)
+            return df_fail(err, errlen, -EAGAIN, "ring %s: an empty object, maybe being created", name);
+        return df_fail(err, errlen, -DF_EDEAD, "ring %s: an empty object left by a creation cut short", name);
+    }
+    uint64_t t = hdr->creator_token;
+    if (got != (ssize_t)sizeof *hdr || atomic_load(&hdr->magic) != 0 || !t || proc_token_is_lease(t) ||
+        hdr->creator_pid <= 0 || proc_token_pid(t) != hdr->creator_pid)
+        return 0;
+    if (proc_token_alive(t) == 0)
+        return df_fail(err, errlen, -DF_EDEAD, "ring %s: left half-made by pid %d, which died", name,
+                       hdr->creator_pid);
+    return df_fail(err, errlen, -EAGAIN, "ring %s: still being initialised by pid %d", name, hdr->creator_pid);
+}
+
 static int layout_diff(const struct ring_layout *have, const struct ring_layout *want, char *why, size_t n)
 {
 #define DIFF(field, label) \
@@ -457,11 +482,8 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
     }
     uint64_t magic = atomic_load(&hdr.magic);
     if (got < (ssize_t)sizeof magic || magic != RING_MAGIC) {
-        if (magic == 0 && got == (ssize_t)sizeof hdr && hdr.creator_token &&
-            proc_token_alive(hdr.creator_token) == 1) {
-            snprintf(err, errlen, "ring %s: still being initialised by pid %d", name, hdr.creator_pid);
-            rc = -EAGAIN;
-        } else {
+        rc = half_made(name, &hdr, got, &st, err, errlen);
+        if (!rc) {
             snprintf(err, errlen, "ring %s: not a dflash ring (bad magic %016llx, object of %lld bytes)",
                      name, (unsigned long long)magic, (long long)st.st_size);
             rc = -DF_EMAGIC;

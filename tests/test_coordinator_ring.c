@@ -88,10 +88,43 @@ int main(void)
     write_ini(missing, "");
     expect_config_error("model.path");
 
-    /* the default: the same ids target_default_layer_ids gives target-d */
+    /* Another program's object under the ring's name is left alone: exit 78, its bytes kept. */
     write_model(model, 8);
     write_ini(model, "draft_layers = 2");
+    int fd = shm_open(TC.ring, O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(fd >= 0);
+    static const char theirs[] = "someone else's shared memory, not a ring";
+    CHECK_INT(write(fd, theirs, sizeof theirs), ==, (ssize_t)sizeof theirs);
+    expect_config_error("not a dflash ring (bad magic .*left alone; remove /dev/shm/dflash-.* or give cluster.name");
+    char back[sizeof theirs] = "";
+    CHECK_INT(pread(fd, back, sizeof back, 0), ==, (ssize_t)sizeof theirs);
+    CHECK(memcmp(back, theirs, sizeof theirs) == 0);
+    close(fd);
+    ring_unlink(TC.ring);
+
+    /* A ring whose creator died before finishing it (no magic yet) is dflash's own: replaced. */
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        struct ring *half = NULL;
+        struct ring_layout hl = { .nslots = 2, .hidden = 32, .n_layers = 1, .layer_ids = { 1 },
+                                  .dtype = RING_DTYPE_BF16, .max_tokens = 16, .max_seqs = 4 };
+        char e[256];
+        if (ring_create(&half, TC.ring, &hl, NULL, e, sizeof e) < 0)
+            _exit(1);
+        atomic_store((_Atomic uint64_t *)ring_base(half), 0);     /* the magic, first in the header */
+        _exit(0);
+    }
+    int cst = 0;
+    CHECK_INT(waitpid(child, &cst, 0), ==, child);
+    CHECK(WIFEXITED(cst) && WEXITSTATUS(cst) == 0);
+
+    /* the default: the same ids target_default_layer_ids gives target-d */
     tc_start_coord();
+    char cmd[900];
+    snprintf(cmd, sizeof cmd, "grep -q 'replacing ring %s: left half-made by pid %d, which died' '%s/coordinator.log'",
+             TC.ring, (int)child, TC.dir);
+    CHECK(system(cmd) == 0);
     struct ring *r = NULL;
     char err[512];
     CHECK_OK(ring_attach(&r, TC.ring, NULL, RING_ATTACH_ANY | RING_ATTACH_RDONLY, err, sizeof err));

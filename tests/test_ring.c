@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include "common/err.h"
 #include "common/proc.h"
@@ -287,8 +288,6 @@ static void test_validation(void)
     CHECK_CONTAINS(err, g_name);
     CHECK_OK(ftruncate(fd, 3));
     CHECK_INT(ring_attach(&a, g_name, NULL, RING_ATTACH_ANY, err, sizeof err), ==, -DF_EMAGIC);
-    CHECK_OK(ftruncate(fd, 0));
-    CHECK_INT(ring_attach(&a, g_name, NULL, RING_ATTACH_ANY, err, sizeof err), ==, -DF_EMAGIC);
     close(fd);
     /* ... and create replaces it only when asked */
     CHECK_INT(ring_create(&r, g_name, &l, NULL, err, sizeof err), ==, -EEXIST);
@@ -340,10 +339,29 @@ static void test_being_made(void)
     poke(g_name, 0, &zero, 8);
     CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -EAGAIN);
     CHECK_CONTAINS(err, "still being initialised");
+    /* its creator gone: dflash's own leftover, for the coordinator to replace */
     poke(g_name, at * 8, &dead, 8);
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_EDEAD);
+    CHECK_CONTAINS(err, "left half-made by pid");
+    CHECK_CONTAINS(err, "which died");
+    /* a token that does not name the pid beside it: not a creator's header, someone else's bytes */
+    uint64_t other = proc_token_make(getpid() + 1, 1);
+    poke(g_name, at * 8, &other, 8);
     CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_EMAGIC);
     CHECK_CONTAINS(err, "not a dflash ring");
     ring_detach(r);
+    CHECK_OK(ring_unlink(g_name));
+
+    /* An empty object: a creation that has not named itself yet, or one cut short long ago. */
+    int fd = shm_open(g_name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    CHECK(fd >= 0);
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -EAGAIN);
+    CHECK_CONTAINS(err, "an empty object, maybe being created");
+    struct timespec old[2] = { { time(NULL) - 60, 0 }, { time(NULL) - 60, 0 } };
+    CHECK_OK(futimens(fd, old));
+    close(fd);
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_EDEAD);
+    CHECK_CONTAINS(err, "an empty object left by a creation cut short");
     CHECK_OK(ring_unlink(g_name));
 }
 

@@ -234,7 +234,8 @@ int main(int argc, char **argv)
     daemon_watchdog(&co->d);
     if ((r = coord_ring_open(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
-        co->exit_code = r == -DF_ELAYOUT || r == -EINVAL ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
+        bool config = r == -DF_ELAYOUT || r == -EINVAL || r == -DF_EMAGIC;
+        co->exit_code = config ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
         goto out;
     }
     coord_ring_reconcile(co);

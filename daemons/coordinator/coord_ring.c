@@ -114,6 +114,23 @@ static void ring_set_access(const struct coord *co)
                  co->cfg->cluster.group[0] ? " and group " : "", co->cfg->cluster.group);
 }
 
+/* An incompatible ring (why) is replaced only if it holds nothing: 0, else -DF_ELAYOUT. */
+static int replaceable(const struct coord *co, const char *why, char *err, size_t errlen)
+{
+    struct ring *old = NULL;
+    char why2[512];
+    if (ring_attach(&old, co->ring_name, NULL, RING_ATTACH_ANY | RING_ATTACH_RDONLY, why2, sizeof why2) < 0)
+        return 0;               /* another version or a broken header: nothing any daemon maps */
+    struct ring_stats st;
+    ring_stats(old, &st, NULL);
+    ring_detach(old);
+    if (st.count[RING_FREE] == st.nslots)
+        return 0;
+    snprintf(err, errlen, "ring %s exists, is not compatible (%s) and holds %u non-free slots: stop its users"
+             " or remove /dev/shm%s", co->ring_name, why, st.nslots - st.count[RING_FREE], co->ring_name);
+    return -DF_ELAYOUT;
+}
+
 int coord_ring_open(struct coord *co, char *err, size_t errlen)
 {
     const struct ring_layout lay = co->lay;     /* coord_ring_layout */
@@ -142,23 +159,30 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
         co->ring_created = false;
         return 0;
     }
-    unsigned flags = 0;
-    if (r != -ENOENT) {
-        /* An incompatible ring: replace it only if it holds nothing. */
-        struct ring *old = NULL;
-        char why2[512];
-        if (ring_attach(&old, co->ring_name, NULL, RING_ATTACH_ANY | RING_ATTACH_RDONLY, why2, sizeof why2) == 0) {
-            struct ring_stats st;
-            ring_stats(old, &st, NULL);
-            ring_detach(old);
-            if (st.count[RING_FREE] != st.nslots) {
-                snprintf(err, errlen, "ring %s exists, is not compatible (%s) and holds %u non-free slots: stop its users"
-                         " or remove /dev/shm%s", co->ring_name, why, st.nslots - st.count[RING_FREE], co->ring_name);
-                return -DF_ELAYOUT;
-            }
-        }
+    unsigned flags = RING_CREATE_REPLACE;
+    switch (r) {
+    case -ENOENT:
+        flags = 0;
+        break;
+    case -DF_EDEAD:             /* a creation cut short: dflash's own, holding nothing */
+        log_warn(0, "replacing %s", why);
+        break;
+    case -DF_ELAYOUT: case -DF_EVERSION: case -DF_ETRUNC: case -DF_EFORMAT:
+    case -EPERM:                /* not to be trusted (another user's, or every user's to write) */
+    case -EINVAL:               /* not a file (a FIFO) */
+        if ((r = replaceable(co, why, err, errlen)) < 0)
+            return r;
         log_warn(0, "replacing incompatible ring %s: %s", co->ring_name, why);
-        flags = RING_CREATE_REPLACE;
+        break;
+    case -DF_EMAGIC:
+        /* A file of this user's that is no ring: another program's data under the ring's name. */
+        snprintf(err, errlen, "%s: left alone; remove /dev/shm%s or give cluster.name another value",
+                 why, co->ring_name);
+        return r;
+    default:
+        snprintf(err, errlen, "%s%s", why,
+                 r == -EAGAIN ? " for over a second: another coordinator of this name starting?" : "");
+        return r;
     }
     struct ring_create_opts opts = { .mode = ring_mode(co),
                                      .gid = co->allowed_gid == (gid_t)-1 ? -1 : (int)co->allowed_gid,
