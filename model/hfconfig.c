@@ -119,6 +119,11 @@ static int parse_rope(const struct ctx *c, const cJSON *root, struct hf_rope *ro
         if (scaling && !cJSON_IsObject(scaling))
             return fail(c, -DF_EFORMAT, "rope_scaling", "expected an object or null");
     }
+    /* theta <= 1 makes every rotation frequency >= 1 per position: no model is trained so, and the
+     * drafter made from this target refuses it */
+    if (!(rope->theta > 1))
+        return fail(c, -DF_ERANGE, params ? "rope_parameters.rope_theta" : "rope_theta",
+                    "%.17g must be greater than 1", rope->theta);
     if (!scaling)
         return 0;
 

@@ -174,6 +174,9 @@ static void test_errors(void)
                -DF_EUNSUPPORTED, "rope_parameters.rope_type", "'linear' is not supported");
     expect_err(llama_json("\"rope_parameters\":{\"rope_type\":\"default\"}"), -DF_EMISSING,
                "rope_parameters.rope_theta", "missing");
+    expect_err(llama_json("\"rope_theta\":0.5"), -DF_ERANGE, "rope_theta", "0.5 must be greater than 1");
+    expect_err(llama_json("\"rope_parameters\":{\"rope_theta\":1}"), -DF_ERANGE, "rope_parameters.rope_theta",
+               "1 must be greater than 1");
     expect_err(llama_json("\"rope_parameters\":[1]"), -DF_EFORMAT, "rope_parameters", "expected an object");
     expect_err(llama_json("\"rope_scaling\":{\"factor\":2.0}"), -DF_EMISSING, "rope_scaling.type", "missing");
     expect_err(llama_json("\"rope_scaling\":{\"rope_type\":\"llama3\",\"low_freq_factor\":1.0,"
