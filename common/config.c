@@ -386,9 +386,17 @@ static int check_section_line(const char *line, int lineno, char *why, size_t wh
     if (!close)
         return 0;   /* no section line, or one without ']': inih's syntax error */
     const char *tail = close + 1 + strspn(close + 1, " \t\r\n\v\f");
+    int name = (int)(close + 1 - line), n = (int)strcspn(tail, "\r\n");
+    char section[64];
+    if ((size_t)(close - line - 1) >= sizeof section ||
+        (snprintf(section, sizeof section, "%.*s", (int)(close - line - 1), line + 1), !section_known(section))) {
+        /* the keys of an unknown section are refused; an empty one (a misspelt header above
+         * keys commented out) would pass unseen */
+        snprintf(why, whylen, "%.*s: unknown section", name < 70 ? name : 70, line);
+        return -EINVAL;
+    }
     if (!*tail || *tail == ';' || *tail == '#')
         return 0;
-    int name = (int)(close + 1 - line), n = (int)strcspn(tail, "\r\n");
     snprintf(why, whylen, "%.*s: '%.*s' after the section name (a key goes on a line of its own)",
              name < 60 ? name : 60, line, n < 60 ? n : 60, tail);
     return -EINVAL;
@@ -427,7 +435,7 @@ static int on_ini(void *user, const char *section, const char *name, const char 
     struct load_ctx *c = user;
     int lineno = c->lineno;
     char why[512];
-    if (!name) /* a bare [section] line: only check the section name */
+    if (!name) /* a bare [section] line: its name was checked as the line was read */
         return 1;
     const struct cfg_key *k = cfg_find(section, name);
     if (!k) {

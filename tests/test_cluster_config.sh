@@ -158,8 +158,8 @@ c = json.load(open(sys.argv[1])); c["rope_theta"] = 0.5; json.dump(c, open(sys.a
 PY
 "$CL_BIN/drafter-d" -c "$CL_INI" -i 0 -o model.path="$T/model-theta" -t >"$T/o.out" 2>&1
 rc=$?
-[[ $rc == 78 ]] && grep -q "model.path: $T/model-theta/config.json: drafter shape: drafter config: rope_theta 0.5" "$T/o.out" ||
-  fail "drafter shape from config.json: exit $rc: $(tail -1 "$T/o.out")"
+[[ $rc == 78 ]] && grep -q "override model.path: $T/model-theta/config.json: rope_theta: 0.5 must be greater than 1" "$T/o.out" ||
+  fail "rope_theta in config.json: exit $rc: $(tail -1 "$T/o.out")"
 # Weights with a NaN: target-d refuses the model at its start (78), naming file, tensor, element.
 cp -r "$CL_DIR/model" "$T/model-nan"
 "$CL_PY" - "$T/model-nan/model.safetensors" <<'PY'

@@ -70,7 +70,10 @@ int main(void)
     CHECK_CONTAINS(err, "unknown key");
 
     expect_error("[ring]\nslots = 8\nbogus = 1\n", ":3: ring.bogus: unknown key");
-    expect_error("[nosuch]\nx = 1\n", ":2: nosuch.x: unknown section");
+    expect_error("[nosuch]\nx = 1\n", ":1: [nosuch]: unknown section");
+    /* a misspelt header over keys commented out: nothing would say the section is never read */
+    expect_error("[ring]\nslots = 8\n[coordintor]\n# heartbeat_ms = 50\n", ":3: [coordintor]: unknown section");
+    expect_error("[ ring ]\nslots = 8\n", ":1: [ ring ]: unknown section");
     expect_error("slots = 3\n[ring]\n", ":1: slots: a key outside any [section]");
     expect_error("[ring]\n\nslots = eight\n", ":3: ring.slots: not an integer");
     expect_error("[ring]\nslots = 1\n", ":2: ring.slots: 1 out of range");
