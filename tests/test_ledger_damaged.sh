@@ -2,7 +2,7 @@
 # test_ledger_damaged.sh: a coordinator restarted on a ledger that was changed behind its back
 # (a batch row with a state no coordinator writes) refuses to start with a one-line error
 # naming the ledger file and what is wrong, exit 78 (the unit is not restarted into a loop),
-# and leaves the ledger as it found it.
+# and leaves the ledger as it found it. A meta number that is no number is refused so too.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -13,6 +13,8 @@ cl_start_coord || fail "coordinator did not come up"
 cl_kill coord KILL
 cl_wait_exit coord 10
 db=$CL_DIR/state/$CL_NAME-ledger.db
+"$CL_PY" -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))' "$db" "$T/good.db" ||
+  fail "cannot copy the ledger"
 "$CL_PY" - "$db" <<'PY' || fail "cannot spoil the ledger"
 import sqlite3, sys
 c = sqlite3.connect(sys.argv[1])
@@ -26,3 +28,21 @@ cl_wait_exit coord2 30
 grep -q "$db: reading the batches: batch 0 has state 9, not one of 0..4" "$CL_DIR/coord2.log" || fail "no clear message: $(tail -n 2 "$CL_DIR/coord2.log")"
 [[ $(md5sum "$db" | cut -d' ' -f1) == "$sum_before" ]] || fail "the damaged ledger was changed"
 echo "ok: $(grep -h "reading the batches" "$CL_DIR/coord2.log" | sed 's/^<[0-9]>//')"
+
+# A meta number edited by hand (the drafter group's checkpoint step): refused the same way, not
+# read as the number its leading digits make.
+rm -f "$db" "$db-wal" "$db-shm"
+cp "$T/good.db" "$db"
+"$CL_PY" - "$db" <<'PY' || fail "cannot spoil the ledger's meta"
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("INSERT INTO meta(key, value) VALUES ('ckpt_step', '12abc') "
+          "ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+c.commit()
+PY
+cl_start coord3 coordinator-d -c "$CL_INI"
+cl_wait_exit coord3 30
+[[ $CL_RC == 78 ]] || fail "coordinator on a ledger with meta ckpt_step '12abc' exited with '$CL_RC', wanted 78"
+grep -q "$db: reading the drafter group's lineage: meta ckpt_step = '12abc' is not a decimal number" "$CL_DIR/coord3.log" ||
+  fail "no clear message for the meta number: $(tail -n 2 "$CL_DIR/coord3.log")"
+echo "ok: $(grep -h "is not a decimal number" "$CL_DIR/coord3.log" | sed 's/^<[0-9]>//')"

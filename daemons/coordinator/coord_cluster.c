@@ -1843,7 +1843,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
      * its checksum (the batches trained so far hold the old one's tokens). */
     uint64_t sum;
     if ((r = ledger_meta_get_u64(co->ledger, "dataset_checksum", &sum)) < 0) {
-        snprintf(err, errlen, "%s: cannot read", co->ledger_path);
+        snprintf(err, errlen, "%s: cannot read: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
         return r;
     }
     if (r == 0) {
@@ -1858,7 +1858,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     /* The run's name, made with its ledger (or when a ledger from before runs were named is
      * first opened): the drafters claim their checkpoint folders for it. */
     if ((r = ledger_meta_get_u64(co->ledger, "run_id", &co->run_id)) < 0) {
-        snprintf(err, errlen, "%s: cannot read", co->ledger_path);
+        snprintf(err, errlen, "%s: cannot read: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
         return r;
     }
     bool made = !co->run_id;

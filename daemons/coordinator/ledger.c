@@ -377,11 +377,21 @@ int ledger_meta_set(struct ledger *l, const char *key, const char *val)
 
 int ledger_meta_get_u64(struct ledger *l, const char *key, uint64_t *val)
 {
-    char buf[32];
+    char buf[64];
     int r = ledger_meta_get(l, key, buf, sizeof buf);
-    if (r == 1)
-        *val = strtoull(buf, NULL, 10);
-    return r;
+    if (r != 1)
+        return r;
+    /* Only this file writes these, in decimal: anything else was put there by hand or damage,
+     * and a number made of it would quietly change the run (its lineage, its position). */
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(buf, &end, 10);
+    if (!buf[0] || buf[0] < '0' || buf[0] > '9' || *end || errno) {
+        snprintf(l->why, sizeof l->why, "meta %.40s = '%.40s' is not a decimal number below 2^64", key, buf);
+        return -DF_EFORMAT;
+    }
+    *val = v;
+    return 1;
 }
 
 int ledger_meta_set_u64(struct ledger *l, const char *key, uint64_t val)
