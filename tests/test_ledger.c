@@ -170,6 +170,45 @@ static void read_only_file(const char *dir)
     unlink(path);
 }
 
+/* A ledger in a folder this process may not write: SQLite cannot make its journal files there
+ * and failed only at the first statement ("attempt to write a readonly database", exit 1 into a
+ * restart loop). Refused at open, naming the folder: an existing ledger and a new one alike. */
+static void read_only_folder(const char *dir)
+{
+    char sub[600], path[700], fresh[700], err[512];
+    snprintf(sub, sizeof sub, "%s/rofolder", dir);
+    snprintf(path, sizeof path, "%s/ledger.db", sub);
+    snprintf(fresh, sizeof fresh, "%s/new.db", sub);
+    CHECK(mkdir(sub, 0700) == 0);
+    struct ledger *l;
+    CHECK_OK(ledger_open(&l, path, err, sizeof err));
+    CHECK_OK(ledger_meta_set(l, "k", "v"));
+    CHECK_OK(ledger_commit(l, err, sizeof err));
+    ledger_close(l);
+    CHECK(chmod(sub, 0500) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3 };
+        struct __user_cap_data_struct none[2] = { { 0 } };
+        if (syscall(SYS_capset, &h, none) < 0)
+            _exit(2);
+        int r = ledger_open(&l, path, err, sizeof err);
+        printf("expected error: %s\n", r < 0 ? err : "(opened)");
+        if (r != -EACCES || !strstr(err, path) || !strstr(err, "its folder") || !strstr(err, "not writable"))
+            _exit(1);
+        r = ledger_open(&l, fresh, err, sizeof err);
+        printf("expected error: %s\n", r < 0 ? err : "(opened)");
+        fflush(stdout);
+        _exit(r == -EACCES && strstr(err, fresh) && strstr(err, "not writable") ? 0 : 1);
+    }
+    int st;
+    CHECK_INT(waitpid(pid, &st, 0), ==, pid);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK(chmod(sub, 0700) == 0);
+    unlink(path);
+    rmdir(sub);
+}
+
 int main(void)
 {
     char path[512], err[512];
@@ -177,6 +216,7 @@ int main(void)
     foreign_db(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     checkpoints_and_schema_1(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     read_only_file(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    read_only_folder(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     struct ledger *l;
     CHECK_OK(ledger_open(&l, path, err, sizeof err));
     for (uint32_t i = 0; i < 100; i++) {

@@ -1,11 +1,13 @@
 /* ledger.c: SQLite persistence of the run (schema, prepared statements, one open
  * transaction per event batch). WAL + synchronous=FULL: a commit survives a power cut. */
 #include <errno.h>
+#include <fcntl.h>
 #include <sqlite3.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "common/err.h"
 #include "daemons/coordinator/ledger.h"
 
@@ -203,6 +205,19 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
     if (!l)
         return -ENOMEM;
     snprintf(l->path, sizeof l->path, "%s", path);
+    /* SQLite makes its journal files (path-wal, path-shm) beside the ledger: in a folder this
+     * process may not write, it fails at the first statement with "attempt to write a readonly
+     * database" whatever the file's own mode, and every restart the same. */
+    char dir[sizeof l->path];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (slash == path ? 1 : (int)(slash - path)) : 1, slash ? path : ".");
+    if (faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) < 0 && (errno == EACCES || errno == EROFS)) {
+        int e = errno;
+        snprintf(err, errlen, "%s: its folder %s is not writable by this process (%s): the ledger's journal "
+                 "files are made beside it", path, dir, strerror(e));
+        ledger_close(l);
+        return -e;
+    }
     int rc = sqlite3_open_v2(path, &l->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
     const char *what = "open";
     if (rc != SQLITE_OK)
