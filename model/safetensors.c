@@ -198,6 +198,16 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
         return df_fail(err, errlen, -DF_EFORMAT, "%s: header is not a JSON object", path);
 
     const char *json = (const char *)base + 8, *json_end = NULL;
+    /* A name with "\u0000" in it would be read as the part before it (C strings), so two
+     * tensors could answer to one name: a NUL anywhere in the header's strings is refused. */
+    for (const char *p = json; (p = memchr(p, 'u', (size_t)(json + hlen - p))) && json + hlen - p >= 5; p++) {
+        size_t bs = 0;
+        while (p - bs > json && p[-1 - (ptrdiff_t)bs] == '\\')
+            bs++;
+        if (bs % 2 && !memcmp(p + 1, "0000", 4))
+            return df_fail(err, errlen, -DF_EFORMAT, "%s: header has a NUL character (\\u0000) in a string, at byte %zu",
+                           path, (size_t)(p - 1 - json));
+    }
     cJSON *root = cJSON_ParseWithLengthOpts(json, (size_t)hlen, &json_end, 0);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
@@ -256,6 +266,15 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
                          (unsigned long long)spans[i].begin, (unsigned long long)spans[i].end);
                 break;
             }
+    }
+    /* ... nor leave bytes to no tensor (the format's own readers refuse a hole, as a sign of a
+     * header that lost entries): the data block is the tensors, end to end. */
+    for (int i = 0; r == 0 && i <= nspan; i++) {
+        uint64_t from = i ? spans[i - 1].end : 0, to = i < nspan ? spans[i].begin : data_len;
+        if (to > from)
+            r = df_fail(err, errlen, -DF_EFORMAT, "%s: data bytes [%llu, %llu) belong to no tensor (%s%s%s%s)", path,
+                        (unsigned long long)from, (unsigned long long)to, i ? "after '" : "before the first tensor",
+                        i ? spans[i - 1].name : "", i ? "'" : "", i == nspan ? ", at the end of the file" : "");
     }
     free(spans);
     return r;

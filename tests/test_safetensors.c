@@ -173,6 +173,7 @@ static void test_valid(void)
 static void test_bad_files(void)
 {
     const char *p;
+    char err[512];
     const char *ok = "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
 
     p = tpath("tiny.safetensors");
@@ -201,6 +202,30 @@ static void test_bad_files(void)
     write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
                 "\"v\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", data, 20, -1);
     expect_fail(p, -DF_EFORMAT, "tensors 'w' [0, 16) and 'v' [12, 20) overlap");
+
+    /* bytes no tensor owns: a hole, a head, a tail (the format's own readers refuse them) */
+    p = tpath("hole.safetensors");
+    write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                "\"v\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}", data, 20, -1);
+    expect_fail(p, -DF_EFORMAT, "data bytes [8, 12) belong to no tensor (after 'w')");
+    write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", data, 12, -1);
+    expect_fail(p, -DF_EFORMAT, "data bytes [0, 4) belong to no tensor (before the first tensor)");
+    write_st(p, ok, data, 20, -1);
+    expect_fail(p, -DF_EFORMAT, "data bytes [16, 20) belong to no tensor (after 'w', at the end of the file)");
+    write_st(p, "{}", data, 4, -1);
+    expect_fail(p, -DF_EFORMAT, "data bytes [0, 4) belong to no tensor (before the first tensor, at the end");
+
+    /* a NUL in a name would make "w\u0000x" answer to "w"; an escaped backslash before u0000 is no NUL */
+    p = tpath("nul.safetensors");
+    write_st(p, "{\"w\\u0000x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
+    expect_fail(p, -DF_EFORMAT, "header has a NUL character (\\u0000) in a string, at byte 3");
+    write_st(p, "{\"__metadata__\":{\"a\":\"\\\\\\u0000\"}}", data, 0, -1);
+    expect_fail(p, -DF_EFORMAT, "NUL character");
+    write_st(p, "{\"w\\\\u0000x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
+    struct st_set *ns = NULL;
+    CHECK_OK(st_open_file(&ns, p, err, sizeof err));
+    CHECK(st_find(ns, "w\\u0000x") != NULL);
+    st_close(ns);
 
     p = tpath("twice.safetensors");                      /* one name twice: said so */
     write_st(p, "{\"w\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
@@ -265,7 +290,6 @@ static void test_bad_files(void)
                 "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", data, 16, -1);
     expect_fail(p, -DF_EFORMAT, "tensor 'w' appears twice");
 
-    char err[512];
     struct st_set *s;
     CHECK(st_open_file(&s, tpath("no-such-file"), err, sizeof err) == -ENOENT);
     CHECK_CONTAINS(err, "no-such-file");
