@@ -184,6 +184,8 @@ struct drafter_step_info {
     double lr;
     double grad_norm;           /* after scaling, before clipping */
     int64_t step;               /* optimizer steps done, this one included */
+    double device_ms;           /* CUDA asynchronous steps: the step's time on the GPU, its input there
+                                   to its results copied back (all-reduce included); else 0 */
 };
 int drafter_optimizer_step(struct drafter *d, double global_weight_sum,
                            const struct drafter_train_opts *o, struct drafter_step_info *info);

@@ -110,8 +110,13 @@ struct drafter_cuda {
         int state;              /* RES_EMPTY, RES_PENDING (event not yet seen), RES_DONE (retired, unread) */
         uint64_t seq;
         int rc;                 /* 0, -DF_ENAN (skipped, non-finite), -DF_ERANGE (nothing supervised) */
+        int start;              /* its ev_start: the step's device time is from there to ev_res */
     } res[RES_DEPTH];
     cudaEvent_t ev_res[RES_DEPTH], ev_meta;
+    /* The compute stream reaching a training pass, its input on the device: one per result in
+     * flight and one for the pass enqueued before its optimizer step. */
+    cudaEvent_t ev_start[RES_DEPTH + 1];
+    int start_next, start_pending;      /* the next ev_start to record; the unpaired one, or -1 */
     cudaEvent_t ev_input;       /* copy stream: the features of the last pass are on the device (its
                                    source has been read); the compute stream waits for it */
     cudaEvent_t ev_hs_free[2];  /* compute stream: the last pass that read hs[i] is done with it */
@@ -289,6 +294,8 @@ extern "C" void drafter_cuda_free(struct drafter_cuda *dc)
     if (dc->meta_host) cudaFreeHost(dc->meta_host);
     for (int i = 0; i < RES_DEPTH; i++)
         if (dc->ev_res[i]) cudaEventDestroy(dc->ev_res[i]);
+    for (int i = 0; i < RES_DEPTH + 1; i++)
+        if (dc->ev_start[i]) cudaEventDestroy(dc->ev_start[i]);
     if (dc->ev_meta) cudaEventDestroy(dc->ev_meta);
     if (dc->ev_input) cudaEventDestroy(dc->ev_input);
     for (int i = 0; i < 2; i++)
@@ -358,6 +365,7 @@ extern "C" int drafter_cuda_load_from_host(struct drafter_cuda *dc, const struct
         dc->res[i].state = RES_EMPTY;
     dc->res_read = dc->res_next;
     dc->n_pending = 0;
+    dc->start_pending = -1;
     CU(cudaMemcpy(dc->params, d->params, bytes, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dc->m, d->opt->m, bytes, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dc->v, d->opt->v, bytes, cudaMemcpyHostToDevice));
@@ -501,8 +509,11 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
                   cudaEventCreateWithFlags(&dc->ev_input, cudaEventDisableTiming) == cudaSuccess &&
                   cudaEventCreateWithFlags(&dc->ev_hs_free[0], cudaEventDisableTiming) == cudaSuccess &&
                   cudaEventCreateWithFlags(&dc->ev_hs_free[1], cudaEventDisableTiming) == cudaSuccess;
-        for (int i = 0; ok && i < RES_DEPTH; i++)
-            ok = cudaEventCreateWithFlags(&dc->ev_res[i], cudaEventDisableTiming) == cudaSuccess;
+        for (int i = 0; ok && i < RES_DEPTH; i++)     /* timed: a step's device time ends here */
+            ok = cudaEventCreate(&dc->ev_res[i]) == cudaSuccess;
+        for (int i = 0; ok && i < RES_DEPTH + 1; i++)
+            ok = cudaEventCreate(&dc->ev_start[i]) == cudaSuccess;
+        dc->start_pending = -1;
         if (ok && opts->profile) {
             dc->profile = 1;
             dc->prof_ev = (cudaEvent_t *)calloc(PROF_MARKS, sizeof *dc->prof_ev);
@@ -959,8 +970,26 @@ static int enqueue_compute(struct drafter_cuda *dc, const struct obj_batch *b, i
 /* Enqueue one pass: metrics into d_mvec, gradients (backward) into the gradient buffer. No host
  * wait except for the pinned mirror of the previous pass (long done in a loop) and the f32
  * feature conversion. */
+/* The start of an asynchronous step's device time: the compute stream has its input. An event no
+ * unread result holds (a pass whose step never came, left out by the group, held none). */
+static int mark_start(struct drafter_cuda *dc)
+{
+    int e = dc->start_next;
+    for (int tries = 0; tries <= RES_DEPTH; tries++, e = (e + 1) % (RES_DEPTH + 1)) {
+        bool held = false;
+        for (uint64_t q = dc->res_read; q < dc->res_next && !held; q++)
+            held = dc->res[q % RES_DEPTH].start == e;
+        if (!held)
+            break;
+    }
+    CU(cudaEventRecord(dc->ev_start[e], dc->stream));
+    dc->start_pending = e;
+    dc->start_next = (e + 1) % (RES_DEPTH + 1);
+    return 0;
+}
+
 static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, const struct obj_block *blk, int nb,
-                        double gamma, int backward, int block_loss)
+                        double gamma, int backward, int block_loss, int timed)
 {
     if (b->n_tokens < 1 || b->n_tokens > dc->max_tokens || nb < 0 || nb > dc->max_blocks ||
         b->n_seqs < 1 || b->n_seqs > dc->max_tokens || (!b->hidden_bf16 == !b->hidden_f32))
@@ -975,6 +1004,8 @@ static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, cons
         return R;
     if (nb == 0) {      /* nothing supervised: no feature is read, every gradient is zero */
         CU(cudaEventRecord(dc->ev_input, dc->copy));    /* complete once earlier copies are */
+        if (timed)
+            TRY(mark_start(dc));
         metrics_vec_kernel<<<1, 32, 0, s>>>(dc->md.mbase, NULL, dc->d_mvec);
         CU(cudaGetLastError());
         if (backward)
@@ -985,6 +1016,8 @@ static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, cons
     const int buf = dc->hs_next;
     TRY(stage_hidden(dc, b, buf));
     dc->hs_next = buf ^ 1;
+    if (timed)
+        TRY(mark_start(dc));
     int r = enqueue_compute(dc, b, nb, R, n_tiles, backward, block_loss, buf);
     if (r < 0)      /* a later copy into buf still waits for whatever this pass enqueued */
         cudaEventRecord(dc->ev_hs_free[buf], s);
@@ -1001,7 +1034,7 @@ static int run_pass(struct drafter_cuda *dc, const struct obj_batch *b, const st
     memset(m, 0, sizeof *m);
     if (block_loss && nb > 0)
         memset(block_loss, 0, (size_t)nb * sizeof *block_loss);
-    TRY(enqueue_pass(dc, b, blk, nb, gamma, backward, block_loss != NULL));
+    TRY(enqueue_pass(dc, b, blk, nb, gamma, backward, block_loss != NULL, 0));
     cudaStream_t s = dc->stream;
     CU(cudaMemcpyAsync(dc->h_metrics, dc->d_mvec, sizeof *m, cudaMemcpyDeviceToHost, s));
     if (block_loss && nb > 0)
@@ -1071,7 +1104,7 @@ extern "C" int drafter_cuda_optimizer_step(struct drafter_cuda *dc, double globa
 extern "C" int drafter_cuda_forward_backward_async(struct drafter_cuda *dc, const struct obj_batch *b,
                                                    const struct obj_block *blocks, int n_blocks, double gamma)
 {
-    return enqueue_pass(dc, b, blocks, n_blocks, gamma, 1, 0);
+    return enqueue_pass(dc, b, blocks, n_blocks, gamma, 1, 0, 1);
 }
 
 extern "C" double *drafter_cuda_metrics_dev(struct drafter_cuda *dc) { return dc->d_mvec; }
@@ -1085,6 +1118,10 @@ extern "C" int drafter_cuda_optimizer_step_async(struct drafter_cuda *dc, const 
         return -DF_ESTATE;      /* RES_DEPTH results are waiting to be read */
     CU(cudaSetDevice(dc->device));
     cudaStream_t s = dc->stream;
+    if (dc->start_pending < 0)
+        TRY(mark_start(dc));    /* a rank without a batch: zeros and the all-reduce, no pass */
+    dc->res[slot].start = dc->start_pending;
+    dc->start_pending = -1;
     mark(dc, DCP_OPT);
     TRY(gk_grad_clip_dev(dc->grads, dc->n_params, dc->d_mvec + 1, dc->d_mvec, (float)o->grad_clip,
                          dc->norm_work, dc->d_clip, s));
@@ -1147,6 +1184,12 @@ extern "C" int drafter_cuda_step_result(struct drafter_cuda *dc, int wait, struc
         info->lr = dc->h_res[slot].count.lr;
         info->grad_norm = dc->h_res[slot].clip[0];
         info->step = dc->h_res[slot].count.step;
+        float ms = 0;     /* both events complete: no wait */
+        if (cudaEventElapsedTime(&ms, dc->ev_start[dc->res[slot].start], dc->ev_res[slot]) != cudaSuccess) {
+            cudaGetLastError();     /* not left for the next launch check to find */
+            ms = 0;
+        }
+        info->device_ms = ms;
     }
     int rc = dc->res[slot].rc;
     dc->res[slot].state = RES_EMPTY;

@@ -100,7 +100,8 @@ int drafter_cuda_train_step(struct drafter_cuda *dc, const struct obj_batch *b, 
  * 4. drafter_cuda_step_result(): the results of the oldest step not yet read, typically one step
  *    later: 0, -DF_ENAN (not finite: skipped, nothing changed), -DF_ERANGE (nothing supervised:
  *    skipped), -EAGAIN (wait = 0 and not done), -ENOENT (none in flight), -DF_ECUDA. Up to 4
- *    results may be in flight; a fifth optimizer_step_async returns -DF_ESTATE.
+ *    results may be in flight; a fifth optimizer_step_async returns -DF_ESTATE. info->device_ms: the
+ *    step's GPU time, from its pass having its input on the device to the results' copy (events).
  * The step count that sets a step's lr and bias correction is kept on the device and advanced by
  * the update itself only when it is applied: a skipped step in flight shifts nothing for the steps
  * enqueued after it (they run as in a run resumed from the state before them). A result's lr and

@@ -415,6 +415,7 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
             CHECK_NEAR(ma.loss_sum, ms[s].loss_sum, TWIN_LOSS_REL * fabs(ms[s].loss_sum));
             CHECK_NEAR(ia.grad_norm, is[s].grad_norm, TWIN_NORM_REL * is[s].grad_norm);
             CHECK_INT(ia.step, ==, is[s].step);
+            CHECK(ia.device_ms > 0 && ia.device_ms < 60e3);     /* each its own GPU time */
         }
         /* -X is another batch: a step that read it in place of X would be seen */
         CHECK(fabs(ms[2].loss_sum - ms[1].loss_sum) > 1e-3 * fabs(ms[1].loss_sum));

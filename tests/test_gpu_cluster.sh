@@ -76,6 +76,14 @@ print("%s: %d steps, loss %.3f -> %.3f, accept_len %.2f -> %.2f" % (sys.argv[1].
       sum(r["accept_len"] for r in rows[:k]) / k, sum(r["accept_len"] for r in rows[-k:]) / k))
 if sys.argv[2] == "falls":
     assert last < first - 0.1, "loss did not fall"
+    # step time is the GPU's (input there to results back), not the time between results: with
+    # the target down twice, the steps' sum is well under the run's span
+    assert all(r["step_ms"] > 0 for r in rows[1:]), "a step without its GPU time"
+    span = rows[-1]["time"] - rows[0]["time"]
+    busy = sum(r["step_ms"] for r in rows[1:]) / 1e3
+    print("GPU step time: median %.2f ms, %.1f s of the %.1f s between the first and last result (%.0f%%)" % (
+          sorted(r["step_ms"] for r in rows)[len(rows) // 2], busy, span, 100 * busy / span))
+    assert busy < 0.9 * span, "step_ms sums to the run's span: the time between results, not the GPU's"
 EOF
 }
 

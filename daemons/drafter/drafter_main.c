@@ -1368,11 +1368,12 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
             f->ts.batch_in_epoch = 0;
         f->ts.epoch = rec->epoch;
     }
-    /* Steps are pipelined: their rate is from result to result. */
+    /* Steps are pipelined: their rate is from result to result; step time is the GPU's, as the
+     * CPU backend's is its compute (slot waits in neither). */
     double dt = f->last_result_ns ? (double)(now - f->last_result_ns) / 1e9 : 0;
     f->last_result_ns = now;
     step_done(f, rec->have, rec->b, rec->peers, rec->ghave, rec->gseqs, (uint64_t)info->step, rc, gm, info,
-              dt * 1e3, dt);
+              info->device_ms > 0 ? info->device_ms : dt * 1e3, dt);
 }
 
 /* Release the staged slots whose H2D is done (wait: first wait for those copies). */
