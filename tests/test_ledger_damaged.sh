@@ -46,3 +46,26 @@ cl_wait_exit coord3 30
 grep -q "$db: reading the drafter group's lineage: meta ckpt_step = '12abc' is not a decimal number" "$CL_DIR/coord3.log" ||
   fail "no clear message for the meta number: $(tail -n 2 "$CL_DIR/coord3.log")"
 echo "ok: $(grep -h "is not a decimal number" "$CL_DIR/coord3.log" | sed 's/^<[0-9]>//')"
+
+# The drafter ranks' owner tokens, a list of numbers: a damaged one is refused the same way.
+rm -f "$db" "$db-wal" "$db-shm"
+cp "$T/good.db" "$db"
+"$CL_PY" - "$db" <<'PY' || fail "cannot spoil the ledger's group tokens"
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("INSERT INTO meta(key, value) VALUES ('group_tokens', '123,4x5') "
+          "ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+c.commit()
+PY
+cl_start coord4 coordinator-d -c "$CL_INI"
+cl_wait_exit coord4 30
+[[ $CL_RC == 78 ]] || fail "coordinator on a ledger with group_tokens '123,4x5' exited with '$CL_RC', wanted 78"
+grep -q "meta group_tokens = '123,4x5' is not a list of decimal numbers" "$CL_DIR/coord4.log" ||
+  fail "no clear message for the group tokens: $(tail -n 2 "$CL_DIR/coord4.log")"
+# ... and the good copy still starts (the checks refuse only damage)
+rm -f "$db" "$db-wal" "$db-shm"
+cp "$T/good.db" "$db"
+cl_start coord5 coordinator-d -c "$CL_INI"
+cl_wait 'True' 20 coord5 || fail "the coordinator did not start on the undamaged ledger: $(tail -n 2 "$CL_DIR/coord5.log")"
+cl_kill coord5 TERM
+cl_wait_exit coord5 20

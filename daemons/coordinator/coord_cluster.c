@@ -413,6 +413,25 @@ static void save_group(struct coord *co)
     ledger_meta_set(co->ledger, "group_tokens", toks);
 }
 
+/* save_group's list back into rank_token: -DF_EFORMAT unless every item is a plain decimal
+ * (a hand edit or damage; the ranks it names would not be known again). Items past the world
+ * size (a smaller drafter.world_size now) are dropped, missing ones stay 0. */
+static int parse_rank_tokens(struct coord *co, const char *toks)
+{
+    const char *p = toks;
+    for (uint32_t k = 0; *p; k++) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (*p < '0' || *p > '9' || errno || (*end && *end != ',') || (*end == ',' && !end[1]))
+            return -DF_EFORMAT;
+        if (k < co->grp.world)
+            co->grp.rank_token[k] = v;
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
 static void add_limit(struct coord *co, uint64_t gen, int64_t limit)
 {
     struct dgroup *g = &co->grp;
@@ -1907,11 +1926,11 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         return r;
     }
     co->grp.active = active != 0;
-    char *p = toks;
-    for (uint32_t k = 0; k < co->grp.world && *p; k++) {
-        co->grp.rank_token[k] = strtoull(p, &p, 10);
-        if (*p == ',')
-            p++;
+    if ((r = parse_rank_tokens(co, toks)) < 0) {
+        snprintf(err, errlen, "%s: reading the drafter group's lineage: meta group_tokens = '%.60s%s' is not a list "
+                 "of decimal numbers, one per rank, comma-separated", co->ledger_path, toks,
+                 strlen(toks) > 60 ? "..." : "");
+        return r;
     }
 
     co->state = PROTO_STATE_STARTING;
