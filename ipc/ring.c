@@ -408,7 +408,8 @@ static int half_made(const char *name, const struct ring_hdr *hdr, ssize_t got, 
     if (got == 0) {
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
-        if (now.tv_sec - st->st_mtim.tv_sec < HALF_MADE_GRACE_S)
+        long long age = (long long)now.tv_sec - (long long)st->st_mtim.tv_sec;
+        if (age >= -1 && age < HALF_MADE_GRACE_S)   /* (a clock stepped back: not young for ever) */
             return df_fail(err, errlen, -EAGAIN, "ring %s: an empty object, maybe being created", name);
         return df_fail(err, errlen, -DF_EDEAD, "ring %s: an empty object left by a creation cut short", name);
     }

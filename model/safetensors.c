@@ -198,8 +198,11 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
         return df_fail(err, errlen, -DF_EFORMAT, "%s: header is not a JSON object", path);
 
     const char *json = (const char *)base + 8, *json_end = NULL;
-    /* A name with "\u0000" in it would be read as the part before it (C strings), so two
-     * tensors could answer to one name: a NUL anywhere in the header's strings is refused. */
+    /* A name with a NUL in it would be read as the part before it (C strings), so two tensors
+     * could answer to one name: a NUL anywhere in the header, raw or escaped, is refused. */
+    const char *raw = memchr(json, 0, (size_t)hlen);
+    if (raw)
+        return df_fail(err, errlen, -DF_EFORMAT, "%s: header has a NUL byte, at byte %zu", path, (size_t)(raw - json));
     for (const char *p = json; (p = memchr(p, 'u', (size_t)(json + hlen - p))) && json + hlen - p >= 5; p++) {
         size_t bs = 0;
         while (p - bs > json && p[-1 - (ptrdiff_t)bs] == '\\')

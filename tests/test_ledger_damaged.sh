@@ -69,3 +69,18 @@ cl_start coord5 coordinator-d -c "$CL_INI"
 cl_wait 'True' 20 coord5 || fail "the coordinator did not start on the undamaged ledger: $(tail -n 2 "$CL_DIR/coord5.log")"
 cl_kill coord5 TERM
 cl_wait_exit coord5 20
+
+# The run's state numbers (here "fatal") too: one read as 0 would resume a failed run as healthy.
+rm -f "$db" "$db-wal" "$db-shm"
+cp "$T/good.db" "$db"
+"$CL_PY" - "$db" <<'PY' || fail "cannot spoil the ledger's state"
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("INSERT INTO meta(key, value) VALUES ('fatal', '1x') ON CONFLICT(key) DO UPDATE SET value = excluded.value")
+c.commit()
+PY
+cl_start coord6 coordinator-d -c "$CL_INI"
+cl_wait_exit coord6 30
+[[ $CL_RC == 78 ]] || fail "coordinator on a ledger with meta fatal '1x' exited with '$CL_RC', wanted 78"
+grep -q "reading the run's state: meta fatal = '1x' is not a decimal number" "$CL_DIR/coord6.log" ||
+  fail "no clear message for the state number: $(tail -n 2 "$CL_DIR/coord6.log")"

@@ -221,8 +221,18 @@ static void test_bad_files(void)
     expect_fail(p, -DF_EFORMAT, "header has a NUL character (\\u0000) in a string, at byte 3");
     write_st(p, "{\"__metadata__\":{\"a\":\"\\\\\\u0000\"}}", data, 0, -1);
     expect_fail(p, -DF_EFORMAT, "NUL character");
-    write_st(p, "{\"w\\\\u0000x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
+    {   /* a raw NUL byte in a name: cJSON keeps it, and the name would be read as "w" */
+        static const char raw[] = "{\"w\0x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
+        const size_t n = sizeof raw - 1;
+        FILE *f = fopen(p, "wb");
+        CHECK(f);
+        unsigned char len8[8] = { (unsigned char)n };
+        CHECK(fwrite(len8, 1, 8, f) == 8 && fwrite(raw, 1, n, f) == n && fwrite(data, 1, 16, f) == 16);
+        fclose(f);
+        expect_fail(p, -DF_EFORMAT, "header has a NUL byte, at byte 3");
+    }
     struct st_set *ns = NULL;
+    write_st(p, "{\"w\\\\u0000x\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
     CHECK_OK(st_open_file(&ns, p, err, sizeof err));
     CHECK(st_find(ns, "w\\u0000x") != NULL);
     st_close(ns);

@@ -306,18 +306,30 @@ static void save_state(struct coord *co)
     ledger_meta_set_u64(co->ledger, "failed_open", co->state == PROTO_STATE_FAILED);
 }
 
-static void restore_state(struct coord *co)
+/* One of save_state's numbers: 0 when absent; a malformed one fails the start (a "fatal" read as
+ * 0 would resume a failed run as a healthy one). */
+static int state_num(struct coord *co, const char *key, uint64_t *v)
+{
+    *v = 0;
+    int r = ledger_meta_get_u64(co->ledger, key, v);
+    return r < 0 ? r : 0;
+}
+
+static int restore_state(struct coord *co)
 {
     char name[32];
-    uint64_t v;
-    if (ledger_meta_get_u64(co->ledger, "resumes", &v) == 1)
-        co->resumes = (uint32_t)v;
-    co->nan_pending = ledger_meta_get_u64(co->ledger, "nan_pending", &v) == 1 && v;
-    co->nan_step = co->nan_pending && ledger_meta_get_u64(co->ledger, "nan_step", &v) == 1 ? v : 0;
-    if (ledger_meta_get(co->ledger, "state", name, sizeof name) != 1)
-        return;
-    if (!strcmp(name, proto_state_name(PROTO_STATE_FAILED)) &&
-        ledger_meta_get_u64(co->ledger, "failed_open", &v) == 1 && v) {
+    uint64_t resumes, nan_pending, nan_step, failed_open, fatal, finishing;
+    int r;
+    if ((r = state_num(co, "resumes", &resumes)) < 0 || (r = state_num(co, "nan_pending", &nan_pending)) < 0 ||
+        (r = state_num(co, "nan_step", &nan_step)) < 0 || (r = state_num(co, "failed_open", &failed_open)) < 0 ||
+        (r = state_num(co, "fatal", &fatal)) < 0 || (r = state_num(co, "finishing", &finishing)) < 0)
+        return r;
+    co->resumes = (uint32_t)resumes;
+    co->nan_pending = nan_pending != 0;
+    co->nan_step = co->nan_pending ? nan_step : 0;
+    if ((r = ledger_meta_get(co->ledger, "state", name, sizeof name)) != 1)
+        return r < 0 ? r : 0;
+    if (!strcmp(name, proto_state_name(PROTO_STATE_FAILED)) && failed_open) {
         /* The run failed and its coordinator's clean exit was not recorded (it died while it
          * waited for the daemons to take the STOP, or its last commit failed): this start ends
          * the run as that one would have. */
@@ -327,18 +339,19 @@ static void restore_state(struct coord *co)
         co->stopped_ms = mono_ms();
         log_error(0, "the run had failed (%s) and its coordinator's clean exit was not recorded: it ends failed "
                   "again; start the coordinator once more to run on", co->reason);
-        return;
+        return 0;
     }
     for (int s = PROTO_STATE_PAUSED; s <= PROTO_STATE_DRAINING; s++)
         if (!strcmp(name, proto_state_name((unsigned)s))) {
             co->state = s;
             ledger_meta_get(co->ledger, "reason", co->reason, sizeof co->reason);
-            co->fatal = ledger_meta_get_u64(co->ledger, "fatal", &v) == 1 && v;
-            co->finishing = s == PROTO_STATE_DRAINING && ledger_meta_get_u64(co->ledger, "finishing", &v) == 1 && v;
+            co->fatal = fatal != 0;
+            co->finishing = s == PROTO_STATE_DRAINING && finishing;
             log_notice("resuming %s%s%s%s", proto_state_name((unsigned)s), co->reason[0] ? ": " : "", co->reason,
                        co->fatal ? " (a fatal error: it ends FAILED)" : "");
             break;
         }
+    return 0;
 }
 
 void coord_set_state(struct coord *co, int state, const char *reason)
@@ -1937,7 +1950,10 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     if (!lc.rows && (r = build_epoch(co, 0, 1, err, errlen)) < 0)
         return r;
     if (lc.rows) {
-        restore_state(co);
+        if ((r = restore_state(co)) < 0) {
+            snprintf(err, errlen, "%s: reading the run's state: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+            return r;
+        }
         if (co->grp.active && run_complete(co)) {
             /* killed after the run completed, before its exit closed the group: nothing of the
              * group is wanted any more (its ranks are gone or leaving on the STOP) */

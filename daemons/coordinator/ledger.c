@@ -2,6 +2,7 @@
  * transaction per event batch). WAL + synchronous=FULL: a commit survives a power cut. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sqlite3.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -208,9 +209,10 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
     /* SQLite makes its journal files (path-wal, path-shm) beside the ledger: in a folder this
      * process may not write, it fails at the first statement with "attempt to write a readonly
      * database" whatever the file's own mode, and every restart the same. */
-    char dir[sizeof l->path];
-    const char *slash = strrchr(path, '/');
-    snprintf(dir, sizeof dir, "%.*s", slash ? (slash == path ? 1 : (int)(slash - path)) : 1, slash ? path : ".");
+    char dir[PATH_MAX], real[PATH_MAX];
+    const char *at = realpath(path, real) ? real : path;    /* a link: the journal goes beside its target */
+    const char *slash = strrchr(at, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (slash == at ? 1 : (int)(slash - at)) : 1, slash ? at : ".");
     if (faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) < 0 && (errno == EACCES || errno == EROFS)) {
         int e = errno;
         snprintf(err, errlen, "%s: its folder %s is not writable by this process (%s): the ledger's journal "
@@ -370,6 +372,7 @@ static int run(struct ledger *l, sqlite3_stmt *s)
 
 int ledger_meta_get(struct ledger *l, const char *key, char *val, size_t cap)
 {
+    l->why[0] = 0;      /* a read's own reason only, never an earlier one's */
     sqlite3_stmt *s = l->st[ST_META_GET];
     sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
     int rc = sqlite3_step(s), found = 0;
@@ -450,6 +453,7 @@ int ledger_batch_update(struct ledger *l, const struct ledger_batch *b)
 
 int ledger_batch_foreach(struct ledger *l, int (*fn)(void *ctx, const struct ledger_batch *b), void *ctx)
 {
+    l->why[0] = 0;
     sqlite3_stmt *s = l->st[ST_BATCH_ALL];
     int rc, r = 0;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
