@@ -558,6 +558,25 @@ fail_close:
 
 void ring_trust_user(uid_t uid) { atomic_store(&g_trust_uid, uid); }
 
+int ring_is_dflash_object(const char *name)
+{
+    struct stat st;
+    int fd = fileio_shm_open(name, O_RDONLY, &st);
+    if (fd < 0)
+        return fd;
+    struct ring_hdr hdr;
+    memset(&hdr, 0, sizeof hdr);
+    ssize_t got = pread(fd, &hdr, sizeof hdr, 0);
+    int e = errno;
+    close(fd);
+    if (got < 0)
+        return -e;
+    if (got >= (ssize_t)sizeof hdr.magic && atomic_load(&hdr.magic) == RING_MAGIC)
+        return 1;
+    char why[8];
+    return half_made(name, &hdr, got, &st, why, sizeof why) != 0;
+}
+
 int ring_hold(const char *name, char *err, size_t errlen)
 {
     int rc = name_check(name, err, errlen);

@@ -88,6 +88,11 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
  * which made the ring). (uid_t)-1 takes that back. Process-wide. */
 void ring_trust_user(uid_t uid);
 
+/* Whether the object under `name` is a ring (its magic) or one a ring_create left unfinished, read
+ * without the trust checks of ring_attach (for the coordinator's choice to replace an untrusted
+ * object only if it is dflash's): 1, 0 (something else), or -errno (cannot be read). */
+int ring_is_dflash_object(const char *name);
+
 /* Hold the shm object now called `name` for this process: an exclusive flock on it, let go when the
  * returned fd (O_CLOEXEC) is closed or the process ends. The coordinator holds its ring so that a
  * second coordinator under the same ring name (another cluster of that name) takes over, remakes

@@ -99,6 +99,11 @@ int main(void)
     char back[sizeof theirs] = "";
     CHECK_INT(pread(fd, back, sizeof back, 0), ==, (ssize_t)sizeof theirs);
     CHECK(memcmp(back, theirs, sizeof theirs) == 0);
+    /* ... also when it is not to be trusted (every user may write it): it is still not dflash's */
+    CHECK_OK(fchmod(fd, 0666));
+    expect_config_error("writable by every user.*, and is not a dflash ring: left alone");
+    CHECK_INT(pread(fd, back, sizeof back, 0), ==, (ssize_t)sizeof theirs);
+    CHECK(memcmp(back, theirs, sizeof theirs) == 0);
     close(fd);
     ring_unlink(TC.ring);
 

@@ -167,8 +167,14 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
     case -DF_EDEAD:             /* a creation cut short: dflash's own, holding nothing */
         log_warn(0, "replacing %s", why);
         break;
+    case -EPERM:                /* not to be trusted (another user's, or every user's to write): */
+        if (ring_is_dflash_object(co->ring_name) == 0) {   /* replaced if a ring, or unreadable */
+            snprintf(err, errlen, "%s, and is not a dflash ring: left alone; remove /dev/shm%s or give cluster.name "
+                     "another value", why, co->ring_name);
+            return -DF_EMAGIC;
+        }
+        /* fall through */
     case -DF_ELAYOUT: case -DF_EVERSION: case -DF_ETRUNC: case -DF_EFORMAT:
-    case -EPERM:                /* not to be trusted (another user's, or every user's to write) */
     case -EINVAL:               /* not a file (a FIFO) */
         if ((r = replaceable(co, why, err, errlen)) < 0)
             return r;
