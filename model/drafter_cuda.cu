@@ -967,11 +967,9 @@ static int enqueue_compute(struct drafter_cuda *dc, const struct obj_batch *b, i
     return 0;
 }
 
-/* Enqueue one pass: metrics into d_mvec, gradients (backward) into the gradient buffer. No host
- * wait except for the pinned mirror of the previous pass (long done in a loop) and the f32
- * feature conversion. */
 /* The start of an asynchronous step's device time: the compute stream has its input. An event no
- * unread result holds (a pass whose step never came, left out by the group, held none). */
+ * unread result holds (a pass whose step never came, left out by the group, held none). A later
+ * mark replaces an unpaired one. */
 static int mark_start(struct drafter_cuda *dc)
 {
     int e = dc->start_next;
@@ -988,6 +986,15 @@ static int mark_start(struct drafter_cuda *dc)
     return 0;
 }
 
+extern "C" int drafter_cuda_mark_start(struct drafter_cuda *dc)
+{
+    CU(cudaSetDevice(dc->device));
+    return mark_start(dc);
+}
+
+/* Enqueue one pass: metrics into d_mvec, gradients (backward) into the gradient buffer. No host
+ * wait except for the pinned mirror of the previous pass (long done in a loop) and the f32
+ * feature conversion. */
 static int enqueue_pass(struct drafter_cuda *dc, const struct obj_batch *b, const struct obj_block *blk, int nb,
                         double gamma, int backward, int block_loss, int timed)
 {

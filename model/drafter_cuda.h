@@ -109,6 +109,10 @@ int drafter_cuda_train_step(struct drafter_cuda *dc, const struct obj_batch *b, 
  */
 int drafter_cuda_forward_backward_async(struct drafter_cuda *dc, const struct obj_batch *b,
                                         const struct obj_block *blocks, int n_blocks, double gamma);
+/* A step with no pass on this rank (zeros into the group's sums): where its device time starts,
+ * before what the caller enqueues for it. A pass's own start (forward_backward_async) or this one
+ * replaces any earlier start left without its step. */
+int drafter_cuda_mark_start(struct drafter_cuda *dc);
 double *drafter_cuda_metrics_dev(struct drafter_cuda *dc);
 void *drafter_cuda_input_event(struct drafter_cuda *dc);       /* cudaEvent_t */
 int drafter_cuda_optimizer_step_async(struct drafter_cuda *dc, const struct drafter_train_opts *o);

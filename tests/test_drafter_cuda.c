@@ -426,6 +426,27 @@ static void random_case(const char *name, const struct drafter_config *cfg, int 
         CHECK(dmax <= TWIN_PARAM_ABS);
         cudaFreeHost(hx);
     }
+    /* A pass whose step never came (its batch left out by the group) leaves its start behind; a
+     * step with no pass on this rank (zeros into the sums) starts its device time itself and is not
+     * charged the host's 300 ms since that pass. The step is skipped (nothing supervised), the
+     * state untouched. */
+    {
+        CHECK_OK(drafter_cuda_forward_backward_async(da, &f.batch, blk, nb, GAMMA));
+        cudaStream_t s = (cudaStream_t)drafter_cuda_stream(da);
+        CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+        usleep(300000);
+        size_t n;
+        float *g = drafter_cuda_grads(da, &n);
+        CHECK_OK(drafter_cuda_mark_start(da));
+        CHECK(cudaMemsetAsync(g, 0, n * sizeof *g, s) == cudaSuccess &&
+              cudaMemsetAsync(drafter_cuda_metrics_dev(da), 0, DRAFTER_METRICS_N * sizeof(double), s) == cudaSuccess);
+        CHECK_OK(drafter_cuda_optimizer_step_async(da, &o));
+        struct drafter_metrics mz;
+        struct drafter_step_info iz;
+        CHECK_INT(drafter_cuda_step_result(da, 1, &mz, &iz), ==, -DF_ERANGE);
+        printf("  %s step without a pass, 300 ms after an unpaired one: device time %.3f ms\n", name, iz.device_ms);
+        CHECK(iz.device_ms > 0 && iz.device_ms < 150);
+    }
     /* nothing supervised: the asynchronous step is skipped and says so; a step enqueued behind it
      * before its result is read takes the exact step count: twice over, it gives the weights the
      * synchronous drafter's steps give from the same state without the skipped one (bitwise), and

@@ -1571,7 +1571,8 @@ static int iterate_cuda(struct dft *f)
         size_t n;
         float *g = drafter_cuda_grads(f->gpu, &n);
         double *mv = drafter_cuda_metrics_dev(f->gpu);
-        if (!have && (cudaMemsetAsync(g, 0, n * sizeof *g, s) != cudaSuccess ||
+        if (!have && (drafter_cuda_mark_start(f->gpu) < 0 ||      /* its step's device time from here */
+                      cudaMemsetAsync(g, 0, n * sizeof *g, s) != cudaSuccess ||
                       cudaMemsetAsync(mv, 0, DRAFTER_METRICS_N * sizeof *mv, s) != cudaSuccess))
             return -DF_ECUDA;   /* this rank adds nothing to the sums */
         if (f->nccl && (r = nccl_coll_allreduce_sum(f->nccl, g, n, mv, DRAFTER_METRICS_N, s)) < 0)
