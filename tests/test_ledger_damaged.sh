@@ -29,58 +29,41 @@ grep -q "$db: reading the batches: batch 0 has state 9, not one of 0..4" "$CL_DI
 [[ $(md5sum "$db" | cut -d' ' -f1) == "$sum_before" ]] || fail "the damaged ledger was changed"
 echo "ok: $(grep -h "reading the batches" "$CL_DIR/coord2.log" | sed 's/^<[0-9]>//')"
 
+# The undamaged ledger back in place, with meta KEY set to VALUE when given.
+good_ledger() {
+  rm -f "$db" "$db-wal" "$db-shm"
+  cp "$T/good.db" "$db"
+  [[ $# == 0 ]] && return
+  "$CL_PY" - "$db" "$1" "$2" <<'PY' || fail "cannot set meta $1 in the ledger"
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+          (sys.argv[2], sys.argv[3]))
+c.commit()
+PY
+}
+
+# A coordinator (named NAME) on the ledger with meta KEY = VALUE exits 78 saying MESSAGE.
+refused_meta() {
+  local name=$1 key=$2 value=$3 message=$4
+  good_ledger "$key" "$value"
+  cl_start "$name" coordinator-d -c "$CL_INI"
+  cl_wait_exit "$name" 30
+  [[ $CL_RC == 78 ]] || fail "coordinator on a ledger with meta $key '$value' exited with '$CL_RC', wanted 78"
+  grep -q "$message" "$CL_DIR/$name.log" || fail "no clear message for meta $key: $(tail -n 2 "$CL_DIR/$name.log")"
+  echo "ok: $(grep -h "$message" "$CL_DIR/$name.log" | sed 's/^<[0-9]>//')"
+}
+
 # A meta number edited by hand (the drafter group's checkpoint step): refused the same way, not
 # read as the number its leading digits make.
-rm -f "$db" "$db-wal" "$db-shm"
-cp "$T/good.db" "$db"
-"$CL_PY" - "$db" <<'PY' || fail "cannot spoil the ledger's meta"
-import sqlite3, sys
-c = sqlite3.connect(sys.argv[1])
-c.execute("INSERT INTO meta(key, value) VALUES ('ckpt_step', '12abc') "
-          "ON CONFLICT(key) DO UPDATE SET value = excluded.value")
-c.commit()
-PY
-cl_start coord3 coordinator-d -c "$CL_INI"
-cl_wait_exit coord3 30
-[[ $CL_RC == 78 ]] || fail "coordinator on a ledger with meta ckpt_step '12abc' exited with '$CL_RC', wanted 78"
-grep -q "$db: reading the drafter group's lineage: meta ckpt_step = '12abc' is not a decimal number" "$CL_DIR/coord3.log" ||
-  fail "no clear message for the meta number: $(tail -n 2 "$CL_DIR/coord3.log")"
-echo "ok: $(grep -h "is not a decimal number" "$CL_DIR/coord3.log" | sed 's/^<[0-9]>//')"
-
-# The drafter ranks' owner tokens, a list of numbers: a damaged one is refused the same way.
-rm -f "$db" "$db-wal" "$db-shm"
-cp "$T/good.db" "$db"
-"$CL_PY" - "$db" <<'PY' || fail "cannot spoil the ledger's group tokens"
-import sqlite3, sys
-c = sqlite3.connect(sys.argv[1])
-c.execute("INSERT INTO meta(key, value) VALUES ('group_tokens', '123,4x5') "
-          "ON CONFLICT(key) DO UPDATE SET value = excluded.value")
-c.commit()
-PY
-cl_start coord4 coordinator-d -c "$CL_INI"
-cl_wait_exit coord4 30
-[[ $CL_RC == 78 ]] || fail "coordinator on a ledger with group_tokens '123,4x5' exited with '$CL_RC', wanted 78"
-grep -q "meta group_tokens = '123,4x5' is not a list of decimal numbers" "$CL_DIR/coord4.log" ||
-  fail "no clear message for the group tokens: $(tail -n 2 "$CL_DIR/coord4.log")"
-# ... and the good copy still starts (the checks refuse only damage)
-rm -f "$db" "$db-wal" "$db-shm"
-cp "$T/good.db" "$db"
+refused_meta coord3 ckpt_step 12abc "$db: reading the drafter group's lineage: meta ckpt_step = '12abc' is not a decimal number"
+# The drafter ranks' owner tokens, a list of numbers.
+refused_meta coord4 group_tokens 123,4x5 "meta group_tokens = '123,4x5' is not a list of decimal numbers"
+# The run's state numbers (here "fatal"): one read as 0 would resume a failed run as healthy.
+refused_meta coord6 fatal 1x "reading the run's state: meta fatal = '1x' is not a decimal number"
+# ... and the undamaged copy still starts (the checks refuse only damage)
+good_ledger
 cl_start coord5 coordinator-d -c "$CL_INI"
 cl_wait 'True' 20 coord5 || fail "the coordinator did not start on the undamaged ledger: $(tail -n 2 "$CL_DIR/coord5.log")"
 cl_kill coord5 TERM
 cl_wait_exit coord5 20
-
-# The run's state numbers (here "fatal") too: one read as 0 would resume a failed run as healthy.
-rm -f "$db" "$db-wal" "$db-shm"
-cp "$T/good.db" "$db"
-"$CL_PY" - "$db" <<'PY' || fail "cannot spoil the ledger's state"
-import sqlite3, sys
-c = sqlite3.connect(sys.argv[1])
-c.execute("INSERT INTO meta(key, value) VALUES ('fatal', '1x') ON CONFLICT(key) DO UPDATE SET value = excluded.value")
-c.commit()
-PY
-cl_start coord6 coordinator-d -c "$CL_INI"
-cl_wait_exit coord6 30
-[[ $CL_RC == 78 ]] || fail "coordinator on a ledger with meta fatal '1x' exited with '$CL_RC', wanted 78"
-grep -q "reading the run's state: meta fatal = '1x' is not a decimal number" "$CL_DIR/coord6.log" ||
-  fail "no clear message for the state number: $(tail -n 2 "$CL_DIR/coord6.log")"
