@@ -387,9 +387,10 @@ static int check_section_line(const char *line, int lineno, char *why, size_t wh
         return 0;   /* no section line, or one without ']': inih's syntax error */
     const char *tail = close + 1 + strspn(close + 1, " \t\r\n\v\f");
     int name = (int)(close + 1 - line), n = (int)strcspn(tail, "\r\n");
+    int len = (int)(close - line - 1);
     char section[64];
-    if ((size_t)(close - line - 1) >= sizeof section ||
-        (snprintf(section, sizeof section, "%.*s", (int)(close - line - 1), line + 1), !section_known(section))) {
+    snprintf(section, sizeof section, "%.*s", len, line + 1);
+    if (len >= (int)sizeof section || !section_known(section)) {
         /* the keys of an unknown section are refused; an empty one (a misspelt header above
          * keys commented out) would pass unseen */
         snprintf(why, whylen, "%.*s: unknown section", name < 70 ? name : 70, line);

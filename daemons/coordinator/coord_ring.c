@@ -114,6 +114,13 @@ static void ring_set_access(const struct coord *co)
                  co->cfg->cluster.group[0] ? " and group " : "", co->cfg->cluster.group);
 }
 
+/* Another program's object under the ring's name (why): kept as it is, the start refused. */
+static int leave_alone(const struct coord *co, const char *why, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s: left alone; remove /dev/shm%s or give cluster.name another value", why, co->ring_name);
+    return -DF_EMAGIC;
+}
+
 /* An incompatible ring (why) is replaced only if it holds nothing: 0, else -DF_ELAYOUT. */
 static int replaceable(const struct coord *co, const char *why, char *err, size_t errlen)
 {
@@ -169,9 +176,9 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
         break;
     case -EPERM:                /* not to be trusted (another user's, or every user's to write): */
         if (ring_is_dflash_object(co->ring_name) == 0) {   /* replaced if a ring, or unreadable */
-            snprintf(err, errlen, "%s, and is not a dflash ring: left alone; remove /dev/shm%s or give cluster.name "
-                     "another value", why, co->ring_name);
-            return -DF_EMAGIC;
+            size_t n = strlen(why);
+            snprintf(why + n, sizeof why - n, ", and is not a dflash ring");
+            return leave_alone(co, why, err, errlen);
         }
         /* fall through */
     case -DF_ELAYOUT: case -DF_EVERSION: case -DF_ETRUNC: case -DF_EFORMAT:
@@ -180,11 +187,8 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
             return r;
         log_warn(0, "replacing incompatible ring %s: %s", co->ring_name, why);
         break;
-    case -DF_EMAGIC:
-        /* A file of this user's that is no ring: another program's data under the ring's name. */
-        snprintf(err, errlen, "%s: left alone; remove /dev/shm%s or give cluster.name another value",
-                 why, co->ring_name);
-        return r;
+    case -DF_EMAGIC:            /* a file of this user's that is no ring: another program's data */
+        return leave_alone(co, why, err, errlen);
     default:
         snprintf(err, errlen, "%s%s", why,
                  r == -EAGAIN ? " for over a second: another coordinator of this name starting?" : "");

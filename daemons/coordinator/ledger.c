@@ -404,7 +404,7 @@ int ledger_meta_get_u64(struct ledger *l, const char *key, uint64_t *val)
     char *end;
     errno = 0;
     unsigned long long v = strtoull(buf, &end, 10);
-    if (!buf[0] || buf[0] < '0' || buf[0] > '9' || *end || errno) {
+    if (buf[0] < '0' || buf[0] > '9' || *end || errno) {
         snprintf(l->why, sizeof l->why, "meta %.40s = '%.40s' is not a decimal number below 2^64", key, buf);
         return -DF_EFORMAT;
     }
