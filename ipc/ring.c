@@ -442,6 +442,21 @@ static int layout_diff(const struct ring_layout *have, const struct ring_layout 
     return 0;
 }
 
+/* The header of an opened object, read with pread, never through a mapping: a short object
+ * cannot SIGBUS us. 1: it has the ring magic; 0: no magic and not a ring a creation left
+ * unfinished (another program's object); -EAGAIN / -DF_EDEAD from half_made; another -errno. */
+static int read_head(int fd, const char *name, struct ring_hdr *hdr, const struct stat *st,
+                     char *err, size_t errlen)
+{
+    memset(hdr, 0, sizeof *hdr);
+    ssize_t got = pread(fd, hdr, sizeof *hdr, 0);
+    if (got < 0)
+        return df_fail(err, errlen, -errno, "ring %s: read header: %s", name, strerror(errno));
+    if (got >= (ssize_t)sizeof hdr->magic && atomic_load(&hdr->magic) == RING_MAGIC)
+        return 1;
+    return half_made(name, hdr, got, st, err, errlen);
+}
+
 static _Atomic uid_t g_trust_uid = (uid_t)-1;     /* ring_trust_user */
 
 int ring_attach(struct ring **out, const char *name, const struct ring_layout *expect,
@@ -473,22 +488,12 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
         rc = -EPERM;
         goto fail_close;
     }
-    /* Read the header with pread, never through a mapping: a short object cannot SIGBUS us. */
-    memset(&hdr, 0, sizeof hdr);
-    ssize_t got = pread(fd, &hdr, sizeof hdr, 0);
-    if (got < 0) {
-        rc = -errno;
-        snprintf(err, errlen, "ring %s: read header: %s", name, strerror(-rc));
+    if ((rc = read_head(fd, name, &hdr, &st, err, errlen)) < 0)
         goto fail_close;
-    }
-    uint64_t magic = atomic_load(&hdr.magic);
-    if (got < (ssize_t)sizeof magic || magic != RING_MAGIC) {
-        rc = half_made(name, &hdr, got, &st, err, errlen);
-        if (!rc) {
-            snprintf(err, errlen, "ring %s: not a dflash ring (bad magic %016llx, object of %lld bytes)",
-                     name, (unsigned long long)magic, (long long)st.st_size);
-            rc = -DF_EMAGIC;
-        }
+    if (!rc) {
+        snprintf(err, errlen, "ring %s: not a dflash ring (bad magic %016llx, object of %lld bytes)",
+                 name, (unsigned long long)atomic_load(&hdr.magic), (long long)st.st_size);
+        rc = -DF_EMAGIC;
         goto fail_close;
     }
     /* The size again, now that the magic is seen: the creator sizes the object before it stores
@@ -565,16 +570,10 @@ int ring_is_dflash_object(const char *name)
     if (fd < 0)
         return fd;
     struct ring_hdr hdr;
-    memset(&hdr, 0, sizeof hdr);
-    ssize_t got = pread(fd, &hdr, sizeof hdr, 0);
-    int e = errno;
-    close(fd);
-    if (got < 0)
-        return -e;
-    if (got >= (ssize_t)sizeof hdr.magic && atomic_load(&hdr.magic) == RING_MAGIC)
-        return 1;
     char why[8];
-    return half_made(name, &hdr, got, &st, why, sizeof why) != 0;
+    int rc = read_head(fd, name, &hdr, &st, why, sizeof why);
+    close(fd);
+    return rc == -EAGAIN || rc == -DF_EDEAD ? 1 : rc;
 }
 
 int ring_hold(const char *name, char *err, size_t errlen)
