@@ -243,11 +243,19 @@ struct dataset_writer {
     uint32_t vocab, max_id, max_len;
     struct dataset_hash tok_hash;
     int failed;
+    mode_t mode;                /* the output's: the replaced file's, or a new file's under the umask */
+    bool exists;                /* a file is replaced: its identity, for dataset_writer_is_output */
+    dev_t dev;
+    ino_t ino;
 };
 
 uint64_t dataset_writer_samples(const struct dataset_writer *w) { return w->n_samples; }
 uint64_t dataset_writer_masked_tokens(const struct dataset_writer *w) { return w->masked; }
 const char *dataset_writer_temp_path(const struct dataset_writer *w) { return w->tmp; }
+bool dataset_writer_is_output(const struct dataset_writer *w, const struct stat *st)
+{
+    return w->exists && st->st_dev == w->dev && st->st_ino == w->ino;
+}
 
 void dataset_writer_free(struct dataset_writer *w)
 {
@@ -339,6 +347,14 @@ int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t 
     if (r < 0) {
         dataset_writer_free(w);
         return r;
+    }
+    struct stat st;
+    w->mode = 0666 & ~fileio_umask();
+    if (stat(w->target, &st) == 0) {    /* (a regular file: output_target said so) */
+        w->exists = true;
+        w->dev = st.st_dev;
+        w->ino = st.st_ino;
+        w->mode = st.st_mode & 07777;   /* rebuilt, not re-permitted: a private dataset stays private */
     }
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp.XXXXXX", w->target);
     w->fd = mkostemp(w->tmp, O_CLOEXEC);
@@ -477,7 +493,7 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
         r = errno ? -errno : -EIO;
         goto io_fail;
     }
-    if (fsync(w->fd) < 0 || fchmod(w->fd, 0644) < 0) {
+    if (fsync(w->fd) < 0 || fchmod(w->fd, w->mode) < 0) {
         r = -errno;
         goto io_fail;
     }

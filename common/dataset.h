@@ -2,6 +2,7 @@
  * memory-mapped and validated on open; and a streaming writer for it (dflash-data). */
 #pragma once
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /* File layout, little-endian (bump DATASET_VERSION when any of it changes):
@@ -89,7 +90,8 @@ uint64_t dataset_hash_final(const struct dataset_hash *s);
 /* Streaming writer: samples are appended, the file appears (atomically renamed into
  * place, fsync'd) only on dataset_writer_finish. vocab_size 0 = max id + 1. A path that exists
  * and is not a regular file is refused at open; through a symlink, the file it leads to is
- * replaced (the link stays). Its temp files are beside that file. */
+ * replaced (the link stays) and keeps its mode; a new file gets 0666 less the umask. Its temp
+ * files are beside that file. */
 struct dataset_writer;
 int dataset_writer_open(struct dataset_writer **w, const char *path, uint32_t vocab_size, char *err, size_t errlen);
 /* Append one sample; rejects length 0, ids >= vocab (when set), mask values other than 0/1. */
@@ -103,3 +105,7 @@ uint64_t dataset_writer_masked_tokens(const struct dataset_writer *w);  /* with 
 /* The temp file the writer fills and renames into place at finish, for a caller that removes it
  * from a signal handler (dataset_writer_free does otherwise). */
 const char *dataset_writer_temp_path(const struct dataset_writer *w);
+struct stat;
+/* Whether st (an input's) is the file the output replaces: reading it would read what is being
+ * written over (dflash-data build -o x x). */
+bool dataset_writer_is_output(const struct dataset_writer *w, const struct stat *st);

@@ -1,12 +1,30 @@
 /* fileio.c: whole-buffer read/write on a file descriptor.
  * Loops over short transfers and EINTR so callers see one result per buffer. */
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
 #include "common/fileio.h"
+
+mode_t fileio_umask(void)
+{
+    mode_t m = 022;
+    FILE *f = fopen("/proc/self/status", "re");
+    if (!f)
+        return m;
+    char line[128];
+    unsigned v;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Umask: %o", &v) == 1) {
+            m = (mode_t)(v & 0777);
+            break;
+        }
+    fclose(f);
+    return m;
+}
 
 int fileio_write_all(int fd, const void *buf, size_t n)
 {

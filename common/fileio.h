@@ -10,6 +10,11 @@ int fileio_read_all(int fd, void *buf, size_t n);
 /* Read until the file ends or cap bytes are in: the count, or -errno. */
 long fileio_read_upto(int fd, void *buf, size_t cap);
 
+#include <sys/types.h>
+/* The process's umask, read without changing it (umask(2) can only set it, and a set-and-restore
+ * races other threads creating files): from /proc/self/status, 022 where that says nothing. */
+mode_t fileio_umask(void);
+
 struct stat;
 /* Open path for reading if it is a regular file (config, JSON, token files): a FIFO in its place
  * opens without waiting for a writer and is refused like a folder, a socket or a device. The fd

@@ -168,6 +168,29 @@ opt_err "-v: 1073741825 is above the largest vocabulary, 1073741824" -v 10737418
 opt_err "-v: not a number: ' -1'" -v " -1"
 opt_err "-n: not a number: ' 5'" -n " 5"
 
+# The output is never one of the inputs (by name, through a link, or on stdin): refused before a
+# byte is read, the input as it was.
+cp "$T/in.jsonl" "$T/self.jsonl"
+ln -sf "$T/self.jsonl" "$T/self.link"
+self_err() {  # shown name, build args...
+  local name=$1; shift
+  if "$D" build -v 10 "$@" 2>"$T/err.txt"; then fail "built over its own input: $*"; fi
+  grep -qF "dflash-data: $name: is the output (-o " "$T/err.txt" || fail "self-output message: $(cat "$T/err.txt")"
+  cmp -s "$T/in.jsonl" "$T/self.jsonl" || fail "the input was replaced: $*"
+  ! compgen -G "$T/self.jsonl.*" >/dev/null || fail "left $(compgen -G "$T/self.jsonl.*")"
+}
+self_err "$T/self.jsonl" -o "$T/self.jsonl" "$T/self.jsonl"
+self_err "$T/self.jsonl" -o "$T/self.link" "$T/in.jsonl" "$T/self.jsonl"
+self_err "<stdin>" -o "$T/self.jsonl" < "$T/self.jsonl"
+
+# The output's mode: a new file's follows the umask, a rebuilt one keeps its own.
+rm -f "$T/priv.bin"
+(umask 077; "$D" build -o "$T/priv.bin" -v 10 "$T/in.jsonl" >/dev/null) || fail "build under umask 077"
+[[ $(stat -c %a "$T/priv.bin") == 600 ]] || fail "a new output under umask 077 is mode $(stat -c %a "$T/priv.bin")"
+chmod 640 "$T/priv.bin"
+(umask 022; "$D" build -o "$T/priv.bin" -v 10 "$T/in.jsonl" >/dev/null) || fail "rebuild"
+[[ $(stat -c %a "$T/priv.bin") == 640 ]] || fail "a rebuilt output is mode $(stat -c %a "$T/priv.bin"), was 640"
+
 "$D" synth -o "$T/s.bin" -n 50 -v 64 --min-len 4 --max-len 32 >/dev/null || fail "synth"
 "$D" verify "$T/s.bin" >/dev/null || fail "synth output does not verify"
 head -c 1000 "$T/s.bin" > "$T/cut.bin"

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "common/dataset.h"
 #include "common/err.h"
@@ -217,6 +218,16 @@ static int cmd_build(const char *out, uint32_t vocab, int end_line, char **input
     if (n_inputs == 0) {
         inputs = stdin_name;
         n_inputs = 1;
+    }
+    for (int f = 0; f < n_inputs; f++) {   /* before a byte is read: the output replaces no input */
+        struct stat st;
+        bool std = !strcmp(inputs[f], "-");
+        if ((std ? fstat(0, &st) : stat(inputs[f], &st)) == 0 && dataset_writer_is_output(w, &st)) {
+            fprintf(stderr, "dflash-data: %s: is the output (-o %s) too: refused, nothing written\n",
+                    std ? "<stdin>" : inputs[f], out);
+            dataset_writer_free(w);
+            return 1;
+        }
     }
     struct buf b = { 0 };
     char *line = NULL;
