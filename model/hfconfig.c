@@ -107,6 +107,12 @@ static int parse_rope(const struct ctx *c, const cJSON *root, struct hf_rope *ro
     if (params) {
         if (!cJSON_IsObject(params))
             return fail(c, -DF_EFORMAT, "rope_parameters", "expected an object");
+        /* Readers differ on which of the two a model uses (transformers 5 takes rope_scaling over
+         * rope_parameters); a file that has both is ambiguous, never guessed at. */
+        const cJSON *legacy = item(root, "rope_scaling");
+        if (legacy && !cJSON_IsNull(legacy))
+            return fail(c, -DF_EFORMAT, "rope_scaling", "given beside rope_parameters: which one the model was "
+                        "trained with is ambiguous; keep one of them");
         prefix = "rope_parameters.";
         if ((r = get_double(c, params, prefix, "rope_theta", true, 0, 1e-6, 1e12, &rope->theta)) < 0)
             return r;
@@ -211,6 +217,10 @@ static int parse_root(const cJSON *root, const char *path, struct hf_config *cfg
     } else if (cfg->hidden_size % cfg->num_heads) {
         r = fail(&c, -DF_EMISSING, "head_dim", "missing and hidden_size %d is not a multiple of num_attention_heads %d",
                  cfg->hidden_size, cfg->num_heads);
+        goto out;
+    } else if (cfg->hidden_size / cfg->num_heads > 4096) {
+        r = fail(&c, -DF_ERANGE, "head_dim", "hidden_size %d / num_attention_heads %d = %d is out of range [2, 4096]",
+                 cfg->hidden_size, cfg->num_heads, cfg->hidden_size / cfg->num_heads);
         goto out;
     } else {
         cfg->head_dim = cfg->hidden_size / cfg->num_heads;

@@ -177,6 +177,15 @@ static void test_errors(void)
     expect_err(llama_json("\"rope_theta\":0.5"), -DF_ERANGE, "rope_theta", "0.5 must be greater than 1");
     expect_err(llama_json("\"rope_parameters\":{\"rope_theta\":1}"), -DF_ERANGE, "rope_parameters.rope_theta",
                "1 must be greater than 1");
+    expect_err(llama_json("\"rope_parameters\":{\"rope_theta\":5e5},\"rope_scaling\":{\"rope_type\":\"llama3\","
+                          "\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+                          "\"original_max_position_embeddings\":8192}"),
+               -DF_EFORMAT, "rope_scaling", "given beside rope_parameters");
+    parse_ok(llama_json("\"rope_parameters\":{\"rope_theta\":5e5},\"rope_scaling\":null"));
+    /* a head size derived from hidden_size / heads is held to the bound a given head_dim is */
+    expect_err("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":1048576,\"num_hidden_layers\":4,"
+               "\"num_attention_heads\":1,\"intermediate_size\":128,\"vocab_size\":512}",
+               -DF_ERANGE, "head_dim", "1048576 / num_attention_heads 1 = 1048576 is out of range [2, 4096]");
     expect_err(llama_json("\"rope_parameters\":[1]"), -DF_EFORMAT, "rope_parameters", "expected an object");
     expect_err(llama_json("\"rope_scaling\":{\"factor\":2.0}"), -DF_EMISSING, "rope_scaling.type", "missing");
     expect_err(llama_json("\"rope_scaling\":{\"rope_type\":\"llama3\",\"low_freq_factor\":1.0,"
