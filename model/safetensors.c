@@ -234,6 +234,15 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
     }
     const cJSON *e;
     cJSON_ArrayForEach(e, root) {
+        /* A field twice in one entry ("shape" twice) is read as the first here and as the last
+         * by other readers: the same file, two tensors. (A name twice: finish says so.) */
+        char dup[128];
+        if (json_duplicate_key(e, dup, sizeof dup)) {
+            r = df_fail(err, errlen, -DF_EFORMAT, "%s: %s%s%s: %s appears twice in its entry", path,
+                        strcmp(e->string, "__metadata__") ? "tensor '" : "", e->string,
+                        strcmp(e->string, "__metadata__") ? "'" : "", dup);
+            break;
+        }
         if (!strcmp(e->string, "__metadata__")) {
             if (!cJSON_IsObject(e)) {
                 r = df_fail(err, errlen, -DF_EFORMAT, "%s: __metadata__ is not an object", path);

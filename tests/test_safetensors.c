@@ -245,6 +245,13 @@ static void test_bad_files(void)
                 "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", data, 16, -1);
     expect_fail(p, -DF_EFORMAT, "tensor 'w' appears twice");
 
+    p = tpath("field-twice.safetensors");                /* a field twice in an entry: readers differ */
+    write_st(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,1],\"shape\":[1,2],\"data_offsets\":[0,8]}}", data, 8, -1);
+    expect_fail(p, -DF_EFORMAT, "tensor 'a': shape appears twice in its entry");
+    write_st(p, "{\"__metadata__\":{\"format\":\"pt\",\"format\":\"np\"},"
+                "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", data, 8, -1);
+    expect_fail(p, -DF_EFORMAT, "__metadata__: format appears twice in its entry");
+
     p = tpath("dtype.safetensors");
     write_st(p, "{\"w\":{\"dtype\":\"Q4_K\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 16, -1);
     expect_fail(p, -DF_EUNSUPPORTED, "tensor 'w': unknown dtype 'Q4_K'");
