@@ -393,18 +393,22 @@ int ckpt_write_files(const char *dir, const struct drafter *d, const struct ckpt
                      char *err, size_t errlen)
 {
     char path[4096];
+    if (errlen)
+        err[0] = 0;
     _cleanup_free_ char *json = config_json(&d->cfg);
-    if (!json)
-        return -ENOMEM;
     snprintf(path, sizeof path, "%s/%s", dir, CKPT_CONFIG);
-    int r = write_text(path, json, err, errlen);
-    if (r < 0)
-        return r;
-    snprintf(path, sizeof path, "%s/%s", dir, CKPT_WEIGHTS);
-    if ((r = write_weights(path, d, err, errlen)) < 0)
-        return r;
-    snprintf(path, sizeof path, "%s/%s", dir, CKPT_OPTIMIZER);
-    return write_optimizer(path, d, ts, err, errlen);
+    int r = json ? write_text(path, json, err, errlen) : -ENOMEM;
+    if (r == 0) {
+        snprintf(path, sizeof path, "%s/%s", dir, CKPT_WEIGHTS);
+        r = write_weights(path, d, err, errlen);
+    }
+    if (r == 0) {
+        snprintf(path, sizeof path, "%s/%s", dir, CKPT_OPTIMIZER);
+        r = write_optimizer(path, d, ts, err, errlen);
+    }
+    if (r < 0 && errlen && !err[0])     /* out of memory, mostly: no callee says why */
+        snprintf(err, errlen, "%s: %s", path, strerror(-r));
+    return r;
 }
 
 /* Remove a checkpoint directory: its regular files, then the directory. */
