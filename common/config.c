@@ -596,11 +596,13 @@ int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t er
         return -EINVAL;
     }
     char cwd[CFG_STR_MAX];
-    if (k->path && !getcwd(cwd, sizeof cwd)) {
-        snprintf(err, errlen, "override %s.%s: the current folder: %s", buf, dot + 1, strerror(errno));
-        return -errno;
+    bool relative = k->path && eq[1] && eq[1] != '/';   /* only then is the current folder asked */
+    if (relative && !getcwd(cwd, sizeof cwd)) {
+        int e = errno;
+        snprintf(err, errlen, "override %s.%s: the current folder: %s", buf, dot + 1, strerror(e));
+        return -e;
     }
-    int r = cfg_store(cfg, k, eq + 1, k->path ? cwd : NULL, why, sizeof why);
+    int r = cfg_store(cfg, k, eq + 1, relative ? cwd : NULL, why, sizeof why);
     if (r < 0)
         snprintf(err, errlen, "override %s.%s: %s", buf, dot + 1, why);
     return r;

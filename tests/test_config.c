@@ -152,6 +152,17 @@ int main(void)
     CHECK(getcwd(here, sizeof here) != NULL);
     snprintf(want, sizeof want, "%s/m.jsonl", here);
     CHECK_STR(cfg.drafter.metrics_path, want);
+    /* In a folder whose path is longer than a value may be, an absolute value is taken as it is:
+     * only a relative one needs the current folder (it failed: "the current folder: ERANGE"). */
+    char deep[64];
+    memset(deep, 'd', 60);
+    deep[60] = 0;
+    for (int i = 0; i < 5; i++)
+        CHECK_OK((mkdir(deep, 0755) < 0 && errno != EEXIST) ? -errno : chdir(deep));
+    CHECK_OK(cfg_set(&cfg, "data.path=/abs/x.bin", err, sizeof err));
+    CHECK_STR(cfg.data.path, "/abs/x.bin");
+    CHECK(cfg_set(&cfg, "data.path=x.bin", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "override data.path: the current folder: ");
     CHECK_OK(chdir(cwd));
     char lng[300], asg[400];
     memset(lng, 'r', 250);
