@@ -41,13 +41,14 @@ int target_default_layer_ids(int num_target_layers, int num_draft_layers, int *o
     return num_draft_layers;
 }
 
-int target_find_layer(const struct target *m, int layer, const struct st_tensor *t[TW_COUNT],
-                      char *err, size_t errlen)
+/* Each per-layer tensor's shape as config.json gives it ({rows, 0} for a vector; want false for a
+ * tensor the architecture or config does not have). */
+struct wt_shape { int64_t rows, cols; bool want; };
+static void layer_shapes(const struct hf_config *c, struct wt_shape shape[TW_COUNT])
 {
-    const struct hf_config *c = &m->cfg;
     const int64_t H = c->hidden_size, D = c->head_dim, FF = c->intermediate_size;
     const int64_t QD = (int64_t)c->num_heads * D, KD = (int64_t)c->num_kv_heads * D;
-    const struct { int64_t rows, cols; bool want; } shape[TW_COUNT] = {
+    const struct wt_shape s[TW_COUNT] = {
         [TW_IN_NORM] = { H, 0, true },          [TW_POST_NORM] = { H, 0, true },
         [TW_Q] = { QD, H, true },               [TW_K] = { KD, H, true },
         [TW_V] = { KD, H, true },               [TW_O] = { H, QD, true },
@@ -59,6 +60,25 @@ int target_find_layer(const struct target *m, int layer, const struct st_tensor 
         [TW_GATE_BIAS] = { FF, 0, c->mlp_bias }, [TW_UP_BIAS] = { FF, 0, c->mlp_bias },
         [TW_DOWN_BIAS] = { H, 0, c->mlp_bias },
     };
+    memcpy(shape, s, sizeof s);
+}
+
+uint64_t target_layer_numel(const struct hf_config *c)
+{
+    struct wt_shape shape[TW_COUNT];
+    layer_shapes(c, shape);
+    uint64_t n = 0;
+    for (int w = 0; w < TW_COUNT; w++)
+        if (shape[w].want)
+            n += (uint64_t)shape[w].rows * (uint64_t)(shape[w].cols ? shape[w].cols : 1);
+    return n;
+}
+
+int target_find_layer(const struct target *m, int layer, const struct st_tensor *t[TW_COUNT],
+                      char *err, size_t errlen)
+{
+    struct wt_shape shape[TW_COUNT];
+    layer_shapes(&m->cfg, shape);
     for (int w = 0; w < TW_COUNT; w++) {
         t[w] = NULL;
         if (!shape[w].want)

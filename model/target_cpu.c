@@ -67,16 +67,8 @@ static int check_fits(const struct target *m, size_t scratch, char *err, size_t 
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     if (pages <= 0 || page <= 0)
         return 0;       /* (unknown: the allocations tell) */
-    size_t weights = 0;
-    for (int l = 0; l < m->last_layer + 1; l++) {
-        const struct st_tensor *t[TW_COUNT];
-        int r = target_find_layer(m, l, t, err, errlen);
-        if (r < 0)
-            return r;
-        for (int w = 0; w < TW_COUNT; w++)
-            if (t[w])
-                weights += (size_t)t[w]->numel * sizeof(float);
-    }
+    /* (from config.json: the files are read once, by the load; their shapes are held to it there) */
+    const size_t weights = (size_t)(m->last_layer + 1) * target_layer_numel(&m->cfg) * sizeof(float);
     const size_t have = (size_t)pages * (size_t)page;
     if (weights + scratch <= have)
         return 0;

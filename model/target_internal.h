@@ -43,6 +43,9 @@ enum target_wt {
 };
 extern const char *const target_wt_suffix[TW_COUNT];
 
+/* The elements of one layer's tensors, from config.json alone (the shapes target_find_layer holds
+ * the files to). */
+uint64_t target_layer_numel(const struct hf_config *c);
 /* Find and check (dtype, shape against config.json) every tensor of one layer. */
 int target_find_layer(const struct target *m, int layer, const struct st_tensor *t[TW_COUNT],
                       char *err, size_t errlen);

@@ -5,6 +5,7 @@
 #include "common/err.h"
 #include "model/cpu_ops.h"
 #include "model/target.h"
+#include "model/target_internal.h"
 #include "tests/test.h"
 
 #define NSEQ 3
@@ -246,6 +247,26 @@ static const char *make_hub_dir(void)
     return dir;
 }
 
+/* The CPU backend checks that a model fits from config.json alone (target_layer_numel), before
+ * reading a byte of it: the count must be the elements the files hold for each layer. */
+static void check_layer_numel(const char *dir)
+{
+    struct target *m;
+    char err[512] = "";
+    int ids[1] = { 0 };
+    if (target_open(&m, dir, ids, 1, TARGET_BACKEND_CPU, 0, 16, err, sizeof err) < 0)
+        TEST_FAIL("%s", err);
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        const struct st_tensor *t[TW_COUNT];
+        CHECK_OK(target_find_layer(m, l, t, err, sizeof err));
+        uint64_t n = 0;
+        for (int w = 0; w < TW_COUNT; w++)
+            n += t[w] ? (uint64_t)t[w]->numel : 0;
+        CHECK_INT(n, ==, target_layer_numel(&m->cfg));
+    }
+    target_close(m);
+}
+
 int main(void)
 {
     char err[512] = "", path[1024];
@@ -266,6 +287,8 @@ int main(void)
 
     check_packed("qwen3", golden_dir("qwen3"));
     check_packed("llama", golden_dir("llama"));
+    check_layer_numel(golden_dir("qwen3"));
+    check_layer_numel(golden_dir("llama"));
     check_default_ids();
     check_head();
 
