@@ -125,6 +125,7 @@ struct dft {
     int ckpt_bad_code;          /* ... reported (CKPT_BAD) with this code and reason, 0 = none: sent */
     char ckpt_bad_reason[PROTO_TEXT_MAX];   /* again at a reconnect until the RESTART comes */
     int poisoned;               /* a non-finite loss was seen: never checkpoint from here */
+    const char *poison_told;    /* the checkpoint last refused for it (said once, not each try) */
     uint32_t resumes;           /* the operator's resumes as the coordinator last said (WELCOME, RESUME) */
     uint32_t poisoned_at;       /* `resumes` when the non-finite loss was seen */
     int poisoned_away;          /* ... while disconnected: the next WELCOME's count is the one */
@@ -467,7 +468,9 @@ static int checkpoint(struct dft *f, const char *why, int wait)
     }
 #endif
     if (f->poisoned) {
-        log_warn(0, "no checkpoint (%s): a non-finite loss was seen in this state", why);
+        if (f->poison_told != why)      /* (a drain's is tried each slice: said once) */
+            log_warn(0, "no checkpoint (%s): a non-finite loss was seen in this state", why);
+        f->poison_told = why;
         return 0;
     }
     int64_t step = step_count(f);
@@ -507,7 +510,10 @@ static int checkpoint(struct dft *f, const char *why, int wait)
     }
     f->saved_step = step;
     f->unsaved = 0;
-    return started && wait ? ckpt_collect(f, 1) : 0;
+    /* wait: the state is recorded before this returns, whether this call wrote it or an earlier
+     * (periodic) write still in flight does: a rank stopping right after would end the generation
+     * before the coordinator had it, and roll back to the one before. */
+    return wait && (started || ckpt_writer_busy(f->writer)) ? ckpt_collect(f, 1) : 0;
 }
 
 /* After a group step: a rank voting to stop, the periodic step, or a drain with nothing left. */
@@ -617,6 +623,7 @@ static void poison(struct dft *f, int64_t step)
         f->nan_step = step;
     }
     f->poisoned = 1;
+    f->poison_told = NULL;
     /* The coordinator answers the report with a PAUSE (or a stop): the group, whose every rank
      * gets here in the same step, waits for it now instead of training on until it arrives. A
      * RESUME, a STOP or a reconnect's WELCOME sets the state again. */
@@ -651,10 +658,11 @@ static void resumes_seen(struct dft *f, uint32_t resumes, int welcome)
         log_notice("the cluster was resumed after the non-finite loss: checkpoints again");
         f->poisoned = 0;
         f->nan_report[0] = 0;
-    } else if (welcome && (f->state == PROTO_STATE_RUNNING || f->state == PROTO_STATE_STARTING) && f->nan_report[0]) {
-        /* Running (or starting: a restarted coordinator's recovery), not resumed since: the
-         * report never reached it (a coordinator that died with it unread; errors are not
-         * acknowledged). */
+    } else if (welcome && (f->state == PROTO_STATE_RUNNING || f->state == PROTO_STATE_STARTING ||
+                           f->state == PROTO_STATE_DRAINING) && f->nan_report[0]) {
+        /* Running (or starting: a restarted coordinator's recovery; or draining, which a report
+         * read would have ended), not resumed since: the report never reached it (a coordinator
+         * that died with it unread; errors are not acknowledged). */
         log_warn(-DF_ENAN, "the cluster runs as if this drafter had not reported its non-finite loss: reported again");
         client_error_nan(f->cl, (uint64_t)f->nan_step, f->nan_report);
     }
@@ -703,6 +711,7 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
         case PROTO_CTL_PAUSE:
             f->nan_answered = 1;
             f->state = PROTO_STATE_PAUSED;
+            f->draining = 0;    /* a drain a pause ends is off (a non-finite value): drained again after a resume */
             f->pick.since_ns = 0;   /* a wait for min_ready slots starts again after the pause */
             daemon_notify_status(&f->d, "paused: %s", m->control.reason);
             break;
