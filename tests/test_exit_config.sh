@@ -46,6 +46,21 @@ CL_PIDS[target_mem]=$!
 expect78 target_mem "more than this host's .* GiB: lower ring.max_tokens"
 
 cl_start_coord || fail "coordinator did not come up"
+# a coordinator of another cluster (its own runtime and state folders, so its own lock) given
+# this one's socket: it leaves the socket of the coordinator answering there alone (it removed
+# it as stale, and the running cluster's daemons and dflashctl could no longer reach it)
+mkdir -p "$CL_DIR/run2" "$CL_DIR/state2"
+for other in "$CL_NAME" "${CL_NAME}b"; do
+  cl_start coord_b coordinator-d -c "$CL_INI" -o cluster.name="$other" -o cluster.runtime_dir="$CL_DIR/run2" \
+    -o cluster.state_dir="$CL_DIR/state2" -o cluster.socket="$CL_SOCK"
+  expect78 coord_b "control socket $CL_SOCK: a coordinator answers there (another cluster's?): left alone"
+  "$CL_BIN/dflashctl" -s "$CL_SOCK" status >/dev/null || fail "the running coordinator cannot be reached any more"
+done
+# the TCP listener on an address not this host's (TEST-NET-1): exit 78, not a restart loop
+printf 's3cret-token-of-the-test-cluster\n' >"$T/tcp.token"; chmod 600 "$T/tcp.token"
+cl_start coord_c coordinator-d -c "$CL_INI" -o cluster.name="${CL_NAME}c" -o cluster.runtime_dir="$CL_DIR/run2" \
+  -o cluster.state_dir="$CL_DIR/state2" -o cluster.tcp_listen=192.0.2.1:9 -o cluster.tcp_token_file="$T/tcp.token"
+expect78 coord_c "cluster.tcp_listen 192.0.2.1:9: address not available"
 mv "$CL_DIR/data.bin" "$CL_DIR/data.away"     # the coordinator keeps its mapping of it
 cl_start target_data target-d -c "$CL_INI" -i 0
 expect78 target_data "data.bin: cannot open: No such file or directory"

@@ -224,9 +224,10 @@ int main(int argc, char **argv)
     daemon_notify_status(&co->d, "opening the control socket");
     if ((r = coord_server_start(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
-        /* cluster.group names no group, cluster.socket a path that cannot be one: a config
-         * error, not restarted */
-        if (r == -ENOENT || r == -EEXIST)
+        /* cluster.group names no group, cluster.socket a path that cannot be one or is taken,
+         * a folder it may not write, an address not this host's: a config error, not restarted
+         * (what a restart may clear, out of memory or descriptors, exits 1) */
+        if (r != -ENOMEM && r != -ENOBUFS && r != -EMFILE && r != -ENFILE && r != -EIO && r != -EINTR)
             co->exit_code = DAEMON_EX_CONFIG;
         goto out;
     }

@@ -552,7 +552,23 @@ static int tcp_listen_start(struct coord *co, char *err, size_t errlen)
     return 0;
 fail:
     snprintf(err, errlen, "cluster.tcp_listen %s: %s", co->cfg->cluster.tcp_listen, uv_strerror(r));
-    return -EIO;
+    return r;
+}
+
+/* 0 when a listener takes a connection on the unix socket at path (or has its backlog full),
+ * else the connect's -errno (-ECONNREFUSED: nobody listens, the file is stale). */
+static int socket_answers(const char *path)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    if (strlen(path) >= sizeof sa.sun_path)
+        return -ENAMETOOLONG;
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -errno;
+    int r = connect(fd, (const struct sockaddr *)&sa, sizeof sa) == 0 || errno == EAGAIN ? 0 : -errno;
+    close(fd);
+    return r;
 }
 
 int coord_server_start(struct coord *co, char *err, size_t errlen)
@@ -583,6 +599,13 @@ int coord_server_start(struct coord *co, char *err, size_t errlen)
                  gone ? strerror(errno) : "not a folder");
         return -ENOENT;
     }
+    /* Stale only if nobody answers: a coordinator of another cluster (its own runtime_dir, so
+     * its own lock) may listen there; removing its socket would cut it off from its daemons. */
+    if (socket_answers(co->socket_path) == 0) {
+        snprintf(err, errlen, "control socket %s: a coordinator answers there (another cluster's?): left alone; "
+                 "set cluster.socket to another path", co->socket_path);
+        return -EADDRINUSE;
+    }
     unlink(co->socket_path);
     int r = uv_pipe_init(co->loop, &co->server, 0);
     if (r < 0)
@@ -610,7 +633,7 @@ int coord_server_start(struct coord *co, char *err, size_t errlen)
     return 0;
 fail:
     snprintf(err, errlen, "control socket %s: %s", co->socket_path, uv_strerror(r));
-    return -EIO;
+    return r;       /* (libuv's codes are -errno here) */
 }
 
 void coord_server_close(struct coord *co)
