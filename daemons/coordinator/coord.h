@@ -160,6 +160,7 @@ struct coord {
     uv_check_t flush_check;
     char socket_path[108];
     bool socket_bound;              /* ours to remove at the end */
+    bool accept_held[2];            /* a connection on the socket [0] / TCP [1] listener waits for memory */
     char ring_name[PROTO_NAME_MAX];
     char ledger_path[CFG_STR_MAX + 64];
     gid_t allowed_gid;              /* cluster.group, or (gid_t)-1 */

@@ -458,6 +458,8 @@ static void hello_timeouts(struct coord *co)
     }
 }
 
+static void on_connection(uv_stream_t *server, int status);
+
 void coord_server_tick(struct coord *co)
 {
     uint64_t now = mono_ms();
@@ -465,6 +467,9 @@ void coord_server_tick(struct coord *co)
     for (struct member *m = co->closing; m; m = m->next)
         if (now >= m->close_deadline_ms && !uv_is_closing(&m->handle))
             uv_close(&m->handle, on_closed);
+    for (int i = 0; i < 2; i++)
+        if (co->accept_held[i])
+            on_connection(i ? (uv_stream_t *)&co->tcp_server : (uv_stream_t *)&co->server, 0);
 }
 
 static void on_connection(uv_stream_t *server, int status)
@@ -476,8 +481,17 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     struct member *m = calloc(1, sizeof *m);
-    if (!m)
+    if (!m) {
+        /* Left unaccepted, the listener waits (libuv polls it again only after an accept): the
+         * tick tries again, so a shortage delays connections and never ends them for good. */
+        if (!co->accept_held[tcp])
+            log_error(-ENOMEM, "accept%s: no memory for the connection: held until there is", tcp ? " (TCP)" : "");
+        co->accept_held[tcp] = true;
         return;
+    }
+    if (co->accept_held[tcp])
+        log_notice("accept%s: memory again: the connection held is taken", tcp ? " (TCP)" : "");
+    co->accept_held[tcp] = false;
     m->co = co;
     m->rank = -1;
     m->device = -1;
