@@ -51,7 +51,11 @@
  * 24. A second copy of a published batch (from a lease given back before its PUBLISHED came) is
  *     taken out of the ring when that PUBLISHED comes; the published copy stays.
  * 25. A checkpoint of a new generation at a step before the head it started from is refused: the
- *     head stays. */
+ *     head stays.
+ * 26. Each detached rank has its own dead_after_ms to come back, from its own disconnect: rank 0
+ *     hangs up, rank 1 later, rank 0 comes back; the group lives past rank 0's deadline and ends
+ *     at rank 1's (one deadline, the first rank's, once failed it while rank 1 had most of its
+ *     time left). */
 #include <sqlite3.h>
 #include "tests/test_coord_util.h"
 
@@ -1412,6 +1416,95 @@ static void stop_signal_during_start(void)
 }
 
 /* Between parts: every child, the coordinator, the ring and the ledger go. */
+/* A drafter of device 0 that joins, says so on `ready` once it has its GROUP, then takes
+ * commands from `cmd` while its heartbeats go on: 'h' hangs up (and stays silent), 'r' connects
+ * and joins again (its rank back, this process being the one that held it). */
+static pid_t fork_commanded_drafter(int ready, int cmd)
+{
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid)
+        return pid;
+    struct client *c = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    if (!tc_join_group(c, 20000).generation || write(ready, "r", 1) != 1)
+        _exit(5);
+    CHECK_OK(fcntl(cmd, F_SETFL, O_NONBLOCK));
+    for (;;) {
+        struct proto_msg m;
+        char err[256], b;
+        if (read(cmd, &b, 1) == 1 && b == 'h') {
+            client_free(c);
+            c = NULL;
+        } else if (b == 'r' && !c) {
+            c = peer_connect(PROTO_ROLE_DRAFTER, 0);
+            client_join_group(c);
+        }
+        b = 0;
+        if (c)
+            client_poll(c, 20, &m, err, sizeof err);
+        else
+            tc_sleep_ms(20);
+    }
+}
+
+static bool group_active(uint64_t *gen)
+{
+    cJSON *s = tc_query(PROTO_Q_STATUS);
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(s, "group");
+    bool active = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(g, "active"));
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(g, "generation");
+    *gen = cJSON_IsNumber(n) ? (uint64_t)n->valuedouble : 0;
+    cJSON_Delete(s);
+    return active;
+}
+
+static void rank_deadlines_are_per_rank(void)
+{
+    const int k = test_time_scale(), dead = 1500 * k;
+    char extra[128];
+    snprintf(extra, sizeof extra, "[drafter]\nworld_size = 2\n[coordinator]\ndead_after_ms = %d\n", dead);
+    char log[600];
+    struct stat st;
+    snprintf(log, sizeof log, "%s/coordinator.log", TC.dir);
+    off_t log_from = stat(log, &st) == 0 ? st.st_size : 0;     /* (the parts' coordinators share it) */
+    start_coord(extra);
+    int ready[2], cmd[2];
+    CHECK(pipe(ready) == 0 && pipe(cmd) == 0);
+    kids[0] = fork_commanded_drafter(ready[1], cmd[0]);
+    struct client *b = peer_connect(PROTO_ROLE_DRAFTER, 1);
+    CHECK(tc_join_group(b, 20000).generation == 1);
+    char c;
+    CHECK(read(ready[0], &c, 1) == 1);
+    uint64_t gen;
+    CHECK(group_active(&gen) && gen == 1);
+    CHECK(write(cmd[1], "h", 1) == 1);              /* rank 0 hangs up: its deadline is t0 + dead */
+    uint64_t t0 = mono_ms();
+    struct proto_msg m;
+    char err[256];
+    while (mono_ms() < t0 + (uint64_t)dead * 2 / 3)
+        client_poll(b, 20, &m, err, sizeof err);
+    client_free(b);                                 /* rank 1 hangs up: its own, t1 + dead */
+    uint64_t t1 = mono_ms();
+    tc_sleep_ms(100 * k);
+    CHECK(write(cmd[1], "r", 1) == 1);              /* rank 0 comes back */
+    while (mono_ms() < t0 + (uint64_t)dead + 300 * (uint64_t)k)
+        tc_sleep_ms(20);
+    CHECK(mono_ms() < t1 + (uint64_t)dead);         /* (the test's own timing held) */
+    if (!group_active(&gen) || gen != 1)
+        TEST_FAIL("the group ended at rank 0's deadline, rank 1 still in its time (generation %" PRIu64 ")", gen);
+    uint64_t end = t1 + (uint64_t)dead + 3000 * (uint64_t)k;
+    while (group_active(&gen) && mono_ms() < end)
+        tc_sleep_ms(50);
+    CHECK(!group_active(&gen));
+    FILE *f = fopen(log, "r");                      /* what this part's coordinator logged */
+    CHECK(f && fseek(f, log_from, SEEK_SET) == 0);
+    static char text[1 << 16];
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    CHECK_CONTAINS(text, "generation 1 ends (a drafter stayed disconnected)");
+    printf("ok: each detached rank has its own time to come back\n");
+}
+
 static void reset(void)
 {
     for (int i = 0; i < 4; i++) {
@@ -1436,7 +1529,7 @@ int main(void)
                              failed_run_killed_before_exit, stop_signal_during_start, nan_then_fatal,
                              nan_during_signal_drain, nan_checkpoint_after_step_refused, fatal_then_ctl_stop,
                              fatal_then_stop_signal, nan_while_paused, second_copy_retracted,
-                             checkpoint_before_generation_start_refused };
+                             checkpoint_before_generation_start_refused, rank_deadlines_are_per_rank };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

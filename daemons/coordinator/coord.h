@@ -128,7 +128,7 @@ struct dgroup {
     uint32_t world;
     struct member **rank_member;    /* [world]: NULL when that rank is detached */
     uint64_t *rank_token;           /* [world] */
-    uint64_t rank_deadline_ms;      /* some rank detached: fail the group after this */
+    uint64_t *rank_deadline_ms;     /* [world]: a detached rank's own: the group fails after it (0: none) */
     uint8_t id[PROTO_NCCL_ID_BYTES];
     char coll_name[PROTO_NAME_MAX];
     /* latest durable checkpoint (the lineage head) */

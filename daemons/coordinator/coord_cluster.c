@@ -558,11 +558,7 @@ static void reseat(struct coord *co, struct member *m, uint32_t r)
     g->rank_member[r] = m;
     m->rank = (int)r;
     m->joined = true;
-    int missing = 0;
-    for (uint32_t k = 0; k < g->world; k++)
-        missing += !g->rank_member[k];
-    if (!missing)
-        g->rank_deadline_ms = 0;
+    g->rank_deadline_ms[r] = 0;     /* (another rank still away keeps its own) */
     log_notice("%s rejoined group generation %" PRIu64 " as rank %u", m->name, g->gen, r);
 }
 
@@ -589,7 +585,7 @@ static void try_form_group(struct coord *co)
         co->run_batches = coord_est_batches(co);
         ledger_meta_set_u64(co->ledger, "run_batches", co->run_batches);
     }
-    g->rank_deadline_ms = 0;
+    memset(g->rank_deadline_ms, 0, g->world * sizeof *g->rank_deadline_ms);
     if (getrandom(g->id, sizeof g->id, 0) != (ssize_t)sizeof g->id)
         for (size_t i = 0; i < sizeof g->id; i++)
             g->id[i] = (uint8_t)(mono_ns() >> (i % 8));
@@ -1454,8 +1450,8 @@ void coord_member_gone(struct member *m, const char *reason)
     if (m->role == PROTO_ROLE_DRAFTER && m->rank >= 0 && co->grp.active && co->state < PROTO_STATE_STOPPED) {
         if (alive == 0)
             group_fail(co, why);
-        else if (!co->grp.rank_deadline_ms)
-            co->grp.rank_deadline_ms = mono_ms() + (uint64_t)co->cfg->coordinator.dead_after_ms;
+        else    /* each rank its own time to come back, from its own disconnect */
+            co->grp.rank_deadline_ms[m->rank] = mono_ms() + (uint64_t)co->cfg->coordinator.dead_after_ms;
     }
     m->rank = -1;
     m->joined = false;
@@ -1641,8 +1637,9 @@ void coord_tick(struct coord *co)
             ring_reclaim_owner(co->ring, g->rank_token[r], NULL);
             group_fail(co, "a drafter died");
         }
-    if (!co->recovering && g->active && g->rank_deadline_ms && now >= g->rank_deadline_ms)
-        group_fail(co, "a drafter stayed disconnected");
+    for (uint32_t r = 0; !co->recovering && g->active && r < g->world; r++)
+        if (!g->rank_member[r] && g->rank_deadline_ms[r] && now >= g->rank_deadline_ms[r])
+            group_fail(co, "a drafter stayed disconnected");
     static uint64_t last_reclaim;
     if (now - last_reclaim > 2000) {
         struct ring_reclaim rc = { 0 };
@@ -1829,7 +1826,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     co->grp.world = (uint32_t)cfg->drafter.world_size;
     co->grp.rank_member = calloc(co->grp.world, sizeof *co->grp.rank_member);
     co->grp.rank_token = calloc(co->grp.world, sizeof *co->grp.rank_token);
-    if (!co->ep || !co->grp.rank_member || !co->grp.rank_token)
+    co->grp.rank_deadline_ms = calloc(co->grp.world, sizeof *co->grp.rank_deadline_ms);
+    if (!co->ep || !co->grp.rank_member || !co->grp.rank_token || !co->grp.rank_deadline_ms)
         return -ENOMEM;
     if (snprintf(co->grp.coll_name, sizeof co->grp.coll_name, "/dflash-%s-coll", cfg->cluster.name) >=
         (int)sizeof co->grp.coll_name) {
@@ -1962,8 +1960,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         }
         co->recovering = true;
         co->recovery_until_ms = mono_ms() + (uint64_t)cfg->coordinator.recovery_ms;
-        if (co->grp.active)
-            co->grp.rank_deadline_ms = co->recovery_until_ms;
+        for (uint32_t k = 0; co->grp.active && k < co->grp.world; k++)
+            co->grp.rank_deadline_ms[k] = co->recovery_until_ms;
         log_notice("resuming from %s: %" PRIu64 " batches (%" PRIu64 " done, %" PRIu64 " leased, %" PRIu64
                    " published, %" PRIu64 " trained), group generation %" PRIu64 ", checkpoint %s", co->ledger_path,
                    lc.rows, co->counts[BATCH_CHECKPOINTED], co->counts[BATCH_LEASED], co->counts[BATCH_PUBLISHED],
@@ -2014,6 +2012,7 @@ void coord_cluster_done(struct coord *co)
     free(co->lengths);
     free(co->grp.rank_member);
     free(co->grp.rank_token);
+    free(co->grp.rank_deadline_ms);
     free(co->grp.lim_gen);
     free(co->grp.done);
     free(co->grp.lim_step);
