@@ -299,7 +299,12 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
 
     fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
     if (fd < 0 && errno == EEXIST && (opts->flags & RING_CREATE_REPLACE)) {
-        shm_unlink(name);
+        if (shm_unlink(name) < 0 && (errno == EPERM || errno == EACCES)) {
+            rc = -errno;    /* (/dev/shm is sticky: another user's object stays its own) */
+            snprintf(err, errlen, "ring %s: cannot replace the object there: %s (another user's? its owner or root "
+                     "must remove /dev/shm%s)", name, strerror(-rc), name);
+            goto fail_free;
+        }
         fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
     }
     if (fd < 0) {

@@ -235,7 +235,8 @@ int main(int argc, char **argv)
     daemon_watchdog(&co->d);
     if ((r = coord_ring_open(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
-        bool config = r == -DF_ELAYOUT || r == -EINVAL || r == -DF_EMAGIC;
+        /* (another user's object under the name: the operator's to remove, as a foreign one) */
+        bool config = r == -DF_ELAYOUT || r == -EINVAL || r == -DF_EMAGIC || r == -EACCES || r == -EPERM;
         co->exit_code = config ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
         goto out;
     }

@@ -191,7 +191,9 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
         return leave_alone(co, why, err, errlen);
     default:
         snprintf(err, errlen, "%s%s", why,
-                 r == -EAGAIN ? " for over a second: another coordinator of this name starting?" : "");
+                 r == -EAGAIN ? " for over a second: another coordinator of this name starting?"
+                 : r == -EACCES ? " (another user's object under the ring's name? its owner or root must remove it, "
+                                  "or give cluster.name another value)" : "");
         return r;
     }
     struct ring_create_opts opts = { .mode = ring_mode(co),
