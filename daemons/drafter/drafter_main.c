@@ -760,8 +760,10 @@ static int pump(struct dft *f, int timeout_ms)
          * next due checkpoint (a drain's included) is written again. */
         f->ckpt_refusals_seen = cs.ckpt_refusals;
         if (cs.ckpt_refused_gen == f->generation && cs.ckpt_refused_step == f->saved_step) {
-            log_warn(cs.last_nack_status, "the coordinator refused the checkpoint of step %" PRId64
-                     ": it is written again when due", f->saved_step);
+            /* (after a RESTART, before the new GROUP: the generation is over, nothing is due) */
+            log_warn(cs.last_nack_status, "the coordinator refused the checkpoint of step %" PRId64 ": %s",
+                     f->saved_step, f->have_group ? "it is written again when due"
+                                                  : "the group restarts from the checkpoint before it");
             f->saved_step = -1;
         }
     }
