@@ -351,6 +351,8 @@ struct load_ctx {
     int fail_line;
     int *set_line;  /* per cfg_keys[] entry: the file line that set it (0 = not yet) */
     const char *base;   /* the file's folder, absolute: relative path values start there */
+    const char *only;   /* cfg_load_section: the one section read, errors elsewhere passed over */
+    char cur[64];       /* the section of the line being read */
 };
 
 #define CFG_MAX_LINE 4096   /* inih's line buffer (heap); a longer line is an error, never split */
@@ -362,7 +364,7 @@ static void fail_at(struct load_ctx *c, int lineno, int code, const char *fmt, .
 /* The first failure wins: inih reports the first bad line, and so does the message. */
 static void fail_at(struct load_ctx *c, int lineno, int code, const char *fmt, ...)
 {
-    if (c->failed)
+    if (c->failed || (c->only && strcmp(c->cur, c->only)))
         return;
     int n = snprintf(c->err, c->errlen, "%s:%d: ", c->path, lineno);
     va_list ap;
@@ -423,10 +425,15 @@ static char *ini_read_line(char *buf, int size, void *stream)
     memcpy(buf, s, n);
     buf[n] = 0;
     c->pos += n;
+    const char *t = buf + strspn(buf, " \t\r\n\v\f");
+    const char *close = *t == '[' ? strchr(t, ']') : NULL;
+    if (close)
+        snprintf(c->cur, sizeof c->cur, "%.*s", (int)(close - t - 1), t + 1);
     char why[160];
     if (check_section_line(buf, c->lineno, why, sizeof why) < 0) {
         fail_at(c, c->lineno, -EINVAL, "%s", why);
-        return NULL;
+        if (!c->only)
+            return NULL;
     }
     return buf;
 }
@@ -436,7 +443,7 @@ static int on_ini(void *user, const char *section, const char *name, const char 
     struct load_ctx *c = user;
     int lineno = c->lineno;
     char why[512];
-    if (!name) /* a bare [section] line: its name was checked as the line was read */
+    if (!name || (c->only && strcmp(section, c->only))) /* a bare [section] line: checked as read */
         return 1;
     const struct cfg_key *k = cfg_find(section, name);
     if (!k) {
@@ -528,7 +535,7 @@ static int file_folder(const char *path, char *out, size_t len)
     return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
-int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
+static int load(struct dflash_cfg *cfg, const char *path, const char *only, char *err, size_t errlen)
 {
     char why[512];
     memset(cfg, 0, sizeof *cfg);
@@ -552,7 +559,7 @@ int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
     }
     int set_line[sizeof cfg_keys / sizeof cfg_keys[0]] = { 0 };
     struct load_ctx c = { .cfg = cfg, .path = path, .err = err, .errlen = errlen, .text = text, .len = len,
-                          .set_line = set_line, .base = base };
+                          .set_line = set_line, .base = base, .only = only };
     /* Debian's inih takes these at run time: a heap line buffer of CFG_MAX_LINE bytes, and no
      * continuation lines (an indented "key = value" would be glued to the key before it). */
     ini_use_stack = false;
@@ -565,7 +572,7 @@ int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
     /* inih reports the first bad line; a syntax error before the key we refused wins. */
     if (c.failed && !(r > 0 && r < c.fail_line))
         return c.failed;
-    if (r > 0) {
+    if (r > 0 && !only) {
         snprintf(err, errlen, "%s:%d: syntax error", path, r);
         return -EINVAL;
     }
@@ -574,6 +581,16 @@ int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
         return -EIO;
     }
     return 0;
+}
+
+int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
+{
+    return load(cfg, path, NULL, err, errlen);
+}
+
+int cfg_load_section(struct dflash_cfg *cfg, const char *path, const char *section, char *err, size_t errlen)
+{
+    return load(cfg, path, section, err, errlen);
 }
 
 int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen)

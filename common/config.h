@@ -126,6 +126,10 @@ extern const size_t cfg_nkeys;
  * one wherever it was started. On error returns <0 and writes "file:line: section.key: reason"
  * into err. */
 int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen);
+/* cfg_load reading one section alone (the rest keeps its defaults): errors elsewhere in the
+ * file are passed over, its own are errors as in cfg_load. For a tool that needs a few keys of
+ * a file that may hold a mistake it has nothing to do with (dflashctl: the socket). */
+int cfg_load_section(struct dflash_cfg *cfg, const char *path, const char *section, char *err, size_t errlen);
 /* Apply one "section.key=value" override (command line); same checks. A relative path value
  * is taken from the current folder. */
 int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen);

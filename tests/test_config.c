@@ -55,6 +55,19 @@ int main(void)
     char err[512] = "";
 
     CHECK_OK(cfg_load(&cfg, NULL, err, sizeof err));
+
+    /* One section alone: mistakes elsewhere (a bad value, an unknown section, a syntax error) are
+     * passed over, the section's own are errors; the other sections keep their defaults. */
+    const char *part = write_tmp("part.ini", "[ring]\nslots = many\n[nope]\nx = 1\nnot a line\n"
+                                             "[cluster]\nname = partial\n[drafter]\nlr = 1e-3\n");
+    CHECK(cfg_load(&cfg, part, err, sizeof err) < 0);
+    CHECK_OK(cfg_load_section(&cfg, part, "cluster", err, sizeof err));
+    CHECK_STR(cfg.cluster.name, "partial");
+    CHECK_INT(cfg.ring.slots, ==, 16);
+    CHECK(cfg.drafter.lr != 1e-3);
+    part = write_tmp("part2.ini", "[ring]\nslots = many\n[cluster]\nname = a b\n");
+    CHECK(cfg_load_section(&cfg, part, "cluster", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "part2.ini:4: cluster.name");
     CHECK_INT(cfg.ring.slots, ==, 16);
     CHECK_STR(cfg.drafter.pick, "oldest");
     CHECK_NEAR(cfg.drafter.gamma, 7.0, 0);

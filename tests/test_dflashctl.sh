@@ -76,7 +76,9 @@ PY
 "$CTL" -s "$S" status | grep -q "maintenance" || fail "pause reason not shown"
 # options after the command are options, not words of the reason; "--" lets a reason start with '-'
 "$CTL" status -s "$S" --json | json_ok || fail "options after the command"
-"$CTL" -s "$S" resume >/dev/null || fail "resume"
+"$CTL" -s "$S" resume disk checked >/dev/null || fail "resume"
+grep -q "resume by dflashctl (pid [0-9]*, uid [0-9]*): disk checked" "$T/coord.log" ||
+  fail "the resume's reason is not logged: $(grep -i resume "$T/coord.log")"
 "$CTL" -s "$S" pause --json again | grep -q '"state":"paused"' || fail "pause --json printed no JSON"
 "$CTL" -s "$S" status | grep -q "again" || fail "the reason after --json not kept"
 "$CTL" -s "$S" status | grep -q -- "--json" && fail "--json taken as the reason"
@@ -106,6 +108,20 @@ grep -q "cannot connect to $T: not a socket (a folder)" "$T/err.txt" || fail "fo
 [[ $rc == 64 ]] && grep -q "\-\-connect needs a value" "$T/err.txt" || fail "--connect last: exit $rc: $(cat "$T/err.txt")"
 # The socket from the config file.
 "$CTL" -c "$T/dflash.ini" status >/dev/null || fail "-c CONFIG"
+# ... from the DFLASH_CONFIG of the units' environment file (/etc/default/dflash), quoted or not
+printf '# dflash units\nDFLASH_CONFIG="%s"\n' "$T/dflash.ini" >"$T/default"
+DFLASH_DEFAULTS=$T/default "$CTL" status >"$T/out.txt" || fail "dflashctl with DFLASH_CONFIG in the environment file"
+grep -q "cluster $name, run" "$T/out.txt" || fail "dflashctl status from the environment file: $(head -2 "$T/out.txt")"
+# ... and from its [cluster] section when a mistake elsewhere (an edit for the next run) fails the
+# file: a warning naming it, the running cluster still reached
+sed 's/^\[coordinator\]$/[coordinator]\ndead_after_ms = 5x/' "$T/dflash.ini" >"$T/edited.ini"
+grep -q '^dead_after_ms = 5x' "$T/edited.ini" || fail "test setup: no [coordinator] section to edit"
+"$CTL" -c "$T/edited.ini" status >"$T/out.txt" 2>"$T/err.txt" || fail "a mistake in [coordinator] kept dflashctl away: $(cat "$T/err.txt")"
+grep -q "dflashctl: warning: .*edited.ini:[0-9]*: coordinator.dead_after_ms: .*(the socket taken from its \[cluster\] section)" "$T/err.txt" ||
+  fail "no warning naming the mistake: $(cat "$T/err.txt")"
+sed 's/^name = .*/name = bad name!/' "$T/dflash.ini" >"$T/badname.ini"
+"$CTL" -c "$T/badname.ini" status 2>"$T/err.txt"; rc=$?
+[[ $rc == 1 ]] && grep -q "badname.ini:[0-9]*: cluster.name" "$T/err.txt" || fail "a bad cluster.name: exit $rc: $(cat "$T/err.txt")"
 
 "$CTL" -s "$S" drain | grep -q "draining\|stopped" || fail "drain"
 for _ in $(seq 100); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.05; done

@@ -1269,6 +1269,7 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
         if (co->state == PROTO_STATE_PAUSED) {
             co->resumes++;      /* before the RESUME pushes and the saved state carry it */
             co->nan_pending = false;    /* the operator removed the cause: the drafters checkpoint again */
+            log_notice("%s", reason);   /* who resumed, and why (a running cluster shows no reason) */
             coord_set_state(co, PROTO_STATE_RUNNING, "");
         }
         else if (co->state != PROTO_STATE_RUNNING)

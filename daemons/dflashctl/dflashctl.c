@@ -305,7 +305,7 @@ static const struct cmd_entry {
     { "errors", "errors reported by the daemons", 0, 0, cmd_errors },
     { "checkpoints", "the ledger's checkpoints, newest first: the lineage head, those dropped and why", 0, 0, cmd_checkpoints },
     { "pause", "[REASON]: stop leasing, pause targets and drafters", 0, 64, cmd_pause },
-    { "resume", "continue after a pause", 0, 64, cmd_resume },
+    { "resume", "[REASON]: continue after a pause", 0, 64, cmd_resume },
     { "drain", "[REASON]: finish in-flight work, final checkpoint, stop", 0, 64, cmd_drain },
     { "stop", "[REASON]: stop every daemon now", 0, 64, cmd_stop },
 };
@@ -315,8 +315,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: dflashctl [-s SOCKET | -c CONFIG | --connect HOST:PORT --token-file PATH] [--json] [-n LIMIT]\n"
                "                 COMMAND [ARGS]\n"
                "  -s SOCKET  the coordinator's control socket\n"
-               "  -c CONFIG  take the socket from this dflash.ini (default $DFLASH_CONFIG, else\n"
-               "             /etc/dflash/dflash.ini when it exists)\n"
+               "  -c CONFIG  take the socket from this dflash.ini (default $DFLASH_CONFIG, else the\n"
+               "             DFLASH_CONFIG of /etc/default/dflash, else /etc/dflash/dflash.ini)\n"
                "  --connect HOST:PORT  the coordinator's TCP listener (cluster.tcp_listen; [IPv6]:PORT)\n"
                "  --token-file PATH    its shared secret (a copy of cluster.tcp_token_file, mode 0600)\n"
                "  --json     print the coordinator's JSON document (read commands)\n"
@@ -325,6 +325,35 @@ static void usage(FILE *f)
                "starting with '-')\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].usage);
+}
+
+/* DFLASH_CONFIG as the units' EnvironmentFile (/etc/default/dflash, or $DFLASH_DEFAULTS) sets
+ * it: a line DFLASH_CONFIG=PATH, the value maybe quoted. 1 with it in out, else 0. */
+static int defaults_config(char *out, size_t cap)
+{
+    const char *path = getenv("DFLASH_DEFAULTS");
+    FILE *f = fopen(path && *path ? path : "/etc/default/dflash", "re");
+    if (!f)
+        return 0;
+    char line[512];
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *p = line + strspn(line, " \t");
+        if (strncmp(p, "DFLASH_CONFIG=", 14))
+            continue;
+        p += 14;
+        p[strcspn(p, "\r\n")] = 0;
+        size_t n = strlen(p);
+        while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
+            p[--n] = 0;
+        if (n >= 2 && (p[0] == '"' || p[0] == '\'') && p[n - 1] == p[0]) {
+            p[n - 1] = 0;
+            p++;
+        }
+        found = *p && snprintf(out, cap, "%s", p) < (int)cap;   /* (the last line wins, as systemd's) */
+    }
+    fclose(f);
+    return found;
 }
 
 int main(int argc, char **argv)
@@ -422,13 +451,22 @@ int main(int argc, char **argv)
     } else if (!x.socket) {
         static struct dflash_cfg cfg;
         char err[512];
+        static char from_defaults[CFG_STR_MAX];
         if (!config && getenv("DFLASH_CONFIG") && *getenv("DFLASH_CONFIG"))
-            config = getenv("DFLASH_CONFIG");       /* as the units take it */
+            config = getenv("DFLASH_CONFIG");
+        if (!config && defaults_config(from_defaults, sizeof from_defaults))
+            config = from_defaults;                 /* as the units take it */
         if (!config && access("/etc/dflash/dflash.ini", R_OK) == 0)
             config = "/etc/dflash/dflash.ini";
         if (cfg_load(&cfg, config, err, sizeof err) < 0) {
-            fprintf(stderr, "dflashctl: %s\n", err);
-            return EX_FAIL;
+            /* A mistake elsewhere in the file (an edit for the next run) must not keep the
+             * operator from the running cluster: the socket from [cluster] as it stands. */
+            char err2[512];
+            if (cfg_load_section(&cfg, config, "cluster", err2, sizeof err2) < 0) {
+                fprintf(stderr, "dflashctl: %s\n", err);
+                return EX_FAIL;
+            }
+            fprintf(stderr, "dflashctl: warning: %s (the socket taken from its [cluster] section)\n", err);
         }
         if (cfg.cluster.socket[0])
             snprintf(path, sizeof path, "%s", cfg.cluster.socket);
