@@ -76,6 +76,12 @@ expect 78 "drafter.seed: 7, the run's checkpoint .* was trained with seed 42" -o
 expect 78 "meta.fingerprint .* data.seed" -o data.seed=99
 expect 78 "target.backend: cuda" -o target.backend=cuda
 expect 78 "drafter.world_size is 3, the run.s drafter group had 2 ranks" -o drafter.world_size=3
+# ... also after later generations formed (a group restart): generation 1's size is recorded
+ledger=$CL_DIR/state/$CL_NAME-ledger.db
+cp "$ledger" "$T/ledger.saved"
+cl_sql "UPDATE meta SET value = '3' WHERE key = 'group_gen'" >/dev/null
+expect 78 "drafter.world_size is 3, the run.s drafter group had 2 ranks" -o drafter.world_size=3
+cp "$T/ledger.saved" "$ledger"
 root=$(dirname "$first")
 cp "$root/run-id" "$T/run-id.saved"
 printf '%016x\n' 1 >"$root/run-id"

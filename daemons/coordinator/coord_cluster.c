@@ -584,6 +584,7 @@ static void try_form_group(struct coord *co)
          * steps (the estimate moves as later epochs are scheduled). */
         co->run_batches = coord_est_batches(co);
         ledger_meta_set_u64(co->ledger, "run_batches", co->run_batches);
+        ledger_meta_set_u64(co->ledger, "run_world", g->world);   /* generation 1's ranks (dflash-replay) */
     }
     memset(g->rank_deadline_ms, 0, g->world * sizeof *g->rank_deadline_ms);
     if (getrandom(g->id, sizeof g->id, 0) != (ssize_t)sizeof g->id)

@@ -205,8 +205,17 @@ static int open_ledger(struct replay *rp)
         return fail(EX_BAD_INPUT, "%s: meta.run_batches: 0 (a run schedules at least one batch)", rp->ledger_path);
     if (!rp->topt.total_steps)
         rp->topt.total_steps = (int64_t)((rp->run_batches + (uint64_t)rp->world - 1) / (uint64_t)rp->world);
-    /* The group's size, while generation 1 is the last formed: one owner token a rank. */
-    uint64_t gen = 0;
+    /* Generation 1's size: as the coordinator recorded it at its forming, or (a ledger of an
+     * older dflash) while generation 1 is the last formed, one owner token a rank. */
+    uint64_t gen = 0, world = 0;
+    if (meta_u64(rp, "run_world", &world, &code) || code) {
+        if (code)
+            return code;
+        if (world != (uint64_t)rp->world)
+            return fail(EX_BAD_INPUT, "%s: drafter.world_size is %d, the run's drafter group had %" PRIu64 " ranks (%s)",
+                        rp->d.config_path ? rp->d.config_path : "(defaults)", rp->world, world, rp->ledger_path);
+        return 0;
+    }
     if (!meta_u64(rp, "group_gen", &gen, &code) && code)
         return code;
     sqlite3_stmt *q = NULL;
