@@ -20,10 +20,11 @@ static int read_stat(pid_t pid, char *state, long *threads, uint64_t *ticks)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT) {
         /* Gone, or hidden: /proc mounted hidepid=2 hides other users' processes from one without
-         * CAP_SYS_PTRACE. A live process taken for dead would have its slots reclaimed in use. */
-        if (kill(pid, 0) == 0 || errno == EPERM)
+         * CAP_SYS_PTRACE (kill says EPERM). One that could be signalled but has no entry (a /proc
+         * of another pid namespace) is unknown. */
+        if (kill(pid, 0) == 0)
             return -EACCES;
-        return -ESRCH;
+        return errno == EPERM ? -EPERM : -ESRCH;
     }
     if (fd < 0)
         return -errno;
@@ -122,7 +123,9 @@ int proc_token_alive(uint64_t token)
     pid_t pid = proc_token_pid(token);
     uint64_t st;
     int r = proc_start_time(pid, &st);
-    if (r == -ESRCH)
+    /* Another user's process hidden by hidepid is no daemon of this cluster (the coordinator
+     * refuses one it cannot see): the token's process is gone, its pid taken by that one. */
+    if (r == -ESRCH || r == -EPERM)
         return 0;
     if (r < 0)
         return r;

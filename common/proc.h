@@ -16,8 +16,9 @@
 #define PROC_TOKEN_MASK      ((1ull << PROC_TOKEN_BITS) - 1)
 
 /* Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat).
- * Returns 0, -ESRCH when the process is gone or a zombie, -EACCES when it runs with its /proc
- * entry hidden from this process (hidepid), or another -errno. */
+ * Returns 0, -ESRCH when the process is gone or a zombie, -EPERM when it is another user's with
+ * its /proc entry hidden from this process (hidepid=2), -EACCES when it runs without an entry
+ * here (a /proc of another pid namespace), or another -errno. */
 int proc_start_time(pid_t pid, uint64_t *ticks);
 
 /* Token for (pid, start time); never 0 for a real process. */
@@ -35,8 +36,9 @@ static inline pid_t proc_token_pid(uint64_t t)
 }
 
 /* Is the process behind a pid-form token still running (same incarnation, not a zombie)?
- * Returns 1 alive, 0 dead, -EINVAL for a lease token or 0 (liveness unknown here),
- * or another -errno when /proc cannot be read. kill(pid, 0) alone is not enough: the
+ * Returns 1 alive, 0 dead (also when the pid is another user's process hidden by hidepid: no
+ * daemon of the cluster is, the coordinator refuses them), -EINVAL for a lease token or 0
+ * (liveness unknown here), or another -errno when /proc cannot be read. kill(pid, 0) alone is not enough: the
  * pid may have been reused. */
 int proc_token_alive(uint64_t token);
 

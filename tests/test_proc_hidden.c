@@ -1,7 +1,9 @@
-/* test_proc_hidden.c: a live process whose /proc entry is hidden (/proc mounted hidepid=2, the
- * caller another user without CAP_SYS_PTRACE) is not taken for dead: its liveness is unknown
- * (-EACCES), which every caller treats as alive, so its ring slots are never reclaimed in use.
- * Needs root to make a mount namespace and drop to another user; skips (77) without. */
+/* test_proc_hidden.c: a process whose /proc entry is hidden (/proc mounted hidepid=2, the caller
+ * another user without CAP_SYS_PTRACE) is told apart (-EPERM: the coordinator refuses such a
+ * daemon at HELLO). So no member of a cluster is one, and a pid-form token whose pid now names
+ * one is of a process gone (the owner died, another user's process took its pid): dead, its
+ * slots reclaimed (they were held for as long as that unrelated process lived). Needs root to
+ * make a mount namespace and drop to another user; skips (77) without. */
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
@@ -26,13 +28,19 @@ int main(void)
         if (setresgid(65534, 65534, 65534) < 0 || setresuid(65534, 65534, 65534) < 0)
             _exit(77);
         int r = proc_start_time(parent, &ticks);
-        if (r != -EACCES) {
-            fprintf(stderr, "proc_start_time of a hidden live process: %d, wanted -EACCES\n", r);
+        if (r != -EPERM) {
+            fprintf(stderr, "proc_start_time of another user's hidden process: %d, wanted -EPERM\n", r);
             _exit(1);
         }
-        if (proc_token_alive(token) >= 0) {
-            fprintf(stderr, "proc_token_alive of a hidden live process: %d, wanted < 0 (unknown)\n",
+        if (proc_token_alive(token) != 0) {
+            fprintf(stderr, "proc_token_alive at another user's hidden process: %d, wanted 0 (no member)\n",
                     proc_token_alive(token));
+            _exit(1);
+        }
+        /* one's own processes are still seen (the cluster's daemons run as one user) */
+        uint64_t self;
+        if (proc_self_token(&self) < 0 || proc_token_alive(self) != 1) {
+            fprintf(stderr, "proc_token_alive of itself under hidepid: not alive\n");
             _exit(1);
         }
         /* a process that is gone is still gone */

@@ -796,7 +796,7 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
     if (h->role != PROTO_ROLE_CTL) {
         uint64_t ticks = 0;
         int r = proc_start_time(m->pid, &ticks);
-        if (r == -EACCES) {
+        if (r == -EPERM || r == -EACCES) {
             coord_refuse(m, -EACCES, "pid %d: its /proc entry is hidden from the coordinator (/proc mounted with "
                          "hidepid): run it as the coordinator's user", (int)m->pid);
             return;
