@@ -28,8 +28,8 @@
  * FUTEX_WAKE syscall when nobody sleeps. Each parked thread holds an entry of the header's
  * waiter table and sets its bit; the table names the entry's process, so the bit of one killed
  * while parked is cleared (a plain count would stay raised for good, and every later state
- * change would make the syscall). Threads beyond the table (or with a lease-form owner) are
- * counted in `overflow` as before. */
+ * change would make the syscall). Threads with a lease-form owner are counted in `overflow`;
+ * those beyond the table wait uncounted, in slices (park). */
 #define RING_WAITERS 64
 #define WAITER_CLEARING (1ull << 63) /* | the clearer's token: an entry being freed by
                                          ring_reclaim_dead (no token has bit 63) */
@@ -689,6 +689,8 @@ static int waiter_take(struct ring_hdr *h, uint64_t tok)
     return -1;
 }
 
+#define OVERFLOW_SLICE_NS 10000000ull   /* 10 ms: a waiter beyond the waiter table looks this often */
+
 /* Sleep until `q->word` moves from `seen` or the absolute deadline (ns, 0 = none) passes.
  * Returns 0 or -DF_ETIMEOUT. */
 static int park(struct ring *r, struct wait_q *q, uint32_t seen, uint64_t deadline_ns)
@@ -699,8 +701,21 @@ static int park(struct ring *r, struct wait_q *q, uint32_t seen, uint64_t deadli
         ts.tv_nsec = (long)(deadline_ns % 1000000000ull);
         tp = &ts;
     }
-    int e = proc_token_is_lease(r->owner) ? -1 : waiter_take(r->h, r->owner);
+    bool lease = proc_token_is_lease(r->owner);
+    int e = lease ? -1 : waiter_take(r->h, r->owner);
     uint64_t bit = e >= 0 ? 1ull << e : 0;
+    if (!bit && !lease) {
+        /* The table is full (as many waiters as it has entries): this one waits uncounted, in
+         * short slices (a wake no waker sends for it costs a slice at most), so one killed here
+         * leaves no count behind to cost every later publish and release a futex syscall. A
+         * slice that ends early is a spurious wake to the caller, which looks and parks again. */
+        uint64_t slice = mono_ns() + OVERFLOW_SLICE_NS;
+        bool last = deadline_ns && deadline_ns <= slice;
+        struct timespec sts = { (time_t)((last ? deadline_ns : slice) / 1000000000ull),
+                                (long)((last ? deadline_ns : slice) % 1000000000ull) };
+        int rc = futex_wait_until((uint32_t *)&q->word, seen, &sts);
+        return rc == -ETIMEDOUT && last ? -DF_ETIMEOUT : 0;
+    }
     if (bit)
         atomic_fetch_or(&q->parked, bit);
     else

@@ -214,8 +214,9 @@ struct ring_stats {
     uint32_t stuck_writing;
     uint64_t published, consumed, aborted, retracted;
     uint64_t reclaimed_writing, reclaimed_reading;
-    uint32_t writers_waiting, readers_waiting;  /* parked now; one killed while parked counts until
-                                                   ring_reclaim_dead (with a lease-form owner: for good) */
+    uint32_t writers_waiting, readers_waiting;  /* parked now (at most the 64 the waiter table holds;
+                                                   more wait uncounted); one killed while parked counts
+                                                   until ring_reclaim_dead (lease-form owner: for good) */
     pid_t creator_pid;
     uint64_t creator_token;
     uint64_t created_wall_ms;

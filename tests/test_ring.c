@@ -822,6 +822,49 @@ static pid_t park_reader(const struct ring_layout *l)
     return pid;
 }
 
+static void *claim_forever(void *arg)
+{
+    unsigned cs;
+    ring_claim_read(arg, NULL, 120000, &cs);
+    return NULL;
+}
+
+/* More readers parked than the waiter table has entries, their process killed: the reclaim
+ * leaves no count behind (those beyond the table were counted apart and never uncounted: every
+ * later publish and release made a futex syscall for sleepers that were gone). */
+static void test_parked_beyond_table_killed(void)
+{
+    struct ring_layout l = small_layout(2);
+    struct ring *r = NULL;
+    CHECK_OK(ring_create(&r, g_name, &l, NULL, err, sizeof err));
+    pid_t many = fork();
+    if (many == 0) {
+        struct ring *c = NULL;
+        if (ring_attach(&c, g_name, &l, 0, err, sizeof err) < 0)
+            _exit(1);
+        pthread_t t;
+        for (int i = 0; i < 70; i++)
+            if (pthread_create(&t, NULL, claim_forever, c) != 0)
+                _exit(2);
+        for (;;)
+            pause();
+    }
+    CHECK(many > 0);
+    wait_for_waiters(r, 64, 0);
+    usleep(200000);             /* (the last six park beyond the table) */
+    kill(many, SIGKILL);
+    int status;
+    CHECK_INT(waitpid(many, &status, 0), ==, many);
+    struct ring_reclaim rc;
+    CHECK_OK(ring_reclaim_dead(r, &rc));
+    CHECK_INT(rc.waiters_cleared, ==, 64);
+    struct ring_stats st;
+    CHECK_OK(ring_stats(r, &st, NULL));
+    CHECK_INT(st.readers_waiting, ==, 0);
+    ring_detach(r);
+    ring_unlink(g_name);
+}
+
 static void test_parked_killed(void)
 {
     struct ring_layout l = small_layout(2);
@@ -918,6 +961,7 @@ int main(void)
     test_pick();
     test_blocking();
     test_parked_killed();
+    test_parked_beyond_table_killed();
     fprintf(stderr, "ok\n");
     return 0;
 }
