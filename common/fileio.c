@@ -26,6 +26,15 @@ mode_t fileio_umask(void)
     return m;
 }
 
+int fileio_reserve(int fd, unsigned long long size)
+{
+    int e;
+    do
+        e = posix_fallocate(fd, 0, (off_t)size);
+    while (e == EINTR);
+    return -e;
+}
+
 int fileio_write_all(int fd, const void *buf, size_t n)
 {
     const char *p = buf;

@@ -15,6 +15,10 @@ long fileio_read_upto(int fd, void *buf, size_t cap);
  * races other threads creating files): from /proc/self/status, 022 where that says nothing. */
 mode_t fileio_umask(void);
 
+/* posix_fallocate of [0, size), retried while a signal cuts it short (tmpfs gives EINTR for a
+ * large reservation when one is pending: a stop during a start is no failure): 0 or -errno. */
+int fileio_reserve(int fd, unsigned long long size);
+
 struct stat;
 /* Open path for reading if it is a regular file (config, JSON, token files): a FIFO in its place
  * opens without waiting for a writer and is refused like a folder, a socket or a device. The fd

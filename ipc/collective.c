@@ -336,7 +336,7 @@ static int create_object(struct coll *c, const char *name, uint64_t gen, unsigne
         return rc;
     }
     uint64_t size = total_size((uint32_t)c->world, c->chunk);
-    int e = fchmod(fd, mode ? mode : 0600) < 0 ? errno : posix_fallocate(fd, 0, (off_t)size);
+    int e = fchmod(fd, mode ? mode : 0600) < 0 ? errno : -fileio_reserve(fd, size);
     int rc = e ? -e : map_get(fd, size, &c->map);
     if (rc < 0) {
         snprintf(err, errlen, "collective %s: cannot reserve %llu bytes: %s", name, (unsigned long long)size,

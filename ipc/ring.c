@@ -346,12 +346,8 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
         goto fail_unlink;
     }
     /* Reserve every page now: on a full /dev/shm this fails here instead of a SIGBUS
-     * in whichever process first touches an unbacked page. A signal arriving meanwhile (a
-     * stop during start) may cut a large reservation short with EINTR: that is no failure. */
-    int e;
-    do
-        e = posix_fallocate(fd, 0, (off_t)g.total);
-    while (e == EINTR);
+     * in whichever process first touches an unbacked page. */
+    int e = -fileio_reserve(fd, g.total);
     if (e) {
         struct statvfs vfs;
         unsigned long long avail = fstatvfs(fd, &vfs) == 0 ? (unsigned long long)vfs.f_bavail * vfs.f_frsize : 0;

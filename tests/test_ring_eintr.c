@@ -1,12 +1,14 @@
-/* test_ring_eintr.c: a signal during the ring's page reservation (posix_fallocate's EINTR, which
- * tmpfs gives for a large reservation when a signal is pending: a stop during the coordinator's
- * start) is retried, not a failed start. posix_fallocate is interposed here: its first calls say
- * EINTR, as the kernel would. */
+/* test_ring_eintr.c: a signal during the page reservation of the ring or of a drafter group's
+ * collective (posix_fallocate's EINTR, which tmpfs gives for a large reservation when a signal is
+ * pending: a stop during a start) is retried, not a failed start. posix_fallocate is interposed
+ * here: its first calls say EINTR, as the kernel would. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <unistd.h>
+#include "ipc/collective.h"
 #include "ipc/ring.h"
 #include "tests/test.h"
 
@@ -39,5 +41,18 @@ int main(void)
     CHECK_INT(g_calls, ==, 3);
     ring_detach(r);
     CHECK_OK(ring_unlink(name));
+
+    snprintf(name, sizeof name, "/dflash-test-eintr-%d-coll", (int)getpid());
+    struct coll *c = NULL;
+    struct coll_opts o = { .generation = 1, .chunk_floats = 1024 };
+    g_interrupts = 2;
+    g_calls = 0;
+    rc = coll_open(&c, name, 0, 1, 5000, &o, err, sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "coll_open: %s\n", err);
+    CHECK_OK(rc);
+    CHECK_INT(g_calls, ==, 3);
+    coll_close(c);
+    shm_unlink(name);
     return 0;
 }
