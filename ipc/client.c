@@ -538,9 +538,17 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
         }
         kept[i] = in.grant.batch_id;
         uint64_t b = in.grant.batch_id;
+        const struct client_lease *held = lease_get(c, b);
+        if (held && held->lease != in.grant.lease && !was_returned(c, b)) {
+            /* Revoked and granted again while the connection was down (a rollback queued it):
+             * the copy packed under the old number must not be published as the new one's. */
+            struct proto_msg rv = { .type = PROTO_LEASE_REVOKE, .batch.batch_id = b };
+            handle_frame(c, &rv, NULL, 0);
+            held = NULL;
+        }
         if (was_returned(c, b)) {
             send_return(c, b, 0);
-        } else if (!lease_get(c, b) && !outbox_has_publish(c, b)) {
+        } else if (!held && !outbox_has_publish(c, b)) {
             /* Granted before the connection broke but never received: take it now. */
             r = handle_frame(c, &in, err, errlen);
             if (r < 0) {

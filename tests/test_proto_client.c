@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "common/asan.h"
 #include "common/err.h"
+#include "common/timeutil.h"
 #include "ipc/client.h"
 #include "tests/test.h"
 
@@ -189,6 +190,52 @@ static void test_regrants_delivered(int lfd)
         CHECK_INT(proto_grant_sample(&m, 0), ==, i);
     }
     CHECK(client_lease_held(c, 102));
+    client_free(c);
+    CHECK_INT(reap(srv), ==, 0);
+}
+
+/* A lease revoked and granted again (a new lease number) while the connection was down comes
+ * back in the next WELCOME's re-grants: the client drops the old one (a REVOKE to the daemon,
+ * whose copy packed under the old number must not be published) and takes the new. It kept
+ * the old number, so the copy went out stamped with a lease the coordinator had ended. */
+static void test_regrant_new_lease_number(int lfd)
+{
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        uint32_t sample = 3;
+        struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = &sample };
+        g.grant = (struct proto_lease_grant){ .batch_id = 100, .n_samples = 1, .n_tokens = 5, .max_seq_len = 64,
+                                              .lease = 1 };
+        int fd = accept_welcomed(lfd, 10000, 0);
+        send_frame(fd, &g);
+        usleep(200000);
+        close(fd);                                  /* the REVOKE and GRANT of lease 2: lost */
+        fd = accept_welcomed(lfd, 10000, 1);
+        g.grant.lease = 2;
+        g.grant.flags = PROTO_GRANT_REGRANT;
+        send_frame(fd, &g);
+        char c;
+        while (read(fd, &c, 1) > 0)
+            ;
+        close(fd);
+        _exit(0);
+    }
+    struct client *c = open_client();
+    char err[512] = "";
+    struct proto_msg m;
+    CHECK_INT(client_poll(c, 2000, &m, err, sizeof err), ==, 1);
+    CHECK(m.type == PROTO_LEASE_GRANT && m.grant.lease == 1);
+    int revoked = 0, granted = 0;
+    uint64_t end = mono_ms() + 5000;
+    while (!granted && mono_ms() < end)
+        if (client_poll(c, 50, &m, err, sizeof err) == 1) {
+            if (m.type == PROTO_LEASE_REVOKE && m.batch.batch_id == 100)
+                revoked = !granted;
+            granted |= m.type == PROTO_LEASE_GRANT && m.grant.batch_id == 100 && m.grant.lease == 2;
+        }
+    CHECK(revoked && granted);
+    CHECK(client_lease_find(c, 100) && client_lease_find(c, 100)->lease == 2);
     client_free(c);
     CHECK_INT(reap(srv), ==, 0);
 }
@@ -844,6 +891,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     int lfd = listen_at(g_sock);
     test_regrants_delivered(lfd);
+    test_regrant_new_lease_number(lfd);
     test_regrant_count_is_not_trusted(lfd);
     test_idle_keeps_heartbeat(lfd);
     test_held_until_reconnect(lfd);
