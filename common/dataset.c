@@ -93,6 +93,8 @@ void dataset_close(struct dataset *ds)
     ds->fd = -1;
 }
 
+#define STRUCT_PIECE 65536u     /* index entries or tokens between two progress counts */
+
 static int validate(struct dataset *ds, const char *path, unsigned flags, char *err, size_t errlen)
 {
     const struct dataset_header *h = ds->map;
@@ -154,7 +156,11 @@ static int validate(struct dataset *ds, const char *path, unsigned flags, char *
      * samples' too. */
     uint32_t max_len = 0;
     uint64_t next = 0;
+    /* (these passes read the file too: minutes on a large one on slow storage, each piece
+     * counted as progress like the checksum's) */
     for (uint64_t i = 0; i < h->n_samples; i++) {
+        if (!(i & (STRUCT_PIECE - 1)))
+            progress_add(16 * (size_t)(h->n_samples - i < STRUCT_PIECE ? h->n_samples - i : STRUCT_PIECE));
         const struct dataset_index_entry *e = &ds->index[i];
         if (e->length == 0 || e->reserved)
             return fail(err, errlen, path, -DF_EFORMAT, "sample %llu: %s", (unsigned long long)i,
@@ -177,6 +183,8 @@ static int validate(struct dataset *ds, const char *path, unsigned flags, char *
         return fail(err, errlen, path, -DF_EFORMAT, "max_len %u, samples say %u", h->max_len, max_len);
     uint64_t masked = 0;
     for (uint64_t t = 0; t < h->n_tokens; t++) {
+        if (!(t & (STRUCT_PIECE - 1)))     /* a token id and its mask byte */
+            progress_add(5 * (size_t)(h->n_tokens - t < STRUCT_PIECE ? h->n_tokens - t : STRUCT_PIECE));
         if (ds->tokens[t] >= h->vocab_size)
             return fail(err, errlen, path, -DF_ERANGE, "token %llu: id %u >= vocab size %u",
                         (unsigned long long)t, ds->tokens[t], h->vocab_size);

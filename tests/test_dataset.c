@@ -181,8 +181,10 @@ static void count_tick(void *arg)
     ticks++;
 }
 
-/* The checksum pass ticks the start's progress hook (a daemon's watchdog) every
- * PROGRESS_CHUNK_BYTES of a large file; a file opened without it reads nothing and ticks none. */
+/* The checksum pass and the structural one tick the start's progress hook (a daemon's watchdog)
+ * every PROGRESS_CHUNK_BYTES of a large file read; without the checksum the structural pass still
+ * reads index, tokens and mask, and ticks for them (it once ticked none: a target's start on a
+ * large dataset on slow storage went unseen by the watchdog). */
 static void test_progress(void)
 {
     const char *big = tmp("big.bin");
@@ -195,12 +197,14 @@ static void test_progress(void)
     char err[512];
     progress_set(count_tick, NULL);
     CHECK_OK(dataset_open(&ds, big, 0, err, sizeof err));
-    CHECK_INT(ticks, ==, (int)(body / PROGRESS_CHUNK_BYTES));
+    const size_t structure = 16 * (size_t)ds.n_samples + 5 * (size_t)ds.n_tokens;
+    CHECK(structure > PROGRESS_CHUNK_BYTES);
+    CHECK_INT(ticks, ==, (int)((body + structure) / PROGRESS_CHUNK_BYTES));
     dataset_close(&ds);
     progress_set(count_tick, NULL);
     ticks = 0;
     CHECK_OK(dataset_open(&ds, big, DATASET_OPEN_NO_CHECKSUM, err, sizeof err));
-    CHECK_INT(ticks, ==, 0);
+    CHECK_INT(ticks, ==, (int)(structure / PROGRESS_CHUNK_BYTES));
     dataset_close(&ds);
     progress_set(NULL, NULL);
     unlink(big);
