@@ -45,6 +45,40 @@ expect78() {
 CL_PIDS[target_mem]=$!
 expect78 target_mem "more than this host's .* GiB: lower ring.max_tokens"
 
+# a model file that cannot be opened for want of descriptors (a shim says EMFILE for it): that
+# may pass, so exit 1 (restarted), not 78
+cat >"$T/emfile.c" <<'EOF'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <string.h>
+/* open() of a path ending in model.safetensors fails with EMFILE; every other is the real one. */
+int open(const char *path, int flags, ...)
+{
+    va_list ap;
+    va_start(ap, flags);
+    mode_t mode = (flags & (O_CREAT | O_TMPFILE)) ? va_arg(ap, mode_t) : 0;
+    va_end(ap);
+    size_t n = strlen(path), k = strlen("model.safetensors");
+    if (n >= k && !strcmp(path + n - k, "model.safetensors")) {
+        errno = EMFILE;
+        return -1;
+    }
+    int (*real)(const char *, int, ...) = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, "open");
+    return real(path, flags, mode);
+}
+EOF
+"$cc" -shared -fPIC -o "$T/emfile.so" "$T/emfile.c" -ldl || fail "cannot build the open shim"
+(export LD_PRELOAD=$T/emfile.so ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
+ exec "$CL_BIN/target-d" -c "$CL_INI" -i 0) >>"$CL_DIR/target_fd.log" 2>&1 &
+CL_PIDS[target_fd]=$!
+cl_wait_exit target_fd 60
+[[ $CL_RC == 1 ]] || fail "target-d without a descriptor for its model exited '$CL_RC', wanted 1: $(tail -3 "$CL_DIR/target_fd.log")"
+grep -q "model.safetensors.*Too many open files" "$CL_DIR/target_fd.log" || fail "no reason given: $(tail -3 "$CL_DIR/target_fd.log")"
+echo "ok: target_fd: exit 1: $(grep -m1 "Too many open files" "$CL_DIR/target_fd.log")"
+
 cl_start_coord || fail "coordinator did not come up"
 # a coordinator of another cluster (its own runtime and state folders, so its own lock) given
 # this one's socket: it leaves the socket of the coordinator answering there alone (it removed

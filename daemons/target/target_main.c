@@ -618,11 +618,11 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
 }
 #endif
 
-/* Whether a failure to open the coordinator's dataset lasts: the file is not there for this
- * daemon or not readable by its user (a unit's user or mount namespace unlike the
- * coordinator's), or no longer a valid dataset. Short of memory or descriptors, or a read
+/* Whether a failure to open the model or the coordinator's dataset lasts: the file is not there
+ * for this daemon or not readable by its user (a unit's user or mount namespace unlike the
+ * coordinator's), or not a valid model or dataset. Short of memory or descriptors, or a read
  * error, may pass with a restart. */
-static bool dataset_failure_lasts(int r)
+static bool failure_lasts(int r)
 {
     return r != -ENOMEM && r != -EMFILE && r != -ENFILE && r != -EIO && r != -EINTR && r != -EAGAIN;
 }
@@ -648,7 +648,7 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
         return -DF_ELAYOUT;
     }
     if (r < 0) {
-        *this_only = dataset_failure_lasts(r);
+        *this_only = failure_lasts(r);
         return r;
     }
     if (t->ds.checksum != w->dataset_checksum) {
@@ -712,8 +712,9 @@ int main(int argc, char **argv)
                     (int)t->cfg->ring.max_tokens, err, sizeof err);
     if (r < 0) {
         log_error(r, "%s", err);
-        /* A model that does not load will not load after a restart either. */
-        code = r == -ENOMEM || r == -DF_ECUDA ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
+        /* A model that does not load will not load after a restart either (a read error, or no
+         * memory or descriptors now, may pass). */
+        code = r == -DF_ECUDA || !failure_lasts(r) ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
         goto out;
     }
     char ids[TARGET_MAX_CAPTURE * 12] = "";
