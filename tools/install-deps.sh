@@ -3,7 +3,7 @@
 # Idempotent: does nothing when everything is present. Needs root (or sudo).
 set -eu
 pkgs=(build-essential pkg-config bc libuv1-dev libsystemd-dev libinih-dev libcjson-dev
-      libsqlite3-dev libopenblas-dev sqlite3 systemd util-linux python3 procps clang libclang-rt-14-dev)
+      libsqlite3-dev libopenblas-dev sqlite3 systemd util-linux python3 procps clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
