@@ -56,7 +56,9 @@ const struct cfg_key cfg_keys[] = {
     I(target, prefetch, 1, 64, "2", "batch leases held ahead"),
     I(target, threads, 1, 1024, "1", "CPU backend threads"),
     I(target, devices, 1, 1024, "8", "instance index must be below this"),
+    I(target, gpu_timeout_ms, 1000, 3600000, "120000", "CUDA: a batch on the GPU this long means a hung GPU: exit 1, restarted"),
     I(target, debug_nan_batch, -1, 1e15, "-1", "debug: poison this batch's states with NaN"),
+    I(target, debug_stall_batch, -1, 1e15, "-1", "debug (CUDA): hang the GPU on this batch"),
 
     S(drafter, backend, "cpu", "cpu | cuda"),
     I(drafter, min_ready, 1, 4096, "1", "READY slots wanted before picking (more than 1 mixes the targets' batches)"),

@@ -59,7 +59,9 @@ struct cfg_target {
     int64_t prefetch;           /* leases held ahead */
     int64_t threads;            /* CPU backend threads */
     int64_t devices;            /* highest valid instance index + 1 */
+    int64_t gpu_timeout_ms;     /* CUDA: a batch on the GPU this long: the GPU hangs, exit 1 */
     int64_t debug_nan_batch;    /* inject NaN into this batch id's states (-1 = off) */
+    int64_t debug_stall_batch;  /* CUDA: a kernel that never ends before this batch's forward (-1 = off) */
 };
 
 struct cfg_drafter {

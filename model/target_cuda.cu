@@ -614,6 +614,24 @@ void target_pipe_get_stats(const struct target_pipe *p, struct target_pipe_stats
     *st = p->stats;
 }
 
+/* Spins until *never (device memory, 0) changes: it never does. */
+__global__ void stall_kernel(const volatile int *never)
+{
+    while (!*never) {
+    }
+}
+
+int target_pipe_debug_stall(struct target_pipe *p)
+{
+    struct cuda_model *c = (struct cuda_model *)p->m->impl;
+    int *never = NULL;      /* (kept: the kernel reads it for as long as the process lives) */
+    if (cudaSetDevice(c->device) != cudaSuccess || cudaMalloc((void **)&never, sizeof *never) != cudaSuccess ||
+        cudaMemset(never, 0, sizeof *never) != cudaSuccess)
+        return -DF_ECUDA;
+    stall_kernel<<<1, 1, 0, c->compute>>>(never);
+    return cudaGetLastError() == cudaSuccess ? 0 : -DF_ECUDA;
+}
+
 void target_pipe_free(struct target_pipe *p)
 {
     if (!p)

@@ -73,6 +73,9 @@ struct target_pipe_stats {
     uint64_t copy_bytes;
 };
 void target_pipe_get_stats(const struct target_pipe *p, struct target_pipe_stats *st);
+/* Debug (target.debug_stall_batch): a kernel that never ends on the forward's stream, so the
+ * next batch submitted never completes, as on a hung GPU. 0 or -DF_ECUDA. */
+int target_pipe_debug_stall(struct target_pipe *p);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,7 @@
 # test_gpu_cluster.sh: the cluster on the CUDA backends, plain processes (skips with exit 77
 # without a GPU or without a CUDA build). Small random Qwen3 target (hidden 256, 4 layers, vocab
 # 2048). The drafter runs on GPU 1, or on GPU 0 beside the target where there is one GPU. Phases
-# (GPU_PHASES, default "kill dp nan nanbatch"), each a fresh cluster:
+# (GPU_PHASES, default "kill dp nan hang nanbatch"), each a fresh cluster:
 #  kill: coordinator + target-d@0 + one drafter-d; the target is SIGKILLed twice mid-run and
 #        restarted by this test; the drafter process keeps training throughout (it steps on what
 #        the ring holds while the target is down); drain: every daemon exits 0, no batch lost or
@@ -12,6 +12,10 @@
 #        with one: NCCL takes one rank per GPU).
 #  nan:  drafter.debug_nan_step poisons one step's loss: the step is skipped, the error reaches
 #        the coordinator, the cluster pauses, no checkpoint is written from then on.
+#  hang: target.debug_stall_batch hangs the GPU (a kernel that never ends) before one batch: the
+#        target notices after target.gpu_timeout_ms (nothing else would: its loop, heartbeats and
+#        watchdog go on), reports it and exits 1; the coordinator takes its leases back; the target
+#        started again without the key, the batch is trained once and the drain is clean.
 #  nanbatch: target.debug_nan_batch poisons one batch's captured states: the CUDA drafter (its
 #        result read a step late) skips that step and hands the batch back, the cluster pauses;
 #        the target restarted without the key, `dflashctl resume`: the same drafter process, in
@@ -27,7 +31,7 @@ export NCCL_NVLS_ENABLE=0
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 ((n_gpu >= 1)) || { echo "SKIP: no GPU"; exit 77; }
 [[ -x $CL_BIN/target-d ]] || { echo "missing $CL_BIN/target-d (build first)"; exit 1; }
-PHASES=${GPU_PHASES:-kill dp nan nanbatch}
+PHASES=${GPU_PHASES:-kill dp nan hang nanbatch}
 # The drafter's instance index is its GPU: 1, or 0 (sharing the target's) on a one-GPU machine.
 DI=$((n_gpu >= 2 ? 1 : 0))
 DR=drafter$DI
@@ -177,6 +181,31 @@ phase_nan() {
   grep -q "no checkpoint (.*non-finite" "$CL_DIR/$DR.log" || fail "the drafter did not refuse a checkpoint"
   check_metrics "$CL_DIR/state/metrics-rank0.jsonl"
   cl_log "nan phase ok: newest checkpoint $last"
+}
+
+phase_hang() {
+  local bad=30 i
+  gpu_init hang
+  cl_start_coord || fail "coordinator did not come up"
+  cl_start target0 target-d -c "$CL_INI" -i 0 -o target.debug_stall_batch=$bad -o target.gpu_timeout_ms=3000
+  cl_start $DR drafter-d -c "$CL_INI" -i $DI
+  cl_wait_exit target0 90 || true
+  [[ $CL_RC == 1 ]] || fail "the target on a hung GPU exited '$CL_RC', wanted 1: $(tail -3 "$CL_DIR/target0.log")"
+  grep -q "batch [0-9]* on the GPU for [0-9]* s (target.gpu_timeout_ms 3000): the GPU hangs" "$CL_DIR/target0.log" ||
+    fail "no hang reported: $(tail -3 "$CL_DIR/target0.log")"
+  cl_wait '[e for e in s["errors"] if "the GPU hangs" in e["message"]]' 10 coord || fail "the coordinator has no error of the hang"
+  cl_log "hang: $(grep -m1 "the GPU hangs" "$CL_DIR/target0.log")"
+  cl_start target0 target-d -c "$CL_INI" -i 0
+  for ((i = 0; i < $(cl_scaled 60) * 10; i++)); do
+    [[ $(cl_sql "SELECT count(*) FROM trains WHERE batch = $bad AND rolled_back = 0") == 1 ]] && break
+    sleep 0.1
+  done
+  [[ $(cl_sql "SELECT count(*) FROM trains WHERE batch = $bad AND rolled_back = 0") == 1 ]] ||
+    fail "batch $bad not trained after the target's restart"
+  cl_wait 'step() >= 200' 60 coord || fail "no training after the restart"
+  drain_and_check target0 $DR
+  check_metrics "$CL_DIR/state/metrics-rank0.jsonl"
+  cl_log "hang phase ok"
 }
 
 phase_nanbatch() {

@@ -354,10 +354,35 @@ static void poison(struct tgt *t, unsigned slot, uint32_t n_tokens)
 
 #ifdef DFLASH_HAVE_TARGET_CUDA
 /* Run the completion callbacks of the batches whose copies have landed (never blocks). */
+/* A batch on the GPU for target.gpu_timeout_ms: the GPU hangs, and nothing else would notice
+ * (the loop goes on: heartbeats, the watchdog). Reported, then this process leaves at once (a
+ * clean exit would wait for the GPU for ever): the coordinator takes its leases back, systemd
+ * starts it again. */
+static void gpu_hang_check(struct tgt *t)
+{
+    const struct inflight *old = NULL;
+    for (size_t i = 0; i < sizeof t->inflight / sizeof t->inflight[0]; i++)
+        if (t->inflight[i].used && (!old || t->inflight[i].t_submitted < old->t_submitted))
+            old = &t->inflight[i];
+    if (!old)
+        return;
+    double ms = (double)(mono_ns() - old->t_submitted) / 1e6;
+    if (ms < (double)t->cfg->target.gpu_timeout_ms)
+        return;
+    log_error(-DF_ECUDA, "batch %" PRIu64 " on the GPU for %.0f s (target.gpu_timeout_ms %lld): the GPU hangs; "
+              "exiting to be restarted", old->batch_id, ms / 1e3, (long long)t->cfg->target.gpu_timeout_ms);
+    client_error(t->cl, 0, -DF_ECUDA, "batch %" PRIu64 " on the GPU for %.0f s: the GPU hangs; target-d exits to be "
+                 "restarted", old->batch_id, ms / 1e3);
+    peer_flush_events(&t->d, t->cl, 2000);
+    daemon_notify_stopping(&t->d, "the GPU hangs");
+    _exit(DAEMON_EX_FAILURE);
+}
+
 static int poll_pipe(struct tgt *t)
 {
     if (!t->pipe)
         return 0;
+    gpu_hang_check(t);
     int r = target_pipe_poll(t->pipe);
     if (r < 0 && !t->pipe_error) {
         log_error(r, "the CUDA pipeline failed");
@@ -603,6 +628,10 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
     *f = (struct inflight){ .t = t, .used = 1, .slot = slot, .batch_id = batch_id, .lease = lease,
                             .n_tokens = p->n_tokens, .t_claimed = t1, .t_submitted = mono_ns(),
                             .wait_ms = (double)(t1 - t0) / 1e6 };
+    if (t->cfg->target.debug_stall_batch >= 0 && batch_id == (uint64_t)t->cfg->target.debug_stall_batch) {
+        log_warn(0, "debug: the GPU hangs from batch %" PRIu64 " on (target.debug_stall_batch)", batch_id);
+        target_pipe_debug_stall(t->pipe);
+    }
     r = target_pipe_submit(t->pipe, ring_slot_tokens(t->ring, slot), ring_slot_cu_seqlens(t->ring, slot),
                            (int)p->n_seqs, (int)p->n_tokens, ring_slot_hidden(t->ring, slot),
                            ring_hidden_pitch(t->ring), on_copied, f);
