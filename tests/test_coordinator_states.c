@@ -55,7 +55,9 @@
  * 26. Each detached rank has its own dead_after_ms to come back, from its own disconnect: rank 0
  *     hangs up, rank 1 later, rank 0 comes back; the group lives past rank 0's deadline and ends
  *     at rank 1's (one deadline, the first rank's, once failed it while rank 1 had most of its
- *     time left). */
+ *     time left).
+ * 27. A drafter that joined and waits for the group's other ranks is counted in the status
+ *     (group.drafters_waiting; the group's "0/2 ranks" alone read as if none were there). */
 #include <sqlite3.h>
 #include "tests/test_coord_util.h"
 
@@ -1505,6 +1507,28 @@ static void rank_deadlines_are_per_rank(void)
     printf("ok: each detached rank has its own time to come back\n");
 }
 
+static void waiting_drafter_counted(void)
+{
+    start_coord("[drafter]\nworld_size = 2\n");
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    client_join_group(d);
+    int waiting = -1;
+    uint64_t end = mono_ms() + 5000 * (uint64_t)test_time_scale();
+    struct proto_msg m;
+    char err[256];
+    while (waiting != 1 && mono_ms() < end) {
+        client_poll(d, 50, &m, err, sizeof err);
+        cJSON *s = tc_query(PROTO_Q_STATUS);
+        const cJSON *w = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(s, "group"),
+                                                          "drafters_waiting");
+        waiting = cJSON_IsNumber(w) ? (int)w->valuedouble : -1;
+        cJSON_Delete(s);
+    }
+    CHECK_INT(waiting, ==, 1);
+    client_free(d);
+    printf("ok: a drafter waiting for the group is counted\n");
+}
+
 static void reset(void)
 {
     for (int i = 0; i < 4; i++) {
@@ -1529,7 +1553,8 @@ int main(void)
                              failed_run_killed_before_exit, stop_signal_during_start, nan_then_fatal,
                              nan_during_signal_drain, nan_checkpoint_after_step_refused, fatal_then_ctl_stop,
                              fatal_then_stop_signal, nan_while_paused, second_copy_retracted,
-                             checkpoint_before_generation_start_refused, rank_deadlines_are_per_rank };
+                             checkpoint_before_generation_start_refused, rank_deadlines_are_per_rank,
+                             waiting_drafter_counted };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -192,6 +192,10 @@ static cJSON *group_json(struct coord *co)
     for (uint32_t r = 0; r < g->world; r++)
         present += g->active && g->rank_member[r];
     cJSON_AddNumberToObject(o, "ranks_connected", present);
+    uint32_t waiting = 0;      /* joined, in no generation yet (the group forms with world_size of them) */
+    for (const struct member *m = co->members; m; m = m->next)
+        waiting += m->role == PROTO_ROLE_DRAFTER && m->joined && m->rank < 0;
+    cJSON_AddNumberToObject(o, "drafters_waiting", waiting);
     cJSON *ck = cJSON_AddObjectToObject(o, "checkpoint");
     cJSON_AddNumberToObject(ck, "generation", (double)g->ckpt_gen);
     cJSON_AddNumberToObject(ck, "step", (double)g->ckpt_step);

@@ -157,9 +157,13 @@ static void show_status(const cJSON *s)
            num(ring, "slots"), num(ring, "free"), num(ring, "writing"), num(ring, "ready"), num(ring, "reading"),
            num(ring, "stuck_writing"));
     const cJSON *ck = obj(g, "checkpoint");
-    printf("drafter group: generation %.0f, %s, %.0f/%.0f ranks; checkpoint %s (step %.0f)\n", num(g, "generation"),
+    char waiting[48] = "";
+    if (num(g, "drafters_waiting") > 0)
+        snprintf(waiting, sizeof waiting, " (%.0f drafter%s waiting to join)", num(g, "drafters_waiting"),
+                 num(g, "drafters_waiting") == 1 ? "" : "s");
+    printf("drafter group: generation %.0f, %s, %.0f/%.0f ranks%s; checkpoint %s (step %.0f)\n", num(g, "generation"),
            cJSON_IsTrue(obj(g, "active")) ? "running" : "not formed", num(g, "ranks_connected"), num(g, "world_size"),
-           *str(ck, "dir") ? str(ck, "dir") : "none", num(ck, "step"));
+           waiting, *str(ck, "dir") ? str(ck, "dir") : "none", num(ck, "step"));
     if (!isnan(num(dr, "step")))
         printf("training: step %.0f, loss %.4g, accuracy %.3f, accept %.2f, grad norm %.3g, lr %.3g, %.0f tok/s;"
                " targets %.0f tok/s\n", num(dr, "step"), num(dr, "loss"), num(dr, "accuracy"), num(dr, "accept_len"),
