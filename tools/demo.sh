@@ -60,7 +60,7 @@ while time.time() - t0 < secs:
     print("%5.0fs %7d %3d:%3.0f%% %8.4f %6.3f %6.2f %9.0f %10.0f  %d/%d/%d/%d" % (
         time.time() - t0, d0.get("step", 0), e["current"] + 1, 100.0 * done_in_epoch / max(per["batches"], 1),
         d0.get("loss") or 0, d0.get("accuracy") or 0, d0.get("accept_len") or 0,
-        d0.get("tokens_per_s") or 0, sum(x.get("tokens_per_s", 0) for x in t),
+        d0.get("tokens_per_s") or 0, s["drafter"].get("target_tokens_per_s", 0),   # (silent targets left out)
         r["free"], r["writing"], r["ready"], r["reading"]), flush=True)
     time.sleep(1)
 EOF
