@@ -376,6 +376,10 @@ void daemon_watchdog(struct daemon *d)
         return;
     uint64_t now = mono_ns();
     if (!d->ready) {
+        /* (not once a stop is asked for: systemd extends whichever timeout runs, the stop's
+         * then, and the stop would wait out the whole load) */
+        if (daemon_stop_requested())
+            return;
         if (!d->watchdog_last_ns || now - d->watchdog_last_ns >= 10000000000ull) {
             daemon_notify_extend(d, DAEMON_START_EXTEND_MS);
             d->watchdog_last_ns = now;
