@@ -86,6 +86,7 @@ struct cfg_drafter {
     double beta1, beta2, adam_eps;
     double grad_clip;
     int64_t checkpoint_every;
+    int64_t checkpoint_timeout_ms; /* a checkpoint write waited on this long: the storage hangs, exit 1 */
     char checkpoint_dir[CFG_STR_MAX]; /* empty = state_dir/checkpoints */
     char metrics_path[CFG_STR_MAX];   /* empty = state_dir/metrics-rankN.jsonl */
     int64_t seed;

@@ -422,7 +422,24 @@ static int ckpt_collect(struct dft *f, int wait)
 {
     struct ckpt_result res;
     int got;
+    uint64_t t0 = mono_ms();
     while (!(got = ckpt_writer_collect(f->writer, 0, &res)) && wait && ckpt_writer_busy(f->writer)) {
+        /* A write that never ends (an fsync on a dead network mount) must not hold this process
+         * here for ever, feeding its watchdog and heartbeat for a thread that does not move, deaf
+         * to a stop: past drafter.checkpoint_timeout_ms, or on a second stop signal, it leaves
+         * (the write's temp folder is removed as stale later). */
+        double ms = (double)(mono_ms() - t0);
+        int hurry = daemon_stop_requested() > 1;
+        if (hurry || ms > (double)f->cfg->drafter.checkpoint_timeout_ms) {
+            log_error(0, "a checkpoint write still running after %.0f s%s: abandoned, leaving", ms / 1e3,
+                      hurry ? " and a second stop signal" : " (drafter.checkpoint_timeout_ms): the storage hangs");
+            if (!hurry)
+                client_error(f->cl, 0, -ETIMEDOUT, "a checkpoint write still running after %.0f s "
+                             "(drafter.checkpoint_timeout_ms): the storage hangs; drafter-d exits", ms / 1e3);
+            peer_flush_events(&f->d, f->cl, 2000);
+            daemon_notify_stopping(&f->d, "a checkpoint write hangs");
+            _exit(hurry ? DAEMON_EX_OK : DAEMON_EX_FAILURE);
+        }
         keep_alive(f);
         usleep(50000);
     }
