@@ -22,6 +22,8 @@
  * is tested), not a sanitizer's report. */
 const char *__asan_default_options(void);
 const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+const char *__tsan_default_options(void);
+const char *__tsan_default_options(void) { return "allocator_may_return_null=1"; }
 
 static const struct drafter_train_opts OPTS = {
     .lr = 3e-3, .min_lr_ratio = 0.1, .warmup_steps = 2, .total_steps = 10, .weight_decay = 0.01,
