@@ -1,5 +1,6 @@
 /* err.c: messages for dflash error codes.
  * -errno values map to glibc's descriptions, DF_E* to the table below. */
+#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,6 +25,11 @@ static const char *const df_msgs[] = {
     [DF_EDEAD - DF_EBASE]        = "owner is dead",
     [DF_ECUDA - DF_EBASE]        = "CUDA error",
 };
+
+int err_may_pass(int r)
+{
+    return r == -ENOMEM || r == -ENOBUFS || r == -EMFILE || r == -ENFILE || r == -EIO || r == -EINTR || r == -EAGAIN;
+}
 
 const char *err_str(int r)
 {

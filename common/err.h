@@ -31,6 +31,11 @@ enum {
 /* Message for a negative (or positive) error code; never NULL, thread-safe. */
 const char *err_str(int r);
 
+/* Whether a failure may pass with a restart (exit 1, not 78): short of memory, descriptors or
+ * buffers, an I/O error, an interrupted or would-block call. Anything else (missing, refused,
+ * malformed) stays as it is until the operator acts. */
+int err_may_pass(int r);
+
 /* Fill err (when err && errlen) with the printf-style message and return code: the
  * `return df_fail(err, errlen, -DF_EFORMAT, "%s: ...", path, ...)` of library errors. */
 int df_fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));

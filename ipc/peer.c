@@ -84,6 +84,14 @@ void peer_flush_events(struct daemon *d, struct client *cl, uint64_t ms)
     }
 }
 
+_Noreturn void peer_abandon(struct daemon *d, struct client *cl, int code, const char *status)
+{
+    if (cl)
+        peer_flush_events(d, cl, 2000);
+    daemon_notify_stopping(d, "%s", status);
+    _exit(code);
+}
+
 void peer_report_exit(struct daemon *d, struct client *cl, int code, int *reported)
 {
     if (!cl || code >= 0 || *reported || !client_connected(cl))

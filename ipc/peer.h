@@ -35,6 +35,12 @@ void peer_flush_events(struct daemon *d, struct client *cl, uint64_t ms);
  * go out, and *reported is set. Disconnected (or cl NULL): only the daemon's own log has it. */
 void peer_report_exit(struct daemon *d, struct client *cl, int code, int *reported);
 
+/* Leave at once, without the clean exit's waits (a thread or a GPU that never comes back would
+ * hold them for ever): what cl has queued (events, an error just sent) gets up to 2 s to go out,
+ * systemd is told STOPPING with `status`, then _exit(code). The coordinator takes back what this
+ * process held when it sees it gone. */
+_Noreturn void peer_abandon(struct daemon *d, struct client *cl, int code, const char *status);
+
 /* On a reconnect the ring the coordinator's WELCOME names must still be the shm object this
  * daemon maps. A coordinator that came back may have made a new one (the old object was
  * removed, e.g. /dev/shm cleaned, or an idle incompatible one replaced); a daemon writing or

@@ -227,7 +227,7 @@ int main(int argc, char **argv)
         /* cluster.group names no group, cluster.socket a path that cannot be one or is taken,
          * a folder it may not write, an address not this host's: a config error, not restarted
          * (what a restart may clear, out of memory or descriptors, exits 1) */
-        if (r != -ENOMEM && r != -ENOBUFS && r != -EMFILE && r != -ENFILE && r != -EIO && r != -EINTR)
+        if (!err_may_pass(r))
             co->exit_code = DAEMON_EX_CONFIG;
         goto out;
     }

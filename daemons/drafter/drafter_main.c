@@ -436,9 +436,7 @@ static int ckpt_collect(struct dft *f, int wait)
             if (!hurry)
                 client_error(f->cl, 0, -ETIMEDOUT, "a checkpoint write still running after %.0f s "
                              "(drafter.checkpoint_timeout_ms): the storage hangs; drafter-d exits", ms / 1e3);
-            peer_flush_events(&f->d, f->cl, 2000);
-            daemon_notify_stopping(&f->d, "a checkpoint write hangs");
-            _exit(hurry ? DAEMON_EX_OK : DAEMON_EX_FAILURE);
+            peer_abandon(&f->d, f->cl, hurry ? DAEMON_EX_OK : DAEMON_EX_FAILURE, "a checkpoint write hangs");
         }
         keep_alive(f);
         usleep(50000);

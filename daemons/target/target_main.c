@@ -373,9 +373,7 @@ static void gpu_hang_check(struct tgt *t)
               "exiting to be restarted", old->batch_id, ms / 1e3, (long long)t->cfg->target.gpu_timeout_ms);
     client_error(t->cl, 0, -DF_ECUDA, "batch %" PRIu64 " on the GPU for %.0f s: the GPU hangs; target-d exits to be "
                  "restarted", old->batch_id, ms / 1e3);
-    peer_flush_events(&t->d, t->cl, 2000);
-    daemon_notify_stopping(&t->d, "the GPU hangs");
-    _exit(DAEMON_EX_FAILURE);
+    peer_abandon(&t->d, t->cl, DAEMON_EX_FAILURE, "the GPU hangs");
 }
 
 static int poll_pipe(struct tgt *t)
@@ -653,7 +651,7 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
  * error, may pass with a restart. */
 static bool failure_lasts(int r)
 {
-    return r != -ENOMEM && r != -EMFILE && r != -ENFILE && r != -EIO && r != -EINTR && r != -EAGAIN;
+    return !err_may_pass(r);
 }
 
 /* Maps the ring and opens the dataset the WELCOME names. Fails with -DF_ELAYOUT where this
