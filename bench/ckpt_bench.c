@@ -67,7 +67,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < reps; i++) {
         struct ckpt_train_state ts = { .step = 2 * i + 1 };
         uint64_t t0 = mono_ns();
-        if (ckpt_save(root, d, &ts, out, sizeof out, err, sizeof err) < 0) {
+        if (ckpt_save(root, d, &ts, 0, out, sizeof out, err, sizeof err) < 0) {
             fprintf(stderr, "ckpt_save: %s\n", err);
             return 1;
         }

@@ -451,7 +451,65 @@ static int make_root(const char *root, char *err, size_t errlen)
     return r;
 }
 
-int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train_state *ts,
+/* ---- the generation fence ---- */
+
+/* root/CKPT_FENCE_FILE opened (made when missing) and locked: its fd, *have the generation in it
+ * (0 for none, or for text that is none: the next raise writes it whole); -errno on failure. */
+static int fence_lock(const char *root, uint64_t *have)
+{
+    char path[4096], buf[32];
+    snprintf(path, sizeof path, "%s/%s", root, CKPT_FENCE_FILE);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    int r = 0;
+    while ((r = flock(fd, LOCK_EX)) < 0 && errno == EINTR) {}
+    ssize_t n = r < 0 ? -1 : pread(fd, buf, sizeof buf - 1, 0);
+    if (n < 0) {
+        r = -errno;
+        close(fd);
+        return r;
+    }
+    buf[n] = 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(buf, &end, 16);
+    *have = n == 17 && end == buf + 16 && *end == '\n' && !errno ? (uint64_t)v : 0;
+    return fd;
+}
+
+/* The refusal of a write of `generation` under a fence at `have` (> generation). */
+static int fenced_out(const char *root, uint64_t generation, uint64_t have, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "%s: generation %" PRIu64 " of the drafter group writes here now: this write of generation "
+             "%" PRIu64 " (which has ended) is dropped", root, have, generation);
+    return -DF_ESTATE;
+}
+
+int ckpt_fence_raise(const char *root, uint64_t generation, char *err, size_t errlen)
+{
+    uint64_t have;
+    _cleanup_close_ int fd = fence_lock(root, &have);
+    if (fd < 0) {
+        snprintf(err, errlen, "%s/%s: %s", root, CKPT_FENCE_FILE, strerror(-fd));
+        return fd == -EISDIR || fd == -ELOOP || fd == -EACCES ? -DF_ELAYOUT : fd;
+    }
+    if (have >= generation)
+        return 0;
+    char text[32];
+    int n = snprintf(text, sizeof text, "%016" PRIx64 "\n", generation);
+    int r = 0;
+    errno = 0;
+    if (pwrite(fd, text, (size_t)n, 0) != n || ftruncate(fd, n) < 0 || fsync(fd) < 0)
+        r = errno ? -errno : -EIO;
+    else if (!have)
+        r = fsync_path(root, O_RDONLY | O_DIRECTORY);   /* (made now, perhaps) */
+    if (r < 0)
+        snprintf(err, errlen, "%s/%s: %s", root, CKPT_FENCE_FILE, strerror(-r));
+    return r;
+}
+
+int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train_state *ts, uint64_t generation,
               char *out_dir, size_t out_len, char *err, size_t errlen)
 {
     char tmp[4096], final[4096], old[4096];
@@ -477,6 +535,19 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
     if (r < 0) {
         remove_dir(tmp);
         return r;
+    }
+    /* From here to the root's fsync under the fence: a generation that began meanwhile (this
+     * one has ended) is not overwritten, and one beginning waits until this is in place. */
+    _cleanup_close_ int fence = -1;
+    if (generation) {
+        uint64_t have;
+        if ((fence = fence_lock(root, &have)) < 0 || have > generation) {
+            r = fence < 0 ? fence : fenced_out(root, generation, have, err, errlen);
+            if (fence < 0)
+                snprintf(err, errlen, "%s/%s: %s", root, CKPT_FENCE_FILE, strerror(-r));
+            remove_dir(tmp);
+            return r;
+        }
     }
     bool replaced = false;
     if (rename(tmp, final) < 0) {
@@ -537,10 +608,14 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-int ckpt_prune(const char *root, int keep, int64_t written, int64_t head)
+int ckpt_prune(const char *root, int keep, int64_t written, int64_t head, uint64_t generation)
 {
     if (keep <= 0)
         return 0;           /* keep them all */
+    _cleanup_close_ int fence = -1;
+    uint64_t have = 0;
+    if (generation && ((fence = fence_lock(root, &have)) < 0 || have > generation))
+        return 0;           /* (a later generation's checkpoints are no business of this one) */
     DIR *dir = opendir(root);
     if (!dir)
         return 0;

@@ -23,9 +23,20 @@ struct ckpt_train_state {
 
 /* Write the checkpoint of `d` as <root>/step-<step, 10 digits>: config.json, model.safetensors,
  * optimizer.bin, each fsync'd in <root>/.tmp-step-...-<pid>, the dir fsync'd, renamed into place
- * (replacing an older one of the same step), <root> fsync'd. out_dir (optional) gets the path. */
-int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train_state *ts,
+ * (replacing an older one of the same step), <root> fsync'd. out_dir (optional) gets the path.
+ * generation: the drafter group generation the state belongs to: when a later one has raised the
+ * root's fence (ckpt_fence_raise) it has ended, and the write is dropped (-DF_ESTATE, nothing
+ * changed); 0: no fence (tools, tests). */
+int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train_state *ts, uint64_t generation,
               char *out_dir, size_t out_len, char *err, size_t errlen);
+
+/* Every rank of a drafter group generation, before it reads or writes root (after
+ * ckpt_claim_root): raise root/CKPT_FENCE_FILE to `generation` (never lowered). A write or prune
+ * of an earlier generation still in flight in some process (its group ended while it wrote)
+ * then changes nothing: it would replace a same-step checkpoint of the new lineage or prune its
+ * newer ones. Waits for such a write's rename in progress. 0, or <0 with err. */
+int ckpt_fence_raise(const char *root, uint64_t generation, char *err, size_t errlen);
+#define CKPT_FENCE_FILE "generation"
 
 /* Write the three files into an existing directory `dir` (no temp/rename): the building block of
  * ckpt_save, also for exporting weights elsewhere. */
@@ -39,8 +50,9 @@ int ckpt_write_files(const char *dir, const struct drafter *d, const struct ckpt
  * then of the rest those older than the newest `keep` and older than `head`: the step of the
  * checkpoint the lineage stands on (the newest the coordinator has accepted; a group that ends
  * restarts from it), so head and everything newer stay however many they are (-1: no head yet,
- * nothing goes by age). keep 0: nothing is removed. Returns how many were. */
-int ckpt_prune(const char *root, int keep, int64_t written, int64_t head);
+ * nothing goes by age). keep 0: nothing is removed. generation: as ckpt_save's (a later one's
+ * fence: nothing is removed). Returns how many were. */
+int ckpt_prune(const char *root, int keep, int64_t written, int64_t head, uint64_t generation);
 
 /* Claim root (made if missing) for the run `run_id` before its first checkpoint: its file
  * CKPT_RUN_FILE names the run whose checkpoints it holds, because the prunes and a same-step

@@ -88,9 +88,9 @@ static void *writer_main(void *arg)
         struct timespec ts = { w->delay_ms / 1000, (long)(w->delay_ms % 1000) * 1000000L };
         while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
     }
-    res->rc = ckpt_save(w->root, &w->view, &w->ts, res->dir, sizeof res->dir, res->err, sizeof res->err);
+    res->rc = ckpt_save(w->root, &w->view, &w->ts, res->tag, res->dir, sizeof res->dir, res->err, sizeof res->err);
     if (res->rc == 0) {
-        res->pruned = ckpt_prune(w->root, w->keep, w->ts.step, atomic_load(&w->head));
+        res->pruned = ckpt_prune(w->root, w->keep, w->ts.step, atomic_load(&w->head), res->tag);
         res->stale = ckpt_remove_stale(w->root);
     }
     res->write_ms = (double)(mono_ns() - w->t0) / 1e6;

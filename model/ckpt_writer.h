@@ -12,7 +12,7 @@ struct ckpt_writer;
 struct ckpt_result {
     int rc;                     /* 0, or -errno / -DF_E* (err says what) */
     int64_t step;
-    uint64_t tag;               /* the caller's (e.g. the group generation the state belongs to) */
+    uint64_t tag;               /* the group generation the state belongs to (ckpt_save's) */
     char why[32];
     char dir[1024];             /* the checkpoint written (rc == 0) */
     char err[2048];
@@ -38,7 +38,8 @@ int ckpt_writer_reserve(struct ckpt_writer *w, size_t n_params);
  * into the writer's own buffers first and `d` may change at once (the CPU backend trains on it);
  * otherwise `d` must stay unchanged until the write is collected (the CUDA backend's host twin,
  * which only a checkpoint or a load touches). Either way `d` itself (config, tensor table) must
- * outlive the write. -EBUSY while a write is not collected yet; -ENOMEM / -errno when the
+ * outlive the write. tag: the generation for ckpt_save and ckpt_prune (0: none); a write a later
+ * generation fenced out ends with rc -DF_ESTATE. -EBUSY while a write is not collected yet; -ENOMEM / -errno when the
  * snapshot or the thread cannot be made (nothing is written then). */
 int ckpt_writer_start(struct ckpt_writer *w, const char *root, const struct drafter *d, int copy,
                       const struct ckpt_train_state *ts, uint64_t tag, const char *why);

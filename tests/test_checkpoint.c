@@ -177,7 +177,7 @@ static void multi_chunk_load(const char *root)
     }
     a->opt->step = 3;
     struct ckpt_train_state ts = { .step = 3, .seed = 5 }, got;
-    CHECK_OK(ckpt_save(root, a, &ts, dir, sizeof dir, err, sizeof err));
+    CHECK_OK(ckpt_save(root, a, &ts, 0, dir, sizeof dir, err, sizeof err));
     CHECK_OK(ckpt_load(dir, b, &got, NULL, err, sizeof err));
     same_state(a, b);
     CHECK_INT(got.step, ==, 3);
@@ -357,7 +357,7 @@ int main(void)
     train(a, &f, 0, 4);
     struct ckpt_train_state ts = { .step = 4, .epoch = 0, .batch_in_epoch = 4, .seed = 42,
                                    .samples = 12, .tokens = 136 };
-    if (ckpt_save(root, a, &ts, dir, sizeof dir, err, sizeof err) < 0)
+    if (ckpt_save(root, a, &ts, 0, dir, sizeof dir, err, sizeof err) < 0)
         TEST_FAIL("ckpt_save: %s", err);
     printf("saved %s\n", dir);
 
@@ -369,7 +369,7 @@ int main(void)
     ts_huge.step = 99;
     char hdir[1024];
     err[0] = 0;
-    CHECK_INT(ckpt_save(root, &huge, &ts_huge, hdir, sizeof hdir, err, sizeof err), ==, -ENOMEM);
+    CHECK_INT(ckpt_save(root, &huge, &ts_huge, 0, hdir, sizeof hdir, err, sizeof err), ==, -ENOMEM);
     CHECK_CONTAINS(err, "/model.safetensors: ");
     CHECK_CONTAINS(err, strerror(ENOMEM));
     snprintf(path, sizeof path, "%s/step-0000000099", root);
@@ -521,7 +521,7 @@ int main(void)
 
     /* latest: the newest complete step-N; incomplete and temp dirs are ignored */
     ts2.step = 8;
-    CHECK_OK(ckpt_save(root, b, &ts2, NULL, 0, err, sizeof err));
+    CHECK_OK(ckpt_save(root, b, &ts2, 0, NULL, 0, err, sizeof err));
     /* Same step again: replaced in one exchange. What a crash in a two-rename replacement leaves
      * behind (an .old- dir under this pid) neither blocks that nor is needed for it. */
     snprintf(path, sizeof path, "%s/.old-step-0000000008-%d", root, (int)getpid());
@@ -530,7 +530,7 @@ int main(void)
     FILE *stale = fopen(path, "w");
     CHECK(stale);
     fclose(stale);
-    if (ckpt_save(root, b, &ts2, NULL, 0, err, sizeof err) < 0)
+    if (ckpt_save(root, b, &ts2, 0, NULL, 0, err, sizeof err) < 0)
         TEST_FAIL("second save of step 8: %s", err);
     struct drafter *e = NULL;
     CHECK_OK(drafter_create(&e, &g.cfg, g.embed, g.lm_head, g.n_tokens + 8, 64, 7, err, sizeof err));

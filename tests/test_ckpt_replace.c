@@ -103,8 +103,8 @@ int main(void)
     /* 1 and 2: each replace succeeds (a, then b, then a ... in step-5) */
     for (int c = 0; c < 2; c++) {
         no_exchange = c;
-        CHECK_OK(ckpt_save(root, order[0], &ts, dir, sizeof dir, err, sizeof err));
-        if (ckpt_save(root, order[1], &ts, dir, sizeof dir, err, sizeof err) < 0)
+        CHECK_OK(ckpt_save(root, order[0], &ts, 0, dir, sizeof dir, err, sizeof err));
+        if (ckpt_save(root, order[1], &ts, 0, dir, sizeof dir, err, sizeof err) < 0)
             TEST_FAIL("replace (%s): %s", c ? "no exchange" : "exchange", err);
         CHECK_STR(dir, final);
         holds(final, x, order[1], c ? "no exchange" : "exchange");
@@ -118,7 +118,7 @@ int main(void)
         renames = 0;
         fail_from = c;
         fail_count = 1;
-        CHECK_INT(ckpt_save(root, a, &ts, dir, sizeof dir, err, sizeof err), ==, -EIO);
+        CHECK_INT(ckpt_save(root, a, &ts, 0, dir, sizeof dir, err, sizeof err), ==, -EIO);
         CHECK_INT(renames, ==, c == 1 ? 2 : 4);
         printf("expected error: %s\n", err);
         CHECK_CONTAINS(err, "replace ");
@@ -134,7 +134,7 @@ int main(void)
     renames = 0;
     fail_from = 2;
     fail_count = 2;
-    CHECK_INT(ckpt_save(root, a, &ts, dir, sizeof dir, err, sizeof err), ==, -EIO);
+    CHECK_INT(ckpt_save(root, a, &ts, 0, dir, sizeof dir, err, sizeof err), ==, -EIO);
     printf("expected error: %s\n", err);
     const char *at = strstr(err, "the previous one is left at ");
     CHECK(at);

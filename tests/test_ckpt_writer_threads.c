@@ -4,7 +4,8 @@
  * collect without waiting sees the write finish; old step dirs are pruned to `keep`, never the
  * head (the newest the coordinator accepted) or a newer one; a root that
  * cannot be made is a result with an error naming it, not a crash; the temp dir of an interrupted
- * write is removed after the next write unless a writer still holds its lock. Also run under TSan. */
+ * write is removed after the next write unless a writer still holds its lock; a write of a
+ * generation a later one fenced out changes nothing. Also run under TSan. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -194,10 +195,10 @@ int main(void)
     CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 12, "last"));
     ckpt_writer_free(w);
     CHECK_INT(count_step_dirs(root), ==, 3);        /* 6 (the writer's head), 8, 9 */
-    CHECK_INT(ckpt_prune(root, 1, 9, -1), ==, 0);   /* no head: nothing goes by age */
-    CHECK_INT(ckpt_prune(root, 1, 9, 8), ==, 1);    /* step 6; the head (8) stays, and what is newer */
+    CHECK_INT(ckpt_prune(root, 1, 9, -1, 0), ==, 0);   /* no head: nothing goes by age */
+    CHECK_INT(ckpt_prune(root, 1, 9, 8, 0), ==, 1);    /* step 6; the head (8) stays, and what is newer */
     CHECK_INT(count_step_dirs(root), ==, 2);
-    CHECK_INT(ckpt_prune(root, 1, 9, 9), ==, 1);
+    CHECK_INT(ckpt_prune(root, 1, 9, 9, 0), ==, 1);
     snprintf(path, sizeof path, "%s/step-0000000009/optimizer.bin", root);
     CHECK(access(path, F_OK) == 0);
     CHECK_INT(count_step_dirs(root), ==, 1);
@@ -211,10 +212,10 @@ int main(void)
     }
     /* ... but not the head: a write below it is no lineage's (a rank that did not load the
      * head), and must not take the checkpoint a restart loads */
-    CHECK_INT(ckpt_prune(root, 1, 9, 13), ==, 2);
+    CHECK_INT(ckpt_prune(root, 1, 9, 13, 0), ==, 2);
     snprintf(path, sizeof path, "%s/step-0000000013", root);
     CHECK(access(path, F_OK) == 0);
-    CHECK_INT(ckpt_prune(root, 1, 9, 9), ==, 1);
+    CHECK_INT(ckpt_prune(root, 1, 9, 9, 0), ==, 1);
     CHECK_INT(count_step_dirs(root), ==, 1);
     CHECK(access(path, F_OK) != 0);
     snprintf(path, sizeof path, "%s/step-0000000009/optimizer.bin", root);
@@ -232,17 +233,69 @@ int main(void)
     CHECK_INT(count_step_dirs(root), ==, 2);
     snprintf(path, sizeof path, "%s/step-0000000009/optimizer.bin", root);
     CHECK(access(path, F_OK) == 0);
-    CHECK_INT(ckpt_prune(root, 1, 10, 10), ==, 1);
+    CHECK_INT(ckpt_prune(root, 1, 10, 10, 0), ==, 1);
     CHECK_INT(count_step_dirs(root), ==, 1);
     snprintf(path, sizeof path, "%s/step-0000000010/optimizer.bin", root);
     CHECK(access(path, F_OK) == 0);
 
+    /* The generation fence: a write of a generation that ended (its thread still at it when a
+     * later generation formed and raised the fence) neither replaces the new lineage's same-step
+     * checkpoint nor prunes its newer ones; then a write of the later generation goes through. */
+    struct state s10 = keep_state(a);
+    for (int st = 11; st <= 12; st++) {
+        snprintf(path, sizeof path, "%s/step-%010d", root, st);
+        CHECK(mkdir(path, 0755) == 0);
+    }
+    char err[512] = "";
+    CHECK_OK(ckpt_fence_raise(root, 19, err, sizeof err));
+    train(a, &f, 1);
+    w = NULL;
+    CHECK_OK(ckpt_writer_create(&w, 1));
+    ckpt_writer_debug_delay(w, 300);
+    CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 19, "stale"));
+    CHECK_OK(ckpt_fence_raise(root, 20, err, sizeof err));     /* while the write waits */
+    struct ckpt_result stale;
+    CHECK_INT(ckpt_writer_collect(w, 1, &stale), ==, 1);
+    CHECK_INT(stale.rc, ==, -DF_ESTATE);
+    printf("expected error: %s\n", stale.err);
+    CHECK_CONTAINS(stale.err, "generation 20");
+    CHECK_INT(stale.pruned, ==, 0);
+    CHECK_INT(count_step_dirs(root), ==, 3);                    /* 10, 11, 12 */
+    snprintf(path, sizeof path, "%s/step-0000000010", root);
+    loads_as(&f, path, &s10, 10);
+    CHECK_INT(ckpt_prune(root, 1, 10, -1, 19), ==, 0);
+    CHECK_INT(ckpt_remove_stale(root), ==, 0);                  /* no temp dir was left */
+    /* never lowered; text that is no generation counts as none */
+    CHECK_OK(ckpt_fence_raise(root, 7, err, sizeof err));
+    char fence[600], text[64] = "";
+    snprintf(fence, sizeof fence, "%s/%s", root, CKPT_FENCE_FILE);
+    int fd = open(fence, O_RDWR);
+    CHECK(fd >= 0);
+    CHECK_INT(read(fd, text, sizeof text - 1), ==, 17);
+    CHECK_STR(text, "0000000000000014\n");
+    struct ckpt_result ok20;
+    CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 20, "current"));
+    CHECK_INT(ckpt_writer_collect(w, 1, &ok20), ==, 1);
+    CHECK_OK(ok20.rc);
+    CHECK_INT(ok20.pruned, ==, 2);                              /* 11, 12: past the write */
+    CHECK(pwrite(fd, "junk", 4, 0) == 4 && ftruncate(fd, 4) == 0);
+    CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 5, "unfenced"));
+    CHECK_INT(ckpt_writer_collect(w, 1, &ok20), ==, 1);
+    CHECK_OK(ok20.rc);
+    CHECK_OK(ckpt_fence_raise(root, 21, err, sizeof err));
+    memset(text, 0, sizeof text);
+    CHECK_INT(pread(fd, text, sizeof text - 1, 0), ==, 17);
+    CHECK_STR(text, "0000000000000015\n");
+    close(fd);
+    ckpt_writer_free(w);
+
     drop_state(&s4);
     drop_state(&s6);
     drop_state(&s8);
+    drop_state(&s10);
     drafter_free(a);
     fixture_done(&f);
-    CHECK_INT(ckpt_prune(root, 0, INT64_MAX, INT64_MAX), ==, 0);
+    CHECK_INT(ckpt_prune(root, 0, INT64_MAX, INT64_MAX, 0), ==, 0);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     CHECK(system(cmd) == 0);

@@ -223,7 +223,7 @@ static void expect_failed_save(struct env *e, int64_t step, const char *why)
     struct snapshot before = { 0 };
     snap_take(&before, e->d);
     struct ckpt_train_state ts = { .step = step, .batch_in_epoch = (uint64_t)step, .seed = 42 };
-    int r = ckpt_save(e->root, e->d, &ts, out, sizeof out, err, sizeof err);
+    int r = ckpt_save(e->root, e->d, &ts, 0, out, sizeof out, err, sizeof err);
     if (r >= 0)
         TEST_FAIL("%s: save of step %lld succeeded on a full filesystem (%s)", why, (long long)step, out);
     printf("%-34s -> %d: %s\n", why, r, err);
@@ -257,7 +257,7 @@ static void good_save(struct env *e, int64_t step)
 {
     char err[512] = "", out[1024] = "";
     struct ckpt_train_state ts = { .step = step, .batch_in_epoch = (uint64_t)step, .seed = 42 };
-    if (ckpt_save(e->root, e->d, &ts, out, sizeof out, err, sizeof err) < 0)
+    if (ckpt_save(e->root, e->d, &ts, 0, out, sizeof out, err, sizeof err) < 0)
         TEST_FAIL("save of step %lld with space free: %s", (long long)step, err);
     snap_take(&e->at_save, e->d);
     bytes_take(&e->good, out);

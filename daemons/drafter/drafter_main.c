@@ -443,6 +443,11 @@ static int ckpt_collect(struct dft *f, int wait)
     }
     if (!got)
         return 0;
+    if (res.rc == -DF_ESTATE && res.tag != f->generation) {
+        /* A write of a generation that ended, fenced out by a later one: nobody wants it. */
+        log_notice("checkpoint of step %" PRId64 " not written: %s", res.step, res.err);
+        return 0;
+    }
     if (res.rc < 0) {
         /* The previous checkpoint stays the lineage head; the next due one writes again. */
         log_error(res.rc, "checkpoint of step %" PRId64 ": %s", res.step, res.err);
@@ -926,7 +931,8 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
         log_notice("generation %" PRIu64 ": %u batches kept from earlier generations were leased more than once:"
                    " a copy of one is left out", g->generation, g->n_done);
     /* Every rank: any of them may write as rank 0 of a later generation. */
-    if ((r = ckpt_claim_root(f->ckpt_root, g->run_id, g->ckpt_dir, err, errlen)) < 0)
+    if ((r = ckpt_claim_root(f->ckpt_root, g->run_id, g->ckpt_dir, err, errlen)) < 0 ||
+        (r = ckpt_fence_raise(f->ckpt_root, g->generation, err, errlen)) < 0)
         return r;
     r = load_weights(f, g->ckpt_dir, err, errlen);
     if (r < 0 && g->ckpt_dir[0] && ckpt_damaged(g->ckpt_dir, r)) {
