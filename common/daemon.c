@@ -309,8 +309,17 @@ void daemon_unlock(struct daemon *d)
 
 static void progress_watchdog(void *arg)
 {
-    daemon_watchdog(arg);
+    struct daemon *d = arg;
+    if (d->leave_on_stop && daemon_stop_requested()) {
+        log_notice("stop asked for while %s: leaving", d->leave_on_stop);
+        daemon_notify_stopping(d, "stop asked for while %s", d->leave_on_stop);
+        fflush(NULL);
+        _exit(DAEMON_EX_OK);    /* (the lock goes with the process; nothing else is held) */
+    }
+    daemon_watchdog(d);
 }
+
+void daemon_leave_on_stop(struct daemon *d, const char *what) { d->leave_on_stop = what; }
 
 void daemon_notify_init(struct daemon *d)
 {

@@ -35,6 +35,7 @@ struct daemon {
     uint64_t watchdog_last_ns;
     int ready;                  /* READY=1 sent */
     int notify;                 /* NOTIFY_SOCKET is set: we run under systemd Type=notify */
+    const char *leave_on_stop;  /* daemon_leave_on_stop's phase, or NULL */
 };
 
 /* Parse "-c CONFIG [-i INDEX] [-o section.key=value]... [-t] [-h]" into *d (no config load).
@@ -100,6 +101,11 @@ void daemon_notify_extend(struct daemon *d, uint64_t ms);
  * long loops of the start (the dataset's hash, the weights read) tick it. */
 void daemon_watchdog(struct daemon *d);
 #define DAEMON_START_EXTEND_MS 120000
+/* A start phase that holds nothing of the cluster yet (reading the weights, before the
+ * coordinator is asked): named `what`, a stop asked for meanwhile ends the process (exit 0) at the
+ * phase's next progress tick, on the thread of daemon_notify_init, instead of after the whole load
+ * (minutes: `systemctl stop` would wait, and past TimeoutStopSec end in SIGKILL). NULL ends it. */
+void daemon_leave_on_stop(struct daemon *d, const char *what);
 /* Milliseconds a blocking wait in the work loop may last before it must come back to ping
  * the watchdog (a quarter of the interval, at most `cap_ms`). */
 uint64_t daemon_wait_slice_ms(const struct daemon *d, uint64_t cap_ms);

@@ -1,5 +1,6 @@
 /* test_daemon.c: common/daemon: argument parsing, config errors with file:line, index range,
- * the effective-config print, the lock file (second holder refused, freed on death), sd_notify. */
+ * the effective-config print, the lock file (second holder refused, freed on death), sd_notify,
+ * a stop during a start phase that holds nothing. */
 #include <errno.h>
 #include <pthread.h>
 #include <sys/socket.h>
@@ -219,6 +220,32 @@ int main(void)
     n = recv(fd, msg, sizeof msg - 1, 0);
     msg[n] = 0;
     CHECK_STR(msg, "STOPPING=1\nSTATUS=bye");
+
+    /* A stop during a start phase that holds nothing (the weights read): the phase's next
+     * progress tick ends the process with 0, instead of the whole load later; without a stop, or
+     * outside the phase, it goes on. */
+    pid_t loader = fork();
+    CHECK(loader >= 0);
+    if (loader == 0) {
+        unsetenv("NOTIFY_SOCKET");
+        struct daemon s = d;
+        s.ready = 0;
+        daemon_notify_init(&s);
+        daemon_leave_on_stop(&s, "loading the model");
+        progress_tick();
+        raise(SIGTERM);
+        daemon_leave_on_stop(&s, NULL);
+        progress_tick();
+        daemon_leave_on_stop(&s, "loading the model");
+        if (daemon_stop_requested() != 1)
+            _exit(4);
+        progress_tick();
+        _exit(3);
+    }
+    int status;
+    CHECK_INT(waitpid(loader, &status, 0), ==, loader);
+    CHECK(WIFEXITED(status));
+    CHECK_INT(WEXITSTATUS(status), ==, 0);
 
     raise(SIGTERM);
     CHECK_INT(daemon_stop_requested(), ==, 1);

@@ -1737,7 +1737,10 @@ int main(int argc, char **argv)
     daemon_notify_status(&f->d, "loading the target's embedding and LM head from %s", f->cfg->model.path);
     daemon_watchdog(&f->d);     /* start time; reading the weights ticks for more as it goes (progress.h) */
     int vocab = 0, hidden = 0;
-    if ((r = target_load_head(f->cfg->model.path, &f->embed, &f->lm_head, &vocab, &hidden, err, sizeof err)) < 0) {
+    daemon_leave_on_stop(&f->d, "loading the embedding and LM head");
+    r = target_load_head(f->cfg->model.path, &f->embed, &f->lm_head, &vocab, &hidden, err, sizeof err);
+    daemon_leave_on_stop(&f->d, NULL);
+    if (r < 0) {
         log_error(r, "%s", err);
         code = r == -ENOMEM ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
         goto out;

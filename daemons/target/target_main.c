@@ -735,8 +735,10 @@ int main(int argc, char **argv)
     daemon_watchdog(&t->d);     /* start time; reading the weights ticks for more as it goes (progress.h) */
     if (t->backend == TARGET_BACKEND_CPU)
         target_cpu_set_threads((int)t->cfg->target.threads);
+    daemon_leave_on_stop(&t->d, "loading the model");
     r = target_open(&t->model, t->cfg->model.path, t->ids, t->n_ids, t->backend, t->d.index,
                     (int)t->cfg->ring.max_tokens, err, sizeof err);
+    daemon_leave_on_stop(&t->d, NULL);
     if (r < 0) {
         log_error(r, "%s", err);
         /* A model that does not load will not load after a restart either (a read error, or no
