@@ -80,7 +80,7 @@ const struct cfg_key cfg_keys[] = {
     D(drafter, weight_decay, 0, 10, "0.01", "AdamW weight decay"),
     D(drafter, beta1, 0, 0.9999999, "0.9", "AdamW beta1 (1 makes the bias correction divide by 0)"),
     D(drafter, beta2, 0, 0.9999999, "0.95", "AdamW beta2 (1 makes the bias correction divide by 0)"),
-    D(drafter, adam_eps, 1e-300, 1, "1e-8", "AdamW epsilon (above 0: a parameter whose gradient stays 0 divides 0 by it)"),
+    D(drafter, adam_eps, 1e-30, 1, "1e-8", "AdamW epsilon (above 0: a parameter whose gradient stays 0 divides 0 by it; a float holds it)"),
     D(drafter, grad_clip, 0, 1e9, "1.0", "global gradient norm clip (0 = off)"),
     I(drafter, checkpoint_every, 1, 1 << 30, "1000", "steps between checkpoints"),
     I(drafter, checkpoint_timeout_ms, 1000, 86400000, "600000", "a checkpoint write waited on this long: the storage hangs, exit 1"),

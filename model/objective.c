@@ -1,6 +1,7 @@
 /* objective.c: anchor sampling, labels and decay weights of the DFlash objective.
  * Same rules as the reference trainers; see objective.h. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,6 +189,9 @@ void obj_block_targets(const struct obj_batch *b, const struct obj_block *blk, i
             continue;
         }
         label[k] = (int32_t)b->tokens[idx];
-        weight[k] = (k > 0 && b->loss_mask[idx]) ? (float)obj_decay(k, gamma) : 0.0f;
+        float w = (k > 0 && b->loss_mask[idx]) ? (float)obj_decay(k, gamma) : 0.0f;
+        /* a decay below float's range (a small gamma) keeps the slot supervised, with a weight
+         * that adds nothing measurable: w > 0 is what marks a label everywhere (rows, accuracy) */
+        weight[k] = k > 0 && b->loss_mask[idx] && w < FLT_MIN ? FLT_MIN : w;
     }
 }

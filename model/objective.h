@@ -66,6 +66,6 @@ double obj_decay(int k, double gamma);
 
 /* Labels and weights of one block: for k in [0, bs): label[k] = tokens[anchor+k] (or -1 past the
  * sequence's end), weight[k] = 0 for k = 0, past the end or with loss_mask 0 at the label,
- * else obj_decay(k, gamma). */
+ * else obj_decay(k, gamma), at least FLT_MIN (w > 0 marks a supervised slot). */
 void obj_block_targets(const struct obj_batch *b, const struct obj_block *blk, int block_size,
                        double gamma, int32_t *label, float *weight);

@@ -2,6 +2,7 @@
  * (seed, epoch, batch id, rank), a draw of its own per sequence, uniformity, one pinned draw)
  * and block targets (same-position labels, slot 0 excluded, decay weights, loss mask, labels
  * past the sequence's end), the blocks a pass accepts. */
+#include <float.h>
 #include "common/err.h"
 #include "tests/test_drafter_fixture.h"
 
@@ -143,6 +144,10 @@ int main(void)
     CHECK_INT(label[1], ==, f.tokens[f.cu[4] - 1]);
     CHECK_NEAR(w[1], 1.0, 0);
     CHECK(label[2] == -1 && w[2] == 0.0f && label[3] == -1 && w[3] == 0.0f);
+    /* a decay that underflows float (gamma 0.01: exp(-200)) keeps the slot supervised (w > 0
+     * marks the labels the accuracy counts), at the smallest normal weight; a masked one stays 0 */
+    obj_block_targets(&f.batch, &blk, 4, 0.01, label, w);
+    CHECK(w[0] == 0.0f && w[1] == 1.0f && w[2] == 0.0f && w[3] == FLT_MIN);
     CHECK_NEAR(obj_decay(1, 7.0), 1.0, 0);
     CHECK_NEAR(obj_decay(15, 7.0), exp(-2.0), 1e-15);
     CHECK_NEAR(obj_decay(5, 0.0), 1.0, 0);
