@@ -374,7 +374,10 @@ extern "C" int drafter_cuda_load_from_host(struct drafter_cuda *dc, const struct
     memset(&count, 0, sizeof count);
     count.step = d->opt->step;
     CU(cudaMemcpy(dc->d_count, &count, sizeof count, cudaMemcpyHostToDevice));
-    CU(cudaStreamSynchronize(dc->stream));
+    /* A copy from pageable memory may return before its DMA lands, and nothing orders it with
+     * the non-blocking streams the steps run on (v, the count; at create the segments and rope
+     * table): all settled before the first step. */
+    CU(cudaDeviceSynchronize());
     dc->applied = d->opt->step;
     return 0;
 }

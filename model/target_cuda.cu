@@ -327,7 +327,10 @@ static int cuda_open(struct target *m, char *err, size_t errlen)
         (r = dev_alloc((void **)&c->cap[0], (size_t)m->n_ids * T * H * 2, "the capture buffers", m, err,
                        errlen)) < 0)
         goto done;
-    r = 0;
+    /* A copy from pageable memory may return before its DMA lands, and nothing orders it with
+     * the non-blocking streams the forward runs on (the rope table above): settled here. */
+    r = cudaDeviceSynchronize() == cudaSuccess ? 0 : df_fail(err, errlen, -DF_ECUDA, "%s: uploading the model: %s", m->dir,
+                                                              cudaGetErrorString(cudaGetLastError()));
 done:
     free(L.p);
     return r;
