@@ -11,7 +11,10 @@
 #include "gpukern/gemm.h"
 #include "gpukern/gk_impl.cuh"
 
-enum { GEMM_CACHE = 128 };
+/* Plans by a hash of their key, each looked for in GEMM_PROBE slots from its own: a lookup per
+ * call costs a few compares, and the drafter's shapes (~6 (N, K) x every bucket its token counts
+ * reach) all fit, so a run stops making plans. */
+enum { GEMM_CACHE = 1024, GEMM_PROBE = 8 };
 
 struct gemm_key {
     int ta, tb, M, N, K;            /* M: the bucket (or the exact M when `exact`) */
@@ -34,7 +37,7 @@ struct gk_gemm {
     void *workspace;
     size_t ws_bytes;
     struct gemm_plan plans[GEMM_CACHE];
-    int next;
+    unsigned next;                  /* which of a full probe run is replaced next */
     long made;
 };
 
@@ -172,12 +175,24 @@ static int plan_set_m(struct gemm_plan *p, int M)
     return 0;
 }
 
+static unsigned key_hash(const struct gemm_key *k)
+{
+    const unsigned char *b = (const unsigned char *)k;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < sizeof(*k); i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return (unsigned)(h ^ (h >> 32));
+}
+
 static struct gemm_plan *plan_get(gk_gemm *g, const struct gemm_key *k, int *rc)
 {
-    for (int i = 0; i < GEMM_CACHE; i++)
-        if (g->plans[i].used && !memcmp(&g->plans[i].key, k, sizeof(*k))) return &g->plans[i];
-    struct gemm_plan *p = &g->plans[g->next];
-    g->next = (g->next + 1) % GEMM_CACHE;
+    unsigned h = key_hash(k);
+    struct gemm_plan *p = NULL;
+    for (unsigned i = 0; i < GEMM_PROBE; i++) {
+        struct gemm_plan *q = &g->plans[(h + i) % GEMM_CACHE];
+        if (q->used && !memcmp(&q->key, k, sizeof(*k))) return q;
+        if (!q->used && !p) p = q;
+    }
+    if (!p) p = &g->plans[(h + g->next++ % GEMM_PROBE) % GEMM_CACHE];
     plan_done(p);
     *rc = plan_make(g, k, p);
     return *rc ? NULL : p;

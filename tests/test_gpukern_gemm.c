@@ -107,6 +107,29 @@ int main(void)
         }
         CHECK_INT(gk_gemm_plans_made(g), ==, before);   /* one plan for M in (1024, 2048] */
     }
+    /* A drafter's worth of shapes (6 (N, K) x 40 row buckets) stays cached: a second pass over
+     * them makes no plan (a cache smaller than that kept evicting and making plans in the loop). */
+    {
+        void *a, *b, *d;
+        CUDA_CHECK(cudaMalloc(&a, 64 * 128 * 2));
+        CUDA_CHECK(cudaMalloc(&b, 256 * 128 * 2));
+        CUDA_CHECK(cudaMalloc(&d, 64 * 256 * 2));
+        CUDA_CHECK(cudaMemset(a, 0, 64 * 128 * 2));
+        CUDA_CHECK(cudaMemset(b, 0, 256 * 128 * 2));
+        long made[2];
+        for (int pass = 0; pass < 2; pass++) {
+            long before = gk_gemm_plans_made(g);
+            for (int sh = 0; sh < 6; sh++)
+                for (int m = 1; m <= 40; m++)
+                    CHECK_OK(gk_gemm_bf16(g, 0, 0, 1, m, 64 + 32 * sh, 128, 1.f, a, 128, b, 128, 0.f, NULL, 0, d, 256));
+            made[pass] = gk_gemm_plans_made(g) - before;
+        }
+        printf("plan cache: %ld plans made for 240 shapes, %ld on the second pass\n", made[0], made[1]);
+        CHECK_INT(made[0], ==, 240);
+        CHECK_INT(made[1], ==, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        cudaFree(a); cudaFree(b); cudaFree(d);
+    }
     CHECK_INT(gk_gemm_bf16(g, 0, 0, 1, 16, 16, 16, 1.f, (void *)16, 8, (void *)16, 16, 0.f, NULL, 0, (void *)16, 16),
               ==, -EINVAL);  /* lda < K */
     CUDA_CHECK(cudaDeviceSynchronize());
