@@ -181,7 +181,7 @@ static int validate(struct dataset *ds, const char *path, unsigned flags, char *
                     (unsigned long long)next, (unsigned long long)h->n_tokens);
     if (max_len != h->max_len)
         return fail(err, errlen, path, -DF_EFORMAT, "max_len %u, samples say %u", h->max_len, max_len);
-    uint64_t masked = 0;
+    uint64_t masked = 0, pairs = 0, sample = 0, sample_end = h->n_samples ? ds->index[0].length : 0;
     for (uint64_t t = 0; t < h->n_tokens; t++) {
         if (!(t & (STRUCT_PIECE - 1)))     /* a token id and its mask byte */
             progress_add(5 * (size_t)(h->n_tokens - t < STRUCT_PIECE ? h->n_tokens - t : STRUCT_PIECE));
@@ -192,7 +192,12 @@ static int validate(struct dataset *ds, const char *path, unsigned flags, char *
             return fail(err, errlen, path, -DF_EFORMAT, "token %llu: loss mask %u is not 0 or 1",
                         (unsigned long long)t, ds->mask[t]);
         masked += ds->mask[t];
+        if (t + 1 == sample_end)    /* a sample's last token (the samples tile the tokens) */
+            sample_end += ++sample < h->n_samples ? ds->index[sample].length : 0;
+        else
+            pairs += ds->mask[t] && ds->mask[t + 1];
     }
+    ds->anchor_pairs = pairs;
     if (masked != h->masked_tokens)
         return fail(err, errlen, path, -DF_EFORMAT, "masked_tokens %llu, mask says %llu",
                     (unsigned long long)h->masked_tokens, (unsigned long long)masked);
@@ -247,7 +252,7 @@ struct dataset_writer {
     int fd;                     /* the output temp file: header hole + tokens */
     FILE *maskf;                /* loss mask, unlinked temp file beside the output, appended at finish */
     struct dataset_index_entry *index;
-    uint64_t n_samples, cap, n_tokens, masked;
+    uint64_t n_samples, cap, n_tokens, masked, pairs;
     uint32_t vocab, max_id, max_len;
     struct dataset_hash tok_hash;
     int failed;
@@ -259,6 +264,7 @@ struct dataset_writer {
 
 uint64_t dataset_writer_samples(const struct dataset_writer *w) { return w->n_samples; }
 uint64_t dataset_writer_masked_tokens(const struct dataset_writer *w) { return w->masked; }
+uint64_t dataset_writer_anchor_pairs(const struct dataset_writer *w) { return w->pairs; }
 const char *dataset_writer_temp_path(const struct dataset_writer *w) { return w->tmp; }
 bool dataset_writer_is_output(const struct dataset_writer *w, const struct stat *st)
 {
@@ -439,6 +445,7 @@ int dataset_writer_add(struct dataset_writer *w, const uint32_t *tokens, const u
         if (tokens[i] > w->max_id)
             w->max_id = tokens[i];
         w->masked += mask[i];
+        w->pairs += i + 1 < n && mask[i] && mask[i + 1];
     }
     w->index[w->n_samples++] = (struct dataset_index_entry){ w->n_tokens, n, 0 };
     w->n_tokens += n;

@@ -56,6 +56,7 @@ struct dataset {
     uint64_t n_samples, n_tokens;
     uint32_t vocab_size;
     uint64_t checksum;          /* the header's, as opened (identifies the file's contents) */
+    uint64_t anchor_pairs;      /* two loss tokens in a row in one sample: where a block can be anchored */
     char path[256];
 };
 
@@ -102,6 +103,9 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen);
 void dataset_writer_free(struct dataset_writer *w);
 uint64_t dataset_writer_samples(const struct dataset_writer *w);
 uint64_t dataset_writer_masked_tokens(const struct dataset_writer *w);  /* with loss mask 1, so far */
+/* Places where a block can be anchored so far: two loss tokens in a row in one sample (the
+ * anchor and its first label; dataset.anchor_pairs of the file). */
+uint64_t dataset_writer_anchor_pairs(const struct dataset_writer *w);
 /* The temp file the writer fills and renames into place at finish, for a caller that removes it
  * from a signal handler (dataset_writer_free does otherwise). */
 const char *dataset_writer_temp_path(const struct dataset_writer *w);

@@ -218,6 +218,19 @@ PY
 rc=$?
 [[ $rc == 78 ]] && grep -q "override data.path: $T/nomask.bin: no token is in the loss (every loss mask is 0): nothing to learn" "$T/o.out" ||
   fail "a dataset with nothing to learn: exit $rc: $(tail -1 "$T/o.out")"
+# Loss tokens, but never two in a row (every other token): no block can be anchored, refused too
+"$CL_PY" - "$T/nomask.bin" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(128)
+n_tokens, mask_off = struct.unpack_from("<Q", h, 24)[0], struct.unpack_from("<Q", h, 48)[0]
+f.seek(mask_off); f.write(bytes(1 - t % 2 for t in range(n_tokens)))
+f.seek(80); f.write(struct.pack("<Q", (n_tokens + 1) // 2))      # masked_tokens
+PY
+"$CL_BIN/coordinator-d" -c "$CL_INI" -o data.path="$T/nomask.bin" -t >"$T/o.out" 2>&1
+rc=$?
+[[ $rc == 78 ]] && grep -q "override data.path: $T/nomask.bin: no sample has two tokens in the loss in a row .*: nothing to learn" "$T/o.out" ||
+  fail "a dataset with no anchor: exit $rc: $(tail -1 "$T/o.out")"
 # A missing config file is a config error too.
 "$CL_BIN/drafter-d" -c "$T/nope.ini" -i 0 >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "$T/nope.ini: cannot open" "$T/o.out" || fail "missing file: $(tail -2 "$T/o.out")"

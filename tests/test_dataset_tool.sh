@@ -60,6 +60,17 @@ for rec in '{"input_ids":[1,2],"loss_mask":[0,0]}' '{"input_ids":[1,2],"labels":
   cmp -s "$T/a.bin" "$T/keep.bin" || fail "a dataset with no token in the loss replaced the output"
 done
 
+# Loss tokens, but never two in a row in one sample (a block's anchor and its first label; a
+# pair across two samples does not count): nothing to learn either.
+printf '%s\n' '{"input_ids":[1,2,3],"loss_mask":[1,0,1]}' '{"input_ids":[4,5],"loss_mask":[0,1]}' \
+  '{"input_ids":[6,7],"loss_mask":[1,0]}' '{"input_ids":[8],"loss_mask":[1]}' > "$T/nopair.jsonl"
+if "$D" build -o "$T/keep.bin" -v 10 "$T/nopair.jsonl" 2>"$T/err.txt"; then fail "accepted a dataset with no anchor"; fi
+grep -q "$T/keep.bin: no sample has two tokens in the loss in a row .*: nothing to learn" "$T/err.txt" ||
+  fail "no-anchor message: $(cat "$T/err.txt")"
+cmp -s "$T/a.bin" "$T/keep.bin" || fail "a dataset with no anchor replaced the output"
+printf '%s\n' '{"input_ids":[9,9,9],"loss_mask":[0,1,1]}' >> "$T/nopair.jsonl"
+"$D" build -o "$T/pair.bin" -v 10 "$T/nopair.jsonl" >/dev/null || fail "one pair of loss tokens was refused"
+
 expect_err() {  # input, needle, extra args
   printf '%s\n' "$1" > "$T/bad.jsonl"
   if "$D" build -o "$T/bad.bin" $3 "$T/bad.jsonl" 2>"$T/err.txt"; then fail "accepted: $1"; fi

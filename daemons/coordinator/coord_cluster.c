@@ -1742,6 +1742,11 @@ int coord_dataset_open(struct coord *co, struct dataset *ds, unsigned flags, cha
         dataset_close(ds);
         r = daemon_key_error(&co->d, "data", "path", err, errlen,
                              "%s: no token is in the loss (every loss mask is 0): nothing to learn", co->cfg->data.path);
+    } else if (ds->anchor_pairs == 0) {
+        /* a block is anchored at a loss token followed by one: with none, every step is empty */
+        dataset_close(ds);
+        r = daemon_key_error(&co->d, "data", "path", err, errlen, "%s: no sample has two tokens in the loss in a "
+                             "row (a block's anchor and its first label): nothing to learn", co->cfg->data.path);
     }
     return r;
 }

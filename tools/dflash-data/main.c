@@ -303,6 +303,11 @@ static int cmd_build(const char *out, uint32_t vocab, int end_line, char **input
                 "learn, nothing written\n", out);
         goto done;
     }
+    if (dataset_writer_samples(w) && !dataset_writer_anchor_pairs(w)) {
+        fprintf(stderr, "dflash-data: %s: no sample has two tokens in the loss in a row (a block's anchor and its "
+                "first label): nothing to learn, nothing written\n", out);
+        goto done;
+    }
     if (dataset_writer_finish(w, err, sizeof err) < 0) {
         fprintf(stderr, "dflash-data: %s\n", err);
         goto done;
