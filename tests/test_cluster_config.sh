@@ -231,6 +231,18 @@ PY
 rc=$?
 [[ $rc == 78 ]] && grep -q "override data.path: $T/nomask.bin: no sample has two tokens in the loss in a row .*: nothing to learn" "$T/o.out" ||
   fail "a dataset with no anchor: exit $rc: $(tail -1 "$T/o.out")"
+# A dataset of a larger vocabulary than the model's (another tokenizer): refused by the
+# coordinator (-t too), not by each target after the ledger was made for it
+cp "$CL_DIR/data.bin" "$T/vocab.bin"
+"$CL_PY" - "$T/vocab.bin" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+f.seek(32); f.write(struct.pack("<I", 100000))     # vocab_size
+PY
+"$CL_BIN/coordinator-d" -c "$CL_INI" -o data.path="$T/vocab.bin" -t >"$T/o.out" 2>&1
+rc=$?
+[[ $rc == 78 ]] && grep -q "override data.path: $T/vocab.bin: vocabulary 100000 is larger than the target's ([0-9]*, .*/config.json)" "$T/o.out" ||
+  fail "a dataset of another vocabulary: exit $rc: $(tail -1 "$T/o.out")"
 # A missing config file is a config error too.
 "$CL_BIN/drafter-d" -c "$T/nope.ini" -i 0 >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "$T/nope.ini: cannot open" "$T/o.out" || fail "missing file: $(tail -2 "$T/o.out")"

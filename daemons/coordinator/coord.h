@@ -218,6 +218,7 @@ struct coord {
     bool ring_created;
     int ring_lock;                  /* coord_ring_open: the ring's object held (ring_hold) for the process's life */
     struct ring_layout lay;         /* the ring's, from the config (coord_ring_layout) */
+    int model_vocab;                /* the model's config.json vocab_size (0: no model.path) */
     uint64_t ring_checked_ms;       /* coord_ring_check: when the name was last looked up (mono) */
     uint64_t refusals_window_ms, refusals_logged, refusals_unlogged;   /* coord_refuse's log limit */
     bool ring_check_warned;         /* ... and could not be (logged once) */

@@ -1742,6 +1742,13 @@ int coord_dataset_open(struct coord *co, struct dataset *ds, unsigned flags, cha
         dataset_close(ds);
         r = daemon_key_error(&co->d, "data", "path", err, errlen,
                              "%s: no token is in the loss (every loss mask is 0): nothing to learn", co->cfg->data.path);
+    } else if (co->model_vocab > 0 && ds->vocab_size > (uint32_t)co->model_vocab) {
+        /* every target would refuse it at its start, after the ledger is made for it */
+        uint32_t v = ds->vocab_size;
+        dataset_close(ds);
+        r = daemon_key_error(&co->d, "data", "path", err, errlen, "%s: vocabulary %u is larger than the target's (%d, "
+                             "%s/config.json): a dataset made for another tokenizer", co->cfg->data.path, v,
+                             co->model_vocab, co->cfg->model.path);
     } else if (ds->anchor_pairs == 0) {
         /* a block is anchored at a loss token followed by one: with none, every step is empty */
         dataset_close(ds);

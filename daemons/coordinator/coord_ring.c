@@ -31,6 +31,7 @@ int coord_ring_layout(struct coord *co, char *err, size_t errlen)
         if (hf_config_load(cfg->model.path, &hf, why, sizeof why) < 0)    /* a config error: no restart loop */
             return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
         n_layers = hf.num_layers;
+        co->model_vocab = hf.vocab_size;
         if (!hidden)
             hidden = hf.hidden_size;
     } else if (!hidden) {
