@@ -189,7 +189,11 @@ static long parse_line(const char *line, struct buf *b, uint64_t *end_n, char *w
         /* Hugging Face style: -100 where no loss is taken, else the position's own token (the
          * model shifts them). Shifted labels would train the wrong positions: refused. */
         cJSON_ArrayForEach(e, labels) {
-            double v = cJSON_IsNumber(e) ? e->valuedouble : -2;
+            if (!cJSON_IsNumber(e)) {
+                snprintf(why, whylen, "labels[%d]: not a number", i);
+                goto out;
+            }
+            double v = e->valuedouble;
             if (v != -100 && v != (double)b->tok[i]) {
                 snprintf(why, whylen, "labels[%d]: %g is neither -100 nor input_ids[%d] (%u): shifted labels? give "
                          "loss_mask instead", i, v, i, b->tok[i]);
