@@ -208,4 +208,15 @@ chmod 640 "$T/priv.bin"
 head -c 1000 "$T/s.bin" > "$T/cut.bin"
 if "$D" verify "$T/cut.bin" 2>"$T/err.txt"; then fail "truncated file verified"; fi
 grep -q "$T/cut.bin: truncated" "$T/err.txt" || fail "truncated message: $(cat "$T/err.txt")"
+# The test-data generators: bad arguments or an output they cannot write give one line, no traceback
+S=${DFLASH_SRC:-.}
+one_line() {  # needle, command...
+  local needle=$1; shift
+  if "$@" >/dev/null 2>"$T/err.txt"; then fail "$* succeeded"; fi
+  [[ $(wc -l < "$T/err.txt") == 1 ]] && grep -q "$needle" "$T/err.txt" || fail "$*: $(cat "$T/err.txt")"
+}
+one_line "mkdata: need --rules >= 1" python3 "$S/tools/mkdata.py" --rules 0
+one_line "mkdata: $T/none/x.jsonl: No such file" python3 "$S/tools/mkdata.py" -o "$T/none/x.jsonl"
+one_line "mkmodel: --kv-heads must be at least 1" python3 "$S/tools/mkmodel.py" "$T/mm" --kv-heads 0
+one_line "mkmodel: --layers must be at least 1" python3 "$S/tools/mkmodel.py" "$T/mm" --layers 0
 echo "dflash-data ok"

@@ -27,6 +27,8 @@ def main():
     a = ap.parse_args()
     if a.vocab < 8 or a.min_len < 4 or a.max_len < a.min_len:
         sys.exit("mkdata: need vocab >= 8 and 4 <= min-len <= max-len")
+    if a.rules < 1 or a.samples < 0 or not 0 <= a.noise <= 1:
+        sys.exit("mkdata: need --rules >= 1, --samples >= 0 and --noise in [0, 1]")
     rng = random.Random(a.seed)
     usable = a.vocab - 1
     perms = []
@@ -34,7 +36,10 @@ def main():
         p = list(range(usable))
         rng.shuffle(p)
         perms.append(p)
-    out = sys.stdout if a.out == "-" else open(a.out, "w")
+    try:
+        out = sys.stdout if a.out == "-" else open(a.out, "w")
+    except OSError as e:
+        sys.exit("mkdata: %s: %s" % (a.out, e.strerror))
     for _ in range(a.samples):
         n = rng.randint(a.min_len, a.max_len)
         perm = perms[rng.randrange(a.rules)]

@@ -94,6 +94,11 @@ def main():
     ap.add_argument("--tied", action="store_true", help="tie the LM head to the embedding")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
+    for name in ("vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "max_pos"):
+        if getattr(a, name) < 1:
+            sys.exit("mkmodel: --%s must be at least 1" % name.replace("_", "-"))
+    if not a.std > 0:
+        sys.exit("mkmodel: --std must be above 0")
     if a.heads % a.kv_heads:
         sys.exit("mkmodel: --heads must be a multiple of --kv-heads")
     cfg = {
@@ -118,12 +123,15 @@ def main():
         "bos_token_id": 0,
         "eos_token_id": 1,
     }
-    os.makedirs(a.outdir, exist_ok=True)
     rng = random.Random(a.seed)
-    write_safetensors(os.path.join(a.outdir, "model.safetensors"), tensors(cfg, rng, a.std))
-    with open(os.path.join(a.outdir, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
+    try:
+        os.makedirs(a.outdir, exist_ok=True)
+        write_safetensors(os.path.join(a.outdir, "model.safetensors"), tensors(cfg, rng, a.std))
+        with open(os.path.join(a.outdir, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+            f.write("\n")
+    except OSError as e:
+        sys.exit("mkmodel: %s: %s" % (e.filename or a.outdir, e.strerror))
     print("mkmodel: %s: Qwen3 %d layers, hidden %d, vocab %d" % (a.outdir, a.layers, a.hidden, a.vocab))
 
 
