@@ -65,6 +65,36 @@ for want in "1: skipped: an array, not a JSON object: expected {\"conversations\
   n=$((n + 1))
   sed -n "${n}p" "$T/err.txt" | grep -qF -- "convert_conversations.py: $T/bad.jsonl:$want" || fail "line $n: $(sed -n "${n}p" "$T/err.txt")"
 done
+# The mask, with a tokenizer of one id per character: a template that renders the conversation
+# prefix by prefix the same gives one sample, the assistant turns in the loss (their header, the
+# generation prompt, not); one that gives only the last assistant turn its reasoning block (as
+# Qwen3's) gives one sample per assistant turn, that turn's tokens alone in the loss.
+py 'class Tok:
+    def __init__(self, think):
+        self.think = think
+    def apply_chat_template(self, msgs, tokenize=True, add_generation_prompt=False):
+        last_user = max([i for i, t in enumerate(msgs) if t["role"] == "user"], default=-1)
+        text = ""
+        for i, t in enumerate(msgs):
+            text += "<" + t["role"] + ">"
+            if t["role"] == "assistant" and self.think and i > last_user:
+                text += "<think></think>"
+            text += t["content"] + "<end>"
+        return [ord(c) for c in text + ("<assistant>" if add_generation_prompt else "")]
+def show(samples):
+    return [("".join(map(chr, ids)), "".join(chr(c) for c, k in zip(ids, mask) if k)) for ids, mask in samples]
+conv = [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]
+got = show(m.encode(Tok(False), conv, 0))
+assert got == [("<system>s<end><user>q1<end><assistant>a1<end><user>q2<end><assistant>a2<end>", "a1<end>a2<end>")], got
+got = show(m.encode(Tok(True), conv, 0))
+assert got == [("<system>s<end><user>q1<end><assistant><think></think>a1<end>", "<think></think>a1<end>"),
+               ("<system>s<end><user>q1<end><assistant>a1<end><user>q2<end><assistant><think></think>a2<end>",
+                "<think></think>a2<end>")], got
+got = show(m.encode(Tok(True), conv, 64))     # cut: the second sample keeps no loss token, dropped
+assert got == [("<system>s<end><user>q1<end><assistant><think></think>a1<end>", "<think></think>a1<end>")], got
+assert m.encode(Tok(True), conv[:2], 0) == []' || fail "the mask of whole and per-turn samples"
+
 head -n 1 "$T/bad.jsonl" > "$T/bad1.jsonl"
 py "args = type('A', (), {'input': [os.environ['T'] + '/bad1.jsonl'], 'skip_bad': False, 'max_len': 0})
 list(m.encoded(args, None, {'skipped': 0}))" 2>"$T/err.txt" && fail "a bad record without --skip-bad went on"

@@ -11,8 +11,9 @@ The loss mask is 1 on the tokens of assistant turns (what the drafter learns to 
 
 Needs `transformers` (pip install transformers). The mask is found by rendering growing
 prefixes of the conversation: the tokens a turn adds are the ones that turn owns. A chat
-template that re-renders earlier turns differently when later ones are added (some do for
-reasoning traces) is detected and reported.
+template that renders earlier turns otherwise when later ones are added (Qwen3 gives only the last
+assistant turn its reasoning block) is detected: such a conversation becomes one sample per
+assistant turn, the conversation up to that turn with only its tokens in the loss.
 
 With -o, dflash-data build gets --end-line and the end line {"end": N} only once every record
 is through: a stop of this script for any reason (an error, a signal, a kill) leaves the old
@@ -113,25 +114,53 @@ def render(tok, messages, add_generation_prompt=False):
     return [int(x) for x in ids]
 
 
-def encode(tok, conv, max_len):
+class Rerendered(ValueError):
+    """The chat template renders an earlier turn otherwise once later turns follow it."""
+
+
+def whole(tok, conv):
+    """(ids, mask) of the whole conversation, 1 on every assistant turn's tokens."""
     ids, mask = [], []
     for i, msg in enumerate(conv):
         if msg["role"] == "assistant":
             # The assistant header (e.g. "<|im_start|>assistant\n") is the generation prompt: not learned.
             head = render(tok, conv[:i], add_generation_prompt=True)
             if head[: len(ids)] != ids:
-                raise ValueError(f"turn {i}: the chat template re-renders earlier turns; cannot align the mask")
+                raise Rerendered(f"turn {i}: the chat template re-renders earlier turns")
             mask += [0] * (len(head) - len(ids))
             ids = head
         full = render(tok, conv[: i + 1])
         if full[: len(ids)] != ids:
-            raise ValueError(f"turn {i}: the chat template re-renders earlier turns; cannot align the mask")
+            raise Rerendered(f"turn {i}: the chat template re-renders earlier turns")
         added = len(full) - len(ids)
         mask += [1 if msg["role"] == "assistant" else 0] * added
         ids = full
-    if max_len and len(ids) > max_len:
-        ids, mask = ids[:max_len], mask[:max_len]
     return ids, mask
+
+
+def last_turn(tok, conv, i):
+    """(ids, mask) of the conversation up to assistant turn i, 1 on that turn's tokens only."""
+    head = render(tok, conv[:i], add_generation_prompt=True)
+    full = render(tok, conv[: i + 1])
+    if full[: len(head)] != head:
+        raise ValueError(f"turn {i}: the chat template renders the turn otherwise than its generation prompt; "
+                         "cannot align the mask")
+    return full, [0] * len(head) + [1] * (len(full) - len(head))
+
+
+def encode(tok, conv, max_len):
+    """[(ids, mask)]: the conversation as one sample, the tokens of its assistant turns in the loss.
+    A chat template that renders earlier turns otherwise once later ones follow (Qwen3 gives only
+    the last assistant turn its reasoning block) has no such sample: then one sample per assistant
+    turn, the conversation up to it as the template renders it there, that turn's tokens in the loss.
+    Samples past max_len are cut; one with no loss token left is dropped."""
+    try:
+        samples = [whole(tok, conv)]
+    except Rerendered:
+        samples = [last_turn(tok, conv, i) for i, msg in enumerate(conv) if msg["role"] == "assistant"]
+    if max_len:
+        samples = [(ids[:max_len], mask[:max_len]) for ids, mask in samples]
+    return [(ids, mask) for ids, mask in samples if any(mask)]
 
 
 def main():
@@ -207,7 +236,8 @@ def run(args, tool):
     stats = {"skipped": 0}
     samples = encoded(args, tok, stats)
     n = build_dataset(tool, args.output, len(tok), samples) if args.output else write_jsonl(samples, sys.stdout)
-    print(f"{PROG}: {n} conversations, {stats['skipped']} skipped", file=sys.stderr)
+    print(f"{PROG}: {stats.get('conversations', 0)} conversations, {n} samples, {stats['skipped']} skipped",
+          file=sys.stderr)
 
 
 def sample_line(ids, mask):
@@ -295,8 +325,8 @@ def encoded(args, tok, stats):
     for path in args.input or ["-"]:
         for where, line in records(path):
             try:
-                ids, mask = encode(tok, conversation(line), args.max_len)
-                if not any(mask):
+                samples = encode(tok, conversation(line), args.max_len)
+                if not samples:
                     raise ValueError("no assistant tokens: nothing to learn")
             except (ValueError, KeyError, TypeError) as e:
                 if not args.skip_bad:
@@ -304,7 +334,8 @@ def encoded(args, tok, stats):
                 print(f"{PROG}: {where}: skipped: {e}", file=sys.stderr)
                 stats["skipped"] += 1
                 continue
-            yield ids, mask
+            stats["conversations"] = stats.get("conversations", 0) + 1
+            yield from samples
 
 
 if __name__ == "__main__":
