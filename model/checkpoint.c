@@ -454,17 +454,28 @@ static int make_root(const char *root, char *err, size_t errlen)
 /* ---- the generation fence ---- */
 
 /* root/CKPT_FENCE_FILE opened (made when missing) and locked: its fd, *have the generation in it
- * (0 for none, or for text that is none: the next raise writes it whole); -errno on failure. */
-static int fence_lock(const char *root, uint64_t *have)
+ * (0 for none, or for text that is none: the next raise writes it whole); -errno on failure.
+ * tick: NULL blocks; else the lock is tried every 20 ms and tick(arg) called between, giving up
+ * with its code when it returns one < 0. */
+static int fence_lock(const char *root, uint64_t *have, int (*tick)(void *), void *arg)
 {
     char path[4096], buf[32];
     snprintf(path, sizeof path, "%s/%s", root, CKPT_FENCE_FILE);
     int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         return -errno;
-    int r = 0;
-    while ((r = flock(fd, LOCK_EX)) < 0 && errno == EINTR) {}
-    ssize_t n = r < 0 ? -1 : pread(fd, buf, sizeof buf - 1, 0);
+    int r;
+    while ((r = flock(fd, tick ? LOCK_EX | LOCK_NB : LOCK_EX)) < 0) {
+        if (errno == EINTR)
+            continue;
+        if (errno != EWOULDBLOCK || !tick || (r = tick(arg)) < 0) {
+            r = r < -1 ? r : -errno;
+            close(fd);
+            return r;
+        }
+        usleep(20000);
+    }
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
     if (n < 0) {
         r = -errno;
         close(fd);
@@ -486,10 +497,31 @@ static int fenced_out(const char *root, uint64_t generation, uint64_t have, char
     return -DF_ESTATE;
 }
 
-int ckpt_fence_raise(const char *root, uint64_t generation, char *err, size_t errlen)
+struct fence_tick {
+    int (*fn)(void *);
+    void *arg;
+    int gave_up;
+};
+
+static int fence_tick(void *arg)
+{
+    struct fence_tick *t = arg;
+    int r = t->fn(t->arg);
+    t->gave_up = r < 0;
+    return r;
+}
+
+int ckpt_fence_raise(const char *root, uint64_t generation, int (*tick)(void *), void *arg, char *err,
+                     size_t errlen)
 {
     uint64_t have;
-    _cleanup_close_ int fd = fence_lock(root, &have);
+    struct fence_tick t = { tick, arg, 0 };
+    _cleanup_close_ int fd = fence_lock(root, &have, tick ? fence_tick : NULL, &t);
+    if (t.gave_up) {
+        snprintf(err, errlen, "%s/%s: held by a checkpoint write that does not end (the storage hangs?): %s", root,
+                 CKPT_FENCE_FILE, err_str(fd));
+        return fd;
+    }
     if (fd < 0) {
         snprintf(err, errlen, "%s/%s: %s", root, CKPT_FENCE_FILE, strerror(-fd));
         return fd == -EISDIR || fd == -ELOOP || fd == -EACCES ? -DF_ELAYOUT : fd;
@@ -541,7 +573,7 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
     _cleanup_close_ int fence = -1;
     if (generation) {
         uint64_t have;
-        if ((fence = fence_lock(root, &have)) < 0 || have > generation) {
+        if ((fence = fence_lock(root, &have, NULL, NULL)) < 0 || have > generation) {
             r = fence < 0 ? fence : fenced_out(root, generation, have, err, errlen);
             if (fence < 0)
                 snprintf(err, errlen, "%s/%s: %s", root, CKPT_FENCE_FILE, strerror(-r));
@@ -614,7 +646,7 @@ int ckpt_prune(const char *root, int keep, int64_t written, int64_t head, uint64
         return 0;           /* keep them all */
     _cleanup_close_ int fence = -1;
     uint64_t have = 0;
-    if (generation && ((fence = fence_lock(root, &have)) < 0 || have > generation))
+    if (generation && ((fence = fence_lock(root, &have, NULL, NULL)) < 0 || have > generation))
         return 0;           /* (a later generation's checkpoints are no business of this one) */
     DIR *dir = opendir(root);
     if (!dir)
@@ -850,8 +882,8 @@ int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, c
          * (before its first checkpoint), and both would write, replace and prune there. */
         if (r == 1) {
             snprintf(err, errlen, "%s belongs to run %016" PRIx64 ", not to this run (%016" PRIx64 "): move the "
-                     "folder away (with its %s), or set drafter.checkpoint_dir to another folder", root, have,
-                     run_id, CKPT_RUN_FILE);
+                     "folder away (with its %s and %s), or set drafter.checkpoint_dir to another folder", root, have,
+                     run_id, CKPT_RUN_FILE, CKPT_FENCE_FILE);
             return -DF_ELAYOUT;
         }
         /* Unclaimed (written before folders were claimed): its checkpoints are this run's only when
@@ -866,6 +898,15 @@ int ckpt_claim_root(const char *root, uint64_t run_id, const char *resume_dir, c
             snprintf(err, errlen, "%s holds checkpoints of no known run (%s ...), which this run could prune or "
                      "replace: move them away, or set drafter.checkpoint_dir to another folder", root, name);
             return -DF_ELAYOUT;
+        }
+        /* A fence left by another run (moved away without it) is not this run's: its generations
+         * count from 1 again, and every write of theirs would be dropped under it. */
+        char fence[4096];
+        snprintf(fence, sizeof fence, "%s/%s", root, CKPT_FENCE_FILE);
+        if (unlink(fence) < 0 && errno != ENOENT) {
+            r = -errno;
+            snprintf(err, errlen, "%s: %s", fence, strerror(-r));
+            return r;
         }
         r = write_run_id(root, run_id, err, errlen);
         if (r != -EEXIST)

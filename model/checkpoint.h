@@ -31,11 +31,15 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
               char *out_dir, size_t out_len, char *err, size_t errlen);
 
 /* Every rank of a drafter group generation, before it reads or writes root (after
- * ckpt_claim_root): raise root/CKPT_FENCE_FILE to `generation` (never lowered). A write or prune
- * of an earlier generation still in flight in some process (its group ended while it wrote)
- * then changes nothing: it would replace a same-step checkpoint of the new lineage or prune its
- * newer ones. Waits for such a write's rename in progress. 0, or <0 with err. */
-int ckpt_fence_raise(const char *root, uint64_t generation, char *err, size_t errlen);
+ * ckpt_claim_root, and once its own write in flight is collected): raise root/CKPT_FENCE_FILE to
+ * `generation` (never lowered). A write or prune of an earlier generation still in flight in
+ * some process (its group ended while it wrote) then changes nothing: it would replace a
+ * same-step checkpoint of the new lineage or prune its newer ones. Waits for such a write's
+ * rename in progress: tick(arg) every 20 ms meanwhile (NULL: a plain blocking wait), a return < 0
+ * gives up with that code ("held by a checkpoint write that does not end"). 0, or <0 with err.
+ * A new claim of the folder (ckpt_claim_root) removes another run's fence. */
+int ckpt_fence_raise(const char *root, uint64_t generation, int (*tick)(void *), void *arg, char *err,
+                     size_t errlen);
 #define CKPT_FENCE_FILE "generation"
 
 /* Write the three files into an existing directory `dir` (no temp/rename): the building block of

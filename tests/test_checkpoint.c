@@ -302,7 +302,7 @@ static void claim_root(const char *base)
     /* another run's folder, with no checkpoint yet (that run may be running) or with one */
     CHECK_INT(ckpt_claim_root(root, 0x99, "", err, sizeof err), ==, -DF_ELAYOUT);
     CHECK_CONTAINS(err, "belongs to run 0000000000001234, not to this run (0000000000000099): move the folder "
-                        "away (with its run-id)");
+                        "away (with its run-id and generation)");
     snprintf(step, sizeof step, "%s/step-0000000040", root);
     CHECK_OK(mkdir(step, 0755));
     CHECK_INT(ckpt_claim_root(root, 0x99, "", err, sizeof err), ==, -DF_ELAYOUT);

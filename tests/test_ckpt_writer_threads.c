@@ -78,6 +78,14 @@ static int count_step_dirs(const char *root)
     return n;
 }
 
+static int give_up_third(void *arg)
+{
+    int *n = arg;
+    return ++*n >= 3 ? -ETIMEDOUT : 0;
+}
+
+static char cmd_other[700];
+
 static struct ckpt_result write_now(struct ckpt_writer *w, const char *root, struct drafter *d, int copy,
                                     int64_t step)
 {
@@ -247,13 +255,13 @@ int main(void)
         CHECK(mkdir(path, 0755) == 0);
     }
     char err[512] = "";
-    CHECK_OK(ckpt_fence_raise(root, 19, err, sizeof err));
+    CHECK_OK(ckpt_fence_raise(root, 19, NULL, NULL, err, sizeof err));
     train(a, &f, 1);
     w = NULL;
     CHECK_OK(ckpt_writer_create(&w, 1));
     ckpt_writer_debug_delay(w, 300);
     CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 19, "stale"));
-    CHECK_OK(ckpt_fence_raise(root, 20, err, sizeof err));     /* while the write waits */
+    CHECK_OK(ckpt_fence_raise(root, 20, NULL, NULL, err, sizeof err));     /* while the write waits */
     struct ckpt_result stale;
     CHECK_INT(ckpt_writer_collect(w, 1, &stale), ==, 1);
     CHECK_INT(stale.rc, ==, -DF_ESTATE);
@@ -266,8 +274,8 @@ int main(void)
     CHECK_INT(ckpt_prune(root, 1, 10, -1, 19), ==, 0);
     CHECK_INT(ckpt_remove_stale(root), ==, 0);                  /* no temp dir was left */
     /* never lowered; text that is no generation counts as none */
-    CHECK_OK(ckpt_fence_raise(root, 7, err, sizeof err));
-    char fence[600], text[64] = "";
+    CHECK_OK(ckpt_fence_raise(root, 7, NULL, NULL, err, sizeof err));
+    char fence[700], text[64] = "";
     snprintf(fence, sizeof fence, "%s/%s", root, CKPT_FENCE_FILE);
     int fd = open(fence, O_RDWR);
     CHECK(fd >= 0);
@@ -282,12 +290,36 @@ int main(void)
     CHECK_OK(ckpt_writer_start(w, root, a, 1, &ts, 5, "unfenced"));
     CHECK_INT(ckpt_writer_collect(w, 1, &ok20), ==, 1);
     CHECK_OK(ok20.rc);
-    CHECK_OK(ckpt_fence_raise(root, 21, err, sizeof err));
+    CHECK_OK(ckpt_fence_raise(root, 21, NULL, NULL, err, sizeof err));
     memset(text, 0, sizeof text);
     CHECK_INT(pread(fd, text, sizeof text - 1, 0), ==, 17);
     CHECK_STR(text, "0000000000000015\n");
+    /* Held by a write that does not end (another process's, stuck in the storage): the wait
+     * ticks, and gives up when its tick says so, naming why. */
+    int holder = open(fence, O_RDONLY);
+    CHECK(holder >= 0 && flock(holder, LOCK_EX) == 0);
+    int ticks = 0;
+    CHECK_INT(ckpt_fence_raise(root, 22, give_up_third, &ticks, err, sizeof err), ==, -ETIMEDOUT);
+    CHECK_INT(ticks, ==, 3);
+    CHECK_CONTAINS(err, "held by a checkpoint write that does not end");
+    close(holder);
+    CHECK_OK(ckpt_fence_raise(root, 22, give_up_third, &ticks, err, sizeof err));
     close(fd);
     ckpt_writer_free(w);
+    /* A new claim of a folder whose run-id was moved away without its fence (another run's,
+     * numbering its generations from 1 again: every write would be dropped) removes the fence. */
+    char other[600];
+    snprintf(other, sizeof other, "%s-other", root);
+    CHECK(mkdir(other, 0755) == 0);
+    CHECK_OK(ckpt_fence_raise(other, 9, NULL, NULL, err, sizeof err));
+    CHECK_OK(ckpt_claim_root(other, 0x77, "", err, sizeof err));
+    snprintf(fence, sizeof fence, "%s/%s", other, CKPT_FENCE_FILE);
+    CHECK(access(fence, F_OK) < 0 && errno == ENOENT);
+    CHECK_OK(ckpt_fence_raise(other, 1, NULL, NULL, err, sizeof err));
+    CHECK_OK(ckpt_claim_root(other, 0x77, "", err, sizeof err));     /* its own claim: the fence stays */
+    CHECK(access(fence, F_OK) == 0);
+    snprintf(cmd_other, sizeof cmd_other, "rm -rf '%s'", other);
+    CHECK(system(cmd_other) == 0);
 
     drop_state(&s4);
     drop_state(&s6);

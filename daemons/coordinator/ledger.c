@@ -15,7 +15,7 @@
 enum {
     ST_META_GET, ST_META_SET, ST_BATCH_INS, ST_BATCH_UPD, ST_BATCH_ALL, ST_TRAIN_ADD, ST_TRAIN_RB,
     ST_TRAIN_RB_AFTER, ST_CKPT_ADD, ST_CKPT_DROP, ST_CKPT_BEFORE, ST_GEN_SET, ST_GEN_ALL, ST_ERR_ADD,
-    ST_UNTRAINED_ADD, ST_UNTRAINED_HAS, ST_CKPT_LIST, ST_N
+    ST_UNTRAINED_ADD, ST_UNTRAINED_HAS, ST_CKPT_LIST, ST_BEGIN, ST_COMMIT, ST_N
 };
 
 static const char *const sql_text[ST_N] = {
@@ -43,6 +43,9 @@ static const char *const sql_text[ST_N] = {
                          " CAST(strftime('%s','now') AS INTEGER) * 1000)",
     [ST_UNTRAINED_HAS] = "SELECT 1 FROM untrained WHERE batch = ?1 AND lease = ?2",
     [ST_CKPT_LIST] = "SELECT gen, step, dir, ms, dropped FROM checkpoints ORDER BY rowid DESC LIMIT ?1",
+    /* (prepared once too: a transaction a batch, not a parse a batch) */
+    [ST_BEGIN] = "BEGIN IMMEDIATE",
+    [ST_COMMIT] = "COMMIT",
 };
 
 static const char schema[] =
@@ -313,9 +316,13 @@ static int begin(struct ledger *l)
         return sql_err(l, l->failed);
     if (l->in_tx)
         return 0;
-    int rc = sqlite3_exec(l->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-    if (rc != SQLITE_OK)
-        return write_failed(l, rc, "begin");
+    int rc = sqlite3_step(l->st[ST_BEGIN]);
+    if (rc != SQLITE_DONE) {
+        int r = write_failed(l, rc, "begin");
+        sqlite3_reset(l->st[ST_BEGIN]);
+        return r;
+    }
+    sqlite3_reset(l->st[ST_BEGIN]);
     l->in_tx = 1;
     return 0;
 }
@@ -331,9 +338,12 @@ int ledger_commit(struct ledger *l, char *err, size_t errlen)
     }
     if (!l->in_tx)
         return 0;
-    int rc = sqlite3_exec(l->db, "COMMIT", NULL, NULL, NULL);
-    if (rc != SQLITE_OK) {
+    int rc = sqlite3_step(l->st[ST_COMMIT]);
+    rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+    if (rc != SQLITE_OK)
         snprintf(err, errlen, "%s: commit: %s", l->path, sqlite3_errmsg(l->db));
+    sqlite3_reset(l->st[ST_COMMIT]);
+    if (rc != SQLITE_OK) {
         /* A failed COMMIT may leave the transaction open: roll it back so state is known. */
         if (!sqlite3_get_autocommit(l->db))
             sqlite3_exec(l->db, "ROLLBACK", NULL, NULL, NULL);

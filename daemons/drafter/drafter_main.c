@@ -110,6 +110,7 @@ struct dft {
     int in_group;
     int await_restart;          /* left the group's collective: wait for RESTART before joining */
     uint64_t generation;
+    uint64_t fence_t0;          /* when the wait on the checkpoint folder's fence began (ms) */
     int rank, world;
     char loaded[PROTO_PATH_MAX];/* checkpoint the weights came from ("" = fresh init) */
     struct stat loaded_st;      /* its optimizer.bin as loaded: a path the lineage wrote again (after
@@ -443,9 +444,12 @@ static int ckpt_collect(struct dft *f, int wait)
     }
     if (!got)
         return 0;
-    if (res.rc == -DF_ESTATE && res.tag != f->generation) {
-        /* A write of a generation that ended, fenced out by a later one: nobody wants it. */
+    if (res.rc == -DF_ESTATE) {
+        /* Fenced out: a later generation has formed (this process may not know yet), so this one
+         * has ended and nobody wants its write. */
         log_notice("checkpoint of step %" PRId64 " not written: %s", res.step, res.err);
+        if (res.tag == f->generation && f->saved_step == res.step)
+            f->saved_step = -1;
         return 0;
     }
     if (res.rc < 0) {
@@ -908,6 +912,17 @@ static void report_peers(struct dft *f, const struct peer_batch *pb, uint64_t st
 }
 
 /* Apply a GROUP: weights from its checkpoint, the collective of its generation. */
+/* Waiting on the checkpoint folder's fence (a write of another process in it does not end): the
+ * heartbeat and the watchdog go on, up to drafter.checkpoint_timeout_ms; a second stop leaves. */
+static int fence_tick(void *arg)
+{
+    struct dft *f = arg;
+    keep_alive(f);
+    if (daemon_stop_requested() > 1)
+        peer_abandon(&f->d, f->cl, DAEMON_EX_OK, "the checkpoint folder's fence is held");
+    return mono_ms() - f->fence_t0 > (uint64_t)f->cfg->drafter.checkpoint_timeout_ms ? -ETIMEDOUT : 0;
+}
+
 static int enter_group(struct dft *f, char *err, size_t errlen)
 {
     const struct proto_group *g = &f->grp;
@@ -931,8 +946,13 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
         log_notice("generation %" PRIu64 ": %u batches kept from earlier generations were leased more than once:"
                    " a copy of one is left out", g->generation, g->n_done);
     /* Every rank: any of them may write as rank 0 of a later generation. */
-    if ((r = ckpt_claim_root(f->ckpt_root, g->run_id, g->ckpt_dir, err, errlen)) < 0 ||
-        (r = ckpt_fence_raise(f->ckpt_root, g->generation, err, errlen)) < 0)
+    if ((r = ckpt_claim_root(f->ckpt_root, g->run_id, g->ckpt_dir, err, errlen)) < 0)
+        return r;
+    /* This process's own write in flight first (its wait is bounded), then the fence: a write
+     * of an ended generation landing from now on would take the new lineage's checkpoints. */
+    ckpt_collect(f, 1);
+    f->fence_t0 = mono_ms();
+    if ((r = ckpt_fence_raise(f->ckpt_root, g->generation, fence_tick, f, err, errlen)) < 0)
         return r;
     r = load_weights(f, g->ckpt_dir, err, errlen);
     if (r < 0 && g->ckpt_dir[0] && ckpt_damaged(g->ckpt_dir, r)) {
