@@ -125,12 +125,27 @@ void coord_flush(struct coord *co)
     for (struct member *m = co->members; m; m = m->next) {
         if (!m->tx_len || m->closing || m->tx_closed)
             continue;
+        /* Written at once where the socket takes it all (the usual case): the buffer stays the
+         * member's, no request is made. uv_try_write refuses (EAGAIN) while writes are queued. */
+        uv_buf_t b = uv_buf_init((char *)m->tx, (unsigned)m->tx_len);
+        int k = uv_try_write((uv_stream_t *)&m->stream, &b, 1);
+        if (k == (int)m->tx_len) {
+            m->tx_len = 0;
+            continue;
+        }
+        if (k < 0 && k != UV_EAGAIN) {
+            m->write_failed = true;     /* closed by the next flush, before its commit */
+            continue;
+        }
+        /* The rest is queued: the buffer goes to libuv (freed when written) */
+        size_t done = k > 0 ? (size_t)k : 0;
         uint8_t *buf = m->tx;
-        size_t len = m->tx_len;
+        size_t len = m->tx_len - done;
+        memmove(buf, buf + done, len);
         m->tx = NULL;
         m->tx_len = m->tx_cap = 0;
         if (write_now(m, buf, len) < 0)
-            m->write_failed = true;     /* closed by the next flush, before its commit */
+            m->write_failed = true;
     }
 }
 
