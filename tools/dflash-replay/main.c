@@ -1,5 +1,6 @@
-/* dflash-replay: re-trains generation 1 of a CPU run from what its ledger records (which batch
- * each rank trained at each step) and checks the weights against one of the run's checkpoints. */
+/* dflash-replay: re-trains a generation of a CPU run (from a fresh drafter, or the checkpoint a
+ * later generation started from) on what its ledger records (which batch each rank trained at
+ * each step) and checks the weights against one of that generation's checkpoints. */
 #include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
@@ -38,7 +39,7 @@ struct train_row {
 struct replay {
     struct daemon d;                /* the config as the daemons load it, and file:line in errors */
     const struct dflash_cfg *cfg;
-    const char *want_dir;           /* --checkpoint; NULL: the newest of generation 1 */
+    const char *want_dir;           /* --checkpoint; NULL: the newest in the lineage */
     char ledger_path[CFG_STR_MAX + 80];
     sqlite3 *db;
     uint64_t run_id, run_batches;
@@ -56,6 +57,9 @@ struct replay {
 
     char ckpt_dir[PATH_MAX];
     int64_t ckpt_step;
+    int64_t gen;                    /* the generation that wrote it */
+    char start_dir[PATH_MAX];       /* the checkpoint that generation started from ("" fresh) */
+    int64_t start_step;
     struct train_row *rows;         /* by step, then rank */
     size_t n_rows;
 
@@ -235,8 +239,9 @@ static int open_ledger(struct replay *rp)
     return 0;
 }
 
-/* The checkpoint to check: the ledger's newest row for that folder must be of generation 1 and
- * in the lineage (a folder a later generation wrote again holds that generation's weights). */
+/* The checkpoint to check: the ledger's newest row for that folder (a folder a later generation
+ * wrote again holds that generation's weights) must be in the lineage; its generation is the one
+ * replayed. */
 static int pick_checkpoint(struct replay *rp)
 {
     sqlite3_stmt *q = NULL;
@@ -244,8 +249,8 @@ static int pick_checkpoint(struct replay *rp)
     if (rp->want_dir) {
         snprintf(want, sizeof want, "%s", rp->want_dir);
     } else {
-        if (sqlite3_prepare_v2(rp->db, "SELECT dir FROM checkpoints WHERE gen = 1 AND dropped IS NULL"
-                               " ORDER BY step DESC, rowid DESC LIMIT 1", -1, &q, NULL) != SQLITE_OK)
+        if (sqlite3_prepare_v2(rp->db, "SELECT dir FROM checkpoints WHERE dropped IS NULL ORDER BY rowid DESC LIMIT 1",
+                               -1, &q, NULL) != SQLITE_OK)
             return sql_fail(rp, "checkpoints");
         int rc = sqlite3_step(q);
         const char *dir = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(q, 0) : NULL;
@@ -254,7 +259,7 @@ static int pick_checkpoint(struct replay *rp)
         if (rc != SQLITE_ROW && rc != SQLITE_DONE)
             return sql_fail(rp, "checkpoints");
         if (!want[0])
-            return fail(EX_BAD_INPUT, "%s: no checkpoint of generation 1 in the lineage", rp->ledger_path);
+            return fail(EX_BAD_INPUT, "%s: no checkpoint in the lineage", rp->ledger_path);
     }
     struct stat ws;
     if (stat(want, &ws) < 0)
@@ -273,11 +278,10 @@ static int pick_checkpoint(struct replay *rp)
         if (!dir || stat(dir, &st) < 0 || st.st_dev != ws.st_dev || st.st_ino != ws.st_ino)
             continue;
         found = 1;
-        int64_t gen = sqlite3_column_int64(q, 0);
+        rp->gen = sqlite3_column_int64(q, 0);
         rp->ckpt_step = sqlite3_column_int64(q, 1);
-        if (gen != 1)
-            code = fail(EX_BAD_INPUT, "checkpoint %s: written by generation %" PRId64 " (the ledger %s): only"
-                        " generation 1, trained from a fresh drafter, is replayed", rp->ckpt_dir, gen, rp->ledger_path);
+        if (rp->gen < 1)
+            code = fail(EX_BAD_INPUT, "checkpoint %s: generation %" PRId64 " in the ledger", rp->ckpt_dir, rp->gen);
         else if (dropped)
             code = fail(EX_BAD_INPUT, "checkpoint %s: dropped from the run's lineage (%s)", rp->ckpt_dir, dropped);
         else if (rp->ckpt_step < 1)
@@ -310,33 +314,72 @@ static int pick_checkpoint(struct replay *rp)
     return 0;
 }
 
-/* The kept training rows of steps 1..ckpt_step of generation 1: at most one batch per rank and
- * step (rank 0 reports its peers' batches too, hence DISTINCT), every step there. */
+/* Where the generation started: a fresh drafter (generation 1, or a later one formed before any
+ * checkpoint), or the checkpoint the coordinator's lineage stood on when it formed, the newest an
+ * earlier generation wrote that was not dropped (one that did not load was dropped, and the
+ * generation that met it ended untrained). read_rows checks that its steps follow on. */
+static int find_start(struct replay *rp)
+{
+    rp->start_dir[0] = 0;
+    rp->start_step = 0;
+    if (rp->gen == 1)
+        return 0;
+    sqlite3_stmt *q = NULL;
+    if (sqlite3_prepare_v2(rp->db, "SELECT dir, step FROM checkpoints WHERE gen < ?1 AND dropped IS NULL"
+                           " ORDER BY rowid DESC LIMIT 1", -1, &q, NULL) != SQLITE_OK)
+        return sql_fail(rp, "checkpoints");
+    sqlite3_bind_int64(q, 1, rp->gen);
+    int rc = sqlite3_step(q), code = 0;
+    if (rc == SQLITE_ROW) {
+        const char *dir = (const char *)sqlite3_column_text(q, 0);
+        snprintf(rp->start_dir, sizeof rp->start_dir, "%s", dir ? dir : "");
+        rp->start_step = sqlite3_column_int64(q, 1);
+    } else if (rc != SQLITE_DONE) {
+        code = sql_fail(rp, "checkpoints");
+    }
+    sqlite3_finalize(q);
+    if (code || !rp->start_dir[0])
+        return code;
+    struct stat st;
+    if (stat(rp->start_dir, &st) < 0)
+        return fail(EX_BAD_INPUT, "checkpoint %s, which generation %" PRId64 " started from: %s (removed as old? "
+                    "drafter.keep_checkpoints = 0 keeps every one)", rp->start_dir, rp->gen, strerror(errno));
+    return 0;
+}
+
+/* The kept training rows of the generation's steps past its start up to ckpt_step: at most one
+ * batch per rank and step (rank 0 reports its peers' batches too, hence DISTINCT), every step
+ * there. */
 static int read_rows(struct replay *rp)
 {
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(rp->db, "SELECT count(*) FROM trains WHERE gen = 1 AND step <= ?1 AND rolled_back != 0",
-                           -1, &q, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(rp->db, "SELECT count(*) FROM trains WHERE gen = ?2 AND step >= ?3 AND step <= ?1"
+                           " AND rolled_back != 0", -1, &q, NULL) != SQLITE_OK)
         return sql_fail(rp, "trains");
     sqlite3_bind_int64(q, 1, rp->ckpt_step);
+    sqlite3_bind_int64(q, 2, rp->gen);
+    sqlite3_bind_int64(q, 3, rp->start_step);
     int64_t rolled = sqlite3_step(q) == SQLITE_ROW ? sqlite3_column_int64(q, 0) : -1;
     sqlite3_finalize(q);
     if (rolled < 0)
         return sql_fail(rp, "trains");
     if (rolled)
-        return fail(EX_BAD_INPUT, "%s: %" PRId64 " training rows of generation 1 up to step %" PRId64 " were rolled"
-                    " back: a run rolled back there is not replayed", rp->ledger_path, rolled, rp->ckpt_step);
-    if (sqlite3_prepare_v2(rp->db, "SELECT DISTINCT step, rank, batch FROM trains WHERE gen = 1 AND rolled_back = 0"
-                           " AND step <= ?1 ORDER BY step, rank, batch", -1, &q, NULL) != SQLITE_OK)
+        return fail(EX_BAD_INPUT, "%s: %" PRId64 " training rows of generation %" PRId64 " up to step %" PRId64
+                    " were rolled back: a run rolled back there is not replayed", rp->ledger_path, rolled, rp->gen,
+                    rp->ckpt_step);
+    if (sqlite3_prepare_v2(rp->db, "SELECT DISTINCT step, rank, batch FROM trains WHERE gen = ?2 AND rolled_back = 0"
+                           " AND step >= ?3 AND step <= ?1 ORDER BY step, rank, batch", -1, &q, NULL) != SQLITE_OK)
         return sql_fail(rp, "trains");
     sqlite3_bind_int64(q, 1, rp->ckpt_step);
+    sqlite3_bind_int64(q, 2, rp->gen);
+    sqlite3_bind_int64(q, 3, rp->start_step);
     size_t cap = 0;
     int rc = SQLITE_DONE, code = 0;
     while (!code && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         int64_t rank = sqlite3_column_int64(q, 1);     /* checked whole, before it is narrowed */
         struct train_row t = { sqlite3_column_int64(q, 0), (uint32_t)rank, (uint64_t)sqlite3_column_int64(q, 2) };
         const struct train_row *prev = rp->n_rows ? &rp->rows[rp->n_rows - 1] : NULL;
-        if (t.step < 1)     /* a first step with nothing supervised anywhere keeps the count at 0 */
+        if (t.step <= rp->start_step)   /* a first step with nothing supervised keeps the count */
             code = fail(EX_BAD_INPUT, "%s: trains: batch %" PRIu64 " at step %" PRId64 ": a step with nothing "
                         "supervised, not replayable", rp->ledger_path, t.batch, t.step);
         else if (rank < 0 || rank >= rp->world)
@@ -349,9 +392,9 @@ static int read_rows(struct replay *rp)
             code = fail(EX_BAD_INPUT, "%s: trains: step %" PRId64 " has two batches of rank %u (%" PRIu64 " and %"
                         PRIu64 "): a step with nothing supervised, not replayable", rp->ledger_path, t.step, t.rank,
                         prev->batch, t.batch);
-        else if (t.step != (prev ? prev->step : 0) && t.step != (prev ? prev->step : 0) + 1)
-            code = fail(EX_BAD_INPUT, "%s: trains: no batch of generation 1 at step %" PRId64, rp->ledger_path,
-                        (prev ? prev->step : 0) + 1);
+        else if (prev ? t.step != prev->step && t.step != prev->step + 1 : t.step != rp->start_step + 1)
+            code = fail(EX_BAD_INPUT, "%s: trains: no batch of generation %" PRId64 " at step %" PRId64, rp->ledger_path,
+                        rp->gen, (prev ? prev->step : rp->start_step) + 1);
         if (code)
             break;
         if (rp->n_rows == cap) {
@@ -369,8 +412,9 @@ static int read_rows(struct replay *rp)
         code = sql_fail(rp, "trains");
     sqlite3_finalize(q);
     if (!code && (!rp->n_rows || rp->rows[rp->n_rows - 1].step != rp->ckpt_step))
-        code = fail(EX_BAD_INPUT, "%s: trains: no batch of generation 1 at step %" PRId64 " (the checkpoint's)",
-                    rp->ledger_path, rp->n_rows ? rp->rows[rp->n_rows - 1].step + 1 : 1);
+        code = fail(EX_BAD_INPUT, "%s: trains: no batch of generation %" PRId64 " at step %" PRId64 " (the "
+                    "checkpoint's)", rp->ledger_path, rp->gen,
+                    rp->n_rows ? rp->rows[rp->n_rows - 1].step + 1 : rp->start_step + 1);
     return code;
 }
 
@@ -471,7 +515,7 @@ static int open_models(struct replay *rp)
                          err, sizeof err)) < 0)
         return fail(load_code(r), "%s", err);
     /* sized as drafter-d sizes it from the ring's layout; a fresh drafter is initialised from
-     * drafter.seed here, as drafter-d's is for generation 1 */
+     * drafter.seed here, as drafter-d's is (a later generation's then loads its start below) */
     rp->max_blocks = drafter_max_blocks_for((int)c->ring.max_tokens, (int)c->ring.max_seqs,
                                             (int)c->drafter.num_anchors);
     if ((r = drafter_create(&rp->dr, &rp->dc, rp->embed, rp->lm_head, (int)c->ring.max_tokens, rp->max_blocks,
@@ -481,6 +525,15 @@ static int open_models(struct replay *rp)
         return fail(load_code(r), "%s", err);
     if ((r = ckpt_load(rp->ckpt_dir, rp->ref, &rp->ref_ts, NULL, err, sizeof err)) < 0)
         return fail(load_code(r), "%s", err);
+    if (rp->start_dir[0]) {     /* a later generation: from the checkpoint it started from */
+        if ((r = ckpt_load(rp->start_dir, rp->dr, &rp->ts, NULL, err, sizeof err)) < 0)
+            return fail(load_code(r), "%s", err);
+        if (rp->ts.step != rp->start_step)
+            return fail(EX_BAD_INPUT, "%s/%s: step %" PRId64 ", the ledger %s records the checkpoint at step %" PRId64,
+                        rp->start_dir, CKPT_OPTIMIZER, rp->ts.step, rp->ledger_path, rp->start_step);
+    } else {
+        rp->ts.seed = (uint64_t)c->drafter.seed;
+    }
     if (rp->ref_ts.step != rp->ckpt_step)
         return fail(EX_BAD_INPUT, "%s/%s: step %" PRId64 ", the ledger %s records the checkpoint at step %" PRId64,
                     rp->ckpt_dir, CKPT_OPTIMIZER, rp->ref_ts.step, rp->ledger_path, rp->ckpt_step);
@@ -659,9 +712,9 @@ static int verdict(struct replay *rp, int64_t steps)
      * difference is one in what was trained (tests/test_replay.sh finds 0 on every run; one
      * step's stale gradients of a rank without a batch show as 1e-6 and more). */
     bool pass = !more[0];
-    printf("dflash-replay: %" PRId64 " steps of generation 1 replayed to %s: master weights max abs diff %g, max"
-           " rel diff %g (%zu values)%s: %s\n", steps, rp->ckpt_dir, w_abs, w_rel, a->n_params, more,
-           pass ? "PASS" : "FAIL");
+    printf("dflash-replay: %" PRId64 " steps of generation %" PRId64 " replayed%s%s to %s: master weights max abs"
+           " diff %g, max rel diff %g (%zu values)%s: %s\n", steps, rp->gen, rp->start_dir[0] ? " from " : "",
+           rp->start_dir, rp->ckpt_dir, w_abs, w_rel, a->n_params, more, pass ? "PASS" : "FAIL");
     return pass ? EX_MATCH : EX_MISMATCH;
 }
 
@@ -669,22 +722,22 @@ static int run(struct replay *rp)
 {
     int code;
     if ((code = setup_config(rp)) || (code = open_ledger(rp)) || (code = pick_checkpoint(rp)) ||
-        (code = read_rows(rp)) || (code = open_data(rp)) || (code = check_batches(rp)) || (code = open_models(rp)))
+        (code = find_start(rp)) || (code = read_rows(rp)) || (code = open_data(rp)) || (code = check_batches(rp)) ||
+        (code = open_models(rp)))
         return code;
-    rp->ts.seed = (uint64_t)rp->cfg->drafter.seed;
     char why[1024];
     for (size_t k = 0; k < rp->n_rows;) {
         size_t n = 1;
         while (k + n < rp->n_rows && rp->rows[k + n].step == rp->rows[k].step)
             n++;
         if (replay_step(rp, rp->rows + k, n, why, sizeof why) < 0) {
-            printf("dflash-replay: step %" PRId64 " of generation 1 (to %s): %s: FAIL\n", rp->rows[k].step,
-                   rp->ckpt_dir, why);
+            printf("dflash-replay: step %" PRId64 " of generation %" PRId64 " (to %s): %s: FAIL\n", rp->rows[k].step,
+                   rp->gen, rp->ckpt_dir, why);
             return EX_MISMATCH;
         }
         k += n;
     }
-    return verdict(rp, rp->ckpt_step);
+    return verdict(rp, rp->ckpt_step - rp->start_step);
 }
 
 static void replay_done(struct replay *rp)
@@ -715,11 +768,12 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: dflash-replay -c CONFIG [--checkpoint DIR] [-o section.key=value]...\n"
-        "Re-trains the drafter on the CPU from a fresh start through every step of generation 1 up to\n"
-        "a checkpoint, on the batches the ledger records for each rank and step, and compares the fp32\n"
-        "master weights (and AdamW moments, training position) with that checkpoint's.\n"
+        "Re-trains the drafter on the CPU through every step of the generation that wrote a checkpoint,\n"
+        "from where that generation started (a fresh drafter, or the checkpoint it loaded), on the\n"
+        "batches the ledger records for each rank and step, and compares the fp32 master weights (and\n"
+        "AdamW moments, training position) with that checkpoint's.\n"
         "  -c CONFIG         the cluster's INI file, as the run had it\n"
-        "  --checkpoint DIR  the checkpoint to check (default: the newest of generation 1 in the ledger)\n"
+        "  --checkpoint DIR  the checkpoint to check (default: the newest in the ledger's lineage)\n"
         "  -o S.K=V          override one key after the file is read (as the daemons were given)\n"
         "Exit 0: equal (PASS); 1: they differ (FAIL), or the replay could not run; %d: bad input.\n",
         EX_BAD_INPUT);
