@@ -12,9 +12,9 @@
 #include "gpukern/gk_impl.cuh"
 
 /* Plans by a hash of their key, each looked for in GEMM_PROBE slots from its own: a lookup per
- * call costs a few compares, and the drafter's shapes (~6 (N, K) x every bucket its token counts
- * reach) all fit, so a run stops making plans. */
-enum { GEMM_CACHE = 1024, GEMM_PROBE = 8 };
+ * call costs a few compares, and a process's shapes all fit (~6-8 (N, K) x every bucket its row
+ * counts reach: 83 buckets up to 16K rows), so a run stops making plans. (~900 KB of host memory) */
+enum { GEMM_CACHE = 4096, GEMM_PROBE = 16 };
 
 struct gemm_key {
     int ta, tb, M, N, K;            /* M: the bucket (or the exact M when `exact`) */

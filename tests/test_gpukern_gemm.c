@@ -107,25 +107,33 @@ int main(void)
         }
         CHECK_INT(gk_gemm_plans_made(g), ==, before);   /* one plan for M in (1024, 2048] */
     }
-    /* A drafter's worth of shapes (6 (N, K) x 40 row buckets) stays cached: a second pass over
-     * them makes no plan (a cache smaller than that kept evicting and making plans in the loop). */
+    /* A process's worth of shapes (8 (N, K) x the 83 row buckets up to 16K rows: every count up to
+     * 64, powers of two to 2048, multiples of 1024) stays cached: a second pass over them makes no
+     * plan (a cache smaller than that kept evicting and making plans in the loop). */
     {
+        enum { MAXM = 16384 };
+        int ms[96], nm = 0;
+        for (int m = 1; m <= 64; m++) ms[nm++] = m;
+        for (int m = 128; m <= 2048; m *= 2) ms[nm++] = m;
+        for (int m = 3072; m <= MAXM; m += 1024) ms[nm++] = m;
         void *a, *b, *d;
-        CUDA_CHECK(cudaMalloc(&a, 64 * 128 * 2));
-        CUDA_CHECK(cudaMalloc(&b, 256 * 128 * 2));
-        CUDA_CHECK(cudaMalloc(&d, 64 * 256 * 2));
-        CUDA_CHECK(cudaMemset(a, 0, 64 * 128 * 2));
-        CUDA_CHECK(cudaMemset(b, 0, 256 * 128 * 2));
+        CUDA_CHECK(cudaMalloc(&a, (size_t)MAXM * 128 * 2));
+        CUDA_CHECK(cudaMalloc(&b, 512 * 128 * 2));
+        CUDA_CHECK(cudaMalloc(&d, (size_t)MAXM * 512 * 2));
+        CUDA_CHECK(cudaMemset(a, 0, (size_t)MAXM * 128 * 2));
+        CUDA_CHECK(cudaMemset(b, 0, 512 * 128 * 2));
         long made[2];
         for (int pass = 0; pass < 2; pass++) {
             long before = gk_gemm_plans_made(g);
-            for (int sh = 0; sh < 6; sh++)
-                for (int m = 1; m <= 40; m++)
-                    CHECK_OK(gk_gemm_bf16(g, 0, 0, 1, m, 64 + 32 * sh, 128, 1.f, a, 128, b, 128, 0.f, NULL, 0, d, 256));
+            for (int sh = 0; sh < 8; sh++)
+                for (int i = 0; i < nm; i++)
+                    CHECK_OK(gk_gemm_bf16(g, 0, 0, 1, ms[i], 64 + 48 * sh, 128, 1.f, a, 128, b, 128, 0.f, NULL, 0, d,
+                                          512));
             made[pass] = gk_gemm_plans_made(g) - before;
         }
-        printf("plan cache: %ld plans made for 240 shapes, %ld on the second pass\n", made[0], made[1]);
-        CHECK_INT(made[0], ==, 240);
+        printf("plan cache: %ld plans made for %d shapes, %ld on the second pass\n", made[0], 8 * nm, made[1]);
+        CHECK_INT(nm, ==, 83);
+        CHECK_INT(made[0], ==, 8 * nm);
         CHECK_INT(made[1], ==, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         cudaFree(a); cudaFree(b); cudaFree(d);
