@@ -4,7 +4,7 @@
 # under tests/soak/soak.py, which SIGKILLs random daemons at random points of the run and starts
 # them again like systemd would, until the run completes; then checks exactly-once training in
 # the surviving lineage (ledger, final checkpoint, metrics), no leaked slot, nothing left in
-# /dev/shm, no socket left.
+# /dev/shm, no socket left; --short also replays each generation (dflash-replay) to the bit.
 #   tests/soak/soak.sh --short         a few minutes: 2 epochs, 12 kills (tests/test_soak.sh)
 #   tests/soak/soak.sh --long          32 minutes of kills (>= 120), then the run is ended after the
 #                                      epochs scheduled by then, and completes (docs/soak.md)
@@ -41,7 +41,8 @@ trap 'cl_cleanup' EXIT
 
 cl_init "$T/c" "$samples" || exit 1
 cl_ini_add drafter.world_size=2 drafter.checkpoint_every=10 data.epochs="$epochs"
-[[ $mode == long ]] && cl_ini_add drafter.keep_checkpoints=20
+# short: every checkpoint kept, so that dflash-replay finds where the head generation started
+[[ $mode == long ]] && cl_ini_add drafter.keep_checkpoints=20 || cl_ini_add drafter.keep_checkpoints=0
 echo "soak ($mode): run dir $CL_DIR, seed $seed (replay with --seed $seed)"
 "$CL_PY" tests/soak/soak.py --bin "$CL_BIN" --ini "$CL_INI" --sock "$CL_SOCK" --dir "$CL_DIR" --rundir "$CL_DIR/run" \
   --state "$CL_DIR/state" --name "$CL_NAME" --ledger "$CL_DIR/state/$CL_NAME-ledger.db" --kills "$kills" \
@@ -54,5 +55,17 @@ if ((rc != 0)); then
   sed -n '/^FAIL: /,$p' "$CL_DIR/soak-verdict.txt"
   grep -m1 'summary:' "$CL_DIR/soak-verdict.txt"
   exit 1
+fi
+if [[ $mode == short ]]; then
+  # The weights too: each generation (a drafter kill ends one) redone from where it started, on
+  # the batches its ledger rows name, equals its newest checkpoint to the bit (a batch lost,
+  # trained twice or on the wrong rank would show).
+  for dir in $(cl_sql 'SELECT c.dir FROM checkpoints c WHERE c.dropped IS NULL AND c.rowid = (SELECT max(rowid)
+                       FROM checkpoints d WHERE d.gen = c.gen AND d.dropped IS NULL) ORDER BY c.gen'); do
+    out=$("$CL_BIN/dflash-replay" -c "$CL_INI" --checkpoint "$dir" 2>&1)
+    rrc=$?
+    echo "$out"
+    ((rrc == 0)) || { echo "FAIL: dflash-replay to $dir: exit $rrc (seed $seed)"; exit 1; }
+  done
 fi
 exit 0
