@@ -8,7 +8,7 @@
  * tokens, ids < vocab, mask 0/1. */
 static void dataset_walk(const struct dataset *ds)
 {
-    uint64_t masked = 0, tokens = 0;
+    uint64_t masked = 0, tokens = 0, pairs = 0;
     uint32_t max_len = 0;
     FUZZ_ASSERT(ds->n_samples >= 1 && ds->vocab_size >= 1);
     for (uint64_t i = 0; i < ds->n_samples; i++) {
@@ -21,6 +21,7 @@ static void dataset_walk(const struct dataset *ds)
         for (uint32_t j = 0; j < n; j++) {
             FUZZ_ASSERT(t[j] < ds->vocab_size);
             FUZZ_ASSERT(m[j] <= 1);
+            pairs += j + 1 < n && m[j] && m[j + 1];     /* an anchor: within its sample */
         }
         tokens += n;
         max_len = n > max_len ? n : max_len;
@@ -29,6 +30,7 @@ static void dataset_walk(const struct dataset *ds)
         masked += ds->mask[t];
     FUZZ_ASSERT(max_len == ds->hdr->max_len);
     FUZZ_ASSERT(masked == ds->hdr->masked_tokens);
+    FUZZ_ASSERT(pairs == ds->anchor_pairs);
     FUZZ_ASSERT(tokens == ds->n_tokens);
 }
 
