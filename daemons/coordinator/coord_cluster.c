@@ -586,6 +586,10 @@ static void try_form_group(struct coord *co)
         ledger_meta_set_u64(co->ledger, "run_batches", co->run_batches);
         ledger_meta_set_u64(co->ledger, "run_world", g->world);   /* generation 1's ranks (dflash-replay) */
     }
+    /* each generation's ranks: a run restarted with fewer drafters forms smaller ones (dflash-replay) */
+    char world_key[48];
+    snprintf(world_key, sizeof world_key, "gen%" PRIu64 "_world", g->gen);
+    ledger_meta_set_u64(co->ledger, world_key, g->world);
     memset(g->rank_deadline_ms, 0, g->world * sizeof *g->rank_deadline_ms);
     if (getrandom(g->id, sizeof g->id, 0) != (ssize_t)sizeof g->id)
         for (size_t i = 0; i < sizeof g->id; i++)

@@ -207,35 +207,49 @@ static int open_ledger(struct replay *rp)
                                   " trained)", rp->ledger_path);
     if (!rp->run_batches)
         return fail(EX_BAD_INPUT, "%s: meta.run_batches: 0 (a run schedules at least one batch)", rp->ledger_path);
+    return 0;
+}
+
+/* The replayed generation's size: as the coordinator recorded it at its forming (meta
+ * gen<N>_world), or for generation 1 of an older ledger run_world, or (older still) while
+ * generation 1 is the last formed, one owner token a rank. drafter.world_size must say the same
+ * (the run's config: a run restarted with fewer drafters is replayed a generation at a time, each
+ * with its size); the learning-rate horizon is drafter-d's: the run's batches over it. */
+static int check_world(struct replay *rp)
+{
+    const char *cfg = rp->d.config_path ? rp->d.config_path : "(defaults)";
+    char key[48];
+    snprintf(key, sizeof key, "gen%" PRId64 "_world", rp->gen);
+    int code;
+    uint64_t world = 0, gen = 0;
+    int have = meta_u64(rp, key, &world, &code);
+    if (code)
+        return code;
+    if (!have && rp->gen == 1 && (have = meta_u64(rp, "run_world", &world, &code), code))
+        return code;
+    if (!have && rp->gen != 1)
+        return fail(EX_BAD_INPUT, "%s: meta.%s: missing (a ledger of an older dflash): the size of generation %" PRId64
+                    " is not known, only generation 1 can be replayed", rp->ledger_path, key, rp->gen);
+    if (!have) {
+        if (!meta_u64(rp, "group_gen", &gen, &code) && code)
+            return code;
+        sqlite3_stmt *q = NULL;
+        if (gen == 1 && sqlite3_prepare_v2(rp->db, "SELECT value FROM meta WHERE key = 'group_tokens'", -1, &q,
+                                           NULL) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW &&
+            sqlite3_column_text(q, 0)) {
+            const char *toks = (const char *)sqlite3_column_text(q, 0);
+            world = *toks ? 1 : 0;
+            for (const char *c = toks; *c; c++)
+                world += *c == ',';
+            have = 1;
+        }
+        sqlite3_finalize(q);
+    }
+    if (have && world != (uint64_t)rp->world)
+        return fail(EX_BAD_INPUT, "%s: drafter.world_size is %d, the run's drafter group had %" PRIu64 " ranks in "
+                    "generation %" PRId64 " (%s)", cfg, rp->world, world, rp->gen, rp->ledger_path);
     if (!rp->topt.total_steps)
         rp->topt.total_steps = (int64_t)((rp->run_batches + (uint64_t)rp->world - 1) / (uint64_t)rp->world);
-    /* Generation 1's size: as the coordinator recorded it at its forming, or (a ledger of an
-     * older dflash) while generation 1 is the last formed, one owner token a rank. */
-    uint64_t gen = 0, world = 0;
-    if (meta_u64(rp, "run_world", &world, &code) || code) {
-        if (code)
-            return code;
-        if (world != (uint64_t)rp->world)
-            return fail(EX_BAD_INPUT, "%s: drafter.world_size is %d, the run's drafter group had %" PRIu64 " ranks (%s)",
-                        rp->d.config_path ? rp->d.config_path : "(defaults)", rp->world, world, rp->ledger_path);
-        return 0;
-    }
-    if (!meta_u64(rp, "group_gen", &gen, &code) && code)
-        return code;
-    sqlite3_stmt *q = NULL;
-    if (gen == 1 && sqlite3_prepare_v2(rp->db, "SELECT value FROM meta WHERE key = 'group_tokens'", -1, &q, NULL) ==
-                        SQLITE_OK && sqlite3_step(q) == SQLITE_ROW && sqlite3_column_text(q, 0)) {
-        const char *toks = (const char *)sqlite3_column_text(q, 0);
-        int ranks = *toks ? 1 : 0;
-        for (const char *c = toks; *c; c++)
-            ranks += *c == ',';
-        if (ranks != rp->world) {
-            sqlite3_finalize(q);
-            return fail(EX_BAD_INPUT, "%s: drafter.world_size is %d, the run's drafter group had %d ranks (%s)",
-                        rp->d.config_path ? rp->d.config_path : "(defaults)", rp->world, ranks, rp->ledger_path);
-        }
-    }
-    sqlite3_finalize(q);
     return 0;
 }
 
@@ -722,7 +736,7 @@ static int run(struct replay *rp)
 {
     int code;
     if ((code = setup_config(rp)) || (code = open_ledger(rp)) || (code = pick_checkpoint(rp)) ||
-        (code = find_start(rp)) || (code = read_rows(rp)) || (code = open_data(rp)) || (code = check_batches(rp)) ||
+        (code = check_world(rp)) || (code = find_start(rp)) || (code = read_rows(rp)) || (code = open_data(rp)) || (code = check_batches(rp)) ||
         (code = open_models(rp)))
         return code;
     char why[1024];
