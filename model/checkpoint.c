@@ -464,12 +464,11 @@ static int fence_lock(const char *root, uint64_t *have, int (*tick)(void *), voi
     int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0)
         return -errno;
-    int r;
-    while ((r = flock(fd, tick ? LOCK_EX | LOCK_NB : LOCK_EX)) < 0) {
+    while (flock(fd, tick ? LOCK_EX | LOCK_NB : LOCK_EX) < 0) {
         if (errno == EINTR)
             continue;
-        if (errno != EWOULDBLOCK || !tick || (r = tick(arg)) < 0) {
-            r = r < -1 ? r : -errno;
+        int r = errno != EWOULDBLOCK || !tick ? -errno : tick(arg);
+        if (r < 0) {
             close(fd);
             return r;
         }
@@ -477,7 +476,7 @@ static int fence_lock(const char *root, uint64_t *have, int (*tick)(void *), voi
     }
     ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
     if (n < 0) {
-        r = -errno;
+        int r = -errno;
         close(fd);
         return r;
     }

@@ -27,6 +27,8 @@
 #define REFUSALS_LOGGED 20          /* refused peers logged per REFUSALS_WINDOW_MS, then counted */
 #define REFUSALS_WINDOW_MS 10000
 
+#define COORD_TX_KEEP (256u << 10)     /* a member's send buffer kept between flushes, at most */
+
 struct write_req {
     uv_write_t req;
     uint8_t *buf;
@@ -131,6 +133,11 @@ void coord_flush(struct coord *co)
         int k = uv_try_write((uv_stream_t *)&m->stream, &b, 1);
         if (k == (int)m->tx_len) {
             m->tx_len = 0;
+            if (m->tx_cap > COORD_TX_KEEP) {    /* (a large reply once: not held for the connection's life) */
+                free(m->tx);
+                m->tx = NULL;
+                m->tx_cap = 0;
+            }
             continue;
         }
         if (k < 0 && k != UV_EAGAIN) {
