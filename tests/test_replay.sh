@@ -18,10 +18,9 @@ unset WATCHDOG_PID NOTIFY_SOCKET
 # drafters get one of 40 ms, as under WatchdogSec=40ms, so 10 ms slices. 140 samples make 35
 # batches: an odd number, so at least one step has a single batch whatever the timing.
 CL_MKMODEL_ARGS="--layers 16" cl_init "$T/c" 140 || exit 1
+. tests/lib/replay.sh
 cl_ini_add model.capture_layers=1,14 drafter.world_size=2 drafter.checkpoint_every=8
 D=$CL_DIR
-REPLAY=$CL_BIN/dflash-replay
-[[ -x $REPLAY ]] || fail "missing $REPLAY (build first)"
 
 cl_start_coord || fail "coordinator did not come up"
 cl_start target0 target-d -c "$CL_INI" -i 0
@@ -50,43 +49,32 @@ fi
 ((nck >= 3)) || fail "$nck checkpoints, expected one every 8 of $steps steps"
 [[ $final == "$steps" ]] || fail "the last checkpoint is at step $final, the run took $steps steps"
 
-# expect RC PATTERN ARGS...: dflash-replay exits RC and its output has a line matching PATTERN
-expect() {
-  local want=$1 pat=$2 out rc
-  shift 2
-  out=$("$REPLAY" -c "$CL_INI" "$@" 2>&1)
-  rc=$?
-  cl_log "dflash-replay${*:+ $*}: exit $rc: $out"
-  [[ $rc == "$want" ]] || fail "dflash-replay${*:+ $*}: exit $rc, expected $want: $out"
-  grep -qE -- "$pat" <<<"$out" || fail "dflash-replay${*:+ $*}: no line matching '$pat': $out"
-  [[ $(wc -l <<<"$out") == 1 ]] || fail "dflash-replay${*:+ $*}: more than one line: $out"
-}
 
 # the final checkpoint (the default: the newest of generation 1), then the first one
-expect 0 "^dflash-replay: $final steps of generation 1 replayed to .*step-0*$final: master weights max abs diff 0,\
+replay_expect 0 "^dflash-replay: $final steps of generation 1 replayed to .*step-0*$final: master weights max abs diff 0,\
  max rel diff 0 .*: PASS$"
 first_step=$((10#${first##*step-}))
-expect 0 "^dflash-replay: $first_step steps .*: PASS$" --checkpoint "$first"
+replay_expect 0 "^dflash-replay: $first_step steps .*: PASS$" --checkpoint "$first"
 # a learning rate 1% off the run's: the weights differ
-expect 1 ": FAIL$" -o drafter.lr=2.97e-3
+replay_expect 1 ": FAIL$" -o drafter.lr=2.97e-3
 
 # input that is not the run's, each named in one line
-expect 78 "nowhere: No such file" --checkpoint "$T/nowhere"
-expect 78 "drafter.seed: 7, the run's checkpoint .* was trained with seed 42" -o drafter.seed=7
-expect 78 "meta.fingerprint .* data.seed" -o data.seed=99
-expect 78 "target.backend: cuda" -o target.backend=cuda
-expect 78 "drafter.world_size is 3, the run.s drafter group had 2 ranks" -o drafter.world_size=3
+replay_expect 78 "nowhere: No such file" --checkpoint "$T/nowhere"
+replay_expect 78 "drafter.seed: 7, the run's checkpoint .* was trained with seed 42" -o drafter.seed=7
+replay_expect 78 "meta.fingerprint .* data.seed" -o data.seed=99
+replay_expect 78 "target.backend: cuda" -o target.backend=cuda
+replay_expect 78 "drafter.world_size is 3, the run.s drafter group had 2 ranks" -o drafter.world_size=3
 # ... also after later generations formed (a group restart): generation 1's size is recorded
 ledger=$CL_DIR/state/$CL_NAME-ledger.db
 cp "$ledger" "$T/ledger.saved"
 cl_sql "UPDATE meta SET value = '3' WHERE key = 'group_gen'" >/dev/null
-expect 78 "drafter.world_size is 3, the run.s drafter group had 2 ranks" -o drafter.world_size=3
+replay_expect 78 "drafter.world_size is 3, the run.s drafter group had 2 ranks" -o drafter.world_size=3
 cp "$T/ledger.saved" "$ledger"
 root=$(dirname "$first")
 cp "$root/run-id" "$T/run-id.saved"
 printf '%016x\n' 1 >"$root/run-id"
-expect 78 "run-id: run 0000000000000001, the ledger .* is of run" --checkpoint "$first"
+replay_expect 78 "run-id: run 0000000000000001, the ledger .* is of run" --checkpoint "$first"
 cp "$T/run-id.saved" "$root/run-id"
 mkdir "$T/other" && cp -r "$first" "$T/other/"
-expect 78 "not one the ledger .* records" --checkpoint "$T/other/$(basename "$first")"
+replay_expect 78 "not one the ledger .* records" --checkpoint "$T/other/$(basename "$first")"
 echo "ok: $steps steps ($single with one rank's batch) replayed bit for bit"

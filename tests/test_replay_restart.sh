@@ -12,9 +12,8 @@ cl_test_init
 unset WATCHDOG_PID NOTIFY_SOCKET
 
 cl_init "$T/c" 240 || exit 1
+. tests/lib/replay.sh
 cl_ini_add drafter.world_size=2 drafter.checkpoint_every=4 drafter.keep_checkpoints=0
-REPLAY=$CL_BIN/dflash-replay
-[[ -x $REPLAY ]] || fail "missing $REPLAY (build first)"
 cl_start_cluster 2 || fail "cluster did not come up"
 cl_wait 's["group"]["active"] and s["group"]["checkpoint"]["step"] >= 8' 120 coord || fail "no checkpoint at step 8"
 cl_log "SIGKILL to drafter 1"
@@ -33,19 +32,10 @@ first=$(cl_sql 'SELECT dir FROM checkpoints WHERE gen = 1 ORDER BY step LIMIT 1'
 [[ -n $start && -n $first ]] || fail "no checkpoint of generation 1"
 cl_log "final checkpoint of generation $gen, which started from $start"
 
-expect() {  # RC PATTERN ARGS...
-  local want=$1 pat=$2 out rc
-  shift 2
-  out=$("$REPLAY" -c "$CL_INI" "$@" 2>&1)
-  rc=$?
-  cl_log "dflash-replay${*:+ $*}: exit $rc: $out"
-  [[ $rc == "$want" ]] || fail "dflash-replay${*:+ $*}: exit $rc, expected $want: $out"
-  grep -qE -- "$pat" <<<"$out" || fail "dflash-replay${*:+ $*}: no line matching '$pat': $out"
-}
-expect 0 "^dflash-replay: [0-9]+ steps of generation $gen replayed from $start to .*: master weights max abs diff 0,.*: PASS$"
-expect 0 "^dflash-replay: [0-9]+ steps of generation 1 replayed to $first: .*: PASS$" --checkpoint "$first"
-expect 1 ": FAIL$" -o drafter.lr=2.97e-3
+replay_expect 0 "^dflash-replay: [0-9]+ steps of generation $gen replayed from $start to .*: master weights max abs diff 0,.*: PASS$"
+replay_expect 0 "^dflash-replay: [0-9]+ steps of generation 1 replayed to $first: .*: PASS$" --checkpoint "$first"
+replay_expect 1 ": FAIL$" -o drafter.lr=2.97e-3
 mv "$start" "$T/start.moved"
-expect 78 "checkpoint $start, which generation $gen started from: No such file .*keep_checkpoints"
+replay_expect 78 "checkpoint $start, which generation $gen started from: No such file .*keep_checkpoints"
 mv "$T/start.moved" "$start"
 echo "ok: generation $gen replayed from its start checkpoint bit for bit"

@@ -12,9 +12,8 @@ cl_test_init
 unset WATCHDOG_PID NOTIFY_SOCKET
 
 cl_init "$T/c" 240 || exit 1
+. tests/lib/replay.sh
 cl_ini_add drafter.world_size=2 drafter.checkpoint_every=4 drafter.keep_checkpoints=0
-REPLAY=$CL_BIN/dflash-replay
-[[ -x $REPLAY ]] || fail "missing $REPLAY (build first)"
 cl_start_cluster 2 || fail "cluster did not come up"
 cl_wait 's["group"]["active"] and s["group"]["checkpoint"]["step"] >= 8' 120 coord || fail "no checkpoint at step 8"
 for n in coord drafter0 drafter1 target0 target1; do cl_kill $n KILL; done
@@ -32,17 +31,8 @@ for n in target0 target1 drafter0; do cl_wait_exit $n 60 || fail "$n exited with
   fail "generation sizes: $(cl_sql "SELECT key, value FROM meta WHERE key LIKE 'gen%_world'")"
 g1=$(cl_sql 'SELECT dir FROM checkpoints WHERE gen = 1 AND dropped IS NULL ORDER BY rowid DESC LIMIT 1')
 
-expect() {  # RC PATTERN ARGS...
-  local want=$1 pat=$2 out rc
-  shift 2
-  out=$("$REPLAY" -c "$CL_INI" "$@" 2>&1)
-  rc=$?
-  cl_log "dflash-replay${*:+ $*}: exit $rc: $out"
-  [[ $rc == "$want" ]] || fail "dflash-replay${*:+ $*}: exit $rc, expected $want: $out"
-  grep -qE -- "$pat" <<<"$out" || fail "dflash-replay${*:+ $*}: no line matching '$pat': $out"
-}
-expect 0 "steps of generation 2 replayed from .* max abs diff 0,.*: PASS$"
-expect 0 "steps of generation 1 replayed to $g1: .* max abs diff 0,.*: PASS$" --checkpoint "$g1" -o drafter.world_size=2
-expect 78 "drafter.world_size is 1, the run.s drafter group had 2 ranks in generation 1" --checkpoint "$g1"
-expect 78 "drafter.world_size is 2, the run.s drafter group had 1 ranks in generation 2" -o drafter.world_size=2
+replay_expect 0 "steps of generation 2 replayed from .* max abs diff 0,.*: PASS$"
+replay_expect 0 "steps of generation 1 replayed to $g1: .* max abs diff 0,.*: PASS$" --checkpoint "$g1" -o drafter.world_size=2
+replay_expect 78 "drafter.world_size is 1, the run.s drafter group had 2 ranks in generation 1" --checkpoint "$g1"
+replay_expect 78 "drafter.world_size is 2, the run.s drafter group had 1 ranks in generation 2" -o drafter.world_size=2
 echo "ok: generations of 2 and 1 ranks replayed, each with its size"
