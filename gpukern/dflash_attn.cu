@@ -1617,6 +1617,32 @@ extern "C" int gk_dflash_attn_has_wgmma(void)
     return wgmma_ok();
 }
 
+extern "C" size_t gk_dflash_attn_smem(int head_dim, int impl)
+{
+    gk_dflash_attn a;
+    memset(&a, 0, sizeof a);
+    a.head_dim = head_dim;
+    a.impl = impl;
+    size_t m = 0;
+    if (use_mma(&a)) {      /* the backward sets all three mma.sync kernels' attribute, wgmma or not */
+        if (head_dim == 128) {
+            m = std::max({ fwd_mma_smem<128>(), bwd_q_mma_smem<128>(), bwd_kv_mma_smem<128>(), bwd_kv_mma2_smem<128>() });
+            if (impl != GK_DFLASH_MMA && wgmma_ok())
+                m = std::max({ m, fwd_wg_smem(), bwd_q_wg_smem(), bwd_kv_wg_smem() });
+        } else {
+            m = std::max({ fwd_mma_smem<64>(), bwd_q_mma_smem<64>(), bwd_kv_mma_smem<64>(), bwd_kv_mma2_smem<64>() });
+        }
+        return m;
+    }
+    switch (head_dim) {
+    case 16: return std::max({ fwd_smem<16>(), bwd_q_smem<16>(), bwd_kv_smem<16>() });
+    case 32: return std::max({ fwd_smem<32>(), bwd_q_smem<32>(), bwd_kv_smem<32>() });
+    case 64: return std::max({ fwd_smem<64>(), bwd_q_smem<64>(), bwd_kv_smem<64>() });
+    case 128: return std::max({ fwd_smem<128>(), bwd_q_smem<128>(), bwd_kv_smem<128>() });
+    default: return std::max({ fwd_smem<256>(), bwd_q_smem<256>(), bwd_kv_smem<256>() });
+    }
+}
+
 extern "C" int gk_dflash_max_tiles(int n_ctx, int n_blocks)
 {
     /* each sequence's context range in tiles (at most one partial tile per sequence), plus one

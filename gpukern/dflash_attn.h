@@ -43,6 +43,11 @@ enum gk_dflash_impl { GK_DFLASH_AUTO = 0, GK_DFLASH_SIMPLE = 1, GK_DFLASH_MMA = 
  * with sm_90a code), else 0. */
 GK_API int gk_dflash_attn_has_wgmma(void);
 
+/* The most dynamic shared memory per block the forward and backward ask for at this head_dim and
+ * impl on the current device (to compare with cudaDevAttrMaxSharedMemoryPerBlockOptin: a GPU with
+ * less cannot launch them). */
+GK_API size_t gk_dflash_attn_smem(int head_dim, int impl);
+
 /* Supported head_dim: 16, 32, 64, 128, 256; every stride % 8 == 0 and 16-byte aligned bases;
  * n_kv_heads <= 65535 and block_size * (n_heads / n_kv_heads) + 64 < 65536 (else -EINVAL). */
 GK_API int gk_dflash_attn_fwd(const gk_dflash_attn *a, cudaStream_t stream);

@@ -413,6 +413,23 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
                     max_tokens, max_blocks);
     if ((!opts->embed_bf16 && !host->embed) || (!opts->lm_head_bf16 && !host->lm_head))
         return df_fail(err, errlen, -EINVAL, "drafter_cuda: the target's embedding and LM head are required");
+    {
+        /* the attention kernels' shared memory: a GPU with less per block fails them at the
+         * first step (a restart would only repeat it): said here, as a configuration the GPU
+         * cannot run */
+        int optin = 0;
+        cudaDeviceProp prop;
+        if (cudaSetDevice(opts->device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, opts->device) != cudaSuccess ||
+            cudaGetDeviceProperties(&prop, opts->device) != cudaSuccess)
+            return df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: GPU %d: %s", opts->device,
+                           cudaGetErrorString(cudaGetLastError()));
+        size_t need = gk_dflash_attn_smem(hd, opts->attn_impl);
+        if (need > (size_t)optin)
+            return df_fail(err, errlen, -DF_EUNSUPPORTED, "drafter_cuda: GPU %d (%s) offers %d KiB of shared memory per "
+                           "block; the drafter's attention kernels at head_dim %d need %zu KiB", opts->device, prop.name,
+                           optin / 1024, hd, (need + 1023) / 1024);
+    }
 
     struct drafter_cuda *dc = (struct drafter_cuda *)calloc(1, sizeof *dc);
     if (!dc)

@@ -423,6 +423,19 @@ int main(int argc, char **argv)
         many_tiles_case(64, GK_DFLASH_MMA);
         many_tiles_case(128, GK_DFLASH_MMA);
     }
+    /* The shared memory they asked for, as drafter_cuda_create compares it with the GPU's: within
+     * it here (they all ran), and past the 48 KiB default for the tensor-core kernels at 128. */
+    int optin = 0, dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    static const int hds[] = { 16, 32, 64, 128, 256 };
+    for (int i = 0; i < 5; i++)
+        for (int impl = GK_DFLASH_AUTO; impl <= GK_DFLASH_MMA; impl++) {
+            size_t need = gk_dflash_attn_smem(hds[i], impl);
+            printf("shared memory, head_dim %d, impl %d: %zu of %d bytes\n", hds[i], impl, need, optin);
+            CHECK(need > 0 && need <= (size_t)optin);
+        }
+    CHECK(gk_dflash_attn_smem(128, GK_DFLASH_MMA) > 48 * 1024);
     gk_dflash_attn bad = { .n_blocks = 1, .block_size = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 48 };
     CHECK_INT(gk_dflash_attn_fwd(&bad, 0), ==, -EINVAL);
     gk_dflash_attn bad2 = { .n_blocks = 1, .block_size = 4, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32,
