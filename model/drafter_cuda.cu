@@ -417,14 +417,17 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
         /* the attention kernels' shared memory: a GPU with less per block fails them at the
          * first step (a restart would only repeat it): said here, as a configuration the GPU
          * cannot run */
-        int optin = 0;
+        int optin = 0, n_gpus = 0;
+        const char *why;
         cudaDeviceProp prop;
-        if (cudaSetDevice(opts->device) != cudaSuccess ||
+        if (gk_device_missing(opts->device, &n_gpus, &why))
+            ;   /* said below, as a GPU this host lacks */
+        else if (cudaSetDevice(opts->device) != cudaSuccess ||
             cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, opts->device) != cudaSuccess ||
             cudaGetDeviceProperties(&prop, opts->device) != cudaSuccess)
             return df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: GPU %d: %s", opts->device,
                            cudaGetErrorString(cudaGetLastError()));
-        size_t need = gk_dflash_attn_smem(hd, opts->attn_impl);
+        size_t need = optin ? gk_dflash_attn_smem(hd, opts->attn_impl) : 0;
         if (need > (size_t)optin)
             return df_fail(err, errlen, -DF_EUNSUPPORTED, "drafter_cuda: GPU %d (%s) offers %d KiB of shared memory per "
                            "block; the drafter's attention kernels at head_dim %d need %zu KiB", opts->device, prop.name,
