@@ -570,15 +570,14 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
     /* From here to the root's fsync under the fence: a generation that began meanwhile (this
      * one has ended) is not overwritten, and one beginning waits until this is in place. */
     _cleanup_close_ int fence = -1;
-    if (generation) {
-        uint64_t have;
-        if ((fence = fence_lock(root, &have, NULL, NULL)) < 0 || have > generation) {
-            r = fence < 0 ? fence : fenced_out(root, generation, have, err, errlen);
-            if (fence < 0)
-                snprintf(err, errlen, "%s/%s: %s", root, CKPT_FENCE_FILE, strerror(-r));
-            remove_dir(tmp);
-            return r;
-        }
+    uint64_t have = 0;
+    if (generation && (fence = fence_lock(root, &have, NULL, NULL)) < 0)
+        r = df_fail(err, errlen, fence, "%s/%s: %s", root, CKPT_FENCE_FILE, strerror(-fence));
+    else if (generation && have > generation)
+        r = fenced_out(root, generation, have, err, errlen);
+    if (r < 0) {
+        remove_dir(tmp);
+        return r;
     }
     bool replaced = false;
     if (rename(tmp, final) < 0) {

@@ -204,45 +204,37 @@ timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.socket="$T/none/x.soc
 rc=$?
 [[ $rc == 78 ]] && grep -q "control socket $T/none/x.sock: its folder $T/none: No such file or directory" "$T/s.out" ||
   fail "cluster.socket in a missing folder: exit $rc: $(tail -2 "$T/s.out")"
-# A dataset with no token in the loss: refused, by -t too (it would train nothing, "complete")
+# Datasets with nothing to learn or of another tokenizer: refused by the coordinator, by -t too
+# (a run would end "complete" having trained nothing, or every target refuse it after the ledger
+# was made for it). patch_mask FILE BYTE MASKED: every token's loss mask byte (a Python expression
+# of t) and the header's masked_tokens (of n, the token count); data_refused FILE NEEDLE WHAT.
+patch_mask() {
+  "$CL_PY" - "$@" <<'PY'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+h = f.read(128)
+n, mask_off = struct.unpack_from("<Q", h, 24)[0], struct.unpack_from("<Q", h, 48)[0]
+f.seek(mask_off); f.write(bytes(eval(sys.argv[2]) for t in range(n)))
+f.seek(80); f.write(struct.pack("<Q", eval(sys.argv[3])))      # masked_tokens
+PY
+}
+data_refused() {
+  "$CL_BIN/coordinator-d" -c "$CL_INI" -o data.path="$1" -t >"$T/o.out" 2>&1
+  local rc=$?
+  [[ $rc == 78 ]] && grep -q "override data.path: $1: $2" "$T/o.out" || fail "$3: exit $rc: $(tail -1 "$T/o.out")"
+}
 cp "$CL_DIR/data.bin" "$T/nomask.bin"
-"$CL_PY" - "$T/nomask.bin" <<'PY'
-import struct, sys
-f = open(sys.argv[1], "r+b")
-h = f.read(128)
-n_tokens, mask_off = struct.unpack_from("<Q", h, 24)[0], struct.unpack_from("<Q", h, 48)[0]
-f.seek(mask_off); f.write(bytes(n_tokens))
-f.seek(80); f.write(struct.pack("<Q", 0))      # masked_tokens
-PY
-"$CL_BIN/coordinator-d" -c "$CL_INI" -o data.path="$T/nomask.bin" -t >"$T/o.out" 2>&1
-rc=$?
-[[ $rc == 78 ]] && grep -q "override data.path: $T/nomask.bin: no token is in the loss (every loss mask is 0): nothing to learn" "$T/o.out" ||
-  fail "a dataset with nothing to learn: exit $rc: $(tail -1 "$T/o.out")"
-# Loss tokens, but never two in a row (every other token): no block can be anchored, refused too
-"$CL_PY" - "$T/nomask.bin" <<'PY'
-import struct, sys
-f = open(sys.argv[1], "r+b")
-h = f.read(128)
-n_tokens, mask_off = struct.unpack_from("<Q", h, 24)[0], struct.unpack_from("<Q", h, 48)[0]
-f.seek(mask_off); f.write(bytes(1 - t % 2 for t in range(n_tokens)))
-f.seek(80); f.write(struct.pack("<Q", (n_tokens + 1) // 2))      # masked_tokens
-PY
-"$CL_BIN/coordinator-d" -c "$CL_INI" -o data.path="$T/nomask.bin" -t >"$T/o.out" 2>&1
-rc=$?
-[[ $rc == 78 ]] && grep -q "override data.path: $T/nomask.bin: no sample has two tokens in the loss in a row .*: nothing to learn" "$T/o.out" ||
-  fail "a dataset with no anchor: exit $rc: $(tail -1 "$T/o.out")"
-# A dataset of a larger vocabulary than the model's (another tokenizer): refused by the
-# coordinator (-t too), not by each target after the ledger was made for it
+patch_mask "$T/nomask.bin" 0 0
+data_refused "$T/nomask.bin" "no token is in the loss (every loss mask is 0): nothing to learn" \
+  "a dataset with nothing to learn"
+patch_mask "$T/nomask.bin" "1 - t % 2" "(n + 1) // 2"      # loss tokens, never two in a row
+data_refused "$T/nomask.bin" "no sample has two tokens in the loss in a row .*: nothing to learn" \
+  "a dataset with no anchor"
 cp "$CL_DIR/data.bin" "$T/vocab.bin"
-"$CL_PY" - "$T/vocab.bin" <<'PY'
-import struct, sys
-f = open(sys.argv[1], "r+b")
-f.seek(32); f.write(struct.pack("<I", 100000))     # vocab_size
-PY
-"$CL_BIN/coordinator-d" -c "$CL_INI" -o data.path="$T/vocab.bin" -t >"$T/o.out" 2>&1
-rc=$?
-[[ $rc == 78 ]] && grep -q "override data.path: $T/vocab.bin: vocabulary 100000 is larger than the target's ([0-9]*, .*/config.json)" "$T/o.out" ||
-  fail "a dataset of another vocabulary: exit $rc: $(tail -1 "$T/o.out")"
+"$CL_PY" -c 'import struct, sys
+f = open(sys.argv[1], "r+b"); f.seek(32); f.write(struct.pack("<I", 100000))' "$T/vocab.bin"    # vocab_size
+data_refused "$T/vocab.bin" "vocabulary 100000 is larger than the target's ([0-9]*, .*/config.json)" \
+  "a dataset of another vocabulary"
 # A missing config file is a config error too.
 "$CL_BIN/drafter-d" -c "$T/nope.ini" -i 0 >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "$T/nope.ini: cannot open" "$T/o.out" || fail "missing file: $(tail -2 "$T/o.out")"

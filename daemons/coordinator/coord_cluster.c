@@ -1737,29 +1737,29 @@ static int load_gen(void *ctx, uint64_t gen, int64_t limit)
 
 int coord_dataset_open(struct coord *co, struct dataset *ds, unsigned flags, char *err, size_t errlen)
 {
+    const char *path = co->cfg->data.path;
     char why[768];
-    int r = dataset_open(ds, co->cfg->data.path, flags, why, sizeof why);
-    if (r < 0)
+    int r = dataset_open(ds, path, flags, why, sizeof why);
+    if (r < 0) {
         daemon_key_error(&co->d, "data", "path", err, errlen, "%s", why);    /* file:line: data.path: ... */
-    else if (ds->hdr->masked_tokens == 0) {
-        /* a run over it would end "complete" having learned nothing, loss 0 throughout */
-        dataset_close(ds);
-        r = daemon_key_error(&co->d, "data", "path", err, errlen,
-                             "%s: no token is in the loss (every loss mask is 0): nothing to learn", co->cfg->data.path);
-    } else if (co->model_vocab > 0 && ds->vocab_size > (uint32_t)co->model_vocab) {
-        /* every target would refuse it at its start, after the ledger is made for it */
-        uint32_t v = ds->vocab_size;
-        dataset_close(ds);
-        r = daemon_key_error(&co->d, "data", "path", err, errlen, "%s: vocabulary %u is larger than the target's (%d, "
-                             "%s/config.json): a dataset made for another tokenizer", co->cfg->data.path, v,
-                             co->model_vocab, co->cfg->model.path);
-    } else if (ds->anchor_pairs == 0) {
-        /* a block is anchored at a loss token followed by one: with none, every step is empty */
-        dataset_close(ds);
-        r = daemon_key_error(&co->d, "data", "path", err, errlen, "%s: no sample has two tokens in the loss in a "
-                             "row (a block's anchor and its first label): nothing to learn", co->cfg->data.path);
+        return r;
     }
-    return r;
+    why[0] = 0;
+    if (ds->hdr->masked_tokens == 0)
+        /* a run over it would end "complete" having learned nothing, loss 0 throughout */
+        snprintf(why, sizeof why, "%s: no token is in the loss (every loss mask is 0): nothing to learn", path);
+    else if (co->model_vocab > 0 && ds->vocab_size > (uint32_t)co->model_vocab)
+        /* every target would refuse it at its start, after the ledger is made for it */
+        snprintf(why, sizeof why, "%s: vocabulary %u is larger than the target's (%d, %s/config.json): a dataset "
+                 "made for another tokenizer", path, ds->vocab_size, co->model_vocab, co->cfg->model.path);
+    else if (ds->anchor_pairs == 0)
+        /* a block is anchored at a loss token followed by one: with none, every step is empty */
+        snprintf(why, sizeof why, "%s: no sample has two tokens in the loss in a row (a block's anchor and its "
+                 "first label): nothing to learn", path);
+    if (!why[0])
+        return 0;
+    dataset_close(ds);
+    return daemon_key_error(&co->d, "data", "path", err, errlen, "%s", why);
 }
 
 /* What the schedule is made from (sched_fingerprint's inputs), as the ledger keeps each: a

@@ -110,7 +110,6 @@ struct dft {
     int in_group;
     int await_restart;          /* left the group's collective: wait for RESTART before joining */
     uint64_t generation;
-    uint64_t fence_t0;          /* when the wait on the checkpoint folder's fence began (ms) */
     int rank, world;
     char loaded[PROTO_PATH_MAX];/* checkpoint the weights came from ("" = fresh init) */
     struct stat loaded_st;      /* its optimizer.bin as loaded: a path the lineage wrote again (after
@@ -914,13 +913,18 @@ static void report_peers(struct dft *f, const struct peer_batch *pb, uint64_t st
 /* Apply a GROUP: weights from its checkpoint, the collective of its generation. */
 /* Waiting on the checkpoint folder's fence (a write of another process in it does not end): the
  * heartbeat and the watchdog go on, up to drafter.checkpoint_timeout_ms; a second stop leaves. */
+struct fence_wait {
+    struct dft *f;
+    uint64_t t0;    /* ms */
+};
+
 static int fence_tick(void *arg)
 {
-    struct dft *f = arg;
-    keep_alive(f);
+    struct fence_wait *w = arg;
+    keep_alive(w->f);
     if (daemon_stop_requested() > 1)
-        peer_abandon(&f->d, f->cl, DAEMON_EX_OK, "the checkpoint folder's fence is held");
-    return mono_ms() - f->fence_t0 > (uint64_t)f->cfg->drafter.checkpoint_timeout_ms ? -ETIMEDOUT : 0;
+        peer_abandon(&w->f->d, w->f->cl, DAEMON_EX_OK, "the checkpoint folder's fence is held");
+    return mono_ms() - w->t0 > (uint64_t)w->f->cfg->drafter.checkpoint_timeout_ms ? -ETIMEDOUT : 0;
 }
 
 static int enter_group(struct dft *f, char *err, size_t errlen)
@@ -951,8 +955,8 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     /* This process's own write in flight first (its wait is bounded), then the fence: a write
      * of an ended generation landing from now on would take the new lineage's checkpoints. */
     ckpt_collect(f, 1);
-    f->fence_t0 = mono_ms();
-    if ((r = ckpt_fence_raise(f->ckpt_root, g->generation, fence_tick, f, err, errlen)) < 0)
+    struct fence_wait fw = { f, mono_ms() };
+    if ((r = ckpt_fence_raise(f->ckpt_root, g->generation, fence_tick, &fw, err, errlen)) < 0)
         return r;
     r = load_weights(f, g->ckpt_dir, err, errlen);
     if (r < 0 && g->ckpt_dir[0] && ckpt_damaged(g->ckpt_dir, r)) {
