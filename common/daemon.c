@@ -14,6 +14,7 @@
 #include "common/cleanup.h"
 #include "common/daemon.h"
 #include "common/log.h"
+#include "common/mapname.h"
 #include "common/progress.h"
 #include "common/timeutil.h"
 
@@ -423,15 +424,34 @@ void daemon_done(struct daemon *d)
 
 static char g_bus_msg[3][320];
 static size_t g_bus_len[3];
+static char g_bus_prefix[128];      /* "<2>ident: SIGBUS: " */
+static size_t g_bus_prefix_len;
+
+static size_t bus_put(char *buf, size_t n, size_t cap, const char *s)
+{
+    while (*s && n < cap)
+        buf[n++] = *s++;
+    return n;
+}
 
 /* A page of a mapping is gone (BUS_ADRERR): a file (the dataset, the model's weights, a
- * checkpoint) or shm object shrank under this process. Say so (the default action prints
- * nothing useful); the handler is reset, so the access faults again and the process dies of
- * SIGBUS, a failure systemd restarts (the files are checked again at load). */
+ * checkpoint) or shm object (the ring) shrank under this process. Say so, naming the mapping
+ * where mapname knows it (the default action prints nothing useful); the handler is reset, so
+ * the access faults again and the process dies of SIGBUS, a failure systemd restarts (the files
+ * are checked again at load, a cut-short ring is made anew by the coordinator). */
 static void on_bus_error(int sig, siginfo_t *si, void *uctx)
 {
     int saved = errno, k = !si || si->si_code <= 0 ? 2 : si->si_code == BUS_ADRERR ? 0 : 1;
-    ssize_t w = write(STDERR_FILENO, g_bus_msg[k], g_bus_len[k]);
+    char name[256], line[640];
+    size_t n = 0;
+    if (k == 0 && mapname_find(si->si_addr, name, sizeof name)) {
+        n = bus_put(line, n, sizeof line - 1, g_bus_prefix);
+        n = bus_put(line, n, sizeof line - 1, name);
+        n = bus_put(line, n, sizeof line - 1, " shrank under this process (cut short in place: replace a file by "
+                    "renaming a new one over it; a ring is made anew when the coordinator restarts)");
+        line[n++] = '\n';
+    }
+    ssize_t w = n ? write(STDERR_FILENO, line, n) : write(STDERR_FILENO, g_bus_msg[k], g_bus_len[k]);
     (void)w;
     (void)uctx;
     if (k == 2)
@@ -439,7 +459,7 @@ static void on_bus_error(int sig, siginfo_t *si, void *uctx)
     errno = saved;
 }
 
-static void bus_error_init(const char *ident)
+void daemon_bus_report_init(const char *ident)
 {
     static const char *const why[3] = {
         "a file or shared-memory object mapped by this process shrank under it (a dataset or model rewritten "
@@ -448,8 +468,10 @@ static void bus_error_init(const char *ident)
         "sent by another process",
     };
     int journal = getenv("JOURNAL_STREAM") != NULL || !isatty(STDERR_FILENO);     /* as log.c */
+    int p = snprintf(g_bus_prefix, sizeof g_bus_prefix, "%s%s: SIGBUS: ", journal ? "<2>" : "", ident);
+    g_bus_prefix_len = p < 0 ? 0 : (size_t)p < sizeof g_bus_prefix ? (size_t)p : sizeof g_bus_prefix - 1;
     for (int k = 0; k < 3; k++) {
-        int n = snprintf(g_bus_msg[k], sizeof g_bus_msg[k], "%s%s: SIGBUS: %s\n", journal ? "<2>" : "", ident, why[k]);
+        int n = snprintf(g_bus_msg[k], sizeof g_bus_msg[k], "%s%s\n", g_bus_prefix, why[k]);
         g_bus_len[k] = n < 0 ? 0 : (size_t)n < sizeof g_bus_msg[k] ? (size_t)n : sizeof g_bus_msg[k] - 1;
     }
     struct sigaction sa = { 0 };
@@ -470,7 +492,7 @@ int daemon_start(struct daemon *d, const char *prog, const char *role, int need_
     if (r < 0)
         return DAEMON_EX_USAGE;
     log_init(d->ident, LOG_LVL_INFO);
-    bus_error_init(d->ident);
+    daemon_bus_report_init(d->ident);
     if (daemon_load_config(d, err, errlen) < 0)
         return DAEMON_EX_CONFIG;
     enum log_level lvl = LOG_LVL_INFO;

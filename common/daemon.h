@@ -70,6 +70,9 @@ void daemon_print_config(const struct daemon *d, FILE *f);
  * (empty when there is nothing to log). */
 int daemon_start(struct daemon *d, const char *prog, const char *role, int need_index,
                  int argc, char **argv, char *err, size_t errlen);
+/* The SIGBUS report daemon_start installs: one line on stderr, prefixed with ident, naming the
+ * mapping that shrank where common/mapname knows it, then the default action (death by SIGBUS). */
+void daemon_bus_report_init(const char *ident);
 
 /* Install SIGTERM/SIGINT (request stop), SIGHUP (ignored: no reload) and SIGPIPE (ignored)
  * handlers without SA_RESTART, so blocking waits return EINTR and the loop sees the flag. */

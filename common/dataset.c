@@ -12,6 +12,7 @@
 #include "common/dataset.h"
 #include "common/err.h"
 #include "common/fileio.h"
+#include "common/mapname.h"
 #include "common/progress.h"
 
 #define P1 0x9e3779b185ebca87ull
@@ -85,8 +86,10 @@ void dataset_close(struct dataset *ds)
 {
     if (!ds)
         return;
-    if (ds->map && ds->map != MAP_FAILED)
+    if (ds->map && ds->map != MAP_FAILED) {
+        mapname_remove(ds->map);
         munmap(ds->map, ds->map_len);
+    }
     if (ds->fd >= 0)
         close(ds->fd);
     memset(ds, 0, sizeof *ds);
@@ -235,6 +238,9 @@ int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err
         dataset_close(ds);
         return fail(err, errlen, path, r, "mmap: %s", strerror(-r));
     }
+    char what[256];
+    snprintf(what, sizeof what, "dataset %s", path);
+    mapname_add(ds->map, ds->map_len, what);
     int r = validate(ds, path, flags, err, errlen);
     if (r < 0) {
         dataset_close(ds);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include "common/err.h"
 #include "common/fileio.h"
+#include "common/mapname.h"
 #include "common/proc.h"
 #include "common/timeutil.h"
 #include "ipc/collective.h"
@@ -70,7 +71,7 @@ struct map_ent {
 static struct map_ent *g_maps;
 static pthread_mutex_t g_maps_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int map_get(int fd, size_t size, struct map_ent **out)
+static int map_get(int fd, size_t size, const char *name, struct map_ent **out)
 {
     struct stat st;
     if (fstat(fd, &st) < 0)
@@ -94,6 +95,9 @@ static int map_get(int fd, size_t size, struct map_ent **out)
     } else {
         *m = (struct map_ent){ st.st_dev, st.st_ino, p, size, 1, g_maps };
         g_maps = m;
+        char what[160];
+        snprintf(what, sizeof what, "collective %s", name);
+        mapname_add(p, size, what);
         *out = m;
     }
     pthread_mutex_unlock(&g_maps_lock);
@@ -111,6 +115,7 @@ static void map_put(struct map_ent *m)
                 *pp = m->next;
                 break;
             }
+        mapname_remove(m->base);
         munmap(m->base, m->size);
         free(m);
     }
@@ -337,7 +342,7 @@ static int create_object(struct coll *c, const char *name, uint64_t gen, unsigne
     }
     uint64_t size = total_size((uint32_t)c->world, c->chunk);
     int e = fchmod(fd, mode ? mode : 0600) < 0 ? errno : -fileio_reserve(fd, size);
-    int rc = e ? -e : map_get(fd, size, &c->map);
+    int rc = e ? -e : map_get(fd, size, name, &c->map);
     if (rc < 0) {
         snprintf(err, errlen, "collective %s: cannot reserve %llu bytes: %s", name, (unsigned long long)size,
                  strerror(-rc));
@@ -412,7 +417,7 @@ static int find_object(struct coll *c, const char *name, uint64_t gen, int *fd_o
                     return -DF_ETRUNC;
                 }
                 c->chunk = hdr.chunk_floats;
-                int rc = map_get(fd, hdr.total_size, &c->map);
+                int rc = map_get(fd, hdr.total_size, name, &c->map);
                 if (rc < 0) {
                     snprintf(err, errlen, "collective %s: mmap: %s", name, strerror(-rc));
                     close(fd);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include "common/err.h"
 #include "common/fileio.h"
+#include "common/mapname.h"
 #include "common/proc.h"
 #include "common/timeutil.h"
 #include "ipc/futex.h"
@@ -243,6 +244,9 @@ static int handle_map(struct ring *r, int fd, size_t size, bool rdonly, bool pop
     r->size = size;
     r->h = p;
     r->rdonly = rdonly;
+    char what[sizeof r->name + 8];
+    snprintf(what, sizeof what, "ring %s", r->name);
+    mapname_add(p, size, what);
     return 0;
 }
 
@@ -260,8 +264,10 @@ void ring_detach(struct ring *r)
 {
     if (!r)
         return;
-    if (r->base)
+    if (r->base) {
+        mapname_remove(r->base);
         munmap(r->base, r->size);
+    }
     free(r);
 }
 
@@ -516,11 +522,25 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
         rc = -DF_EVERSION;
         goto fail_close;
     }
-    if (layout_check(&hdr.layout, why, sizeof why) < 0 || geometry(&hdr.layout, &g) < 0 ||
-        hdr.hdr_size != HDR_SIZE || hdr.total_size != g.total || hdr.slot_stride != g.slot_stride ||
-        hdr.slot_off != g.slot_off || hdr.ctl_off != g.ctl_off || hdr.hidden_off != g.hidden_off ||
-        hdr.hidden_pitch != g.hidden_pitch) {
-        snprintf(err, errlen, "ring %s: corrupt header (geometry does not follow from its layout)", name);
+    if (layout_check(&hdr.layout, why, sizeof why) < 0) {
+        snprintf(err, errlen, "ring %s: corrupt header: %s", name, why);
+        rc = -DF_EFORMAT;
+        goto fail_close;
+    }
+    if (geometry(&hdr.layout, &g) < 0) {
+        snprintf(err, errlen, "ring %s: corrupt header: the size its layout gives overflows", name);
+        rc = -DF_EFORMAT;
+        goto fail_close;
+    }
+    const char *bad = hdr.hdr_size != HDR_SIZE ? "header size"
+                      : hdr.total_size != g.total ? "total size"
+                      : hdr.slot_stride != g.slot_stride ? "slot stride"
+                      : hdr.slot_off != g.slot_off ? "slot offset"
+                      : hdr.ctl_off != g.ctl_off ? "control offset"
+                      : hdr.hidden_off != g.hidden_off ? "hidden offset"
+                      : hdr.hidden_pitch != g.hidden_pitch ? "hidden pitch" : NULL;
+    if (bad) {
+        snprintf(err, errlen, "ring %s: corrupt header: its %s does not follow from its layout", name, bad);
         rc = -DF_EFORMAT;
         goto fail_close;
     }
@@ -603,7 +623,8 @@ int ring_same_object(const struct ring *r, const char *name)
     if (fd < 0)
         return fd == -ENOENT || fd == -EINVAL ? 0 : fd;    /* gone, or not a file: another object */
     close(fd);
-    return st.st_dev == r->dev && st.st_ino == r->ino;
+    /* cut short in place (truncate(1) on /dev/shm): the next access past its end is a SIGBUS */
+    return st.st_dev == r->dev && st.st_ino == r->ino && (uint64_t)st.st_size >= (uint64_t)r->size;
 }
 
 /* ---- accessors ---------------------------------------------------------------- */

@@ -15,6 +15,7 @@
 #include "common/err.h"
 #include "common/fileio.h"
 #include "common/jsonutil.h"
+#include "common/mapname.h"
 #include "common/progress.h"
 #include "model/cpu_ops.h"
 #include "model/safetensors.h"
@@ -183,6 +184,9 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
     if (map == MAP_FAILED)
         return df_fail(err, errlen, -errno, "%s: mmap: %s", path, strerror(errno));
     f->map = map;
+    char what[256];
+    snprintf(what, sizeof what, "file %s", path);
+    mapname_add(map, f->size, what);
 
     const unsigned char *base = map;
     uint64_t hlen = 0;
@@ -326,8 +330,10 @@ void st_close(struct st_set *s)
     for (size_t i = 0; i < s->n; i++)
         free((char *)s->tensors[i].name);
     for (int i = 0; i < s->nfiles; i++) {
-        if (s->files[i].map)
+        if (s->files[i].map) {
+            mapname_remove(s->files[i].map);
             munmap(s->files[i].map, s->files[i].size);
+        }
         free(s->files[i].path);
     }
     free(s->tensors);

@@ -14,7 +14,7 @@
 #    old file) with the reason; started on a new ledger, the target still reading the old file
 #    leaves (its reconnect's WELCOME names another checksum) instead of packing stale tokens;
 #  - the dataset truncated in place under a running target: its next read of the mapping faults
-#    (SIGBUS); it dies of it, saying why in one line, and systemd would restart it (a file that
+#    (SIGBUS); it dies of it, naming the file in one line, and systemd would restart it (a file that
 #    shrank is then refused at load).
 set -u
 cd "$(dirname "$0")/.."
@@ -115,7 +115,7 @@ truncate -s 4096 "$CL_DIR/data.bin"               # in place: the target's mappi
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0      # frees slots: the target packs its next lease
 cl_wait_exit target0 60
 [[ $CL_RC == 135 ]] || fail "the target on a truncated dataset exited with '$CL_RC', wanted 135 (SIGBUS)"
-grep -q "target-d@0: SIGBUS: a file or shared-memory object mapped by this process shrank under it" "$CL_DIR/target0.log" ||
+grep -q "target-d@0: SIGBUS: dataset $CL_DIR/data.bin shrank under this process" "$CL_DIR/target0.log" ||
   fail "no clear message: $(tail -n 3 "$CL_DIR/target0.log")"
 cl_log "truncated in place: $(grep -h "SIGBUS" "$CL_DIR/target0.log" | head -n 1 | sed 's/^<[0-9]>//')"
 echo "ok: a smaller ring.max_tokens, another dataset, one rewritten in place, one replaced and one truncated are refused with the reason"

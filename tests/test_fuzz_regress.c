@@ -7,6 +7,7 @@
 #include "tests/test.h"
 #include "tests/fuzz/fuzz_ckpt.c"
 #include "tests/fuzz/fuzz_config.c"
+#include "tests/fuzz/fuzz_ctl.c"
 #include "tests/fuzz/fuzz_dataset.c"
 #include "tests/fuzz/fuzz_hfconfig.c"
 #include "tests/fuzz/fuzz_proto.c"
@@ -20,6 +21,7 @@ static const struct {
 } targets[] = {
     { "ckpt", fuzz_ckpt },
     { "config", fuzz_config },
+    { "ctl", fuzz_ctl },
     { "dataset", fuzz_dataset },
     { "hfconfig", fuzz_hfconfig },
     { "proto", fuzz_proto },

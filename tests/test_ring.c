@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "common/daemon.h"
 #include "common/err.h"
 #include "common/proc.h"
 #include "common/timeutil.h"
@@ -238,8 +239,18 @@ static void test_validation(void)
     CHECK_INT(stride, ==, ring_slot_stride(r));
     poke(g_name, 40, &bad, 8);
     CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_EFORMAT);
-    CHECK_CONTAINS(err, "corrupt header");
+    CHECK_CONTAINS(err, "corrupt header: its slot stride does not follow");
     poke(g_name, 40, &stride, 8);
+    /* a layout field out of range (the slot count, the layout's first field at offset 64) */
+    uint32_t nslots, zero = 0;
+    fd = shm_open(g_name, O_RDONLY, 0);
+    CHECK_INT(pread(fd, &nslots, 4, 64), ==, 4);
+    close(fd);
+    CHECK_INT(nslots, ==, l.nslots);
+    poke(g_name, 64, &zero, 4);
+    CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -DF_EFORMAT);
+    CHECK_CONTAINS(err, "corrupt header: slots 0 out of range");
+    poke(g_name, 64, &nslots, 4);
     CHECK_OK(ring_attach(&a, g_name, &l, 0, err, sizeof err));
 
     /* The header spoiled after attach (a writer gone astray): addresses and bounds come from
@@ -469,6 +480,51 @@ static void test_same_object(void)
     CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -EINVAL);
     CHECK_OK(unlink(path));
     ring_detach(again);
+}
+
+/* The object cut short in place (truncate(1) on /dev/shm) under a handle: ring_same_object says
+ * it is not the object mapped any more (the coordinator exits to make it anew), and a process
+ * that touches a page gone dies of SIGBUS with one line naming the ring. */
+static void test_shrunk(void)
+{
+    struct ring_layout l = small_layout(4);
+    struct ring *r = NULL;
+    CHECK_OK(ring_create(&r, g_name, &l, NULL, err, sizeof err));
+    CHECK_INT(ring_same_object(r, g_name), ==, 1);
+    int fd = shm_open(g_name, O_RDWR, 0);
+    CHECK(fd >= 0);
+    CHECK_OK(ftruncate(fd, 4096));
+    close(fd);
+    CHECK_INT(ring_same_object(r, g_name), ==, 0);
+
+    int pfd[2];
+    CHECK_OK(pipe(pfd));
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(pfd[1], STDERR_FILENO);
+        daemon_bus_report_init("test-ring");
+        volatile unsigned char *last = ring_slot_hidden(r, l.nslots - 1);
+        unsigned char v = *last;        /* past the object's end: SIGBUS */
+        _exit(v == 0xa5 ? 3 : 2);
+    }
+    close(pfd[1]);
+    char out[1024];
+    size_t n = 0;
+    ssize_t k;
+    while (n < sizeof out - 1 && (k = read(pfd[0], out + n, sizeof out - 1 - n)) > 0)
+        n += (size_t)k;
+    out[n] = 0;
+    close(pfd[0]);
+    int status = 0;
+    CHECK_INT(waitpid(pid, &status, 0), ==, pid);
+    CHECK(WIFSIGNALED(status));
+    CHECK_INT(WTERMSIG(status), ==, SIGBUS);
+    char want[256];
+    snprintf(want, sizeof want, "test-ring: SIGBUS: ring %s shrank under this process", g_name);
+    CHECK_CONTAINS(out, want);
+    ring_detach(r);
+    CHECK_OK(ring_unlink(g_name));
 }
 
 static void test_transitions(void)
@@ -957,6 +1013,7 @@ int main(void)
     test_being_made();
     test_full_shm();
     test_same_object();
+    test_shrunk();
     test_transitions();
     test_pick();
     test_blocking();

@@ -12,7 +12,7 @@
 # of its own, to fuzz on past a reported finding that is not fixed yet.
 set -u
 cd "$(dirname "$0")/.."
-TARGETS_ALL=(ckpt config dataset hfconfig proto ring safetensors st_index)
+TARGETS_ALL=(ckpt config ctl dataset hfconfig proto ring safetensors st_index)
 NOSAN=${FUZZ_NO_SANITIZE:-}
 B=${FUZZ_BUILD:-build-fuzz${NOSAN:+-no-${NOSAN//,/-}}}
 F=$B/fuzz
@@ -70,7 +70,7 @@ newer() { # out, inputs...: true when out is missing or older than any input
   return 1
 }
 
-deps=(tests/fuzz/fuzz.h tests/fuzz/fuzz_st.h "$B/libdflash.a")
+deps=(tests/fuzz/fuzz.h tests/fuzz/fuzz_st.h daemons/dflashctl/show.c daemons/dflashctl/show.h "$B/libdflash.a")
 if [[ $mode == seeds ]]; then
   if newer "$F/make_seeds" tests/fuzz/make_seeds.c tests/fuzz/fuzz_ring.c tests/fuzz/fuzz_ckpt.c "${deps[@]}"; then
     "$CLANG" $CFLAGS $SAN -fsanitize=fuzzer-no-link tests/fuzz/make_seeds.c "$B/libdflash.a" $LIBS \

@@ -233,7 +233,7 @@ int coord_ring_check(struct coord *co, char *why, size_t len)
         co->ring_check_warned = true;
         return 0;
     }
-    snprintf(why, len, "ring %s was removed from /dev/shm or replaced while the cluster ran (RemoveIPC=? a cleanup?): "
+    snprintf(why, len, "ring %s was removed from /dev/shm, replaced or cut short while the cluster ran (RemoveIPC=? a cleanup?): "
              "exiting 1 to make it anew when restarted; the daemons on the old one follow", co->ring_name);
     return -ENOENT;
 }

@@ -20,6 +20,7 @@ int fuzz_hfconfig(const uint8_t *data, size_t size);
 int fuzz_ring(const uint8_t *data, size_t size);
 int fuzz_proto(const uint8_t *data, size_t size);
 int fuzz_ckpt(const uint8_t *data, size_t size);
+int fuzz_ctl(const uint8_t *data, size_t size);
 
 #define FUZZ_ASSERT(cond) do { if (!(cond)) { \
     fprintf(stderr, "%s:%d: fuzz invariant broken: %s\n", __FILE__, __LINE__, #cond); abort(); } } while (0)

@@ -1,0 +1,15 @@
+/* show.h: dflashctl's human-readable tables of the coordinator's QUERY replies (show.c). */
+#pragma once
+#include <cjson/cJSON.h>
+#include <stdio.h>
+
+/* One per query (the reply's parsed JSON document), printed to out. */
+void ctl_show_status(FILE *out, const cJSON *s);
+void ctl_show_ring(FILE *out, const cJSON *r);
+void ctl_show_daemons(FILE *out, const cJSON *d);
+void ctl_show_batches(FILE *out, const cJSON *b);
+void ctl_show_errors(FILE *out, const cJSON *e);
+void ctl_show_checkpoints(FILE *out, const cJSON *c);
+
+/* o's string member k, or "" when it is missing or not a string. */
+const char *ctl_str(const cJSON *o, const char *k);

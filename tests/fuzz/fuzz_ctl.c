@@ -1,0 +1,30 @@
+/* fuzz_ctl.c: fuzz target for dflashctl's tables (daemons/dflashctl/show.c): the JSON reply of
+ * a coordinator, or of whatever --connect reached, rendered by the table of one query. Byte 0
+ * picks the query, the rest is the reply. Checked beyond "no crash, no undefined behaviour"
+ * (a time out of range, a number where a string belongs): every table prints its first line. */
+#include <cjson/cJSON.h>
+#include "daemons/dflashctl/show.c"
+#include "tests/fuzz/fuzz.h"
+
+int fuzz_ctl(const uint8_t *data, size_t size)
+{
+    static void (*const show[])(FILE *, const cJSON *) = {
+        ctl_show_status, ctl_show_ring, ctl_show_daemons, ctl_show_batches, ctl_show_errors, ctl_show_checkpoints,
+    };
+    if (size < 1)
+        return 0;
+    cJSON *doc = cJSON_ParseWithLength((const char *)data + 1, size - 1);
+    if (!doc)
+        return 0;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    if (out) {
+        show[data[0] % (sizeof show / sizeof show[0])](out, doc);
+        FUZZ_ASSERT(fclose(out) == 0);
+        FUZZ_ASSERT(text && len > 0 && memchr(text, '\n', len));
+        free(text);
+    }
+    cJSON_Delete(doc);
+    return 0;
+}
