@@ -133,6 +133,9 @@ fuzz:
 print-build:
 	@echo $(BUILD)
 
+print-bins:
+	@echo $(BINS)
+
 deps:
 	tools/install-deps.sh
 

@@ -97,6 +97,7 @@ cl_wait_exit drafter0 60
 cl_wait_exit drafter1 60
 cl_never "$CL_DIR/coord.log" "falls back" "falls back" "fell back without the storage"
 [[ $(cl_sql "SELECT count(*) FROM checkpoints WHERE dropped IS NOT NULL") == 0 ]] || fail "checkpoints dropped"
+cl_status || fail "no status from the coordinator"
 [[ $(cl_json 's["group"]["checkpoint"]["step"]') == "$head" ]] || fail "the head moved"
 rm -rf "$root" && mv "$root.away" "$root"
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0

@@ -18,6 +18,7 @@ cl_wait 's["group"]["active"] and step() >= 2' 120 coord || fail "no training"
 "$CL_BIN/dflashctl" -s "$CL_SOCK" pause >/dev/null || fail "dflashctl pause"
 cl_wait 's["state"] == "paused"' 30 coord || fail "not paused"
 sleep 0.5   # (the step in flight at the pause lands; its checkpoint write takes 3 s)
+cl_status || fail "no status from the coordinator"
 step=$(cl_json 'step()')
 cl_log "SIGTERM to drafter 1 at step $step, the cluster paused"
 cl_kill drafter1 TERM

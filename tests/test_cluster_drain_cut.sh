@@ -36,6 +36,7 @@ before=$(grep -c "(draining)" "$D/drafter0.log")
 cl_kill target1 STOP                            # the ring runs dry
 sleep "$(cl_scaled 1.5)"
 cl_kill target1 CONT
+cl_status || fail "no status from the coordinator"
 at=$(cl_json 'step()')
 cl_wait "step() >= $at + 20" 60 coord2 || fail "no training after the dry spell"
 after=$(grep -c "(draining)" "$D/drafter0.log")

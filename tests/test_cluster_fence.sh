@@ -22,6 +22,6 @@ cl_wait 's["group"]["active"] and s["group"]["generation"] >= 2' 60 coord || fai
 cl_wait 's["group"]["checkpoint"]["generation"] >= 2' 60 coord || fail "generation 2 wrote no checkpoint"
 grep -q "checkpoint of step [0-9]* not written: .*generation [0-9]* of the drafter group writes here now" \
   "$CL_DIR/drafter0.log" || fail "rank 0's write of generation 1 was not fenced out: $(grep -i checkpoint "$CL_DIR/drafter0.log" | tail -5)"
-"$CL_BIN/dflashctl" -s "$CL_SOCK" errors >"$T/errors.txt" 2>&1
+"$CL_BIN/dflashctl" -s "$CL_SOCK" errors >"$T/errors.txt" 2>&1 || fail "dflashctl errors: $(cat "$T/errors.txt")"
 grep -q "dropped" "$T/errors.txt" && fail "the fenced write was reported as an error: $(cat "$T/errors.txt")"
 cl_log "the fenced write was a notice; generation 2 checkpoints"

@@ -29,7 +29,8 @@ for ((k = 1; k <= KILLS; k++)); do
   cl_kill target0 KILL
   cl_wait_exit target0 10
   [[ $CL_RC == 137 ]] || fail "target 0 exit after SIGKILL: $CL_RC"
-  cl_status && s0=$(cl_json 'step()')
+  cl_status || fail "no status from the coordinator (kill $k)"
+  s0=$(cl_json 'step()')
   # While it is down the drafter keeps stepping on target 1's batches.
   cl_wait 'step() >= '$((s0 + 5))' and not [t for t in targets() if t["gpu"] == 0]' 60 coord ||
     fail "drafter did not step while target 0 was down (kill $k)"

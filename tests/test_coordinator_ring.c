@@ -142,5 +142,23 @@ int main(void)
     CHECK_INT(l->layer_ids[1], ==, ids[1]);
     ring_detach(r);
     printf("ring layout from the model: ids %d,%d\n", ids[0], ids[1]);
+
+    /* A ring of an older layout version (left by the build before an upgrade, its coordinator
+     * gone) is dflash's own: replaced by one of this version at the next start. */
+    tc_kill(TC.coord);
+    TC.coord = 0;
+    uint32_t old = RING_VERSION - 1;
+    fd = shm_open(TC.ring, O_RDWR, 0);
+    CHECK(fd >= 0);
+    CHECK_INT(pwrite(fd, &old, 4, 8), ==, 4);          /* the version, after the 8-byte magic */
+    close(fd);
+    CHECK_INT(ring_attach(&r, TC.ring, NULL, RING_ATTACH_ANY | RING_ATTACH_RDONLY, err, sizeof err), ==, -DF_EVERSION);
+    tc_start_coord();
+    snprintf(cmd, sizeof cmd, "grep -q 'replacing incompatible ring %s: ring %s: layout version %u, this build speaks "
+             "version %u' '%s/coordinator.log'", TC.ring, TC.ring, old, (unsigned)RING_VERSION, TC.dir);
+    CHECK(system(cmd) == 0);
+    CHECK_OK(ring_attach(&r, TC.ring, NULL, RING_ATTACH_ANY | RING_ATTACH_RDONLY, err, sizeof err));
+    ring_detach(r);
+    printf("a ring of layout version %u replaced by version %u\n", old, (unsigned)RING_VERSION);
     return 0;
 }

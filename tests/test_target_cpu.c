@@ -90,8 +90,10 @@ static void check_golden(const char *model, const char *dir, const int *ids, int
             CHECK_OK(st_read_f32(t, 0, t->numel, ref));
             double e = rel_err(out, pitch, k, H, ref, s.len[q]);
             printf("%s seq %d (len %3d) layer %d: rel err %.3g  (%s)\n", model, q, s.len[q], ids[k], e, dir);
-            if (!(e < 1e-4))
-                TEST_FAIL("%s seq %d layer %d: relative error %g >= 1e-4", dir, q, ids[k], e);
+            /* fp32 against fp32 at rounding level (~6e-7 here); a norm that drops rms_norm_eps
+             * (1e-6 in the goldens) gives 3e-6 (qwen3) and 5e-5 (llama) */
+            if (!(e < 2e-6))
+                TEST_FAIL("%s seq %d layer %d: relative error %g >= 2e-6", dir, q, ids[k], e);
         }
         start += s.len[q];
     }

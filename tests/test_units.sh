@@ -10,7 +10,8 @@ T=${DFLASH_TEST_TMP:-$(mktemp -d)}
 BIN=${DFLASH_BUILD:-build}/bin
 fail() { echo "FAIL: $*"; exit 1; }
 command -v systemd-analyze >/dev/null || { echo "SKIP: systemd-analyze missing"; exit 77; }
-BINS="coordinator-d target-d drafter-d dflashctl dflash-data"
+BINS=$(make -s --no-print-directory print-bins)     # every program make install ships
+[[ -n $BINS ]] || fail "make print-bins printed nothing"
 for b in $BINS; do [[ -x $BIN/$b ]] || fail "$BIN/$b not built"; done
 
 # make install into a DESTDIR (the binaries copied first so make has nothing to rebuild).
@@ -70,6 +71,13 @@ for u in dflash-coordinator.service dflash-target@.service dflash-drafter@.servi
   # own mode and group (cluster.group) decide who connects
   [[ $(prop $u RuntimeDirectoryMode) == 0755 && $(prop $u StateDirectoryMode) == 0750 ]] || fail "$u: directory modes"
   [[ $(prop $u RestrictAddressFamilies) == "AF_UNIX AF_INET AF_INET6 AF_NETLINK" ]] || fail "$u: RestrictAddressFamilies"
+  # files made by the daemons (ledger, checkpoints, metrics) not readable by every user
+  [[ $(prop $u UMask) == 0007 ]] || fail "$u: UMask"
+  [[ $(prop $u PrivateTmp) == yes ]] || fail "$u: PrivateTmp"
+  [[ -n $(prop $u StartLimitBurst) && -n $(prop $u StartLimitIntervalSec) ]] || fail "$u: start limit"
+  # no capabilities, but the coordinator's CAP_CHOWN (the socket and the ring go to cluster.group)
+  want_caps=; [[ $u == dflash-coordinator.service ]] && want_caps=CAP_CHOWN
+  [[ $(prop $u CapabilityBoundingSet) == "$want_caps" ]] || fail "$u: CapabilityBoundingSet '$(prop $u CapabilityBoundingSet)'"
   # The ring in /dev/shm and /dev/nvidia* must stay visible and shared between the units.
   grep -Eq '^(PrivateIPC|PrivateDevices|DevicePolicy|MemoryDenyWriteExecute|InaccessiblePaths)=' "systemd/$u" &&
     fail "$u: an option that hides /dev/shm or breaks CUDA"

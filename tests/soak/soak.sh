@@ -60,12 +60,17 @@ if [[ $mode == short ]]; then
   # The weights too: each generation (a drafter kill ends one) redone from where it started, on
   # the batches its ledger rows name, equals its newest checkpoint to the bit (a batch lost,
   # trained twice or on the wrong rank would show).
-  for dir in $(cl_sql 'SELECT c.dir FROM checkpoints c WHERE c.dropped IS NULL AND c.rowid = (SELECT max(rowid)
-                       FROM checkpoints d WHERE d.gen = c.gen AND d.dropped IS NULL) ORDER BY c.gen'); do
+  dirs=$(cl_sql 'SELECT c.dir FROM checkpoints c WHERE c.dropped IS NULL AND c.rowid = (SELECT max(rowid)
+                 FROM checkpoints d WHERE d.gen = c.gen AND d.dropped IS NULL) ORDER BY c.gen') ||
+    { echo "FAIL: cannot read the checkpoints from the ledger (seed $seed)"; exit 1; }
+  replayed=0
+  for dir in $dirs; do
     out=$("$CL_BIN/dflash-replay" -c "$CL_INI" --checkpoint "$dir" 2>&1)
     rrc=$?
     echo "$out"
     ((rrc == 0)) || { echo "FAIL: dflash-replay to $dir: exit $rrc (seed $seed)"; exit 1; }
+    replayed=$((replayed + 1))
   done
+  ((replayed > 0)) || { echo "FAIL: no checkpoint in the ledger to replay (seed $seed)"; exit 1; }
 fi
 exit 0
