@@ -19,9 +19,8 @@ cl_test_init 'cl_kill drafter0 CONT'
 
 cl_init "$T/c" 6000 || exit 1
 # dead_after_ms well beyond rank 0's SIGSTOP below; the orphan sweep's grace, 120 s + 2 x 3 s
-# (scaled), far beyond the bound on the recovery
+# (scaled): a batch left behind would be queued again by the sweep, which says so in the log
 grace_s=$(($(cl_scaled 120) + 2 * $(cl_scaled 3)))
-recover_s=$(cl_scaled 40)
 cl_ini_add drafter.world_size=2 drafter.checkpoint_every=50 drafter.collective_timeout_ms=$(($(cl_scaled 120) * 1000)) \
   coordinator.dead_after_ms=$(($(cl_scaled 3) * 1000))
 cl_start_coord || fail "coordinator did not come up"
@@ -60,12 +59,13 @@ for i in 0 1; do
 done
 cl_log "generation 2 from the step-$ck checkpoint"
 # The rest of the epoch takes seconds; a batch taken from the ring and left published would hold
-# the run until the orphan sweep queued it again, $grace_s s after the kill.
-cl_wait_exit coord 40
+# the run until the orphan sweep queued it again, $grace_s s after the kill: the run completes
+# either way, the sweep's line tells (a test of the outcome, not of this machine's speed).
+cl_wait_exit coord $((grace_s + $(cl_scaled 60)))
 took=$(awk -v a="$(date +%s.%N)" -v b="$t_kill" 'BEGIN { printf "%.1f", a - b }')
-[[ $CL_RC == 0 ]] && awk -v t="$took" -v r="$recover_s" 'BEGIN { exit !(t <= r) }' ||
-  fail "the run did not complete within ${recover_s} s of the kill (coordinator '$CL_RC' after ${took} s; the" \
-    "orphan sweep's grace is ${grace_s} s): $(cl_json 's["batches"]')"
+[[ $CL_RC == 0 ]] || fail "the run did not complete (coordinator '$CL_RC' after ${took} s): $(cl_json 's["batches"]')"
+cl_never "$CL_DIR/coord.log" "not reported by any drafter for" "not reported by any drafter for" \
+  "a batch taken before the kill was left published until the orphan sweep"
 cl_log "run complete ${took} s after the kill"
 for n in target0 target1 drafter0 drafter1; do cl_wait_exit $n 30 || fail "$n exited with '$CL_RC'"; done
 [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state != 4') == 0 ]] || fail "not every batch is checkpointed"

@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 cl_test_init 'cl_kill target0 CONT; cl_kill drafter0 CONT'
 
 cl_init "$T/c" 4000 || exit 1
-# silent after a third of dead_after_ms; long enough to see before the target is taken for dead
-cl_ini_add coordinator.dead_after_ms=$(($(cl_scaled 6) * 1000))
+# silent after a third of dead_after_ms (5 s); seen silent for 10 s before it would be taken for
+# dead (then it leaves targets(): the wait below could not see it any more)
+cl_ini_add coordinator.dead_after_ms=$(($(cl_scaled 15) * 1000))
 cl_start_coord || fail "coordinator did not come up"
 cl_start target0 target-d -c "$CL_INI" -i 0
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
@@ -24,9 +25,9 @@ cl_wait 'targets()[0]["wait_ms"] > 1500' 20 coord ||
   fail "the target's slot wait does not grow with a full ring: $(cl_json 'targets()[0]["wait_ms"]') ms"
 cl_kill drafter0 CONT
 
-# the target stopped: silent (after 2 s here), not in the targets' sum
+# the target stopped: silent (after 5 s here), not in the targets' sum
 cl_kill target0 STOP
-cl_wait 'targets()[0]["silent"] and s["drafter"]["target_tokens_per_s"] == 0' 10 coord ||
+cl_wait 'targets()[0]["silent"] and s["drafter"]["target_tokens_per_s"] == 0' 14 coord ||
   fail "a stopped target is not shown silent: $(cl_json '(targets()[0]["silent"], s["drafter"]["target_tokens_per_s"])')"
 "$CL_BIN/dflashctl" -s "$CL_SOCK" daemons >"$CL_DIR/daemons.txt"
 grep -q "^target .*(silent for [0-9.]* s: as last heard)" "$CL_DIR/daemons.txt" ||
