@@ -20,6 +20,11 @@ cl_wait 's["state"] == "paused"' 30 coord || fail "not paused"
 sleep 0.5   # (the step in flight at the pause lands; its checkpoint write takes 3 s)
 cl_status || fail "no status from the coordinator"
 step=$(cl_json 'step()')
+# the scenario: rank 0's newest checkpoint still being written (snapshot taken, file not yet there)
+busy=$(grep -o 'checkpoint of step [0-9]*' "$CL_DIR/drafter0.log" | tail -n 1 | grep -o '[0-9]*$')
+[[ -n $busy ]] || fail "rank 0 took no checkpoint"
+grep -q "checkpoint .*step-$(printf %010d "$busy") (periodic, written" "$CL_DIR/drafter0.log" &&
+  fail "rank 0's checkpoint of step $busy was written before the SIGTERM (the test's timing): nothing in flight"
 cl_log "SIGTERM to drafter 1 at step $step, the cluster paused"
 cl_kill drafter1 TERM
 cl_wait_exit drafter1 30 || fail "drafter 1 exited with '$CL_RC'"
