@@ -425,7 +425,6 @@ void daemon_done(struct daemon *d)
 static char g_bus_msg[3][320];
 static size_t g_bus_len[3];
 static char g_bus_prefix[128];      /* "<2>ident: SIGBUS: " */
-static size_t g_bus_prefix_len;
 
 static size_t bus_put(char *buf, size_t n, size_t cap, const char *s)
 {
@@ -468,8 +467,7 @@ void daemon_bus_report_init(const char *ident)
         "sent by another process",
     };
     int journal = getenv("JOURNAL_STREAM") != NULL || !isatty(STDERR_FILENO);     /* as log.c */
-    int p = snprintf(g_bus_prefix, sizeof g_bus_prefix, "%s%s: SIGBUS: ", journal ? "<2>" : "", ident);
-    g_bus_prefix_len = p < 0 ? 0 : (size_t)p < sizeof g_bus_prefix ? (size_t)p : sizeof g_bus_prefix - 1;
+    snprintf(g_bus_prefix, sizeof g_bus_prefix, "%s%s: SIGBUS: ", journal ? "<2>" : "", ident);
     for (int k = 0; k < 3; k++) {
         int n = snprintf(g_bus_msg[k], sizeof g_bus_msg[k], "%s%s\n", g_bus_prefix, why[k]);
         g_bus_len[k] = n < 0 ? 0 : (size_t)n < sizeof g_bus_msg[k] ? (size_t)n : sizeof g_bus_msg[k] - 1;

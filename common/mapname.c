@@ -1,35 +1,64 @@
-/* mapname.c: a fixed table of named mappings for the SIGBUS report (see mapname.h). A slot's
- * name and length are written before its base is published (release) and the base is cleared
- * before a slot is reused, so a lookup sees a whole entry, or at worst the name of a mapping
- * being replaced at that instant. */
+/* mapname.c: a fixed table of named mappings for the SIGBUS report (see mapname.h). Each slot is
+ * a sequence lock: its count is odd while add or remove rewrites it, and a lookup keeps what it
+ * copied only when the count was even and unchanged around the copy, so it never pairs one
+ * mapping's range with another's name. */
 #include "mapname.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+#include "common/log.h"
 
 #define NAME_LEN 200
 
 static struct {
+    _Atomic unsigned seq;
     _Atomic uintptr_t base;         /* 0: free */
     _Atomic size_t len;
     char name[NAME_LEN];
 } g_maps[MAPNAME_MAX];
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_full_warned;
+
+/* what into dst; a name too long keeps its first word (what kind of mapping) and its end (the
+ * file's own name), "..." between */
+static void put_name(char *dst, const char *what)
+{
+    size_t n = strlen(what);
+    if (n < NAME_LEN) {
+        memcpy(dst, what, n + 1);
+        return;
+    }
+    size_t head = strcspn(what, " ") + 1;
+    if (head > NAME_LEN / 4)
+        head = 0;
+    size_t tail = NAME_LEN - 1 - head - 3;
+    memcpy(dst, what, head);
+    memcpy(dst + head, "...", 3);
+    memcpy(dst + head + 3, what + n - tail, tail + 1);
+}
 
 void mapname_add(const void *base, size_t len, const char *what)
 {
     if (!base || !len)
         return;
     pthread_mutex_lock(&g_lock);
-    for (int i = 0; i < MAPNAME_MAX; i++) {
-        if (atomic_load_explicit(&g_maps[i].base, memory_order_relaxed))
-            continue;
-        snprintf(g_maps[i].name, NAME_LEN, "%s", what);
+    int i = 0;
+    while (i < MAPNAME_MAX && atomic_load_explicit(&g_maps[i].base, memory_order_relaxed))
+        i++;
+    if (i == MAPNAME_MAX) {
+        if (!g_full_warned++)
+            log_warn(0, "more than %d mappings at once: a SIGBUS in %s and later ones will not name them",
+                     MAPNAME_MAX, what);
+    } else {
+        atomic_fetch_add_explicit(&g_maps[i].seq, 1, memory_order_relaxed);       /* odd: being written */
+        atomic_thread_fence(memory_order_release);
+        put_name(g_maps[i].name, what);
         atomic_store_explicit(&g_maps[i].len, len, memory_order_relaxed);
-        atomic_store_explicit(&g_maps[i].base, (uintptr_t)base, memory_order_release);
-        break;
+        atomic_store_explicit(&g_maps[i].base, (uintptr_t)base, memory_order_relaxed);
+        atomic_fetch_add_explicit(&g_maps[i].seq, 1, memory_order_release);       /* even: whole */
     }
     pthread_mutex_unlock(&g_lock);
 }
@@ -40,26 +69,38 @@ void mapname_remove(const void *base)
         return;
     pthread_mutex_lock(&g_lock);
     for (int i = 0; i < MAPNAME_MAX; i++)
-        if (atomic_load_explicit(&g_maps[i].base, memory_order_relaxed) == (uintptr_t)base)
-            atomic_store_explicit(&g_maps[i].base, 0, memory_order_release);
+        if (atomic_load_explicit(&g_maps[i].base, memory_order_relaxed) == (uintptr_t)base) {
+            atomic_fetch_add_explicit(&g_maps[i].seq, 1, memory_order_relaxed);
+            atomic_thread_fence(memory_order_release);
+            atomic_store_explicit(&g_maps[i].base, 0, memory_order_relaxed);
+            atomic_fetch_add_explicit(&g_maps[i].seq, 1, memory_order_release);
+        }
     pthread_mutex_unlock(&g_lock);
 }
 
 size_t mapname_find(const void *addr, char *buf, size_t len)
 {
+    if (!len)
+        return 0;
     uintptr_t a = (uintptr_t)addr;
-    size_t n = 0;
-    for (int i = 0; i < MAPNAME_MAX && len; i++) {
-        uintptr_t b = atomic_load_explicit(&g_maps[i].base, memory_order_acquire);
-        if (!b || a < b || a - b >= atomic_load_explicit(&g_maps[i].len, memory_order_relaxed))
+    for (int i = 0; i < MAPNAME_MAX; i++) {
+        unsigned s1 = atomic_load_explicit(&g_maps[i].seq, memory_order_acquire);
+        if (s1 & 1)
+            continue;       /* being rewritten: not the mapping that faulted (it is in use) */
+        uintptr_t b = atomic_load_explicit(&g_maps[i].base, memory_order_relaxed);
+        size_t l = atomic_load_explicit(&g_maps[i].len, memory_order_relaxed), n = 0;
+        if (!b || a < b || a - b >= l)
             continue;
         while (n + 1 < len && n < NAME_LEN && g_maps[i].name[n]) {
             buf[n] = g_maps[i].name[n];
             n++;
         }
-        break;
-    }
-    if (len)
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&g_maps[i].seq, memory_order_relaxed) != s1)
+            continue;
         buf[n] = 0;
-    return n;
+        return n;
+    }
+    buf[0] = 0;
+    return 0;
 }

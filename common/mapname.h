@@ -4,9 +4,10 @@
 #pragma once
 #include <stddef.h>
 
-#define MAPNAME_MAX 64      /* mappings named at once; more go unnamed (the SIGBUS line is generic) */
+#define MAPNAME_MAX 1024    /* mappings named at once (a model of hundreds of shards); more go unnamed */
 
-/* Name [base, base+len) "what" (e.g. "ring /dflash-x", "dataset /data/train.bin"); cut to fit. */
+/* Name [base, base+len) "what" (e.g. "ring /dflash-x", "dataset /data/train.bin"); a long one keeps
+ * its first word and its end. With the table full: logged once, left unnamed. */
 void mapname_add(const void *base, size_t len, const char *what);
 /* Forget the mapping at base (before its munmap). Unknown bases are ignored. */
 void mapname_remove(const void *base);

@@ -127,7 +127,7 @@ static int check_ring(void *arg, const struct proto_welcome *w, char *why, size_
         return 0;
     }
     if (!same) {
-        snprintf(why, len, "%s exits: ring %s was made anew while the coordinator was away: this daemon maps the old one",
+        snprintf(why, len, "%s exits: ring %s was made anew while the coordinator was away (or cut short): this daemon maps the old one",
                  pw->d->ident, w->ring_name);
         return -DF_EPEER;
     }

@@ -26,7 +26,7 @@ cl_wait 'step() >= 3' 180 coord || fail "no training: $(grep -m 2 'left:' "$D/co
 fwd=$(cl_json 'int(targets()[0]["forward_ms"])')
 stp=$(cl_json 'int(drafters()[0]["step_ms"])')
 cl_log "target forward ${fwd} ms a batch, drafter step ${stp} ms, dead_after_ms $DEAD_MS"
-# (~3.4 s and ~2.8 s on a 2-core CI machine: a machine more than three times faster skips)
+# (~3.4 s and ~2.8 s on a 2-core CI machine: a machine more than 2.8 times faster skips)
 if ((4 * fwd < 5 * DEAD_MS || 4 * stp < 5 * DEAD_MS)); then
   echo "SKIP: this machine forwards a batch in $fwd ms and trains it in $stp ms, not both over 1.25 x dead_after_ms ($DEAD_MS): nothing to test"
   exit 77

@@ -46,7 +46,7 @@ static void check_same_bits(const float *d1, const float *d2, int n, const char 
 
 static void rms_case(int rows, int H)
 {
-    const float eps = 1e-6f;
+    const float eps = 0.25f;     /* near mean(x^2): a kernel that drops or misplaces eps fails */
     float *x, *w;
     uint16_t *hx = gk_rand_bf16((size_t)rows * H, 2.0f, 0.3f, &x), *hw = gk_rand_bf16(H, 0.5f, 1.0f, &w);
     float *dy = rand_f32((size_t)rows * H, 1.0f), *res = rand_f32((size_t)rows * H, 1.0f);
@@ -104,7 +104,7 @@ static void rms_case(int rows, int H)
 static void qk_case(int T, int nh, int hd)
 {
     const long xs = (long)nh * hd + 8 * gk_rng_int(0, 3), ys = (long)nh * hd + 4 * gk_rng_int(0, 3);
-    const float eps = 1e-6f;
+    const float eps = 0.25f;     /* near mean(x^2): a kernel that drops or misplaces eps fails */
     float *x, *w, inv[256];
     uint16_t *hx = gk_rand_bf16((size_t)T * xs, 2.0f, 0.f, &x), *hw = gk_rand_bf16(hd, 0.5f, 1.0f, &w);
     float *dy = rand_f32((size_t)T * ys, 1.0f);

@@ -19,7 +19,7 @@ static void test_plain(void)
 {
     const int rows = gk_rng_int(100, 900), H = 8 * gk_rng_int(1, 600);
     const long xs = H + 8 * gk_rng_int(0, 3), os = H + 8 * gk_rng_int(0, 3);
-    const float eps = 1e-6f;
+    const float eps = 0.25f;     /* near mean(x^2): a kernel that drops or misplaces eps fails */
     float *x, *w;
     uint16_t *hx = gk_rand_bf16((size_t)rows * xs, 3.0f, 0.5f, &x);
     uint16_t *hw = gk_rand_bf16(H, 1.0f, 1.0f, &w);
@@ -46,7 +46,7 @@ static void test_heads(void)
 {
     const int T = gk_rng_int(50, 400), nh = gk_rng_int(1, 12), hd = 8 * gk_rng_int(2, 32);
     const long stride = (long)nh * hd + 8 * gk_rng_int(0, 40);
-    const float eps = 1e-6f;
+    const float eps = 0.25f;     /* near mean(x^2): a kernel that drops or misplaces eps fails */
     float *x, *w;
     uint16_t *hx = gk_rand_bf16((size_t)T * stride, 2.0f, 0.f, &x);
     uint16_t *hw = gk_rand_bf16(hd, 0.5f, 1.0f, &w);
@@ -69,7 +69,7 @@ static void test_add(void)
 {
     const int rows = gk_rng_int(100, 600), H = 8 * gk_rng_int(1, 400);
     const long s = H + 8 * gk_rng_int(0, 3), os = H;
-    const float eps = 1e-5f;
+    const float eps = 0.25f;     /* near mean(x^2): a kernel that drops or misplaces eps fails */
     float *a, *b, *w;
     uint16_t *ha = gk_rand_bf16((size_t)rows * s, 2.0f, 0.f, &a);
     uint16_t *hb = gk_rand_bf16((size_t)rows * s, 1.0f, 0.3f, &b);
@@ -93,7 +93,7 @@ static void test_f32(void)
 {
     const int rows = gk_rng_int(100, 700), H = 8 * gk_rng_int(1, 600);
     const long xs = H + 4 * gk_rng_int(0, 3), os = H + 8 * gk_rng_int(0, 3);
-    const float eps = 1e-6f;
+    const float eps = 0.25f;     /* near mean(x^2): a kernel that drops or misplaces eps fails */
     float *x = malloc(sizeof(float) * rows * xs), *w;
     for (long i = 0; i < (long)rows * xs; i++) x[i] = gk_rng_uniform() * 5.0f + 0.3f;
     uint16_t *hw = gk_rand_bf16(H, 1.0f, 1.0f, &w);
