@@ -453,6 +453,24 @@ static int make_root(const char *root, char *err, size_t errlen)
 
 /* ---- the generation fence ---- */
 
+/* The text of the fence and run-id files: 16 lowercase or uppercase hex digits and a newline,
+ * nothing else. 1 with *v; 0 for any other text. */
+static int hex16_parse(const char *buf, ssize_t n, uint64_t *v)
+{
+    if (n != 17 || buf[16] != '\n')
+        return 0;
+    uint64_t x = 0;
+    for (int i = 0; i < 16; i++) {
+        int c = buf[i], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                            : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0)
+            return 0;
+        x = x << 4 | (uint64_t)d;
+    }
+    *v = x;
+    return 1;
+}
+
 /* root/CKPT_FENCE_FILE opened (made when missing) and locked: its fd, *have the generation in it
  * (0 for none, or for text that is none: the next raise writes it whole); -errno on failure.
  * tick: NULL blocks; else the lock is tried every 20 ms and tick(arg) called between, giving up
@@ -480,11 +498,8 @@ static int fence_lock(const char *root, uint64_t *have, int (*tick)(void *), voi
         close(fd);
         return r;
     }
-    buf[n] = 0;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(buf, &end, 16);
-    *have = n == 17 && end == buf + 16 && *end == '\n' && !errno ? (uint64_t)v : 0;
+    if (!hex16_parse(buf, n, have))
+        *have = 0;
     return fd;
 }
 
@@ -783,11 +798,8 @@ int ckpt_read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
         snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return r;
     }
-    buf[n] = 0;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(buf, &end, 16);
-    if (n != 17 || end != buf + 16 || *end != '\n' || errno || !v) {
+    uint64_t v;
+    if (!hex16_parse(buf, n, &v) || !v) {
         snprintf(err, errlen, "%s: not a run id (16 hex digits and a newline): move the folder away", path);
         return -DF_ELAYOUT;     /* no restart mends it */
     }

@@ -341,6 +341,15 @@ static void claim_root(const char *base)
     fclose(fp);
     CHECK_INT(ckpt_claim_root(root, 0x77, step, err, sizeof err), ==, -DF_ELAYOUT);
     CHECK_CONTAINS(err, "not a run id");
+    /* 16 characters strtoull would take ("0x" and 14 digits, a sign, blanks): not a run id either */
+    static const char *const odd[] = { "0x00000000000077\n", "+000000000000077\n", " 000000000000077\n" };
+    for (int i = 0; i < 3; i++) {
+        CHECK((fp = fopen(p, "w")) != NULL);
+        fputs(odd[i], fp);
+        fclose(fp);
+        CHECK_INT(ckpt_claim_root(root, 0x77, step, err, sizeof err), ==, -DF_ELAYOUT);
+        CHECK_CONTAINS(err, "not a run id");
+    }
     printf("checkpoint folder claims: ok\n");
 }
 
