@@ -94,6 +94,10 @@ static int field_ok(const char *f, size_t cap)
 #define STR_OK(field, what) do { if (!field_ok((field), sizeof(field))) \
     FAIL(-DF_EFORMAT, "%s: %s is not a NUL-terminated string", tn, what); } while (0)
 #define ZERO(field, what) do { if (field) FAIL(-DF_EFORMAT, "%s: %s must be 0", tn, what); } while (0)
+/* Steps and generations are signed 64-bit wherever they are kept (ledger, checkpoint names): one
+ * past that range would come back negative (a fallback that finds no earlier checkpoint). */
+#define COUNT_OK(field, what) do { if ((field) > (uint64_t)INT64_MAX) \
+    FAIL(-DF_ERANGE, "%s: %s %llu above 2^63 - 1", tn, what, (unsigned long long)(field)); } while (0)
 /* A path a drafter reports (a checkpoint folder): stored in the ledger, sent back to the drafters,
  * shown by dflashctl; a control character in it cannot be replaced (it would name another folder):
  * refused. (Not checked in what the coordinator sends back: a ledger holding such a path from
@@ -167,6 +171,7 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
     case PROTO_HEARTBEAT:
         if (m->heartbeat.state >= PROTO_STATE_MAX)
             FAIL(-DF_EFORMAT, "%s: bad state %u", tn, m->heartbeat.state);
+        COUNT_OK(m->heartbeat.step, "step");
         break;
     case PROTO_LEASE_REQUEST:
         if (m->lease_request.n < 1 || m->lease_request.n > PROTO_MAX_LEASE_REQUEST)
@@ -187,6 +192,8 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
     case PROTO_GROUP:
         if (m->group.world_size < 1 || m->group.rank >= m->group.world_size)
             FAIL(-DF_ERANGE, "%s: rank %u of world %u", tn, m->group.rank, m->group.world_size);
+        COUNT_OK(m->group.generation, "generation");
+        COUNT_OK(m->group.ckpt_step, "ckpt_step");
         STR_OK(m->group.coll_name, "coll_name");
         STR_OK(m->group.ckpt_dir, "ckpt_dir");
         if (m->group.n_done > PROTO_MAX_GROUP_IDS)
@@ -199,6 +206,8 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
     case PROTO_TRAINED:
         if (m->trained.lease < 1)
             FAIL(-DF_ERANGE, "%s: lease number 0 (they start at 1)", tn);
+        COUNT_OK(m->trained.step, "step");
+        COUNT_OK(m->trained.generation, "generation");
         break;
     case PROTO_SKIPPED:
         if (m->skipped.lease < 1)
@@ -210,6 +219,8 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
         PATH_OK(m->checkpointed.dir, "dir");
         if (!m->checkpointed.dir[0])
             FAIL(-DF_EFORMAT, "%s: empty dir", tn);
+        COUNT_OK(m->checkpointed.step, "step");
+        COUNT_OK(m->checkpointed.generation, "generation");
         break;
     case PROTO_CKPT_BAD:
         STR_OK(m->ckpt_bad.dir, "dir");
@@ -219,6 +230,8 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
             FAIL(-DF_EFORMAT, "%s: empty dir", tn);
         if (m->ckpt_bad.code >= 0)
             FAIL(-DF_ERANGE, "%s: code %d is not an error", tn, m->ckpt_bad.code);
+        COUNT_OK(m->ckpt_bad.step, "step");
+        COUNT_OK(m->ckpt_bad.generation, "generation");
         ZERO(m->ckpt_bad.pad, "pad");
         break;
     case PROTO_ACK:
@@ -228,6 +241,7 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
         if (m->error.fatal > 1)
             FAIL(-DF_EFORMAT, "%s: fatal=%u is not 0 or 1", tn, m->error.fatal);
         STR_OK(m->error.message, "message");
+        COUNT_OK(m->error.step, "step");
         break;
     case PROTO_CONTROL:
         if (m->control.cmd < 1 || m->control.cmd >= PROTO_CTL_MAX)
@@ -236,6 +250,8 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
         break;
     case PROTO_RESTART:
         STR_OK(m->restart.ckpt_dir, "ckpt_dir");
+        COUNT_OK(m->restart.generation, "generation");
+        COUNT_OK(m->restart.ckpt_step, "ckpt_step");
         break;
     case PROTO_QUERY:
         if (m->query.what < 1 || m->query.what >= PROTO_Q_MAX)

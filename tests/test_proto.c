@@ -448,6 +448,33 @@ int main(void)
     m.grant.n_samples = PROTO_MAX_SAMPLES + 1;
     CHECK(proto_encode(&m, buf, sizeof buf, err, sizeof err) < 0);
 
+    /* Steps and generations past 2^63 - 1 (kept signed in the ledger: one would come back
+     * negative, and a CKPT_BAD of it found no earlier checkpoint and failed the run). */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_CHECKPOINTED;
+    m.checkpointed.step = (uint64_t)INT64_MAX;
+    m.checkpointed.generation = 1;
+    proto_strset(m.checkpointed.dir, sizeof m.checkpointed.dir, "/c/step-1");
+    n = proto_encode(&m, buf, sizeof buf, err, sizeof err);
+    CHECK(n > 0);
+    uint64_t big = (uint64_t)INT64_MAX + 1;
+    memcpy(buf + sizeof *h + offsetof(struct proto_checkpointed, step), &big, 8);
+    expect_reject(buf, (size_t)n, -DF_ERANGE, "CHECKPOINTED: step 9223372036854775808 above 2^63 - 1");
+    m.type = PROTO_CKPT_BAD;
+    memset(&m.ckpt_bad, 0, sizeof m.ckpt_bad);
+    m.ckpt_bad.generation = 1;
+    m.ckpt_bad.step = UINT64_MAX;
+    m.ckpt_bad.code = -DF_EFORMAT;
+    proto_strset(m.ckpt_bad.dir, sizeof m.ckpt_bad.dir, "/c/step-1");
+    CHECK_INT(proto_encode(&m, buf, sizeof buf, err, sizeof err), ==, -DF_ERANGE);
+    CHECK_CONTAINS(err, "step 18446744073709551615 above");
+    m.type = PROTO_TRAINED;
+    memset(&m.trained, 0, sizeof m.trained);
+    m.trained.lease = 1;
+    m.trained.generation = big;
+    CHECK_INT(proto_encode(&m, buf, sizeof buf, err, sizeof err), ==, -DF_ERANGE);
+    CHECK_CONTAINS(err, "generation 9223372036854775808 above");
+
     /* Groups: the batch id count must match the payload and stay within its bound. */
     memset(&m, 0, sizeof m);
     m.type = PROTO_GROUP;
