@@ -441,14 +441,16 @@ static size_t bus_put(char *buf, size_t n, size_t cap, const char *s)
 static void on_bus_error(int sig, siginfo_t *si, void *uctx)
 {
     int saved = errno, k = !si || si->si_code <= 0 ? 2 : si->si_code == BUS_ADRERR ? 0 : 1;
-    char name[256], line[640];
+    char line[640];
     size_t n = 0;
-    if (k == 0 && mapname_find(si->si_addr, name, sizeof name)) {
-        n = bus_put(line, n, sizeof line - 1, g_bus_prefix);
-        n = bus_put(line, n, sizeof line - 1, name);
-        n = bus_put(line, n, sizeof line - 1, " shrank under this process (cut short in place: replace a file by "
-                    "renaming a new one over it; a ring is made anew when the coordinator restarts)");
-        line[n++] = '\n';
+    if (k == 0) {       /* the prefix, then the mapping's name straight after it, where it is known */
+        size_t p = bus_put(line, 0, sizeof line - 1, g_bus_prefix);
+        size_t named = mapname_find(si->si_addr, line + p, sizeof line - 1 - p);
+        if (named) {
+            n = bus_put(line, p + named, sizeof line - 1, " shrank under this process (cut short in place: replace a "
+                        "file by renaming a new one over it; a ring is made anew when the coordinator restarts)");
+            line[n++] = '\n';
+        }
     }
     ssize_t w = n ? write(STDERR_FILENO, line, n) : write(STDERR_FILENO, g_bus_msg[k], g_bus_len[k]);
     (void)w;

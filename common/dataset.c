@@ -2,7 +2,6 @@
  * Every check fails with "<path>: <reason>" so a bad file is named in one line. */
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,9 +238,7 @@ int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err
         dataset_close(ds);
         return fail(err, errlen, path, r, "mmap: %s", strerror(-r));
     }
-    char what[PATH_MAX + 16];
-    snprintf(what, sizeof what, "dataset %s", path);
-    mapname_add(ds->map, ds->map_len, what);
+    mapname_add(ds->map, ds->map_len, "dataset", path);
     int r = validate(ds, path, flags, err, errlen);
     if (r < 0) {
         dataset_close(ds);

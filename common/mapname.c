@@ -22,25 +22,18 @@ static struct {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_full_warned;
 
-/* what into dst; a name too long keeps its first word (what kind of mapping) and its end (the
- * file's own name), "..." between */
-static void put_name(char *dst, const char *what)
+/* "kind name" into dst; a name too long for it keeps its end (the file's own name) after "..." */
+static void put_name(char *dst, const char *kind, const char *name)
 {
-    size_t n = strlen(what);
-    if (n < NAME_LEN) {
-        memcpy(dst, what, n + 1);
-        return;
-    }
-    size_t head = strcspn(what, " ") + 1;
-    if (head > NAME_LEN / 4)
-        head = 0;
-    size_t tail = NAME_LEN - 1 - head - 3;
-    memcpy(dst, what, head);
-    memcpy(dst + head, "...", 3);
-    memcpy(dst + head + 3, what + n - tail, tail + 1);
+    int k = snprintf(dst, NAME_LEN, "%.40s ", kind);
+    size_t room = NAME_LEN - 1 - (size_t)k, n = strlen(name);
+    if (n <= room)
+        memcpy(dst + k, name, n + 1);
+    else
+        snprintf(dst + k, room + 1, "...%s", name + n - (room - 3));
 }
 
-void mapname_add(const void *base, size_t len, const char *what)
+void mapname_add(const void *base, size_t len, const char *kind, const char *name)
 {
     if (!base || !len)
         return;
@@ -50,12 +43,12 @@ void mapname_add(const void *base, size_t len, const char *what)
         i++;
     if (i == MAPNAME_MAX) {
         if (!g_full_warned++)
-            log_warn(0, "more than %d mappings at once: a SIGBUS in %s and later ones will not name them",
-                     MAPNAME_MAX, what);
+            log_warn(0, "more than %d mappings at once: a SIGBUS in %s %s and later ones will not name them",
+                     MAPNAME_MAX, kind, name);
     } else {
         atomic_fetch_add_explicit(&g_maps[i].seq, 1, memory_order_relaxed);       /* odd: being written */
         atomic_thread_fence(memory_order_release);
-        put_name(g_maps[i].name, what);
+        put_name(g_maps[i].name, kind, name);
         atomic_store_explicit(&g_maps[i].len, len, memory_order_relaxed);
         atomic_store_explicit(&g_maps[i].base, (uintptr_t)base, memory_order_relaxed);
         atomic_fetch_add_explicit(&g_maps[i].seq, 1, memory_order_release);       /* even: whole */

@@ -6,9 +6,9 @@
 
 #define MAPNAME_MAX 1024    /* mappings named at once (a model of hundreds of shards); more go unnamed */
 
-/* Name [base, base+len) "what" (e.g. "ring /dflash-x", "dataset /data/train.bin"); a long one keeps
- * its first word and its end. With the table full: logged once, left unnamed. */
-void mapname_add(const void *base, size_t len, const char *what);
+/* Name [base, base+len) "kind name" (e.g. "ring" "/dflash-x", "dataset" "/data/train.bin"); a long
+ * name keeps its end (the file's own name). With the table full: logged once, left unnamed. */
+void mapname_add(const void *base, size_t len, const char *kind, const char *name);
 /* Forget the mapping at base (before its munmap). Unknown bases are ignored. */
 void mapname_remove(const void *base);
 /* The name of the mapping holding addr, copied NUL-terminated into buf (len > 0): its length,

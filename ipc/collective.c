@@ -95,9 +95,7 @@ static int map_get(int fd, size_t size, const char *name, struct map_ent **out)
     } else {
         *m = (struct map_ent){ st.st_dev, st.st_ino, p, size, 1, g_maps };
         g_maps = m;
-        char what[160];
-        snprintf(what, sizeof what, "collective %s", name);
-        mapname_add(p, size, what);
+        mapname_add(p, size, "collective", name);
         *out = m;
     }
     pthread_mutex_unlock(&g_maps_lock);

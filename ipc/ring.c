@@ -244,9 +244,7 @@ static int handle_map(struct ring *r, int fd, size_t size, bool rdonly, bool pop
     r->size = size;
     r->h = p;
     r->rdonly = rdonly;
-    char what[sizeof r->name + 8];
-    snprintf(what, sizeof what, "ring %s", r->name);
-    mapname_add(p, size, what);
+    mapname_add(p, size, "ring", r->name);
     return 0;
 }
 

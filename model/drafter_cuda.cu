@@ -420,18 +420,18 @@ extern "C" int drafter_cuda_create(struct drafter_cuda **out, const struct draft
         int optin = 0, n_gpus = 0;
         const char *why;
         cudaDeviceProp prop;
-        if (gk_device_missing(opts->device, &n_gpus, &why))
-            ;   /* said below, as a GPU this host lacks */
-        else if (cudaSetDevice(opts->device) != cudaSuccess ||
-            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, opts->device) != cudaSuccess ||
-            cudaGetDeviceProperties(&prop, opts->device) != cudaSuccess)
-            return df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: GPU %d: %s", opts->device,
-                           cudaGetErrorString(cudaGetLastError()));
-        size_t need = optin ? gk_dflash_attn_smem(hd, opts->attn_impl) : 0;
-        if (need > (size_t)optin)
-            return df_fail(err, errlen, -DF_EUNSUPPORTED, "drafter_cuda: GPU %d (%s) offers %d KiB of shared memory per "
-                           "block; the drafter's attention kernels at head_dim %d need %zu KiB", opts->device, prop.name,
-                           optin / 1024, hd, (need + 1023) / 1024);
+        if (!gk_device_missing(opts->device, &n_gpus, &why)) {     /* (one this host lacks: said below) */
+            if (cudaSetDevice(opts->device) != cudaSuccess ||
+                cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, opts->device) != cudaSuccess ||
+                cudaGetDeviceProperties(&prop, opts->device) != cudaSuccess)
+                return df_fail(err, errlen, -DF_ECUDA, "drafter_cuda: GPU %d: %s", opts->device,
+                               cudaGetErrorString(cudaGetLastError()));
+            size_t need = gk_dflash_attn_smem(hd, opts->attn_impl);
+            if (need > (size_t)optin)
+                return df_fail(err, errlen, -DF_EUNSUPPORTED, "drafter_cuda: GPU %d (%s) offers %d KiB of shared memory "
+                               "per block; the drafter's attention kernels at head_dim %d need %zu KiB", opts->device,
+                               prop.name, optin / 1024, hd, (need + 1023) / 1024);
+        }
     }
 
     struct drafter_cuda *dc = (struct drafter_cuda *)calloc(1, sizeof *dc);

@@ -3,7 +3,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -185,9 +184,7 @@ static int add_file(struct st_set *s, const char *path, char *err, size_t errlen
     if (map == MAP_FAILED)
         return df_fail(err, errlen, -errno, "%s: mmap: %s", path, strerror(errno));
     f->map = map;
-    char what[PATH_MAX + 16];
-    snprintf(what, sizeof what, "file %s", path);
-    mapname_add(map, f->size, what);
+    mapname_add(map, f->size, "file", path);
 
     const unsigned char *base = map;
     uint64_t hlen = 0;
