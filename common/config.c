@@ -51,6 +51,7 @@ const struct cfg_key cfg_keys[] = {
     P(coordinator, ledger, "", "SQLite ledger file; empty = <state_dir>/<name>-ledger.db"),
     I(coordinator, ring_hidden, 0, 1 << 20, "0", "ring slot hidden size; 0 = the target model's hidden_size"),
     I(coordinator, recovery_ms, 0, 3600000, "2000", "after a restart, wait this long for peers to reconnect before re-leasing their batches"),
+    I(coordinator, min_free_mb, 0, 1 << 30, "1024", "pause the cluster while the ledger's or the checkpoints' filesystem has less free (MiB), resume at twice that; 0 = off"),
 
     S(target, backend, "cpu", "cpu | cuda"),
     I(target, prefetch, 1, 64, "2", "batch leases held ahead"),

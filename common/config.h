@@ -52,6 +52,7 @@ struct cfg_coordinator {
     char ledger[CFG_STR_MAX];   /* SQLite ledger; empty = <state_dir>/<name>-ledger.db */
     int64_t ring_hidden;        /* slot hidden size when no model is configured (0 = model's) */
     int64_t recovery_ms;        /* after a restart: wait this long for peers before re-leasing */
+    int64_t min_free_mb;        /* pause below this much free space for the ledger or checkpoints (0 = off) */
 };
 
 struct cfg_target {

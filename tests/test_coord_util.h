@@ -101,6 +101,7 @@ static __attribute__((unused)) void tc_setup(const char *extra_cluster, const ch
         { "model", "capture_layers", "1,2" },
         { "coordinator", "ring_hidden", "8" }, { "coordinator", "heartbeat_ms", "50" },
         { "coordinator", "dead_after_ms", "3000" }, { "coordinator", "recovery_ms", "600" },
+        { "coordinator", "min_free_mb", "16" },
         { "data", "path", TC.data }, { "data", "token_budget", "512" }, { "data", "max_seq_len", "256" },
         { "data", "bucket_width", "32" },
     };

@@ -220,6 +220,18 @@ struct coord {
     struct ring_layout lay;         /* the ring's, from the config (coord_ring_layout) */
     int model_vocab;                /* the model's config.json vocab_size (0: no model.path) */
     uint64_t ring_checked_ms;       /* coord_ring_check: when the name was last looked up (mono) */
+    /* coordinator.min_free_mb: the free space of the ledger's and the checkpoints' filesystems,
+     * looked at once a second (check_space); three looks in a row below it pause the cluster,
+     * three at twice it resume a pause of its own. */
+    struct {
+        bool paused;                /* the cluster is PAUSED for want of space (saved in the ledger) */
+        uint64_t checked_ms;        /* last look (mono) */
+        uint64_t free_mb;           /* the lesser free space at the last look (UINT64_MAX: none read) */
+        const char *where;          /* ... the folder it is for */
+        unsigned low, high;         /* looks in a row below min_free_mb / at twice it or more */
+        bool warned;                /* a folder could not be looked at (logged once) */
+        char ckpt_dir[CFG_STR_MAX + 16], ledger_dir[CFG_STR_MAX + 64];
+    } space;
     uint64_t refusals_window_ms, refusals_logged, refusals_unlogged;   /* coord_refuse's log limit */
     bool ring_check_warned;         /* ... and could not be (logged once) */
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include "common/err.h"
 #include "common/log.h"
@@ -302,6 +303,7 @@ static void save_state(struct coord *co)
     ledger_meta_set_u64(co->ledger, "resumes", co->resumes);
     ledger_meta_set_u64(co->ledger, "nan_pending", co->nan_pending);
     ledger_meta_set_u64(co->ledger, "nan_step", co->nan_pending ? co->nan_step : 0);
+    ledger_meta_set_u64(co->ledger, "space_paused", co->space.paused);
     /* FAILED until the clean exit clears it (coord_main's finalize_ledger) */
     ledger_meta_set_u64(co->ledger, "failed_open", co->state == PROTO_STATE_FAILED);
 }
@@ -318,11 +320,12 @@ static int state_num(struct coord *co, const char *key, uint64_t *v)
 static int restore_state(struct coord *co)
 {
     char name[32];
-    uint64_t resumes, nan_pending, nan_step, failed_open, fatal, finishing;
+    uint64_t resumes, nan_pending, nan_step, failed_open, fatal, finishing, space_paused;
     int r;
     if ((r = state_num(co, "resumes", &resumes)) < 0 || (r = state_num(co, "nan_pending", &nan_pending)) < 0 ||
         (r = state_num(co, "nan_step", &nan_step)) < 0 || (r = state_num(co, "failed_open", &failed_open)) < 0 ||
-        (r = state_num(co, "fatal", &fatal)) < 0 || (r = state_num(co, "finishing", &finishing)) < 0)
+        (r = state_num(co, "fatal", &fatal)) < 0 || (r = state_num(co, "finishing", &finishing)) < 0 ||
+        (r = state_num(co, "space_paused", &space_paused)) < 0)
         return r;
     co->resumes = (uint32_t)resumes;
     co->nan_pending = nan_pending != 0;
@@ -347,6 +350,7 @@ static int restore_state(struct coord *co)
             ledger_meta_get(co->ledger, "reason", co->reason, sizeof co->reason);
             co->fatal = fatal != 0;
             co->finishing = s == PROTO_STATE_DRAINING && finishing;
+            co->space.paused = s == PROTO_STATE_PAUSED && space_paused;     /* resumed when there is room */
             log_notice("resuming %s%s%s%s", proto_state_name((unsigned)s), co->reason[0] ? ": " : "", co->reason,
                        co->fatal ? " (a fatal error: it ends FAILED)" : "");
             break;
@@ -363,6 +367,7 @@ void coord_set_state(struct coord *co, int state, const char *reason)
     snprintf(why, sizeof why, "%s", reason ? reason : "");  /* reason may be co->reason itself */
     co->state = state;
     memcpy(co->reason, why, sizeof why);
+    co->space.paused = false;   /* check_space sets it after a pause of its own */
     if (state == PROTO_STATE_FAILED)
         log_error(0, "cluster %s -> %s: %s", proto_state_name(old), proto_state_name(state), co->reason);
     else
@@ -1265,10 +1270,20 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
     const char *refused = NULL;
     switch (c->cmd) {
     case PROTO_CTL_PAUSE:
-        if (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING)
+        if (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING) {
             coord_set_state(co, PROTO_STATE_PAUSED, reason);
-        else if (co->state != PROTO_STATE_PAUSED)
+        } else if (co->state == PROTO_STATE_PAUSED && co->space.paused) {
+            /* paused for want of space: now the operator's pause, which room alone does not end */
+            co->space.paused = false;
+            char both[sizeof co->reason];
+            snprintf(both, sizeof both, "%.*s (paused before: %.*s)", (int)sizeof both / 2, reason,
+                     (int)sizeof both / 3, co->reason);
+            memcpy(co->reason, both, sizeof both);
+            log_notice("cluster paused: %s", co->reason);
+            save_state(co);
+        } else if (co->state != PROTO_STATE_PAUSED) {
             refused = "only a running cluster can pause";
+        }
         break;
     case PROTO_CTL_RESUME:
         if (co->state == PROTO_STATE_PAUSED) {
@@ -1554,6 +1569,54 @@ static void sweep_orphans(struct coord *co, uint64_t now)
     }
 }
 
+/* coordinator.min_free_mb: with less free space where the ledger or the checkpoints are written,
+ * a commit or a checkpoint would fail (the coordinator then exits, and a restart fails the same
+ * way). Three looks in a row (a second apart) below it pause the cluster, which writes little
+ * while paused; three at twice it resume that pause, unless the operator paused it too or a
+ * non-finite value did. */
+static void check_space(struct coord *co, uint64_t now)
+{
+    uint64_t min_mb = (uint64_t)co->cfg->coordinator.min_free_mb;
+    if (!min_mb || now - co->space.checked_ms < 1000)
+        return;
+    co->space.checked_ms = now;
+    co->space.free_mb = UINT64_MAX;
+    const char *dirs[2] = { co->space.ledger_dir, co->space.ckpt_dir };
+    for (int i = 0; i < 2; i++) {
+        struct statvfs v;
+        if (statvfs(dirs[i], &v) < 0) {
+            if (errno != ENOENT && !co->space.warned) {  /* (the checkpoint folder comes with the first one) */
+                log_warn(-errno, "%s: cannot read its free space (coordinator.min_free_mb)", dirs[i]);
+                co->space.warned = true;
+            }
+            continue;
+        }
+        uint64_t mb = (uint64_t)v.f_bavail * v.f_frsize >> 20;
+        if (mb < co->space.free_mb) {
+            co->space.free_mb = mb;
+            co->space.where = dirs[i];
+        }
+    }
+    if (co->space.free_mb == UINT64_MAX)
+        return;
+    co->space.low = co->space.free_mb < min_mb ? co->space.low + 1 : 0;
+    co->space.high = co->space.free_mb >= 2 * min_mb ? co->space.high + 1 : 0;
+    if (co->space.low >= 3 && (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING)) {
+        char why[PROTO_TEXT_MAX];
+        snprintf(why, sizeof why, "%s has %" PRIu64 " MiB free, below coordinator.min_free_mb = %" PRIu64
+                 ": paused until it has %" PRIu64 " MiB", co->space.where, co->space.free_mb, min_mb, 2 * min_mb);
+        log_warn(0, "%s", why);
+        record_error(co, NULL, 0, -ENOSPC, why);
+        coord_set_state(co, PROTO_STATE_PAUSED, why);
+        co->space.paused = true;
+        save_state(co);
+    } else if (co->space.paused && co->space.high >= 3 && co->state == PROTO_STATE_PAUSED && !co->nan_pending) {
+        log_notice("%s has %" PRIu64 " MiB free again (coordinator.min_free_mb = %" PRIu64 "): resuming",
+                   co->space.where, co->space.free_mb, min_mb);
+        coord_set_state(co, PROTO_STATE_RUNNING, "");
+    }
+}
+
 void coord_tick(struct coord *co)
 {
     uint64_t now = mono_ms();
@@ -1574,6 +1637,7 @@ void coord_tick(struct coord *co)
     }
     if (co->recovering && now >= co->recovery_until_ms)
         end_recovery(co);
+    check_space(co, now);
     /* A tick that comes late (the loop stalled: a slow fsync in a commit) runs before this loop
      * iteration reads the sockets, so heartbeats sent meanwhile are still unread: it judges no
      * heartbeat. The next tick, after the reads, does (two in a row never skip). */

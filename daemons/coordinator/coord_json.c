@@ -385,6 +385,16 @@ char *coord_json(struct coord *co, int what, uint32_t limit)
         cJSON_AddNumberToObject(tm, "check_ms_max", co->check.max_ms);
         cJSON_AddNumberToObject(tm, "stalls", (double)co->stalls);
         cJSON_AddNumberToObject(tm, "stall_ms_max", (double)co->stall_ms_max);
+        cJSON *sp = cJSON_AddObjectToObject(o, "space");
+        cJSON_AddNumberToObject(sp, "min_free_mb", (double)co->cfg->coordinator.min_free_mb);
+        if (co->space.free_mb != UINT64_MAX && co->space.where) {
+            cJSON_AddNumberToObject(sp, "free_mb", (double)co->space.free_mb);
+            cJSON_AddStringToObject(sp, "where", co->space.where);
+        } else {
+            cJSON_AddNullToObject(sp, "free_mb");
+            cJSON_AddNullToObject(sp, "where");
+        }
+        cJSON_AddBoolToObject(sp, "paused", co->space.paused);
         break;
     case PROTO_Q_RING:
         cJSON_Delete(o);

@@ -163,6 +163,19 @@ int main(int argc, char **argv)
                   sizeof co->socket_path - 1);
         return DAEMON_EX_CONFIG;
     }
+    /* where check_space looks: the ledger's folder and the drafters' checkpoint folder */
+    _Static_assert(sizeof co->space.ledger_dir == sizeof co->ledger_path, "ledger_dir holds ledger_path");
+    memcpy(co->space.ledger_dir, co->ledger_path, sizeof co->ledger_path);
+    char *slash = strrchr(co->space.ledger_dir, '/');
+    if (!slash)
+        snprintf(co->space.ledger_dir, sizeof co->space.ledger_dir, ".");
+    else
+        slash[slash == co->space.ledger_dir] = 0;   /* "/x.db": "/" */
+    if (cfg->drafter.checkpoint_dir[0])
+        snprintf(co->space.ckpt_dir, sizeof co->space.ckpt_dir, "%s", cfg->drafter.checkpoint_dir);
+    else
+        snprintf(co->space.ckpt_dir, sizeof co->space.ckpt_dir, "%s/checkpoints", cfg->cluster.state_dir);
+    co->space.free_mb = UINT64_MAX;
     /* The model's config.json and the ring's layout, and (for -t: the start hashes it in full
      * below) the dataset's header: before the ledger exists, so a start that fails on them leaves
      * none behind (it would hold the schedule of a config the operator is about to change). */

@@ -116,6 +116,11 @@ void ctl_show_status(FILE *out, const cJSON *s)
            "loop held up %.0f times (longest %.0f ms)\n",
            num(tm, "commits"), num(tm, "commit_ms"), num(tm, "commit_ms_max"), num(tm, "check_ms"),
            num(tm, "check_ms_max"), num(tm, "stalls"), num(tm, "stall_ms_max"));
+    const cJSON *sp = obj(s, "space");
+    if (num(sp, "min_free_mb") > 0 && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(sp, "free_mb")))
+        fprintf(out, "space: %.0f MiB free in %s (pauses below %.0f MiB)%s\n", num(sp, "free_mb"), ctl_str(sp, "where"),
+                num(sp, "min_free_mb"), cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(sp, "paused")) ?
+                ", paused until twice that" : "");
     fprintf(out, "ring %s: %.0f slots: free %.0f, writing %.0f, ready %.0f, reading %.0f (stuck %.0f)\n", ctl_str(ring, "name"),
            num(ring, "slots"), num(ring, "free"), num(ring, "writing"), num(ring, "ready"), num(ring, "reading"),
            num(ring, "stuck_writing"));

@@ -76,6 +76,8 @@ epochs = 1
 heartbeat_ms = 200
 dead_after_ms = 3000
 recovery_ms = 1000
+# pause below 16 MiB free (the default 1 GiB would pause tests on a nearly full disk)
+min_free_mb = 16
 
 [target]
 prefetch = 2
