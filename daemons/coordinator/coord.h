@@ -231,6 +231,13 @@ struct coord {
         unsigned low, high;         /* looks in a row below min_free_mb / at twice it or more */
         bool warned;                /* a folder could not be looked at (logged once) */
         char ckpt_dir[CFG_STR_MAX + 16], ledger_dir[CFG_STR_MAX + 64];
+        /* statvfs runs on a thread of its own, once a second (a network mount that hangs must
+         * not hold the loop; the thread is left behind at exit): per folder (ledger,
+         * checkpoints), the free MiB or -errno, and a count of looks done. */
+        _Atomic int64_t look[2];
+        _Atomic uint64_t looks;
+        uint64_t looks_seen, seen_ms;   /* the count at the last verdict, and when it moved (mono) */
+        bool hang_warned, thread_on;
     } space;
     uint64_t refusals_window_ms, refusals_logged, refusals_unlogged;   /* coord_refuse's log limit */
     bool ring_check_warned;         /* ... and could not be (logged once) */
@@ -261,6 +268,7 @@ void coord_flush(struct coord *co);
 
 /* coord_cluster.c */
 int coord_cluster_init(struct coord *co, char *err, size_t errlen);   /* dataset, schedule, ledger recovery */
+int coord_space_start(struct coord *co);    /* the free-space thread of coordinator.min_free_mb */
 void coord_cluster_done(struct coord *co);
 void coord_handle(struct member *m, const struct proto_msg *msg);
 void coord_member_gone(struct member *m, const char *reason);

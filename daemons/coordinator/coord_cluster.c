@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include "common/err.h"
@@ -1573,27 +1575,71 @@ static void sweep_orphans(struct coord *co, uint64_t now)
  * a commit or a checkpoint would fail (the coordinator then exits, and a restart fails the same
  * way). Three looks in a row (a second apart) below it pause the cluster, which writes little
  * while paused; three at twice it resume that pause, unless the operator paused it too or a
- * non-finite value did. */
+ * non-finite value did. The looks (statvfs) are space_thread's, the verdicts check_space's. */
+static void *space_thread(void *arg)
+{
+    struct coord *co = arg;
+    const char *dirs[2] = { co->space.ledger_dir, co->space.ckpt_dir };    /* set before the thread */
+    for (;;) {
+        for (int i = 0; i < 2; i++) {
+            struct statvfs v;
+            int64_t r = statvfs(dirs[i], &v) < 0 ? -errno : (int64_t)((uint64_t)v.f_bavail * v.f_frsize >> 20);
+            atomic_store(&co->space.look[i], r);
+        }
+        atomic_fetch_add(&co->space.looks, 1);
+        sleep(1);
+    }
+    return NULL;
+}
+
+int coord_space_start(struct coord *co)
+{
+    if (!co->cfg->coordinator.min_free_mb)
+        return 0;
+    pthread_t t;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    int r = pthread_create(&t, &a, space_thread, co);
+    pthread_attr_destroy(&a);
+    if (r)
+        return -r;
+    co->space.thread_on = true;
+    co->space.seen_ms = mono_ms();
+    return 0;
+}
+
 static void check_space(struct coord *co, uint64_t now)
 {
-    uint64_t min_mb = (uint64_t)co->cfg->coordinator.min_free_mb;
-    if (!min_mb || now - co->space.checked_ms < 1000)
+    if (!co->space.thread_on)
         return;
-    co->space.checked_ms = now;
-    co->space.free_mb = UINT64_MAX;
+    uint64_t looks = atomic_load(&co->space.looks);
+    if (looks == co->space.looks_seen) {
+        if (now - co->space.seen_ms > 30000 && !co->space.hang_warned) {
+            log_warn(0, "the free space of %s and %s has not been read for %" PRIu64 " s: a storage that hangs? "
+                     "(coordinator.min_free_mb)", co->space.ledger_dir, co->space.ckpt_dir, (now - co->space.seen_ms) / 1000);
+            co->space.hang_warned = true;
+        }
+        return;
+    }
+    co->space.looks_seen = looks;
+    co->space.seen_ms = now;
+    co->space.hang_warned = false;
+    if (co->state >= PROTO_STATE_STOPPED)
+        return;
+    uint64_t min_mb = (uint64_t)co->cfg->coordinator.min_free_mb;
     const char *dirs[2] = { co->space.ledger_dir, co->space.ckpt_dir };
+    co->space.free_mb = UINT64_MAX;
     for (int i = 0; i < 2; i++) {
-        struct statvfs v;
-        if (statvfs(dirs[i], &v) < 0) {
-            if (errno != ENOENT && !co->space.warned) {  /* (the checkpoint folder comes with the first one) */
-                log_warn(-errno, "%s: cannot read its free space (coordinator.min_free_mb)", dirs[i]);
+        int64_t r = atomic_load(&co->space.look[i]);
+        if (r < 0) {
+            /* (the checkpoint folder comes with the first checkpoint) */
+            if (r != -ENOENT && !co->space.warned) {
+                log_warn((int)r, "%s: cannot read its free space (coordinator.min_free_mb)", dirs[i]);
                 co->space.warned = true;
             }
-            continue;
-        }
-        uint64_t mb = (uint64_t)v.f_bavail * v.f_frsize >> 20;
-        if (mb < co->space.free_mb) {
-            co->space.free_mb = mb;
+        } else if ((uint64_t)r < co->space.free_mb) {
+            co->space.free_mb = (uint64_t)r;
             co->space.where = dirs[i];
         }
     }

@@ -286,6 +286,8 @@ int main(int argc, char **argv)
     daemon_notify_ready(&co->d, "%s: socket %s, ring %s", proto_state_name((unsigned)co->state), co->socket_path,
                         co->ring_name);
     ready = true;
+    if ((r = coord_space_start(co)) < 0)
+        log_warn(r, "no thread to watch the free space: coordinator.min_free_mb is not applied");
     uv_run(co->loop, UV_RUN_DEFAULT);
 
     daemon_notify_stopping(&co->d, "%s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
