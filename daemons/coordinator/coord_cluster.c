@@ -393,6 +393,17 @@ void coord_set_state(struct coord *co, int state, const char *reason)
     grant_leases(co);
 }
 
+/* A second cause for a cluster PAUSED already: the reason says both, the new one first. */
+static void pause_again(struct coord *co, const char *reason)
+{
+    char both[sizeof co->reason];
+    snprintf(both, sizeof both, "%.*s (paused before: %.*s)", (int)sizeof both / 2, reason, (int)sizeof both / 3,
+             co->reason);
+    memcpy(co->reason, both, sizeof both);
+    log_notice("cluster paused: %s", co->reason);
+    save_state(co);
+}
+
 /* STOPPED by the operator or a signal; FAILED when a fatal error is draining the run: a stop
  * cuts that drain short but must not turn the failure into a success (exit 0, a stop note
  * saying "stopped"), and the reason keeps the error. */
@@ -1231,12 +1242,7 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
         } else if (co->state == PROTO_STATE_PAUSED && first) {
             /* Paused by the operator already: the reason now says what the resume must answer
              * (status showed the pause's note alone while a drain was refused for the value). */
-            char both[sizeof co->reason];
-            snprintf(both, sizeof both, "%.*s (paused before: %.*s)", (int)sizeof both / 2, reason,
-                     (int)sizeof both / 3, co->reason);
-            memcpy(co->reason, both, sizeof both);
-            log_notice("cluster paused: %s", co->reason);
-            save_state(co);
+            pause_again(co, reason);
         }
     } else if (rec) {
         log_warn(0, "error from %s (pid %d): %s (%s)", m->name, (int)m->pid, e->message, err_str(e->code));
@@ -1277,12 +1283,7 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
         } else if (co->state == PROTO_STATE_PAUSED && co->space.paused) {
             /* paused for want of space: now the operator's pause, which room alone does not end */
             co->space.paused = false;
-            char both[sizeof co->reason];
-            snprintf(both, sizeof both, "%.*s (paused before: %.*s)", (int)sizeof both / 2, reason,
-                     (int)sizeof both / 3, co->reason);
-            memcpy(co->reason, both, sizeof both);
-            log_notice("cluster paused: %s", co->reason);
-            save_state(co);
+            pause_again(co, reason);
         } else if (co->state != PROTO_STATE_PAUSED) {
             refused = "only a running cluster can pause";
         }
