@@ -2,7 +2,8 @@
 # test_ledger_damaged.sh: a coordinator restarted on a ledger that was changed behind its back
 # (a batch row with a state no coordinator writes) refuses to start with a one-line error
 # naming the ledger file and what is wrong, exit 78 (the unit is not restarted into a loop),
-# and leaves the ledger as it found it. A meta number that is no number is refused so too.
+# and leaves the ledger as it found it. A meta number that is no number is refused so too, and a
+# page of the file overwritten.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -61,6 +62,28 @@ refused_meta coord3 ckpt_step 12abc "$db: reading the drafter group's lineage: m
 refused_meta coord4 group_tokens 123,4x5 "meta group_tokens = '123,4x5' is not a list of decimal numbers"
 # The run's state numbers (here "fatal"): one read as 0 would resume a failed run as healthy.
 refused_meta coord6 fatal 1x "reading the run's state: meta fatal = '1x' is not a decimal number"
+# A page of the file overwritten (a disk's bad sector): here the root of the trains index, which no
+# start reads, only the first write of a training row. Refused at the start by SQLite's quick check,
+# 78, not restarted into a commit that fails every time.
+good_ledger
+"$CL_PY" - "$db" <<'PY' || fail "cannot damage a page of the ledger"
+import os, sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+size = c.execute("PRAGMA page_size").fetchone()[0]
+root = c.execute("SELECT rootpage FROM sqlite_master WHERE name = 'trains_gen'").fetchone()[0]
+c.close()
+fd = os.open(sys.argv[1], os.O_WRONLY)
+os.pwrite(fd, bytes([0xA5]) * size, (root - 1) * size)
+os.close(fd)
+PY
+cl_start coord7 coordinator-d -c "$CL_INI"
+cl_wait_exit coord7 30
+[[ $CL_RC == 78 ]] || fail "coordinator on a ledger with a damaged page exited with '$CL_RC', wanted 78"
+grep -q "$db: a damaged database (SQLite's quick check: .*): restore it from a copy" "$CL_DIR/coord7.log" ||
+  fail "no clear message for a damaged page: $(tail -n 2 "$CL_DIR/coord7.log")"
+(($(grep -c . "$CL_DIR/coord7.log" | head -1) > 0)) && ! grep -q "^Page\|^\*\*\*" "$CL_DIR/coord7.log" ||
+  fail "the damaged page's message is not one line: $(tail -n 4 "$CL_DIR/coord7.log")"
+echo "ok: $(grep -h "a damaged database" "$CL_DIR/coord7.log" | sed 's/^<[0-9]>//')"
 # ... and the undamaged copy still starts (the checks refuse only damage)
 good_ledger
 cl_start coord5 coordinator-d -c "$CL_INI"

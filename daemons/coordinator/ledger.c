@@ -256,6 +256,40 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
         ledger_close(l);
         return -DF_EVERSION;
     }
+    /* A damaged file (a page overwritten, a disk's bad sector) reads fine until the first write
+     * that meets the page: the coordinator would then exit 1 at that commit, and at every restart.
+     * SQLite's quick check (every page and index entry, not the cross-checks of integrity_check;
+     * well under a second for a long run's ledger) refuses it here, naming what it found. */
+    what = "quick check";
+    sqlite3_stmt *qc = NULL;
+    if ((rc = sqlite3_prepare_v2(l->db, "PRAGMA quick_check(1)", -1, &qc, NULL)) != SQLITE_OK)
+        goto fail;
+    rc = sqlite3_step(qc);
+    const char *verdict = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(qc, 0) : NULL;
+    if (rc == SQLITE_ROW && verdict && strcmp(verdict, "ok")) {
+        /* one line: "*** in database main ***\nPage 6: ..." */
+        const char *prefix = "*** in database main ***";
+        char found[200];
+        snprintf(found, sizeof found, "%s", strncmp(verdict, prefix, strlen(prefix)) ? verdict : verdict + strlen(prefix));
+        for (char *c = found; *c; c++)
+            if (*c == '\n' || *c == '\r' || *c == '\t')
+                *c = c == found ? ' ' : ';';
+        snprintf(err, errlen, "%s: a damaged database (SQLite's quick check:%s%s): restore it from a copy, or move it "
+                 "away with the drafters' checkpoint folder to start a new run", path, found[0] == ' ' ? "" : " ", found);
+        sqlite3_finalize(qc);
+        ledger_close(l);
+        return -DF_EFORMAT;
+    }
+    sqlite3_finalize(qc);
+    if (rc != SQLITE_ROW) {
+        if ((rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB) {
+            snprintf(err, errlen, "%s: a damaged database (SQLite's quick check: %s): restore it from a copy, or "
+                     "move it away with the drafters' checkpoint folder to start a new run", path, sqlite3_errmsg(l->db));
+            ledger_close(l);
+            return -DF_EFORMAT;
+        }
+        goto fail;
+    }
     /* Another program's database (coordinator.ledger pointing at the wrong file) is left as it
      * is: a table that no dflash ledger has, or one of a ledger's names with other columns, says
      * so before anything is written to the file. */
