@@ -2,8 +2,9 @@
 # test_cluster_mismatch.sh: a target whose view of the run differs from the coordinator's says so
 # and stops, instead of a restart loop or silently wrong training data:
 #  - its own ring.max_tokens is smaller than the ring's slots (its forward buffers are sized by
-#    it): exit 78, the unit is not restarted, the message names ring.max_tokens (a fatal error:
-#    the cluster fails);
+#    it): exit 78, the unit is not restarted, the message names ring.max_tokens; a non-fatal
+#    error: the cluster runs on (one stray target must not end a run), and a target as
+#    configured joins and publishes;
 #  - the dataset file at data.path is not the one the coordinator scheduled (here: rebuilt with
 #    one more token in every sample): its checksum is not the one in the coordinator's WELCOME;
 #    exit 78, a fatal error naming the file, the cluster fails, no batch is published;
@@ -29,8 +30,17 @@ cl_wait_exit small 60
 [[ $CL_RC == 78 ]] || fail "a target with a smaller ring.max_tokens exited with '$CL_RC', wanted 78"
 grep -q "carries 512 tokens a slot, this target's ring.max_tokens is 256" "$CL_DIR/small.log" ||
   fail "no clear message: $(tail -n 3 "$CL_DIR/small.log")"
+cl_wait 's["error_count"] >= 1' 10 coord || fail "the refused target's error did not reach the coordinator"
+[[ $(cl_json 's["state"], s["fatal_count"]') == "('running', 0)" ]] ||
+  fail "one refused target changed the cluster: $(cl_json 's["state"], s["reason"], s["fatal_count"]')"
+"$CL_BIN/dflashctl" -s "$CL_SOCK" errors | grep -q "exits: .*this target's ring.max_tokens is 256" ||
+  fail "dflashctl errors does not say why the target left: $("$CL_BIN/dflashctl" -s "$CL_SOCK" errors)"
+cl_start target0 target-d -c "$CL_INI" -i 0
+cl_wait 'any(d.get("published", 0) > 0 for d in targets())' 30 coord || fail "a target as configured did not publish"
+"$CL_BIN/dflashctl" -s "$CL_SOCK" stop >/dev/null || fail "dflashctl stop"
 cl_wait_exit coord 30
-[[ $CL_RC != 0 ]] || fail "the coordinator ended the run as done"
+[[ $CL_RC == 0 ]] || fail "the coordinator exited with '$CL_RC' after the stop"
+cl_wait_exit target0 30
 cl_log "smaller ring.max_tokens: $(grep -h "carries" "$CL_DIR/small.log" | sed 's/^<[0-9]>//')"
 
 cl_init "$T/c2" 200 || exit 1

@@ -656,8 +656,10 @@ static bool failure_lasts(int r)
 
 /* Maps the ring and opens the dataset the WELCOME names. Fails with -DF_ELAYOUT where this
  * daemon and the cluster do not agree (nobody's restart mends that), sets *this_only where
- * only this daemon cannot run as set up (the others can), else the failure is one a restart
- * may mend. */
+ * only this daemon cannot run as set up (the others can: its model or ring.max_tokens is not
+ * the cluster's, its data.path cannot be opened), else the failure is one a restart may mend.
+ * A dataset that is not the one scheduled ends the cluster: no target started from now on
+ * could feed it. */
 static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(t->cl);
@@ -665,8 +667,10 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
     int r = peer_attach_ring(t->cl, t->sock, &t->ring, err, errlen);
     if (r < 0)
         return r;
-    if ((r = check_ring_layout(t, err, errlen)) < 0)
+    if ((r = check_ring_layout(t, err, errlen)) < 0) {
+        *this_only = true;
         return r;
+    }
     r = dataset_open(&t->ds, w->dataset_path, DATASET_OPEN_NO_CHECKSUM, err, errlen);
     if (r == -DF_EMAGIC || r == -DF_EVERSION || r == -DF_ETRUNC || r == -DF_EFORMAT || r == -DF_ERANGE) {
         size_t n = strlen(err);
@@ -686,8 +690,10 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
     }
     peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring, &t->ds);
     if (t->ds.vocab_size > (uint32_t)t->hf.vocab_size) {
+        /* (the coordinator checked it against its own model.path: this target's model differs) */
         snprintf(err, errlen, "%s: vocabulary %u is larger than the target's (%d, %s)", w->dataset_path,
                  t->ds.vocab_size, t->hf.vocab_size, t->cfg->model.path);
+        *this_only = true;
         return -DF_ELAYOUT;
     }
     t->state = (int)w->cluster_state;
