@@ -175,6 +175,23 @@ int main(void)
     char shm[128];
     snprintf(shm, sizeof shm, "/dev/shm%s", TC.ring);
     CHECK(access(shm, F_OK) < 0);
+
+    /* Started again with fewer epochs than the ledger has scheduled: refused (78), saying how many
+     * it has and what to set. */
+    snprintf(cmd, sizeof cmd, "rm -f '%s.stopped'", TC.sock);
+    CHECK(system(cmd) == 0);
+    char log[400];
+    snprintf(log, sizeof log, "%s/fewer-epochs.log", TC.dir);
+    char *argv[] = { (char *)tc_bin("bin/coordinator-d"), "-c", TC.ini, "-o", "data.epochs=1", NULL };
+    CHECK_INT(tc_exit_status(tc_spawn(argv, log), 30000), ==, 78);
+    char grep[1400];
+    snprintf(grep, sizeof grep, "grep -q '%s: the run has scheduled 2 epochs, data.epochs = 1 is fewer: set it to 2 "
+             "or more, or move the ledger away' '%s'", TC.ledger, log);
+    if (system(grep) != 0) {
+        snprintf(cmd, sizeof cmd, "tail -3 '%s' >&2", log);
+        if (system(cmd)) {}
+        TEST_FAIL("no clear refusal of fewer epochs than the ledger has");
+    }
     printf("coordinator cluster ok\n");
     return 0;
 }

@@ -1804,15 +1804,17 @@ struct load_ctx {
     char *err;
     size_t errlen;
     uint64_t rows;
+    uint32_t epochs_had;    /* rows of epochs past data.epochs: the run's count of epochs, else 0 */
 };
 
 static int load_row(void *ctx, const struct ledger_batch *row)
 {
     struct load_ctx *c = ctx;
     struct coord *co = c->co;
-    if (row->epoch >= co->epochs) {
-        snprintf(c->err, c->errlen, "%s: has epoch %u but data.epochs = %u", co->ledger_path, row->epoch, co->epochs);
-        return -DF_ELAYOUT;
+    if (row->epoch >= co->epochs) {     /* said after the last row, with the count of epochs */
+        if (row->epoch + 1 > c->epochs_had)
+            c->epochs_had = row->epoch + 1;
+        return 0;
     }
     if (!co->ep[row->epoch].built) {
         int r = build_epoch(co, row->epoch, 0, c->err, c->errlen);
@@ -2028,12 +2030,18 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         snprintf(err, errlen, "%s: cannot write: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
         return r;
     }
-    struct load_ctx lc = { co, err, errlen, 0 };
+    struct load_ctx lc = { co, err, errlen, 0, 0 };
     err[0] = 0;
     if ((r = ledger_batch_foreach(co->ledger, load_row, &lc)) < 0) {
         if (!err[0])    /* (a row load_row refused says why itself) */
             snprintf(err, errlen, "%s: reading the batches: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
         return r;
+    }
+    if (lc.epochs_had) {
+        snprintf(err, errlen, "%s: the run has scheduled %u epochs, data.epochs = %u is fewer: set it to %u or more, "
+                 "or move the ledger away (with the drafters' checkpoint folder) to start a new run", co->ledger_path,
+                 lc.epochs_had, co->epochs, lc.epochs_had);
+        return -DF_ELAYOUT;
     }
     for (uint32_t e = 0; e < co->epochs; e++) {
         if (co->ep[e].built && co->ep[e].loaded != co->ep[e].s.n_batches) {
