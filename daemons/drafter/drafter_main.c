@@ -101,6 +101,8 @@ struct dft {
 #endif
     FILE *metrics;
     int metrics_rank;
+    int metrics_failing;        /* the last line could not be written (said once until one is) */
+    char metrics_path[CFG_STR_MAX + 64];
 
     /* group */
     int joined;                 /* JOIN_GROUP sent, waiting for GROUP */
@@ -1015,13 +1017,14 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
         f->topt.total_steps = (int64_t)((g->run_batches + (uint64_t)f->world - 1) / (uint64_t)f->world);
     f->in_group = 1;
     if (!f->metrics || f->metrics_rank != f->rank) {
-        char path[CFG_STR_MAX + 64];
+        char *path = f->metrics_path;
         if (f->cfg->drafter.metrics_path[0])
-            snprintf(path, sizeof path, "%s", f->cfg->drafter.metrics_path);
+            snprintf(path, sizeof f->metrics_path, "%s", f->cfg->drafter.metrics_path);
         else
-            snprintf(path, sizeof path, "%s/metrics-rank%d.jsonl", f->cfg->cluster.state_dir, f->rank);
+            snprintf(path, sizeof f->metrics_path, "%s/metrics-rank%d.jsonl", f->cfg->cluster.state_dir, f->rank);
         if (f->metrics)
             fclose(f->metrics);
+        f->metrics_failing = 0;
         f->metrics = fopen(path, "ae");
         if (!f->metrics)
             log_warn(-errno, "metrics file %s", path);
@@ -1239,7 +1242,16 @@ static void write_metrics(struct dft *f, const struct drafter_metrics *gm, const
             ",\"h2d_ms\":%.3f,\"samples\":%" PRIu64 ",\"idle_s\":%.3f}\n",
             drafter_metrics_loss(gm), drafter_metrics_accuracy(gm), drafter_metrics_accept_len(gm), info->grad_norm,
             info->lr, gm->tokens, f->tokens_per_s, f->step_ms, f->idle_frac, f->h2d_ms, f->ts.samples, f->idle_s);
-    fflush(f->metrics);
+    if (fflush(f->metrics) != 0 || ferror(f->metrics)) {
+        if (!f->metrics_failing)
+            log_warn(-errno, "metrics file %s: the line of step %" PRId64 " not written; lines are lost until one can "
+                     "be (training goes on)", f->metrics_path, info->step);
+        f->metrics_failing = 1;
+        clearerr(f->metrics);
+    } else if (f->metrics_failing) {
+        log_notice("metrics file %s: written again from step %" PRId64, f->metrics_path, info->step);
+        f->metrics_failing = 0;
+    }
 }
 
 /* A trained step's bookkeeping, the same on both backends: counters, the TRAINED reports, the
