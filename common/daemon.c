@@ -253,14 +253,30 @@ int daemon_signals_init(void)
 int daemon_stop_requested(void) { return g_stop_count; }
 int daemon_last_signal(void) { return g_last_signal; }
 
+int daemon_dir(const char *key, const char *dir, char *err, size_t errlen)
+{
+    if (mkdir(dir, 0750) == 0)
+        return 0;
+    int r = -errno;
+    struct stat st;
+    if (r == -EEXIST) {
+        if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode))
+            return 0;
+        snprintf(err, errlen, "%s: %s is not a folder (%s is there)", key, dir,
+                 stat(dir, &st) < 0 ? "a dangling link" : S_ISREG(st.st_mode) ? "a file" : "no folder");
+        return -ENOTDIR;
+    }
+    snprintf(err, errlen, "%s: %s cannot be made: %s%s", key, dir, strerror(-r),
+             r == -ENOENT ? " (the folder above it is missing)" : "");
+    return r;
+}
+
 int daemon_lock(struct daemon *d, char *err, size_t errlen)
 {
     const char *dir = d->cfg.cluster.runtime_dir;
-    if (mkdir(dir, 0750) < 0 && errno != EEXIST) {
-        int r = -errno;
-        snprintf(err, errlen, "runtime_dir %s: cannot create: %s", dir, strerror(-r));
-        return r;
-    }
+    int rd = daemon_dir("cluster.runtime_dir", dir, err, errlen);
+    if (rd < 0)
+        return rd;
     if (d->index >= 0)
         snprintf(d->lock_path, sizeof d->lock_path, "%s/%s-%s-%d.lock", dir, d->cfg.cluster.name, d->role, d->index);
     else

@@ -86,6 +86,10 @@ int daemon_last_signal(void);
  * missing). The kernel drops the lock when the process dies, which is how peers can tell
  * a crashed daemon from a slow one. -EBUSY: another live instance holds it. */
 int daemon_lock(struct daemon *d, char *err, size_t errlen);
+/* The folder of config key KEY: made (its last part, mode 0750) when missing. -ENOTDIR where a
+ * file or another non-folder is there (a config error), another -errno where it cannot be made;
+ * err names the key, the folder and why. */
+int daemon_dir(const char *key, const char *dir, char *err, size_t errlen);
 void daemon_unlock(struct daemon *d);
 
 /* sd_notify wrappers; no-ops outside systemd. Read the watchdog interval at init. */

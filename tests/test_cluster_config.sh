@@ -235,6 +235,23 @@ cp "$CL_DIR/data.bin" "$T/vocab.bin"
 f = open(sys.argv[1], "r+b"); f.seek(32); f.write(struct.pack("<I", 100000))' "$T/vocab.bin"    # vocab_size
 data_refused "$T/vocab.bin" "vocabulary 100000 is larger than the target's ([0-9]*, .*/config.json)" \
   "a dataset of another vocabulary"
+# Folders and files in the wrong place, at a real start: exit 78 (not restarted) naming the key.
+touch "$T/afile"
+mkdir -p "$T/adir"
+started_bad() {
+  local msg=$1 bin=$2; shift 2
+  timeout 20 "$CL_BIN/$bin" -c "$CL_INI" "$@" >"$T/s.out" 2>&1
+  local rc=$?
+  [[ $rc == 78 ]] && grep -qF -- "$msg" "$T/s.out" || fail "$bin $*: exit $rc, wanted 78 and '$msg': $(grep -v ' = ' "$T/s.out" | tail -2)"
+  echo "$bin: $(grep -F -- "$msg" "$T/s.out" | head -1)"
+}
+started_bad "cluster.state_dir: $T/afile is not a folder (a file is there)" coordinator-d -o cluster.state_dir="$T/afile"
+started_bad "cluster.runtime_dir: $T/afile is not a folder (a file is there)" coordinator-d -o cluster.runtime_dir="$T/afile"
+started_bad "cluster.runtime_dir: $T/afile is not a folder (a file is there)" target-d -i 0 -o cluster.runtime_dir="$T/afile"
+started_bad "cluster.runtime_dir: $T/afile is not a folder (a file is there)" drafter-d -i 0 -o cluster.runtime_dir="$T/afile"
+started_bad "$T/adir: a folder, not a ledger file (coordinator.ledger names the file)" coordinator-d -o coordinator.ledger="$T/adir"
+started_bad "cluster.socket is too long (a unix socket's path has at most 107 bytes)" coordinator-d \
+  -o cluster.socket="$T/$(printf 's%.0s' {1..120}).sock"
 # A missing config file is a config error too.
 "$CL_BIN/drafter-d" -c "$T/nope.ini" -i 0 >"$T/o.out" 2>&1
 [[ $? == 78 ]] && grep -q "$T/nope.ini: cannot open" "$T/o.out" || fail "missing file: $(tail -2 "$T/o.out")"

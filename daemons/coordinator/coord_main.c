@@ -150,17 +150,24 @@ int main(int argc, char **argv)
         log_error(0, "%s", err);
         return DAEMON_EX_CONFIG;
     }
-    int too_long = 0;
-    if (cfg->cluster.socket[0])
-        too_long |= snprintf(co->socket_path, sizeof co->socket_path, "%s", cfg->cluster.socket) >= (int)sizeof co->socket_path;
-    else
-        too_long |= snprintf(co->socket_path, sizeof co->socket_path, "%s/%s.sock", cfg->cluster.runtime_dir,
-                             cfg->cluster.name) >= (int)sizeof co->socket_path;
-    too_long |= snprintf(co->ring_name, sizeof co->ring_name, "/dflash-%s", cfg->cluster.name) >= (int)sizeof co->ring_name - 8;
-    too_long |= cfg_ledger_path(cfg, co->ledger_path, sizeof co->ledger_path) < 0;
+    const char *too_long = NULL;
+    if (cfg->cluster.socket[0]) {
+        if (snprintf(co->socket_path, sizeof co->socket_path, "%s", cfg->cluster.socket) >= (int)sizeof co->socket_path)
+            too_long = "cluster.socket";
+    } else if (snprintf(co->socket_path, sizeof co->socket_path, "%s/%s.sock", cfg->cluster.runtime_dir,
+                        cfg->cluster.name) >= (int)sizeof co->socket_path) {
+        too_long = "the socket path <cluster.runtime_dir>/<cluster.name>.sock";
+    }
+    if (snprintf(co->ring_name, sizeof co->ring_name, "/dflash-%s", cfg->cluster.name) >= (int)sizeof co->ring_name - 8)
+        too_long = "cluster.name";
+    if (!too_long && cfg_ledger_path(cfg, co->ledger_path, sizeof co->ledger_path) < 0)
+        too_long = "the ledger path";
     if (too_long) {
-        log_error(0, "cluster.name, the socket path (at most %zu bytes) or the ledger path is too long",
-                  sizeof co->socket_path - 1);
+        if (strstr(too_long, "socket"))
+            log_error(0, "%s is too long (a unix socket's path has at most %zu bytes)", too_long,
+                      sizeof co->socket_path - 1);
+        else
+            log_error(0, "%s is too long", too_long);
         return DAEMON_EX_CONFIG;
     }
     /* where check_space looks: the ledger's folder and the drafters' checkpoint folder */
@@ -210,13 +217,17 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     if ((r = daemon_lock(&co->d, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
-        return DAEMON_EX_FAILURE;
+        return r == -ENOTDIR ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
     }
     /* The lock says no other coordinator runs: the last one's stop note is stale from here on
      * (daemons that find no socket now wait for this one). */
     stop_note_clear(co->socket_path);
-    if (mkdir(cfg->cluster.state_dir, 0750) < 0 && errno != EEXIST)
-        log_warn(-errno, "state_dir %s", cfg->cluster.state_dir);
+    if ((r = daemon_dir("cluster.state_dir", cfg->cluster.state_dir, err, sizeof err)) < 0) {
+        /* a file there: the operator's to mend; a folder that cannot be made yet (its storage
+         * not mounted) may be there at the restart */
+        log_error(0, "%s", err);
+        return r == -ENOTDIR ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;
+    }
 
     daemon_notify_status(&co->d, "checking the dataset and the ledger");
     daemon_watchdog(&co->d);    /* start time; the dataset's hash ticks for more as it goes (progress.h) */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
 #include "daemons/coordinator/ledger.h"
@@ -222,6 +223,13 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
                  "files are made beside it", path, dir, strerror(e));
         ledger_close(l);
         return -e;
+    }
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "%s: %s, not a ledger file (coordinator.ledger names the file)", path,
+                 S_ISDIR(st.st_mode) ? "a folder" : "not a regular file");
+        ledger_close(l);
+        return S_ISDIR(st.st_mode) ? -EISDIR : -DF_EFORMAT;
     }
     int rc = sqlite3_open_v2(path, &l->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, NULL);
     const char *what = "open";

@@ -1762,7 +1762,9 @@ int main(int argc, char **argv)
     f->metrics_rank = -1;
     openblas_set_num_threads((int)f->cfg->drafter.threads);
     if ((r = daemon_lock(&f->d, err, sizeof err)) < 0) {
-        log_error(r, "%s", err);
+        log_error(0, "%s", err);   /* (it says why) */
+        if (r == -ENOTDIR)
+            code = DAEMON_EX_CONFIG;    /* a file where cluster.runtime_dir should be */
         goto out;
     }
     if ((r = ckpt_writer_create(&f->writer, (int)f->cfg->drafter.keep_checkpoints)) < 0) {

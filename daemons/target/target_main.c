@@ -734,7 +734,9 @@ int main(int argc, char **argv)
     daemon_notify_init(&t->d);
     t->start_ms = mono_ms();
     if ((r = daemon_lock(&t->d, err, sizeof err)) < 0) {
-        log_error(r, "%s", err);
+        log_error(0, "%s", err);   /* (it says why) */
+        if (r == -ENOTDIR)
+            code = DAEMON_EX_CONFIG;    /* a file where cluster.runtime_dir should be */
         goto out;
     }
     daemon_notify_status(&t->d, "loading %s", t->cfg->model.path);
