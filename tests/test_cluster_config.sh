@@ -249,6 +249,8 @@ started_bad "cluster.state_dir: $T/afile is not a folder (a file is there)" coor
 started_bad "cluster.runtime_dir: $T/afile is not a folder (a file is there)" coordinator-d -o cluster.runtime_dir="$T/afile"
 started_bad "cluster.runtime_dir: $T/afile is not a folder (a file is there)" target-d -i 0 -o cluster.runtime_dir="$T/afile"
 started_bad "cluster.runtime_dir: $T/afile is not a folder (a file is there)" drafter-d -i 0 -o cluster.runtime_dir="$T/afile"
+started_bad "drafter.checkpoint_dir: $T/afile is not a folder (a file is there)" drafter-d -i 0 -o drafter.checkpoint_dir="$T/afile"
+bad "s|^world_size = .*|&\ncheckpoint_dir = $T/afile|" "drafter.checkpoint_dir: $T/afile is not a folder (a file is there)" drafter-d -i 0
 started_bad "$T/adir: a folder, not a ledger file (coordinator.ledger names the file)" coordinator-d -o coordinator.ledger="$T/adir"
 started_bad "cluster.socket is too long (a unix socket's path has at most 107 bytes)" coordinator-d \
   -o cluster.socket="$T/$(printf 's%.0s' {1..120}).sock"

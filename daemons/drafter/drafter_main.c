@@ -264,6 +264,12 @@ static int check_config(struct dft *f, char *err, size_t errlen)
                                 cfg->drafter.checkpoint_dir[0] ? "checkpoint_dir" : "state_dir", err, errlen,
                                 "its checkpoint folders (%s/step-N) would be longer than the %d bytes a path "
                                 "may have in the protocol", f->ckpt_root, PROTO_PATH_MAX - 1);
+    /* (made at the first checkpoint when missing; something else there is the operator's to mend) */
+    if (stat(f->ckpt_root, &st) == 0 && !S_ISDIR(st.st_mode))
+        return daemon_key_error(d, cfg->drafter.checkpoint_dir[0] ? "drafter" : "cluster",
+                                cfg->drafter.checkpoint_dir[0] ? "checkpoint_dir" : "state_dir", err, errlen,
+                                "%s is not a folder (%s is there)", f->ckpt_root,
+                                S_ISREG(st.st_mode) ? "a file" : "no folder");
     f->topt = drafter_train_opts_from_cfg(cfg);
     return 0;
 }
