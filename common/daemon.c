@@ -65,16 +65,29 @@ int daemon_parse_args(struct daemon *d, const char *prog, const char *role, int 
             snprintf(err, errlen, "option %s needs a value", a);
             return -EINVAL;
         }
+        for (const char *c = val; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) {     /* (a message quoting it would break its line) */
+                snprintf(err, errlen, "option -%c: its value has a control character (byte %d)", a[1], *c);
+                return -EINVAL;
+            }
         switch (a[1]) {
         case 'c':
+            if (d->config_path) {
+                snprintf(err, errlen, "-c given twice ('%s', '%s')", d->config_path, val);
+                return -EINVAL;
+            }
             d->config_path = val;
             break;
         case 'i': {
             char *end;
             errno = 0;
-            long v = strtol(val, &end, 10);
-            if (errno || end == val || *end || v < 0 || v > 1 << 20) {
-                snprintf(err, errlen, "-i %s: not a device index", val);
+            long v = val[0] >= '0' && val[0] <= '9' ? strtol(val, &end, 10) : -1;
+            if (v < 0 || errno || *end || v > 1 << 20) {
+                snprintf(err, errlen, "-i %s: not a device index (a number from 0)", val);
+                return -EINVAL;
+            }
+            if (d->index >= 0) {
+                snprintf(err, errlen, "-i given twice (%d, %ld)", d->index, v);
                 return -EINVAL;
             }
             d->index = (int)v;

@@ -61,6 +61,16 @@ int main(void)
     CHECK_CONTAINS(err, "missing -c");
     CHECK(parse(&d, 1, err, "-c", "x.ini", "-i", "zero", NULL, NULL) < 0);
     CHECK_CONTAINS(err, "not a device index");
+    CHECK(parse(&d, 1, err, "-c", "x.ini", "-i", " 1", NULL, NULL) < 0);    /* what strtol takes, not an index */
+    CHECK_CONTAINS(err, "-i  1: not a device index");
+    CHECK(parse(&d, 1, err, "-c", "x.ini", "-i", "+1", NULL, NULL) < 0);
+    CHECK_CONTAINS(err, "-i +1: not a device index");
+    CHECK(parse(&d, 1, err, "-c", "x.ini", "-i", "0", "-i", "1") < 0);
+    CHECK_CONTAINS(err, "-i given twice (0, 1)");
+    CHECK(parse(&d, 1, err, "-c", "x.ini", "-c", "y.ini", "-i", "1") < 0);
+    CHECK_CONTAINS(err, "-c given twice");
+    CHECK(parse(&d, 1, err, "-c", "x.ini", "-i", "0", "-o", "ring.slots=8\n9") < 0);
+    CHECK_CONTAINS(err, "option -o: its value has a control character (byte 10)");
     CHECK(parse(&d, 1, err, "-c", "x.ini", "-q", NULL, NULL, NULL) < 0);
     CHECK_CONTAINS(err, "unknown argument");
     CHECK(parse(&d, 0, err, "-c", "x.ini", "-i", "0", NULL, NULL) < 0);      /* the coordinator has no index */

@@ -180,6 +180,21 @@ opt_err "-v: 1073741825 is above the largest vocabulary, 1073741824" -v 10737418
 opt_err "-v: not a number: ' -1'" -v " -1"
 opt_err "-n: not a number: ' 5'" -n " 5"
 
+# A usage mistake: one line naming it, exit 64 (not the whole usage)
+usage_err() {  # needle, args...
+  local needle=$1; shift
+  "$D" "$@" >/dev/null 2>"$T/err.txt"
+  local rc=$?
+  [[ $rc == 64 ]] && grep -qF -- "$needle" "$T/err.txt" && [[ $(wc -l <"$T/err.txt") == 1 ]] ||
+    fail "dflash-data $*: exit $rc: $(cat "$T/err.txt")"
+}
+usage_err "dflash-data: a command is needed: build, synth, info, verify or dump (try -h)"
+usage_err "dflash-data: unknown command 'frob'" frob
+usage_err "dflash-data: build: unknown option '--frob' (try -h)" build --frob
+usage_err "dflash-data: build: -o needs a value" build -o
+usage_err "dflash-data: info: a dataset FILE is needed" info
+usage_err "dflash-data: dump: one dataset FILE only" dump a b
+
 # The output is never one of the inputs (by name, through a link, or on stdin): refused before a
 # byte is read, the input as it was.
 cp "$T/in.jsonl" "$T/self.jsonl"

@@ -60,6 +60,11 @@ replay_expect 1 ": FAIL$" -o drafter.lr=2.97e-3
 
 # input that is not the run's, each named in one line
 replay_expect 78 "nowhere: No such file" --checkpoint "$T/nowhere"
+replay_expect 64 "^dflash-replay: unexpected argument '/tmp' \(try -h\)$" /tmp
+replay_expect 64 "^dflash-replay: unknown option '--frob' \(try -h\)$" --frob
+out=$("$REPLAY" 2>&1); rc=$?
+[[ $rc == 64 && $out == "dflash-replay: -c CONFIG is needed: the run's configuration (try -h)" ]] ||
+  fail "dflash-replay with no argument: exit $rc: $out"
 replay_expect 78 "drafter.seed: 7, the run's checkpoint .* was trained with seed 42" -o drafter.seed=7
 replay_expect 78 "meta.fingerprint .* data.seed" -o data.seed=99
 replay_expect 78 "target.backend: cuda" -o target.backend=cuda

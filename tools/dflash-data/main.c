@@ -469,9 +469,13 @@ static int parse_u64(const char *s, uint64_t *out)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 64 : 0;
+    if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc < 2) {
+        fprintf(stderr, "dflash-data: a command is needed: build, synth, info, verify or dump (try -h)\n");
+        return 64;
     }
     const char *cmd = argv[1];
     const char *out = NULL;
@@ -483,6 +487,7 @@ int main(int argc, char **argv)
         { 0, 0, 0, 0 },
     };
     optind = 2;
+    opterr = 0;     /* one line of ours instead of getopt's and the usage */
     int c;
     while ((c = getopt_long(argc, argv, "o:v:n:h", opts, NULL)) != -1) {
         uint64_t *dst = NULL;
@@ -496,7 +501,12 @@ int main(int argc, char **argv)
         case 4: json = 1; break;
         case 5: end_line = 1; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 64;
+        default:
+            if (optopt && strchr("ovn", optopt))
+                fprintf(stderr, "dflash-data: %s: -%c needs a value (try -h)\n", cmd, optopt);
+            else
+                fprintf(stderr, "dflash-data: %s: unknown option '%s' (try -h)\n", cmd, argv[optind - 1]);
+            return 64;
         }
         if (dst && parse_u64(optarg, dst) < 0) {
             fprintf(stderr, "dflash-data: -%c: not a number: '%s'\n", c < 32 ? '-' : c, optarg);
@@ -525,8 +535,13 @@ int main(int argc, char **argv)
         return cmd_synth(out, have_n ? n : 1000, vocab ? (uint32_t)vocab : 1024, (uint32_t)min_len,
                          (uint32_t)max_len, seed);
     }
+    if (strcmp(cmd, "info") && strcmp(cmd, "verify") && strcmp(cmd, "dump")) {
+        fprintf(stderr, "dflash-data: unknown command '%s': build, synth, info, verify or dump (try -h)\n", cmd);
+        return 64;
+    }
     if (optind != argc - 1) {
-        usage(stderr);
+        fprintf(stderr, "dflash-data: %s: %s (try -h)\n", cmd, optind == argc ? "a dataset FILE is needed" :
+                "one dataset FILE only");
         return 64;
     }
     if (!strcmp(cmd, "info"))
@@ -539,9 +554,5 @@ int main(int argc, char **argv)
         dataset_close(&ds);
         return 0;
     }
-    if (!strcmp(cmd, "dump"))
-        return cmd_dump(argv[optind], have_n ? n : UINT64_MAX);
-    fprintf(stderr, "dflash-data: unknown command '%s'\n", cmd);
-    usage(stderr);
-    return 64;
+    return cmd_dump(argv[optind], have_n ? n : UINT64_MAX);
 }

@@ -801,6 +801,7 @@ int main(int argc, char **argv)
         { "checkpoint", required_argument, 0, 1 }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
     };
     int c;
+    opterr = 0;     /* one line of ours instead of getopt's and the usage */
     while ((c = getopt_long(argc, argv, "c:o:h", opts, NULL)) != -1) {
         switch (c) {
         case 'c': rp.d.config_path = optarg; break;
@@ -813,13 +814,16 @@ int main(int argc, char **argv)
             rp.d.overrides[rp.d.n_overrides++] = optarg;
             break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return DAEMON_EX_USAGE;
+        default:
+            if (optopt == 'c' || optopt == 'o' || optopt == 1)
+                return fail(DAEMON_EX_USAGE, "%s needs a value (try -h)", argv[optind - 1]);
+            return fail(DAEMON_EX_USAGE, "unknown option '%s' (try -h)", argv[optind - 1]);
         }
     }
-    if (!rp.d.config_path || optind != argc) {
-        usage(stderr);
-        return DAEMON_EX_USAGE;
-    }
+    if (!rp.d.config_path)
+        return fail(DAEMON_EX_USAGE, "-c CONFIG is needed: the run's configuration (try -h)");
+    if (optind != argc)
+        return fail(DAEMON_EX_USAGE, "unexpected argument '%s' (try -h)", argv[optind]);
     int code = run(&rp);
     replay_done(&rp);
     return code;
