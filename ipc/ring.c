@@ -481,6 +481,16 @@ int ring_attach(struct ring **out, const char *name, const struct ring_layout *e
         return -EINVAL;
     }
     int fd = fileio_shm_open(name, rdonly ? O_RDONLY : O_RDWR, &st);
+    char shm_path[NAME_MAX + 16];
+    struct stat lst;
+    if ((fd == -EINVAL || fd == -EISDIR || fd == -ELOOP) &&
+        snprintf(shm_path, sizeof shm_path, "/dev/shm%s", name) < (int)sizeof shm_path && lstat(shm_path, &lst) == 0 &&
+        (S_ISDIR(lst.st_mode) || S_ISLNK(lst.st_mode))) {
+        /* nothing a coordinator may replace (shm_unlink takes no folder; a link is never followed) */
+        snprintf(err, errlen, "ring %s: %s is a %s, not a ring", name, shm_path,
+                 S_ISDIR(lst.st_mode) ? "folder" : "symbolic link");
+        return -DF_EMAGIC;
+    }
     if (fd < 0) {
         rc = fd;
         snprintf(err, errlen, "ring %s: %s", name,

@@ -1,6 +1,7 @@
 /* test_coordinator_ring.c: the ring layout the coordinator derives from model.path agrees with
  * what target-d computes (DFlash default capture ids), and capture ids that cannot exist are a
  * configuration error (exit 78, the key named), never a ring the daemons would refuse. */
+#include <sys/stat.h>
 #include "model/target.h"
 #include "tests/test_coord_util.h"
 
@@ -106,6 +107,16 @@ int main(void)
     CHECK(memcmp(back, theirs, sizeof theirs) == 0);
     close(fd);
     ring_unlink(TC.ring);
+    /* A folder or a symbolic link under the name: nothing to replace, named as what it is (a folder
+     * was taken for a FIFO and replaced in vain, exit 1; a link gave ELOOP, exit 1) */
+    char shm[300];
+    snprintf(shm, sizeof shm, "/dev/shm%s", TC.ring);
+    CHECK_OK(mkdir(shm, 0700));
+    expect_config_error("/dev/shm/dflash-.* is a folder, not a ring: left alone; remove /dev/shm/dflash-");
+    CHECK_OK(rmdir(shm));
+    CHECK_OK(symlink("/dev/null", shm));
+    expect_config_error("/dev/shm/dflash-.* is a symbolic link, not a ring: left alone");
+    CHECK_OK(unlink(shm));
 
     /* A ring whose creator died before finishing it (no magic yet) is dflash's own: replaced. */
     pid_t child = fork();
