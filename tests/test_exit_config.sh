@@ -87,7 +87,7 @@ mkdir -p "$CL_DIR/run2" "$CL_DIR/state2"
 for other in "$CL_NAME" "${CL_NAME}b"; do
   cl_start coord_b coordinator-d -c "$CL_INI" -o cluster.name="$other" -o cluster.runtime_dir="$CL_DIR/run2" \
     -o cluster.state_dir="$CL_DIR/state2" -o cluster.socket="$CL_SOCK"
-  expect78 coord_b "control socket $CL_SOCK: a coordinator answers there (another cluster's?): left alone"
+  expect78 coord_b "control socket $CL_SOCK: a process listens there (the coordinator of another cluster, or another program): left alone"
   "$CL_BIN/dflashctl" -s "$CL_SOCK" status >/dev/null || fail "the running coordinator cannot be reached any more"
 done
 # the TCP listener on an address not this host's (TEST-NET-1): exit 78, not a restart loop

@@ -638,8 +638,8 @@ int coord_server_start(struct coord *co, char *err, size_t errlen)
     /* Stale only if nobody answers: a coordinator of another cluster (its own runtime_dir, so
      * its own lock) may listen there; removing its socket would cut it off from its daemons. */
     if (socket_answers(co->socket_path) == 0) {
-        snprintf(err, errlen, "control socket %s: a coordinator answers there (another cluster's?): left alone; "
-                 "set cluster.socket to another path", co->socket_path);
+        snprintf(err, errlen, "control socket %s: a process listens there (the coordinator of another cluster, or "
+                 "another program): left alone; set cluster.socket to another path", co->socket_path);
         return -EADDRINUSE;
     }
     unlink(co->socket_path);

@@ -286,7 +286,11 @@ int main(int argc, char **argv)
     int r = client_open(&x.c, &o, err, sizeof err);
     explicit_bzero(token, sizeof token);
     if (r < 0) {
-        fprintf(stderr, "dflashctl: %s\n", err);
+        const char *where = x.socket ? x.socket : x.connect;
+        if (where && !strstr(err, where))     /* (a protocol error does not say where) */
+            fprintf(stderr, "dflashctl: %s: %s\n", where, err);
+        else
+            fprintf(stderr, "dflashctl: %s\n", err);
         char why[512];
         if (x.socket && stop_note_read(x.socket, why, sizeof why) == 1)   /* the cluster ended: say how */
             fprintf(stderr, "dflashctl: the coordinator ended the cluster (%s.stopped): %s\n", x.socket, why);
