@@ -176,4 +176,16 @@ for _ in $(seq 200); do "$CTL" -s "$S" status >/dev/null 2>&1 && break; sleep 0.
 for _ in $(seq 200); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.05; done
 wait "$cpid"; rc=$?; cpid=
 [[ $rc -eq 0 ]] || fail "coordinator exit $rc after stop"
+# Another program's socket: the protocol error names where it came from.
+python3 - "$T/http.sock" <<'PY' &
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1); s.settimeout(10)
+c = s.accept()[0]; c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"x" * 64); c.close()
+PY
+hpid=$!
+for _ in $(seq 50); do [[ -S $T/http.sock ]] && break; sleep 0.1; done
+"$CTL" -s "$T/http.sock" status >"$T/out.txt" 2>"$T/err.txt"; rc=$?
+wait "$hpid"
+[[ $rc == 1 ]] && grep -q "^dflashctl: $T/http.sock: bad frame magic 0x50545448 (not a dflash peer?)$" "$T/err.txt" ||
+  fail "another program's socket: exit $rc: $(cat "$T/err.txt")"
 echo "dflashctl ok"
