@@ -90,3 +90,12 @@ cl_start coord5 coordinator-d -c "$CL_INI"
 cl_wait 'True' 20 coord5 || fail "the coordinator did not start on the undamaged ledger: $(tail -n 2 "$CL_DIR/coord5.log")"
 cl_kill coord5 TERM
 cl_wait_exit coord5 20
+# A ledger cut to nothing (0 bytes): a new run starts in it, said with a warning
+rm -f "$db" "$db-wal" "$db-shm"
+: >"$db"
+cl_start coord8 coordinator-d -c "$CL_INI"
+cl_wait 'True' 20 coord8 || fail "the coordinator did not start on an empty ledger: $(tail -n 2 "$CL_DIR/coord8.log")"
+grep -q "$db is there but empty (0 bytes): a new run starts in it" "$CL_DIR/coord8.log" ||
+  fail "no warning of an empty ledger: $(grep -v ' = ' "$CL_DIR/coord8.log" | head -3)"
+cl_kill coord8 TERM
+cl_wait_exit coord8 20
