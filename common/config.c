@@ -41,7 +41,7 @@ const struct cfg_key cfg_keys[] = {
     P(data, path, "", "dataset file written by dflash-data"),
     I(data, token_budget, 16, 1 << 24, "16384", "tokens per packed batch"),
     I(data, max_seq_len, 2, 1 << 22, "4096", "longer samples are truncated"),
-    I(data, epochs, 1, 100000, "1", "epochs to train"),
+    I(data, epochs, 1, CFG_MAX_EPOCHS, "1", "epochs to train"),
     I(data, seed, 0, 4294967295.0, "1234", "shuffle seed"),
     I(data, bucket_width, 1, 1 << 20, "256", "tokens per length bucket"),
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #define CFG_STR_MAX 256
+#define CFG_MAX_EPOCHS 100000   /* data.epochs at most */
 /* cluster.name: the longest name that still fits every name built from it; the ring's
  * "/dflash-<name>" must leave 8 bytes of its 64 (PROTO_NAME_MAX) free, so 64 - 8 - 8 - 1. */
 #define CFG_CLUSTER_NAME_MAX 47

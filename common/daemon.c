@@ -275,8 +275,11 @@ int daemon_dir(const char *key, const char *dir, char *err, size_t errlen)
     if (r == -EEXIST) {
         if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode))
             return 0;
-        snprintf(err, errlen, "%s: %s is not a folder (%s is there)", key, dir,
-                 stat(dir, &st) < 0 ? "a dangling link" : S_ISREG(st.st_mode) ? "a file" : "no folder");
+        if (errno == ENOENT) {  /* a link to storage not mounted yet, perhaps: a restart may find it */
+            snprintf(err, errlen, "%s: %s is a link to nothing (its storage not mounted?)", key, dir);
+            return -ENOENT;
+        }
+        snprintf(err, errlen, "%s: %s is not a folder (%s is there)", key, dir, S_ISREG(st.st_mode) ? "a file" : "no folder");
         return -ENOTDIR;
     }
     snprintf(err, errlen, "%s: %s cannot be made: %s%s", key, dir, strerror(-r),

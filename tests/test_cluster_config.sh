@@ -251,6 +251,12 @@ started_bad "cluster.runtime_dir: $T/afile is not a folder (a file is there)" ta
 started_bad "cluster.runtime_dir: $T/afile is not a folder (a file is there)" drafter-d -i 0 -o cluster.runtime_dir="$T/afile"
 started_bad "drafter.checkpoint_dir: $T/afile is not a folder (a file is there)" drafter-d -i 0 -o drafter.checkpoint_dir="$T/afile"
 bad "s|^world_size = .*|&\ncheckpoint_dir = $T/afile|" "drafter.checkpoint_dir: $T/afile is not a folder (a file is there)" drafter-d -i 0
+# a link to a folder not there (storage not mounted yet): exit 1, restarted, not 78
+ln -s "$T/not-mounted/state" "$T/dangling"
+timeout 20 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.state_dir="$T/dangling" >"$T/s.out" 2>&1
+rc=$?
+[[ $rc == 1 ]] && grep -q "cluster.state_dir: $T/dangling is a link to nothing (its storage not mounted?)" "$T/s.out" ||
+  fail "a dangling state_dir link: exit $rc: $(grep -v ' = ' "$T/s.out" | tail -2)"
 started_bad "$T/adir: a folder, not a ledger file (coordinator.ledger names the file)" coordinator-d -o coordinator.ledger="$T/adir"
 started_bad "cluster.socket is too long (a unix socket's path has at most 107 bytes)" coordinator-d \
   -o cluster.socket="$T/$(printf 's%.0s' {1..120}).sock"

@@ -192,6 +192,7 @@ usage_err "dflash-data: a command is needed: build, synth, info, verify or dump 
 usage_err "dflash-data: unknown command 'frob'" frob
 usage_err "dflash-data: build: unknown option '--frob' (try -h)" build --frob
 usage_err "dflash-data: build: -o needs a value" build -o
+usage_err "dflash-data: synth: --seed needs a value" synth -o "$T/x.bin" --seed
 usage_err "dflash-data: info: a dataset FILE is needed" info
 usage_err "dflash-data: dump: one dataset FILE only" dump a b
 

@@ -27,6 +27,7 @@ capture_layers = 1
 [coordinator]
 ring_hidden = 8
 heartbeat_ms = 50
+min_free_mb = 16
 # (a restart waits this long for its daemons: the drain below stays DRAINING meanwhile)
 recovery_ms = 120000
 [data]
@@ -180,7 +181,12 @@ wait "$cpid"; rc=$?; cpid=
 python3 - "$T/http.sock" <<'PY' &
 import socket, sys
 s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(1); s.settimeout(10)
-c = s.accept()[0]; c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"x" * 64); c.close()
+c = s.accept()[0]; c.settimeout(10); c.recv(4096)     # the HELLO first: a send into a closed socket is EPIPE
+c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"x" * 64)
+try:
+    while c.recv(4096): pass
+except OSError: pass
+c.close()
 PY
 hpid=$!
 for _ in $(seq 50); do [[ -S $T/http.sock ]] && break; sleep 0.1; done

@@ -141,7 +141,7 @@ __attribute__((destructor)) static void dump(void)
 EOF2
 "$cc" -std=gnu11 -O2 -shared -fPIC -o "$T/count.so" "$T/count.c" -ldl || fail "cannot build the counting shim"
 
-# run NAME SAMPLES: one epoch of the cluster with counted targets and drafters; prints the batches
+# run NAME SAMPLES: one epoch of the cluster with counted targets and drafters; the batches in BATCHES
 run() {
   local name=$1 samples=$2 i n
   cl_init "$T/$name" "$samples" >/dev/null || fail "cl_init $name"
@@ -159,14 +159,14 @@ run() {
   for n in target0 target1 drafter0 drafter1; do
     [[ -s $T/$name/$n.count ]] || fail "$name: $n wrote no counts"
   done
-  cl_sql 'SELECT count(*) FROM batches WHERE state = 4'
-  [[ -n $CL_NAME ]] && rm -f /dev/shm/dflash-"$CL_NAME" /dev/shm/dflash-"$CL_NAME"-*
-  CL_PIDS=()
+  BATCHES=$(cl_sql 'SELECT count(*) FROM batches WHERE state = 4')
+  cl_cleanup
 }
 
-small=$(run small 220) || exit 1
-large=$(run large 880) || exit 1
-CL_DIR=$T/large    # for the logs on failure
+run small 220
+small=$BATCHES
+run large 880
+large=$BATCHES
 echo "epochs of $small and $large batches"
 ((large - small >= 100)) || fail "the two epochs differ by $((large - small)) batches, too few to tell"
 

@@ -84,6 +84,16 @@ grep -q "$db: a damaged database (SQLite's quick check: .*): restore it from a c
 (($(grep -c . "$CL_DIR/coord7.log" | head -1) > 0)) && ! grep -q "^Page\|^\*\*\*" "$CL_DIR/coord7.log" ||
   fail "the damaged page's message is not one line: $(tail -n 4 "$CL_DIR/coord7.log")"
 echo "ok: $(grep -h "a damaged database" "$CL_DIR/coord7.log" | sed 's/^<[0-9]>//')"
+# A batch's epoch damaged past any run's (a wrapped -1): refused as such, not skipped
+good_ledger
+"$CL_PY" -c 'import sqlite3, sys
+c = sqlite3.connect(sys.argv[1]); c.execute("UPDATE batches SET epoch = 4294967295 WHERE id = (SELECT max(id) FROM batches)"); c.commit()' "$db" ||
+  fail "cannot damage an epoch"
+cl_start coord9 coordinator-d -c "$CL_INI"
+cl_wait_exit coord9 30
+[[ $CL_RC == 78 ]] && grep -q "$db: .*epoch 4294967295" "$CL_DIR/coord9.log" ||
+  fail "a damaged epoch: exit '$CL_RC': $(grep -v ' = ' "$CL_DIR/coord9.log" | tail -2)"
+echo "ok: $(grep -h "epoch 4294967295" "$CL_DIR/coord9.log" | sed 's/^<[0-9]>//')"
 # ... and the undamaged copy still starts (the checks refuse only damage)
 good_ledger
 cl_start coord5 coordinator-d -c "$CL_INI"

@@ -1276,6 +1276,7 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
     snprintf(reason, sizeof reason, "%s by %s (%s)%s%s", proto_control_name(c->cmd), m->name, who,
              c->reason[0] ? ": " : "", c->reason);
     const char *refused = NULL;
+    char why_space[PROTO_TEXT_MAX];
     switch (c->cmd) {
     case PROTO_CTL_PAUSE:
         if (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING) {
@@ -1289,7 +1290,15 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
         }
         break;
     case PROTO_CTL_RESUME:
-        if (co->state == PROTO_STATE_PAUSED) {
+        if (co->state == PROTO_STATE_PAUSED && co->space.thread_on && co->space.free_mb != UINT64_MAX &&
+            co->space.free_mb < (uint64_t)co->cfg->coordinator.min_free_mb) {
+            /* (it would pause again within seconds) */
+            snprintf(why_space, sizeof why_space, "%s has %" PRIu64 " MiB free, below coordinator.min_free_mb = %" PRId64
+                     ": free space first (a pause for it ends by itself at twice that), or restart the coordinator "
+                     "with a lower coordinator.min_free_mb", co->space.where, co->space.free_mb,
+                     co->cfg->coordinator.min_free_mb);
+            refused = why_space;
+        } else if (co->state == PROTO_STATE_PAUSED) {
             co->resumes++;      /* before the RESUME pushes and the saved state carry it */
             co->nan_pending = false;    /* the operator removed the cause: the drafters checkpoint again */
             log_notice("%s", reason);   /* who resumed, and why (a running cluster shows no reason) */
@@ -1612,8 +1621,15 @@ int coord_space_start(struct coord *co)
 
 static void check_space(struct coord *co, uint64_t now)
 {
-    if (!co->space.thread_on)
+    if (!co->space.thread_on) {
+        if (!co->cfg->coordinator.min_free_mb && co->space.paused && co->state == PROTO_STATE_PAUSED &&
+            !co->nan_pending) {
+            /* restarted with the watch off over a pause of its own: nothing would end it */
+            log_notice("coordinator.min_free_mb = 0: the pause for want of space ends");
+            coord_set_state(co, PROTO_STATE_RUNNING, "");
+        }
         return;
+    }
     uint64_t looks = atomic_load(&co->space.looks);
     if (looks == co->space.looks_seen) {
         if (now - co->space.seen_ms > 30000 && !co->space.hang_warned) {
@@ -1786,11 +1802,13 @@ void coord_tick(struct coord *co)
 
 void coord_signal_stop(struct coord *co, int hard)
 {
-    if (hard || co->state >= PROTO_STATE_DRAINING || co->nan_pending) {
-        /* (with a non-finite value unresolved no drain could end: no checkpoint comes) */
-        stop_cluster(co, co->nan_pending && !hard && co->state < PROTO_STATE_DRAINING
-                             ? "stop signal (no drain: a non-finite value waits for the operator's resume)"
-                             : "stop signal");
+    if (hard || co->state >= PROTO_STATE_DRAINING || co->nan_pending || co->space.paused) {
+        /* (with a non-finite value unresolved no drain could end: no checkpoint comes; paused for
+         * want of space, the final checkpoint may not fit, and the drain would hang on it. The
+         * next start runs on from the ledger, and pauses again if space is still short.) */
+        stop_cluster(co, hard || co->state >= PROTO_STATE_DRAINING ? "stop signal"
+                         : co->nan_pending ? "stop signal (no drain: a non-finite value waits for the operator's resume)"
+                                           : "stop signal (no drain: paused for want of space, a final checkpoint may not fit)");
     } else {
         co->signal_drain_from = co->state == PROTO_STATE_STARTING ? PROTO_STATE_RUNNING : co->state;
         coord_set_state(co, PROTO_STATE_DRAINING, "stop signal: draining");
@@ -1812,6 +1830,11 @@ static int load_row(void *ctx, const struct ledger_batch *row)
     struct load_ctx *c = ctx;
     struct coord *co = c->co;
     if (row->epoch >= co->epochs) {     /* said after the last row, with the count of epochs */
+        if (row->epoch >= CFG_MAX_EPOCHS) {
+            snprintf(c->err, c->errlen, "%s: batch " BID " has epoch %" PRIu64 ", more than a run may have (%d)",
+                     co->ledger_path, BARGS(row->id), (uint64_t)row->epoch, CFG_MAX_EPOCHS);
+            return -DF_EFORMAT;
+        }
         if (row->epoch + 1 > c->epochs_had)
             c->epochs_had = row->epoch + 1;
         return 0;

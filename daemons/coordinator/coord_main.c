@@ -232,8 +232,9 @@ int main(int argc, char **argv)
     daemon_notify_status(&co->d, "checking the dataset and the ledger");
     daemon_watchdog(&co->d);    /* start time; the dataset's hash ticks for more as it goes (progress.h) */
     struct stat lst;
-    bool ledger_new = stat(co->ledger_path, &lst) < 0 && errno == ENOENT, ready = false;
-    if (!ledger_new && S_ISREG(lst.st_mode) && lst.st_size == 0)
+    bool have_ledger = stat(co->ledger_path, &lst) == 0;
+    bool ledger_new = !have_ledger && errno == ENOENT, ready = false;
+    if (have_ledger && S_ISREG(lst.st_mode) && lst.st_size == 0)
         log_warn(0, "%s is there but empty (0 bytes): a new run starts in it (a run's ledger is never empty: if one "
                  "was there, it was cut; its checkpoints will not be taken up)", co->ledger_path);
     if ((r = coord_cluster_init(co, err, sizeof err)) < 0) {

@@ -132,8 +132,10 @@ static int check_config(struct tgt *t, char *err, size_t errlen)
 
 /* ---- cluster ------------------------------------------------------------------------- */
 
-/* The ring must carry exactly what this model captures. */
-static int check_ring_layout(struct tgt *t, char *err, size_t errlen)
+/* The ring must carry exactly what this model captures (a mismatch there is the cluster's: the
+ * coordinator's model or capture_layers differ from the targets'), in slots this target's buffers
+ * hold (*this_only: its own ring.max_tokens is short, the others may run). */
+static int check_ring_layout(struct tgt *t, bool *this_only, char *err, size_t errlen)
 {
     const struct ring_layout *l = ring_layout(t->ring);
     if (l->hidden != (uint32_t)t->hf.hidden_size || l->n_layers != (uint32_t)t->n_ids || l->dtype != RING_DTYPE_BF16) {
@@ -146,6 +148,7 @@ static int check_ring_layout(struct tgt *t, char *err, size_t errlen)
         snprintf(err, errlen, "ring %s carries %u tokens a slot, this target's ring.max_tokens is %lld: the "
                  "coordinator's and the targets' configs must agree", ring_name(t->ring), l->max_tokens,
                  (long long)t->cfg->ring.max_tokens);
+        *this_only = true;
         return -DF_ELAYOUT;
     }
     for (int i = 0; i < t->n_ids; i++)
@@ -656,10 +659,8 @@ static bool failure_lasts(int r)
 
 /* Maps the ring and opens the dataset the WELCOME names. Fails with -DF_ELAYOUT where this
  * daemon and the cluster do not agree (nobody's restart mends that), sets *this_only where
- * only this daemon cannot run as set up (the others can: its model or ring.max_tokens is not
- * the cluster's, its data.path cannot be opened), else the failure is one a restart may mend.
- * A dataset that is not the one scheduled ends the cluster: no target started from now on
- * could feed it. */
+ * only this daemon cannot run as set up (the others can: its ring.max_tokens is short, its
+ * data.path cannot be opened), else the failure is one a restart may mend. */
 static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
 {
     const struct proto_welcome *w = client_welcome(t->cl);
@@ -667,10 +668,8 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
     int r = peer_attach_ring(t->cl, t->sock, &t->ring, err, errlen);
     if (r < 0)
         return r;
-    if ((r = check_ring_layout(t, err, errlen)) < 0) {
-        *this_only = true;
+    if ((r = check_ring_layout(t, this_only, err, errlen)) < 0)
         return r;
-    }
     r = dataset_open(&t->ds, w->dataset_path, DATASET_OPEN_NO_CHECKSUM, err, errlen);
     if (r == -DF_EMAGIC || r == -DF_EVERSION || r == -DF_ETRUNC || r == -DF_EFORMAT || r == -DF_ERANGE) {
         size_t n = strlen(err);
@@ -690,10 +689,8 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
     }
     peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring, &t->ds);
     if (t->ds.vocab_size > (uint32_t)t->hf.vocab_size) {
-        /* (the coordinator checked it against its own model.path: this target's model differs) */
         snprintf(err, errlen, "%s: vocabulary %u is larger than the target's (%d, %s)", w->dataset_path,
                  t->ds.vocab_size, t->hf.vocab_size, t->cfg->model.path);
-        *this_only = true;
         return -DF_ELAYOUT;
     }
     t->state = (int)w->cluster_state;

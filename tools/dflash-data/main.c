@@ -502,7 +502,9 @@ int main(int argc, char **argv)
         case 5: end_line = 1; break;
         case 'h': usage(stdout); return 0;
         default:
-            if (optopt && strchr("ovn", optopt))
+            if (optopt >= 1 && optopt <= 3)     /* a long option's val: --min-len, --max-len, --seed */
+                fprintf(stderr, "dflash-data: %s: %s needs a value (try -h)\n", cmd, argv[optind - 1]);
+            else if (optopt && strchr("ovn", optopt))
                 fprintf(stderr, "dflash-data: %s: -%c needs a value (try -h)\n", cmd, optopt);
             else
                 fprintf(stderr, "dflash-data: %s: unknown option '%s' (try -h)\n", cmd, argv[optind - 1]);
