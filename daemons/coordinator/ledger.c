@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
+#include "common/progress.h"
 #include "daemons/coordinator/ledger.h"
 
 enum {
@@ -203,6 +204,14 @@ static int check_tables(struct ledger *l, int *rc, char *err, size_t errlen)
     return r;
 }
 
+/* sqlite3_progress_handler: the start is alive (progress.h); 0 goes on */
+static int quick_check_tick(void *arg)
+{
+    (void)arg;
+    progress_tick();
+    return 0;
+}
+
 int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
 {
     *out = NULL;
@@ -272,7 +281,9 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
     sqlite3_stmt *qc = NULL;
     if ((rc = sqlite3_prepare_v2(l->db, "PRAGMA quick_check(1)", -1, &qc, NULL)) != SQLITE_OK)
         goto fail;
+    sqlite3_progress_handler(l->db, 1 << 16, quick_check_tick, NULL);  /* a large ledger takes a while */
     rc = sqlite3_step(qc);
+    sqlite3_progress_handler(l->db, 0, NULL, NULL);
     const char *verdict = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(qc, 0) : NULL;
     if (rc == SQLITE_ROW && verdict && strcmp(verdict, "ok")) {
         /* one line: "*** in database main ***\nPage 6: ..." */
