@@ -425,7 +425,8 @@ static int connect_unix(struct client *c, char *err, size_t errlen)
         if (r == -ECONNREFUSED && stat(c->socket_path, &st) == 0 && !S_ISSOCK(st.st_mode))
             FAIL(r, "cannot connect to %s: not a socket (a %s)", c->socket_path,
                  S_ISDIR(st.st_mode) ? "folder" : S_ISREG(st.st_mode) ? "file" : "special file");
-        FAIL(r, "cannot connect to %s: %s", c->socket_path, strerror(-r));
+        FAIL(r, "cannot connect to %s: %s%s", c->socket_path, strerror(-r),
+             r == -EACCES ? " (the socket admits the coordinator's user and the members of its cluster.group)" : "");
     }
     return fd;
 }

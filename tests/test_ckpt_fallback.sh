@@ -51,9 +51,9 @@ cl_wait_log "$CL_DIR/coord.log" "falls back to checkpoint .*step-$(printf %010d 
   fail "no fall back to step $s_ok"
 # dflashctl checkpoints: both dropped, with the reason; the JSON document says the same
 out=$("$CL_BIN/dflashctl" -s "$CL_SOCK" checkpoints) || fail "dflashctl checkpoints: $out"
-for st in "$s_bad" "$s_gone"; do
-  grep -Eq "^ +$st +[0-9]+ .* dropped +$(ckdir "$st")\$" <<<"$out" || fail "step $st not shown dropped: $out"
-done
+# (the damaged one still on disk, the removed one not)
+grep -Eq "^ +$s_bad +[0-9]+ .* dropped +yes +$(ckdir "$s_bad")\$" <<<"$out" || fail "step $s_bad not shown dropped: $out"
+grep -Eq "^ +$s_gone +[0-9]+ .* dropped +no +$(ckdir "$s_gone")\$" <<<"$out" || fail "step $s_gone not shown dropped and gone: $out"
 grep -q "does not load on drafter-d@" <<<"$out" || fail "no reason shown: $out"
 printf '%s\n' "$out" | head -8
 "$CL_BIN/dflashctl" -s "$CL_SOCK" --json checkpoints | "$CL_PY" -c '
@@ -62,7 +62,8 @@ c = json.load(sys.stdin)
 bad, gone, ok = (int(a) for a in sys.argv[1:4])
 rows = {r["step"]: r for r in c["checkpoints"]}
 assert "optimizer.bin" in rows[bad]["dropped"] and rows[gone]["dropped"], rows
-assert rows[ok]["dropped"] is None and c["head"]["step"] >= ok, (rows[ok], c["head"])' "$s_bad" "$s_gone" "$s_ok" ||
+assert rows[ok]["dropped"] is None and c["head"]["step"] >= ok, (rows[ok], c["head"])
+assert rows[bad]["on_disk"] is True and rows[gone]["on_disk"] is False and rows[ok]["on_disk"] is True, rows' "$s_bad" "$s_gone" "$s_ok" ||
   fail "dflashctl --json checkpoints"
 cl_wait_exit coord 300 || fail "coordinator exited '$CL_RC'"
 for n in target0 target1 drafter0 drafter1; do

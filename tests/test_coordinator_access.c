@@ -195,6 +195,8 @@ static int as_user(uid_t uid, gid_t gid, gid_t extra)
                 _exit(8);
             _exit(2);
         }
+        if (r == -EACCES && !strstr(err, "the socket admits the coordinator's user and the members of its cluster.group"))
+            _exit(7);   /* a bare "Permission denied" says nothing of what to do */
         _exit(r < 0 ? 3 : 0);
     }
     int st;

@@ -153,7 +153,7 @@ static int build_epoch(struct coord *co, uint32_t e, int insert, char *err, size
     ep->built = 1;
     co->total_batches += ep->s.n_batches;
     if (insert)
-        log_notice("epoch %u scheduled: %u batches", e, ep->s.n_batches);
+        log_notice("epoch %u of %u scheduled (batch ids %u:*): %u batches", e + 1, co->epochs, e, ep->s.n_batches);
     return 0;
 }
 
@@ -1154,8 +1154,9 @@ static void on_checkpointed(struct coord *co, struct member *m, const struct pro
             n++;
         }
     }
-    log_notice("checkpoint %s (generation %" PRIu64 " step %" PRIu64 ") is durable: %" PRIu64 " batches done", c->dir,
-               c->generation, c->step, n);
+    log_notice("checkpoint %s (generation %" PRIu64 " step %" PRIu64 ") is durable: %" PRIu64 " more batches done, %"
+               PRIu64 " of about %" PRIu64, c->dir, c->generation, c->step, n, co->counts[BATCH_CHECKPOINTED],
+               coord_est_batches(co));
     send_ack(m, c->seq, 0);
 }
 

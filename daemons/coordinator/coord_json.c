@@ -1,5 +1,7 @@
 /* coord_json.c: the JSON documents dflashctl reads (status, ring, daemons, batches, errors, checkpoints).
  * Keys are an interface: dflashctl, `make demo` and the tests read them. */
+#include <errno.h>
+#include <sys/stat.h>
 #include <cjson/cJSON.h>
 #include <inttypes.h>
 #include <math.h>
@@ -59,7 +61,13 @@ static cJSON *daemons_json(struct coord *co)
         cJSON_AddNumberToObject(o, "pid", m->pid);
         cJSON_AddStringToObject(o, "name", m->name);
         cJSON_AddBoolToObject(o, "alive", 1);
-        cJSON_AddStringToObject(o, "state", m->have_hb ? proto_state_name(m->hb.state) : "starting");
+        /* A daemon that joined while a restarted coordinator was STARTING (its recovery window) is
+         * told no RUNNING (nothing changes for it: it works the same in both) and keeps reporting
+         * "starting": shown as the cluster is. */
+        unsigned st = m->have_hb ? m->hb.state : PROTO_STATE_STARTING;
+        if (st == PROTO_STATE_STARTING && co->state == PROTO_STATE_RUNNING && m->have_hb)
+            st = PROTO_STATE_RUNNING;
+        cJSON_AddStringToObject(o, "state", proto_state_name(st));
         cJSON_AddNumberToObject(o, "connected_s", (double)(now - m->connected_ms) / 1000.0);
         cJSON_AddNumberToObject(o, "heartbeat_age_ms", (double)(now - m->last_seen_ms));
         cJSON_AddBoolToObject(o, "silent", coord_silent(co, m, now));
@@ -327,6 +335,15 @@ static int checkpoint_row(void *arr, const struct ledger_checkpoint *c, uint64_t
     cJSON_AddNumberToObject(e, "step", (double)c->step);
     cJSON_AddStringToObject(e, "dir", c->dir);
     cJSON_AddNumberToObject(e, "written_ms", (double)ms);
+    /* pruned (drafter.keep_checkpoints) or removed since: a listed one may be gone; null where this
+     * process cannot tell (the folder not visible to it) */
+    struct stat st;
+    if (stat(c->dir, &st) == 0)
+        cJSON_AddBoolToObject(e, "on_disk", S_ISDIR(st.st_mode));
+    else if (errno == ENOENT || errno == ENOTDIR)
+        cJSON_AddBoolToObject(e, "on_disk", 0);
+    else
+        cJSON_AddNullToObject(e, "on_disk");
     if (dropped)
         cJSON_AddStringToObject(e, "dropped", dropped);
     else

@@ -210,14 +210,16 @@ void ctl_show_checkpoints(FILE *out, const cJSON *c)
         fprintf(out, "lineage head: step %.0f (generation %.0f) %s\n", num(h, "step"), num(h, "generation"), ctl_str(h, "dir"));
     else
         fprintf(out, "lineage head: none (the group starts from scratch)\n");
-    fprintf(out, "%8s %6s %-20s %-8s %s\n", "STEP", "GEN", "WRITTEN (UTC)", "LINEAGE", "DIR");
+    fprintf(out, "%8s %6s %-20s %-8s %-7s %s\n", "STEP", "GEN", "WRITTEN (UTC)", "LINEAGE", "ON DISK", "DIR");
     cJSON_ArrayForEach(e, obj(c, "checkpoints")) {
         char when[32];
         fmt_wall(when, sizeof when, num(e, "written_ms"), 1);
         const cJSON *d = obj(e, "dropped");
         int head = cJSON_IsObject(h) && num(h, "step") == num(e, "step") && !strcmp(ctl_str(h, "dir"), ctl_str(e, "dir"));
-        fprintf(out, "%8.0f %6.0f %-20s %-8s %s\n", num(e, "step"), num(e, "generation"), when,
-               cJSON_IsString(d) ? "dropped" : head ? "head" : "yes", ctl_str(e, "dir"));
+        const cJSON *disk = obj(e, "on_disk");     /* no: pruned (drafter.keep_checkpoints) or removed */
+        fprintf(out, "%8.0f %6.0f %-20s %-8s %-7s %s\n", num(e, "step"), num(e, "generation"), when,
+               cJSON_IsString(d) ? "dropped" : head ? "head" : "yes",
+               cJSON_IsTrue(disk) ? "yes" : cJSON_IsFalse(disk) ? "no" : "?", ctl_str(e, "dir"));
         if (cJSON_IsString(d))
             fprintf(out, "%8s %6s   %s\n", "", "", d->valuestring);
     }

@@ -476,7 +476,8 @@ static int ckpt_collect(struct dft *f, int wait)
         return sent;
     }
     f->ckpt_write_ms = res.write_ms;
-    log_notice("checkpoint %s (%s, written in %.0f ms beside training)", res.dir, res.why, res.write_ms);
+    log_notice("checkpoint %s (%s, written in %.0f ms%s)", res.dir, res.why, res.write_ms,
+               strcmp(res.why, "periodic") ? "" : " beside training");
     if (res.pruned)
         log_info("removed %d old checkpoint(s) under %s", res.pruned, f->ckpt_root);
     return 0;
@@ -804,14 +805,15 @@ static int pump(struct dft *f, int timeout_ms)
         return r;
     }
     if (daemon_stop_requested() && !f->stop_vote) {
-        log_notice("%s: finishing this step, then a final checkpoint", strsignal(daemon_last_signal()));
+        log_notice("%s: finishing this step, then a final checkpoint (none if that step is saved)",
+                   strsignal(daemon_last_signal()));
         f->stop_vote = 1;
     }
     if (f->stop_now && f->in_group && !f->stop_vote) {
         /* The coordinator's STOP in a group goes through the step's vote, as a stop signal does:
          * a rank that left on its own ended the collective under rank 0, which then lost its
          * stop checkpoint (the group's checkpoint, then a barrier, then every rank leaves). */
-        log_notice("STOP: finishing this step with the group, then the stop checkpoint");
+        log_notice("STOP: finishing this step with the group, then a stop checkpoint (none if that step is saved)");
         f->stop_vote = 1;
     }
     return 0;
