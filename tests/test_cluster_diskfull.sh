@@ -71,6 +71,9 @@ cl_wait_exit coord 10
 cl_start coord coordinator-d -c "$CL_INI" -o coordinator.min_free_mb=0
 cl_wait 's["state"] == "running"' 30 coord || fail "the watch off did not end the pause for space: $(cl_json 's["state"], s.get("reason")')"
 grep -q "coordinator.min_free_mb = 0: the pause for want of space ends" "$CL_DIR/coord.log" || fail "no notice of the pause's end"
+# the daemons, back in the restarted coordinator's recovery window, are shown as the cluster is
+cl_wait 'len(targets()) == 1 and len(drafters()) == 1 and all(d["state"] == "running" for d in targets() + drafters())' 20 coord ||
+  fail "the daemons are not shown running: $(cl_json '[(d["name"], d["state"]) for d in s["daemons"]]')"
 cl_kill coord KILL
 cl_wait_exit coord 10
 cl_start coord coordinator-d -c "$CL_INI"
