@@ -25,6 +25,7 @@ struct ctx {
     const char *socket;
     const char *connect;        /* host:port of cluster.tcp_listen */
     const char *token_file;
+    int wait;                   /* --wait: drain / stop return once the cluster has ended */
 };
 
 /* Ask, and either print the JSON as-is or hand the parsed document to show(). */
@@ -66,6 +67,43 @@ static int cmd_errors(struct ctx *x, int argc, char **argv) { (void)argc, (void)
 
 static int cmd_checkpoints(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_CHECKPOINTS, ctl_show_checkpoints); }
 
+/* --wait after a drain or stop: poll the status until the cluster is STOPPED or FAILED (the
+ * final checkpoint is durable then) or the coordinator is gone; one line says how it ended.
+ * 0 stopped, 1 failed or unknown. */
+static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
+{
+    for (;;) {
+        char *json = NULL, err[512];
+        int status = 0;
+        if (client_query(x->c, PROTO_Q_STATUS, 1, &json, &status, err, sizeof err) < 0) {
+            /* gone: its stop note says how the cluster ended */
+            char why[512];
+            if (x->socket && stop_note_read(x->socket, why, sizeof why) == 1) {
+                printf("%s: the cluster ended: %s\n", proto_control_name(cmd), why);
+                return strncmp(why, "stopped", 7) ? EX_FAIL : EX_OK;
+            }
+            fprintf(stderr, "dflashctl: %s: the coordinator went away before the cluster ended (%s)\n",
+                    proto_control_name(cmd), err);
+            return EX_FAIL;
+        }
+        cJSON *doc = cJSON_Parse(json);
+        free(json);
+        const char *state = ctl_str(doc, "state");
+        if (!strcmp(state, "stopped") || !strcmp(state, "failed")) {
+            const cJSON *ck = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(doc, "group"), "checkpoint");
+            const cJSON *step = cJSON_GetObjectItemCaseSensitive(ck, "step");
+            printf("%s: the cluster is %s%s%s; lineage head: step %.0f %s\n", proto_control_name(cmd), state,
+                   *ctl_str(doc, "reason") ? ": " : "", ctl_str(doc, "reason"), cJSON_IsNumber(step) ? step->valuedouble : 0,
+                   *ctl_str(ck, "dir") ? ctl_str(ck, "dir") : "(none)");
+            int rc = strcmp(state, "stopped") ? EX_FAIL : EX_OK;
+            cJSON_Delete(doc);
+            return rc;
+        }
+        cJSON_Delete(doc);
+        usleep(250000);
+    }
+}
+
 static int control(struct ctx *x, enum proto_control_cmd cmd, int argc, char **argv)
 {
     char reason[PROTO_TEXT_MAX] = "";
@@ -89,7 +127,13 @@ static int control(struct ctx *x, enum proto_control_cmd cmd, int argc, char **a
         printf("%s: cluster is %s\n", proto_control_name(cmd), ctl_str(doc, "state"));
     cJSON_Delete(doc);
     free(json);
-    return status < 0 ? EX_FAIL : EX_OK;
+    if (status < 0)
+        return EX_FAIL;
+    if (x->wait && (cmd == PROTO_CTL_DRAIN || cmd == PROTO_CTL_STOP)) {
+        fflush(stdout);
+        return wait_end(x, cmd);
+    }
+    return EX_OK;
 }
 
 static int cmd_pause(struct ctx *x, int argc, char **argv) { return control(x, PROTO_CTL_PAUSE, argc, argv); }
@@ -126,6 +170,7 @@ static void usage(FILE *f)
                "  --token-file PATH    its shared secret (a copy of cluster.tcp_token_file, mode 0600)\n"
                "  --json     print the coordinator's JSON document (read commands)\n"
                "  -n LIMIT   rows for batches / errors / checkpoints (default 100; errors keeps the newest 64)\n"
+               "  --wait     drain / stop: return once the cluster has ended (exit 0 stopped, 1 failed)\n"
                "options may also follow the command; after \"--\" every word is the command's (a REASON\n"
                "starting with '-')\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
@@ -181,6 +226,8 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--json")) {
             x.json = 1;
+        } else if (!strcmp(a, "--wait")) {
+            x.wait = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return EX_OK;
