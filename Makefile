@@ -146,7 +146,10 @@ install: $(BIN_PATHS)
 	install -m 0644 README.md docs/*.md $(DESTDIR)$(PREFIX)/share/doc/dflash/
 	for u in systemd/*.service systemd/*.target; do \
 	  sed 's|@BINDIR@|$(PREFIX)/bin|g; s|@DOCDIR@|$(PREFIX)/share/doc/dflash|g' $$u \
-	    > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u); done
+	    > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) && \
+	  chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) || exit 1; done
+	@case "$(PREFIX)" in /usr|/usr/local) ;; *) echo "note: systemd does not look in $(PREFIX)/lib/systemd/system:" \
+	  "link the units into /etc/systemd/system (systemctl link)";; esac
 	@# the operator's config is kept: the shipped one goes beside it
 	if [ -e $(DESTDIR)/etc/dflash/dflash.ini ]; then \
 	  install -m 0644 etc/dflash.ini $(DESTDIR)/etc/dflash/dflash.ini.dist; \

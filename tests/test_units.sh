@@ -17,8 +17,10 @@ for b in $BINS; do [[ -x $BIN/$b ]] || fail "$BIN/$b not built"; done
 # make install into a DESTDIR (the binaries copied first so make has nothing to rebuild).
 mkdir -p "$T/bins"
 for b in $BINS; do cp "$BIN/$b" "$T/bins/"; done
-make -s install DESTDIR="$T/root" PREFIX=/opt/dflash BIN_PATHS="$(for b in $BINS; do printf '%s ' "$T/bins/$b"; done)" ||
-  fail "make install"
+(umask 077; make -s install DESTDIR="$T/root" PREFIX=/opt/dflash BIN_PATHS="$(for b in $BINS; do printf '%s ' "$T/bins/$b"; done)" \
+  >"$T/install.out") || fail "make install"
+# (a strict umask does not make the units unreadable to systemd; a PREFIX it does not search is said)
+grep -q "systemd does not look in /opt/dflash/lib/systemd/system" "$T/install.out" || fail "no note of the units' folder"
 for b in $BINS; do [[ -x $T/root/opt/dflash/bin/$b ]] || fail "install: bin/$b missing"; done
 [[ -f $T/root/etc/dflash/dflash.ini ]] || fail "install: /etc/dflash/dflash.ini missing"
 cmp -s etc/dflash.ini "$T/root/etc/dflash/dflash.ini" ||
@@ -33,6 +35,7 @@ UNITS="dflash-coordinator.service dflash-target@.service dflash-drafter@.service
 for u in $UNITS; do
   f=$T/root/opt/dflash/lib/systemd/system/$u
   [[ -f $f ]] || fail "install: unit $u missing"
+  [[ $(stat -c %a "$f") == 644 ]] || fail "install: unit $u mode $(stat -c %a "$f") under umask 077"
   grep -q '@BINDIR@\|@DOCDIR@' "$f" && fail "install: $u still has @BINDIR@ or @DOCDIR@"
   cmp -s <(sed 's|@BINDIR@|/opt/dflash/bin|g; s|@DOCDIR@|/opt/dflash/share/doc/dflash|g' "systemd/$u") "$f" ||
     fail "install: $u is not the substituted source"
