@@ -48,6 +48,8 @@ reason=$(cl_json 's["reason"]')
 ctl status | grep -q "^space: [0-9]* MiB free in $CL_DIR/state.* (pauses below 8 MiB), paused until twice that" ||
   fail "dflashctl status does not show the space: $(ctl status)"
 ctl errors | grep -q "below coordinator.min_free_mb" || fail "the pause is not in dflashctl errors: $(ctl errors)"
+ctl status | grep -q "^drafter group: generation [0-9]*, formed, paused, 1/1 ranks" ||
+  fail "the group line does not show the pause: $(ctl status | grep 'drafter group')"
 sleep 1       # a step in flight when the pause came is trained still
 n1=$(trained)
 sleep 3

@@ -75,6 +75,9 @@ PY
 "$CTL" -s "$S" pause maintenance | grep -q "paused" || fail "pause"
 "$CTL" -s "$S" --json status | grep -q '"state":"paused"' || fail "state after pause"
 "$CTL" -s "$S" status | grep -q "maintenance" || fail "pause reason not shown"
+# a second pause answers with the reason the cluster is paused for (the first one's)
+"$CTL" -s "$S" pause later | grep -q "^pause: cluster is paused: pause by dflashctl .*: maintenance$" ||
+  fail "a second pause does not say why the cluster is paused: $("$CTL" -s "$S" pause later)"
 # options after the command are options, not words of the reason; "--" lets a reason start with '-'
 "$CTL" status -s "$S" --json | json_ok || fail "options after the command"
 "$CTL" -s "$S" resume disk checked >/dev/null || fail "resume"

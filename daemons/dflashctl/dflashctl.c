@@ -123,8 +123,9 @@ static int control(struct ctx *x, enum proto_control_cmd cmd, int argc, char **a
         fprintf(stderr, "dflashctl: the coordinator sent malformed JSON\n");
     else if (status < 0)
         fprintf(stderr, "dflashctl: %s: %s\n", proto_control_name(cmd), ctl_str(doc, "error"));
-    else
-        printf("%s: cluster is %s\n", proto_control_name(cmd), ctl_str(doc, "state"));
+    else    /* the reason the cluster is in that state: a second pause shows the first one's */
+        printf("%s: cluster is %s%s%s\n", proto_control_name(cmd), ctl_str(doc, "state"),
+               *ctl_str(doc, "reason") ? ": " : "", ctl_str(doc, "reason"));
     cJSON_Delete(doc);
     free(json);
     if (status < 0)

@@ -130,7 +130,9 @@ void ctl_show_status(FILE *out, const cJSON *s)
         snprintf(waiting, sizeof waiting, " (%.0f drafter%s waiting to join)", num(g, "drafters_waiting"),
                  num(g, "drafters_waiting") == 1 ? "" : "s");
     fprintf(out, "drafter group: generation %.0f, %s, %.0f/%.0f ranks%s; checkpoint %s (step %.0f)\n", num(g, "generation"),
-           cJSON_IsTrue(obj(g, "active")) ? "running" : "not formed", num(g, "ranks_connected"), num(g, "world_size"),
+           !cJSON_IsTrue(obj(g, "active")) ? "not formed" : !strcmp(ctl_str(s, "state"), "paused") ? "formed, paused"
+                                                                                                 : "running",
+           num(g, "ranks_connected"), num(g, "world_size"),
            waiting, *ctl_str(ck, "dir") ? ctl_str(ck, "dir") : "none", num(ck, "step"));
     if (!isnan(num(dr, "step")))
         fprintf(out, "training: step %.0f, loss %.4g, accuracy %.3f, accept %.2f, grad norm %.3g, lr %.3g, %.0f tok/s;"
