@@ -66,7 +66,7 @@ awk '$2 ~ /^(leased|published|trained)$/ {
   fail "dflashctl batches table: $(cat "$CL_DIR/batches.txt")"
 # --wait returns once the cluster has ended, with the final checkpoint
 "$CL_BIN/dflashctl" -s "$CL_SOCK" drain --wait "run 1 ends here" >"$CL_DIR/drain.txt" || fail "dflashctl drain --wait: $(cat "$CL_DIR/drain.txt")"
-tail -n 1 "$CL_DIR/drain.txt" | grep -Eq "^drain: (the cluster is stopped: drained; lineage head: step [0-9]+ .*/step-[0-9]+|the cluster ended: stopped.*)\$" ||
+tail -n 1 "$CL_DIR/drain.txt" | grep -Eq "^drain: (the cluster is stopped: drained \(drain by dflashctl .*: run 1 ends here\); lineage head: step [0-9]+ .*/step-[0-9]+|the cluster ended: stopped: drained .*run 1 ends here.*)\$" ||
   fail "dflashctl drain --wait said: $(cat "$CL_DIR/drain.txt")"
 expect_all_exit_0
 cl_log "run 1 drained; ledger: $(cl_sql 'SELECT state, count(*) FROM batches GROUP BY state' | tr '\n' ' ')"
@@ -91,7 +91,7 @@ seed=$("$CL_PY" -c 'import struct, sys; print(struct.unpack_from("<Q", open(sys.
 [[ $seed == 42 ]] || fail "checkpoint step $ck1 records seed '$seed', drafter.seed is 42"
 ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left after drain: $(ls /dev/shm | grep "dflash-$CL_NAME")"
 [[ -e $CL_SOCK ]] && fail "socket left after drain"
-grep -q "^stopped: drained" "$CL_SOCK.stopped" 2>/dev/null || fail "stop note after the drain: '$(cat "$CL_SOCK.stopped" 2>&1)'"
+grep -q "^stopped: drained (drain by dflashctl .*: run 1 ends here)" "$CL_SOCK.stopped" 2>/dev/null || fail "stop note after the drain: '$(cat "$CL_SOCK.stopped" 2>&1)'"
 
 # ---- run 2: load the checkpoint back, finish the epoch --------------------------------------
 start_all

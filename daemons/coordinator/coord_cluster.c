@@ -1548,9 +1548,14 @@ static void check_done(struct coord *co)
     if (co->state == PROTO_STATE_DRAINING && !c[BATCH_LEASED] && !c[BATCH_TRAINED]) {
         if (co->fatal)
             coord_set_state(co, PROTO_STATE_FAILED, co->reason);
-        else
-            coord_set_state(co, PROTO_STATE_STOPPED,
-                            run_complete(co) ? "run complete: every batch checkpointed" : "drained");
+        else if (run_complete(co))
+            coord_set_state(co, PROTO_STATE_STOPPED, "run complete: every batch checkpointed");
+        else {
+            /* the drain's reason kept (who asked, and why): the stop note and dflashctl say it */
+            char why[sizeof co->reason];
+            snprintf(why, sizeof why, "drained (%.*s)", (int)sizeof why - 16, co->reason);
+            coord_set_state(co, PROTO_STATE_STOPPED, co->reason[0] ? why : "drained");
+        }
     }
 }
 
