@@ -316,11 +316,11 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
             return -ERANGE;
         }
         /* paths and names reach logs, the protocol and dflashctl's terminal: none needs one */
-        for (const unsigned char *c = (const unsigned char *)val; *c; c++)
-            if (*c < 0x20 || *c == 0x7f) {
-                snprintf(err, errlen, "a control character (0x%02x) at byte %zu", *c, (size_t)(c - (const unsigned char *)val));
-                return -EINVAL;
-            }
+        long at = cfg_control_char(val);
+        if (at >= 0) {
+            snprintf(err, errlen, "a control character (0x%02x) at byte %ld", (unsigned char)val[at], at);
+            return -EINVAL;
+        }
         for (size_t i = 0; i < sizeof str_checks / sizeof str_checks[0]; i++) {
             int r = str_checks[i].offset == k->offset ? str_checks[i].check(val, err, errlen) : 0;
             if (r < 0)
@@ -665,4 +665,12 @@ int cfg_parse_int_list(const char *s, int *out, int max)
     if (!*s)
         return 0;
     return parse_ids(s, out, max, why, sizeof why);
+}
+
+long cfg_control_char(const char *s)
+{
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+        if (*c < 0x20 || *c == 0x7f)
+            return (long)(c - (const unsigned char *)s);
+    return -1;
 }

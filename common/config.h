@@ -138,6 +138,9 @@ int cfg_load_section(struct dflash_cfg *cfg, const char *path, const char *secti
 /* Apply one "section.key=value" override (command line); same checks. A relative path value
  * is taken from the current folder. */
 int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen);
+/* The offset of s's first control character (below 0x20, or 0x7f), or -1: a value quoted in a
+ * message must not break its line. */
+long cfg_control_char(const char *s);
 /* Print every key with its effective value, one per line ("section.key = value"). */
 void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section /* NULL = all */);
 

@@ -65,11 +65,11 @@ int daemon_parse_args(struct daemon *d, const char *prog, const char *role, int 
             snprintf(err, errlen, "option %s needs a value", a);
             return -EINVAL;
         }
-        for (const char *c = val; *c; c++)
-            if ((unsigned char)*c < 0x20 || *c == 0x7f) {     /* (a message quoting it would break its line) */
-                snprintf(err, errlen, "option -%c: its value has a control character (byte %d)", a[1], *c);
-                return -EINVAL;
-            }
+        long at = cfg_control_char(val);
+        if (at >= 0) {
+            snprintf(err, errlen, "option -%c: its value has a control character (byte %d)", a[1], val[at]);
+            return -EINVAL;
+        }
         switch (a[1]) {
         case 'c':
             if (d->config_path) {

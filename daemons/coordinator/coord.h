@@ -225,7 +225,6 @@ struct coord {
      * three at twice it resume a pause of its own. */
     struct {
         bool paused;                /* the cluster is PAUSED for want of space (saved in the ledger) */
-        uint64_t checked_ms;        /* last look (mono) */
         uint64_t free_mb;           /* the lesser free space at the last look (UINT64_MAX: none read) */
         const char *where;          /* ... the folder it is for */
         unsigned low, high;         /* looks in a row below min_free_mb / at twice it or more */

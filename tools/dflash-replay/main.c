@@ -803,10 +803,10 @@ int main(int argc, char **argv)
     int c;
     opterr = 0;     /* one line of ours instead of getopt's and the usage */
     while ((c = getopt_long(argc, argv, "c:o:h", opts, NULL)) != -1) {
-        for (const char *p = c == 'c' || c == 'o' || c == 1 ? optarg : ""; *p; p++)
-            if ((unsigned char)*p < 0x20 || *p == 0x7f)     /* (a message quoting it would break its line) */
-                return fail(DAEMON_EX_USAGE, "%s: its value has a control character (byte %d)",
-                            c == 'c' ? "-c" : c == 'o' ? "-o" : "--checkpoint", *p);
+        long at = c == 'c' || c == 'o' || c == 1 ? cfg_control_char(optarg) : -1;
+        if (at >= 0)
+            return fail(DAEMON_EX_USAGE, "%s: its value has a control character (byte %d)",
+                        c == 'c' ? "-c" : c == 'o' ? "-o" : "--checkpoint", optarg[at]);
         switch (c) {
         case 'c': rp.d.config_path = optarg; break;
         case 1: rp.want_dir = optarg; break;
