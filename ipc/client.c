@@ -949,6 +949,19 @@ int client_error_nan(struct client *c, uint64_t step, const char *text)
     return send_held(c, &m);
 }
 
+int client_bye(struct client *c, int exit_status, const char *fmt, ...)
+{
+    struct proto_msg m = { .type = PROTO_BYE };
+    m.bye.exit_status = (uint32_t)exit_status & 0xff;
+    char text[PROTO_TEXT_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    proto_strset(m.bye.reason, sizeof m.bye.reason, text);
+    return send_msg(c, &m);
+}
+
 const struct client_lease *client_lease_find(const struct client *c, uint64_t batch) { return lease_get(c, batch); }
 int client_lease_held(const struct client *c, uint64_t batch) { return lease_get(c, batch) != NULL; }
 uint32_t client_leases_held(const struct client *c) { return (uint32_t)c->n_leases; }

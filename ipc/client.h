@@ -131,6 +131,9 @@ int client_ckpt_bad(struct client *c, uint64_t generation, uint64_t step, const 
 int client_error(struct client *c, int fatal, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Drafters: a non-finite loss or norm (-DF_ENAN) made this rank skip `step`. */
 int client_error_nan(struct client *c, uint64_t step, const char *text);
+/* The daemon's last word before it exits: BYE(exit_status, reason), sent now if connected (not
+ * held: a reconnect will not happen). Without it the coordinator records the exit as a death. */
+int client_bye(struct client *c, int exit_status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Leases currently held (granted, not published/returned/revoked). */
 const struct client_lease *client_lease_find(const struct client *c, uint64_t batch_id);

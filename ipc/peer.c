@@ -88,10 +88,23 @@ void peer_flush_events(struct daemon *d, struct client *cl, uint64_t ms)
     }
 }
 
+void peer_bye(struct daemon *d, struct client *cl, int exit_code, int r)
+{
+    if (!cl || !client_connected(cl))
+        return;
+    if (r < 0)
+        client_bye(cl, exit_code, "%s exits %d: %s", d->ident, exit_code, err_str(r));
+    else
+        client_bye(cl, exit_code, "%s exits %d", d->ident, exit_code);
+}
+
 _Noreturn void peer_abandon(struct daemon *d, struct client *cl, int code, const char *status)
 {
-    if (cl)
+    if (cl) {
         peer_flush_events(d, cl, 2000);
+        if (client_connected(cl))
+            client_bye(cl, code, "%s exits %d at once: %s", d->ident, code, status);
+    }
     daemon_notify_stopping(d, "%s", status);
     _exit(code);
 }

@@ -35,6 +35,11 @@ void peer_flush_events(struct daemon *d, struct client *cl, uint64_t ms);
  * go out, and *reported is set. Disconnected (or cl NULL): only the daemon's own log has it. */
 void peer_report_exit(struct daemon *d, struct client *cl, int code, int *reported);
 
+/* The daemon's last word to the coordinator, just before it exits with exit_code (r: the error
+ * that ends it, < 0, or 0): BYE "<ident> exits <exit_code>[: <r's text>]", while connected. A
+ * daemon gone without one is recorded by the coordinator as having died (a signal, a crash). */
+void peer_bye(struct daemon *d, struct client *cl, int exit_code, int r);
+
 /* Leave at once, without the clean exit's waits (a thread or a GPU that never comes back would
  * hold them for ever): what cl has queued (events, an error just sent) gets up to 2 s to go out,
  * systemd is told STOPPING with `status`, then _exit(code). The coordinator takes back what this

@@ -35,6 +35,7 @@ static const struct {
     [PROTO_AUTH]          = { "AUTH", sizeof(struct proto_auth), 0 },
     [PROTO_SKIPPED]       = { "SKIPPED", sizeof(struct proto_skipped), 0 },
     [PROTO_CKPT_BAD]      = { "CKPT_BAD", sizeof(struct proto_ckpt_bad), 0 },
+    [PROTO_BYE]           = { "BYE", sizeof(struct proto_bye), 0 },
 };
 
 static const char *const role_names[] = { [PROTO_ROLE_TARGET] = "target", [PROTO_ROLE_DRAFTER] = "drafter", [PROTO_ROLE_CTL] = "ctl" };
@@ -143,6 +144,9 @@ static void plain_texts(struct proto_msg *m)
     case PROTO_CKPT_BAD:
         plain_text(m->ckpt_bad.reason, sizeof m->ckpt_bad.reason);
         break;
+    case PROTO_BYE:
+        plain_text(m->bye.reason, sizeof m->bye.reason);
+        break;
     default:
         break;
     }
@@ -233,6 +237,12 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
         COUNT_OK(m->ckpt_bad.step, "step");
         COUNT_OK(m->ckpt_bad.generation, "generation");
         ZERO(m->ckpt_bad.pad, "pad");
+        break;
+    case PROTO_BYE:
+        if (m->bye.exit_status > 255)
+            FAIL(-DF_ERANGE, "%s: exit status %u is not one (0..255)", tn, m->bye.exit_status);
+        STR_OK(m->bye.reason, "reason");
+        ZERO(m->bye.pad, "pad");
         break;
     case PROTO_ACK:
         ZERO(m->ack.pad, "pad");

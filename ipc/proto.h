@@ -7,14 +7,14 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 9                    /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
+#define PROTO_VERSION 10                   /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
                                               4: lease numbers, SKIPPED; 5: dataset checksum and operator
                                               resume count in WELCOME, the count in CONTROL; 6: GROUP
                                               lists the batches kept from earlier generations that
                                               were leased more than once, and the run's batch count;
                                               7: the run's id in GROUP; 8: CKPT_BAD, QUERY checkpoints,
                                               the skipped step in ERROR; 9: the drafter's H2D
-                                              time in HEARTBEAT */
+                                              time in HEARTBEAT; 10: BYE */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -94,6 +94,9 @@
  *     pushed), and until the operator's resume a CHECKPOINTED of ERROR.step or later is
  *     refused (-DF_ESTATE); fatal = drain, then FAILED with the reason (the coordinator
  *     exits 78).
+ *     A daemon about to exit says BYE(exit status, reason) last. A target or drafter whose
+ *     connection ends without one and whose process is then gone died unannounced (a
+ *     signal, a crash, the OOM killer): s records a non-fatal error naming it.
  *  6. s pushes CONTROL(PAUSE|RESUME|DRAIN|STOP, reason) to daemons. On DRAIN targets
  *     finish/return their leases and drafters write a final checkpoint; STOP = exit.
  *  7. dflashctl (role CTL): QUERY(what) -> REPLY(status, JSON text); CONTROL(cmd) ->
@@ -129,6 +132,7 @@ enum proto_type {
     PROTO_AUTH = 20,
     PROTO_SKIPPED = 21,
     PROTO_CKPT_BAD = 22,
+    PROTO_BYE = 23,
     PROTO_TYPE_MAX
 };
 
@@ -304,6 +308,13 @@ struct proto_error {
 };
 _Static_assert(sizeof(struct proto_error) == 272, "wire size");
 
+struct proto_bye {
+    uint32_t exit_status;           /* the process's exit status (0 done, 1 failed, 78 configuration) */
+    uint32_t pad;
+    char reason[PROTO_TEXT_MAX];    /* "drained after 120 batches", "exits: ..." */
+};
+_Static_assert(sizeof(struct proto_bye) == 264, "wire size");
+
 struct proto_control {
     uint32_t cmd;                   /* enum proto_control_cmd */
     uint32_t resumes;               /* s->c: the operator's resumes so far, counted by the coordinator
@@ -362,6 +373,7 @@ struct proto_msg {
         struct proto_checkpointed checkpointed;
         struct proto_ack ack;
         struct proto_error error;
+        struct proto_bye bye;
         struct proto_control control;
         struct proto_restart restart;
         struct proto_query query;

@@ -4,7 +4,7 @@
 # only after the drafter's step counter moved on while it was down (target 1 keeps feeding).
 # Then `dflashctl drain`: every daemon exits 0, no batch is lost or trained twice (the ledger:
 # only pending and checkpointed batches, each checkpointed one trained exactly once), no slot is
-# left WRITING or READING. The run is long (many epochs) so timing does not depend on the
+# left WRITING or READING; each kill is recorded as a death, the drain's exits are not. The run is long (many epochs) so timing does not depend on the
 # machine's speed; completing a run is covered by test_cluster.sh.
 set -u
 cd "$(dirname "$0")/.."
@@ -55,5 +55,14 @@ states=$(cl_ring_states 4)
 [[ $states != *WRITING* && $states != *READING* ]] || fail "slot leaked: $states"
 n_deaths=$(grep -c "target-d@0 (pid [0-9]*, member [0-9]*) left" "$CL_DIR/coord.log")
 ((n_deaths >= KILLS)) || fail "the coordinator saw $n_deaths departures of target 0"
+# Each SIGKILL is in the ledger's errors (the process hung up without a BYE and is gone); the
+# daemons that left at the drain said BYE, so none of them is.
+died=$(cl_sql "SELECT count(*) FROM errors WHERE role = 'target' AND device = 0 AND message LIKE 'target-d@0 (pid %) died without a word%'")
+[[ $died == "$KILLS" ]] || fail "$died deaths of target 0 recorded for $KILLS kills: $(cl_sql 'SELECT message FROM errors')"
+others=$(cl_sql "SELECT count(*) FROM errors WHERE message LIKE '%died without a word%'")
+[[ $others == "$KILLS" ]] || fail "a daemon that left at the drain is recorded as dead: $(cl_sql 'SELECT message FROM errors')"
+for n in target-d@1 drafter-d@0; do
+  grep -q "$n (pid [0-9]*) leaves, exit status 0: $n exits 0" "$CL_DIR/coord.log" || fail "no BYE from $n in the coordinator's log"
+done
 ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left at the end"
 echo "ok: $KILLS kills, $done batches each trained once, $requeued re-leased"

@@ -147,6 +147,23 @@ int main(void)
     snprintf(cmd, sizeof cmd, "grep -q 'CONTROL is not a message a target may send' '%s/coordinator.log'", TC.dir);
     CHECK_INT(system(cmd), ==, 0);
     CHECK_STR(state(), "running");
+    /* Its connection closed by the refusal, it could not say BYE before it exited: its death is
+     * recorded (a non-fatal error naming it, with why it had left). Every other process here says
+     * BYE before it exits, as the daemons do, and is not. */
+    tc_wait_num("error_count", 4, 5000);
+    {
+        cJSON *e = tc_query(PROTO_Q_ERRORS);
+        const cJSON *dead = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(e, "errors"), 0);
+        CHECK(dead);
+        char want[128];
+        snprintf(want, sizeof want, "target@1 (pid %d) died without a word", (int)kid);
+        CHECK_CONTAINS(cJSON_GetObjectItemCaseSensitive(dead, "message")->valuestring, want);
+        CHECK_CONTAINS(cJSON_GetObjectItemCaseSensitive(dead, "message")->valuestring,
+                       "it had left: refused: CONTROL is not a message a target may send");
+        CHECK(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(dead, "fatal")));
+        CHECK_INT(tc_num(dead, "code"), ==, -DF_EDEAD);
+        cJSON_Delete(e);
+    }
 
     /* A TRAINED for generation 1 from d, which never joined (generation 1 is another process's,
      * world_size 1): refused, and batch 0 stays untrained. */
@@ -175,6 +192,7 @@ int main(void)
         for (int i = 0; i < 2; i++)
             if (client_checkpointed(r, 1, 1, "/nowhere/step-0000000001") < 0 || settle(r, &rs) < 0 || rs.nacks != 1)
                 _exit(20 + i);
+        client_bye(r, 0, "done");
         _exit(0);
     }
     char rb;
@@ -234,7 +252,9 @@ int main(void)
             _exit(4);
         uint64_t sent_ms = mono_ms() - t0;
         /* (errors are not acknowledged: the DRAIN it brings says the fatal one was taken) */
-        _exit(next_control(flood) != PROTO_CTL_DRAIN ? 5 : sent_ms < 9000 ? 0 : 1);
+        int code = next_control(flood) != PROTO_CTL_DRAIN ? 5 : sent_ms < 9000 ? 0 : 1;
+        client_bye(flood, code, "flood done");
+        _exit(code);
     }
     char fb;
     int kst = 0;
@@ -244,9 +264,9 @@ int main(void)
     if (w)
         TEST_FAIL("the flooding daemon ended before its flood was sent (wait status %d)", kst);
     CHECK_INT(read(flooded[0], &fb, 1), ==, 1);
-    tc_wait_num("error_count", 3 + 50, 5000);
+    tc_wait_num("error_count", 4 + 50, 5000);
     idle_for(d, 300);
-    CHECK(tc_status_num("error_count") <= 3 + 50 + (fb == '1' ? 0 : 50));
+    CHECK(tc_status_num("error_count") <= 4 + 50 + (fb == '1' ? 0 : 50));
     CHECK_STR(state(), "running");
     CHECK_INT(write(fatal_go[1], "g", 1), ==, 1);
     while ((w = waitpid(kid, &kst, WNOHANG)) == 0)
@@ -262,8 +282,8 @@ int main(void)
      * the count is final. (Once failed, the coordinator waits at most dead_after_ms, 3 s, for d
      * to take the STOP and leave: the checks up to d's hang-up are quick.) */
     double n_err = tc_status_num("error_count");
-    if (n_err < 3 + 50 + 1 || n_err > 3 + 50 + 1 + (one_window ? 0 : 50))
-        TEST_FAIL("error_count %g after the flood and its member's fatal error: wanted %d%s", n_err, 3 + 50 + 1,
+    if (n_err < 4 + 50 + 1 || n_err > 4 + 50 + 1 + (one_window ? 0 : 50))
+        TEST_FAIL("error_count %g after the flood and its member's fatal error: wanted %d%s", n_err, 4 + 50 + 1,
                   one_window ? "" : " to 104");
     s = tc_query(PROTO_Q_ERRORS);
     CHECK_INT(tc_num(s, "fatal"), ==, 1);

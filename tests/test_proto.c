@@ -222,6 +222,30 @@ int main(void)
         CHECK_CONTAINS(e, "dir holds a control character");
     }
 
+    /* BYE: the reason is a peer's text ('?' for control characters); an exit status past 255 and
+     * a nonzero pad are refused */
+    memset(&m, 0, sizeof m);
+    m.type = PROTO_BYE;
+    m.bye.exit_status = 78;
+    proto_strset(m.bye.reason, sizeof m.bye.reason, "target-d@0 exits 78:\tconfig");
+    {
+        uint8_t fr[1024];
+        char e[256];
+        int64_t fn = proto_encode(&m, fr, sizeof fr, e, sizeof e);
+        CHECK(fn > 0);
+        CHECK_INT(proto_decode(fr, (size_t)fn, &d, e, sizeof e), ==, 0);
+        CHECK_INT(d.type, ==, PROTO_BYE);
+        CHECK_INT(d.bye.exit_status, ==, 78);
+        CHECK_STR(d.bye.reason, "target-d@0 exits 78:?config");
+        CHECK_STR(proto_type_name(PROTO_BYE), "BYE");
+        m.bye.exit_status = 256;
+        CHECK(proto_encode(&m, fr, sizeof fr, e, sizeof e) == -DF_ERANGE);
+        CHECK_CONTAINS(e, "exit status 256");
+        m.bye.exit_status = 0;
+        m.bye.pad = 1;
+        CHECK(proto_encode(&m, fr, sizeof fr, e, sizeof e) == -DF_EFORMAT);
+    }
+
     memset(&m, 0, sizeof m);
     m.type = PROTO_CHECKPOINTED;
     m.checkpointed.seq = 5;

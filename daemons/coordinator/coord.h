@@ -88,6 +88,8 @@ struct member {
                                      * read by the peer, or out of memory): closed at the flush */
     bool write_failed;              /* closed by the next flush */
     uint64_t close_deadline_ms;     /* closing: handle closed now, pending writes cancelled */
+    bool said_bye;                  /* targets, drafters: BYE received (leaving on purpose) */
+    char bye[96];                   /* its reason and exit status */
 };
 
 /* A member that left, kept for `dflashctl daemons` (alive = false). */
@@ -98,8 +100,13 @@ struct departed {
     char reason[96];
     uint64_t left_wall_ms;
     struct proto_heartbeat hb;
+    uint64_t token;                 /* the process (pid + start time) */
+    uint64_t watch_until_ms;        /* mono; a target or drafter that left without a BYE: while
+                                       its process lives (it may reconnect) it is looked for up to
+                                       then, and its death is recorded as an error; 0 = not watched */
 };
 #define COORD_DEPARTED_MAX 32
+#define COORD_DEATH_WATCH_MS 600000     /* how long a daemon that hung up without a BYE is watched */
 
 struct error_rec {
     uint64_t wall_ms;
@@ -271,6 +278,9 @@ int coord_space_start(struct coord *co);    /* the free-space thread of coordina
 void coord_cluster_done(struct coord *co);
 void coord_handle(struct member *m, const struct proto_msg *msg);
 void coord_member_gone(struct member *m, const char *reason);
+/* The departed targets and drafters that left without a BYE: each whose process is gone now is
+ * recorded as a non-fatal error (it died: a signal, a crash, the OOM killer), once. */
+void coord_watch_departed(struct coord *co);
 void coord_tick(struct coord *co);                  /* timeouts, recovery, completion */
 void coord_signal_stop(struct coord *co, int hard);
 void coord_set_state(struct coord *co, int state, const char *reason);

@@ -708,16 +708,44 @@ void coord_group_close(struct coord *co)
 
 /* ---- errors ---- */
 
-static void record_error(struct coord *co, const struct member *m, int fatal, int code, const char *text)
+/* role 0: the coordinator's own (device -1, pid 0). */
+static void record_error_of(struct coord *co, int role, int device, pid_t pid, int fatal, int code, const char *text)
 {
     struct error_rec *e = &co->errors[co->n_errors % COORD_ERRORS_KEPT];
-    *e = (struct error_rec){ .wall_ms = wall_ms(), .role = m ? m->role : 0, .device = m ? m->device : -1,
-                             .fatal = fatal, .code = code, .pid = m ? m->pid : 0 };
+    *e = (struct error_rec){ .wall_ms = wall_ms(), .role = role, .device = role ? device : -1,
+                             .fatal = fatal, .code = code, .pid = role ? pid : 0 };
     snprintf(e->message, sizeof e->message, "%s", text);
     co->n_errors++;
     co->n_fatal += fatal != 0;
-    ledger_error_add(co->ledger, e->wall_ms, m ? proto_role_name((unsigned)m->role) : "coordinator", e->device,
+    ledger_error_add(co->ledger, e->wall_ms, role ? proto_role_name((unsigned)role) : "coordinator", e->device,
                      (int)e->pid, fatal, code, text);
+}
+
+static void record_error(struct coord *co, const struct member *m, int fatal, int code, const char *text)
+{
+    record_error_of(co, m ? m->role : 0, m ? m->device : -1, m ? m->pid : 0, fatal, code, text);
+}
+
+void coord_watch_departed(struct coord *co)
+{
+    uint64_t now = mono_ms();
+    for (size_t k = 0; k < co->n_departed; k++) {
+        struct departed *d = &co->departed[k];
+        if (!d->watch_until_ms)
+            continue;
+        int alive = proc_token_alive(d->token);
+        if (alive != 0 && now < d->watch_until_ms)
+            continue;       /* still exiting, or alive and coming back (a new member then) */
+        d->watch_until_ms = 0;
+        if (alive != 0)
+            continue;
+        char text[PROTO_TEXT_MAX];
+        snprintf(text, sizeof text, "%s (pid %d) died without a word (killed by a signal, crashed, or the OOM "
+                 "killer: its journal says which); it had left: %s", d->name, (int)d->pid, d->reason);
+        log_warn(0, "%s", text);
+        record_error_of(co, d->role, d->device, d->pid, 0, -DF_EDEAD, text);
+        snprintf(d->reason, sizeof d->reason, "died without a word");
+    }
 }
 
 /* The errors recorded before this start (ledger_error_recent: co->n_errors counted first, then
@@ -1425,6 +1453,14 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
             break;
         on_checkpointed(co, m, &msg->checkpointed);
         return;
+    case PROTO_BYE:
+        if (role != PROTO_ROLE_TARGET && role != PROTO_ROLE_DRAFTER)
+            break;
+        m->said_bye = true;
+        snprintf(m->bye, sizeof m->bye, "%.*s", (int)sizeof m->bye - 1, msg->bye.reason);
+        log_info("%s (pid %d) leaves, exit status %u: %s", m->name, (int)m->pid, msg->bye.exit_status,
+                 msg->bye.reason);
+        return;
     case PROTO_ERROR:
         if (role != PROTO_ROLE_TARGET && role != PROTO_ROLE_DRAFTER)
             break;      /* a ctl client reports nothing, and must not fail the cluster */
@@ -1791,6 +1827,7 @@ void coord_tick(struct coord *co)
                      rc.waiters_cleared == 1 ? "" : "s");
         last_reclaim = now;
     }
+    coord_watch_departed(co);
     sweep_orphans(co, now);
     retract_trained_copies(co);
     grant_leases(co);

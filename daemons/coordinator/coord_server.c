@@ -196,7 +196,9 @@ static void remember_departed(struct coord *co, const struct member *m, const ch
     co->departed_next = (co->departed_next + 1) % COORD_DEPARTED_MAX;
     if (co->n_departed < COORD_DEPARTED_MAX)
         co->n_departed++;
-    *d = (struct departed){ .role = m->role, .device = m->device, .pid = m->pid, .left_wall_ms = wall_ms(), .hb = m->hb };
+    *d = (struct departed){ .role = m->role, .device = m->device, .pid = m->pid, .left_wall_ms = wall_ms(), .hb = m->hb,
+                            .token = m->token,
+                            .watch_until_ms = m->said_bye ? 0 : mono_ms() + COORD_DEATH_WATCH_MS };
     snprintf(d->name, sizeof d->name, "%s", m->name);
     snprintf(d->reason, sizeof d->reason, "%s", reason);
 }
@@ -206,6 +208,8 @@ void coord_close_member(struct member *m, const char *reason)
     if (m->closing)
         return;
     struct coord *co = m->co;
+    if (m->said_bye)
+        reason = m->bye;        /* what it said on leaving, rather than the hang-up that followed */
     if (m->role && m->role != PROTO_ROLE_CTL)
         log_notice("%s (pid %d, member %llu) left: %s", m->name, (int)m->pid, (unsigned long long)m->id, reason);
     else if (m->is_tcp)
@@ -217,6 +221,7 @@ void coord_close_member(struct member *m, const char *reason)
     if (m->role)
         coord_member_gone(m, reason);
     remember_departed(co, m, reason);
+    coord_watch_departed(co);
     if (m->prev)
         m->prev->next = m->next;
     else
@@ -273,7 +278,9 @@ void coord_refuse(struct member *m, int code, const char *fmt, ...)
         write_now(m, buf, n);
     else
         free(buf);
-    coord_close_member(m, "refused");
+    char why[PROTO_TEXT_MAX + 16];
+    snprintf(why, sizeof why, "refused: %s", text);
+    coord_close_member(m, why);
 }
 
 /* What a peer sends the coordinator is small (the largest, an ERROR or a CONTROL, under 1 KiB):

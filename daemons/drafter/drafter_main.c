@@ -1951,6 +1951,7 @@ out:
     ckpt_writer_free(f->writer);
     if (code == DAEMON_EX_FAILURE)
         peer_report_exit(&f->d, f->cl, r, &f->reported);
+    peer_bye(&f->d, f->cl, code, code == DAEMON_EX_OK ? 0 : r);
     coll_close(f->coll);
     if (f->metrics)
         fclose(f->metrics);

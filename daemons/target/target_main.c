@@ -864,6 +864,7 @@ out:
 #endif
     if (code == DAEMON_EX_FAILURE)
         peer_report_exit(&t->d, t->cl, r, &t->reported);
+    peer_bye(&t->d, t->cl, code, code == DAEMON_EX_OK ? 0 : r);
     client_free(t->cl);
 #ifdef DFLASH_HAVE_TARGET_CUDA
     if (t->ring_pinned)
