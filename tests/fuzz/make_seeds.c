@@ -254,6 +254,10 @@ static void seeds_proto(void)
             proto_strset(m.ckpt_bad.dir, sizeof m.ckpt_bad.dir, "/ckpt/step-0000000100");
             proto_strset(m.ckpt_bad.reason, sizeof m.ckpt_bad.reason, "model.safetensors: truncated");
             break;
+        case PROTO_BYE:
+            m.bye.exit_status = 1;
+            proto_strset(m.bye.reason, sizeof m.bye.reason, "drafter-d@1 exits 1: CUDA error");
+            break;
         case PROTO_CHECKPOINTED:
             m.checkpointed = (struct proto_checkpointed){ .seq = 3, .step = 200, .generation = 2 };
             proto_strset(m.checkpointed.dir, sizeof m.checkpointed.dir, "/ckpt/step-0000000200");
