@@ -4,12 +4,13 @@
 # only after the drafter's step counter moved on while it was down (target 1 keeps feeding).
 # Then `dflashctl drain`: every daemon exits 0, no batch is lost or trained twice (the ledger:
 # only pending and checkpointed batches, each checkpointed one trained exactly once), no slot is
-# left WRITING or READING; each kill is recorded as a death, the drain's exits are not. The run is long (many epochs) so timing does not depend on the
+# left WRITING or READING; each kill is recorded as a death, the drain's exits are not (one of
+# a target that was frozen, closed by the coordinator and came back, included). The run is long (many epochs) so timing does not depend on the
 # machine's speed; completing a run is covered by test_cluster.sh.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
-cl_test_init
+cl_test_init 'cl_kill target1 CONT'
 KILLS=${KILLS:-5}
 
 cl_init "$T/c" 6000 || exit 1
@@ -40,6 +41,16 @@ done
 # The last restart must have joined before the drain (else it finds the cluster ended and exits 0
 # without having published anything).
 cl_wait '[t for t in targets() if t["gpu"] == 0]' 60 coord || fail "target 0 did not come back"
+
+# Target 1 frozen past coordinator.dead_after_ms is closed ("no heartbeat"); thawed, it connects
+# again. Its process lived on: its exit at the drain (with a BYE) is no death.
+cl_kill target1 STOP
+cl_wait_log "$CL_DIR/coord.log" 'target-d@1 \(pid [0-9]+, member [0-9]+\) left: no heartbeat' 20 ||
+  fail "frozen target 1 not closed"
+cl_kill target1 CONT
+cl_wait_log "$CL_DIR/target1.log" 'reconnect|connected' 20 || true
+cl_wait '[t for t in targets() if t["gpu"] == 1]' 30 coord || fail "target 1 did not come back after its thaw"
+cl_log "target 1 frozen, closed by the coordinator, back"
 
 "$CL_BIN/dflashctl" -s "$CL_SOCK" drain || fail "dflashctl drain"
 for n in target0 target1 drafter0 coord; do cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"; done

@@ -867,6 +867,11 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
                 return;
             }
         m->token = h->token;
+        /* It is back: its earlier connection ended, not its process (whose exit this member
+         * will say BYE for, or be watched for in turn). */
+        for (size_t k = 0; k < co->n_departed; k++)
+            if (co->departed[k].token == h->token)
+                co->departed[k].watch_until_ms = 0;
     } else {
         /* Each holds a descriptor: a leaky monitoring loop must not use them all up (every
          * connection after that, a daemon's reconnect included, would be dropped). */
