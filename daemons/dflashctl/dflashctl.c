@@ -1,5 +1,6 @@
 /* dflashctl: command-line client of the coordinator's control socket (or of its TCP listener,
- * --connect with --token-file). Read commands print a table or, with --json, the JSON document. */
+ * --connect with --token-file, or, --ledger, a reader of its ledger file without it). Read
+ * commands print a table or, with --json, the JSON document. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -9,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "common/config.h"
+#include "daemons/dflashctl/ledger_view.h"
 #include "daemons/dflashctl/show.h"
 #include "ipc/client.h"
 #include "ipc/stopnote.h"
@@ -26,6 +28,7 @@ struct ctx {
     const char *connect;        /* host:port of cluster.tcp_listen */
     const char *token_file;
     int wait;                   /* --wait: drain / stop return once the cluster has ended */
+    const char *ledger;         /* --ledger: read this ledger file, no coordinator asked */
 };
 
 /* Ask, and either print the JSON as-is or hand the parsed document to show(). */
@@ -147,30 +150,69 @@ static const struct cmd_entry {
     const char *usage;
     int min_args, max_args;
     int (*fn)(struct ctx *, int, char **);
+    enum ledger_view_what offline;              /* what --ledger reads for it (NONE: not kept there) */
+    void (*offline_show)(FILE *, const cJSON *);
 } commands[] = {
-    { "status", "cluster state, progress, ring, daemons, errors", 0, 0, cmd_status },
-    { "ring", "every ring slot: state, owner, seq, batch, tokens, age", 0, 0, cmd_ring },
-    { "daemons", "registered daemons with their timings", 0, 0, cmd_daemons },
-    { "batches", "batch counts per state and epoch, batches in flight", 0, 0, cmd_batches },
-    { "errors", "errors reported by the daemons", 0, 0, cmd_errors },
-    { "checkpoints", "the ledger's checkpoints, newest first: the lineage head, those dropped and why", 0, 0, cmd_checkpoints },
-    { "pause", "[REASON]: stop leasing, pause targets and drafters", 0, 64, cmd_pause },
-    { "resume", "[REASON]: continue after a pause", 0, 64, cmd_resume },
-    { "drain", "[REASON]: finish in-flight work, final checkpoint, stop", 0, 64, cmd_drain },
-    { "stop", "[REASON]: stop every daemon now", 0, 64, cmd_stop },
+    { "status", "cluster state, progress, ring, daemons, errors", 0, 0, cmd_status, LEDGER_VIEW_STATUS,
+      ctl_show_ledger_status },
+    { "ring", "every ring slot: state, owner, seq, batch, tokens, age", 0, 0, cmd_ring, LEDGER_VIEW_NONE, NULL },
+    { "daemons", "registered daemons with their timings", 0, 0, cmd_daemons, LEDGER_VIEW_NONE, NULL },
+    { "batches", "batch counts per state and epoch, batches in flight (--ledger: those changed last)", 0, 0,
+      cmd_batches, LEDGER_VIEW_BATCHES, ctl_show_ledger_batches },
+    { "errors", "errors reported by the daemons", 0, 0, cmd_errors, LEDGER_VIEW_ERRORS, ctl_show_errors },
+    { "checkpoints", "the ledger's checkpoints, newest first: the lineage head, those dropped and why", 0, 0,
+      cmd_checkpoints, LEDGER_VIEW_CHECKPOINTS, ctl_show_checkpoints },
+    { "pause", "[REASON]: stop leasing, pause targets and drafters", 0, 64, cmd_pause, LEDGER_VIEW_NONE, NULL },
+    { "resume", "[REASON]: continue after a pause", 0, 64, cmd_resume, LEDGER_VIEW_NONE, NULL },
+    { "drain", "[REASON]: finish in-flight work, final checkpoint, stop", 0, 64, cmd_drain, LEDGER_VIEW_NONE, NULL },
+    { "stop", "[REASON]: stop every daemon now", 0, 64, cmd_stop, LEDGER_VIEW_NONE, NULL },
 };
+
+/* --ledger: the command's document read from the ledger file, printed as the coordinator's are. */
+static int offline(struct ctx *x, const struct cmd_entry *ce)
+{
+    if (ce->offline == LEDGER_VIEW_NONE) {
+        fprintf(stderr, "dflashctl: %s: not kept in the ledger (--ledger reads status, batches, errors, checkpoints)\n",
+                ce->name);
+        return EX_USAGE;
+    }
+    cJSON *doc = NULL;
+    char err[1024];
+    if (ledger_view_read(x->ledger, ce->offline, x->limit, &doc, err, sizeof err) < 0) {
+        fprintf(stderr, "dflashctl: %s: %s\n", x->ledger, err);
+        return EX_FAIL;
+    }
+    int rc = EX_OK;
+    if (x->json) {
+        char *json = cJSON_PrintUnformatted(doc);
+        if (json)
+            puts(json);
+        else
+            fprintf(stderr, "dflashctl: %s: out of memory\n", x->ledger);
+        rc = json ? EX_OK : EX_FAIL;
+        free(json);
+    } else {
+        ce->offline_show(stdout, doc);
+    }
+    cJSON_Delete(doc);
+    return rc;
+}
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: dflashctl [-s SOCKET | -c CONFIG | --connect HOST:PORT --token-file PATH] [--json] [-n LIMIT]\n"
                "                 COMMAND [ARGS]\n"
+               "       dflashctl --ledger PATH [--json] [-n LIMIT] status|batches|errors|checkpoints\n"
                "  -s SOCKET  the coordinator's control socket\n"
                "  -c CONFIG  take the socket from this dflash.ini (default $DFLASH_CONFIG, else the\n"
                "             DFLASH_CONFIG of /etc/default/dflash, else /etc/dflash/dflash.ini)\n"
                "  --connect HOST:PORT  the coordinator's TCP listener (cluster.tcp_listen; [IPv6]:PORT)\n"
                "  --token-file PATH    its shared secret (a copy of cluster.tcp_token_file, mode 0600)\n"
+               "  --ledger PATH        no coordinator: read the run from its ledger file (coordinator.ledger),\n"
+               "                       read-only, whether its coordinator has stopped or still runs\n"
                "  --json     print the coordinator's JSON document (read commands)\n"
-               "  -n LIMIT   rows for batches / errors / checkpoints (default 100; errors keeps the newest 64)\n"
+               "  -n LIMIT   rows for batches / errors / checkpoints (default 100; errors keeps the newest 64,\n"
+               "             --ledger has every one)\n"
                "  --wait     drain / stop: return once the cluster has ended (exit 0 stopped, 1 failed)\n"
                "options may also follow the command; after \"--\" every word is the command's (a REASON\n"
                "starting with '-')\ncommands:\n");
@@ -232,11 +274,13 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return EX_OK;
-        } else if ((!strcmp(a, "--connect") || !strcmp(a, "--token-file")) && i + 1 < argc) {
+        } else if ((!strcmp(a, "--connect") || !strcmp(a, "--token-file") || !strcmp(a, "--ledger")) && i + 1 < argc) {
             if (a[2] == 'c')
                 x.connect = argv[++i];
-            else
+            else if (a[2] == 't')
                 x.token_file = argv[++i];
+            else
+                x.ledger = argv[++i];
         } else if ((!strcmp(a, "-s") || !strcmp(a, "-c") || !strcmp(a, "-n")) && i + 1 < argc) {
             const char *v = argv[++i];
             if (a[1] == 's') {
@@ -253,8 +297,8 @@ int main(int argc, char **argv)
                 }
                 x.limit = (uint32_t)n;
             }
-        } else if (!strcmp(a, "--connect") || !strcmp(a, "--token-file") || !strcmp(a, "-s") || !strcmp(a, "-c") ||
-                   !strcmp(a, "-n")) {
+        } else if (!strcmp(a, "--connect") || !strcmp(a, "--token-file") || !strcmp(a, "--ledger") ||
+                   !strcmp(a, "-s") || !strcmp(a, "-c") || !strcmp(a, "-n")) {
             fprintf(stderr, "dflashctl: %s needs a value\n", a);
             return EX_USAGE;
         } else {
@@ -264,6 +308,11 @@ int main(int argc, char **argv)
     }
     if (n_words == 0) {
         usage(stderr);
+        return EX_USAGE;
+    }
+    if (x.ledger && (x.socket || config || x.connect || x.token_file || x.wait)) {
+        fprintf(stderr, "dflashctl: --ledger reads a file, no coordinator: it goes without -s / -c / --connect / "
+                "--token-file / --wait\n");
         return EX_USAGE;
     }
     if (x.connect && (x.socket || config)) {
@@ -291,6 +340,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "dflashctl: %s: wrong number of arguments (%s)\n", ce->name, ce->usage);
         return EX_USAGE;
     }
+    if (x.ledger)
+        return offline(&x, ce);
 
     char path[CFG_STR_MAX + 80];
     uint8_t token[PROTO_AUTH_TOKEN_MAX];

@@ -1,6 +1,7 @@
-/* show.c: dflashctl's tables, made from the coordinator's JSON replies. A reply is outside
- * input (--connect may reach any endpoint): a field missing or of another type prints as "nan",
- * "" or "-", never as undefined behaviour (tests/fuzz/fuzz_ctl.c). */
+/* show.c: dflashctl's tables, made from the coordinator's JSON replies (and, at the end, from the
+ * documents of a ledger read by ledger_view.c). A reply is outside input (--connect may reach any
+ * endpoint): a field missing or of another type prints as "nan", "" or "-", never as undefined
+ * behaviour (tests/fuzz/fuzz_ctl.c). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -224,5 +225,106 @@ void ctl_show_checkpoints(FILE *out, const cJSON *c)
                cJSON_IsTrue(disk) ? "yes" : cJSON_IsFalse(disk) ? "no" : "?", ctl_str(e, "dir"));
         if (cJSON_IsString(d))
             fprintf(out, "%8s %6s   %s\n", "", "", d->valuestring);
+    }
+}
+
+/* ---- dflashctl --ledger: the documents of ledger_view.c ---- */
+
+static void show_ledger_counts(FILE *out, const cJSON *b, const char *tail)
+{
+    char other[48] = "";
+    if (num(b, "other") > 0)    /* rows of a state no coordinator writes */
+        snprintf(other, sizeof other, ", of no known state %.0f", num(b, "other"));
+    fprintf(out, "batches of the epochs scheduled: %.0f: pending %.0f, leased %.0f, published %.0f, trained %.0f, "
+            "checkpointed %.0f%s%s\n", num(b, "total"), num(b, "pending"), num(b, "leased"), num(b, "published"),
+            num(b, "trained"), num(b, "checkpointed"), other, tail);
+}
+
+static void show_per_epoch(FILE *out, const cJSON *ep)
+{
+    const cJSON *e;
+    cJSON_ArrayForEach(e, obj(ep, "per_epoch"))
+        fprintf(out, "epoch %.0f (batch ids %.0f:*): %.0f of %.0f batches checkpointed\n", num(e, "epoch") + 1,
+                num(e, "epoch"), num(e, "checkpointed"), num(e, "batches"));
+}
+
+void ctl_show_ledger_status(FILE *out, const cJSON *s)
+{
+    const cJSON *fl = obj(s, "flags"), *ep = obj(s, "epoch"), *g = obj(s, "group"), *ck = obj(g, "checkpoint");
+    const cJSON *tr = obj(s, "trains"), *cks = obj(s, "checkpoints");
+    char when[32];
+    fmt_wall(when, sizeof when, num(s, "created_ms"), 1);
+    fprintf(out, "ledger %s (schema %.0f): run %s, created %s UTC, dataset %s\n", ctl_str(s, "ledger"), num(s, "schema"),
+            *ctl_str(s, "run") ? ctl_str(s, "run") : "(none)", when,
+            *ctl_str(s, "dataset") ? ctl_str(s, "dataset") : "(none)");
+    /* The state a coordinator saved last: a coordinator that crashed (or still runs) left it as it was. */
+    const char *state = ctl_str(s, "state");
+    char notes[640] = "";
+    size_t n = 0;
+    if (cJSON_IsTrue(obj(fl, "fatal")) && strcmp(state, "failed"))
+        n += (size_t)snprintf(notes + n, sizeof notes - n, "; a fatal error: the run ends failed");
+    if (cJSON_IsTrue(obj(fl, "space_paused")) && n < sizeof notes)
+        n += (size_t)snprintf(notes + n, sizeof notes - n, "; paused for want of disk space");
+    if (cJSON_IsTrue(obj(fl, "nan_pending")) && n < sizeof notes)
+        n += (size_t)snprintf(notes + n, sizeof notes - n, "; a non-finite loss (step %.0f) waits for a resume",
+                              num(fl, "nan_step"));
+    if (cJSON_IsTrue(obj(fl, "failed_open")) && n < sizeof notes)
+        snprintf(notes + n, sizeof notes - n, "; its coordinator's exit is not recorded (a start ends the run "
+                 "failed again)");
+    int why = *ctl_str(s, "reason") != 0;
+    fprintf(out, "state: %s%s%s%s, as its coordinator last recorded it%s\n", *state ? state : "none recorded",
+            why ? " (" : "", ctl_str(s, "reason"), why ? ")" : "", notes);
+    if (cJSON_IsNumber(obj(ep, "run_batches")) && num(ep, "run_batches") > 0)
+        fprintf(out, "epochs scheduled: %.0f; the run: %.1f%% (%.0f of about %.0f batches checkpointed)\n",
+                num(ep, "scheduled"), 100 * num(ep, "done_batches") / num(ep, "run_batches"), num(ep, "done_batches"),
+                num(ep, "run_batches"));
+    else
+        fprintf(out, "epochs scheduled: %.0f; %.0f batches checkpointed\n", num(ep, "scheduled"), num(ep, "done_batches"));
+    show_per_epoch(out, ep);
+    char tail[64] = "";
+    if (cJSON_IsNumber(obj(s, "last_change_ms"))) {
+        fmt_wall(when, sizeof when, num(s, "last_change_ms"), 1);
+        snprintf(tail, sizeof tail, "; last change %s UTC", when);
+    }
+    show_ledger_counts(out, obj(s, "batches"), tail);
+    char ranks[32] = "";
+    if (cJSON_IsNumber(obj(g, "world_size")))
+        snprintf(ranks, sizeof ranks, " (%.0f rank%s)", num(g, "world_size"), num(g, "world_size") == 1 ? "" : "s");
+    if (*ctl_str(ck, "dir"))
+        fprintf(out, "drafter group: generation %.0f%s, %s; lineage head: step %.0f (generation %.0f) %s\n",
+                cJSON_IsNumber(obj(g, "generation")) ? num(g, "generation") : 0, ranks,
+                cJSON_IsTrue(obj(g, "active")) ? "formed" : "not formed", num(ck, "step"), num(ck, "generation"),
+                ctl_str(ck, "dir"));
+    else
+        fprintf(out, "drafter group: generation %.0f%s, %s; lineage head: none (a group starts from scratch)\n",
+                cJSON_IsNumber(obj(g, "generation")) ? num(g, "generation") : 0, ranks,
+                cJSON_IsTrue(obj(g, "active")) ? "formed" : "not formed");
+    fprintf(out, "checkpoints: %.0f written, %.0f dropped from the lineage\n", num(cks, "count"), num(cks, "dropped"));
+    fprintf(out, "trainings: %.0f recorded, %.0f rolled back; batches trained more than once in the lineage: %.0f; "
+            "checkpointed batches not trained exactly once: %.0f\n", num(tr, "rows"), num(tr, "rolled_back"),
+            num(tr, "trained_twice"), num(tr, "checkpointed_not_once"));
+    fprintf(out, "errors: %.0f (%.0f fatal)\n", num(s, "error_count"), num(s, "fatal_count"));
+    show_errors_rows(out, obj(s, "errors"));
+}
+
+void ctl_show_ledger_batches(FILE *out, const cJSON *b)
+{
+    show_ledger_counts(out, obj(b, "batches"), "");
+    show_per_epoch(out, obj(b, "epoch"));
+    fprintf(out, "%-12s %-12s %7s %7s %6s %6s %6s %8s %6s %s\n", "BATCH", "STATE", "SAMPLES", "TOKENS", "LEASES", "SLOT",
+            "GEN", "STEP", "TRAINS", "CHANGED (UTC)");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, obj(b, "recent")) {
+        char id[32], slot[16], gen[24], step[24], when[32];
+        snprintf(id, sizeof id, "%.0f:%.0f", num(e, "epoch"), num(e, "index"));
+        /* a slot only while published; a generation and step once trained */
+        int published = !strcmp(ctl_str(e, "state"), "published");
+        int trained = !strcmp(ctl_str(e, "state"), "trained") || !strcmp(ctl_str(e, "state"), "checkpointed");
+        fmt_wall(when, sizeof when, num(e, "updated_ms"), 1);
+        fprintf(out, "%-12s %-12s %7.0f %7.0f %6.0f %6s %6s %8s %6.0f %s\n", id, ctl_str(e, "state"), num(e, "samples"),
+                num(e, "tokens"), num(e, "leases"),
+                num_or_dash(slot, sizeof slot, num(e, "slot"), published && num(e, "slot") >= 0),
+                num_or_dash(gen, sizeof gen, num(e, "generation"), trained),
+                num_or_dash(step, sizeof step, num(e, "step"), trained), num(e, "trains"), when);
     }
 }

@@ -1,4 +1,5 @@
-/* show.h: dflashctl's human-readable tables of the coordinator's QUERY replies (show.c). */
+/* show.h: dflashctl's human-readable tables of the coordinator's QUERY replies and of the ledger
+ * view's documents (show.c). */
 #pragma once
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -10,6 +11,9 @@ void ctl_show_daemons(FILE *out, const cJSON *d);
 void ctl_show_batches(FILE *out, const cJSON *b);
 void ctl_show_errors(FILE *out, const cJSON *e);
 void ctl_show_checkpoints(FILE *out, const cJSON *c);
+/* dflashctl --ledger's own documents (ledger_view.c; its errors and checkpoints print as above). */
+void ctl_show_ledger_status(FILE *out, const cJSON *s);
+void ctl_show_ledger_batches(FILE *out, const cJSON *b);
 
 /* o's string member k, or "" when it is missing or not a string. */
 const char *ctl_str(const cJSON *o, const char *k);

@@ -10,6 +10,7 @@ int fuzz_ctl(const uint8_t *data, size_t size)
 {
     static void (*const show[])(FILE *, const cJSON *) = {
         ctl_show_status, ctl_show_ring, ctl_show_daemons, ctl_show_batches, ctl_show_errors, ctl_show_checkpoints,
+        ctl_show_ledger_status, ctl_show_ledger_batches,
     };
     if (size < 1)
         return 0;
