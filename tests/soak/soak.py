@@ -47,6 +47,7 @@ class Daemon:
         self.starts = self.kills = 0
         self.exited_at = 0.0
         self.exits = []             # (rc, seconds it ran) of exits we did not cause
+        self.gone_pids = set()      # processes SIGKILLed by us or that exited other than 0
 
     def start(self):
         with open(self.log, "ab") as out:
@@ -60,6 +61,7 @@ class Daemon:
     def kill(self):
         self.killed = True
         self.kills += 1
+        self.gone_pids.add(self.proc.pid)
         self.proc.send_signal(signal.SIGKILL)
 
 
@@ -135,6 +137,7 @@ class Soak:
                 continue
             else:
                 d.exits.append((rc, ran))
+                d.gone_pids.add(d.proc.pid)
                 self.say("%s exited by itself with %s after %.1fs" % (d.name, rc, ran))
                 if rc < 0 or rc == 78:
                     self.fail("%s: exit %s (%s)" % (d.name, rc, "signal %d" % -rc if rc < 0 else "config error"))
@@ -390,7 +393,19 @@ class Soak:
         if meta.get("state") != "stopped" or "run complete" not in meta.get("reason", ""):
             self.fail("ledger says the run ended %s: %s" % (meta.get("state"), meta.get("reason")))
         n_err = db.execute("SELECT count(*) FROM errors").fetchone()[0]
+        died = [m for (m,) in db.execute("SELECT message FROM errors WHERE message LIKE '%died without a word%'")]
         db.close()
+        # A death the coordinator recorded (a target or drafter gone without its BYE) is one of a
+        # process killed here or one that failed by itself: a daemon leaving cleanly says BYE.
+        gone = set().union(*(d.gone_pids for d in self.daemons))
+        for m in died:
+            pid = re.search(r"\(pid (\d+)\) died without a word", m)
+            if not pid or int(pid.group(1)) not in gone:
+                self.fail("recorded as dead, but neither killed nor failed: %s" % m)
+        td_kills = sum(d.kills for d in self.daemons if d.kind != "coordinator")
+        if td_kills >= 3 and not died:
+            self.fail("%d target and drafter kills, none recorded as a death in the ledger" % td_kills)
+        self.deaths = len(died)
         for d in self.daemons:
             for mark in SANITIZER_MARKS:
                 n = self.log_count(d, mark)
@@ -432,12 +447,12 @@ class Soak:
                 self.fail("%d %s kills, want at least %d" % (kinds.get(kind, 0), kind, a.min_per_kind))
         exits = {d.name: d.exits for d in self.daemons if d.exits}
         self.say("summary: %s in %.1f min; %d kills (%s); %d generations (%d ended); %d unexpected exits %s; "
-                 "%d ring checks, %d leaks; %d errors in the ledger; %d restarts; %d runs ended early (drained) %s, "
+                 "%d ring checks, %d leaks; %d errors in the ledger (%d deaths); %d restarts; %d runs ended early (drained) %s, "
                  "%d daemons started again after leaving in a drain; %d group restarts because a drafter rejoined "
                  "a restarted coordinator too late" %
                  ("FAIL" if self.failures else "ok", (now() - self.t0) / 60, len(self.kill_log),
                   ", ".join("%s %d" % kv for kv in sorted(kinds.items())), self.max_gen, ended,
-                  sum(len(v) for v in exits.values()), exits or "", self.ring_checks, self.leaks, n_err,
+                  sum(len(v) for v in exits.values()), exits or "", self.ring_checks, self.leaks, n_err, self.deaths,
                   sum(d.starts - 1 for d in self.daemons), len(self.drained_early), self.drained_early or "",
                   self.operator_starts, self.late_rejoins))
 
