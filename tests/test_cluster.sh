@@ -74,6 +74,13 @@ cl_log "run 1 drained; ledger: $(cl_sql 'SELECT state, count(*) FROM batches GRO
 "$CL_BIN/dflashctl" -s "$CL_SOCK" status >"$CL_DIR/ended.txt" 2>&1 && fail "dflashctl status with no coordinator: exit 0"
 grep -qF "the coordinator ended the cluster ($CL_SOCK.stopped): stopped" "$CL_DIR/ended.txt" ||
   fail "dflashctl does not show the stop note: $(cat "$CL_DIR/ended.txt"; ls "$CL_DIR/run")"
+# ... and, given the config, the command that reads the run's ledger, which works
+"$CL_BIN/dflashctl" -c "$CL_INI" status >"$CL_DIR/ended.txt" 2>&1 && fail "dflashctl -c status with no coordinator: exit 0"
+hint=$(sed -n 's/^dflashctl: the run.s record: //p' "$CL_DIR/ended.txt")
+[[ $hint == "dflashctl --ledger $CL_DIR/state/$CL_NAME-ledger.db status" ]] ||
+  fail "no ledger hint after the stop note: $(cat "$CL_DIR/ended.txt")"
+# shellcheck disable=SC2086  # the hint is a command line
+"$CL_BIN"/$hint | grep -q "checkpointed" || fail "'$hint' does not read the ledger"
 # Only pending (0) and checkpointed (4) remain after a clean drain.
 [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state NOT IN (0, 4)') == 0 ]] || fail "ledger not consistent after drain"
 done1=$(cl_sql 'SELECT count(*) FROM batches WHERE state = 4')

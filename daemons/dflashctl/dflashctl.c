@@ -344,6 +344,7 @@ int main(int argc, char **argv)
         return offline(&x, ce);
 
     char path[CFG_STR_MAX + 80];
+    char ledger[CFG_STR_MAX + 80] = "";     /* the config's coordinator.ledger, where it is known */
     uint8_t token[PROTO_AUTH_TOKEN_MAX];
     size_t token_len = 0;
     if (x.connect) {
@@ -362,7 +363,10 @@ int main(int argc, char **argv)
             config = from_defaults;                 /* as the units take it */
         if (!config && access("/etc/dflash/dflash.ini", R_OK) == 0)
             config = "/etc/dflash/dflash.ini";
-        if (cfg_load(&cfg, config, err, sizeof err) < 0) {
+        if (cfg_load(&cfg, config, err, sizeof err) >= 0) {
+            if (cfg_ledger_path(&cfg, ledger, sizeof ledger) < 0)
+                ledger[0] = 0;
+        } else {
             /* A mistake elsewhere in the file (an edit for the next run) must not keep the
              * operator from the running cluster: the socket from [cluster] as it stands. */
             char err2[512];
@@ -391,8 +395,11 @@ int main(int argc, char **argv)
         else
             fprintf(stderr, "dflashctl: %s\n", err);
         char why[512];
-        if (x.socket && stop_note_read(x.socket, why, sizeof why) == 1)   /* the cluster ended: say how */
+        if (x.socket && stop_note_read(x.socket, why, sizeof why) == 1) {     /* the cluster ended: say how */
             fprintf(stderr, "dflashctl: the coordinator ended the cluster (%s.stopped): %s\n", x.socket, why);
+            if (ledger[0])
+                fprintf(stderr, "dflashctl: the run's record: dflashctl --ledger %s %s\n", ledger, ce->name);
+        }
         return EX_FAIL;
     }
     int rc = ce->fn(&x, nargs, words + 1);
