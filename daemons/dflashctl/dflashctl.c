@@ -398,7 +398,8 @@ int main(int argc, char **argv)
         if (x.socket && stop_note_read(x.socket, why, sizeof why) == 1) {     /* the cluster ended: say how */
             fprintf(stderr, "dflashctl: the coordinator ended the cluster (%s.stopped): %s\n", x.socket, why);
             if (ledger[0])
-                fprintf(stderr, "dflashctl: the run's record: dflashctl --ledger %s %s\n", ledger, ce->name);
+                fprintf(stderr, "dflashctl: the run's record: dflashctl --ledger %s %s\n", ledger,
+                        ce->offline != LEDGER_VIEW_NONE ? ce->name : "status");
         }
         return EX_FAIL;
     }
