@@ -505,6 +505,11 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
             e.error.code = r;
             proto_strset(e.error.message, sizeof e.error.message, why);
             send_msg(c, &e);
+            /* and its last word: the daemon exits (1, to be restarted) with this connection's end */
+            struct proto_msg b = { .type = PROTO_BYE };
+            b.bye.exit_status = 1;
+            proto_strset(b.bye.reason, sizeof b.bye.reason, why);
+            send_msg(c, &b);
             disconnect(c);
             snprintf(c->refused, sizeof c->refused, "%s", why);     /* no more reconnects */
             FAIL(-DF_EPEER, "%s", why);

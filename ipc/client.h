@@ -100,8 +100,9 @@ void client_get_stats(const struct client *c, struct client_stats *st);
 /* Sending. All return 0 (sent, or queued while disconnected) or <0. */
 void client_set_heartbeat(struct client *c, const struct proto_heartbeat *hb);  /* sent every period */
 /* On each reconnect, fn(arg, WELCOME) runs before anything is replayed or asked; a value < 0
- * (why in its buffer) ends the client: why goes to the coordinator as a non-fatal ERROR, the
- * connection is closed and the poll returns -DF_EPEER (e.g. the ring is not the one mapped). */
+ * (why in its buffer) ends the client: why goes to the coordinator as a non-fatal ERROR and a
+ * BYE (exit status 1: the daemon exits to be restarted), the connection is closed and the poll
+ * returns -DF_EPEER (e.g. the ring is not the one mapped). */
 typedef int (*client_welcome_check_fn)(void *arg, const struct proto_welcome *w, char *why, size_t len);
 void client_set_welcome_check(struct client *c, client_welcome_check_fn fn, void *arg);
 int client_heartbeat_now(struct client *c);

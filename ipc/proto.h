@@ -95,8 +95,9 @@
  *     refused (-DF_ESTATE); fatal = drain, then FAILED with the reason (the coordinator
  *     exits 78).
  *     A daemon about to exit says BYE(exit status, reason) last. A target or drafter whose
- *     connection ends without one and whose process is then gone died unannounced (a
- *     signal, a crash, the OOM killer): s records a non-fatal error naming it.
+ *     connection ends without one and whose process is then gone (looked for up to 10 min;
+ *     a HELLO from the process ends the look) died unannounced (a signal, a crash, the OOM
+ *     killer): s records a non-fatal error naming it.
  *  6. s pushes CONTROL(PAUSE|RESUME|DRAIN|STOP, reason) to daemons. On DRAIN targets
  *     finish/return their leases and drafters write a final checkpoint; STOP = exit.
  *  7. dflashctl (role CTL): QUERY(what) -> REPLY(status, JSON text); CONTROL(cmd) ->
@@ -311,7 +312,7 @@ _Static_assert(sizeof(struct proto_error) == 272, "wire size");
 struct proto_bye {
     uint32_t exit_status;           /* the process's exit status (0 done, 1 failed, 78 configuration) */
     uint32_t pad;
-    char reason[PROTO_TEXT_MAX];    /* "drained after 120 batches", "exits: ..." */
+    char reason[PROTO_TEXT_MAX];    /* "target-d@0 exits 0", "drafter-d@1 exits 1: <error>" */
 };
 _Static_assert(sizeof(struct proto_bye) == 264, "wire size");
 

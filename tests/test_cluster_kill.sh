@@ -10,7 +10,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
-cl_test_init 'cl_kill target1 CONT'
+cl_test_init 'cl_kill target1 CONT; cl_kill coord CONT'
 KILLS=${KILLS:-5}
 
 cl_init "$T/c" 6000 || exit 1
@@ -52,8 +52,20 @@ cl_wait_log "$CL_DIR/target1.log" 'reconnect|connected' 20 || true
 cl_wait '[t for t in targets() if t["gpu"] == 1]' 30 coord || fail "target 1 did not come back after its thaw"
 cl_log "target 1 frozen, closed by the coordinator, back"
 
+# Target 1 leaves on SIGTERM while the coordinator is frozen: its BYE waits unread in the socket
+# while the frozen time runs past coordinator.dead_after_ms, so the thawed coordinator may close it
+# for its silence before reading what it said: it is no death either way.
+cl_kill coord STOP
+cl_kill target1 TERM
+cl_wait_exit target1 30 || { cl_kill coord CONT; fail "target 1 left on SIGTERM with '$CL_RC'"; }
+sleep "$(cl_scaled 3)"
+cl_kill coord CONT
+cl_wait_log "$CL_DIR/coord.log" 'target-d@1 \(pid [0-9]+, member [0-9]+\) left: .*target-d@1 exits 0' 20 ||
+  fail "the coordinator did not see target 1's BYE: $(grep 'target-d@1' "$CL_DIR/coord.log" | tail -n 3)"
+cl_log "target 1 left while the coordinator was frozen: $(grep -o 'target-d@1 (pid [0-9]*, member [0-9]*) left: .*' "$CL_DIR/coord.log" | tail -n 1)"
+
 "$CL_BIN/dflashctl" -s "$CL_SOCK" drain || fail "dflashctl drain"
-for n in target0 target1 drafter0 coord; do cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"; done
+for n in target0 drafter0 coord; do cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"; done
 cl_log "drained: $(cl_sql 'SELECT state, count(*) FROM batches GROUP BY state' | tr '\n' ' ')"
 
 [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state NOT IN (0, 4)') == 0 ]] || fail "ledger not consistent after the drain"

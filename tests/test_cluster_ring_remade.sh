@@ -92,6 +92,9 @@ run_case() {    # run_case away|running
     [[ " ${bused[*]} " == *" ${who%-d@0}0 "* ]] && continue     # died of SIGBUS: nothing sent
     [[ $(cl_sql "SELECT count(*) FROM errors WHERE message LIKE '$who exits: %made anew%'") == 1 ]] ||
       fail "$how: the error log does not say why $who left: $(cl_sql 'SELECT message FROM errors')"
+    # ... and it said BYE after it: no death recorded for it
+    [[ $(cl_sql "SELECT count(*) FROM errors WHERE message LIKE '$who (pid %) %without a word%'") == 0 ]] ||
+      fail "$how: $who, which said why it left, is recorded as dead: $(cl_sql 'SELECT message FROM errors')"
   done
   if [[ $how == running ]]; then
     [[ $(cl_sql "SELECT count(*) FROM errors WHERE role = 'coordinator' AND message LIKE '%removed from /dev/shm%'") == 1 ]] ||

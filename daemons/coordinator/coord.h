@@ -89,7 +89,8 @@ struct member {
     bool write_failed;              /* closed by the next flush */
     uint64_t close_deadline_ms;     /* closing: handle closed now, pending writes cancelled */
     bool said_bye;                  /* targets, drafters: BYE received (leaving on purpose) */
-    char bye[96];                   /* its reason and exit status */
+    bool hung_up;                   /* its connection ended from its side (EOF, reset) */
+    char bye[96];                   /* its reason (cut to fit) */
 };
 
 /* A member that left, kept for `dflashctl daemons` (alive = false). */
@@ -101,12 +102,23 @@ struct departed {
     uint64_t left_wall_ms;
     struct proto_heartbeat hb;
     uint64_t token;                 /* the process (pid + start time) */
-    uint64_t watch_until_ms;        /* mono; a target or drafter that left without a BYE: while
-                                       its process lives (it may reconnect) it is looked for up to
-                                       then, and its death is recorded as an error; 0 = not watched */
 };
 #define COORD_DEPARTED_MAX 32
-#define COORD_DEATH_WATCH_MS 600000     /* how long a daemon that hung up without a BYE is watched */
+
+/* A target or drafter whose connection ended without its BYE: looked for (coord_watch_departed)
+ * until its process is gone, then recorded as an error; or until it connects again, or for at
+ * most COORD_DEATH_WATCH_MS (alive all along: a frozen process, cut off for good). */
+struct death_watch {
+    uint64_t token;                 /* 0 = a free entry */
+    uint64_t until_ms;              /* mono */
+    int role, device;
+    pid_t pid;
+    bool hung_up;                   /* it hung up; else the coordinator closed its connection */
+    char name[PROTO_NAME_MAX];
+    char reason[96];                /* why its connection ended */
+};
+#define COORD_WATCH_MAX 64              /* when full, the one watched longest is given up */
+#define COORD_DEATH_WATCH_MS 600000
 
 struct error_rec {
     uint64_t wall_ms;
@@ -200,6 +212,8 @@ struct coord {
     uint64_t next_member_id;
     struct departed departed[COORD_DEPARTED_MAX];
     size_t n_departed, departed_next;
+    struct death_watch watch[COORD_WATCH_MAX];
+    bool server_closing;            /* coord_server_close: members closed at the coordinator's exit */
 
     struct dgroup grp;
 
@@ -278,8 +292,13 @@ int coord_space_start(struct coord *co);    /* the free-space thread of coordina
 void coord_cluster_done(struct coord *co);
 void coord_handle(struct member *m, const struct proto_msg *msg);
 void coord_member_gone(struct member *m, const char *reason);
-/* The departed targets and drafters that left without a BYE: each whose process is gone now is
- * recorded as a non-fatal error (it died: a signal, a crash, the OOM killer), once. */
+/* Watch m (a target or drafter whose connection ends now without its BYE; hung_up: it hung up,
+ * else the coordinator closes it for `reason`); a process that connects again ends its watch. */
+void coord_watch_start(struct coord *co, const struct member *m, bool hung_up, const char *reason);
+void coord_watch_end(struct coord *co, uint64_t token);
+/* Each watched process that is gone now is recorded as a non-fatal error (-DF_EDEAD), once: it
+ * died without a word (a signal, a crash, the OOM killer) or, closed by the coordinator, it is
+ * gone without one. */
 void coord_watch_departed(struct coord *co);
 void coord_tick(struct coord *co);                  /* timeouts, recovery, completion */
 void coord_signal_stop(struct coord *co, int hard);

@@ -726,25 +726,58 @@ static void record_error(struct coord *co, const struct member *m, int fatal, in
     record_error_of(co, m ? m->role : 0, m ? m->device : -1, m ? m->pid : 0, fatal, code, text);
 }
 
+void coord_watch_start(struct coord *co, const struct member *m, bool hung_up, const char *reason)
+{
+    struct death_watch *w = &co->watch[0];
+    for (size_t k = 0; k < COORD_WATCH_MAX; k++) {
+        struct death_watch *o = &co->watch[k];
+        if (!o->token || o->token == m->token) {
+            w = o;
+            break;
+        }
+        if (o->until_ms < w->until_ms)
+            w = o;      /* full: the one watched longest goes */
+    }
+    *w = (struct death_watch){ .token = m->token, .until_ms = mono_ms() + COORD_DEATH_WATCH_MS, .role = m->role,
+                               .device = m->device, .pid = m->pid, .hung_up = hung_up };
+    snprintf(w->name, sizeof w->name, "%s", m->name);
+    snprintf(w->reason, sizeof w->reason, "%.*s", (int)sizeof w->reason - 1, reason);
+}
+
+void coord_watch_end(struct coord *co, uint64_t token)
+{
+    for (size_t k = 0; k < COORD_WATCH_MAX; k++)
+        if (co->watch[k].token == token)
+            co->watch[k].token = 0;
+}
+
 void coord_watch_departed(struct coord *co)
 {
     uint64_t now = mono_ms();
-    for (size_t k = 0; k < co->n_departed; k++) {
-        struct departed *d = &co->departed[k];
-        if (!d->watch_until_ms)
+    for (size_t k = 0; k < COORD_WATCH_MAX; k++) {
+        struct death_watch *w = &co->watch[k];
+        if (!w->token)
             continue;
-        int alive = proc_token_alive(d->token);
-        if (alive != 0 && now < d->watch_until_ms)
-            continue;       /* still exiting, or alive and coming back (a new member then) */
-        d->watch_until_ms = 0;
+        int alive = proc_token_alive(w->token);
+        if (alive != 0 && now < w->until_ms)
+            continue;       /* still exiting, or alive and perhaps coming back */
+        uint64_t token = w->token;
+        w->token = 0;
         if (alive != 0)
             continue;
         char text[PROTO_TEXT_MAX];
-        snprintf(text, sizeof text, "%s (pid %d) died without a word (killed by a signal, crashed, or the OOM "
-                 "killer: its journal says which); it had left: %s", d->name, (int)d->pid, d->reason);
+        if (w->hung_up)
+            snprintf(text, sizeof text, "%s (pid %d) died without a word (killed by a signal, crashed, or the OOM "
+                     "killer: its journal says which); its connection ended: %s", w->name, (int)w->pid, w->reason);
+        else
+            snprintf(text, sizeof text, "%s (pid %d) is gone without a word since the coordinator closed its "
+                     "connection (%s)", w->name, (int)w->pid, w->reason);
         log_warn(0, "%s", text);
-        record_error_of(co, d->role, d->device, d->pid, 0, -DF_EDEAD, text);
-        snprintf(d->reason, sizeof d->reason, "died without a word");
+        record_error_of(co, w->role, w->device, w->pid, 0, -DF_EDEAD, text);
+        for (size_t i = 0; i < co->n_departed; i++)
+            if (co->departed[i].token == token)
+                snprintf(co->departed[i].reason, sizeof co->departed[i].reason, "%s",
+                         w->hung_up ? "died without a word" : "gone without a word after the coordinator closed it");
     }
 }
 
@@ -869,9 +902,7 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
         m->token = h->token;
         /* It is back: its earlier connection ended, not its process (whose exit this member
          * will say BYE for, or be watched for in turn). */
-        for (size_t k = 0; k < co->n_departed; k++)
-            if (co->departed[k].token == h->token)
-                co->departed[k].watch_until_ms = 0;
+        coord_watch_end(co, h->token);
     } else {
         /* Each holds a descriptor: a leaky monitoring loop must not use them all up (every
          * connection after that, a daemon's reconnect included, would be dropped). */

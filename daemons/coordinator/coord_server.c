@@ -197,10 +197,47 @@ static void remember_departed(struct coord *co, const struct member *m, const ch
     if (co->n_departed < COORD_DEPARTED_MAX)
         co->n_departed++;
     *d = (struct departed){ .role = m->role, .device = m->device, .pid = m->pid, .left_wall_ms = wall_ms(), .hb = m->hb,
-                            .token = m->token,
-                            .watch_until_ms = m->said_bye ? 0 : mono_ms() + COORD_DEATH_WATCH_MS };
+                            .token = m->token };
     snprintf(d->name, sizeof d->name, "%s", m->name);
-    snprintf(d->reason, sizeof d->reason, "%s", reason);
+    snprintf(d->reason, sizeof d->reason, "%.*s", (int)sizeof d->reason - 1, reason);    /* (cut to fit) */
+}
+
+/* A target or drafter closed by the coordinator (a failed write, a heartbeat timeout, its own
+ * shutdown) may have said BYE just before, still unread in the socket: read what is there now,
+ * looking for it (nothing else is acted on any more). */
+static void read_last_words(struct member *m)
+{
+    uv_os_fd_t fd;
+    if (m->said_bye || m->is_tcp || !m->rx || (m->role != PROTO_ROLE_TARGET && m->role != PROTO_ROLE_DRAFTER) ||
+        uv_fileno(&m->handle, &fd) < 0)
+        return;
+    size_t total = 0;
+    for (;;) {
+        size_t off = 0;
+        for (;;) {      /* the whole frames in rx; those handled already are looked at again: harmless */
+            int64_t n = proto_frame_size(m->rx + off, m->rx_len - off, NULL, 0);
+            struct proto_msg msg;
+            if (n <= 0 || (size_t)n > m->rx_len - off)
+                break;
+            if (proto_decode(m->rx + off, (size_t)n, &msg, NULL, 0) == 0 && msg.type == PROTO_BYE) {
+                m->said_bye = true;
+                snprintf(m->bye, sizeof m->bye, "%.*s", (int)sizeof m->bye - 1, msg.bye.reason);
+                return;
+            }
+            off += (size_t)n;
+        }
+        if (off == 0 && m->rx_len == m->rx_cap)
+            return;     /* no frame fits: a peer the reader would have refused */
+        memmove(m->rx, m->rx + off, m->rx_len - off);
+        m->rx_len -= off;
+        ssize_t k;
+        do
+            k = recv(fd, m->rx + m->rx_len, m->rx_cap - m->rx_len, MSG_DONTWAIT);
+        while (k < 0 && errno == EINTR);
+        if (k <= 0 || (total += (size_t)k) > PROTO_MAX_FRAME)
+            return;
+        m->rx_len += (size_t)k;
+    }
 }
 
 void coord_close_member(struct member *m, const char *reason)
@@ -208,8 +245,18 @@ void coord_close_member(struct member *m, const char *reason)
     if (m->closing)
         return;
     struct coord *co = m->co;
-    if (m->said_bye)
-        reason = m->bye;        /* what it said on leaving, rather than the hang-up that followed */
+    read_last_words(m);
+    char why[sizeof m->bye + 160];
+    if (m->said_bye) {      /* what it said on leaving, rather than (or with) the close that followed */
+        if (!m->hung_up) {
+            snprintf(why, sizeof why, "%s (after its BYE: %s)", reason, m->bye);
+            reason = why;
+        } else {
+            reason = m->bye;
+        }
+    } else if ((m->role == PROTO_ROLE_TARGET || m->role == PROTO_ROLE_DRAFTER) && !co->server_closing) {
+        coord_watch_start(co, m, m->hung_up, reason);
+    }
     if (m->role && m->role != PROTO_ROLE_CTL)
         log_notice("%s (pid %d, member %llu) left: %s", m->name, (int)m->pid, (unsigned long long)m->id, reason);
     else if (m->is_tcp)
@@ -333,6 +380,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     struct member *m = (struct member *)s;
     (void)buf;
     if (nread < 0) {
+        m->hung_up = true;
         coord_close_member(m, nread == UV_EOF ? "hung up" : uv_strerror((int)nread));
         return;
     }
@@ -681,6 +729,7 @@ fail:
 
 void coord_server_close(struct coord *co)
 {
+    co->server_closing = true;      /* the daemons leaving now are not watched: nobody would look */
     while (co->members)
         coord_close_member(co->members, "coordinator stopping");
     /* A handle's loop is set by its init: a start that failed early left the rest untouched. */
