@@ -579,10 +579,10 @@ int ledger_view_read(const char *path, enum ledger_view_what what, uint32_t limi
      * is done again the shared way, with the coordinator's WAL index. */
     for (int attempt = 0;; attempt++) {
         int immutable = wal && !wal_file_present(path) && attempt == 0;
-        if ((r = read_once(path, immutable, what, limit, out, err, errlen)) < 0)
-            return r;
+        r = read_once(path, immutable, what, limit, out, err, errlen);
         if (!immutable || !wal_file_present(path))
-            return 0;
+            return r;
+        /* (a read that failed that way too: the file changed under it, e.g. "malformed") */
         cJSON_Delete(*out);
         *out = NULL;
     }
