@@ -902,6 +902,11 @@ static void remember_step(struct dft *f, int have, struct batch_ref b, struct pe
             /* past the reserve and out of memory: this rank would tell repeats unlike its peers.
              * It leaves as if killed; the group restarts from its checkpoint. */
             log_error(-ENOMEM, "batch %" PRIu64 " cannot be remembered as trained: leaving", pb[r].b.id);
+            if (client_connected(f->cl)) {
+                client_error(f->cl, 0, -ENOMEM, "%s exits: out of memory remembering batch %" PRIu64 " as trained",
+                             f->d.ident, pb[r].b.id);
+                peer_bye(&f->d, f->cl, DAEMON_EX_FAILURE, -ENOMEM);
+            }
             exit(DAEMON_EX_FAILURE);
         }
     }
