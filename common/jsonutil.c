@@ -124,3 +124,22 @@ int json_read_object(const char *path, size_t max, cJSON **out, char *err, size_
     text[len] = 0;
     return json_parse_object(text, (size_t)len, path, out, err, errlen);
 }
+
+void json_add_on_disk(cJSON *o, const char *dir)
+{
+    struct stat st;
+    if (dir && stat(dir, &st) == 0)
+        cJSON_AddBoolToObject(o, "on_disk", S_ISDIR(st.st_mode));
+    else if (!dir || errno == ENOENT || errno == ENOTDIR)
+        cJSON_AddBoolToObject(o, "on_disk", 0);
+    else
+        cJSON_AddNullToObject(o, "on_disk");
+}
+
+void json_add_string_or_null(cJSON *o, const char *key, const char *s)
+{
+    if (s)
+        cJSON_AddStringToObject(o, key, s);
+    else
+        cJSON_AddNullToObject(o, key);
+}

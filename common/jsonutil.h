@@ -1,4 +1,5 @@
-/* jsonutil.h: reading a JSON file, and the checks on parsed JSON that cJSON leaves to its caller. */
+/* jsonutil.h: reading a JSON file, the checks on parsed JSON that cJSON leaves to its caller, and
+ * two fields the coordinator's and dflashctl's documents share. */
 #pragma once
 #include <stddef.h>
 #include <cjson/cJSON.h>
@@ -16,3 +17,10 @@ int json_parse_object(const char *text, size_t len, const char *path, cJSON **ou
 /* The regular file at path (at most max bytes) through json_parse_object. -DF_EMISSING when it
  * does not exist, -DF_ERANGE when larger than max, -errno when it cannot be read. */
 int json_read_object(const char *path, size_t max, cJSON **out, char *err, size_t errlen);
+
+/* "on_disk": whether the folder dir is there as this process sees it now (true/false; null where
+ * it cannot tell, the folder not visible to it); dir NULL: false. */
+void json_add_on_disk(cJSON *o, const char *dir);
+
+/* key: the string s, or null when s is NULL. */
+void json_add_string_or_null(cJSON *o, const char *key, const char *s);

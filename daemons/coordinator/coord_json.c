@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/jsonutil.h"
 #include "common/log.h"
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
@@ -337,17 +338,8 @@ static int checkpoint_row(void *arr, const struct ledger_checkpoint *c, uint64_t
     cJSON_AddNumberToObject(e, "written_ms", (double)ms);
     /* pruned (drafter.keep_checkpoints) or removed since: a listed one may be gone; null where this
      * process cannot tell (the folder not visible to it) */
-    struct stat st;
-    if (stat(c->dir, &st) == 0)
-        cJSON_AddBoolToObject(e, "on_disk", S_ISDIR(st.st_mode));
-    else if (errno == ENOENT || errno == ENOTDIR)
-        cJSON_AddBoolToObject(e, "on_disk", 0);
-    else
-        cJSON_AddNullToObject(e, "on_disk");
-    if (dropped)
-        cJSON_AddStringToObject(e, "dropped", dropped);
-    else
-        cJSON_AddNullToObject(e, "dropped");
+    json_add_on_disk(e, c->dir);
+    json_add_string_or_null(e, "dropped", dropped);
     cJSON_AddItemToArray(arr, e);
     return 0;
 }

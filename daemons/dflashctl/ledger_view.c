@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include "common/cleanup.h"
 #include "common/err.h"
+#include "common/jsonutil.h"
 #include "daemons/coordinator/ledger.h"
 #include "daemons/dflashctl/ledger_view.h"
 
@@ -344,18 +345,8 @@ static int checkpoints_doc(struct view *v, cJSON *o, uint32_t limit)
         cJSON_AddNumberToObject(e, "step", (double)sqlite3_column_int64(s, 1));
         cJSON_AddStringToObject(e, "dir", d ? d : "");
         cJSON_AddNumberToObject(e, "written_ms", (double)sqlite3_column_int64(s, 3));
-        /* as this process sees the folder now (pruned, removed; null: it cannot tell) */
-        struct stat st;
-        if (d && stat(d, &st) == 0)
-            cJSON_AddBoolToObject(e, "on_disk", S_ISDIR(st.st_mode));
-        else if (!d || errno == ENOENT || errno == ENOTDIR)
-            cJSON_AddBoolToObject(e, "on_disk", 0);
-        else
-            cJSON_AddNullToObject(e, "on_disk");
-        if (dropped)
-            cJSON_AddStringToObject(e, "dropped", dropped);
-        else
-            cJSON_AddNullToObject(e, "dropped");
+        json_add_on_disk(e, d);     /* as this process sees the folder now (pruned, removed) */
+        json_add_string_or_null(e, "dropped", dropped);
         cJSON_AddItemToArray(a, e);
     }
     r = rc == SQLITE_DONE ? 0 : sql_fail(v, rc, "checkpoints");
