@@ -53,6 +53,14 @@ fi
 # the final checkpoint (the default: the newest of generation 1), then the first one
 replay_expect 0 "^dflash-replay: $final steps of generation 1 replayed to .*step-0*$final: master weights max abs diff 0,\
  max rel diff 0 .*: PASS$"
+# read-only, nothing left beside the ledger (a -wal and a -shm file, that a read-only open would
+# make of a stopped ledger), also when its folder is not writable to the reader (run as root, the
+# folder stays writable)
+ledger=$CL_DIR/state/$CL_NAME-ledger.db
+[[ -e $ledger-wal || -e $ledger-shm ]] && fail "files beside the ledger after the replay: $(ls "$ledger"*)"
+chmod a-w "$CL_DIR/state"
+replay_expect 0 ": PASS$" --checkpoint "$first"
+chmod u+w "$CL_DIR/state"
 first_step=$((10#${first##*step-}))
 replay_expect 0 "^dflash-replay: $first_step steps .*: PASS$" --checkpoint "$first"
 # a learning rate 1% off the run's: the weights differ

@@ -15,6 +15,7 @@
 #include "common/cleanup.h"
 #include "common/err.h"
 #include "common/jsonutil.h"
+#include "common/sqlite_ro.h"
 #include "daemons/coordinator/ledger.h"
 #include "daemons/dflashctl/ledger_view.h"
 
@@ -36,64 +37,6 @@ struct view {
 };
 
 /* ---- opening ---- */
-
-/* The checks SQLite answers vaguely ("unable to open database file", "file is not a database"
- * only at the first read): the file is there, readable, a regular file with SQLite's header.
- * *wal: its header says WAL mode (read and write versions 2), as a coordinator's ledger does. */
-static int check_file(const char *path, int *wal, char *err, size_t errlen)
-{
-    /* (O_NONBLOCK: a FIFO under the name must not hang the open) */
-    _cleanup_close_ int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) < 0) {
-        int e = errno;
-        return df_fail(err, errlen, -e, "%s", strerror(e));
-    }
-    if (S_ISDIR(st.st_mode))
-        return df_fail(err, errlen, -EISDIR, "a folder, not a ledger file");
-    if (!S_ISREG(st.st_mode))
-        return df_fail(err, errlen, -DF_EFORMAT, "not a regular file, so not a ledger");
-    if (st.st_size == 0)
-        return df_fail(err, errlen, -DF_EFORMAT, "an empty file, not a ledger");
-    unsigned char h[100];
-    ssize_t n = pread(fd, h, sizeof h, 0);
-    if (n < 0) {
-        int e = errno;
-        return df_fail(err, errlen, -e, "%s", strerror(e));
-    }
-    if (n < (ssize_t)sizeof h || memcmp(h, "SQLite format 3", 16))
-        return df_fail(err, errlen, -DF_EFORMAT, "not an SQLite database (no SQLite header), so not a ledger");
-    *wal = h[18] == 2 && h[19] == 2;
-    return 0;
-}
-
-/* Whether PATH-wal is there, beside the file a link leads to, where SQLite looks. An answer
- * other than "no such file" counts as there. */
-static int wal_file_present(const char *path)
-{
-    char real[PATH_MAX], wal[PATH_MAX + 8];
-    snprintf(wal, sizeof wal, "%s-wal", realpath(path, real) ? real : path);
-    struct stat st;
-    return lstat(wal, &st) == 0 || errno != ENOENT;
-}
-
-/* The URI that opens path read-only: "file:" and the path, every byte other than a letter,
- * digit or one of "/._-~" as %XX (a '?' or '#' in a name is the name's), an absolute path
- * behind an empty authority ("//" at its start stays the path's). */
-static int ledger_uri(char *uri, size_t cap, const char *path, int immutable)
-{
-    size_t n = (size_t)snprintf(uri, cap, "%s", path[0] == '/' ? "file://" : "file:");
-    for (const unsigned char *c = (const unsigned char *)path; *c; c++) {
-        if (n + 4 > cap)
-            return -ENAMETOOLONG;
-        if (isalnum(*c) || strchr("/._-~", *c))
-            uri[n++] = (char)*c;
-        else
-            n += (size_t)snprintf(uri + n, cap - n, "%%%02X", *c);
-    }
-    int k = snprintf(uri + n, cap - n, "?mode=ro%s", immutable ? "&immutable=1" : "");
-    return k < 0 || (size_t)k >= cap - n ? -ENAMETOOLONG : 0;
-}
 
 /* SQLite's failure rc in `what` as a reason an operator can act on. */
 static int sql_fail(struct view *v, int rc, const char *what)
@@ -520,7 +463,7 @@ static int read_once(const char *path, int immutable, enum ledger_view_what what
 {
     struct view v = { .err = err, .errlen = errlen };
     char uri[3 * PATH_MAX + 64];
-    int r = ledger_uri(uri, sizeof uri, path, immutable);
+    int r = sqlite_ro_uri(uri, sizeof uri, path, immutable);
     if (r < 0)
         return df_fail(err, errlen, r, "the path is too long");
     int rc = sqlite3_open_v2(uri, &v.db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX, NULL);
@@ -560,7 +503,7 @@ int ledger_view_read(const char *path, enum ledger_view_what what, uint32_t limi
                      size_t errlen)
 {
     *out = NULL;
-    int wal = 0, r = check_file(path, &wal, err, errlen);
+    int wal = 0, r = sqlite_ro_check(path, &wal, err, errlen);
     if (r < 0)
         return r;
     /* A WAL ledger with no -wal file beside it was closed by its last coordinator: everything is
@@ -569,9 +512,9 @@ int ledger_view_read(const char *path, enum ledger_view_what what, uint32_t limi
      * coordinator started on it, which may checkpoint into the file as it is read), the reading
      * is done again the shared way, with the coordinator's WAL index. */
     for (int attempt = 0;; attempt++) {
-        int immutable = wal && !wal_file_present(path) && attempt == 0;
+        int immutable = wal && !sqlite_ro_wal_present(path) && attempt == 0;
         r = read_once(path, immutable, what, limit, out, err, errlen);
-        if (!immutable || !wal_file_present(path))
+        if (!immutable || !sqlite_ro_wal_present(path))
             return r;
         /* (a read that failed that way too: the file changed under it, e.g. "malformed") */
         cJSON_Delete(*out);

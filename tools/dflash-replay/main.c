@@ -17,6 +17,7 @@
 #include "common/daemon.h"
 #include "common/dataset.h"
 #include "common/err.h"
+#include "common/sqlite_ro.h"
 #include "daemons/coordinator/sched.h"
 #include "model/checkpoint.h"
 #include "model/drafter.h"
@@ -42,6 +43,7 @@ struct replay {
     const char *want_dir;           /* --checkpoint; NULL: the newest in the lineage */
     char ledger_path[CFG_STR_MAX + 80];
     sqlite3 *db;
+    int immutable;                  /* read as a file alone (sqlite_ro.h): no -wal file was there */
     uint64_t run_id, run_batches;
 
     struct dataset ds;
@@ -194,9 +196,20 @@ static int open_ledger(struct replay *rp)
         return key_fail(rp, rp->cfg->coordinator.ledger[0] ? "coordinator" : "cluster",
                         rp->cfg->coordinator.ledger[0] ? "ledger" : "state_dir", "ledger %s: %s", rp->ledger_path,
                         strerror(errno));
-    if (sqlite3_open_v2(rp->ledger_path, &rp->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK)
+    /* read-only, leaving nothing beside it (also where its folder is not writable to this user),
+     * every read of it in one transaction: the ledger of one moment, a coordinator running or not */
+    int wal = 0;
+    char why[256], uri[3 * PATH_MAX + 64];
+    if (sqlite_ro_check(rp->ledger_path, &wal, why, sizeof why) < 0)
+        return fail(EX_BAD_INPUT, "ledger %s: %s", rp->ledger_path, why);
+    rp->immutable = wal && !sqlite_ro_wal_present(rp->ledger_path);
+    if (sqlite_ro_uri(uri, sizeof uri, rp->ledger_path, rp->immutable) < 0)
+        return fail(EX_BAD_INPUT, "ledger %s: the path is too long", rp->ledger_path);
+    if (sqlite3_open_v2(uri, &rp->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL) != SQLITE_OK)
         return sql_fail(rp, "open");
     sqlite3_busy_timeout(rp->db, 5000);
+    if (sqlite3_exec(rp->db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK)
+        return sql_fail(rp, "begin");
     int code;
     if (!meta_u64(rp, "run_id", &rp->run_id, &code) || code)
         return code ? code : fail(EX_BAD_INPUT, "%s: meta.run_id: missing (a ledger of an older dflash?)",
@@ -732,12 +745,24 @@ static int verdict(struct replay *rp, int64_t steps)
     return pass ? EX_MATCH : EX_MISMATCH;
 }
 
+/* Everything the replay needs from the ledger is read: the read transaction ends (a running
+ * coordinator's WAL is not held up by it). Read as a file alone, the reading is only whole if no
+ * coordinator started on the ledger meanwhile. */
+static int ledger_read_done(struct replay *rp)
+{
+    sqlite3_exec(rp->db, "ROLLBACK", NULL, NULL, NULL);     /* (a read transaction: nothing to undo) */
+    if (rp->immutable && sqlite_ro_wal_present(rp->ledger_path))
+        return fail(EX_MISMATCH, "ledger %s: a coordinator started on it while it was read: run again once that "
+                    "coordinator has stopped", rp->ledger_path);
+    return 0;
+}
+
 static int run(struct replay *rp)
 {
     int code;
     if ((code = setup_config(rp)) || (code = open_ledger(rp)) || (code = pick_checkpoint(rp)) ||
         (code = check_world(rp)) || (code = find_start(rp)) || (code = read_rows(rp)) || (code = open_data(rp)) || (code = check_batches(rp)) ||
-        (code = open_models(rp)))
+        (code = ledger_read_done(rp)) || (code = open_models(rp)))
         return code;
     char why[1024];
     for (size_t k = 0; k < rp->n_rows;) {
