@@ -67,7 +67,6 @@ static const char schema[] =
     "CREATE TABLE IF NOT EXISTS untrained(batch INTEGER NOT NULL, lease INTEGER NOT NULL, ms INTEGER NOT NULL,"
     "  PRIMARY KEY(batch, lease));";
 
-#define LEDGER_SCHEMA 2       /* PRAGMA user_version of the tables below; 2: checkpoints.dropped */
 #define STR_(x) #x
 #define STR(x) STR_(x)
 

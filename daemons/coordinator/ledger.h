@@ -4,6 +4,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* PRAGMA user_version of the ledger's tables (ledger.c); 2: checkpoints.dropped. The coordinator
+ * updates an older ledger when it starts on it and refuses a newer one; dflashctl --ledger reads
+ * this one only. */
+#define LEDGER_SCHEMA 2
+
 enum batch_state {
     BATCH_PENDING = 0,      /* waiting for a lease */
     BATCH_LEASED,           /* a target holds it */

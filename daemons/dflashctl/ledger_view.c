@@ -19,9 +19,8 @@
 #include "daemons/coordinator/ledger.h"
 #include "daemons/dflashctl/ledger_view.h"
 
-/* The schema this view reads: LEDGER_SCHEMA of daemons/coordinator/ledger.c, which keeps the
- * number to itself (tests/test_dflashctl_ledger.sh checks that the two agree). */
-#define VIEW_SCHEMA 2
+/* The schema this view reads: the one the coordinator writes. */
+#define VIEW_SCHEMA LEDGER_SCHEMA
 
 /* ledger.c's batch_state_name, which dflashctl does not link: the states by ledger.h's numbers. */
 static const char *const state_names[BATCH_NSTATES] = {
