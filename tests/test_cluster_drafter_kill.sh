@@ -72,6 +72,9 @@ for n in target0 target1 drafter0 drafter1; do cl_wait_exit $n 30 || fail "$n ex
 once=$(cl_sql 'SELECT count(*) FROM batches b WHERE (SELECT count(*) FROM trains t WHERE t.batch = b.id AND t.rolled_back = 0) = 1')
 [[ $once == "$total" ]] || fail "$once of $total batches trained exactly once"
 [[ $(cl_sql 'SELECT count(*) FROM trains WHERE rolled_back = 1') -gt 0 ]] || fail "nothing was rolled back"
+# the kill is the one death in the errors (rank 0, frozen meanwhile, and every exit of the end say BYE)
+deaths=$(cl_sql "SELECT role, device FROM errors WHERE message LIKE '%without a word%'")
+[[ $deaths == "drafter|1" ]] || fail "deaths recorded: '$deaths' (want drafter 1's alone): $(cl_sql 'SELECT message FROM errors')"
 states=$(cl_ring_states 4)
 [[ $states == "FREE FREE FREE FREE" ]] || fail "ring at the end: $states"
 echo "ok: $total batches each trained once after a drafter crash ($(cl_sql 'SELECT count(*) FROM trains WHERE rolled_back = 1') trainings rolled back)"
