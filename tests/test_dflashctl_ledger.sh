@@ -325,4 +325,17 @@ PY
 "$CTL" --help | grep -q "dflashctl --ledger PATH \[--json\] \[-n LIMIT\] status|batches|errors|checkpoints" ||
   fail "--help does not show --ledger"
 [[ ! -e $L-wal && ! -e $L-shm ]] || fail "files left beside the ledger: $(ls "$CL_DIR/state")"
+
+# The stop note's hint names the config's ledger as one shell word, whatever its name holds.
+odd="$T/it's a run"
+mkdir -p "$odd/run" "$odd/state"
+cp "$L" "$odd/state/odd-ledger.db"
+printf '[cluster]\nname = odd\nruntime_dir = %s/run\nstate_dir = %s/state\n' "$odd" "$odd" >"$odd/dflash.ini"
+echo "stopped: run complete" >"$odd/run/odd.sock.stopped"
+"$CTL" -c "$odd/dflash.ini" errors 2>"$T/err.txt" && fail "dflashctl with no coordinator: exit 0"
+hint=$(sed -n 's/^dflashctl: the run.s record: //p' "$T/err.txt")
+eval "set -- $hint"
+[[ $# == 4 && $1 == dflashctl && $2 == --ledger && $3 == "$odd/state/odd-ledger.db" && $4 == errors ]] ||
+  fail "the hint is not one command line: '$hint' ($(cat "$T/err.txt"))"
+"$CTL" --ledger "$3" errors >/dev/null || fail "the hint's ledger does not read"
 echo "ok: dflashctl --ledger"

@@ -70,6 +70,23 @@ static int cmd_errors(struct ctx *x, int argc, char **argv) { (void)argc, (void)
 
 static int cmd_checkpoints(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_CHECKPOINTS, ctl_show_checkpoints); }
 
+/* s as one word of a shell command line: as it is when it is plain, else in single quotes. */
+static void shell_word(FILE *f, const char *s)
+{
+    if (*s && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789/._-+=:@%,") == strlen(s)) {
+        fputs(s, f);
+        return;
+    }
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'')
+            fputs("'\\''", f);    /* end the quote, a quoted ', quote again */
+        else
+            fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
 /* --wait after a drain or stop: poll the status until the cluster is STOPPED or FAILED (the
  * final checkpoint is durable then) or the coordinator is gone; one line says how it ended.
  * 0 stopped, 1 failed or unknown. */
@@ -397,9 +414,11 @@ int main(int argc, char **argv)
         char why[512];
         if (x.socket && stop_note_read(x.socket, why, sizeof why) == 1) {     /* the cluster ended: say how */
             fprintf(stderr, "dflashctl: the coordinator ended the cluster (%s.stopped): %s\n", x.socket, why);
-            if (ledger[0])
-                fprintf(stderr, "dflashctl: the run's record: dflashctl --ledger %s %s\n", ledger,
-                        ce->offline != LEDGER_VIEW_NONE ? ce->name : "status");
+            if (ledger[0]) {
+                fputs("dflashctl: the run's record: dflashctl --ledger ", stderr);
+                shell_word(stderr, ledger);
+                fprintf(stderr, " %s\n", ce->offline != LEDGER_VIEW_NONE ? ce->name : "status");
+            }
         }
         return EX_FAIL;
     }
