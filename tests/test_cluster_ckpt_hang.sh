@@ -39,4 +39,11 @@ cl_kill drafter0 TERM
 cl_wait_exit drafter0 10 || fail "the drafter did not leave at the second signal: '$CL_RC'"
 grep -q "a checkpoint write still running after [0-9]* s and a second stop signal: abandoned" "$CL_DIR/drafter0.log" ||
   fail "no reason logged: $(tail -3 "$CL_DIR/drafter0.log")"
+# Either way it left on purpose and said so (BYE "exits N at once: ..."): no death recorded.
+sleep 1.5     # (the coordinator's look for processes gone: once a second)
+cl_status || fail "no status"
+[[ $(cl_json '[e["message"] for e in s["errors"] if "without a word" in e["message"]]') == "[]" ]] ||
+  fail "a drafter that left on purpose is recorded as dead: $(cl_json 's["errors"]')"
+[[ $(grep -c "drafter-d@0 (pid [0-9]*) leaves, exit status [01]: drafter-d@0 exits [01] at once: a checkpoint write hangs" \
+  "$CL_DIR/coord.log") == 2 ]] || fail "not the two BYEs of the abandoned writes: $(grep 'leaves' "$CL_DIR/coord.log")"
 echo "ok: a hung checkpoint write: exit 1 after drafter.checkpoint_timeout_ms, at once on a second stop signal"
