@@ -77,7 +77,9 @@ done
 ckpt=$(cl_sql 'SELECT dir FROM checkpoints ORDER BY gen DESC, step DESC LIMIT 1')
 say "final checkpoint: $ckpt"
 ls -l "$ckpt" 2>/dev/null | sed 's/^/  /'
-say "ledger: $(cl_sql "SELECT count(*) || ' batches trained and checkpointed' FROM batches WHERE state = 4")"
+say "the run as its ledger records it, read with no coordinator: dflashctl --ledger $CL_DIR/state/$CL_NAME-ledger.db status"
+"$CL_BIN/dflashctl" --ledger "$CL_DIR/state/$CL_NAME-ledger.db" status | grep -v '^epoch [0-9]* (batch ids' | sed 's/^/  /'
+((PIPESTATUS[0] == 0)) || ok=0
 "$CL_PY" - "$RUN/state/metrics-rank0.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
