@@ -222,6 +222,8 @@ static void read_last_words(struct member *m)
             if (proto_decode(m->rx + off, (size_t)n, &msg, NULL, 0) == 0 && msg.type == PROTO_BYE) {
                 m->said_bye = true;
                 snprintf(m->bye, sizeof m->bye, "%.*s", (int)sizeof m->bye - 1, msg.bye.reason);
+                log_info("%s (pid %d) leaves, exit status %u: %s (read as it was closed)", m->name, (int)m->pid,
+                         msg.bye.exit_status, msg.bye.reason);
                 return;
             }
             off += (size_t)n;
