@@ -931,17 +931,23 @@ int client_ckpt_bad(struct client *c, uint64_t generation, uint64_t step, const 
     return send_held(c, &m);
 }
 
+/* A message's text field from a printf format: cut to fit, as proto_strset cuts. */
+__attribute__((format(printf, 3, 0))) static void text_set(char *dst, size_t cap, const char *fmt, va_list ap)
+{
+    char text[PROTO_TEXT_MAX];
+    vsnprintf(text, sizeof text, fmt, ap);
+    proto_strset(dst, cap, text);
+}
+
 int client_error(struct client *c, int fatal, int code, const char *fmt, ...)
 {
     struct proto_msg m = { .type = PROTO_ERROR };
     m.error.fatal = fatal ? 1 : 0;
     m.error.code = code;
-    char text[PROTO_TEXT_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
+    text_set(m.error.message, sizeof m.error.message, fmt, ap);
     va_end(ap);
-    proto_strset(m.error.message, sizeof m.error.message, text);
     return send_held(c, &m);
 }
 
@@ -958,12 +964,10 @@ int client_bye(struct client *c, int exit_status, const char *fmt, ...)
 {
     struct proto_msg m = { .type = PROTO_BYE };
     m.bye.exit_status = (uint32_t)exit_status & 0xff;
-    char text[PROTO_TEXT_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
+    text_set(m.bye.reason, sizeof m.bye.reason, fmt, ap);
     va_end(ap);
-    proto_strset(m.bye.reason, sizeof m.bye.reason, text);
     return send_msg(c, &m);
 }
 

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include "common/decimal.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/progress.h"
@@ -451,10 +452,10 @@ static int parse_rank_tokens(struct coord *co, const char *toks)
 {
     const char *p = toks;
     for (uint32_t k = 0; *p; k++) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(p, &end, 10);
-        if (*p < '0' || *p > '9' || errno || (*end && *end != ',') || (*end == ',' && !end[1]))
+        uint64_t v;
+        size_t n = decimal_prefix(p, &v);
+        const char *end = p + n;
+        if (!n || (*end && *end != ',') || (*end == ',' && !end[1]))
             return -DF_EFORMAT;
         if (k < co->grp.world)
             co->grp.rank_token[k] = v;

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "common/decimal.h"
 #include "common/err.h"
 #include "common/progress.h"
 #include "daemons/coordinator/ledger.h"
@@ -463,14 +464,10 @@ int ledger_meta_get_u64(struct ledger *l, const char *key, uint64_t *val)
         return r;
     /* Only this file writes these, in decimal: anything else was put there by hand or damage,
      * and a number made of it would quietly change the run (its lineage, its position). */
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(buf, &end, 10);
-    if (buf[0] < '0' || buf[0] > '9' || *end || errno) {
+    if (!decimal_parse(buf, val)) {
         snprintf(l->why, sizeof l->why, "meta %.40s = '%.40s' is not a decimal number below 2^64", key, buf);
         return -DF_EFORMAT;
     }
-    *val = v;
     return 1;
 }
 

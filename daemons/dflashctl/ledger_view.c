@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/cleanup.h"
+#include "common/decimal.h"
 #include "common/err.h"
 #include "common/jsonutil.h"
 #include "common/sqlite_ro.h"
@@ -108,13 +109,9 @@ static int meta_u64(struct view *v, const char *key, uint64_t *val)
     int r = meta_get(v, key, buf, sizeof buf);
     if (r != 1)
         return r;
-    char *end;
-    errno = 0;
-    unsigned long long x = strtoull(buf, &end, 10);
-    if (buf[0] < '0' || buf[0] > '9' || *end || errno)
-        return df_fail(v->err, v->errlen, -DF_EFORMAT, "meta %.40s = '%.40s' is not a decimal number (no "
+    if (!decimal_parse(buf, val))
+        return df_fail(v->err, v->errlen, -DF_EFORMAT, "meta %.40s = '%.40s' is not a decimal number below 2^64 (no "
                        "coordinator writes that)", key, buf);
-    *val = x;
     return 1;
 }
 

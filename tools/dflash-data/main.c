@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/dataset.h"
+#include "common/decimal.h"
 #include "common/err.h"
 #include "common/jsonutil.h"
 
@@ -455,18 +456,6 @@ static int cmd_dump(const char *path, uint64_t n)
     return 0;
 }
 
-static int parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    /* a digit first: strtoull skips blanks and takes " -1" as 2^64 - 1 */
-    if (errno || end == s || *end || *s < '0' || *s > '9')
-        return -1;
-    *out = v;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
@@ -510,7 +499,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "dflash-data: %s: unknown option '%s' (try -h)\n", cmd, argv[optind - 1]);
             return 64;
         }
-        if (dst && parse_u64(optarg, dst) < 0) {
+        if (dst && !decimal_parse(optarg, dst)) {
             fprintf(stderr, "dflash-data: -%c: not a number: '%s'\n", c < 32 ? '-' : c, optarg);
             return 64;
         }

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include "common/daemon.h"
 #include "common/dataset.h"
+#include "common/decimal.h"
 #include "common/err.h"
 #include "common/sqlite_ro.h"
 #include "daemons/coordinator/sched.h"
@@ -176,10 +177,8 @@ static int meta_u64(struct replay *rp, const char *key, uint64_t *v, int *code)
     int rc = sqlite3_step(q), found = 0;
     if (rc == SQLITE_ROW) {
         const char *s = (const char *)sqlite3_column_text(q, 0);
-        char *end;
-        errno = 0;
-        *v = s && *s != '-' ? strtoull(s, &end, 10) : 0;
-        if (!s || *s == '-' || errno || end == s || *end)
+        *v = 0;
+        if (!s || !decimal_parse(s, v))
             *code = fail(EX_BAD_INPUT, "%s: meta.%s: '%s' is not a number", rp->ledger_path, key, s ? s : "");
         found = 1;
     } else if (rc != SQLITE_DONE) {
