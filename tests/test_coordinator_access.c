@@ -1,7 +1,8 @@
 /* test_coordinator_access.c: the control socket refuses what it must and keeps serving:
  * garbage, truncated, oversized, wrong-version frames, a non-HELLO first message, no HELLO at
  * all, a peer that never reads its replies, a peer with a disallowed uid/gid (dropped
- * privileges in a child), more dflashctl connections than COORD_CTL_MAX; an allowed group gets in. */
+ * privileges in a child), more dflashctl connections than COORD_CTL_MAX, a dflashctl connection
+ * idle past COORD_CTL_IDLE_MS; an allowed group gets in. */
 #include <dirent.h>
 #include <grp.h>
 #include <pwd.h>
@@ -158,7 +159,7 @@ static void ctl_cap(struct client *c)
     struct client_opts o = { .socket_path = TC.sock, .role = PROTO_ROLE_CTL, .device = -1, .name = "leaky" };
     char err[512];
     int n = 0;
-    for (; n < COORD_CTL_MAX - 1; n++)      /* c is one */
+    for (; n < COORD_CTL_MAX - 2; n++)      /* c and the idle one are two */
         CHECK_OK(client_open(&open_ctl[n], &o, err, sizeof err));
     struct client *more = NULL;
     CHECK_INT(client_open(&more, &o, err, sizeof err), <, 0);
@@ -174,6 +175,39 @@ static void ctl_cap(struct client *c)
     while (n)
         client_free(open_ctl[--n]);
     printf("  ctl connections: the %dth refused: %s\n", COORD_CTL_MAX + 1, err);
+}
+
+/* A dflashctl connection that asks nothing for COORD_CTL_IDLE_MS is closed, its heartbeats
+ * notwithstanding (each holds a descriptor of the coordinator's); one that asks stays open.
+ * `idle` was opened at opened_ms and has sent nothing but heartbeats since. */
+static void ctl_idle_closed(struct client *c, struct client *idle, uint64_t opened_ms)
+{
+    char err[256], cmd[600];
+    snprintf(cmd, sizeof cmd, "grep -q 'idle-ctl (pid %d): dflashctl connection closed: no request for' "
+             "'%s/coordinator.log'", (int)getpid(), TC.dir);
+    uint64_t early = opened_ms + COORD_CTL_IDLE_MS - 5000;
+    uint64_t end = opened_ms + COORD_CTL_IDLE_MS + 10000 * (uint64_t)test_time_scale();
+    int closed = 0, polls = 0;
+    while (!closed && mono_ms() < end) {
+        CHECK_OK(client_idle(idle, 0, err, sizeof err));       /* its heartbeats, if due */
+        still_serving(c);                                       /* a request every 2 s */
+        closed = system(cmd) == 0;
+        if (closed && mono_ms() < early)
+            TEST_FAIL("the idle dflashctl connection was closed after %" PRIu64 " ms, before %d",
+                      mono_ms() - opened_ms, COORD_CTL_IDLE_MS);
+        if (!closed)
+            tc_sleep_ms(2000);
+        polls++;
+    }
+    if (!closed)
+        TEST_FAIL("the idle dflashctl connection is still open %" PRIu64 " ms after it was opened",
+                  mono_ms() - opened_ms);
+    snprintf(cmd, sizeof cmd, "grep -q 'test (pid %d): dflashctl connection closed' '%s/coordinator.log'",
+             (int)getpid(), TC.dir);
+    CHECK_INT(system(cmd), !=, 0);                              /* the one asking was not */
+    still_serving(c);
+    printf("  an idle dflashctl connection closed after %" PRIu64 " ms (%d polls)\n", mono_ms() - opened_ms,
+           polls);
 }
 
 /* In a child: become uid/gid (with supplementary group `extra` unless it is -1), then try to
@@ -218,6 +252,12 @@ int main(void)
     struct client *c = tc_ctl(1000);
     CHECK(c);
     still_serving(c);
+    /* Left idle through the checks below, then expected closed. */
+    struct client_opts io = { .socket_path = TC.sock, .role = PROTO_ROLE_CTL, .device = -1, .name = "idle-ctl" };
+    struct client *idle = NULL;
+    char ierr[512];
+    uint64_t idle_opened = mono_ms();
+    CHECK_OK(client_open(&idle, &io, ierr, sizeof ierr));
 
     const char garbage[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
     expect_refused(garbage, sizeof garbage - 1, 0, "bad frame magic");
@@ -268,6 +308,8 @@ int main(void)
     still_serving(c);
     ctl_cap(c);
     still_serving(c);
+    ctl_idle_closed(c, idle, idle_opened);
+    client_free(idle);
 
     /* The socket itself is 0660. */
     struct stat st;
