@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "common/config.h"
 #include "common/err.h"
 #include "model/target_internal.h"
 
@@ -39,6 +40,37 @@ int target_default_layer_ids(int num_target_layers, int num_draft_layers, int *o
         /* Python's round(): ties to even, which is rint() in the default rounding mode */
         out[i] = (int)rint(start + (double)(i * span) / (double)(num_draft_layers - 1));
     return num_draft_layers;
+}
+
+int target_capture_ids(const struct cfg_model *m, int n_layers, int ids[TARGET_MAX_CAPTURE], const char **key,
+                       char *why, size_t whylen)
+{
+    int n;
+    *key = "capture_layers";
+    if (m->capture_layers[0]) {
+        if ((n = cfg_parse_int_list(m->capture_layers, ids, TARGET_MAX_CAPTURE)) <= 0)
+            return df_fail(why, whylen, -DF_EFORMAT, "'%s' is not a list of layer ids", m->capture_layers);
+    } else if (!n_layers) {
+        return df_fail(why, whylen, -DF_EFORMAT, "empty, and there is no model.path to derive it from");
+    } else {
+        *key = "draft_layers";
+        if (m->draft_layers > TARGET_MAX_CAPTURE ||
+            (n = target_default_layer_ids(n_layers, (int)m->draft_layers, ids)) < 0)
+            return df_fail(why, whylen, -DF_ERANGE, "no DFlash default capture ids for %lld drafter layers over the "
+                           "%d layers of %s/config.json: set model.capture_layers", (long long)m->draft_layers,
+                           n_layers, m->path);
+        for (int i = 1; i < n; i++)
+            if (ids[i] == ids[i - 1])   /* (the default ids never decrease) */
+                return df_fail(why, whylen, -DF_ERANGE, "the DFlash default capture ids for %lld drafter layers "
+                               "over the %d layers of %s/config.json take layer %d more than once: set "
+                               "model.capture_layers", (long long)m->draft_layers, n_layers, m->path, ids[i]);
+        return n;
+    }
+    for (int i = 0; n_layers && i < n; i++)
+        if (ids[i] >= n_layers)
+            return df_fail(why, whylen, -DF_ERANGE, "layer id %d is out of range [0, %d) of %s/config.json", ids[i],
+                           n_layers, m->path);
+    return n;
 }
 
 /* Each per-layer tensor's shape as config.json gives it ({rows, 0} for a vector; want false for a

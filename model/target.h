@@ -29,6 +29,17 @@ struct target;
  * 36 target and 5 draft layers -> [1,9,17,25,33]. Returns n_draft, or -DF_ERANGE. */
 int target_default_layer_ids(int num_target_layers, int num_draft_layers, int *out);
 
+struct cfg_model;
+/* The target layers captured for the drafter, as every daemon and tool must agree on them:
+ * model.capture_layers when set, else the DFlash default for model.draft_layers over the target's
+ * n_layers (its config.json; 0: not known, then capture_layers must be set). Each id below
+ * n_layers, none twice (a default that repeats a layer, as a target too shallow for draft_layers
+ * gives, is refused: set capture_layers). Returns n (> 0) with ids[0..n), at most
+ * TARGET_MAX_CAPTURE; else -DF_ERANGE or -DF_EFORMAT with *key ("capture_layers" or
+ * "draft_layers") and one line in why. */
+int target_capture_ids(const struct cfg_model *m, int n_layers, int ids[TARGET_MAX_CAPTURE], const char **key,
+                       char *why, size_t whylen);
+
 /* Load config.json + weights of layers 0..max(layer_ids) from model_dir.
  * layer_ids: captured layers in output order, HF convention: id i = output_hidden_states[i+1],
  * and id num_layers-1 is taken after the final norm (as HF does). 1 <= n_ids <= TARGET_MAX_CAPTURE.

@@ -113,6 +113,18 @@ for d in "target-d -i 0" "drafter-d -i 0" "coordinator-d"; do
   # keys that bound each other: fewer than three heartbeats before a daemon counts as dead
   bad2 "s/^heartbeat_ms = .*/heartbeat_ms = 1500/" "$(line dead_after_ms): coordinator.dead_after_ms: $(sed -n 's/^dead_after_ms = //p' "$CL_INI") is less than three heartbeats (coordinator.heartbeat_ms = 1500)" $d
 done
+# The default capture ids of a target too shallow for model.draft_layers (the 4-layer test model,
+# 5 drafter layers: 1 1 1 1 1) are refused by each program that derives them, as a list naming a
+# layer twice is.
+for d in "target-d -i 0" "drafter-d -i 0" "coordinator-d"; do
+  set -- $d
+  bin=$1; shift
+  "$CL_BIN/$bin" -c "$CL_INI" "$@" -o model.capture_layers= -o model.draft_layers=5 -t >"$T/o.out" 2>&1
+  rc=$?
+  [[ $rc == 78 ]] && grep -q "override model.draft_layers: the DFlash default capture ids for 5 drafter layers over the 4 layers of .* take layer 1 more than once: set model.capture_layers" "$T/o.out" ||
+    fail "$bin: repeated default capture ids: exit $rc: $(tail -2 "$T/o.out")"
+  echo "$bin: $(grep 'override model.draft_layers' "$T/o.out")"
+done
 # An -o that is not section.key=value is a usage error (64), like a bad -i.
 "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o 'ring.slots 3' -t >"$T/o.out" 2>&1
 [[ $? == 64 ]] && grep -q "\-o 'ring.slots 3': expected section.key=value" "$T/o.out" || fail "malformed -o: $(tail -2 "$T/o.out")"

@@ -2,6 +2,7 @@
  * tools/golden_target.py): per layer and sequence, packed batches, capture rules, head loading. */
 #include <sys/stat.h>
 #include <unistd.h>
+#include "common/config.h"
 #include "common/err.h"
 #include "model/cpu_ops.h"
 #include "model/target.h"
@@ -196,6 +197,42 @@ static void check_default_ids(void)
     CHECK_INT(target_default_layer_ids(3, 2, ids), ==, -DF_ERANGE);
 }
 
+/* The ids every daemon derives from [model]: the list given, or the default, each checked. */
+static void check_capture_ids(void)
+{
+    struct cfg_model m = { .path = "/m", .draft_layers = 5 };
+    int ids[TARGET_MAX_CAPTURE];
+    const char *key = NULL;
+    char why[600];
+    CHECK_INT(target_capture_ids(&m, 36, ids, &key, why, sizeof why), ==, 5);
+    CHECK(ids[0] == 1 && ids[4] == 33);
+    /* too shallow a target for the default: 4 layers give 1 1 1 1 1 (refused), 3 none */
+    CHECK_INT(target_capture_ids(&m, 4, ids, &key, why, sizeof why), ==, -DF_ERANGE);
+    CHECK_STR(key, "draft_layers");
+    CHECK_CONTAINS(why, "default capture ids for 5 drafter layers over the 4 layers of /m/config.json take layer 1 "
+                   "more than once: set model.capture_layers");
+    CHECK_INT(target_capture_ids(&m, 3, ids, &key, why, sizeof why), ==, -DF_ERANGE);
+    CHECK_CONTAINS(why, "no DFlash default capture ids for 5 drafter layers over the 3 layers");
+    m.draft_layers = 1;                                  /* one drafter layer: the middle one */
+    CHECK_INT(target_capture_ids(&m, 4, ids, &key, why, sizeof why), ==, 1);
+    CHECK_INT(ids[0], ==, 2);
+    m.draft_layers = 64;                                 /* as deep as allowed: 1..61 repeats */
+    CHECK_INT(target_capture_ids(&m, 36, ids, &key, why, sizeof why), ==, -DF_ERANGE);
+    CHECK_INT(target_capture_ids(&m, 200, ids, &key, why, sizeof why), ==, 64);
+    /* a list: each id below the target's layers; without a model, taken as it is */
+    snprintf(m.capture_layers, sizeof m.capture_layers, "3,1");
+    CHECK_INT(target_capture_ids(&m, 4, ids, &key, why, sizeof why), ==, 2);
+    CHECK(ids[0] == 3 && ids[1] == 1);
+    CHECK_INT(target_capture_ids(&m, 3, ids, &key, why, sizeof why), ==, -DF_ERANGE);
+    CHECK_STR(key, "capture_layers");
+    CHECK_CONTAINS(why, "layer id 3 is out of range [0, 3) of /m/config.json");
+    CHECK_INT(target_capture_ids(&m, 0, ids, &key, why, sizeof why), ==, 2);
+    m.capture_layers[0] = 0;
+    CHECK_INT(target_capture_ids(&m, 0, ids, &key, why, sizeof why), ==, -DF_EFORMAT);
+    CHECK_STR(key, "capture_layers");
+    CHECK_CONTAINS(why, "empty, and there is no model.path");
+}
+
 static void check_head(void)
 {
     char err[512] = "";
@@ -292,6 +329,7 @@ int main(void)
     check_layer_numel(golden_dir("qwen3"));
     check_layer_numel(golden_dir("llama"));
     check_default_ids();
+    check_capture_ids();
     check_head();
 
     /* ids outside the model */

@@ -38,29 +38,13 @@ int coord_ring_layout(struct coord *co, char *err, size_t errlen)
         return daemon_key_error(d, "model", "path", err, errlen,
                                 "empty, and coordinator.ring_hidden is 0: cannot size the ring");
     }
+    _Static_assert(RING_MAX_LAYERS == TARGET_MAX_CAPTURE, "the ring holds every capture id");
     int ids[RING_MAX_LAYERS];
-    int n = 0;
-    if (cfg->model.capture_layers[0]) {
-        n = cfg_parse_int_list(cfg->model.capture_layers, ids, RING_MAX_LAYERS);
-        if (n <= 0)
-            return daemon_key_error(d, "model", "capture_layers", err, errlen, "'%s' is not a list of layer ids",
-                                    cfg->model.capture_layers);
-    } else if (n_layers) {
-        n = target_default_layer_ids(n_layers, (int)cfg->model.draft_layers, ids);
-        if (n < 0)
-            return daemon_key_error(d, "model", "draft_layers", err, errlen,
-                                    "no DFlash default capture ids for %lld drafter layers over the %d layers of "
-                                    "%s/config.json: set model.capture_layers", (long long)cfg->model.draft_layers,
-                                    n_layers, cfg->model.path);
-    } else {
-        return daemon_key_error(d, "model", "capture_layers", err, errlen,
-                                "empty, and there is no model.path to derive it from");
-    }
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || (n_layers && ids[i] >= n_layers))
-            return daemon_key_error(d, "model", "capture_layers", err, errlen,
-                                    "layer id %d is out of range [0, %d) of %s/config.json", ids[i],
-                                    n_layers ? n_layers : INT_MAX, cfg->model.path);
+    const char *key;
+    char why[600];
+    int n = target_capture_ids(&cfg->model, n_layers, ids, &key, why, sizeof why);
+    if (n < 0)
+        return daemon_key_error(d, "model", key, err, errlen, "%s", why);
     /* ring_create refuses this too, but the keys' own ranges allow it: refused there, the start
      * would exit 1 and be restarted into the same refusal every second. */
     if (cfg->ring.max_seqs > cfg->ring.max_tokens)

@@ -232,19 +232,11 @@ static int check_config(struct dft *f, char *err, size_t errlen)
         return daemon_key_error(d, "model", "path", err, errlen, "%s: not a directory", cfg->model.path);
     if (hf_config_load(cfg->model.path, &f->hf, why, sizeof why) < 0)
         return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
-    int n;
-    if (cfg->model.capture_layers[0]) {
-        n = cfg_parse_int_list(cfg->model.capture_layers, f->ids, DRAFTER_MAX_CTX_LAYERS);
-        if (n <= 0)
-            return daemon_key_error(d, "model", "capture_layers", err, errlen, "'%s' is not a list of layer ids",
-                                    cfg->model.capture_layers);
-    } else {
-        n = target_default_layer_ids(f->hf.num_layers, (int)cfg->model.draft_layers, f->ids);
-        if (n < 0)
-            return daemon_key_error(d, "model", "draft_layers", err, errlen,
-                                    "no default capture layers for %lld draft layers over %d target layers",
-                                    (long long)cfg->model.draft_layers, f->hf.num_layers);
-    }
+    _Static_assert(DRAFTER_MAX_CTX_LAYERS == TARGET_MAX_CAPTURE, "f->ids holds every capture id");
+    const char *key;
+    int n = target_capture_ids(&cfg->model, f->hf.num_layers, f->ids, &key, why, sizeof why);
+    if (n < 0)
+        return daemon_key_error(d, "model", key, err, errlen, "%s", why);
     f->n_ids = n;
     int r = drafter_config_from_cfg(&f->dc, &f->hf, cfg, f->ids, n, why, sizeof why);
     if (r >= 0)

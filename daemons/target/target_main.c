@@ -76,25 +76,10 @@ struct tgt {
 /* Capture ids: model.capture_layers, else the DFlash default for model.draft_layers. */
 static int capture_ids(const struct daemon *d, const struct hf_config *hf, int *ids, char *err, size_t errlen)
 {
-    const struct dflash_cfg *cfg = &d->cfg;
-    int n;
-    if (cfg->model.capture_layers[0]) {
-        n = cfg_parse_int_list(cfg->model.capture_layers, ids, TARGET_MAX_CAPTURE);
-        if (n <= 0)
-            return daemon_key_error(d, "model", "capture_layers", err, errlen, "'%s' is not a list of layer ids",
-                                    cfg->model.capture_layers);
-    } else {
-        n = target_default_layer_ids(hf->num_layers, (int)cfg->model.draft_layers, ids);
-        if (n < 0)
-            return daemon_key_error(d, "model", "draft_layers", err, errlen,
-                                    "no default capture layers for %lld draft layers over %d target layers",
-                                    (long long)cfg->model.draft_layers, hf->num_layers);
-    }
-    for (int i = 0; i < n; i++)
-        if (ids[i] >= hf->num_layers)
-            return daemon_key_error(d, "model", "capture_layers", err, errlen,
-                                    "layer id %d: the target has %d layers", ids[i], hf->num_layers);
-    return n;
+    const char *key;
+    char why[600];
+    int n = target_capture_ids(&d->cfg.model, hf->num_layers, ids, &key, why, sizeof why);
+    return n < 0 ? daemon_key_error(d, "model", key, err, errlen, "%s", why) : n;
 }
 
 /* Everything that can be checked before touching the cluster; errors are config errors. */

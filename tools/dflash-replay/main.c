@@ -137,15 +137,10 @@ static int setup_config(struct replay *rp)
     if (hf_config_load(c->model.path, &rp->hf, err, sizeof err) < 0)
         return key_fail(rp, "model", "path", "%s", err);
     /* the capture ids and the drafter's shape, as drafter-d's check_config makes them */
-    int n;
-    if (c->model.capture_layers[0]) {
-        n = cfg_parse_int_list(c->model.capture_layers, rp->ids, DRAFTER_MAX_CTX_LAYERS);
-        if (n <= 0)
-            return key_fail(rp, "model", "capture_layers", "'%s' is not a list of layer ids", c->model.capture_layers);
-    } else if ((n = target_default_layer_ids(rp->hf.num_layers, (int)c->model.draft_layers, rp->ids)) < 0) {
-        return key_fail(rp, "model", "draft_layers", "no default capture layers for %lld draft layers over %d target"
-                        " layers", (long long)c->model.draft_layers, rp->hf.num_layers);
-    }
+    const char *key;
+    int n = target_capture_ids(&c->model, rp->hf.num_layers, rp->ids, &key, err, sizeof err);
+    if (n < 0)
+        return key_fail(rp, "model", key, "%s", err);
     rp->n_ids = n;
     if (drafter_config_from_cfg(&rp->dc, &rp->hf, c, rp->ids, n, err, sizeof err) < 0)
         return key_fail(rp, "model", "path", "%s/config.json: drafter shape: %s", c->model.path, err);
