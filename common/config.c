@@ -409,9 +409,38 @@ static int check_section_line(const char *line, int lineno, char *why, size_t wh
     return -EINVAL;
 }
 
+/* In a cfg_load_section read inih's syntax errors are passed over, since they may be in another
+ * section: those of the section read are found here, as inih finds them (a key line with no '='
+ * or ':' before an inline "; comment"). NULL for a line inih takes. */
+static const char *syntax_error(const char *line)
+{
+    line += strspn(line, " \t\r\n\v\f");
+    if (!*line || *line == ';' || *line == '#')
+        return NULL;
+    if (*line == '[')
+        return strchr(line, ']') ? NULL : "a '[' line without ']'";
+    for (const char *p = line; *p && *p != '\n'; p++) {
+        if (*p == '=' || *p == ':')
+            return NULL;
+        if (*p == ';' && (p[-1] == ' ' || p[-1] == '\t'))
+            break;
+    }
+    return "syntax error: no '=' or ':' in it";
+}
+
+/* A failure in a cfg_load_section read wherever the line is: which section it is in cannot be
+ * told (a header cut short, or one too long to read). */
+static void fail_anywhere(struct load_ctx *c, const char *why)
+{
+    if (c->only)
+        snprintf(c->cur, sizeof c->cur, "%s", c->only);
+    fail_at(c, c->lineno, -EINVAL, "%s", why);
+}
+
 /* inih reads one line per call, so the line count at handler time is its line. A line that
  * does not fit inih's buffer would come back in pieces, the tail parsed as a line of its own
- * (a commented-out setting could come alive): it ends the parse with an error instead. */
+ * (a commented-out setting could come alive): it ends the parse with an error instead, but in a
+ * cfg_load_section read of another section, where it is passed over whole. */
 static char *ini_read_line(char *buf, int size, void *stream)
 {
     struct load_ctx *c = stream;
@@ -423,16 +452,31 @@ static char *ini_read_line(char *buf, int size, void *stream)
     size_t n = nl ? (size_t)(nl - s) + 1 : (left < room ? left : room);
     c->lineno++;
     if (!nl && n == room && n < left) {
-        fail_at(c, c->lineno, -EINVAL, "line longer than %d bytes", size - 2);
+        const char *t = s + strspn(s, " \t\r\v\f");
+        if (c->only && strcmp(c->cur, c->only) && *t != '[') {
+            const char *end = memchr(s, '\n', left);
+            c->pos += end ? (size_t)(end - s) + 1 : left;
+            snprintf(buf, (size_t)size, "\n");
+            return buf;
+        }
+        char why[64];
+        snprintf(why, sizeof why, "line longer than %d bytes", size - 2);
+        fail_anywhere(c, why);
         return NULL;
     }
     memcpy(buf, s, n);
     buf[n] = 0;
     c->pos += n;
-    const char *t = buf + strspn(buf, " \t\r\n\v\f");
+    const char *line = c->lineno == 1 && !strncmp(buf, "\xef\xbb\xbf", 3) ? buf + 3 : buf;   /* (a BOM: inih skips it) */
+    const char *t = line + strspn(line, " \t\r\n\v\f");
     const char *close = *t == '[' ? strchr(t, ']') : NULL;
     if (close)
         snprintf(c->cur, sizeof c->cur, "%.*s", (int)(close - t - 1), t + 1);
+    const char *bad = c->only ? syntax_error(line) : NULL;
+    if (bad && *t == '[')
+        fail_anywhere(c, bad);
+    else if (bad)
+        fail_at(c, c->lineno, -EINVAL, "%s", bad);
     char why[160];
     if (check_section_line(buf, c->lineno, why, sizeof why) < 0) {
         fail_at(c, c->lineno, -EINVAL, "%s", why);
@@ -574,7 +618,7 @@ static int load(struct dflash_cfg *cfg, const char *path, const char *only, char
     r = ini_parse_stream(ini_read_line, &c, on_ini, &c);
     free(text);
     /* inih reports the first bad line; a syntax error before the key we refused wins. */
-    if (c.failed && !(r > 0 && r < c.fail_line))
+    if (c.failed && (only || !(r > 0 && r < c.fail_line)))
         return c.failed;
     if (r > 0 && !only) {
         snprintf(err, errlen, "%s:%d: syntax error", path, r);

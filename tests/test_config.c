@@ -71,6 +71,34 @@ int main(void)
     CHECK_INT(cfg.ring.slots, ==, 16);
     CHECK_STR(cfg.drafter.pick, "oldest");
     CHECK_NEAR(cfg.drafter.gamma, 7.0, 0);
+    /* A line too long to read elsewhere is passed over whole (the section after it still read);
+     * in the section, or a header that may be its own, it fails the read. So does a syntax
+     * error in the section, even after one elsewhere; a BOM before its header is no error. */
+    static char ltext[3 * 8192];
+    char longval[6000];
+    memset(longval, '1', sizeof longval - 1);
+    longval[sizeof longval - 1] = 0;
+    snprintf(ltext, sizeof ltext, "[model]\ncapture_layers = %s\n[cluster]\nname = after_long\n", longval);
+    CHECK_OK(cfg_load_section(&cfg, write_tmp("long1.ini", ltext), "cluster", err, sizeof err));
+    CHECK_STR(cfg.cluster.name, "after_long");
+    snprintf(ltext, sizeof ltext, "[cluster]\nname = x\nsocket = /%s\n", longval);
+    CHECK(cfg_load_section(&cfg, write_tmp("long2.ini", ltext), "cluster", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "long2.ini:3: line longer than 4094 bytes");
+    snprintf(ltext, sizeof ltext, "[model]\n[%s]\nname = x\n", longval);
+    CHECK(cfg_load_section(&cfg, write_tmp("long3.ini", ltext), "cluster", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "long3.ini:2: line longer than 4094 bytes");
+    part = write_tmp("syn.ini", "[model]\nbogus line\n[cluster]\nname foo\nname = bar\n");
+    CHECK(cfg_load_section(&cfg, part, "cluster", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "syn.ini:4: syntax error: no '=' or ':' in it");
+    part = write_tmp("syn2.ini", "[cluster]\nname = x ; a comment = here\nruntime_dir ; = /x\n");
+    CHECK(cfg_load_section(&cfg, part, "cluster", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "syn2.ini:3: syntax error");
+    part = write_tmp("syn3.ini", "[model]\n[cluster\nname = x\n");
+    CHECK(cfg_load_section(&cfg, part, "cluster", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "syn3.ini:2: a '[' line without ']'");
+    CHECK_OK(cfg_load_section(&cfg, write_tmp("bom.ini", "\xef\xbb\xbf[cluster]\nname = bom\n[ring]\nx\n"),
+                              "cluster", err, sizeof err));
+    CHECK_STR(cfg.cluster.name, "bom");
 
     const char *p = write_tmp("ok.ini", "[ring]\nslots = 8\n[drafter]\ngamma = 3.5\npick = random\n");
     CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
