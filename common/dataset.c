@@ -348,6 +348,10 @@ static const char *beside(const struct dataset_writer *w, const char *path)
 int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t vocab_size, char *err, size_t errlen)
 {
     *out = NULL;
+    if (!*path) {
+        snprintf(err, errlen, "the output path is empty");
+        return -ENOENT;
+    }
     if (vocab_size > DATASET_MAX_VOCAB)
         return fail(err, errlen, path, -DF_ERANGE, "vocab size %u above %u", vocab_size, DATASET_MAX_VOCAB);
     if (strlen(path) >= sizeof ((struct dataset_writer *)0)->path) {

@@ -82,14 +82,15 @@ expect_err '{"input_ids":[1,2],"loss_mask":[1]}' "loss_mask: not an array of the
 expect_err '{"input_ids":[1,2],"loss_mask":[1,5]}' "loss_mask\[1\]: not 0 or 1" ""
 expect_err '{"input_ids":[]}' "input_ids: empty" ""
 expect_err '{"input_ids":[1,-3]}' "input_ids\[1\]: not a token id" ""
-expect_err 'not json' "not valid JSON" ""
+expect_err 'not json' "not a JSON object: one object per line is read (JSON Lines)" ""
+expect_err '{"input_ids":[1,2' "not valid JSON" ""
 expect_err '{"input_ids":[1,2],"labels":[-100,3]}' "labels\[1\]: 3 is neither -100 nor input_ids\[1\] (2): shifted labels" ""
 expect_err '{"input_ids":[1,2],"labels":[-100,2],"loss_mask":[0,1]}' "both loss_mask and labels" ""
 expect_err '{"input_ids":[1,2],"labels":[-100]}' "labels: not an array of the same length" ""
 expect_err '{"input_ids":[1,2],"labels":["a",2]}' "labels\[0\]: not a number" ""
 expect_err '{"input_ids":[5,6,7]}{"input_ids":[8,9]}' "more after the JSON object" ""
 expect_err '{"input_ids":[1,2]} trailing' "more after the JSON object" ""
-expect_err '[1,2]' "not a JSON object" ""
+expect_err '[1,2]' "a JSON array, not an object: one object per line is read (JSON Lines); a file of one array: jq -c '.\[\]' makes it one" ""
 expect_err '{"input_ids":[1,2],"input_ids":[3]}' "input_ids: appears twice" ""
 # A NUL ends the parser's string: the record after it on that line would be lost unsaid.
 printf '{"input_ids":[1,2]}\0{"input_ids":[3,4]}\n' > "$T/nul.jsonl"
@@ -97,6 +98,13 @@ if "$D" build -o "$T/bad.bin" "$T/nul.jsonl" 2>"$T/err.txt"; then fail "accepted
 grep -q "$T/nul.jsonl:1: a NUL byte at column 20: not a JSON line" "$T/err.txt" || fail "NUL message: $(cat "$T/err.txt")"
 [[ ! -e $T/bad.bin ]] || fail "left a half-written file"
 expect_err '{"input_ids":[1,2,3,4294967295]}' "sample 0: token 3: id 4294967295 >= 1073741824, no vocabulary is that large" ""
+# An empty output path is refused before the input is read (it failed at the final rename).
+for cmd in build synth; do
+  "$D" $cmd -o "" "$T/bad.jsonl" 2>"$T/err.txt"
+  rc=$?
+  [[ $rc == 64 ]] && grep -q "dflash-data: $cmd: -o OUT is required (an empty path was given)" "$T/err.txt" ||
+    fail "$cmd -o '': exit $rc: $(cat "$T/err.txt")"
+done
 # A failed build leaves the file it would have replaced as it was.
 printf '%s\n' '{"input_ids":[1,2,3,4294967295]}' > "$T/bad.jsonl"
 if "$D" build -o "$T/a.bin" "$T/bad.jsonl" 2>/dev/null; then fail "accepted an id beyond any vocabulary"; fi

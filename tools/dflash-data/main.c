@@ -106,6 +106,14 @@ static int grow(struct buf *b, size_t n)
  * an {"end": N} line returns -2 and N in *end_n. */
 static long parse_line(const char *line, struct buf *b, uint64_t *end_n, char *why, size_t whylen)
 {
+    /* An object or nothing: a JSON array file (one line holding every record) is refused before
+     * a tree many times its size is built of it. */
+    char first = line[strspn(line, " \t\r\n")];
+    if (first != '{') {
+        snprintf(why, whylen, "%s: one object per line is read (JSON Lines)%s", first == '[' ? "a JSON array, not "
+                 "an object" : "not a JSON object", first == '[' ? "; a file of one array: jq -c '.[]' makes it one" : "");
+        return -1;
+    }
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithOpts(line, &end, 0);
     long n = -1;
@@ -353,8 +361,11 @@ static int cmd_synth(const char *out, uint64_t n, uint32_t vocab, uint32_t min_l
     uint32_t *succ = malloc(vocab * 4ull), *tok = malloc(max_len * 4ull);
     uint8_t *mask = malloc(max_len);
     int rc = 1;
-    if (!succ || !tok || !mask)
+    if (!succ || !tok || !mask) {
+        fprintf(stderr, "dflash-data: synth: out of memory for a vocabulary of %u and sequences of up to %u tokens\n",
+                vocab, max_len);
         goto done;
+    }
     uint64_t s = seed;
     for (uint32_t v = 0; v < vocab; v++)
         succ[v] = (uint32_t)(rng_next(&s) % vocab);
@@ -516,8 +527,8 @@ int main(int argc, char **argv)
         return 64;
     }
     if (!strcmp(cmd, "build") || !strcmp(cmd, "synth")) {
-        if (!out) {
-            fprintf(stderr, "dflash-data: %s: -o OUT is required\n", cmd);
+        if (!out || !*out) {
+            fprintf(stderr, "dflash-data: %s: -o OUT is required%s\n", cmd, out ? " (an empty path was given)" : "");
             return 64;
         }
         catch_stop_signals();
