@@ -418,9 +418,16 @@ static int connect_unix(struct client *c, char *err, size_t errlen)
         FAIL(-errno, "socket: %s", strerror(errno));
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     memcpy(sa.sun_path, c->socket_path, sizeof sa.sun_path);
+    /* A listener whose queue is full (one that does not accept: stalled, or not a coordinator)
+     * keeps a unix connect() asleep for the send timeout: forever without one. */
+    struct timeval tv = { c->o.reply_timeout_ms / 1000, (c->o.reply_timeout_ms % 1000) * 1000 };
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
         int r = -errno;
         close(fd);
+        if (r == -EAGAIN || r == -EINPROGRESS)
+            FAIL(-EAGAIN, "cannot connect to %s: no connection taken for %d ms (its queue is full: the coordinator "
+                 "is stalled, or this is not a coordinator's socket)", c->socket_path, c->o.reply_timeout_ms);
         struct stat st;
         if (r == -ECONNREFUSED && stat(c->socket_path, &st) == 0 && !S_ISSOCK(st.st_mode))
             FAIL(r, "cannot connect to %s: not a socket (a %s)", c->socket_path,

@@ -884,6 +884,50 @@ static void test_leaving_regrant_send_fails(int lfd)
     client_free(c);
 }
 
+/* A socket whose listener takes no connection (a stalled coordinator, another program's socket):
+ * once its queue is full a connect is answered within the reply timeout, not slept in for ever
+ * (client_open and every reconnect in client_poll hung there). */
+static void test_listener_not_accepting(void)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    char *path = sa.sun_path;
+    CHECK(snprintf(path, sizeof sa.sun_path, "%s.full", g_sock) < (int)sizeof sa.sun_path);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    unlink(path);
+    CHECK(bind(lfd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    CHECK(listen(lfd, 0) == 0);
+    int held[64], n = 0;
+    for (; n < 64; n++) {       /* fill its queue (a backlog of 0 takes one or two) */
+        held[n] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct timeval tv = { 0, 100000 };
+        setsockopt(held[n], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (connect(held[n], (struct sockaddr *)&sa, sizeof sa) < 0) {
+            CHECK_INT(errno, ==, EAGAIN);
+            close(held[n]);
+            break;
+        }
+    }
+    CHECK(n < 64);
+    struct client_opts o = { .socket_path = path, .role = PROTO_ROLE_TARGET, .device = 0,
+                             .connect_timeout_ms = 300, .reply_timeout_ms = 200 };
+    struct client *c = NULL;
+    char err[512];
+    alarm(30);                  /* (the old code: never back) */
+    uint64_t t0 = mono_ms();
+    int r = client_open(&c, &o, err, sizeof err);
+    uint64_t took = mono_ms() - t0;
+    alarm(0);
+    CHECK_INT(r, ==, -EAGAIN);
+    CHECK_CONTAINS(err, "no connection taken for 200 ms (its queue is full");
+    CHECK_CONTAINS(err, path);
+    CHECK(took < 5000 * (uint64_t)test_time_scale());
+    printf("  a listener that takes nothing: %s (%" PRIu64 " ms, %d queued)\n", err, took, n);
+    while (n)
+        close(held[--n]);
+    close(lfd);
+    unlink(path);
+}
+
 int main(void)
 {
     const char *t = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
@@ -905,6 +949,7 @@ int main(void)
     test_group_ids_kept(lfd);
     test_late_reply_skipped(lfd);
     test_leaving_regrant_send_fails(lfd);
+    test_listener_not_accepting();
     close(lfd);
     unlink(g_sock);
     printf("ok\n");
