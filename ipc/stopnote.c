@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/fileio.h"
 
 static int note_path(char *path, size_t n, const char *sock, const char *suffix)
 {
@@ -49,7 +50,9 @@ int stop_note_read(const char *sock, char *why, size_t n)
     char path[4096];
     if (n == 0 || note_path(path, sizeof path, sock, "") < 0)
         return 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Anything but a file there (a folder, a FIFO that would wait for a writer) is no note: an
+     * empty read of it was "stopped", and every daemon left. */
+    int fd = fileio_open_regular(path, NULL);
     if (fd < 0)
         return 0;
     ssize_t k = read(fd, why, n - 1);

@@ -13,5 +13,5 @@
 /* Atomically (tmp + rename); group gid (the socket's; -1 keeps it), mode 0644 & umask. */
 int stop_note_write(const char *sock, const char *reason, gid_t gid);
 void stop_note_clear(const char *sock);
-/* 1 and the reason in why when the note is there, else 0. */
+/* 1 and the reason in why when the note is there (a regular file), else 0. */
 int stop_note_read(const char *sock, char *why, size_t n);
