@@ -212,6 +212,35 @@ static int was_returned(const struct client *c, uint64_t batch)
     return 0;
 }
 
+static void reverse_u64(uint64_t *a, size_t n)
+{
+    for (size_t i = 0; i < n / 2; i++) {
+        uint64_t t = a[i];
+        a[i] = a[n - 1 - i];
+        a[n - 1 - i] = t;
+    }
+}
+
+/* A batch granted again after it was returned: held now, so not to go back with a reconnect's
+ * re-grant (the rest kept, oldest first). */
+static void returned_forget(struct client *c, uint64_t batch)
+{
+    if (!was_returned(c, batch))
+        return;
+    size_t n = c->n_returned, k = 0;
+    if (n > RETURNED_MAX) {     /* wrapped: rotate the oldest (at n % MAX) to the front first */
+        size_t s = n % RETURNED_MAX;
+        reverse_u64(c->returned, s);
+        reverse_u64(c->returned + s, RETURNED_MAX - s);
+        reverse_u64(c->returned, RETURNED_MAX);
+        n = RETURNED_MAX;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (c->returned[i] != batch)
+            c->returned[k++] = c->returned[i];
+    c->n_returned = k;
+}
+
 static int outbox_has_publish(const struct client *c, uint64_t batch)
 {
     for (size_t i = c->out_head; i < c->n_out; i++)
@@ -375,6 +404,7 @@ static int handle_frame(struct client *c, const struct proto_msg *m, char *err, 
         struct client_lease *l = lease_add(c, m);
         if (!l)
             return -ENOMEM;
+        returned_forget(c, m->grant.batch_id);
         if (c->want)
             c->want--;
         cp.samples = l->samples;
@@ -806,13 +836,29 @@ static int send_soft(struct client *c, const struct proto_msg *m)
 /* Send now, or hold for the next connection: errors are not events (no ACK, no seq) but must
  * not vanish with the connection (a NaN must still pause the cluster). When more than HELD_MAX
  * pile up the oldest goes. */
+/* An event or report the encoder refuses (a lease number 0 read from a spoiled slot, a checkpoint
+ * path with a control character) must not be kept to send again: it would stay there, and every
+ * replay would stop at it (the rest of a reconnect's handshake unsent). Said once, here. */
+static int encodable(const struct proto_msg *m)
+{
+    _Alignas(8) uint8_t probe[sizeof(struct proto_hdr) + sizeof(struct proto_msg)];
+    char why[200];
+    int64_t n = proto_encode(m, probe, sizeof probe, why, sizeof why);
+    if (n < 0)
+        log_error((int)n, "%s: not sent: %s", proto_type_name(m->type), why);
+    return n < 0 ? (int)n : 0;
+}
+
 static int send_held(struct client *c, const struct proto_msg *m)
 {
+    int r = encodable(m);
+    if (r < 0)
+        return r;
     maybe_reconnect(c, NULL, 0);
     client_heartbeat_due(c);
-    int r = send_msg(c, m);
+    r = send_msg(c, m);
     if (r >= 0 || c->fd >= 0)
-        return r;       /* sent, or refused by the encoder */
+        return r;
     if (c->n_held == HELD_MAX) {
         memmove(c->held, c->held + 1, (HELD_MAX - 1) * sizeof c->held[0]);
         c->n_held--;
@@ -823,15 +869,9 @@ static int send_held(struct client *c, const struct proto_msg *m)
 
 static int send_event(struct client *c, struct proto_msg *m)
 {
-    /* An event the encoder refuses (e.g. a lease number 0 read from a spoiled slot) must not
-     * enter the outbox: it would stay there, and every replay would stop at it. */
-    uint8_t probe[sizeof(struct proto_hdr) + sizeof(struct proto_checkpointed)];  /* the largest event */
-    char why[200];
-    int64_t n = proto_encode(m, probe, sizeof probe, why, sizeof why);
-    if (n < 0) {
-        log_error((int)n, "%s: not sent: %s", proto_type_name(m->type), why);
-        return (int)n;
-    }
+    int r = encodable(m);
+    if (r < 0)
+        return r;
     if (c->n_out == c->cap_out && c->out_head > 0) {   /* the answered ones at the front make room */
         memmove(c->out, c->out + c->out_head, (c->n_out - c->out_head) * sizeof *c->out);
         c->n_out -= c->out_head;

@@ -283,7 +283,7 @@ static void count_held(int fd, const struct proto_msg *m, void *arg)
 
 /* A drafter's skip report (an event, kept until ACKed) and its error (held: not an event, but a
  * NaN must still pause the cluster) written while the coordinator is away are sent on the next
- * connection. */
+ * connection; one the encoder refuses is neither kept nor in their way. */
 static void test_held_until_reconnect(int lfd)
 {
     pid_t srv = fork();
@@ -313,6 +313,9 @@ static void test_held_until_reconnect(int lfd)
     struct client_stats cs;
     client_get_stats(c, &cs);
     CHECK_INT(cs.outbox, ==, 0);
+    /* So is a report it refuses (a checkpoint path with a control character): held, it stopped
+     * every later handshake before the reports below were sent again. */
+    CHECK_INT(client_ckpt_bad(c, 1, 8, "/ckpt/step-8\x01", -DF_EFORMAT, "unreadable"), <, 0);
     CHECK_OK(client_batch_skipped(c, 7, 3));
     CHECK_OK(client_error(c, 0, -DF_ENAN, "loss is nan"));
     for (int i = 0; i < 200 && !client_connected(c); i++)
@@ -854,6 +857,100 @@ static void test_newest_returns_kept(int lfd)
     printf("%d leases returned on one connection: the re-grant of the last one went back\n", MANY_RETURNS);
 }
 
+/* A lease returned and then granted again on the same connection is held, not returned: a
+ * reconnect's re-grant of it (under its new number) is kept, and no LEASE_RETURN goes back for
+ * it (the daemon would go on with a batch the coordinator took back). The server: grant 7000
+ * (lease 1), take its return, grant it again (lease 2), hang up once the client has it; then
+ * re-grant it on the reconnect and count the returns of 7000 until the client hangs up. */
+static void grant_numbered(int fd, uint64_t batch, uint32_t lease, uint32_t flags)
+{
+    uint32_t sample = 3;
+    struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = &sample };
+    g.grant = (struct proto_lease_grant){ .batch_id = batch, .flags = flags, .n_samples = 1, .n_tokens = 1,
+                                          .max_seq_len = 64, .lease = lease };
+    send_frame(fd, &g);
+}
+
+static void count_7000_returns(int fd, const struct proto_msg *m, void *arg)
+{
+    (void)fd;
+    *(int *)arg += m->type == PROTO_LEASE_RETURN && m->batch.batch_id == 7000;
+}
+
+static void test_returned_then_granted(int lfd)
+{
+    int sync[2];
+    CHECK_OK(pipe(sync));
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        close(sync[1]);
+        int fd = accept_welcomed(lfd, 10000, 0);
+        grant_numbered(fd, 7000, 1, 0);
+        /* the return, answered by the second grant; then the client says (on the pipe) it has it */
+        struct proto_msg in;
+        uint8_t buf[4096];
+        size_t have = 0;
+        for (int answered = 0; !answered;) {
+            ssize_t k = read(fd, buf + have, sizeof buf - have);
+            if (k <= 0)
+                _exit(16);
+            have += (size_t)k;
+            size_t off = 0;
+            while (have - off >= sizeof(struct proto_hdr)) {
+                size_t n = sizeof(struct proto_hdr) + ((const struct proto_hdr *)(buf + off))->len;
+                if (n > have - off)
+                    break;
+                if (proto_decode(buf + off, n, &in, NULL, 0) < 0)
+                    _exit(17);
+                if (in.type == PROTO_LEASE_RETURN && in.batch.batch_id == 7000 && !answered) {
+                    grant_numbered(fd, 7000, 2, 0);
+                    answered = 1;
+                }
+                off += n;
+            }
+            memmove(buf, buf + off, have - off);
+            have -= off;
+        }
+        char ch;
+        if (read(sync[0], &ch, 1) != 1)
+            _exit(18);
+        close(fd);
+        fd = accept(lfd, NULL, NULL);
+        if (fd < 0)
+            _exit(19);
+        read_hello(fd);
+        send_welcome(fd, 10000, 1);
+        grant_numbered(fd, 7000, 2, PROTO_GRANT_REGRANT);
+        int back = 0;
+        read_frames(fd, count_7000_returns, &back);
+        _exit(back == 0 ? 0 : 20);
+    }
+    close(sync[0]);
+    struct client *c = open_client();
+    char err[512] = "";
+    struct proto_msg m;
+    CHECK_INT(client_poll(c, 5000, &m, err, sizeof err), ==, 1);
+    CHECK(m.type == PROTO_LEASE_GRANT && m.grant.batch_id == 7000 && m.grant.lease == 1);
+    CHECK_OK(client_lease_return(c, 7000));
+    CHECK_INT(client_poll(c, 5000, &m, err, sizeof err), ==, 1);
+    CHECK(m.type == PROTO_LEASE_GRANT && m.grant.batch_id == 7000 && m.grant.lease == 2);
+    CHECK_INT(write(sync[1], "g", 1), ==, 1);
+    struct client_stats cs = { 0 };
+    for (int i = 0; i < 200 * test_time_scale() && !cs.reconnects; i++) {
+        CHECK_INT(client_idle(c, 50, err, sizeof err), ==, 0);
+        client_get_stats(c, &cs);
+    }
+    CHECK_INT(cs.reconnects, ==, 1);
+    const struct client_lease *l = client_lease_find(c, 7000);
+    CHECK(l != NULL);
+    CHECK_INT(l->lease, ==, 2);
+    client_free(c);                         /* hang up: the server counts the returns */
+    close(sync[1]);
+    CHECK_INT(reap(srv), ==, 0);
+    printf("a lease returned, granted again, re-granted on a reconnect: kept, not returned\n");
+}
+
 /* Last: the client's later reconnects are left in the listening queue. */
 static void test_leaving_regrant_send_fails(int lfd)
 {
@@ -948,6 +1045,7 @@ int main(void)
     test_newest_returns_kept(lfd);
     test_group_ids_kept(lfd);
     test_late_reply_skipped(lfd);
+    test_returned_then_granted(lfd);
     test_leaving_regrant_send_fails(lfd);
     test_listener_not_accepting();
     close(lfd);
