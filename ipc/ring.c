@@ -57,6 +57,7 @@ struct ring_hdr {
     uint32_t stuck_writing_ms;
     uint64_t creator_token;
     uint64_t created_wall_ms;
+    uint64_t tag;                   /* ring_create_opts.tag */
 
     alignas(64) struct wait_q ready;            /* woken when a slot becomes READY */
     alignas(64) struct wait_q free;             /* woken when a slot becomes FREE */
@@ -279,7 +280,7 @@ int ring_unlink(const char *name)
 int ring_create(struct ring **out, const char *name, const struct ring_layout *layout,
                 const struct ring_create_opts *opts, char *err, size_t errlen)
 {
-    static const struct ring_create_opts defaults = { 0600, -1, 0, 0 };
+    static const struct ring_create_opts defaults = { .mode = 0600, .gid = -1 };
     char why[160];
     struct geo g;
     int rc, fd = -1;
@@ -381,6 +382,7 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
     memset(h->layout.layer_ids + layout->n_layers, 0, sizeof(uint32_t) * (RING_MAX_LAYERS - layout->n_layers));
     h->stuck_writing_ms = opts->stuck_writing_ms ? opts->stuck_writing_ms : 600000;
     h->created_wall_ms = wall_ms();
+    h->tag = opts->tag;
     atomic_store(&h->next_seq, 1);
     r->ctl = (struct ring_ctl *)(r->base + g.ctl_off);
     handle_geometry(r, &h->layout, &g);
@@ -1135,6 +1137,7 @@ int ring_stats(const struct ring *r, struct ring_stats *st, struct ring_slot_sta
     st->creator_token = h->creator_token;
     st->created_wall_ms = h->created_wall_ms;
     st->stuck_writing_ms = h->stuck_writing_ms;
+    st->tag = h->tag;
     uint64_t now = mono_ns(), stuck_ns = (uint64_t)h->stuck_writing_ms * 1000000ull;
     for (uint32_t i = 0; i < r->nslots; i++) {
         const struct ring_ctl *c = &r->ctl[i];

@@ -15,7 +15,7 @@
  *     loss_mask[max_tokens] u8, padding to 4096, then hidden [max_tokens, L*H] bf16.
  * Bump RING_VERSION whenever anything in this layout or the state encoding changes. */
 #define RING_MAGIC        0x474e495248534c46ull /* "FLSHRING" little-endian */
-#define RING_VERSION      3u   /* 2: ring_payload.lease; 3: the waiter table */
+#define RING_VERSION      4u   /* 2: ring_payload.lease; 3: the waiter table; 4: the creator's tag */
 #define RING_MAX_LAYERS   64
 #define RING_ALIGN        4096u   /* tensor area and slot stride alignment (DMA, cudaHostRegister) */
 
@@ -60,6 +60,8 @@ struct ring_create_opts {
     int gid;                    /* group for the object (fchown), -1 = leave as is */
     uint32_t stuck_writing_ms;  /* WRITING longer than this with a live owner is flagged in stats (0 = 600000) */
     unsigned flags;             /* RING_CREATE_* */
+    uint64_t tag;               /* the creator's name for what the ring holds (the coordinator: its
+                                   run id), read back in ring_stats.tag; never changed */
 };
 #define RING_CREATE_REPLACE 1u  /* unlink an existing object of that name first (else -EEXIST) */
 
@@ -221,6 +223,7 @@ struct ring_stats {
     uint64_t creator_token;
     uint64_t created_wall_ms;
     uint32_t stuck_writing_ms;
+    uint64_t tag;               /* ring_create_opts.tag */
 };
 /* Snapshot (not atomic across slots). slots: array of nslots entries, or NULL. */
 int ring_stats(const struct ring *r, struct ring_stats *st, struct ring_slot_stat *slots);

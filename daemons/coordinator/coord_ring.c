@@ -1,6 +1,7 @@
 /* coord_ring.c: the ring's layout from the config (and the model's config.json), create
  * or re-attach at start, and reconciling READY slots with the ledger after a restart. */
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -142,6 +143,18 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
         co->ring = NULL;
         return r;
     }
+    /* A ring left by another run (its coordinator died without removing it; the ledger moved
+     * away since): its READY batches carry this run's batch ids, (epoch, index), with another
+     * schedule's or dataset's samples. Replaced, never adopted. */
+    struct ring_stats st;
+    if (r == 0 && ring_stats(co->ring, &st, NULL) == 0 && st.tag != co->run_id) {
+        snprintf(why, sizeof why, "ring %s is of another run (%016" PRIx64 ", this one is %016" PRIx64 "): "
+                 "its %u READY or READING batches are not this run's", co->ring_name, st.tag, co->run_id,
+                 st.count[RING_READY] + st.count[RING_READING]);
+        ring_detach(co->ring);
+        co->ring = NULL;
+        r = -ESTALE;
+    }
     if (r == 0) {
         ring_set_access(co);
         struct ring_reclaim rc = { 0 };
@@ -155,6 +168,9 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
     switch (r) {
     case -ENOENT:
         flags = 0;
+        break;
+    case -ESTALE:               /* another run's */
+        log_warn(0, "replacing %s", why);
         break;
     case -DF_EDEAD:             /* a creation cut short: dflash's own, holding nothing */
         log_warn(0, "replacing %s", why);
@@ -183,7 +199,8 @@ int coord_ring_open(struct coord *co, char *err, size_t errlen)
     }
     struct ring_create_opts opts = { .mode = ring_mode(co),
                                      .gid = co->allowed_gid == (gid_t)-1 ? -1 : (int)co->allowed_gid,
-                                     .stuck_writing_ms = (uint32_t)co->cfg->ring.stuck_writing_ms, .flags = flags };
+                                     .stuck_writing_ms = (uint32_t)co->cfg->ring.stuck_writing_ms, .flags = flags,
+                                     .tag = co->run_id };
     r = ring_create(&co->ring, co->ring_name, &lay, &opts, err, errlen);
     if (r < 0)
         return r;
