@@ -645,7 +645,8 @@ int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t er
 {
     char buf[512], why[512];
     if (strlen(assignment) >= sizeof buf) {
-        snprintf(err, errlen, "override too long");
+        snprintf(err, errlen, "override %.*s: longer than %zu bytes", (int)strcspn(assignment, "="),
+                 assignment, sizeof buf - 1);
         return -EINVAL;
     }
     strcpy(buf, assignment);

@@ -67,7 +67,8 @@ int daemon_parse_args(struct daemon *d, const char *prog, const char *role, int 
         }
         long at = cfg_control_char(val);
         if (at >= 0) {
-            snprintf(err, errlen, "option -%c: its value has a control character (byte %d)", a[1], val[at]);
+            snprintf(err, errlen, "option -%c: its value has a control character (0x%02x) at byte %ld", a[1],
+                     (unsigned char)val[at], at);
             return -EINVAL;
         }
         switch (a[1]) {

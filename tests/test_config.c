@@ -106,6 +106,12 @@ int main(void)
     CHECK_NEAR(cfg.drafter.gamma, 3.5, 0);
     CHECK_STR(cfg.drafter.pick, "random");
     CHECK_OK(cfg_set(&cfg, "ring.slots=32", err, sizeof err));
+    {   /* an override too long to be one: the key and the limit named */
+        static char o[700] = "model.path=/";
+        memset(o + 12, 'm', sizeof o - 13);
+        CHECK(cfg_set(&cfg, o, err, sizeof err) < 0);
+        CHECK_STR(err, "override model.path: longer than 511 bytes");
+    }
     CHECK_INT(cfg.ring.slots, ==, 32);
     CHECK(cfg_set(&cfg, "ring.nope=1", err, sizeof err) < 0);
     CHECK_CONTAINS(err, "unknown key");

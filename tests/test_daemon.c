@@ -70,7 +70,7 @@ int main(void)
     CHECK(parse(&d, 1, err, "-c", "x.ini", "-c", "y.ini", "-i", "1") < 0);
     CHECK_CONTAINS(err, "-c given twice");
     CHECK(parse(&d, 1, err, "-c", "x.ini", "-i", "0", "-o", "ring.slots=8\n9") < 0);
-    CHECK_CONTAINS(err, "option -o: its value has a control character (byte 10)");
+    CHECK_CONTAINS(err, "option -o: its value has a control character (0x0a) at byte 12");
     CHECK(parse(&d, 1, err, "-c", "x.ini", "-q", NULL, NULL, NULL) < 0);
     CHECK_CONTAINS(err, "unknown argument");
     CHECK(parse(&d, 0, err, "-c", "x.ini", "-i", "0", NULL, NULL) < 0);      /* the coordinator has no index */

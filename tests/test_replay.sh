@@ -70,7 +70,7 @@ replay_expect 1 ": FAIL$" -o drafter.lr=2.97e-3
 replay_expect 78 "nowhere: No such file" --checkpoint "$T/nowhere"
 replay_expect 64 "^dflash-replay: unexpected argument '/tmp' \(try -h\)$" /tmp
 replay_expect 64 "^dflash-replay: unknown option '--frob' \(try -h\)$" --frob
-replay_expect 64 "^dflash-replay: .*: its value has a control character \(byte 10\)$" -o $'drafter.lr=1\n2'
+replay_expect 64 "^dflash-replay: .*: its value has a control character \(0x0a\) at byte 12$" -o $'drafter.lr=1\n2'
 out=$("$REPLAY" 2>&1); rc=$?
 [[ $rc == 64 && $out == "dflash-replay: -c CONFIG is needed: the run's configuration (try -h)" ]] ||
   fail "dflash-replay with no argument: exit $rc: $out"

@@ -824,8 +824,8 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "c:o:h", opts, NULL)) != -1) {
         long at = c == 'c' || c == 'o' || c == 1 ? cfg_control_char(optarg) : -1;
         if (at >= 0)
-            return fail(DAEMON_EX_USAGE, "%s: its value has a control character (byte %d)",
-                        c == 'c' ? "-c" : c == 'o' ? "-o" : "--checkpoint", optarg[at]);
+            return fail(DAEMON_EX_USAGE, "%s: its value has a control character (0x%02x) at byte %ld",
+                        c == 'c' ? "-c" : c == 'o' ? "-o" : "--checkpoint", (unsigned char)optarg[at], at);
         switch (c) {
         case 'c': rp.d.config_path = optarg; break;
         case 1: rp.want_dir = optarg; break;
