@@ -784,11 +784,37 @@ static void regrant_then_deaf(int fd, const struct proto_msg *m, void *arg)
 }
 
 #define MANY_RETURNS 4100
-static void count_one_return(int fd, const struct proto_msg *m, void *arg)
+struct returns_of { uint64_t batch; int n; };
+static void count_returns_of(int fd, const struct proto_msg *m, void *arg)
 {
     (void)fd;
-    if (m->type == PROTO_LEASE_RETURN && m->batch.batch_id == 5000 + MANY_RETURNS - 1)
-        ++*(int *)arg;
+    struct returns_of *r = arg;
+    r->n += m->type == PROTO_LEASE_RETURN && m->batch.batch_id == r->batch;
+}
+
+static void grant_numbered(int fd, uint64_t batch, uint32_t lease, uint32_t flags)
+{
+    uint32_t sample = 3;
+    struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = &sample };
+    g.grant = (struct proto_lease_grant){ .batch_id = batch, .flags = flags, .n_samples = 1, .n_tokens = 1,
+                                          .max_seq_len = 64, .lease = lease };
+    send_frame(fd, &g);
+}
+
+/* The server child's next connection (fd, the one before, hung up): the client's reconnect
+ * taken, `batch` re-granted under lease number `lease`; exits 0 when the client hangs up having
+ * sent `want` LEASE_RETURNs of it, else `code`. */
+static void reconnect_regrant(int fd, int lfd, uint64_t batch, uint32_t lease, int want, int code)
+{
+    close(fd);
+    if ((fd = accept(lfd, NULL, NULL)) < 0)
+        _exit(code + 1);
+    read_hello(fd);
+    send_welcome(fd, 10000, 1);
+    grant_numbered(fd, batch, lease, PROTO_GRANT_REGRANT);
+    struct returns_of back = { batch, 0 };
+    read_frames(fd, count_returns_of, &back);       /* until the client hangs up */
+    _exit(back.n == want ? 0 : code);
 }
 
 /* A long connection returns more leases than the client remembers (4096): the newest are the
@@ -798,19 +824,8 @@ static void count_one_return(int fd, const struct proto_msg *m, void *arg)
  * and wait for it to come back. */
 static void regrant_last_returned(int fd, const struct proto_msg *m, void *arg)
 {
-    if (m->type != PROTO_LEASE_RETURN || m->batch.batch_id != 5000 + MANY_RETURNS - 1)
-        return;
-    int lfd = *(int *)arg;
-    close(fd);
-    fd = accept(lfd, NULL, NULL);
-    if (fd < 0)
-        _exit(14);
-    read_hello(fd);
-    send_welcome(fd, 10000, 1);
-    grant_flags(fd, 5000 + MANY_RETURNS - 1, 1, 5, PROTO_GRANT_REGRANT);
-    int back = 0;
-    read_frames(fd, count_one_return, &back);       /* until the client hangs up */
-    _exit(back == 1 ? 0 : 15);
+    if (m->type == PROTO_LEASE_RETURN && m->batch.batch_id == 5000 + MANY_RETURNS - 1)
+        reconnect_regrant(fd, *(int *)arg, 5000 + MANY_RETURNS - 1, 1, 1, 14);
 }
 
 static void test_newest_returns_kept(int lfd)
@@ -862,19 +877,17 @@ static void test_newest_returns_kept(int lfd)
  * it (the daemon would go on with a batch the coordinator took back). The server: grant 7000
  * (lease 1), take its return, grant it again (lease 2), hang up once the client has it; then
  * re-grant it on the reconnect and count the returns of 7000 until the client hangs up. */
-static void grant_numbered(int fd, uint64_t batch, uint32_t lease, uint32_t flags)
+struct regrant_after { int lfd, sync; };
+static void return_answered(int fd, const struct proto_msg *m, void *arg)
 {
-    uint32_t sample = 3;
-    struct proto_msg g = { .type = PROTO_LEASE_GRANT, .samples = &sample };
-    g.grant = (struct proto_lease_grant){ .batch_id = batch, .flags = flags, .n_samples = 1, .n_tokens = 1,
-                                          .max_seq_len = 64, .lease = lease };
-    send_frame(fd, &g);
-}
-
-static void count_7000_returns(int fd, const struct proto_msg *m, void *arg)
-{
-    (void)fd;
-    *(int *)arg += m->type == PROTO_LEASE_RETURN && m->batch.batch_id == 7000;
+    const struct regrant_after *a = arg;
+    char ch;
+    if (m->type != PROTO_LEASE_RETURN || m->batch.batch_id != 7000)
+        return;
+    grant_numbered(fd, 7000, 2, 0);
+    if (read(a->sync, &ch, 1) != 1)     /* the client has it */
+        _exit(18);
+    reconnect_regrant(fd, a->lfd, 7000, 2, 0, 20);
 }
 
 static void test_returned_then_granted(int lfd)
@@ -887,44 +900,9 @@ static void test_returned_then_granted(int lfd)
         close(sync[1]);
         int fd = accept_welcomed(lfd, 10000, 0);
         grant_numbered(fd, 7000, 1, 0);
-        /* the return, answered by the second grant; then the client says (on the pipe) it has it */
-        struct proto_msg in;
-        uint8_t buf[4096];
-        size_t have = 0;
-        for (int answered = 0; !answered;) {
-            ssize_t k = read(fd, buf + have, sizeof buf - have);
-            if (k <= 0)
-                _exit(16);
-            have += (size_t)k;
-            size_t off = 0;
-            while (have - off >= sizeof(struct proto_hdr)) {
-                size_t n = sizeof(struct proto_hdr) + ((const struct proto_hdr *)(buf + off))->len;
-                if (n > have - off)
-                    break;
-                if (proto_decode(buf + off, n, &in, NULL, 0) < 0)
-                    _exit(17);
-                if (in.type == PROTO_LEASE_RETURN && in.batch.batch_id == 7000 && !answered) {
-                    grant_numbered(fd, 7000, 2, 0);
-                    answered = 1;
-                }
-                off += n;
-            }
-            memmove(buf, buf + off, have - off);
-            have -= off;
-        }
-        char ch;
-        if (read(sync[0], &ch, 1) != 1)
-            _exit(18);
-        close(fd);
-        fd = accept(lfd, NULL, NULL);
-        if (fd < 0)
-            _exit(19);
-        read_hello(fd);
-        send_welcome(fd, 10000, 1);
-        grant_numbered(fd, 7000, 2, PROTO_GRANT_REGRANT);
-        int back = 0;
-        read_frames(fd, count_7000_returns, &back);
-        _exit(back == 0 ? 0 : 20);
+        struct regrant_after a = { lfd, sync[0] };
+        read_frames(fd, return_answered, &a);
+        _exit(17);
     }
     close(sync[0]);
     struct client *c = open_client();
