@@ -57,7 +57,9 @@
  *     at rank 1's (one deadline, the first rank's, once failed it while rank 1 had most of its
  *     time left).
  * 27. A drafter that joined and waits for the group's other ranks is counted in the status
- *     (group.drafters_waiting; the group's "0/2 ranks" alone read as if none were there). */
+ *     (group.drafters_waiting; the group's "0/2 ranks" alone read as if none were there).
+ * 28. A drafter that asks to join after the stop (the coordinator still waits for a deaf target
+ *     to take it) forms no generation: none is sent, none recorded in the ledger. */
 #include <sqlite3.h>
 #include "tests/test_coord_util.h"
 
@@ -1529,6 +1531,38 @@ static void waiting_drafter_counted(void)
     printf("ok: a drafter waiting for the group is counted\n");
 }
 
+static void no_group_after_stop(void)
+{
+    start_coord("[drafter]\nworld_size = 1\n[coordinator]\ndead_after_ms = 3000\n");
+    kids[0] = fork_deaf_target();
+    tc_sleep_ms(200);
+    control(PROTO_CTL_STOP);
+    CHECK_STR(status_str("state"), "stopped");
+    struct client *d = peer_connect(PROTO_ROLE_DRAFTER, 0);
+    client_join_group(d);
+    struct proto_msg m;
+    char err[256];
+    int group = 0;
+    uint64_t end = mono_ms() + 1000 * (uint64_t)test_time_scale();
+    while (!group && mono_ms() < end)
+        group = client_poll(d, 50, &m, err, sizeof err) > 0 && m.type == PROTO_GROUP;
+    CHECK(!group);
+    client_free(d);
+    int rc = tc_exit_status(TC.coord, 10000 * test_time_scale());
+    CHECK_INT(rc, ==, 0);
+    TC.coord = 0;
+    sqlite3 *db;
+    CHECK_INT(sqlite3_open_v2(TC.ledger, &db, SQLITE_OPEN_READONLY, NULL), ==, SQLITE_OK);
+    sqlite3_stmt *q;
+    CHECK_INT(sqlite3_prepare_v2(db, "SELECT count(*) FROM meta WHERE key LIKE 'gen%_world'", -1, &q, NULL), ==,
+              SQLITE_OK);
+    CHECK_INT(sqlite3_step(q), ==, SQLITE_ROW);
+    CHECK_INT(sqlite3_column_int(q, 0), ==, 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    printf("ok: a drafter joining after the stop forms no generation\n");
+}
+
 static void reset(void)
 {
     for (int i = 0; i < 4; i++) {
@@ -1554,7 +1588,7 @@ int main(void)
                              nan_during_signal_drain, nan_checkpoint_after_step_refused, fatal_then_ctl_stop,
                              fatal_then_stop_signal, nan_while_paused, second_copy_retracted,
                              checkpoint_before_generation_start_refused, rank_deadlines_are_per_rank,
-                             waiting_drafter_counted };
+                             waiting_drafter_counted, no_group_after_stop };
     atexit(reset);
     tc_shared_init();
     for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {

@@ -586,7 +586,8 @@ static void retract_trained_copies(struct coord *co);
 static void try_form_group(struct coord *co)
 {
     struct dgroup *g = &co->grp;
-    if (g->active)
+    /* (stopped or failed: a drafter joining late, as the STOP reaches it, trains nothing more) */
+    if (g->active || co->state >= PROTO_STATE_STOPPED)
         return;
     struct member *cand[1024];
     uint32_t n = 0;
