@@ -143,6 +143,8 @@ struct dft {
     struct peer_batch *peers;   /* [world]: the group's batches of the current step */
     int peers_cap;
     int64_t saved_step;
+    unsigned ckpt_fails;        /* writes failed in a row (rank 0) */
+    uint64_t ckpt_retry_ms;     /* a drain's checkpoint is not tried again before this (mono) */
     uint64_t ckpt_refusals_seen;    /* the client's count of refused CHECKPOINTEDs, as last seen */
     int64_t ckpt_head;          /* the checkpoint the lineage stands on (never pruned), -1 none */
 
@@ -267,6 +269,17 @@ static int check_config(struct dft *f, char *err, size_t errlen)
 }
 
 /* ---- model ------------------------------------------------------------------------------ */
+
+/* A checkpoint write (or its report) failed: a drain, which has nothing else to do, tries
+ * again after 1, 2, 4 ... 64 s, not on each wait slice (a full disk: a write begun, failed and
+ * recorded several times a second, the run never ending). The delay in s. */
+static unsigned ckpt_failed(struct dft *f)
+{
+    unsigned s = 1u << (f->ckpt_fails < 6 ? f->ckpt_fails : 6);
+    f->ckpt_fails++;
+    f->ckpt_retry_ms = mono_ms() + 1000ull * s;
+    return s;
+}
 
 static int ckpt_collect(struct dft *f, int wait);
 static void set_heartbeat(struct dft *f);
@@ -453,7 +466,12 @@ static int ckpt_collect(struct dft *f, int wait)
     }
     if (res.rc < 0) {
         /* The previous checkpoint stays the lineage head; the next due one writes again. */
-        log_error(res.rc, "checkpoint of step %" PRId64 ": %s", res.step, res.err);
+        unsigned s = ckpt_failed(f);
+        char again[64] = "";
+        if (f->draining)
+            snprintf(again, sizeof again, "; the drain's checkpoint is tried again in %u s", s);
+        log_error(res.rc, "checkpoint of step %" PRId64 ": %s (%u failed in a row%s)", res.step, res.err,
+                  f->ckpt_fails, again);
         client_error(f->cl, 0, res.rc, "checkpoint of step %" PRId64 ": %s", res.step, res.err);
         if (res.tag == f->generation && f->saved_step == res.step)
             f->saved_step = -1;
@@ -462,11 +480,14 @@ static int ckpt_collect(struct dft *f, int wait)
     int sent = client_checkpointed(f->cl, (uint64_t)res.step, res.tag, res.dir);
     if (sent < 0) {
         /* Unreported, it is in no lineage: the next due one is written again. */
+        ckpt_failed(f);
         log_error(sent, "checkpoint %s cannot be reported to the coordinator", res.dir);
         if (res.tag == f->generation && f->saved_step == res.step)
             f->saved_step = -1;
         return sent;
     }
+    f->ckpt_fails = 0;
+    f->ckpt_retry_ms = 0;
     f->ckpt_write_ms = res.write_ms;
     log_notice("checkpoint %s (%s, written in %.0f ms%s)", res.dir, res.why, res.write_ms,
                strcmp(res.why, "periodic") ? "" : " beside training");
@@ -512,6 +533,7 @@ static int checkpoint(struct dft *f, const char *why, int wait)
         if (f->gpu) {
             int r = drafter_cuda_sync_to_host(f->gpu, f->dr);
             if (r < 0) {
+                ckpt_failed(f);
                 log_error(r, "checkpoint: copying the state from the GPU");
                 client_error(f->cl, 0, r, "checkpoint of step %" PRId64 ": copying the state from the GPU: %s", step,
                              err_str(r));
@@ -523,6 +545,7 @@ static int checkpoint(struct dft *f, const char *why, int wait)
         f->ts.step = step;
         int r = ckpt_writer_start(f->writer, f->ckpt_root, f->dr, copy, &f->ts, f->generation, why);
         if (r < 0) {
+            ckpt_failed(f);
             log_error(r, "checkpoint of step %" PRId64 ": starting the write", step);
             client_error(f->cl, 0, r, "checkpoint of step %" PRId64 ": starting the write: %s", step, err_str(r));
             return r;
@@ -556,7 +579,7 @@ static void checkpoint_if_due(struct dft *f, int ghave, int gstop)
             log_warn(0, "a peer left before the stop checkpoint was recorded");
     } else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
         checkpoint(f, "periodic", 0);
-    else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step))
+    else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step) && mono_ms() >= f->ckpt_retry_ms)
         checkpoint(f, "draining", 1);
 }
 
