@@ -214,6 +214,9 @@ int main(void)
     cJSON *ck = tc_query(PROTO_Q_CHECKPOINTS);
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(ck, "checkpoints");
     CHECK_INT(cJSON_GetArraySize(list), ==, 1);     /* the replay wrote no second row */
+    /* no stat of the folder on the coordinator's event loop (a storage that hangs would hold the
+     * cluster): whether it is on disk is dflashctl's to look */
+    CHECK(!cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(list, 0), "on_disk"));
     cJSON_Delete(ck);
     snprintf(cmd, sizeof cmd, "grep -q 'batch 0:0 trained again (gen 1 step 2, before gen 1 step 1)' '%s/coordinator.log'",
              TC.dir);

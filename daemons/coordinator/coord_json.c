@@ -336,9 +336,8 @@ static int checkpoint_row(void *arr, const struct ledger_checkpoint *c, uint64_t
     cJSON_AddNumberToObject(e, "step", (double)c->step);
     cJSON_AddStringToObject(e, "dir", c->dir);
     cJSON_AddNumberToObject(e, "written_ms", (double)ms);
-    /* pruned (drafter.keep_checkpoints) or removed since: a listed one may be gone; null where this
-     * process cannot tell (the folder not visible to it) */
-    json_add_on_disk(e, c->dir);
+    /* (whether the folder is still there is dflashctl's to look: a stat here, on the event loop,
+     * would hold the cluster on a storage that hangs) */
     json_add_string_or_null(e, "dropped", dropped);
     cJSON_AddItemToArray(arr, e);
     return 0;

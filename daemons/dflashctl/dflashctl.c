@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "common/config.h"
+#include "common/jsonutil.h"
 #include "daemons/dflashctl/ledger_view.h"
 #include "daemons/dflashctl/show.h"
 #include "ipc/client.h"
@@ -31,8 +32,10 @@ struct ctx {
     const char *ledger;         /* --ledger: read this ledger file, no coordinator asked */
 };
 
-/* Ask, and either print the JSON as-is or hand the parsed document to show(). */
-static int query(struct ctx *x, enum proto_query_what what, void (*show)(FILE *, const cJSON *))
+/* Ask, and either print the JSON (as it came, or as amend(x, doc) completed it) or hand the
+ * parsed document to show(). */
+static int query_amended(struct ctx *x, enum proto_query_what what, void (*show)(FILE *, const cJSON *),
+                         void (*amend)(const struct ctx *, cJSON *))
 {
     char *json = NULL, err[512];
     int status = 0;
@@ -40,6 +43,22 @@ static int query(struct ctx *x, enum proto_query_what what, void (*show)(FILE *,
     if (r < 0) {
         fprintf(stderr, "dflashctl: %s\n", err);
         return EX_FAIL;
+    }
+    if (amend && status >= 0) {
+        cJSON *doc = cJSON_Parse(json);
+        char *out = NULL;
+        if (doc) {
+            amend(x, doc);
+            out = cJSON_PrintUnformatted(doc);
+            cJSON_Delete(doc);
+        }
+        if (!out) {
+            fprintf(stderr, "dflashctl: the coordinator sent malformed JSON (or no memory for it)\n");
+            free(json);
+            return EX_FAIL;
+        }
+        free(json);
+        json = out;
     }
     if (x->json) {
         puts(json);
@@ -62,13 +81,38 @@ static int query(struct ctx *x, enum proto_query_what what, void (*show)(FILE *,
     return status < 0 ? EX_FAIL : EX_OK;
 }
 
+static int query(struct ctx *x, enum proto_query_what what, void (*show)(FILE *, const cJSON *))
+{
+    return query_amended(x, what, show, NULL);
+}
+
 static int cmd_status(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_STATUS, ctl_show_status); }
 static int cmd_ring(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_RING, ctl_show_ring); }
 static int cmd_daemons(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_DAEMONS, ctl_show_daemons); }
 static int cmd_batches(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_BATCHES, ctl_show_batches); }
 static int cmd_errors(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_ERRORS, ctl_show_errors); }
 
-static int cmd_checkpoints(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return query(x, PROTO_Q_CHECKPOINTS, ctl_show_checkpoints); }
+/* Whether each checkpoint folder is still there (pruned, removed) is this process's look, not the
+ * coordinator's: a stat on its event loop would hold the whole cluster on a storage that hangs.
+ * Over TCP (another host, perhaps) it cannot be told: null. */
+static void add_on_disk(const struct ctx *x, cJSON *doc)
+{
+    cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(doc, "checkpoints")) {
+        const cJSON *dir = cJSON_GetObjectItemCaseSensitive(e, "dir");
+        cJSON_DeleteItemFromObjectCaseSensitive(e, "on_disk");
+        if (x->connect || !cJSON_IsString(dir))
+            cJSON_AddNullToObject(e, "on_disk");
+        else
+            json_add_on_disk(e, dir->valuestring);
+    }
+}
+
+static int cmd_checkpoints(struct ctx *x, int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    return query_amended(x, PROTO_Q_CHECKPOINTS, ctl_show_checkpoints, add_on_disk);
+}
 
 /* s as one word of a shell command line: as it is when it is plain, else in single quotes. */
 static void shell_word(FILE *f, const char *s)
