@@ -270,9 +270,10 @@ static int check_config(struct dft *f, char *err, size_t errlen)
 
 /* ---- model ------------------------------------------------------------------------------ */
 
-/* A checkpoint write (or its report) failed: a drain, which has nothing else to do, tries
- * again after 1, 2, 4 ... 64 s, not on each wait slice (a full disk: a write begun, failed and
- * recorded several times a second, the run never ending). The delay in s. */
+/* A checkpoint write (or its report) failed: the next is not tried for 1, 2, 4 ... 64 s (a drain,
+ * which has nothing else to do, tried on each wait slice: on a full disk a write begun, failed
+ * and recorded several times a second, the run never ending). A drain's first try is not held
+ * back by failures before it. The delay in s. */
 static unsigned ckpt_failed(struct dft *f)
 {
     unsigned s = 1u << (f->ckpt_fails < 6 ? f->ckpt_fails : 6);
@@ -577,10 +578,14 @@ static void checkpoint_if_due(struct dft *f, int ghave, int gstop)
             peer_flush_events(&f->d, f->cl, 10000);     /* CHECKPOINTED acknowledged */
         if (f->coll && coll_barrier(f->coll) < 0)
             log_warn(0, "a peer left before the stop checkpoint was recorded");
-    } else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0)
+    } else if (mono_ms() < f->ckpt_retry_ms) {
+        /* a write failed a moment ago (ckpt_failed): the periodic test holds on each wait slice
+         * of a drain whose last step is a multiple of checkpoint_every */
+    } else if (step != f->saved_step && step % f->cfg->drafter.checkpoint_every == 0) {
         checkpoint(f, "periodic", 0);
-    else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step) && mono_ms() >= f->ckpt_retry_ms)
+    } else if (f->draining && ghave == 0 && (f->unsaved || step != f->saved_step)) {
         checkpoint(f, "draining", 1);
+    }
 }
 
 /* ---- coordinator ----------------------------------------------------------------------- */
@@ -768,6 +773,10 @@ static void handle_msg(struct dft *f, const struct proto_msg *m)
             break;
         case PROTO_CTL_DRAIN:
             f->state = PROTO_STATE_DRAINING;
+            if (!f->draining) {     /* its checkpoint is tried at once, whatever failed before */
+                f->ckpt_fails = 0;
+                f->ckpt_retry_ms = 0;
+            }
             f->draining = 1;
             break;
         case PROTO_CTL_STOP:
