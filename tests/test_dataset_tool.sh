@@ -90,6 +90,10 @@ expect_err '{"input_ids":[1,2],"labels":[-100]}' "labels: not an array of the sa
 expect_err '{"input_ids":[1,2],"labels":["a",2]}' "labels\[0\]: not a number" ""
 expect_err '{"input_ids":[5,6,7]}{"input_ids":[8,9]}' "more after the JSON object" ""
 expect_err '{"input_ids":[1,2]} trailing' "more after the JSON object" ""
+# a BOM and blanks before the object, as cJSON takes them: still a record
+printf '\xef\xbb\xbf{"input_ids":[1,2,3]}\n\f {"input_ids":[4,5]}\n' > "$T/bom.jsonl"
+"$D" build -o "$T/bom.bin" "$T/bom.jsonl" 2>"$T/err.txt" || fail "a BOM or a form feed before the object: $(cat "$T/err.txt")"
+"$D" info "$T/bom.bin" | grep -q ": 2 samples, 5 tokens" || fail "BOM file: $("$D" info "$T/bom.bin")"
 expect_err '[1,2]' "a JSON array, not an object: one object per line is read (JSON Lines); a file of one array: jq -c '.\[\]' makes it one" ""
 expect_err '{"input_ids":[1,2],"input_ids":[3]}' "input_ids: appears twice" ""
 # A NUL ends the parser's string: the record after it on that line would be lost unsaid.

@@ -123,6 +123,12 @@ grep -q '^dead_after_ms = 5x' "$T/edited.ini" || fail "test setup: no [coordinat
 "$CTL" -c "$T/edited.ini" status >"$T/out.txt" 2>"$T/err.txt" || fail "a mistake in [coordinator] kept dflashctl away: $(cat "$T/err.txt")"
 grep -q "dflashctl: warning: .*edited.ini:[0-9]*: coordinator.dead_after_ms: .*(the socket taken from its \[cluster\] section)" "$T/err.txt" ||
   fail "no warning naming the mistake: $(cat "$T/err.txt")"
+# a mistake elsewhere and one in [cluster]: the one in [cluster] named first (it is what keeps
+# dflashctl from the socket; fixing the other alone would only lead to it)
+sed 's/^\[coordinator\]$/[coordinator]\ndead_after_ms = 5x/; s/^\[cluster\]$/[cluster]\nruntime_dir \/x/' "$T/dflash.ini" >"$T/two.ini"
+"$CTL" -c "$T/two.ini" status 2>"$T/err.txt"; rc=$?
+[[ $rc == 1 ]] && grep -q "^dflashctl: .*two.ini:[0-9]*: syntax error: no '=' or ':' in it (the socket's \[cluster\] section; the file also: .*two.ini:[0-9]*: " "$T/err.txt" ||
+  fail "a mistake in [cluster] and one elsewhere: exit $rc: $(cat "$T/err.txt")"
 sed 's/^name = .*/name = bad name!/' "$T/dflash.ini" >"$T/badname.ini"
 "$CTL" -c "$T/badname.ini" status 2>"$T/err.txt"; rc=$?
 [[ $rc == 1 ]] && grep -q "badname.ini:[0-9]*: cluster.name" "$T/err.txt" || fail "a bad cluster.name: exit $rc: $(cat "$T/err.txt")"

@@ -432,7 +432,11 @@ int main(int argc, char **argv)
              * operator from the running cluster: the socket from [cluster] as it stands. */
             char err2[512];
             if (cfg_load_section(&cfg, config, "cluster", err2, sizeof err2) < 0) {
-                fprintf(stderr, "dflashctl: %s\n", err);
+                /* what keeps it from the socket first: the file's first error may be elsewhere */
+                if (strcmp(err, err2))
+                    fprintf(stderr, "dflashctl: %s (the socket's [cluster] section; the file also: %s)\n", err2, err);
+                else
+                    fprintf(stderr, "dflashctl: %s\n", err);
                 return EX_FAIL;
             }
             fprintf(stderr, "dflashctl: warning: %s (the socket taken from its [cluster] section)\n", err);

@@ -108,7 +108,12 @@ static long parse_line(const char *line, struct buf *b, uint64_t *end_n, char *w
 {
     /* An object or nothing: a JSON array file (one line holding every record) is refused before
      * a tree many times its size is built of it. */
-    char first = line[strspn(line, " \t\r\n")];
+    const char *p = line;
+    if (!strncmp(p, "\xef\xbb\xbf", 3))
+        p += 3;                             /* a BOM, as cJSON skips it */
+    while (*p && (unsigned char)*p <= ' ')  /* cJSON's blanks */
+        p++;
+    char first = *p;
     if (first != '{') {
         snprintf(why, whylen, "%s: one object per line is read (JSON Lines)%s", first == '[' ? "a JSON array, not "
                  "an object" : "not a JSON object", first == '[' ? "; a file of one array: jq -c '.[]' makes it one" : "");
