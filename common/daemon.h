@@ -97,7 +97,7 @@ void daemon_notify_init(struct daemon *d);
 void daemon_notify_ready(struct daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void daemon_notify_status(struct daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void daemon_notify_stopping(struct daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Ask systemd for more start/stop time (long model loads, final checkpoint). */
+/* Ask systemd for more start time (a long model load, the dataset's hash): EXTEND_TIMEOUT_USEC. */
 void daemon_notify_extend(struct daemon *d, uint64_t ms);
 /* Send WATCHDOG=1 when a quarter of the interval has passed since the last one; cheap to
  * call from every iteration of the loop that does the work (never from a helper thread:
