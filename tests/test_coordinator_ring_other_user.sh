@@ -41,3 +41,16 @@ chmod 666 "$shm"
 expect78 "ring /dflash-$CL_NAME: cannot replace the object there: .* (another user's? its owner or root must remove $shm)"
 rm -f "$shm"
 echo "ok: another user's object under the ring's name: exit 78, left as it was"
+
+# cluster.group a group this user is not in (and no CAP_CHOWN): the socket cannot be given to it
+rm -rf "$CL_DIR/state"/* "$CL_DIR/run"/*
+cl_ini_add cluster.group=root
+expect_group() {
+  (as_nobody "$CL_BIN/coordinator-d" -c "$CL_INI") >"$CL_DIR/nobody.log" 2>&1
+  local rc=$?
+  [[ $rc == 78 ]] || fail "coordinator as nobody, cluster.group = root: exit $rc, wanted 78: $(tail -3 "$CL_DIR/nobody.log")"
+  grep -q "cannot give it to group 'root' (cluster.group): Operation not permitted (this user is not in that group" \
+    "$CL_DIR/nobody.log" || fail "it does not say why: $(tail -3 "$CL_DIR/nobody.log")"
+  echo "ok: exit 78: $(grep -m1 -o "control socket .*" "$CL_DIR/nobody.log" | cut -c1-160)"
+}
+expect_group

@@ -710,10 +710,17 @@ int coord_server_start(struct coord *co, char *err, size_t errlen)
     if (r < 0)
         goto fail;
     co->socket_bound = true;
-    if (chmod(co->socket_path, 0660) < 0 ||
-        (co->allowed_gid != (gid_t)-1 && chown(co->socket_path, (uid_t)-1, co->allowed_gid) < 0)) {
+    if (chmod(co->socket_path, 0660) < 0) {
         r = uv_translate_sys_error(errno);
         goto fail;
+    }
+    if (co->allowed_gid != (gid_t)-1 && chown(co->socket_path, (uid_t)-1, co->allowed_gid) < 0) {
+        r = -errno;
+        snprintf(err, errlen, "control socket %s: cannot give it to group '%s' (cluster.group): %s%s",
+                 co->socket_path, co->cfg->cluster.group, strerror(-r), r == -EPERM ?
+                 " (this user is not in that group and may not chown: add it to the group, as the unit's User= "
+                 "in docs/operations.md is)" : "");
+        return r;
     }
     r = uv_listen((uv_stream_t *)&co->server, 128, on_connection);
     if (r < 0)
