@@ -101,6 +101,7 @@ ctl pause "a look at the disk" >/dev/null || fail "dflashctl pause of a cluster 
 cl_wait 's["state"] == "paused" and not s["space"]["paused"]' 5 coord || fail "the operator's pause did not take over"
 rm -f "$CL_DIR/state/filler"
 sleep 5
+cl_status || fail "dflashctl status"
 [[ $(cl_json 's["state"]') == paused ]] || fail "room resumed the operator's pause"
 ctl resume >/dev/null || fail "dflashctl resume"
 cl_wait 's["state"] == "running"' 10 coord || fail "the operator's resume did not run it"

@@ -43,6 +43,7 @@ for every in 1000000 1; do
   ((rows <= n)) || fail "$rows errors recorded for $n tries"
   grep -q "the drain's checkpoint is tried again in 4 s" "$CL_DIR/drafter0.log" ||
     fail "no backoff said: $(grep 'failed in a row' "$CL_DIR/drafter0.log" | tail -2)"
+  cl_status || fail "dflashctl status"
   [[ $(cl_json 's["state"]') == draining ]] || fail "not draining any more: $(cl_json 's["state"], s.get("reason")')"
 
   mount -o remount,size=64m "$CL_DIR/ck" || fail "cannot grow the tmpfs"

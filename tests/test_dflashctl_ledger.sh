@@ -95,6 +95,7 @@ assert sum(b[k] for k in ("pending", "leased", "published", "trained", "checkpoi
     fail "a reading whose counts do not add up: $(cat "$T/live.json")"
   reads=$((reads + 1))
 done
+((reads > 0)) || fail "the coordinator ended before one reading beside it"
 cl_log "read beside the running coordinator ($reads readings while it committed)"
 
 cl_wait_exit coord 300 || fail "the run did not complete: coordinator '$CL_RC'"

@@ -92,10 +92,10 @@ cl_log "NaN at step $nan_step detected and reported"
 # heartbeat: let it catch up with the metrics files before watching that nothing moves.
 last=$("$CL_PY" -c 'import glob, json, sys; print(max([json.loads(l)["step"] for p in glob.glob(sys.argv[1] + "/metrics-rank*.jsonl") for l in open(p)] or [0]))' "$D/state")
 cl_wait "step() >= $last" 10 coord || fail "the status never showed step $last (shows $(cl_json 'step()'))"
-cl_status
+cl_status || fail "dflashctl status"
 s0=$(cl_json 'step()') p0=$(cl_json 's["ring"]["published"]')
 sleep 2    # a pause must hold: look again after a while
-cl_status
+cl_status || fail "dflashctl status"
 [[ $(cl_json 's["state"]') == paused ]] || fail "the pause did not hold"
 [[ $(cl_json 'step()') == "$s0" && $(cl_json 's["ring"]["published"]') == "$p0" ]] ||
   fail "training went on while paused (step $s0 -> $(cl_json 'step()'), published $p0 -> $(cl_json 's["ring"]["published"]'))"
