@@ -324,6 +324,14 @@ cl_cleanup() {
   done
   CL_PIDS=()
   [[ -n $CL_NAME ]] && rm -f /dev/shm/dflash-"$CL_NAME" /dev/shm/dflash-"$CL_NAME"-* 2>/dev/null
+  # A sanitizer build's report from any daemon the test ran, also one at an exit it did not look
+  # at (a leak, undefined behaviour on the way out), fails the test.
+  local san='ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|WARNING: ThreadSanitizer'
+  if [[ -n ${T:-} && -d $T ]] && grep -rqE --include='*.log' "$san" "$T" 2>/dev/null; then
+    echo "FAIL: sanitizer reports in the daemon logs:"
+    grep -rE -m 3 --include='*.log' "$san" "$T" | cut -c1-300
+    exit 1
+  fi
   return 0
 }
 

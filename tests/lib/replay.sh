@@ -6,7 +6,7 @@ REPLAY=$CL_BIN/dflash-replay
 replay_expect() {
   local want=$1 pat=$2 out rc
   shift 2
-  out=$("$REPLAY" -c "$CL_INI" "$@" 2>&1)
+  out=$(${REPLAY_AS:+$REPLAY_AS} "$REPLAY" -c "$CL_INI" "$@" 2>&1)    # REPLAY_AS: e.g. setpriv ... (words)
   rc=$?
   cl_log "dflash-replay${*:+ $*}: exit $rc: $out"
   [[ $rc == "$want" ]] || fail "dflash-replay${*:+ $*}: exit $rc, expected $want: $out"
