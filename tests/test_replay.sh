@@ -74,6 +74,24 @@ first_step=$((10#${first##*step-}))
 replay_expect 0 "^dflash-replay: $first_step steps .*: PASS$" --checkpoint "$first"
 # a learning rate 1% off the run's: the weights differ
 replay_expect 1 ": FAIL$" -o drafter.lr=2.97e-3
+# a final checkpoint whose AdamW step count (optimizer.bin's opt_step, checksum made good) is
+# not the steps trained: it would resume another learning-rate schedule
+opt="$(cl_sql 'SELECT dir FROM checkpoints ORDER BY rowid DESC LIMIT 1')/optimizer.bin"
+cp "$opt" "$T/optimizer.bin.orig"
+"$CL_PY" - "$opt" <<'EOF2' || fail "cannot edit $opt"
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+opt_step, step = struct.unpack_from("<qq", b, 32)      # struct opt_header: opt_step, step
+assert opt_step == step > 0, (opt_step, step)
+struct.pack_into("<q", b, 32, opt_step + 1000)
+h = 0xcbf29ce484222325                                  # FNV-1a 64 of every byte before the last 8
+for x in b[:-8]:
+    h = ((h ^ x) * 0x100000001b3) & 0xffffffffffffffff
+struct.pack_into("<Q", b, len(b) - 8, h)
+open(sys.argv[1], "wb").write(b)
+EOF2
+replay_expect 1 "; AdamW step count $final, checkpoint $((final + 1000)): FAIL$"
+cp "$T/optimizer.bin.orig" "$opt"
 
 # input that is not the run's, each named in one line
 replay_expect 78 "nowhere: No such file" --checkpoint "$T/nowhere"

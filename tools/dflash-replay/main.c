@@ -728,6 +728,12 @@ static int verdict(struct replay *rp, int64_t steps)
                  " %" PRId64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 ", checkpoint %" PRId64 " %" PRIu64
                  " %" PRIu64 " %" PRIu64 " %" PRIu64, x->step, x->epoch, x->batch_in_epoch, x->samples, x->tokens,
                  y->step, y->epoch, y->batch_in_epoch, y->samples, y->tokens);
+    /* AdamW's own count (optimizer.bin's opt_step): a resume takes its learning rate and bias
+     * correction from it, so a checkpoint whose count is off would resume another schedule */
+    k = strlen(more);
+    if (k < sizeof more && drafter_step_count(b) != drafter_step_count(a))
+        snprintf(more + k, sizeof more - k, "; AdamW step count %" PRId64 ", checkpoint %" PRId64,
+                 drafter_step_count(a), drafter_step_count(b));
     /* No tolerance: with the run's thread counts (drafter.threads, target.threads) on a host of
      * the same CPU, the replay does the run's float operations in the run's order, so every
      * difference is one in what was trained (tests/test_replay.sh finds 0 on every run; one
