@@ -95,6 +95,15 @@ got = show(m.encode(Tok(True), conv, 64))     # cut: the second sample keeps no 
 assert got == [("<system>s<end><user>q1<end><assistant><think></think>a1<end>", "<think></think>a1<end>")], got
 assert m.encode(Tok(True), conv[:2], 0) == []' || fail "the mask of whole and per-turn samples"
 
+# nested past Python's recursion limit (an array 200000 deep, or a turn's extra key 5000 deep):
+# one line's reason like any other bad record, not a traceback
+py 'for line in (b"[" * 200000 + b"]" * 200000,
+             b"{\"conversations\":[{\"role\":\"user\",\"content\":\"x\",\"meta\":" + b"[" * 5000 + b"]" * 5000 + b"}]}"):
+    try:
+        m.conversation(line)
+        sys.exit("accepted a line nested too deeply")
+    except ValueError as e:
+        assert str(e) == "JSON nested too deeply to read", e' || fail "deeply nested JSON"
 head -n 1 "$T/bad.jsonl" > "$T/bad1.jsonl"
 py "args = type('A', (), {'input': [os.environ['T'] + '/bad1.jsonl'], 'skip_bad': False, 'max_len': 0})
 list(m.encoded(args, None, {'skipped': 0}))" 2>"$T/err.txt" && fail "a bad record without --skip-bad went on"

@@ -90,6 +90,8 @@ def conversation(line):
         rec = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON: {e.msg} at column {e.colno}") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
     if not isinstance(rec, dict):
         raise ValueError(f"{json_type(rec)}, not a JSON object: {SCHEMA}")
     keys = [k for k in ("conversations", "messages") if k in rec]
