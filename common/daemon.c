@@ -2,6 +2,7 @@
  * Library code: returns 0 or -errno with a one-line reason, never logs. */
 #include <ctype.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -18,7 +19,7 @@
 #include "common/progress.h"
 #include "common/timeutil.h"
 
-static volatile sig_atomic_t g_stop_count;
+static atomic_int g_stop_count;           /* lock-free: a handler's increment (another thread's too) */
 static volatile sig_atomic_t g_last_signal;
 
 static void usage(const struct daemon *d, FILE *out, int need_index)
@@ -247,13 +248,15 @@ void daemon_print_config(const struct daemon *d, FILE *f)
 static void on_stop_signal(int sig)
 {
     g_last_signal = sig;
-    g_stop_count++;
+    atomic_fetch_add(&g_stop_count, 1);
 }
 
 int daemon_signals_init(void)
 {
     struct sigaction sa = { 0 };
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGTERM);    /* one stop handler at a time in a thread */
+    sigaddset(&sa.sa_mask, SIGINT);
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = 0; /* no SA_RESTART: blocking waits return EINTR and see the flag */
     if (sigaction(SIGTERM, &sa, NULL) < 0 || sigaction(SIGINT, &sa, NULL) < 0)
@@ -264,7 +267,7 @@ int daemon_signals_init(void)
     return 0;
 }
 
-int daemon_stop_requested(void) { return g_stop_count; }
+int daemon_stop_requested(void) { return atomic_load(&g_stop_count); }
 int daemon_last_signal(void) { return g_last_signal; }
 
 int daemon_dir(const char *key, const char *dir, char *err, size_t errlen)
@@ -274,12 +277,18 @@ int daemon_dir(const char *key, const char *dir, char *err, size_t errlen)
     int r = -errno;
     struct stat st;
     if (r == -EEXIST) {
-        if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode))
-            return 0;
-        if (errno == ENOENT) {  /* a link to storage not mounted yet, perhaps: a restart may find it */
-            snprintf(err, errlen, "%s: %s is a link to nothing (its storage not mounted?)", key, dir);
-            return -ENOENT;
+        if (stat(dir, &st) < 0) {
+            r = -errno;
+            if (r == -ENOENT)   /* a link to storage not mounted yet, perhaps: a restart may find it */
+                snprintf(err, errlen, "%s: %s is a link to nothing (its storage not mounted?)", key, dir);
+            else
+                snprintf(err, errlen, "%s: %s: %s", key, dir, strerror(-r));
+            /* a loop of links is the operator's to mend, as a file there is (-ENOTDIR: exit 78);
+             * anything else (an I/O error) may pass with a restart */
+            return r == -ELOOP ? -ENOTDIR : r;
         }
+        if (S_ISDIR(st.st_mode))
+            return 0;
         snprintf(err, errlen, "%s: %s is not a folder (%s is there)", key, dir, S_ISREG(st.st_mode) ? "a file" : "no folder");
         return -ENOTDIR;
     }

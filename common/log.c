@@ -75,9 +75,18 @@ void log_msg(enum log_level lvl, int err, const char *fmt, ...)
         pthread_mutex_unlock(&g_last_mu);
     }
     line[n++] = '\n';
-    /* One write per line so lines of concurrent processes never interleave. */
-    ssize_t w = write(STDERR_FILENO, line, (size_t)n);
-    (void)w;
+    /* One write per line so lines of concurrent processes never interleave; a stop signal
+     * cutting into a write blocked on a full pipe (no SA_RESTART) must not lose the line, and
+     * a short write's rest follows it. */
+    int saved = errno;
+    for (size_t off = 0; off < (size_t)n;) {
+        ssize_t w = write(STDERR_FILENO, line + off, (size_t)n - off);
+        if (w > 0)
+            off += (size_t)w;
+        else if (w < 0 && errno != EINTR)
+            break;      /* nowhere to say it */
+    }
+    errno = saved;
 }
 
 void log_last_error(char *buf, size_t len)

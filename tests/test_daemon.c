@@ -169,6 +169,24 @@ int main(void)
     daemon_done(&d);
     daemon_done(&d);
 
+    /* A runtime or state folder that cannot be one: a file (78), a loop of links (78, it said
+     * "not a folder" from a stat it never made), a link to nothing (1: storage not mounted yet). */
+    char path[600], loop2[600];
+    snprintf(path, sizeof path, "%s/afile", tmpdir);
+    fclose(fopen(path, "w"));
+    CHECK_INT(daemon_dir("cluster.state_dir", path, err, sizeof err), ==, -ENOTDIR);
+    CHECK_CONTAINS(err, "is not a folder (a file is there)");
+    snprintf(path, sizeof path, "%s/loop1", tmpdir);
+    snprintf(loop2, sizeof loop2, "%s/loop2", tmpdir);
+    CHECK_OK(symlink(loop2, path));
+    CHECK_OK(symlink(path, loop2));
+    CHECK_INT(daemon_dir("cluster.state_dir", path, err, sizeof err), ==, -ENOTDIR);
+    CHECK_CONTAINS(err, "loop1: Too many levels of symbolic links");
+    snprintf(path, sizeof path, "%s/dangling", tmpdir);
+    CHECK_OK(symlink("/nonexistent/storage", path));
+    CHECK_INT(daemon_dir("cluster.state_dir", path, err, sizeof err), ==, -ENOENT);
+    CHECK_CONTAINS(err, "is a link to nothing (its storage not mounted?)");
+
     /* Stop signals set the flag and interrupt blocking calls. */
     CHECK_OK(daemon_signals_init());
     CHECK_INT(daemon_stop_requested(), ==, 0);
