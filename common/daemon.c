@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include "common/cleanup.h"
 #include "common/daemon.h"
+#include "common/err.h"
 #include "common/log.h"
 #include "common/mapname.h"
 #include "common/progress.h"
@@ -535,8 +536,10 @@ int daemon_start(struct daemon *d, const char *prog, const char *role, int need_
         return DAEMON_EX_USAGE;
     log_init(d->ident, LOG_LVL_INFO);
     daemon_bus_report_init(d->ident);
-    if (daemon_load_config(d, err, errlen) < 0)
-        return DAEMON_EX_CONFIG;
+    /* a file that is wrong is the operator's (78); one that could not be read for want of
+     * memory or descriptors, or an I/O error, may read at the restart (1) */
+    if ((r = daemon_load_config(d, err, errlen)) < 0)
+        return err_may_pass(r) ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
     enum log_level lvl = LOG_LVL_INFO;
     log_level_parse(d->cfg.cluster.log_level, &lvl);    /* (the loader checked the word) */
     log_set_level(lvl);

@@ -53,16 +53,19 @@ cat >"$T/emfile.c" <<'EOF'
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
-/* open() of a path ending in model.safetensors fails with EMFILE; every other is the real one. */
+/* open() of a path ending in $EMFILE_SUFFIX (model.safetensors) fails with EMFILE; every other
+ * is the real one. */
 int open(const char *path, int flags, ...)
 {
     va_list ap;
     va_start(ap, flags);
     mode_t mode = (flags & (O_CREAT | O_TMPFILE)) ? va_arg(ap, mode_t) : 0;
     va_end(ap);
-    size_t n = strlen(path), k = strlen("model.safetensors");
-    if (n >= k && !strcmp(path + n - k, "model.safetensors")) {
+    const char *suffix = getenv("EMFILE_SUFFIX") ? getenv("EMFILE_SUFFIX") : "model.safetensors";
+    size_t n = strlen(path), k = strlen(suffix);
+    if (n >= k && !strcmp(path + n - k, suffix)) {
         errno = EMFILE;
         return -1;
     }
@@ -78,6 +81,15 @@ cl_wait_exit target_fd 60
 [[ $CL_RC == 1 ]] || fail "target-d without a descriptor for its model exited '$CL_RC', wanted 1: $(tail -3 "$CL_DIR/target_fd.log")"
 grep -q "model.safetensors.*Too many open files" "$CL_DIR/target_fd.log" || fail "no reason given: $(tail -3 "$CL_DIR/target_fd.log")"
 echo "ok: target_fd: exit 1: $(grep -m1 "Too many open files" "$CL_DIR/target_fd.log")"
+# ... and so may a config file that cannot be read for want of one (it was 78: never restarted)
+(export LD_PRELOAD=$T/emfile.so EMFILE_SUFFIX=.ini ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
+ exec "$CL_BIN/target-d" -c "$CL_INI" -i 0) >>"$CL_DIR/target_cfg_fd.log" 2>&1 &
+CL_PIDS[target_cfg_fd]=$!
+cl_wait_exit target_cfg_fd 60
+[[ $CL_RC == 1 ]] || fail "target-d without a descriptor for its config exited '$CL_RC', wanted 1: $(tail -3 "$CL_DIR/target_cfg_fd.log")"
+grep -q "$(basename "$CL_INI").*Too many open files" "$CL_DIR/target_cfg_fd.log" ||
+  fail "no reason given: $(tail -3 "$CL_DIR/target_cfg_fd.log")"
+echo "ok: target_cfg_fd: exit 1: $(grep -m1 "Too many open files" "$CL_DIR/target_cfg_fd.log")"
 
 cl_start_coord || fail "coordinator did not come up"
 # a coordinator of another cluster (its own runtime and state folders, so its own lock) given
