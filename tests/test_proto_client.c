@@ -929,6 +929,91 @@ static void test_returned_then_granted(int lfd)
     printf("a lease returned, granted again, re-granted on a reconnect: kept, not returned\n");
 }
 
+/* The same once the client's list of returned leases has wrapped (4100 returns, 4096 kept): a
+ * lease returned and granted again is taken out of it, the others stay. The server: 4100 grants;
+ * on the last return, grant the one before it again (lease 2); once the client has it, hang up
+ * and re-grant three on the reconnect: the last returned and the third last go back, the one
+ * granted again is kept. */
+struct wrapped { int lfd, sync; };
+static void count_wrapped(int fd, const struct proto_msg *m, void *arg)
+{
+    (void)fd;
+    int *back = arg;
+    for (int k = 1; k <= 3; k++)
+        back[k] += m->type == PROTO_LEASE_RETURN && m->batch.batch_id == 5000 + MANY_RETURNS - (uint64_t)k;
+}
+
+static void forget_when_wrapped(int fd, const struct proto_msg *m, void *arg)
+{
+    const struct wrapped *w = arg;
+    char ch;
+    if (m->type != PROTO_LEASE_RETURN || m->batch.batch_id != 5000 + MANY_RETURNS - 1)
+        return;
+    grant_numbered(fd, 5000 + MANY_RETURNS - 2, 2, 0);
+    if (read(w->sync, &ch, 1) != 1)
+        _exit(21);
+    close(fd);
+    if ((fd = accept(w->lfd, NULL, NULL)) < 0)
+        _exit(22);
+    read_hello(fd);
+    send_welcome(fd, 10000, 3);
+    grant_numbered(fd, 5000 + MANY_RETURNS - 1, 1, PROTO_GRANT_REGRANT);
+    grant_numbered(fd, 5000 + MANY_RETURNS - 2, 2, PROTO_GRANT_REGRANT);
+    grant_numbered(fd, 5000 + MANY_RETURNS - 3, 1, PROTO_GRANT_REGRANT);
+    int back[4] = { 0 };
+    read_frames(fd, count_wrapped, back);
+    _exit(back[1] == 1 && back[2] == 0 && back[3] == 1 ? 0 : 23);
+}
+
+static void test_wrapped_returns_forget(int lfd)
+{
+    int sync[2];
+    CHECK_OK(pipe(sync));
+    pid_t srv = fork();
+    CHECK(srv >= 0);
+    if (!srv) {
+        close(sync[1]);
+        int fd = accept_welcomed(lfd, 10000, 0);
+        for (int i = 0; i < MANY_RETURNS; i++)
+            grant(fd, 5000 + (uint64_t)i, 1, 1);
+        struct wrapped w = { lfd, sync[0] };
+        read_frames(fd, forget_when_wrapped, &w);
+        _exit(24);
+    }
+    close(sync[0]);
+    struct client *c = open_client();
+    char err[512] = "";
+    struct proto_msg m;
+    for (int got = 0; got < MANY_RETURNS;) {
+        int r = client_poll(c, 5000, &m, err, sizeof err);
+        if (r != 1)
+            TEST_FAIL("after %d grants: client_poll %d (%s)", got, r, err);
+        got += m.type == PROTO_LEASE_GRANT;
+    }
+    for (int i = 0; i < MANY_RETURNS; i++)
+        CHECK_OK(client_lease_return(c, 5000 + (uint64_t)i));
+    int again = 0;
+    for (int i = 0; i < 200 * test_time_scale() && !again; i++)
+        again = client_poll(c, 50, &m, err, sizeof err) == 1 && m.type == PROTO_LEASE_GRANT &&
+                m.grant.batch_id == 5000 + MANY_RETURNS - 2 && m.grant.lease == 2;
+    CHECK(again);
+    CHECK_INT(write(sync[1], "g", 1), ==, 1);
+    struct client_stats cs = { 0 };
+    for (int i = 0; i < 200 * test_time_scale() && !cs.reconnects; i++) {
+        CHECK_INT(client_idle(c, 50, err, sizeof err), ==, 0);
+        client_get_stats(c, &cs);
+    }
+    CHECK_INT(cs.reconnects, ==, 1);
+    CHECK_INT(client_leases_held(c), ==, 1);
+    const struct client_lease *l = client_lease_find(c, 5000 + MANY_RETURNS - 2);
+    CHECK(l && l->lease == 2);
+    client_free(c);
+    close(sync[1]);
+    CHECK_INT(reap(srv), ==, 0);
+    printf("%d returns (the list wrapped), one granted again: kept on the reconnect, the others went back\n",
+           MANY_RETURNS);
+}
+
 /* Last: the client's later reconnects are left in the listening queue. */
 static void test_leaving_regrant_send_fails(int lfd)
 {
@@ -1024,6 +1109,7 @@ int main(void)
     test_group_ids_kept(lfd);
     test_late_reply_skipped(lfd);
     test_returned_then_granted(lfd);
+    test_wrapped_returns_forget(lfd);
     test_leaving_regrant_send_fails(lfd);
     test_listener_not_accepting();
     close(lfd);
