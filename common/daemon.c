@@ -271,6 +271,14 @@ int daemon_signals_init(void)
 int daemon_stop_requested(void) { return atomic_load(&g_stop_count); }
 int daemon_last_signal(void) { return g_last_signal; }
 
+/* What a restart may clear (the folder above not there yet: storage not mounted; an I/O error,
+ * a shortage) keeps its code (exit 1); the rest (a loop of links, no permission, a file on the
+ * path) is the operator's to mend: -ENOTDIR, which the callers exit 78 for. */
+static int dir_code(int r)
+{
+    return r == -ENOENT || err_may_pass(r) ? r : -ENOTDIR;
+}
+
 int daemon_dir(const char *key, const char *dir, char *err, size_t errlen)
 {
     if (mkdir(dir, 0750) == 0)
@@ -284,9 +292,7 @@ int daemon_dir(const char *key, const char *dir, char *err, size_t errlen)
                 snprintf(err, errlen, "%s: %s is a link to nothing (its storage not mounted?)", key, dir);
             else
                 snprintf(err, errlen, "%s: %s: %s", key, dir, strerror(-r));
-            /* a loop of links is the operator's to mend, as a file there is (-ENOTDIR: exit 78);
-             * anything else (an I/O error) may pass with a restart */
-            return r == -ELOOP ? -ENOTDIR : r;
+            return dir_code(r);
         }
         if (S_ISDIR(st.st_mode))
             return 0;
@@ -295,7 +301,7 @@ int daemon_dir(const char *key, const char *dir, char *err, size_t errlen)
     }
     snprintf(err, errlen, "%s: %s cannot be made: %s%s", key, dir, strerror(-r),
              r == -ENOENT ? " (the folder above it is missing)" : "");
-    return r;
+    return dir_code(r);
 }
 
 int daemon_lock(struct daemon *d, char *err, size_t errlen)

@@ -83,7 +83,7 @@ void log_msg(enum log_level lvl, int err, const char *fmt, ...)
         ssize_t w = write(STDERR_FILENO, line + off, (size_t)n - off);
         if (w > 0)
             off += (size_t)w;
-        else if (w < 0 && errno != EINTR)
+        else if (w == 0 || errno != EINTR)
             break;      /* nowhere to say it */
     }
     errno = saved;

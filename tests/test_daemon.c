@@ -182,6 +182,9 @@ int main(void)
     CHECK_OK(symlink(path, loop2));
     CHECK_INT(daemon_dir("cluster.state_dir", path, err, sizeof err), ==, -ENOTDIR);
     CHECK_CONTAINS(err, "loop1: Too many levels of symbolic links");
+    snprintf(path, sizeof path, "%s/loop1/sub", tmpdir);       /* the loop above it: mkdir says so */
+    CHECK_INT(daemon_dir("cluster.state_dir", path, err, sizeof err), ==, -ENOTDIR);
+    CHECK_CONTAINS(err, "loop1/sub cannot be made: Too many levels of symbolic links");
     snprintf(path, sizeof path, "%s/dangling", tmpdir);
     CHECK_OK(symlink("/nonexistent/storage", path));
     CHECK_INT(daemon_dir("cluster.state_dir", path, err, sizeof err), ==, -ENOENT);

@@ -90,6 +90,15 @@ cl_wait_exit target_cfg_fd 60
 grep -q "$(basename "$CL_INI").*Too many open files" "$CL_DIR/target_cfg_fd.log" ||
   fail "no reason given: $(tail -3 "$CL_DIR/target_cfg_fd.log")"
 echo "ok: target_cfg_fd: exit 1: $(grep -m1 "Too many open files" "$CL_DIR/target_cfg_fd.log")"
+# ... and the model's config.json, by target-d and drafter-d
+for d in target drafter; do
+  (export LD_PRELOAD=$T/emfile.so EMFILE_SUFFIX=config.json ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
+   exec "$CL_BIN/$d-d" -c "$CL_INI" -i 0) >>"$CL_DIR/${d}_hf_fd.log" 2>&1 &
+  CL_PIDS[${d}_hf_fd]=$!
+  cl_wait_exit ${d}_hf_fd 60
+  [[ $CL_RC == 1 ]] || fail "$d-d without a descriptor for config.json exited '$CL_RC', wanted 1: $(tail -3 "$CL_DIR/${d}_hf_fd.log")"
+  grep -q "config.json.*Too many open files" "$CL_DIR/${d}_hf_fd.log" || fail "no reason given: $(tail -3 "$CL_DIR/${d}_hf_fd.log")"
+done
 
 cl_start_coord || fail "coordinator did not come up"
 # a coordinator of another cluster (its own runtime and state folders, so its own lock) given

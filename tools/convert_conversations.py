@@ -330,7 +330,9 @@ def encoded(args, tok, stats):
                 samples = encode(tok, conversation(line), args.max_len)
                 if not samples:
                     raise ValueError("no assistant tokens: nothing to learn")
-            except (ValueError, KeyError, TypeError) as e:
+            except (ValueError, KeyError, TypeError, RecursionError) as e:
+                if isinstance(e, RecursionError):   # (nested deep enough to pass json, not the template)
+                    e = ValueError("nested too deeply to encode")
                 if not args.skip_bad:
                     die(f"{where}: {e}")
                 print(f"{PROG}: {where}: skipped: {e}", file=sys.stderr)

@@ -232,8 +232,11 @@ static int check_config(struct dft *f, char *err, size_t errlen)
         return daemon_key_error(d, "model", "path", err, errlen, "%s: %s", cfg->model.path, strerror(errno));
     if (!S_ISDIR(st.st_mode))
         return daemon_key_error(d, "model", "path", err, errlen, "%s: not a directory", cfg->model.path);
-    if (hf_config_load(cfg->model.path, &f->hf, why, sizeof why) < 0)
-        return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
+    int rc = hf_config_load(cfg->model.path, &f->hf, why, sizeof why);
+    if (rc < 0) {
+        daemon_key_error(d, "model", "path", err, errlen, "%s", why);
+        return rc;      /* (the exit code: a read that may pass, or the operator's) */
+    }
     _Static_assert(DRAFTER_MAX_CTX_LAYERS == TARGET_MAX_CAPTURE, "f->ids holds every capture id");
     const char *key;
     int n = target_capture_ids(&cfg->model, f->hf.num_layers, f->ids, &key, why, sizeof why);
@@ -1787,7 +1790,7 @@ int main(int argc, char **argv)
     f->cfg = &f->d.cfg;
     if ((r = check_config(f, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
-        return DAEMON_EX_CONFIG;
+        return err_may_pass(r) ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
     }
     if (f->d.check_only)
         return DAEMON_EX_OK;

@@ -103,8 +103,11 @@ static int check_config(struct tgt *t, char *err, size_t errlen)
     if (!S_ISDIR(st.st_mode))
         return daemon_key_error(d, "model", "path", err, errlen, "%s: not a directory", cfg->model.path);
     char why[512];
-    if (hf_config_load(cfg->model.path, &t->hf, why, sizeof why) < 0)
-        return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
+    int r = hf_config_load(cfg->model.path, &t->hf, why, sizeof why);
+    if (r < 0) {
+        daemon_key_error(d, "model", "path", err, errlen, "%s", why);
+        return r;       /* (the exit code: a read that may pass, or the operator's) */
+    }
     int n = capture_ids(d, &t->hf, t->ids, err, errlen);
     if (n < 0)
         return n;
@@ -706,7 +709,7 @@ int main(int argc, char **argv)
     t->cfg = &t->d.cfg;
     if ((r = check_config(t, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
-        return DAEMON_EX_CONFIG;
+        return err_may_pass(r) ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
     }
     if (t->d.check_only)
         return DAEMON_EX_OK;

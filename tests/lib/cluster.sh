@@ -239,6 +239,7 @@ cl_ring_hold() {
 # the test stopped); fail MSG: says FAIL, shows the daemons' log tails and exits 1.
 cl_test_init() {
   T=${DFLASH_TEST_TMP:-$(mktemp -d)}
+  CL_SCAN_DIR=$T      # cl_cleanup looks for sanitizer reports in every log under it
   # shellcheck disable=SC2064  # $1 is expanded now, on purpose
   trap "${1:+$1; }cl_cleanup" EXIT
   fail() { echo "FAIL: $*"; cl_logs 20; exit 1; }
@@ -325,11 +326,13 @@ cl_cleanup() {
   CL_PIDS=()
   [[ -n $CL_NAME ]] && rm -f /dev/shm/dflash-"$CL_NAME" /dev/shm/dflash-"$CL_NAME"-* 2>/dev/null
   # A sanitizer build's report from any daemon the test ran, also one at an exit it did not look
-  # at (a leak, undefined behaviour on the way out), fails the test.
+  # at (a leak, undefined behaviour on the way out), fails the test (the logs of every cluster of
+  # a cl_test_init test, else of the last cluster made).
   local san='ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|WARNING: ThreadSanitizer'
-  if [[ -n ${T:-} && -d $T ]] && grep -rqE --include='*.log' "$san" "$T" 2>/dev/null; then
+  local dir=${CL_SCAN_DIR:-${CL_DIR:-}}
+  if [[ -n $dir && -d $dir ]] && grep -rqE --include='*.log' "$san" "$dir" 2>/dev/null; then
     echo "FAIL: sanitizer reports in the daemon logs:"
-    grep -rE -m 3 --include='*.log' "$san" "$T" | cut -c1-300
+    grep -rE -m 3 --include='*.log' "$san" "$dir" | cut -c1-300
     exit 1
   fi
   return 0

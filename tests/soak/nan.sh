@@ -22,7 +22,7 @@ cd "$(dirname "$0")/../.."
 mode=${1:?usage: nan.sh target|drafter}
 T=${DFLASH_TEST_TMP:-$(mktemp -d)}
 LP=
-trap 'cl_cleanup; [[ -n $LP ]] && kill $LP 2>/dev/null' EXIT
+trap '[[ -n $LP ]] && kill $LP 2>/dev/null; cl_cleanup' EXIT
 fail() { echo "FAIL ($mode): $*"; cl_logs 20; exit 1; }
 ctl() { "$CL_BIN/dflashctl" -s "$CL_SOCK" "$@"; }
 san_check() {
