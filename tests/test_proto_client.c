@@ -817,6 +817,42 @@ static void reconnect_regrant(int fd, int lfd, uint64_t batch, uint32_t lease, i
     _exit(back.n == want ? 0 : code);
 }
 
+static void grant_many(int fd)
+{
+    for (int i = 0; i < MANY_RETURNS; i++)
+        grant(fd, 5000 + (uint64_t)i, 1, 1);
+}
+
+/* A client that took grant_many's grants, then returned them all (taken first: the server writes
+ * them all before it reads, and returning each at once would have both sides blocked writing). */
+static struct client *take_and_return_many(void)
+{
+    struct client *c = open_client();
+    char err[512] = "";
+    struct proto_msg m;
+    for (int got = 0; got < MANY_RETURNS;) {
+        int r = client_poll(c, 5000, &m, err, sizeof err);
+        if (r != 1)
+            TEST_FAIL("after %d grants: client_poll %d (%s)", got, r, err);
+        got += m.type == PROTO_LEASE_GRANT;
+    }
+    for (int i = 0; i < MANY_RETURNS; i++)
+        CHECK_OK(client_lease_return(c, 5000 + (uint64_t)i));
+    return c;
+}
+
+/* Keep c alive until it has reconnected once (the server hung up). */
+static void await_reconnect(struct client *c)
+{
+    char err[512];
+    struct client_stats cs = { 0 };
+    for (int i = 0; i < 200 * test_time_scale() && !cs.reconnects; i++) {
+        CHECK_INT(client_idle(c, 50, err, sizeof err), ==, 0);
+        client_get_stats(c, &cs);
+    }
+    CHECK_INT(cs.reconnects, ==, 1);
+}
+
 /* A long connection returns more leases than the client remembers (4096): the newest are the
  * ones a broken connection may have lost, so a reconnect's re-grant of the last one returned
  * goes back too (the first 4096 were kept before, and the re-grant of a later one was taken).
@@ -834,30 +870,12 @@ static void test_newest_returns_kept(int lfd)
     CHECK(srv >= 0);
     if (!srv) {
         int fd = accept_welcomed(lfd, 10000, 0);
-        for (int i = 0; i < MANY_RETURNS; i++)
-            grant(fd, 5000 + (uint64_t)i, 1, 1);
+        grant_many(fd);
         read_frames(fd, regrant_last_returned, &lfd);
         _exit(13);
     }
-    struct client *c = open_client();
-    char err[512] = "";
-    struct proto_msg m;
-    /* all granted first (the server writes them all before it reads: returning each at once
-     * would have both sides blocked writing), then all returned */
-    for (int got = 0; got < MANY_RETURNS;) {
-        int r = client_poll(c, 5000, &m, err, sizeof err);
-        if (r != 1)
-            TEST_FAIL("after %d grants: client_poll %d (%s)", got, r, err);
-        got += m.type == PROTO_LEASE_GRANT;
-    }
-    for (int i = 0; i < MANY_RETURNS; i++)
-        CHECK_OK(client_lease_return(c, 5000 + (uint64_t)i));
-    struct client_stats cs = { 0 };
-    for (int i = 0; i < 200 * test_time_scale() && !cs.reconnects; i++) {
-        CHECK_INT(client_idle(c, 50, err, sizeof err), ==, 0);
-        client_get_stats(c, &cs);
-    }
-    CHECK_INT(cs.reconnects, ==, 1);        /* the re-grant was handled in that handshake */
+    struct client *c = take_and_return_many();
+    await_reconnect(c);                     /* the re-grant was handled in that handshake */
     CHECK_INT(client_leases_held(c), ==, 0);
     client_free(c);                         /* hang up: the server counts what came back */
     int st = 0;
@@ -914,12 +932,7 @@ static void test_returned_then_granted(int lfd)
     CHECK_INT(client_poll(c, 5000, &m, err, sizeof err), ==, 1);
     CHECK(m.type == PROTO_LEASE_GRANT && m.grant.batch_id == 7000 && m.grant.lease == 2);
     CHECK_INT(write(sync[1], "g", 1), ==, 1);
-    struct client_stats cs = { 0 };
-    for (int i = 0; i < 200 * test_time_scale() && !cs.reconnects; i++) {
-        CHECK_INT(client_idle(c, 50, err, sizeof err), ==, 0);
-        client_get_stats(c, &cs);
-    }
-    CHECK_INT(cs.reconnects, ==, 1);
+    await_reconnect(c);
     const struct client_lease *l = client_lease_find(c, 7000);
     CHECK(l != NULL);
     CHECK_INT(l->lease, ==, 2);
@@ -974,36 +987,22 @@ static void test_wrapped_returns_forget(int lfd)
     if (!srv) {
         close(sync[1]);
         int fd = accept_welcomed(lfd, 10000, 0);
-        for (int i = 0; i < MANY_RETURNS; i++)
-            grant(fd, 5000 + (uint64_t)i, 1, 1);
+        grant_many(fd);
         struct wrapped w = { lfd, sync[0] };
         read_frames(fd, forget_when_wrapped, &w);
         _exit(24);
     }
     close(sync[0]);
-    struct client *c = open_client();
+    struct client *c = take_and_return_many();
     char err[512] = "";
     struct proto_msg m;
-    for (int got = 0; got < MANY_RETURNS;) {
-        int r = client_poll(c, 5000, &m, err, sizeof err);
-        if (r != 1)
-            TEST_FAIL("after %d grants: client_poll %d (%s)", got, r, err);
-        got += m.type == PROTO_LEASE_GRANT;
-    }
-    for (int i = 0; i < MANY_RETURNS; i++)
-        CHECK_OK(client_lease_return(c, 5000 + (uint64_t)i));
     int again = 0;
     for (int i = 0; i < 200 * test_time_scale() && !again; i++)
         again = client_poll(c, 50, &m, err, sizeof err) == 1 && m.type == PROTO_LEASE_GRANT &&
                 m.grant.batch_id == 5000 + MANY_RETURNS - 2 && m.grant.lease == 2;
     CHECK(again);
     CHECK_INT(write(sync[1], "g", 1), ==, 1);
-    struct client_stats cs = { 0 };
-    for (int i = 0; i < 200 * test_time_scale() && !cs.reconnects; i++) {
-        CHECK_INT(client_idle(c, 50, err, sizeof err), ==, 0);
-        client_get_stats(c, &cs);
-    }
-    CHECK_INT(cs.reconnects, ==, 1);
+    await_reconnect(c);
     CHECK_INT(client_leases_held(c), ==, 1);
     const struct client_lease *l = client_lease_find(c, 5000 + MANY_RETURNS - 2);
     CHECK(l && l->lease == 2);
