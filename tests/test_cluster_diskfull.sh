@@ -15,14 +15,8 @@
 #     (tests/soak/check_run.py --partial). (Skipped without the right to make a mount namespace.)
 set -u
 cd "$(dirname "$0")/.."
-if [[ -z ${DFLASH_IN_MOUNT_NS:-} ]]; then
-  if ! unshare -m --propagation private true 2>/dev/null; then
-    echo "SKIP: cannot make a private mount namespace (unshare -m needs root or CAP_SYS_ADMIN)"
-    exit 77
-  fi
-  DFLASH_IN_MOUNT_NS=1 exec unshare -m --propagation private "$0" "$@"
-fi
 . tests/lib/cluster.sh
+cl_private_mounts "$0" "$@"
 cl_test_init
 
 cl_init "$T/c" 6000 || exit 1

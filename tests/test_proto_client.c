@@ -895,6 +895,17 @@ static void test_newest_returns_kept(int lfd)
  * it (the daemon would go on with a batch the coordinator took back). The server: grant 7000
  * (lease 1), take its return, grant it again (lease 2), hang up once the client has it; then
  * re-grant it on the reconnect and count the returns of 7000 until the client hangs up. */
+/* A server child with a pipe from the client (the child reads sync[0], the client writes
+ * sync[1]): 0 in the child, its pid in the client. */
+static pid_t fork_synced(int sync[2])
+{
+    CHECK_OK(pipe(sync));
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    close(sync[pid ? 0 : 1]);
+    return pid;
+}
+
 struct regrant_after { int lfd, sync; };
 static void return_answered(int fd, const struct proto_msg *m, void *arg)
 {
@@ -911,18 +922,14 @@ static void return_answered(int fd, const struct proto_msg *m, void *arg)
 static void test_returned_then_granted(int lfd)
 {
     int sync[2];
-    CHECK_OK(pipe(sync));
-    pid_t srv = fork();
-    CHECK(srv >= 0);
+    pid_t srv = fork_synced(sync);
     if (!srv) {
-        close(sync[1]);
         int fd = accept_welcomed(lfd, 10000, 0);
         grant_numbered(fd, 7000, 1, 0);
         struct regrant_after a = { lfd, sync[0] };
         read_frames(fd, return_answered, &a);
         _exit(17);
     }
-    close(sync[0]);
     struct client *c = open_client();
     char err[512] = "";
     struct proto_msg m;
@@ -981,18 +988,14 @@ static void forget_when_wrapped(int fd, const struct proto_msg *m, void *arg)
 static void test_wrapped_returns_forget(int lfd)
 {
     int sync[2];
-    CHECK_OK(pipe(sync));
-    pid_t srv = fork();
-    CHECK(srv >= 0);
+    pid_t srv = fork_synced(sync);
     if (!srv) {
-        close(sync[1]);
         int fd = accept_welcomed(lfd, 10000, 0);
         grant_many(fd);
         struct wrapped w = { lfd, sync[0] };
         read_frames(fd, forget_when_wrapped, &w);
         _exit(24);
     }
-    close(sync[0]);
     struct client *c = take_and_return_many();
     char err[512] = "";
     struct proto_msg m;

@@ -237,6 +237,17 @@ cl_ring_hold() {
 # A test script's set-up (after sourcing this file): T, the test's scratch dir (DFLASH_TEST_TMP or a
 # new temp dir); cl_cleanup on exit, after the command in $1 if given (e.g. a SIGCONT to a daemon
 # the test stopped); fail MSG: says FAIL, shows the daemons' log tails and exits 1.
+# cl_private_mounts "$0" "$@": first thing in a test that mounts (a tmpfs): the script runs again
+# in a private mount namespace, its mounts its own and gone with it; exit 77 where none can be made.
+cl_private_mounts() {
+  [[ -n ${DFLASH_IN_MOUNT_NS:-} ]] && return 0
+  if ! unshare -m --propagation private true 2>/dev/null; then
+    echo "SKIP: cannot make a private mount namespace (unshare -m needs root or CAP_SYS_ADMIN)"
+    exit 77
+  fi
+  DFLASH_IN_MOUNT_NS=1 exec unshare -m --propagation private "$@"
+}
+
 cl_test_init() {
   T=${DFLASH_TEST_TMP:-$(mktemp -d)}
   CL_SCAN_DIR=$T      # cl_cleanup looks for sanitizer reports in every log under it
