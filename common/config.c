@@ -380,13 +380,11 @@ static void fail_at(struct load_ctx *c, int lineno, int code, const char *fmt, .
     c->fail_line = lineno;
 }
 
-/* A "[section]" line with more after its ']' than blanks and a comment: -EINVAL with the
- * reason in why. inih drops that text unseen, so "[ring] slots = 4" would leave ring.slots at
- * its default without a word. */
-static int check_section_line(const char *line, int lineno, char *why, size_t whylen)
+/* A "[section]" line (a first line's BOM skipped by the caller) with more after its ']' than
+ * blanks and a comment: -EINVAL with the reason in why. inih drops that text unseen, so
+ * "[ring] slots = 4" would leave ring.slots at its default without a word. */
+static int check_section_line(const char *line, char *why, size_t whylen)
 {
-    if (lineno == 1 && !strncmp(line, "\xef\xbb\xbf", 3))
-        line += 3;  /* inih skips a UTF-8 BOM */
     line += strspn(line, " \t\r\n\v\f");
     const char *close = line[0] == '[' ? strchr(line, ']') : NULL;
     if (!close)
@@ -478,7 +476,7 @@ static char *ini_read_line(char *buf, int size, void *stream)
     else if (bad)
         fail_at(c, c->lineno, -EINVAL, "%s", bad);
     char why[160];
-    if (check_section_line(buf, c->lineno, why, sizeof why) < 0) {
+    if (check_section_line(line, why, sizeof why) < 0) {
         fail_at(c, c->lineno, -EINVAL, "%s", why);
         if (!c->only)
             return NULL;

@@ -144,7 +144,7 @@ struct dft {
     int peers_cap;
     int64_t saved_step;
     unsigned ckpt_fails;        /* writes failed in a row (rank 0) */
-    uint64_t ckpt_retry_ms;     /* a drain's checkpoint is not tried again before this (mono) */
+    uint64_t ckpt_retry_ms;     /* no checkpoint (periodic or a drain's) is tried before this (mono) */
     uint64_t ckpt_refusals_seen;    /* the client's count of refused CHECKPOINTEDs, as last seen */
     int64_t ckpt_head;          /* the checkpoint the lineage stands on (never pruned), -1 none */
 
