@@ -2,7 +2,8 @@
  * without ever leaving step-N missing, and a replace that fails leaves the previous checkpoint
  * in place. The file system's answers are steered by this program's own rename() and
  * renameat2(), which the library's calls reach (a symbol of the executable comes first):
- *  1. the exchange (renameat2 RENAME_EXCHANGE): step-N is the new checkpoint, nothing left over;
+ *  1. the exchange (renameat2 RENAME_EXCHANGE, checked to be the call that swapped them): step-N is
+ *     the new checkpoint, nothing left over;
  *  2. no exchange (EINVAL, as on file systems without it): step-N moved aside, the new one moved
  *     in, the old one removed;
  *  3. no exchange and the move aside fails (EIO): step-N untouched, the error names it;
@@ -27,6 +28,8 @@ static int no_exchange;         /* renameat2 with RENAME_EXCHANGE fails with EIN
 static int fail_from = -1;      /* rename() calls numbered from 0 at or after this one fail (EIO) */
 static int fail_count;          /* ... this many of them */
 static int renames;             /* rename() calls so far */
+static int exchanges;           /* renameat2 RENAME_EXCHANGE calls that swapped */
+static int exchange_refused;    /* ... that this file system refused (EINVAL) */
 
 static int real_renameat2(int ofd, const char *o, int nfd, const char *n, unsigned flags)
 {
@@ -39,7 +42,14 @@ int renameat2(int ofd, const char *o, int nfd, const char *n, unsigned flags)
         errno = EINVAL;
         return -1;
     }
-    return real_renameat2(ofd, o, nfd, n, flags);
+    int r = real_renameat2(ofd, o, nfd, n, flags);
+    if (flags & RENAME_EXCHANGE) {
+        if (r == 0)
+            exchanges++;
+        else if (errno == EINVAL)
+            exchange_refused++;
+    }
+    return r;
 }
 
 int rename(const char *o, const char *n)
@@ -104,11 +114,19 @@ int main(void)
     for (int c = 0; c < 2; c++) {
         no_exchange = c;
         CHECK_OK(ckpt_save(root, order[0], &ts, 0, dir, sizeof dir, err, sizeof err));
+        renames = exchanges = exchange_refused = 0;
         if (ckpt_save(root, order[1], &ts, 0, dir, sizeof dir, err, sizeof err) < 0)
             TEST_FAIL("replace (%s): %s", c ? "no exchange" : "exchange", err);
         CHECK_STR(dir, final);
         holds(final, x, order[1], c ? "no exchange" : "exchange");
         CHECK_STR(leftovers(root), "");
+        if (c == 0 && exchange_refused) {
+            printf("note: %s cannot exchange: the swap fell back to two renames\n", root);
+        } else {
+            /* the exchange: only the first rename (step-5 exists); else that one, aside, in */
+            CHECK_INT(exchanges, ==, c ? 0 : 1);
+            CHECK_INT(renames, ==, c ? 3 : 1);
+        }
         printf("replace by %s: step-5 is the new checkpoint, nothing left over\n", c ? "two renames" : "exchange");
     }
 
