@@ -30,8 +30,8 @@ const struct cfg_key cfg_keys[] = {
     S(cluster, log_level, "info", "error | warn | notice | info | debug"),
 
     I(ring, slots, 2, 4096, "16", "slots in the shared-memory ring"),
-    I(ring, max_tokens, 16, 1 << 20, "16384", "tokens per slot (packed batch capacity; the GPU kernels' grids bound it)"),
-    I(ring, max_seqs, 1, 65535, "256", "sequences per slot"),
+    I(ring, max_tokens, 16, 1 << 20, "16384", "tokens per slot (packed batch capacity; the GPU kernels' grids bound it); at least data.token_budget"),
+    I(ring, max_seqs, 1, 65535, "256", "sequences per slot; at most max_tokens"),
     I(ring, stuck_writing_ms, 100, 86400000, "600000", "report a slot WRITING longer than this"),
 
     P(model, path, "", "target model dir (config.json + *.safetensors)"),
@@ -39,8 +39,8 @@ const struct cfg_key cfg_keys[] = {
     I(model, draft_layers, 1, 64, "5", "drafter layers; sets the default capture ids"),
 
     P(data, path, "", "dataset file written by dflash-data"),
-    I(data, token_budget, 16, 1 << 24, "16384", "tokens per packed batch"),
-    I(data, max_seq_len, 2, 1 << 22, "4096", "longer samples are truncated"),
+    I(data, token_budget, 16, 1 << 24, "16384", "tokens per packed batch; at least max_seq_len, at most ring.max_tokens"),
+    I(data, max_seq_len, 2, 1 << 22, "4096", "longer samples are truncated; at most token_budget"),
     I(data, epochs, 1, CFG_MAX_EPOCHS, "1", "epochs to train"),
     I(data, seed, 0, 4294967295.0, "1234", "shuffle seed"),
     I(data, bucket_width, 1, 1 << 20, "256", "tokens per length bucket"),
@@ -49,7 +49,7 @@ const struct cfg_key cfg_keys[] = {
     I(coordinator, dead_after_ms, 50, 3600000, "5000", "a daemon silent this long is dead (at least 3 x heartbeat_ms)"),
     I(coordinator, watchdog_ms, 0, 3600000, "0", "ignored, kept so older files load: the watchdog interval is the units' WatchdogSec="),
     P(coordinator, ledger, "", "SQLite ledger file; empty = <state_dir>/<name>-ledger.db"),
-    I(coordinator, ring_hidden, 0, 1 << 20, "0", "ring slot hidden size; 0 = the target model's hidden_size"),
+    I(coordinator, ring_hidden, 0, 1 << 20, "0", "ring slot hidden size; 0 = the target model's hidden_size (with model.path set: 0 or that size)"),
     I(coordinator, recovery_ms, 0, 3600000, "2000", "after a restart, wait this long for peers to reconnect before re-leasing their batches"),
     I(coordinator, min_free_mb, 0, 1 << 30, "1024", "pause the cluster while the ledger's or the checkpoints' filesystem has less free (MiB), resume at twice that; 0 = off"),
 
@@ -77,7 +77,7 @@ const struct cfg_key cfg_keys[] = {
     D(drafter, lr, 0, 10, "6e-4", "peak learning rate"),
     D(drafter, min_lr_ratio, 0, 1, "0.1", "cosine floor as a fraction of lr"),
     I(drafter, warmup_steps, 0, 1 << 30, "100", "linear warmup steps"),
-    I(drafter, total_steps, 0, 1 << 30, "0", "0 = derived from the dataset and epochs"),
+    I(drafter, total_steps, 0, 1 << 30, "0", "cosine schedule horizon; 0 = the run's batches (all epochs) / world_size, rounded up"),
     D(drafter, weight_decay, 0, 10, "0.01", "AdamW weight decay"),
     D(drafter, beta1, 0, 0.9999999, "0.9", "AdamW beta1 (1 makes the bias correction divide by 0)"),
     D(drafter, beta2, 0, 0.9999999, "0.95", "AdamW beta2 (1 makes the bias correction divide by 0)"),
@@ -92,7 +92,7 @@ const struct cfg_key cfg_keys[] = {
     I(drafter, devices, 1, 1024, "8", "instance index must be below this"),
     I(drafter, debug_nan_step, -1, 1e15, "-1", "debug: make the loss NaN at this step"),
     I(drafter, collective_timeout_ms, 100, 86400000, "120000", "a peer that keeps a collective waiting this long fails the group"),
-    I(drafter, keep_checkpoints, 0, 1 << 20, "3", "newest checkpoints kept on disk, besides the one a restart would load and any newer; 0 = all"),
+    I(drafter, keep_checkpoints, 0, 1 << 20, "3", "newest checkpoints kept on disk (the one written counts); never pruned: the one a restart would load and any newer; 0 = all"),
     I(drafter, debug_ckpt_delay_ms, 0, 600000, "0", "debug: a background checkpoint write waits this long first"),
 };
 const size_t cfg_nkeys = sizeof cfg_keys / sizeof cfg_keys[0];

@@ -17,7 +17,7 @@ struct cfg_cluster {
     char name[64];              /* cluster id: names the shm ring and socket */
     char runtime_dir[CFG_STR_MAX];
     char state_dir[CFG_STR_MAX];
-    char socket[CFG_STR_MAX];   /* control socket path; empty = runtime_dir/dflash.sock */
+    char socket[CFG_STR_MAX];   /* control socket path; empty = runtime_dir/<name>.sock */
     char group[64];             /* group allowed on the socket and ring (empty = owner only) */
     char tcp_listen[128];       /* "host:port" / "[v6]:port" or empty: no network listener */
     char tcp_token_file[CFG_STR_MAX]; /* shared secret TCP peers must present (mode 0600) */
@@ -51,7 +51,7 @@ struct cfg_coordinator {
     int64_t dead_after_ms;      /* no heartbeat this long = dead */
     int64_t watchdog_ms;        /* ignored (older files set it); systemd's WatchdogSec= rules */
     char ledger[CFG_STR_MAX];   /* SQLite ledger; empty = <state_dir>/<name>-ledger.db */
-    int64_t ring_hidden;        /* slot hidden size when no model is configured (0 = model's) */
+    int64_t ring_hidden;        /* slot hidden size without a model (with one: 0 or its size) */
     int64_t recovery_ms;        /* after a restart: wait this long for peers before re-leasing */
     int64_t min_free_mb;        /* pause below this much free space for the ledger or checkpoints (0 = off) */
 };

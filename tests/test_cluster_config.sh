@@ -104,6 +104,12 @@ bad2 "s|^path = .*/model$|path = $T|" "$(grep -n "^path = .*/model$" "$CL_INI" |
 # the coordinator's -t reads the model's config.json and the dataset's header as its start does
 bad2 "s|^path = .*/model$|path = $T|" "$(grep -n "^path = .*/model$" "$CL_INI" | cut -d: -f1): model.path: $T/config.json:" coordinator-d
 bad2 "s|^path = .*/data.bin$|path = $T/no-data.bin|" "$(grep -n "^path = .*/data.bin$" "$CL_INI" | cut -d: -f1): data.path: $T/no-data.bin: cannot open" coordinator-d
+# rules between keys, checked by -t as at a start (each key's range alone allows these)
+bad2 "s/^max_seq_len = .*/max_seq_len = 300/" "$(line max_seq_len): data.max_seq_len: 300 is larger than data.token_budget (256)" coordinator-d
+bad2 "s/^token_budget = .*/token_budget = 1024/;s/^max_seq_len = .*/max_seq_len = 1024/" "$(line token_budget): data.token_budget: 1024 is larger than ring.max_tokens (512)" coordinator-d
+bad2 "s/^max_seqs = .*/max_seqs = 513/" "$(line max_seqs): ring.max_seqs: 513 is more than ring.max_tokens 512" coordinator-d
+l=$(grep -n "^\[coordinator\]" "$CL_INI" | cut -d: -f1)
+bad2 "/^\[coordinator\]/a ring_hidden = 7" "$((l + 1)): coordinator.ring_hidden: 7 is not the hidden_size of $CL_DIR/model/config.json" coordinator-d
 l=$(grep -n "^\[target\]" "$CL_INI" | cut -d: -f1)
 # enumerated values: refused by every program that loads the file, not only the one using the key
 for d in "target-d -i 0" "drafter-d -i 0" "coordinator-d"; do

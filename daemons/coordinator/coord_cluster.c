@@ -2050,12 +2050,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
                                     .max_seq_len = (uint32_t)cfg->data.max_seq_len,
                                     .bucket_width = (uint32_t)cfg->data.bucket_width,
                                     .max_seqs = (uint32_t)cfg->ring.max_seqs };
-    if ((r = sched_check(&co->sp, err, errlen)) < 0)
+    if ((r = sched_check(&co->sp, err, errlen)) < 0)      /* (coord_main checked the keys: not met) */
         return r;
-    if (cfg->data.token_budget > cfg->ring.max_tokens)
-        return daemon_key_error(&co->d, "data", "token_budget", err, errlen,
-                                "%lld is larger than ring.max_tokens (%lld): a batch would not fit a slot",
-                                (long long)cfg->data.token_budget, (long long)cfg->ring.max_tokens);
     co->epochs = (uint32_t)cfg->data.epochs;
     co->ep = calloc(co->epochs, sizeof *co->ep);
     co->grp.world = (uint32_t)cfg->drafter.world_size;

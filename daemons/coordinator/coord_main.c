@@ -81,6 +81,22 @@ static void finalize_ledger(struct coord *co)
                   "does it): %s", err);
 }
 
+/* The rules between keys that each key's own range cannot express: checked by -t as at a start,
+ * named by file:line (a start refused on them would be restarted into the same refusal). */
+static int check_key_pairs(struct coord *co, char *err, size_t errlen)
+{
+    const struct dflash_cfg *cfg = co->cfg;
+    if (cfg->data.max_seq_len > cfg->data.token_budget)
+        return daemon_key_error(&co->d, "data", "max_seq_len", err, errlen,
+                                "%lld is larger than data.token_budget (%lld): a sample would not fit a batch",
+                                (long long)cfg->data.max_seq_len, (long long)cfg->data.token_budget);
+    if (cfg->data.token_budget > cfg->ring.max_tokens)
+        return daemon_key_error(&co->d, "data", "token_budget", err, errlen,
+                                "%lld is larger than ring.max_tokens (%lld): a batch would not fit a slot",
+                                (long long)cfg->data.token_budget, (long long)cfg->ring.max_tokens);
+    return 0;
+}
+
 /* cluster.tcp_listen + cluster.tcp_token_file: the address resolved once, the token read
  * and its file's mode checked. 0 (listener off or ready to bind) or -EINVAL, reason in err. */
 static int tcp_config(struct coord *co, char *err, size_t errlen)
@@ -186,7 +202,7 @@ int main(int argc, char **argv)
     /* The model's config.json and the ring's layout, and (for -t: the start hashes it in full
      * below) the dataset's header: before the ledger exists, so a start that fails on them leaves
      * none behind (it would hold the schedule of a config the operator is about to change). */
-    if ((r = coord_ring_layout(co, err, sizeof err)) < 0) {
+    if ((r = check_key_pairs(co, err, sizeof err)) < 0 || (r = coord_ring_layout(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
         return DAEMON_EX_CONFIG;
     }

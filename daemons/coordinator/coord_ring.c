@@ -33,8 +33,11 @@ int coord_ring_layout(struct coord *co, char *err, size_t errlen)
             return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
         n_layers = hf.num_layers;
         co->model_vocab = hf.vocab_size;
-        if (!hidden)
-            hidden = hf.hidden_size;
+        if (hidden && hidden != hf.hidden_size)     /* every target and drafter would be refused */
+            return daemon_key_error(d, "coordinator", "ring_hidden", err, errlen, "%d is not the hidden_size of "
+                                    "%s/config.json (%d): leave it 0 with a model", hidden, cfg->model.path,
+                                    hf.hidden_size);
+        hidden = hf.hidden_size;
     } else if (!hidden) {
         return daemon_key_error(d, "model", "path", err, errlen,
                                 "empty, and coordinator.ring_hidden is 0: cannot size the ring");

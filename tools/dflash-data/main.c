@@ -19,9 +19,10 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: dflash-data build -o OUT [-v VOCAB] [--end-line] [INPUT.jsonl ...]   (no input or '-' = stdin)\n"
         "       dflash-data synth -o OUT [-n SAMPLES] [-v VOCAB] [--min-len N] [--max-len N] [--seed S]\n"
+        "                         (defaults: 1000 samples, vocab 1024, lengths 16-256, seed 1)\n"
         "       dflash-data info [--json] FILE\n"
         "       dflash-data verify FILE\n"
-        "       dflash-data dump [-n N] FILE          (first N samples as JSONL)\n"
+        "       dflash-data dump [-n N] FILE          (the first N samples, default all, as JSONL)\n"
         "build reads one JSON object per line: input_ids (token ids) and loss_mask (0/1, same\n"
         "length) or Hugging Face style labels (-100 = not learned, else the token itself); neither =\n"
         "every token learned. Other keys are ignored. VOCAB defaults to the largest id + 1.\n"

@@ -814,7 +814,8 @@ static void usage(FILE *f)
         "  -c CONFIG         the cluster's INI file, as the run had it\n"
         "  --checkpoint DIR  the checkpoint to check (default: the newest in the ledger's lineage)\n"
         "  -o S.K=V          override one key after the file is read (as the daemons were given)\n"
-        "Exit 0: equal (PASS); 1: they differ (FAIL), or the replay could not run; %d: bad input.\n",
+        "Exit 0: equal (PASS); 1: they differ (FAIL), or the replay could not run; %d: bad input;\n"
+        "64: a usage error.\n",
         EX_BAD_INPUT);
 }
 
