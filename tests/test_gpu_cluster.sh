@@ -195,6 +195,16 @@ phase_hang() {
     fail "no hang reported: $(tail -3 "$CL_DIR/target0.log")"
   cl_wait '[e for e in s["errors"] if "the GPU hangs" in e["message"]]' 10 coord || fail "the coordinator has no error of the hang"
   cl_log "hang: $(grep -m1 "the GPU hangs" "$CL_DIR/target0.log")"
+  # A stop while the GPU hangs (the batch re-queued to it hangs it again): finishing the pipeline
+  # polls as the loop does, so the hang is still caught and the target leaves (it waited in an
+  # event for ever).
+  cl_start target0s target-d -c "$CL_INI" -i 0 -o target.debug_stall_batch=$bad -o target.gpu_timeout_ms=5000
+  cl_wait_log "$CL_DIR/target0s.log" "the GPU hangs from batch $bad on" 60 || fail "the batch did not come back to hang the GPU"
+  cl_kill target0s TERM
+  cl_wait_exit target0s 60 || true
+  [[ $CL_RC == 1 ]] && grep -q "batch $bad on the GPU for [0-9]* s (target.gpu_timeout_ms 5000): the GPU hangs" "$CL_DIR/target0s.log" ||
+    fail "a stop while the GPU hangs: exit '$CL_RC': $(tail -3 "$CL_DIR/target0s.log")"
+  cl_log "stop while hung: exit 1 after the hang check"
   cl_start target0 target-d -c "$CL_INI" -i 0
   for ((i = 0; i < $(cl_scaled 60) * 10; i++)); do
     [[ $(cl_sql "SELECT count(*) FROM trains WHERE batch = $bad AND rolled_back = 0") == 1 ]] && break

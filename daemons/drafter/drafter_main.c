@@ -1970,17 +1970,22 @@ int main(int argc, char **argv)
                f->batches, f->idle_s);
     code = DAEMON_EX_OK;
 out:
+    /* A complete checkpoint is worth finishing, even on an error: before the GPU state goes, which
+     * the heartbeats sent while it is waited for still read (the write itself reads the host twin). */
+    ckpt_collect(f, 1);
+    ckpt_writer_free(f->writer);
 #ifdef DFLASH_HAVE_CUDA
     if (code != DAEMON_EX_OK && f->nccl)
         nccl_coll_abort(f->nccl, -DF_EDEAD);
     nccl_coll_close(f->nccl);
+    f->nccl = NULL;
     feed_free(f->feed);     /* staged slots still held go back to READY */
+    f->feed = NULL;
     if (f->gpu_done)
         cudaEventDestroy(f->gpu_done);
     drafter_cuda_free(f->gpu);
+    f->gpu = NULL;
 #endif
-    ckpt_collect(f, 1);        /* a complete checkpoint is worth finishing, even on an error */
-    ckpt_writer_free(f->writer);
     if (code == DAEMON_EX_FAILURE)
         peer_report_exit(&f->d, f->cl, r, &f->reported);
     peer_bye(&f->d, f->cl, code, code == DAEMON_EX_OK ? 0 : r);

@@ -379,6 +379,26 @@ static int poll_pipe(struct tgt *t)
     }
     return t->pipe_error;
 }
+
+/* Waits for the batches still in the pipeline by polling, as the loop does, never in a blocking
+ * event wait: a GPU that hangs now is caught by gpu_hang_check (a stop must not wait for it for
+ * ever). serve: the socket is served meanwhile (heartbeats, revokes); on the error path only the
+ * watchdog is fed. Ends early on a pipeline error (target_pipe_free finishes the rest: failed
+ * events do not block). */
+static int finish_pipe(struct tgt *t, bool serve)
+{
+    int r = 0;
+    while (t->pipe && target_pipe_pending(t->pipe) > 0 && (r = poll_pipe(t)) == 0 &&
+           target_pipe_pending(t->pipe) > 0) {
+        if (!serve) {
+            daemon_watchdog(&t->d);
+            usleep(1000);
+        } else if ((r = pump(t, 1)) < 0) {
+            return r;
+        }
+    }
+    return r < 0 ? r : t->pipe_error;
+}
 #endif
 
 static int pipe_pending(const struct tgt *t)
@@ -830,9 +850,7 @@ int main(int argc, char **argv)
     }
 #ifdef DFLASH_HAVE_TARGET_CUDA
     /* The batches still in the pipeline are finished and published (or dropped if revoked). */
-    if (t->pipe && target_pipe_drain(t->pipe) < 0 && !t->pipe_error)
-        t->pipe_error = -DF_ECUDA;
-    if ((r = t->pipe_error) < 0)
+    if ((r = finish_pipe(t, true)) < 0)
         goto out;
 #endif
     daemon_notify_stopping(&t->d, "%s after %" PRIu64 " batches", t->stop_now ? "stopped" : "drained", t->batches);
@@ -848,6 +866,7 @@ int main(int argc, char **argv)
     code = DAEMON_EX_OK;
 out:
 #ifdef DFLASH_HAVE_TARGET_CUDA
+    finish_pipe(t, false);
     target_pipe_free(t->pipe);      /* its last callbacks still talk to the coordinator */
 #endif
     if (code == DAEMON_EX_FAILURE)
