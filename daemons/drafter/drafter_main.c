@@ -1346,8 +1346,12 @@ static int iterate(struct dft *f)
         t_wait = mono_ns();
         if (r == 0) {
             have = consume_slot(f, slot, &m, &b, &n_seqs, &epoch);
-            if (have < 0)
+            if (have < 0) {
+                /* fatal (no memory ...): its slot is released; handed back, it is queued again at
+                 * once rather than by the coordinator's sweep for lost batches */
+                client_batch_skipped(f->cl, b.id, b.lease);
                 return have;
+            }
         } else if (r != -DF_ETIMEOUT && r != -EINTR) {
             log_error(r, "ring_claim_read");
             return r;
