@@ -155,6 +155,44 @@ static int tcp_connect(int family, int port)
     return fd;
 }
 
+/* A connection to 127.0.0.1:port from the loopback address 127.0.0.<src>. */
+static int tcp_connect_from(int port, int src)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    struct sockaddr_in from = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK - 1 + (uint32_t)src) };
+    struct sockaddr_in to = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    CHECK_OK(bind(fd, (struct sockaddr *)&from, sizeof from));
+    CHECK_OK(connect(fd, (struct sockaddr *)&to, sizeof to));
+    struct timeval tv = { 15 * test_time_scale(), 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* Send bytes on fd, expect a WELCOME back. */
+static void expect_welcome_fd(int fd, const void *bytes, size_t len)
+{
+    CHECK_INT(send(fd, bytes, len, MSG_NOSIGNAL), ==, (long long)len);
+    uint8_t buf[8192];
+    size_t n = 0;
+    int64_t fs = 0;
+    char err[256];
+    while ((fs = proto_frame_size(buf, n, err, sizeof err)) == 0 || (fs > 0 && (size_t)fs > n)) {
+        ssize_t k = recv(fd, buf + n, sizeof buf - n, 0);
+        if (k <= 0)
+            TEST_FAIL("no WELCOME: %s", k == 0 ? "the coordinator closed the connection" : strerror(errno));
+        n += (size_t)k;
+    }
+    CHECK(fs > 0);
+    struct proto_msg m;
+    CHECK_OK(proto_decode(buf, (size_t)fs, &m, err, sizeof err));
+    if (m.type == PROTO_REFUSE)
+        TEST_FAIL("refused: %s", m.refuse.message);
+    CHECK_INT(m.type, ==, PROTO_WELCOME);
+    close(fd);
+}
+
 /* Send bytes on fd (may be none), expect a REFUSE containing needle, then EOF. */
 static void expect_refused_fd(int fd, const void *bytes, size_t len, const char *needle)
 {
@@ -409,6 +447,25 @@ int main(void)
     status_over_tcp(addr, addr);
     for (int i = 2; i < 6; i++)
         close(idle[i]);
+    /* Nor idle peers of several addresses that fill the whole table (16): a dflashctl that
+     * connected before them, its AUTH not read yet, is not the one closed for them. */
+    {
+        int ctl = tcp_connect_from(port, 1), many[16];
+        tc_sleep_ms(30);
+        for (int i = 0; i < 16; i++) {
+            many[i] = tcp_connect_from(port, 2 + i / 4);     /* 127.0.0.2-5, four each */
+            tc_sleep_ms(10);
+        }
+        tc_sleep_ms(100);
+        uint8_t hb[2048];
+        size_t hn = frame_auth(hb, sizeof hb, TOKEN);
+        hn += frame_hello(hb + hn, sizeof hb - hn, PROTO_ROLE_CTL);
+        expect_welcome_fd(ctl, hb, hn);
+        expect_refused_fd(many[0], NULL, 0, "the one waiting longest of the address with the most is closed");
+        for (int i = 1; i < 16; i++)
+            close(many[i]);
+        printf("  16 idle peers of 4 addresses: the dflashctl before them still gets in\n");
+    }
     /* A name that fills the HELLO's field still leaves the peer's address in what it does. */
     char longname[PROTO_NAME_MAX];
     memset(longname, 'n', sizeof longname - 1);

@@ -495,30 +495,37 @@ static void tcp_accepted(struct coord *co, struct member *m)
     else
         snprintf(m->peer, sizeof m->peer, "(unknown address)");
     /* Waiting to authenticate: at most TCP_PENDING_PER_HOST from one address and TCP_PENDING_MAX
-     * in all. A newcomer is always taken, the one waiting longest (of its address, else of all)
-     * closed: a peer with the token authenticates at once, so only idle ones are there long, and
-     * idle peers, however many and however often renewed, cannot keep dflashctl out. */
-    unsigned pending = 0, same_host = 0;
-    struct member *oldest = NULL, *oldest_here = NULL;
+     * in all. A newcomer is always taken; the one closed for it is the one waiting longest of its
+     * own address, else of the address with the most waiting (a tie: of all of them). A peer with
+     * the token authenticates at once, so only idle ones are there long, and idle peers from fewer
+     * than TCP_PENDING_MAX addresses, however often renewed, cannot keep dflashctl out. */
+    unsigned pending = 0, same_host = 0, most = 0;
+    struct member *oldest_here = NULL, *victim = NULL;
     size_t hl = host_len(m->peer);
     for (struct member *o = co->members; o; o = o->next) {
         if (o == m || !o->is_tcp || o->role || o->closing)
             continue;
         pending++;
-        if (!oldest || o->connected_ms < oldest->connected_ms)
-            oldest = o;
-        if (host_len(o->peer) == hl && !memcmp(o->peer, m->peer, hl)) {
+        size_t ol = host_len(o->peer);
+        if (ol == hl && !memcmp(o->peer, m->peer, hl)) {
             same_host++;
             if (!oldest_here || o->connected_ms < oldest_here->connected_ms)
                 oldest_here = o;
+        }
+        unsigned n = 0;         /* waiting from o's address, the newcomer included */
+        for (struct member *q = co->members; q; q = q->next)
+            n += q->is_tcp && !q->role && !q->closing && host_len(q->peer) == ol && !memcmp(q->peer, o->peer, ol);
+        if (n > most || (n == most && o->connected_ms < victim->connected_ms)) {
+            most = n;
+            victim = o;
         }
     }
     if (same_host >= TCP_PENDING_PER_HOST)
         coord_refuse(oldest_here, -EBUSY, "%d TCP connections from one address waiting to authenticate: the one "
                      "waiting longest is closed", TCP_PENDING_PER_HOST);
     else if (pending >= TCP_PENDING_MAX)
-        coord_refuse(oldest, -EBUSY, "%d TCP connections waiting to authenticate: the one waiting longest is closed",
-                     TCP_PENDING_MAX);
+        coord_refuse(victim, -EBUSY, "%d TCP connections waiting to authenticate: the one waiting longest of the "
+                     "address with the most is closed", TCP_PENDING_MAX);
     log_debug("TCP connection from %s (peer %llu)", m->peer, (unsigned long long)m->id);
     uv_tcp_nodelay(&m->tcp, 1);
     uv_tcp_keepalive(&m->tcp, 1, 60);
