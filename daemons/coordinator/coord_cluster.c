@@ -2154,8 +2154,14 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
             return -DF_ELAYOUT;
         }
     }
-    for (struct batch *b = co->leased; b; b = b->lnext)
-        b->consumed_early = ledger_untrained_has(co->ledger, b->row.id, b->row.leases) == 1;
+    for (struct batch *b = co->leased; b; b = b->lnext) {
+        if ((r = ledger_untrained_has(co->ledger, b->row.id, b->row.leases)) < 0) {
+            snprintf(err, errlen, "%s: reading the hand-backs of batch %" PRIu64 ": %s", co->ledger_path, b->row.id,
+                     strerror(-r));
+            return r;
+        }
+        b->consumed_early = r == 1;
+    }
     /* The drafter group's lineage, each key read once (a missing key leaves its default). A
      * read that fails would silently restart the lineage: the start fails instead. */
     uint64_t active = 0;
@@ -2195,10 +2201,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
             log_notice("the run is complete: drafter group generation %" PRIu64 " ends with it", co->grp.gen);
             coord_group_close(co);
         }
-        co->recovering = true;
-        co->recovery_until_ms = mono_ms() + (uint64_t)cfg->coordinator.recovery_ms;
-        for (uint32_t k = 0; co->grp.active && k < co->grp.world; k++)
-            co->grp.rank_deadline_ms[k] = co->recovery_until_ms;
+        co->recovering = true;      /* the window opens with the socket and the ring: coord_ring_reconcile */
         log_notice("resuming from %s: %" PRIu64 " batches (%" PRIu64 " done, %" PRIu64 " leased, %" PRIu64
                    " published, %" PRIu64 " trained), group generation %" PRIu64 ", checkpoint %s", co->ledger_path,
                    lc.rows, co->counts[BATCH_CHECKPOINTED], co->counts[BATCH_LEASED], co->counts[BATCH_PUBLISHED],
@@ -2211,6 +2214,13 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
  * batches whose PUBLISHED never arrived. Leases of dead owners go back now. */
 void coord_ring_reconcile(struct coord *co)
 {
+    if (co->recovering) {
+        /* The daemons' time to come back counts from here, with the socket bound and the ring
+         * open, not from the ledger's reading (the ring's open may wait a second). */
+        co->recovery_until_ms = mono_ms() + (uint64_t)co->cfg->coordinator.recovery_ms;
+        for (uint32_t k = 0; co->grp.active && k < co->grp.world; k++)
+            co->grp.rank_deadline_ms[k] = co->recovery_until_ms;
+    }
     const struct ring_slot_stat *s = co->ring_created ? NULL : slot_snapshot(co);
     uint64_t adopted = 0, lost = 0, dead = 0;
     for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)

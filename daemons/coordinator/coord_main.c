@@ -249,7 +249,7 @@ int main(int argc, char **argv)
     daemon_watchdog(&co->d);    /* start time; the dataset's hash ticks for more as it goes (progress.h) */
     struct stat lst;
     bool have_ledger = stat(co->ledger_path, &lst) == 0;
-    bool ledger_new = !have_ledger && errno == ENOENT, ready = false;
+    bool ledger_new = !have_ledger && errno == ENOENT, ready = false, settled = false;
     if (have_ledger && S_ISREG(lst.st_mode) && lst.st_size == 0)
         log_warn(0, "%s is there but empty (0 bytes): a new run starts in it (a run's ledger is never empty: if one "
                  "was there, it was cut; its checkpoints will not be taken up)", co->ledger_path);
@@ -326,6 +326,7 @@ int main(int argc, char **argv)
     if (clean) {
         coord_ring_settle(co);
         finalize_ledger(co);
+        settled = true;
     }
     co->exit_code = co->state == PROTO_STATE_FAILED ? DAEMON_EX_CONFIG : DAEMON_EX_OK;
     log_notice("exiting: %s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
@@ -339,6 +340,13 @@ int main(int argc, char **argv)
     }
 out:
     coord_server_close(co);
+    if (settled) {
+        /* what closing the members found (a daemon watched since it left, dead now: an error);
+         * not after an exit on an error: the leases of daemons that will come back stay theirs */
+        char cerr[512];
+        if (ledger_commit(co->ledger, cerr, sizeof cerr) < 0)
+            log_error(0, "the errors found while closing are not in the ledger: %s", cerr);
+    }
     uv_walk(co->loop, close_walk, NULL);
     uv_run(co->loop, UV_RUN_DEFAULT);
     uv_loop_close(co->loop);
