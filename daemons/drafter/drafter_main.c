@@ -1983,7 +1983,11 @@ out:
         nccl_coll_abort(f->nccl, -DF_EDEAD);
     nccl_coll_close(f->nccl);
     f->nccl = NULL;
-    feed_free(f->feed);     /* staged slots still held go back to READY */
+    /* Staged slots still held go back to READY; a batch whose slot was released already (its copy
+     * done) but that no step trained (a step that failed) is handed back, queued again at once. */
+    if (f->feed)
+        feed_drop_all(f->feed, hand_back, f->cl);
+    feed_free(f->feed);
     f->feed = NULL;
     if (f->gpu_done)
         cudaEventDestroy(f->gpu_done);

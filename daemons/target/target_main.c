@@ -382,19 +382,21 @@ static int poll_pipe(struct tgt *t)
 
 /* Waits for the batches still in the pipeline by polling, as the loop does, never in a blocking
  * event wait: a GPU that hangs now is caught by gpu_hang_check (a stop must not wait for it for
- * ever). serve: the socket is served meanwhile (heartbeats, revokes); on the error path only the
- * watchdog is fed. Ends early on a pipeline error (target_pipe_free finishes the rest: failed
- * events do not block). */
+ * ever). Every batch is waited for, also after an error (a failed event completes at once; a
+ * batch whose callback cannot publish aborts its slot). serve: the socket is served meanwhile
+ * (heartbeats, revokes) until it fails; else only the watchdog is fed. */
 static int finish_pipe(struct tgt *t, bool serve)
 {
     int r = 0;
-    while (t->pipe && target_pipe_pending(t->pipe) > 0 && (r = poll_pipe(t)) == 0 &&
-           target_pipe_pending(t->pipe) > 0) {
-        if (!serve) {
+    while (t->pipe && target_pipe_pending(t->pipe) > 0) {
+        poll_pipe(t);
+        if (target_pipe_pending(t->pipe) == 0)
+            break;
+        if (serve && r == 0) {
+            r = pump(t, 1);
+        } else {
             daemon_watchdog(&t->d);
             usleep(1000);
-        } else if ((r = pump(t, 1)) < 0) {
-            return r;
         }
     }
     return r < 0 ? r : t->pipe_error;
@@ -798,7 +800,8 @@ int main(int argc, char **argv)
     if (t->backend == TARGET_BACKEND_CUDA) {
         /* Pinned: the capture copies go straight into the slot at PCIe speed. */
         if ((r = target_cuda_host_register(ring_base(t->ring), ring_map_size(t->ring), err, sizeof err)) < 0)
-            log_warn(r, "%s: copies into the ring stay pageable (slower)", err);
+            log_warn(r, "%s: copies into the ring stay pageable (slower, and synchronous: a GPU that hangs holds the "
+                     "loop in the copy, past target.gpu_timeout_ms; the watchdog ends it)", err);
         else
             t->ring_pinned = 1;
         /* Forward of batch k+1 overlapping the copies of batch k into its slot. */
