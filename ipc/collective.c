@@ -310,27 +310,11 @@ static bool maker_alive(struct coll_hdr *h)
     return owner ? proc_token_alive(owner) == 1 : h->creator_pid > 0 && kill(h->creator_pid, 0) == 0;
 }
 
-/* Rank 0: a fresh object for this generation (any older one under the name is replaced;
- * peers of the old generation keep their own, now nameless, object). */
+/* Rank 0: a fresh object for this generation, under the generation's own name (one there is
+ * an earlier run's of the same number, or one this generation's rank 0 left by dying: replaced). */
 static int create_object(struct coll *c, const char *name, uint64_t gen, unsigned mode, int *fd_out,
                          char *err, size_t errlen)
 {
-    /* A rank 0 late for its generation must not take the name from a newer one (whose peers,
-     * not yet joined, would then never find it): it stays out instead. */
-    int old = fileio_shm_open(name, O_RDONLY, NULL);    /* (not a file: replaced below) */
-    if (old >= 0) {
-        struct coll_hdr hdr;
-        memset(&hdr, 0, sizeof hdr);
-        ssize_t got = pread(old, &hdr, sizeof hdr, 0);
-        close(old);
-        /* (one of a run before, its rank 0 gone, is stale whatever its number: replaced) */
-        if (got == (ssize_t)sizeof hdr && atomic_load(&hdr.magic) == COLL_MAGIC && hdr.generation > gen &&
-            maker_alive(&hdr)) {
-            snprintf(err, errlen, "collective %s: generation %llu is there already: generation %llu is over", name,
-                     (unsigned long long)hdr.generation, (unsigned long long)gen);
-            return -ECANCELED;
-        }
-    }
     shm_unlink(name);
     int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode ? mode : 0600);
     if (fd < 0) {
@@ -471,21 +455,52 @@ static void unlink_if_ours(const char *name, int fd)
         close(nfd);
 }
 
-int coll_open(struct coll **out, const char *name, int rank, int world, int timeout_ms,
+int coll_object_name(const char *name, uint64_t gen, char *out, size_t len)
+{
+    int n = snprintf(out, len, "%s-%llu", name, (unsigned long long)gen);
+    return n < 0 || (size_t)n >= len || n > NAME_MAX ? -ENAMETOOLONG : 0;
+}
+
+/* The object of generation gen - 1, left named by a rank 0 that died while it formed (a rank 0
+ * that lives is late for it, and removes it itself): removed by the next generation's rank 0. */
+static void remove_left_behind(const char *group, uint64_t gen)
+{
+    char name[NAME_MAX + 2];
+    if (gen < 2 || coll_object_name(group, gen - 1, name, sizeof name) < 0)
+        return;
+    int fd = fileio_shm_open(name, O_RDONLY, NULL);
+    if (fd < 0)
+        return;
+    struct coll_hdr hdr;
+    memset(&hdr, 0, sizeof hdr);
+    ssize_t got = pread(fd, &hdr, sizeof hdr, 0);
+    if (got == (ssize_t)sizeof hdr && atomic_load(&hdr.magic) == COLL_MAGIC && hdr.generation == gen - 1 &&
+        !maker_alive(&hdr))
+        unlink_if_ours(name, fd);
+    close(fd);
+}
+
+int coll_open(struct coll **out, const char *group, int rank, int world, int timeout_ms,
               const struct coll_opts *opts, char *err, size_t errlen)
 {
     *out = NULL;
-    if (!name || name[0] != '/' || strchr(name + 1, '/') || strlen(name) > NAME_MAX) {
-        snprintf(err, errlen, "collective '%s': bad shm name", name ? name : "(null)");
+    if (!group || group[0] != '/' || strchr(group + 1, '/') || strlen(group) > NAME_MAX) {
+        snprintf(err, errlen, "collective '%s': bad shm name", group ? group : "(null)");
         return -EINVAL;
     }
     if (world < 1 || world > COLL_MAX_WORLD || rank < 0 || rank >= world) {
-        snprintf(err, errlen, "collective %s: rank %d / world %d out of range (world 1..%d)", name, rank, world,
+        snprintf(err, errlen, "collective %s: rank %d / world %d out of range (world 1..%d)", group, rank, world,
                  COLL_MAX_WORLD);
         return -DF_ERANGE;
     }
     if (!opts || !opts->generation) {
-        snprintf(err, errlen, "collective %s: a non-zero generation is required", name);
+        snprintf(err, errlen, "collective %s: a non-zero generation is required", group);
+        return -EINVAL;
+    }
+    char name[NAME_MAX + 2];
+    if (coll_object_name(group, opts->generation, name, sizeof name) < 0) {
+        snprintf(err, errlen, "collective '%s': the name of generation %llu is too long", group,
+                 (unsigned long long)opts->generation);
         return -EINVAL;
     }
     if (opts->chunk_floats > COLL_MAX_CHUNK) {
@@ -506,6 +521,8 @@ int coll_open(struct coll **out, const char *name, int rank, int world, int time
         snprintf(err, errlen, "collective %s: own start time: %s", name, strerror(-rc));
         goto fail;
     }
+    if (rank == 0)
+        remove_left_behind(group, opts->generation);
     rc = rank == 0 ? create_object(c, name, opts->generation, opts->mode, &fd, err, errlen)
                    : find_object(c, name, opts->generation, &fd, err, errlen);
     if (rc < 0)

@@ -28,14 +28,18 @@ struct coll_opts {
     void *idle_arg;
 };
 
-/* Join group `name` ("/dflash-x-coll") as `rank` of `world`. Rank 0 (re)creates the shm
- * object for opts->generation; other ranks wait for it (up to timeout_ms) and refuse an
- * object of another generation, world size or version. Returns when every rank has
+/* Join group `name` ("/dflash-x-coll") as `rank` of `world`. The shm object of a generation
+ * has a name of its own, `name`-<generation> (coll_object_name): a rank 0 late for its
+ * generation never touches a newer one's. Rank 0 (re)creates it (it is unlinked once every
+ * rank has it mapped); other ranks wait for it (up to timeout_ms) and refuse an object of
+ * another generation, world size or version. Returns when every rank has
  * joined: 0, -DF_ETIMEOUT (not all joined in time), -EBUSY (rank already taken by a live
  * process), -DF_EVERSION / -DF_ELAYOUT / -DF_EMAGIC (err says why), or -errno.
  * timeout_ms also bounds every later wait of this handle (-1 = no limit). */
 int coll_open(struct coll **out, const char *name, int rank, int world, int timeout_ms,
               const struct coll_opts *opts, char *err, size_t errlen);
+/* The shm name of generation gen's object of group `name`: 0, or -ENAMETOOLONG. */
+int coll_object_name(const char *name, uint64_t gen, char *out, size_t len);
 
 /* In-place float32 sum over all ranks. Every rank gets the bitwise-identical result: each
  * element is summed in rank order 0..world-1 by exactly one rank, and all ranks copy it.

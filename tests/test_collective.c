@@ -13,6 +13,16 @@
 #include "tests/test.h"
 
 static char g_name[64];
+
+/* The shm name of generation gen's object (four calls' names held at once). */
+static const char *obj(uint64_t gen)
+{
+    static char n[4][96];
+    static int k;
+    char *o = n[k++ % 4];
+    CHECK_OK(coll_object_name(g_name, gen, o, sizeof n[0]));
+    return o;
+}
 static int S = 1;       /* test_time_scale(): the timeouts below stretch with slow builds */
 
 static float value(int rank, int iter, size_t i)
@@ -111,7 +121,7 @@ static void test_correct(void)
         p[r] = spawn_rank(r, W, 11, 3);
     for (int r = 0; r < W; r++)
         CHECK_INT(reap(p[r]), ==, 0);
-    CHECK_INT(shm_open(g_name, O_RDONLY, 0), <, 0);   /* nothing left in /dev/shm */
+    CHECK_INT(shm_open(obj(11), O_RDONLY, 0), <, 0);   /* nothing left in /dev/shm */
     /* a world of one is a copy */
     CHECK_INT(reap(spawn_rank(0, 1, 12, 1)), ==, 0);
 }
@@ -182,7 +192,7 @@ static void test_generations(void)
     CHECK_CONTAINS(err, g_name);
     CHECK(strstr(err, "expected 30") || strstr(err, "no such") || strstr(err, "not initialised"));
     CHECK_INT(reap(p0), ==, 0);
-    CHECK_INT(shm_open(g_name, O_RDONLY, 0), <, 0);   /* the failed rank 0 cleaned up */
+    CHECK_INT(shm_open(obj(31), O_RDONLY, 0), <, 0);   /* the failed rank 0 cleaned up */
     /* world size mismatch inside one generation is refused at once */
     p0 = fork();
     if (p0 == 0) {
@@ -207,8 +217,8 @@ static void test_generations(void)
  * used (a data offset far beyond the object; a chunk whose size product wraps around 2^64). */
 static void put_object(uint64_t gen, uint32_t world, uint64_t chunk, uint64_t total, uint64_t data_off, size_t object)
 {
-    shm_unlink(g_name);
-    int fd = shm_open(g_name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    shm_unlink(obj(gen));
+    int fd = shm_open(obj(gen), O_RDWR | O_CREAT | O_EXCL, 0600);
     CHECK(fd >= 0);
     CHECK(ftruncate(fd, (off_t)object) == 0);
     struct { uint64_t magic; uint32_t version, world; uint64_t gen, chunk, total, data_off; } h = {
@@ -232,21 +242,35 @@ static void test_hostile_header(void)
     CHECK(!c);
     /* a well-formed object that others may write (rank 0 makes it 0600) */
     put_object(40, 2, 1, 8192 + 4096, 8192, 8192 + 4096);
-    int fd = shm_open(g_name, O_RDWR, 0);
+    int fd = shm_open(obj(40), O_RDWR, 0);
     CHECK(fd >= 0 && fchmod(fd, 0606) == 0);
     close(fd);
     CHECK_INT(coll_open(&c, g_name, 1, 2, 200, &o, err, sizeof err), ==, -EPERM);
     CHECK_CONTAINS(err, "not to this user alone");
-    /* a rank 0 late for generation 39 leaves generation 40's object (and name) alone while its
-     * maker lives; one whose maker is gone (a run before, same name) is stale and replaced */
-    fd = shm_open(g_name, O_RDWR, 0);
+    /* a rank 0 late for generation 39 has a name of its own: generation 40's object, its maker
+     * alive, stays (one name for all let the late one unlink it before its peers joined) */
+    fd = shm_open(obj(40), O_RDWR, 0);
     int32_t maker = (int32_t)getpid();
     CHECK(fd >= 0 && fchmod(fd, 0600) == 0 && pwrite(fd, &maker, 4, 48) == 4);     /* creator_pid */
     struct coll_opts late = { .generation = 39 };
-    CHECK_INT(coll_open(&c, g_name, 0, 2, 200, &late, err, sizeof err), ==, -ECANCELED);
-    CHECK_CONTAINS(err, "generation 40 is there already");
+    CHECK_INT(coll_open(&c, g_name, 0, 2, 200, &late, err, sizeof err), ==, -DF_ETIMEOUT);   /* its peer never came */
+    CHECK_CONTAINS(err, "not all 2 ranks joined");
+    CHECK_CONTAINS(err, obj(39));
     uint64_t gen_there = 0;
     CHECK(pread(fd, &gen_there, 8, 16) == 8 && gen_there == 40);
+    struct stat st_fd, st_name;
+    CHECK(fstat(fd, &st_fd) == 0);
+    int again = shm_open(obj(40), O_RDONLY, 0);
+    CHECK(again >= 0 && fstat(again, &st_name) == 0 && st_name.st_ino == st_fd.st_ino);
+    close(again);
+    CHECK_INT(shm_open(obj(39), O_RDONLY, 0), <, 0);      /* the late one removed its own */
+    /* generation 41's rank 0 leaves 40's object alone while its maker lives (a late rank 0,
+     * which removes its own); once its maker is gone (it died while 40 formed), it goes */
+    CHECK_INT(coll_open(&c, g_name, 0, 2, 100, &(struct coll_opts){ .generation = 41 }, err, sizeof err), ==,
+              -DF_ETIMEOUT);
+    again = shm_open(obj(40), O_RDONLY, 0);
+    CHECK(again >= 0);
+    close(again);
     pid_t gone = fork();
     if (gone == 0)
         _exit(0);
@@ -254,20 +278,22 @@ static void test_hostile_header(void)
     maker = (int32_t)gone;
     CHECK(pwrite(fd, &maker, 4, 48) == 4);
     close(fd);
-    CHECK_INT(coll_open(&c, g_name, 0, 2, 200, &late, err, sizeof err), ==, -DF_ETIMEOUT);   /* its peer never came */
-    CHECK_CONTAINS(err, "not all 2 ranks joined");
+    CHECK_INT(coll_open(&c, g_name, 0, 2, 100, &(struct coll_opts){ .generation = 41 }, err, sizeof err), ==,
+              -DF_ETIMEOUT);
+    CHECK_INT(shm_open(obj(40), O_RDONLY, 0), <, 0);
     /* an earlier run's object of this generation's number, of another world size, its maker gone
      * (the numbers start again with a new ledger): a rank waits for this run's rank 0 to replace
      * it, it does not fail the run as a config error */
     put_object(40, 4, 1, 5 * 4 + 8192, 8192, 5 * 4 + 8192);
-    fd = shm_open(g_name, O_RDWR, 0);
+    fd = shm_open(obj(40), O_RDWR, 0);
     CHECK(fd >= 0 && pwrite(fd, &maker, 4, 48) == 4);
     close(fd);
     CHECK_INT(coll_open(&c, g_name, 1, 2, 300, &o, err, sizeof err), ==, -DF_ETIMEOUT);
     CHECK_CONTAINS(err, "whose rank 0 is gone");
-    shm_unlink(g_name);
-    printf("ok: a collective object with impossible sizes, or others may write, is refused; a newer one stays; "
-           "a stale one of this generation's number is waited past\n");
+    shm_unlink(obj(40));
+    printf("ok: a collective object with impossible sizes, or others may write, is refused; a newer one stays "
+           "(a late rank 0 has a name of its own); one left by a dead rank 0 goes; a stale one of this "
+           "generation's number is waited past\n");
 }
 
 /* A rank that finds rank 0's object while rank 0 is still sizing it waits for it instead of
@@ -279,7 +305,7 @@ static void test_join_during_create(void)
     char err[256];
     for (int i = 0; i < 20; i++) {
         struct coll_opts o = { .generation = 500 + (uint64_t)i, .chunk_floats = 4u << 20 };
-        shm_unlink(g_name);
+        shm_unlink(obj(o.generation));
         pid_t p = fork();
         CHECK(p >= 0);
         if (p == 0) {
@@ -296,7 +322,6 @@ static void test_join_during_create(void)
         coll_close(c);
         CHECK_INT(reap(p), ==, 0);
     }
-    shm_unlink(g_name);
     printf("ok: a rank joining while rank 0 still sizes a 48 MiB object waits for it (20 rounds)\n");
 }
 
