@@ -92,7 +92,7 @@ const struct cfg_key cfg_keys[] = {
     I(drafter, devices, 1, 1024, "8", "instance index must be below this"),
     I(drafter, debug_nan_step, -1, 1e15, "-1", "debug: make the loss NaN at this step"),
     I(drafter, collective_timeout_ms, 100, 86400000, "120000", "a peer that keeps a collective waiting this long fails the group"),
-    I(drafter, keep_checkpoints, 0, 1 << 20, "3", "newest checkpoints kept on disk (the one written counts); never pruned: the one a restart would load and any newer; 0 = all"),
+    I(drafter, keep_checkpoints, 0, 1 << 20, "3", "newest checkpoints kept on disk (the one written counts); never pruned: the one a restart would load and any newer up to the one written; 0 = all"),
     I(drafter, debug_ckpt_delay_ms, 0, 600000, "0", "debug: a background checkpoint write waits this long first"),
 };
 const size_t cfg_nkeys = sizeof cfg_keys / sizeof cfg_keys[0];

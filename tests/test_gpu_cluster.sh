@@ -204,6 +204,12 @@ phase_hang() {
   cl_wait_exit target0s 60 || true
   [[ $CL_RC == 1 ]] && grep -q "batch $bad on the GPU for [0-9]* s (target.gpu_timeout_ms 5000): the GPU hangs" "$CL_DIR/target0s.log" ||
     fail "a stop while the GPU hangs: exit '$CL_RC': $(tail -3 "$CL_DIR/target0s.log")"
+  # (the stop came first: the hang was caught while the pipeline was being finished)
+  local at_stop at_hang
+  at_stop=$(grep -n "finishing the batch in flight" "$CL_DIR/target0s.log" | head -1 | cut -d: -f1)
+  at_hang=$(grep -n "the GPU hangs; exiting" "$CL_DIR/target0s.log" | head -1 | cut -d: -f1)
+  [[ -n $at_stop && -n $at_hang ]] && ((at_stop < at_hang)) ||
+    fail "a stop while the GPU hangs: the hang was not caught after the stop: $(tail -4 "$CL_DIR/target0s.log")"
   cl_log "stop while hung: exit 1 after the hang check"
   cl_start target0 target-d -c "$CL_INI" -i 0
   for ((i = 0; i < $(cl_scaled 60) * 10; i++)); do

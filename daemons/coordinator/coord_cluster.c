@@ -2157,7 +2157,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     for (struct batch *b = co->leased; b; b = b->lnext) {
         if ((r = ledger_untrained_has(co->ledger, b->row.id, b->row.leases)) < 0) {
             snprintf(err, errlen, "%s: reading the hand-backs of batch %" PRIu64 ": %s", co->ledger_path, b->row.id,
-                     strerror(-r));
+                     ledger_errmsg(co->ledger, r));
             return r;
         }
         b->consumed_early = r == 1;

@@ -482,6 +482,12 @@ static size_t host_len(const char *peer)
     return colon ? (size_t)(colon - peer) : strlen(peer);
 }
 
+/* Whether a connected before b (a tie of the millisecond clock: by member id, given in order). */
+static bool earlier(const struct member *a, const struct member *b)
+{
+    return a->connected_ms != b->connected_ms ? a->connected_ms < b->connected_ms : a->id < b->id;
+}
+
 /* A TCP peer: no credentials to check; AUTH, then HELLO as CTL, within the timeout. */
 static void tcp_accepted(struct coord *co, struct member *m)
 {
@@ -509,13 +515,13 @@ static void tcp_accepted(struct coord *co, struct member *m)
         size_t ol = host_len(o->peer);
         if (ol == hl && !memcmp(o->peer, m->peer, hl)) {
             same_host++;
-            if (!oldest_here || o->connected_ms < oldest_here->connected_ms)
+            if (!oldest_here || earlier(o, oldest_here))
                 oldest_here = o;
         }
         unsigned n = 0;         /* waiting from o's address, the newcomer included */
         for (struct member *q = co->members; q; q = q->next)
             n += q->is_tcp && !q->role && !q->closing && host_len(q->peer) == ol && !memcmp(q->peer, o->peer, ol);
-        if (n > most || (n == most && o->connected_ms < victim->connected_ms)) {
+        if (n > most || (n == most && earlier(o, victim))) {
             most = n;
             victim = o;
         }

@@ -571,7 +571,7 @@ int ledger_untrained_has(struct ledger *l, uint64_t batch, uint32_t lease)
     sqlite3_bind_int64(s, 2, lease);
     int rc = sqlite3_step(s);
     sqlite3_reset(s);
-    return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : -EIO;
+    return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : sql_err(l, rc);
 }
 
 int ledger_train_rollback(struct ledger *l, uint64_t gen, int64_t after_step)

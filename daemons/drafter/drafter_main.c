@@ -622,6 +622,25 @@ static void hand_back(uint64_t batch_id, uint32_t lease, void *cl)
 }
 #endif
 
+#ifdef DFLASH_HAVE_CUDA
+/* Batches this rank consumed and will not train: staged slots not yet released go back to READY;
+ * staged batches whose slot was released, and the batches of steps whose results were never read
+ * (consumed, not reported), are handed back (the coordinator re-queues those it has not re-queued
+ * already). */
+static void hand_back_untrained(struct dft *f)
+{
+    if (f->feed)
+        feed_drop_all(f->feed, hand_back, f->cl);
+    for (int i = 0; i < f->fl_n; i++) {
+        const struct step_rec *rec = &f->fl[(f->fl_head + i) % STEPS_IN_FLIGHT];
+        if (rec->have)
+            client_batch_skipped(f->cl, rec->b.id, rec->b.lease);
+    }
+    f->fl_n = 0;
+    f->fl_head = 0;
+}
+#endif
+
 /* broken: the group failed, so a collective may never complete: abort rather than finish it. */
 static void leave_group_how(struct dft *f, int broken)
 {
@@ -630,19 +649,8 @@ static void leave_group_how(struct dft *f, int broken)
         nccl_coll_abort(f->nccl, -DF_EDEAD);
     nccl_coll_close(f->nccl);
     f->nccl = NULL;
-    /* Staged slots not yet released go back to READY for the next generation; staged batches
-     * whose slot was released and the batches of steps in flight are handed back (the coordinator
-     * re-queues those it has not re-queued already); the next GROUP reloads the weights. */
-    if (f->feed)
-        feed_drop_all(f->feed, hand_back, f->cl);
-    /* Steps whose results were never read: their batches were consumed and not reported. */
-    for (int i = 0; i < f->fl_n; i++) {
-        const struct step_rec *rec = &f->fl[(f->fl_head + i) % STEPS_IN_FLIGHT];
-        if (rec->have)
-            client_batch_skipped(f->cl, rec->b.id, rec->b.lease);
-    }
-    f->fl_n = 0;
-    f->fl_head = 0;
+    /* (the next GROUP reloads the weights) */
+    hand_back_untrained(f);
     if (f->gpu && !broken)
         cudaStreamSynchronize((cudaStream_t)drafter_cuda_stream(f->gpu));
 #endif
@@ -1983,10 +1991,7 @@ out:
         nccl_coll_abort(f->nccl, -DF_EDEAD);
     nccl_coll_close(f->nccl);
     f->nccl = NULL;
-    /* Staged slots still held go back to READY; a batch whose slot was released already (its copy
-     * done) but that no step trained (a step that failed) is handed back, queued again at once. */
-    if (f->feed)
-        feed_drop_all(f->feed, hand_back, f->cl);
+    hand_back_untrained(f);    /* (queued again at once, not by the coordinator's sweep for lost ones) */
     feed_free(f->feed);
     f->feed = NULL;
     if (f->gpu_done)
