@@ -1230,6 +1230,15 @@ static int broken_with(struct dft *f, int have, struct batch_ref b, int code)
     return group_broken(f, code);
 }
 
+/* A fatal error with this rank's consumed batch untrained: handed back before the exit, so it is
+ * queued again at once rather than by the coordinator's sweep for lost batches. */
+static int fatal_with(struct dft *f, int have, struct batch_ref b, int code)
+{
+    if (have)
+        client_batch_skipped(f->cl, b.id, b.lease);
+    return code;
+}
+
 /* FNV-1a over the parameters' 64-bit words (a trailing odd float on its own): equal on every
  * rank of a generation after the same steps, the replicas being bit for bit the same. */
 static uint64_t params_hash(const struct drafter *dr)
@@ -1354,12 +1363,8 @@ static int iterate(struct dft *f)
         t_wait = mono_ns();
         if (r == 0) {
             have = consume_slot(f, slot, &m, &b, &n_seqs, &epoch);
-            if (have < 0) {
-                /* fatal (no memory ...): its slot is released; handed back, it is queued again at
-                 * once rather than by the coordinator's sweep for lost batches */
-                client_batch_skipped(f->cl, b.id, b.lease);
-                return have;
-            }
+            if (have < 0)
+                return fatal_with(f, 1, b, have);   /* (no memory ...: its slot is released) */
         } else if (r != -DF_ETIMEOUT && r != -EINTR) {
             log_error(r, "ring_claim_read");
             return r;
@@ -1420,7 +1425,7 @@ static int iterate(struct dft *f)
             poison(f, info.step + 1);
         } else if (r < 0 && r != -DF_ERANGE) {
             log_error(r, "optimizer step");
-            return r;
+            return fatal_with(f, have, b, r);
         } else {
             /* -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
             uint64_t t2 = mono_ns();
@@ -1698,13 +1703,13 @@ static int iterate_cuda(struct dft *f)
         if (f->nccl && (r = nccl_coll_allreduce_sum(f->nccl, g, n, mv, DRAFTER_METRICS_N, s)) < 0)
             return broken_with(f, have, b, r);
         if (f->fl_n == STEPS_IN_FLIGHT && (r = gpu_results(f, STEPS_IN_FLIGHT - 1, &failed)) < 0)
-            return failed ? broken_with(f, have, b, r) : r;
+            return failed ? broken_with(f, have, b, r) : fatal_with(f, have, b, r);
         if ((r = drafter_cuda_optimizer_step_async(f->gpu, &f->topt)) < 0) {
             log_error(r, "optimizer step");
-            return r;
+            return fatal_with(f, have, b, r);
         }
         if (cudaEventRecord(f->gpu_done, s) != cudaSuccess)
-            return -DF_ECUDA;
+            return fatal_with(f, have, b, -DF_ECUDA);
         int at = (f->fl_head + f->fl_n) % STEPS_IN_FLIGHT;
         struct peer_batch *pb = NULL;
         if (f->coll) {
