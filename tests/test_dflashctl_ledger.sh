@@ -175,6 +175,11 @@ def check(path):
     assert s["epoch"]["per_epoch"] == [{"epoch": e, "batches": n, "checkpointed": c} for e, n, c in epochs], s["epoch"]
     assert s["epoch"]["scheduled"] == len(epochs) and s["epoch"]["done_batches"] == per[4], s["epoch"]
     assert s["epoch"]["run_batches"] == int(m["run_batches"]), s["epoch"]
+    # the run's batches: the scheduled epochs' and epoch 0's for each epoch not scheduled yet (the
+    # estimate run_batches, made when the first group formed, is only the lr horizon)
+    n_ep = int(m["epochs"])
+    want_total = sum(n for _, n, _ in epochs) + (n_ep - len(epochs)) * epochs[0][1]
+    assert s["epoch"]["epochs"] == n_ep and s["epoch"]["total_batches"] == want_total, s["epoch"]
     assert s["last_change_ms"] == sql(path, "SELECT max(updated_ms) FROM batches")[0][0], s["last_change_ms"]
     assert s["group"]["generation"] == int(m["group_gen"]) and s["group"]["checkpoint"] == head, (s["group"], m)
     assert s["group"]["world_size"] == int(m["gen%s_world" % m["group_gen"]]) == 1, s["group"]
@@ -186,6 +191,9 @@ def check(path):
     assert text[0] == "ledger %s (schema %d): run %s, created %s UTC, dataset %s" % (
         path, schema, s["run"], utc(s["created_ms"]), m["dataset"]), text[0]
     assert text[1] == "state: stopped (%s), as its coordinator last recorded it" % m["reason"], text[1]
+    line = "epochs scheduled: %d of %d; the run: %.1f%% (%d of %s%d batches checkpointed)" % (
+        len(epochs), n_ep, 100.0 * per[4] / want_total, per[4], "" if len(epochs) == n_ep else "about ", want_total)
+    assert line in text, (line, text)
     line = "batches of the epochs scheduled: %d: %s; last change %s UTC" % (
         total, ", ".join("%s %d" % (k, per[i]) for i, k in enumerate(states)), utc(s["last_change_ms"]))
     assert line in text, (line, text)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_status_rates.sh: what `dflashctl` shows of the daemons' speed follows what they do now, not
 # what their last batch did. A target whose drafter stopped (SIGSTOP: the ring fills) shows its
-# slot wait growing; a target that stopped itself is shown silent and left out of the targets'
+# slot wait growing, and the training line says the stopped drafter's numbers are as last heard; a target that stopped itself is shown silent and left out of the targets'
 # tokens/s; after a pause every rate falls to 0 within its 10 s window.
 set -u
 cd "$(dirname "$0")/.."
@@ -23,6 +23,12 @@ cl_log "training: target $(cl_json 'targets()[0]["tokens_per_s"]') tok/s, group 
 cl_kill drafter0 STOP
 cl_wait 'targets()[0]["wait_ms"] > 1500' 20 coord ||
   fail "the target's slot wait does not grow with a full ring: $(cl_json 'targets()[0]["wait_ms"]') ms"
+# ... and, silent, the training line says its numbers are as last heard
+cl_wait 'drafters()[0]["silent"] and s["drafter"]["silent"]' 14 coord ||
+  fail "a stopped drafter is not shown silent: $(cl_json '(drafters()[0]["silent"], s["drafter"].get("silent"))')"
+"$CL_BIN/dflashctl" -s "$CL_SOCK" status >"$CL_DIR/status.txt"
+grep -q "^training (as last heard: no drafter heard from lately): step" "$CL_DIR/status.txt" ||
+  fail "dflashctl status shows a stopped drafter's training line as current: $(grep '^training' "$CL_DIR/status.txt")"
 cl_kill drafter0 CONT
 
 # the target stopped: silent (after 5 s here), not in the targets' sum

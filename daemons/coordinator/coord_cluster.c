@@ -2143,6 +2143,11 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
                  lc.epochs_had, co->epochs, lc.epochs_had);
         return -DF_ELAYOUT;
     }
+    /* the run's count of epochs, for the ledger's readers (dflashctl --ledger: the run's batches) */
+    if ((r = ledger_meta_set_u64(co->ledger, "epochs", co->epochs)) < 0) {
+        snprintf(err, errlen, "%s: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
+    }
     for (uint32_t e = 0; e < co->epochs; e++) {
         if (co->ep[e].built && co->ep[e].loaded != co->ep[e].s.n_batches) {
             snprintf(err, errlen, "%s: epoch %u has %u of its %u batches", co->ledger_path, e, co->ep[e].loaded,

@@ -212,21 +212,34 @@ static cJSON *group_json(struct coord *co)
     return o;
 }
 
-/* Metrics of the drafter that is furthest along (rank 0 normally). */
+/* Whether drafter a is the better one to show: one heard from lately first, then one with a rank
+ * in the group, then the furthest along (rank 0 on a tie). */
+static bool better_drafter(struct coord *co, const struct member *a, const struct member *b, uint64_t now)
+{
+    bool as = coord_silent(co, a, now), bs = coord_silent(co, b, now);
+    if (as != bs)
+        return !as;
+    if ((a->rank >= 0) != (b->rank >= 0))
+        return a->rank >= 0;
+    return a->hb.step > b->hb.step || (a->hb.step == b->hb.step && a->rank == 0);
+}
+
+/* Metrics of the drafter that is furthest along (rank 0 normally); "silent": the one shown has not
+ * been heard from lately (its numbers are as last heard). */
 static cJSON *drafter_json(struct coord *co)
 {
     const struct member *best = NULL;
+    uint64_t now = mono_ms();
     for (const struct member *m = co->members; m; m = m->next)
-        if (m->role == PROTO_ROLE_DRAFTER && m->have_hb && !m->closing &&
-            (!best || m->hb.step > best->hb.step || (m->hb.step == best->hb.step && m->rank == 0)))
+        if (m->role == PROTO_ROLE_DRAFTER && m->have_hb && !m->closing && (!best || better_drafter(co, m, best, now)))
             best = m;
     cJSON *o = cJSON_CreateObject();
     if (best) {
         cJSON_AddNumberToObject(o, "rank", best->rank);
+        cJSON_AddBoolToObject(o, "silent", coord_silent(co, best, now));
         add_timings(o, PROTO_ROLE_DRAFTER, &best->hb);
     }
     double tps = 0;
-    uint64_t now = mono_ms();
     for (const struct member *m = co->members; m; m = m->next)     /* (a silent one's rate is stale) */
         if (m->role == PROTO_ROLE_TARGET && !m->closing && !coord_silent(co, m, now))
             tps += m->hb.tokens_per_s;

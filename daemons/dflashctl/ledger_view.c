@@ -177,8 +177,9 @@ static int counts_json(struct view *v, cJSON *o, uint64_t *checkpointed)
     return r;
 }
 
-/* Per scheduled epoch: its batches and how many are checkpointed (the coordinator's "per_epoch"). */
-static int per_epoch_json(struct view *v, cJSON *a, uint64_t *scheduled)
+/* Per scheduled epoch: its batches and how many are checkpointed (the coordinator's "per_epoch");
+ * *batches (optional): the scheduled epochs' batches, *first: epoch 0's. */
+static int per_epoch_json(struct view *v, cJSON *a, uint64_t *scheduled, uint64_t *batches, uint64_t *first)
 {
     char sql[160];
     snprintf(sql, sizeof sql, "SELECT epoch, count(*), sum(state = %d) FROM batches GROUP BY epoch ORDER BY epoch",
@@ -188,17 +189,25 @@ static int per_epoch_json(struct view *v, cJSON *a, uint64_t *scheduled)
     if (r < 0)
         return r;
     int rc;
+    uint64_t sum = 0, e0 = 0;
     *scheduled = 0;
     while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
         cJSON *x = cJSON_CreateObject();
         cJSON_AddNumberToObject(x, "epoch", (double)sqlite3_column_int64(s, 0));
         cJSON_AddNumberToObject(x, "batches", (double)sqlite3_column_int64(s, 1));
+        sum += (uint64_t)sqlite3_column_int64(s, 1);
+        if (sqlite3_column_int64(s, 0) == 0)
+            e0 = (uint64_t)sqlite3_column_int64(s, 1);
         cJSON_AddNumberToObject(x, "checkpointed", (double)sqlite3_column_int64(s, 2));
         cJSON_AddItemToArray(a, x);
         ++*scheduled;
     }
     r = rc == SQLITE_DONE ? 0 : sql_fail(v, rc, "batches");
     sqlite3_finalize(s);
+    if (batches)
+        *batches = sum;
+    if (first)
+        *first = e0;
     return r;
 }
 
@@ -306,7 +315,7 @@ static int batches_doc(struct view *v, cJSON *o, uint32_t limit)
     uint64_t done, scheduled;
     int r = counts_json(v, cJSON_AddObjectToObject(o, "batches"), &done);
     cJSON *ep = cJSON_AddObjectToObject(o, "epoch");
-    if (r < 0 || (r = per_epoch_json(v, cJSON_AddArrayToObject(ep, "per_epoch"), &scheduled)) < 0)
+    if (r < 0 || (r = per_epoch_json(v, cJSON_AddArrayToObject(ep, "per_epoch"), &scheduled, NULL, NULL)) < 0)
         return r;
     add_u64(ep, "scheduled", scheduled);
     cJSON *a = cJSON_AddArrayToObject(o, "recent");
@@ -388,16 +397,24 @@ static int status_doc(struct view *v, const char *path, cJSON *o)
     if ((r = meta_num_json(v, fl, "nan_step", "nan_step", NULL)) < 0)
         return r;
 
-    uint64_t done, scheduled;
+    uint64_t done, scheduled, sum, first, epochs = 0;
     cJSON *ep = cJSON_AddObjectToObject(o, "epoch");
     cJSON *b = cJSON_AddObjectToObject(o, "batches");
-    if ((r = counts_json(v, b, &done)) < 0 || (r = per_epoch_json(v, cJSON_AddArrayToObject(ep, "per_epoch"), &scheduled)) < 0)
+    if ((r = counts_json(v, b, &done)) < 0 ||
+        (r = per_epoch_json(v, cJSON_AddArrayToObject(ep, "per_epoch"), &scheduled, &sum, &first)) < 0)
         return r;
     add_u64(ep, "scheduled", scheduled);
     add_u64(ep, "done_batches", done);
     /* the run's batches as estimated when its first drafter group formed (the lr horizon) */
-    if ((r = meta_num_json(v, ep, "run_batches", "run_batches", NULL)) < 0)
+    if ((r = meta_num_json(v, ep, "run_batches", "run_batches", NULL)) < 0 ||
+        (r = meta_num_json(v, ep, "epochs", "epochs", &epochs)) < 0)
         return r;
+    /* the run's batches as its coordinator counts them: the scheduled epochs', and epoch 0's for
+     * each epoch not scheduled yet (null from a ledger that does not say its epochs) */
+    if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(ep, "epochs")) && epochs >= scheduled)
+        add_u64(ep, "total_batches", sum + (scheduled ? (epochs - scheduled) * first : 0));
+    else
+        cJSON_AddNullToObject(ep, "total_batches");
     int64_t last, have;
     if ((r = scalar2(v, "SELECT coalesce(max(updated_ms), 0), count(*) FROM batches", "batches", &last, &have)) < 0)
         return r;

@@ -113,10 +113,11 @@ void ctl_show_status(FILE *out, const cJSON *s)
     const cJSON *ls = obj(s, "listen");
     fprintf(out, "listening on %s%s%s\n", ctl_str(ls, "socket"), *ctl_str(ls, "tcp") ? " and TCP " : "", ctl_str(ls, "tcp"));
     const cJSON *tm = obj(s, "coordinator");
-    fprintf(out, "coordinator: %.0f ledger commits, last %.2f ms (max %.1f); periodic checks %.2f ms (max %.1f); "
-           "loop held up %.0f times (longest %.0f ms)\n",
-           num(tm, "commits"), num(tm, "commit_ms"), num(tm, "commit_ms_max"), num(tm, "check_ms"),
-           num(tm, "check_ms_max"), num(tm, "stalls"), num(tm, "stall_ms_max"));
+    fprintf(out, "coordinator: %.0f ledger commit%s, last %.2f ms (max %.2f ms); periodic checks %.2f ms (max %.2f ms); "
+           "loop held up %.0f time%s (longest %.0f ms)\n",
+           num(tm, "commits"), num(tm, "commits") == 1 ? "" : "s", num(tm, "commit_ms"), num(tm, "commit_ms_max"),
+           num(tm, "check_ms"), num(tm, "check_ms_max"), num(tm, "stalls"), num(tm, "stalls") == 1 ? "" : "s",
+           num(tm, "stall_ms_max"));
     const cJSON *sp = obj(s, "space");
     if (num(sp, "min_free_mb") > 0 && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(sp, "free_mb")))
         fprintf(out, "space: %.0f MiB free in %s (pauses below %.0f MiB)%s\n", num(sp, "free_mb"), ctl_str(sp, "where"),
@@ -131,13 +132,15 @@ void ctl_show_status(FILE *out, const cJSON *s)
         snprintf(waiting, sizeof waiting, " (%.0f drafter%s waiting to join)", num(g, "drafters_waiting"),
                  num(g, "drafters_waiting") == 1 ? "" : "s");
     fprintf(out, "drafter group: generation %.0f, %s, %.0f/%.0f ranks%s; checkpoint %s (step %.0f)\n", num(g, "generation"),
-           !cJSON_IsTrue(obj(g, "active")) ? "not formed" : !strcmp(ctl_str(s, "state"), "paused") ? "formed, paused"
-                                                                                                 : "running",
+           !cJSON_IsTrue(obj(g, "active")) ? "not formed"
+           : num(g, "ranks_connected") < num(g, "world_size") ? "formed, waiting for its ranks to come back"
+           : !strcmp(ctl_str(s, "state"), "paused") ? "formed, paused" : "running",
            num(g, "ranks_connected"), num(g, "world_size"),
            waiting, *ctl_str(ck, "dir") ? ctl_str(ck, "dir") : "none", num(ck, "step"));
     if (!isnan(num(dr, "step")))
-        fprintf(out, "training: step %.0f, loss %.4g, accuracy %.3f, accept %.2f, grad norm %.3g, lr %.3g, %.0f tok/s;"
-               " targets %.0f tok/s\n", num(dr, "step"), num(dr, "loss"), num(dr, "accuracy"), num(dr, "accept_len"),
+        fprintf(out, "training%s: step %.0f, loss %.4g, accuracy %.3f, accept %.2f, grad norm %.3g, lr %.3g, %.0f tok/s;"
+               " targets %.0f tok/s\n", cJSON_IsTrue(obj(dr, "silent")) ? " (as last heard: no drafter heard from lately)" : "",
+               num(dr, "step"), num(dr, "loss"), num(dr, "accuracy"), num(dr, "accept_len"),
                num(dr, "grad_norm"), num(dr, "lr"), num(dr, "tokens_per_s"), num(dr, "target_tokens_per_s"));
     show_daemon_rows(out, obj(s, "daemons"));
     fprintf(out, "errors: %.0f (%.0f fatal)\n", num(s, "error_count"), num(s, "fatal_count"));
@@ -274,7 +277,13 @@ void ctl_show_ledger_status(FILE *out, const cJSON *s)
     int why = *ctl_str(s, "reason") != 0;
     fprintf(out, "state: %s%s%s%s, as its coordinator last recorded it%s\n", *state ? state : "none recorded",
             why ? " (" : "", ctl_str(s, "reason"), why ? ")" : "", notes);
-    if (cJSON_IsNumber(obj(ep, "run_batches")) && num(ep, "run_batches") > 0)
+    /* the count of a ledger that says its epochs, else the estimate of the first group's forming */
+    if (cJSON_IsNumber(obj(ep, "total_batches")) && num(ep, "total_batches") > 0)
+        fprintf(out, "epochs scheduled: %.0f of %.0f; the run: %.1f%% (%.0f of %s%.0f batches checkpointed)\n",
+                num(ep, "scheduled"), num(ep, "epochs"), 100 * num(ep, "done_batches") / num(ep, "total_batches"),
+                num(ep, "done_batches"), num(ep, "scheduled") == num(ep, "epochs") ? "" : "about ",
+                num(ep, "total_batches"));
+    else if (cJSON_IsNumber(obj(ep, "run_batches")) && num(ep, "run_batches") > 0)
         fprintf(out, "epochs scheduled: %.0f; the run: %.1f%% (%.0f of about %.0f batches checkpointed)\n",
                 num(ep, "scheduled"), 100 * num(ep, "done_batches") / num(ep, "run_batches"), num(ep, "done_batches"),
                 num(ep, "run_batches"));
