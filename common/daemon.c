@@ -240,9 +240,22 @@ int daemon_socket_path(const struct daemon *d, char *buf, size_t len)
 
 void daemon_print_config(const struct daemon *d, FILE *f)
 {
+    char *abs = d->config_path ? realpath(d->config_path, NULL) : NULL;
     fprintf(f, "# %s effective configuration (file %s, %d override%s)\n", d->ident,
-            d->config_path ? d->config_path : "(none)", d->n_overrides, d->n_overrides == 1 ? "" : "s");
-    cfg_print(&d->cfg, f, NULL);
+            abs ? abs : d->config_path ? d->config_path : "(none)", d->n_overrides, d->n_overrides == 1 ? "" : "s");
+    free(abs);
+    const struct dflash_cfg *c = &d->cfg;
+    cfg_print(c, f, NULL);
+    /* the paths an empty key stands for (comments: the lines above read back as the file) */
+    char ledger[CFG_STR_MAX + 80];
+    if (!c->cluster.socket[0])
+        fprintf(f, "# cluster.socket is %s/%s.sock\n", c->cluster.runtime_dir, c->cluster.name);
+    if (!c->coordinator.ledger[0] && cfg_ledger_path(c, ledger, sizeof ledger) == 0)
+        fprintf(f, "# coordinator.ledger is %s\n", ledger);
+    if (!c->drafter.checkpoint_dir[0])
+        fprintf(f, "# drafter.checkpoint_dir is %s/checkpoints\n", c->cluster.state_dir);
+    if (!c->drafter.metrics_path[0])
+        fprintf(f, "# drafter.metrics_path is %s/metrics-rank<N>.jsonl (N: the drafter's rank)\n", c->cluster.state_dir);
     fflush(f);
 }
 

@@ -61,7 +61,17 @@ for d in "coordinator-d" "target-d -i 1" "drafter-d -i 2"; do
   bin=$1; shift
   "$CL_BIN/$bin" -c "$CL_INI" "$@" -o target.prefetch=3 -t >"$T/print.txt" 2>&1 || fail "$bin -t: $(cat "$T/print.txt")"
   check_print "$T/print.txt" target.prefetch=3 || fail "$bin printed config"
+  # the paths the empty keys stand for, under the printed keys
+  grep -qx "# coordinator.ledger is $CL_DIR/state/$CL_NAME-ledger.db" "$T/print.txt" &&
+    grep -qx "# cluster.socket is $CL_DIR/run/$CL_NAME.sock" "$T/print.txt" &&
+    grep -qx "# drafter.checkpoint_dir is $CL_DIR/state/checkpoints" "$T/print.txt" ||
+    fail "$bin does not say where the empty path keys lead: $(grep '^#' "$T/print.txt")"
 done
+# the file named absolute, whatever -c was given as
+(cd "$(dirname "$CL_INI")" && "$CL_BIN/coordinator-d" -c "./$(basename "$CL_INI")" -t) >"$T/print.txt" 2>&1 ||
+  fail "coordinator-d -t with a relative -c: $(tail -2 "$T/print.txt")"
+grep -q "^# coordinator-d effective configuration (file $CL_INI, 0 overrides)" "$T/print.txt" ||
+  fail "the printed configuration does not name its file absolute: $(head -1 "$T/print.txt")"
 # At a real start the daemon prints the same (target-d waits for a coordinator meanwhile): stopped
 # once the whole print is there (its "waiting" line is below this run's log level).
 cl_start tgt target-d -c "$CL_INI" -i 0 -o target.prefetch=3
