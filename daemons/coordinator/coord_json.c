@@ -212,15 +212,15 @@ static cJSON *group_json(struct coord *co)
     return o;
 }
 
-/* Whether drafter a is the better one to show: one heard from lately first, then one with a rank
- * in the group, then the furthest along (rank 0 on a tie). */
+/* Whether drafter a is the better one to show: one with a rank in the group first (one waiting to
+ * join has no group numbers), then one heard from lately, then the furthest along (rank 0 on a tie). */
 static bool better_drafter(struct coord *co, const struct member *a, const struct member *b, uint64_t now)
 {
+    if ((a->rank >= 0) != (b->rank >= 0))
+        return a->rank >= 0;
     bool as = coord_silent(co, a, now), bs = coord_silent(co, b, now);
     if (as != bs)
         return !as;
-    if ((a->rank >= 0) != (b->rank >= 0))
-        return a->rank >= 0;
     return a->hb.step > b->hb.step || (a->hb.step == b->hb.step && a->rank == 0);
 }
 
