@@ -702,6 +702,13 @@ int cfg_ledger_path(const struct dflash_cfg *cfg, char *buf, size_t len)
     return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
+int cfg_checkpoint_dir(const struct dflash_cfg *cfg, char *buf, size_t len)
+{
+    int n = cfg->drafter.checkpoint_dir[0] ? snprintf(buf, len, "%s", cfg->drafter.checkpoint_dir)
+                                           : snprintf(buf, len, "%s/checkpoints", cfg->cluster.state_dir);
+    return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
 int cfg_parse_int_list(const char *s, int *out, int max)
 {
     char why[160];

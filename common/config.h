@@ -147,6 +147,9 @@ void cfg_print(const struct dflash_cfg *cfg, FILE *f, const char *section /* NUL
 /* The ledger's file: coordinator.ledger, or <state_dir>/<name>-ledger.db. 0, or -ENAMETOOLONG
  * when it does not fit in len bytes. */
 int cfg_ledger_path(const struct dflash_cfg *cfg, char *buf, size_t len);
+/* The drafters' checkpoint folder: drafter.checkpoint_dir, or <state_dir>/checkpoints. 0, or
+ * -ENAMETOOLONG when it does not fit in len bytes. */
+int cfg_checkpoint_dir(const struct dflash_cfg *cfg, char *buf, size_t len);
 /* Parse a comma list of layer ids (capture_layers) into out[]: decimal ids in [0, 2^20], no empty
  * items, no id twice. Returns the count, -E2BIG for more than max ids, or -EINVAL / -ERANGE. */
 int cfg_parse_int_list(const char *s, int *out, int max);

@@ -247,13 +247,13 @@ void daemon_print_config(const struct daemon *d, FILE *f)
     const struct dflash_cfg *c = &d->cfg;
     cfg_print(c, f, NULL);
     /* the paths an empty key stands for (comments: the lines above read back as the file) */
-    char ledger[CFG_STR_MAX + 80];
-    if (!c->cluster.socket[0])
-        fprintf(f, "# cluster.socket is %s/%s.sock\n", c->cluster.runtime_dir, c->cluster.name);
-    if (!c->coordinator.ledger[0] && cfg_ledger_path(c, ledger, sizeof ledger) == 0)
-        fprintf(f, "# coordinator.ledger is %s\n", ledger);
-    if (!c->drafter.checkpoint_dir[0])
-        fprintf(f, "# drafter.checkpoint_dir is %s/checkpoints\n", c->cluster.state_dir);
+    char path[CFG_STR_MAX + 80];
+    if (!c->cluster.socket[0] && daemon_socket_path(d, path, sizeof path) == 0)
+        fprintf(f, "# cluster.socket is %s\n", path);
+    if (!c->coordinator.ledger[0] && cfg_ledger_path(c, path, sizeof path) == 0)
+        fprintf(f, "# coordinator.ledger is %s\n", path);
+    if (!c->drafter.checkpoint_dir[0] && cfg_checkpoint_dir(c, path, sizeof path) == 0)
+        fprintf(f, "# drafter.checkpoint_dir is %s\n", path);
     if (!c->drafter.metrics_path[0])
         fprintf(f, "# drafter.metrics_path is %s/metrics-rank<N>.jsonl (N: the drafter's rank)\n", c->cluster.state_dir);
     fflush(f);

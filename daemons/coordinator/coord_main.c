@@ -194,10 +194,7 @@ int main(int argc, char **argv)
         snprintf(co->space.ledger_dir, sizeof co->space.ledger_dir, ".");
     else
         slash[slash == co->space.ledger_dir] = 0;   /* "/x.db": "/" */
-    if (cfg->drafter.checkpoint_dir[0])
-        snprintf(co->space.ckpt_dir, sizeof co->space.ckpt_dir, "%s", cfg->drafter.checkpoint_dir);
-    else
-        snprintf(co->space.ckpt_dir, sizeof co->space.ckpt_dir, "%s/checkpoints", cfg->cluster.state_dir);
+    cfg_checkpoint_dir(cfg, co->space.ckpt_dir, sizeof co->space.ckpt_dir);   /* (cut to fit: the drafters refuse it) */
     co->space.free_mb = UINT64_MAX;
     /* The model's config.json and the ring's layout, and (for -t: the start hashes it in full
      * below) the dataset's header: before the ledger exists, so a start that fails on them leaves

@@ -251,10 +251,7 @@ static int check_config(struct dft *f, char *err, size_t errlen)
     if (daemon_socket_path(d, f->sock, sizeof f->sock) < 0)
         return daemon_key_error(d, "cluster", cfg->cluster.socket[0] ? "socket" : "runtime_dir", err, errlen,
                                 "the control socket path is longer than a unix socket address allows");
-    if (cfg->drafter.checkpoint_dir[0])
-        snprintf(f->ckpt_root, sizeof f->ckpt_root, "%s", cfg->drafter.checkpoint_dir);
-    else
-        snprintf(f->ckpt_root, sizeof f->ckpt_root, "%s/checkpoints", cfg->cluster.state_dir);
+    cfg_checkpoint_dir(cfg, f->ckpt_root, sizeof f->ckpt_root);    /* (cut to fit: refused below) */
     /* A checkpoint's path travels in CHECKPOINTED and GROUP. */
     if (strlen(f->ckpt_root) + sizeof "/step-0000000000" > PROTO_PATH_MAX)
         return daemon_key_error(d, cfg->drafter.checkpoint_dir[0] ? "drafter" : "cluster",
