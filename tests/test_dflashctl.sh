@@ -18,6 +18,9 @@ cat > "$T/dflash.ini" <<INI
 name = $name
 runtime_dir = $T
 state_dir = $T
+# (the first drain below waits over TCP)
+tcp_listen = 127.0.0.1:0
+tcp_token_file = $T/tcp.token
 [ring]
 slots = 4
 max_tokens = 512
@@ -35,6 +38,7 @@ path = $T/data.bin
 token_budget = 512
 max_seq_len = 128
 INI
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/tcp.token"; chmod 600 "$T/tcp.token"
 "$B/bin/coordinator-d" -c "$T/dflash.ini" >"$T/coord.log" 2>&1 &
 cpid=$!
 S=$T/$name.sock
@@ -133,7 +137,13 @@ sed 's/^name = .*/name = bad name!/' "$T/dflash.ini" >"$T/badname.ini"
 "$CTL" -c "$T/badname.ini" status 2>"$T/err.txt"; rc=$?
 [[ $rc == 1 ]] && grep -q "badname.ini:[0-9]*: cluster.name" "$T/err.txt" || fail "a bad cluster.name: exit $rc: $(cat "$T/err.txt")"
 
-"$CTL" -s "$S" drain | grep -q "draining\|stopped" || fail "drain"
+# drain --wait over TCP: no stop note to read there, the coordinator's last answer says it ended
+port=$(sed -n 's/.*TCP listener on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$T/coord.log" | head -1)
+[[ -n $port ]] || fail "no TCP listener port in the log"
+"$CTL" --connect "127.0.0.1:$port" --token-file "$T/tcp.token" --wait drain >"$T/out.txt" 2>&1 ||
+  fail "drain --wait over TCP: $(cat "$T/out.txt")"
+grep -q "^drain: the cluster is stopped: drained (drain by dflashctl@127.0.0.1:[0-9]* .*; lineage head: " "$T/out.txt" ||
+  fail "drain --wait over TCP said: $(cat "$T/out.txt")"
 for _ in $(seq 100); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.05; done
 wait "$cpid"; rc=$?; cpid=
 [[ $rc -eq 0 ]] || fail "coordinator exit $rc after drain"
@@ -182,7 +192,15 @@ for _ in $(seq 200); do "$CTL" -s "$S" status >/dev/null 2>&1 && break; sleep 0.
 "$CTL" -s "$S" --json resume >"$T/out.txt"; rc=$?
 [[ $rc == 1 ]] && python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); assert r["ok"] is False and r["state"] == "draining" and "only a paused cluster can resume" in r["error"], r' "$T/out.txt" ||
   fail "a refused resume --json: exit $rc: $(cat "$T/out.txt")"
-"$CTL" -s "$S" stop | grep -q "stop: cluster is stopped" || fail "stop"
+# --json --wait: JSON lines only, the control's answer, then how the cluster ended
+"$CTL" -s "$S" --json --wait stop >"$T/out.txt" || fail "stop --json --wait: $(cat "$T/out.txt")"
+python3 - "$T/out.txt" <<'PY' || fail "stop --json --wait printed: $(cat "$T/out.txt")"
+import json, sys
+docs = [json.loads(l) for l in open(sys.argv[1])]
+assert len(docs) == 2 and docs[0]["ok"] is True, docs
+assert docs[1]["state"] == "stopped" and "stop by dflashctl" in docs[1]["reason"], docs[1]
+assert "checkpoint" in docs[1], docs[1]
+PY
 for _ in $(seq 200); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.05; done
 wait "$cpid"; rc=$?; cpid=
 [[ $rc -eq 0 ]] || fail "coordinator exit $rc after stop"

@@ -131,6 +131,9 @@ struct error_rec {
  * (heartbeats do not count) is closed (each holds a descriptor of the coordinator's). */
 #define COORD_CTL_MAX 64
 #define COORD_CTL_IDLE_MS 60000
+/* After the cluster ends, a dflashctl connected from before the end (a `--wait` polling) gets
+ * this long to ask once more and see how it ended before the coordinator leaves. */
+#define COORD_CTL_LAST_LOOK_MS 1000
 /* Bytes a peer may leave unread (queued in libuv plus held for the next flush) before it is
  * closed; a closed peer's last writes get COORD_CLOSE_GRACE_MS, then its handle is closed. */
 #define COORD_TX_MAX (32u << 20)

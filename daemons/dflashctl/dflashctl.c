@@ -131,19 +131,43 @@ static void shell_word(FILE *f, const char *s)
     fputc('\'', f);
 }
 
+/* The end --wait saw, as one JSON line: {"state", "reason", "checkpoint": {"step", "dir"} or null}. */
+static void print_end_json(const char *state, const char *reason, const cJSON *ck)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "state", state);
+    cJSON_AddStringToObject(o, "reason", reason);
+    if (ck && cJSON_IsObject(ck))
+        cJSON_AddItemToObject(o, "checkpoint", cJSON_Duplicate(ck, 1));
+    else
+        cJSON_AddNullToObject(o, "checkpoint");
+    char *text = cJSON_PrintUnformatted(o);
+    if (text)
+        puts(text);
+    free(text);
+    cJSON_Delete(o);
+}
+
 /* --wait after a drain or stop: poll the status until the cluster is STOPPED or FAILED (the
- * final checkpoint is durable then) or the coordinator is gone; one line says how it ended.
- * 0 stopped, 1 failed or unknown. */
+ * final checkpoint is durable then) or the coordinator is gone; one line says how it ended
+ * (--json: print_end_json's). 0 stopped, 1 failed or unknown. */
 static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
 {
     for (;;) {
         char *json = NULL, err[512];
         int status = 0;
         if (client_query(x->c, PROTO_Q_STATUS, 1, &json, &status, err, sizeof err) < 0) {
-            /* gone: its stop note says how the cluster ended */
+            /* gone: its stop note says how the cluster ended ("STATE: REASON") */
             char why[512];
             if (x->socket && stop_note_read(x->socket, why, sizeof why) == 1) {
-                printf("%s: the cluster ended: %s\n", proto_control_name(cmd), why);
+                if (x->json) {
+                    char *sep = strstr(why, ": ");
+                    if (sep)
+                        *sep = '\0';
+                    print_end_json(why, sep ? sep + 2 : "", NULL);
+                } else {
+                    printf("%s: the cluster ended: %s\n", proto_control_name(cmd), why);
+                }
                 return strncmp(why, "stopped", 7) ? EX_FAIL : EX_OK;
             }
             fprintf(stderr, "dflashctl: %s: the coordinator went away before the cluster ended (%s)\n",
@@ -156,7 +180,10 @@ static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
         if (!strcmp(state, "stopped") || !strcmp(state, "failed")) {
             const cJSON *ck = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(doc, "group"), "checkpoint");
             const cJSON *step = cJSON_GetObjectItemCaseSensitive(ck, "step");
-            printf("%s: the cluster is %s%s%s; lineage head: step %.0f %s\n", proto_control_name(cmd), state,
+            if (x->json)
+                print_end_json(state, ctl_str(doc, "reason"), ck);
+            else
+                printf("%s: the cluster is %s%s%s; lineage head: step %.0f %s\n", proto_control_name(cmd), state,
                    *ctl_str(doc, "reason") ? ": " : "", ctl_str(doc, "reason"), cJSON_IsNumber(step) ? step->valuedouble : 0,
                    *ctl_str(ck, "dir") ? ctl_str(ck, "dir") : "(none)");
             int rc = strcmp(state, "stopped") ? EX_FAIL : EX_OK;
