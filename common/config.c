@@ -270,6 +270,10 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
     case CFG_INT: {
         errno = 0;
         long long v = strtoll(val, &end, 10);     /* base 10: "010" is ten, not eight */
+        if (errno == ERANGE && end != val && !*end) {
+            snprintf(err, errlen, "%s out of range [%.0f, %.0f]", val, k->min, k->max);
+            return -ERANGE;
+        }
         if (errno || end == val || *end) {
             snprintf(err, errlen, "not an integer: '%s'", val);
             return -EINVAL;
@@ -314,6 +318,13 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
         if (strlen(val) >= (size_t)k->max) {
             snprintf(err, errlen, "longer than %.0f bytes", k->max - 1);
             return -ERANGE;
+        }
+        /* the ini syntax has no quotes: a quoted value would keep them, a quoted path become
+         * a relative one */
+        size_t vl = strlen(val);
+        if (vl >= 2 && (val[0] == '"' || val[0] == '\'') && val[vl - 1] == val[0]) {
+            snprintf(err, errlen, "%s: in quotes: write the value without them (they would be part of it)", val);
+            return -EINVAL;
         }
         /* paths and names reach logs, the protocol and dflashctl's terminal: none needs one */
         long at = cfg_control_char(val);
@@ -654,21 +665,28 @@ int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t er
         return -EINVAL;
     }
     *eq = *dot = 0;
-    const struct cfg_key *k = cfg_find(buf, dot + 1);
+    /* "key = value" as in the file: the blanks around the key and the value are not theirs */
+    char *key = dot + 1, *val = eq + 1;
+    for (char *e = eq; e > key && (e[-1] == ' ' || e[-1] == '\t');)
+        *--e = 0;
+    val += strspn(val, " \t");
+    for (char *e = val + strlen(val); e > val && (e[-1] == ' ' || e[-1] == '\t');)
+        *--e = 0;
+    const struct cfg_key *k = cfg_find(buf, key);
     if (!k) {
-        snprintf(err, errlen, "override %s.%s: unknown key", buf, dot + 1);
+        snprintf(err, errlen, "override %s.%s: %s", buf, key, section_known(buf) ? "unknown key" : "unknown section");
         return -EINVAL;
     }
     char cwd[CFG_STR_MAX];
-    bool relative = k->path && eq[1] && eq[1] != '/';   /* only then is the current folder asked */
+    bool relative = k->path && val[0] && val[0] != '/';   /* only then is the current folder asked */
     if (relative && !getcwd(cwd, sizeof cwd)) {
         int e = errno;
-        snprintf(err, errlen, "override %s.%s: the current folder: %s", buf, dot + 1, strerror(e));
+        snprintf(err, errlen, "override %s.%s: the current folder: %s", buf, key, strerror(e));
         return -e;
     }
-    int r = cfg_store(cfg, k, eq + 1, relative ? cwd : NULL, why, sizeof why);
+    int r = cfg_store(cfg, k, val, relative ? cwd : NULL, why, sizeof why);
     if (r < 0)
-        snprintf(err, errlen, "override %s.%s: %s", buf, dot + 1, why);
+        snprintf(err, errlen, "override %s.%s: %s", buf, key, why);
     return r;
 }
 

@@ -197,7 +197,7 @@ int daemon_key_line(const struct daemon *d, const char *section, const char *key
             continue;
         *eq = 0;
         if (!strcmp(cur, section) && !strcmp(trim(s), key))
-            found = lineno; /* the last assignment wins, as in the loader */
+            found = lineno; /* the last one (the loader refuses a key set twice) */
     }
     free(line);
     return found;

@@ -190,6 +190,8 @@ int net_connect(const char *spec, int timeout_ms, char *err, size_t errlen)
             break;
     }
     freeaddrinfo(res);
+    if (r < 0 && !strcmp(spec, where))    /* a numeric address: no need to say it twice */
+        FAIL(r, "cannot connect to %s: %s", spec, strerror(-r));
     if (r < 0)
         FAIL(r, "cannot connect to %s (%s): %s", spec, where, strerror(-r));
     return r;

@@ -115,6 +115,12 @@ int main(void)
     CHECK_INT(cfg.ring.slots, ==, 32);
     CHECK(cfg_set(&cfg, "ring.nope=1", err, sizeof err) < 0);
     CHECK_CONTAINS(err, "unknown key");
+    CHECK(cfg_set(&cfg, "nope.x=1", err, sizeof err) < 0);
+    CHECK_STR(err, "override nope.x: unknown section");
+    CHECK_OK(cfg_set(&cfg, "ring.slots = 12 ", err, sizeof err));     /* blanks as in the file */
+    CHECK_INT(cfg.ring.slots, ==, 12);
+    CHECK(cfg_set(&cfg, "cluster.runtime_dir=\"/run/x\"", err, sizeof err) < 0);
+    CHECK_STR(err, "override cluster.runtime_dir: \"/run/x\": in quotes: write the value without them (they would be part of it)");
 
     expect_error("[ring]\nslots = 8\nbogus = 1\n", ":3: ring.bogus: unknown key");
     expect_error("[nosuch]\nx = 1\n", ":1: [nosuch]: unknown section");
@@ -124,6 +130,9 @@ int main(void)
     expect_error("slots = 3\n[ring]\n", ":1: slots: a key outside any [section]");
     expect_error("[ring]\n\nslots = eight\n", ":3: ring.slots: not an integer");
     expect_error("[ring]\nslots = 1\n", ":2: ring.slots: 1 out of range");
+    expect_error("[ring]\nslots = 99999999999999999999\n", ":2: ring.slots: 99999999999999999999 out of range [");
+    expect_error("[cluster]\nruntime_dir = \"/run/x\"\n", ":2: cluster.runtime_dir: \"/run/x\": in quotes: write the value");
+    expect_error("[model]\npath = '/m'\n", ":2: model.path: '/m': in quotes");
     expect_error("[drafter]\ngamma = -2\n", "drafter.gamma: -2 out of range");
     expect_error("[drafter]\nbeta2 = 1\n", "drafter.beta2: 1 out of range");     /* bias correction 1 - 1^t = 0 */
     expect_error("[drafter]\nadam_eps = 0\n", "drafter.adam_eps: 0 out of range");
