@@ -259,6 +259,30 @@ void daemon_print_config(const struct daemon *d, FILE *f)
     fflush(f);
 }
 
+void daemon_print_resolved(const char *key, const char *fmt, ...)
+{
+    printf("# %s is ", key);
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+void daemon_print_capture_ids(const struct daemon *d, const int *ids, int n, int target_layers)
+{
+    if (d->cfg.model.capture_layers[0])
+        return;
+    char list[1024] = "";
+    size_t at = 0;
+    for (int i = 0; i < n && at < sizeof list; i++)
+        at += (size_t)snprintf(list + at, sizeof list - at, "%s%d", i ? "," : "", ids[i]);
+    daemon_print_resolved("model.capture_layers", "%s (the DFlash default for %lld drafter layer%s over %d target "
+                          "layers)", list, (long long)d->cfg.model.draft_layers, d->cfg.model.draft_layers == 1 ? "" : "s",
+                          target_layers);
+}
+
 static void on_stop_signal(int sig)
 {
     g_last_signal = sig;

@@ -64,6 +64,11 @@ int daemon_socket_path(const struct daemon *d, char *buf, size_t len);
 
 /* Print the effective configuration: a header line then every key as "section.key = value". */
 void daemon_print_config(const struct daemon *d, FILE *f);
+/* After the daemon's own checks: one comment line "# section.key is VALUE" under the printed
+ * configuration, for a key whose printed value stands for another (0, -1, empty: automatic). */
+void daemon_print_resolved(const char *key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same for model.capture_layers when it is empty (the DFlash default): the ids in use. */
+void daemon_print_capture_ids(const struct daemon *d, const int *ids, int n, int target_layers);
 /* The start every daemon shares: parse arguments, set up logging, load the config, apply
  * cluster.log_level, print the effective config to stdout. Returns -1 to go on, else the
  * exit code for main (DAEMON_EX_OK after -h, _USAGE, _CONFIG) with the reason in err

@@ -67,6 +67,22 @@ for d in "coordinator-d" "target-d -i 1" "drafter-d -i 2"; do
     grep -qx "# drafter.checkpoint_dir is $CL_DIR/state/checkpoints" "$T/print.txt" ||
     fail "$bin does not say where the empty path keys lead: $(grep '^#' "$T/print.txt")"
 done
+# what the automatic keys came to, under the printed keys (the test model: 4 layers, hidden 64,
+# 4/2 heads of 16, intermediate 128, vocabulary 256)
+"$CL_BIN/coordinator-d" -c "$CL_INI" -t -o model.capture_layers= >"$T/print.txt" 2>&1 || fail "coordinator-d -t: $(tail -2 "$T/print.txt")"
+grep -qx "# coordinator.ring_hidden is 64 (the hidden_size of $CL_DIR/model/config.json)" "$T/print.txt" &&
+  grep -qx "# model.capture_layers is 2 (the DFlash default for 1 drafter layer over 4 target layers)" "$T/print.txt" ||
+  fail "coordinator-d does not say what its automatic keys came to: $(grep '^#' "$T/print.txt")"
+"$CL_BIN/target-d" -c "$CL_INI" -i 0 -t >"$T/print.txt" 2>&1 || fail "target-d -t: $(tail -2 "$T/print.txt")"
+grep -q "^# model.capture_layers is" "$T/print.txt" && fail "target-d resolves a capture_layers the file sets"
+grep -qx "# in effect here as the coordinator sends them: data.path, data.max_seq_len, coordinator.heartbeat_ms" "$T/print.txt" ||
+  fail "target-d does not say which keys are the coordinator's: $(grep '^#' "$T/print.txt")"
+"$CL_BIN/drafter-d" -c "$CL_INI" -i 0 -t -o drafter.num_kv_heads=1 >"$T/print.txt" 2>&1 || fail "drafter-d -t: $(tail -2 "$T/print.txt")"
+for l in "drafter.num_heads is 4 (the target's)" "drafter.head_dim is 16 (the target's)" \
+         "drafter.intermediate_size is 128 (the target's)" "drafter.mask_token_id is 255 (the last vocabulary id)"; do
+  grep -qxF "# $l" "$T/print.txt" || fail "drafter-d does not say '$l': $(grep '^#' "$T/print.txt")"
+done
+grep -q "^# drafter.num_kv_heads is" "$T/print.txt" && fail "drafter-d resolves a num_kv_heads that is set"
 # the file named absolute, whatever -c was given as
 (cd "$(dirname "$CL_INI")" && "$CL_BIN/coordinator-d" -c "./$(basename "$CL_INI")" -t) >"$T/print.txt" 2>&1 ||
   fail "coordinator-d -t with a relative -c: $(tail -2 "$T/print.txt")"

@@ -60,6 +60,10 @@ int coord_ring_layout(struct coord *co, char *err, size_t errlen)
     lay->n_layers = (uint32_t)n;
     for (int i = 0; i < n; i++)
         lay->layer_ids[i] = (uint32_t)ids[i];
+    if (!cfg->coordinator.ring_hidden)
+        daemon_print_resolved("coordinator.ring_hidden", "%d (the hidden_size of %s/config.json)", hidden,
+                              cfg->model.path);
+    daemon_print_capture_ids(d, ids, n, n_layers);
     lay->dtype = RING_DTYPE_BF16;
     lay->max_tokens = (uint32_t)cfg->ring.max_tokens;
     lay->max_seqs = (uint32_t)cfg->ring.max_seqs;

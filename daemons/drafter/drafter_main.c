@@ -205,6 +205,30 @@ static int shape_error(struct daemon *d, const char *why, char *err, size_t errl
     return daemon_key_error(d, "model", "path", err, errlen, "%s/config.json: drafter shape: %s", c->model.path, why);
 }
 
+/* What the automatic keys came to (comments under the printed configuration). */
+static void print_resolved(const struct dft *f)
+{
+    const struct cfg_drafter *c = &f->cfg->drafter;
+    daemon_print_capture_ids(&f->d, f->ids, f->n_ids, f->hf.num_layers);
+    const struct { const char *key; int64_t set; int value; } shape[] = {
+        { "drafter.num_heads", c->num_heads, f->dc.num_heads },
+        { "drafter.num_kv_heads", c->num_kv_heads, f->dc.num_kv_heads },
+        { "drafter.head_dim", c->head_dim, f->dc.head_dim },
+        { "drafter.intermediate_size", c->intermediate_size, f->dc.intermediate_size },
+    };
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
+        if (!shape[i].set)
+            daemon_print_resolved(shape[i].key, "%d (the target's)", shape[i].value);
+    if (c->mask_token_id < 0)
+        daemon_print_resolved("drafter.mask_token_id", "%d (the last vocabulary id)", f->dc.mask_token_id);
+    if (!c->total_steps)
+        daemon_print_resolved("drafter.total_steps", "the run's batches / the group's size, rounded up (known when "
+                              "the group forms)");
+    printf("# in effect here as the coordinator sends them: coordinator.heartbeat_ms, drafter.world_size (the group's "
+           "size)\n");
+    fflush(stdout);
+}
+
 static int check_config(struct dft *f, char *err, size_t errlen)
 {
     const struct dflash_cfg *cfg = f->cfg;
@@ -248,6 +272,7 @@ static int check_config(struct dft *f, char *err, size_t errlen)
         r = drafter_config_validate(&f->dc, why, sizeof why);
     if (r < 0)
         return shape_error(d, why, err, errlen);
+    print_resolved(f);
     if (daemon_socket_path(d, f->sock, sizeof f->sock) < 0)
         return daemon_key_error(d, "cluster", cfg->cluster.socket[0] ? "socket" : "runtime_dir", err, errlen,
                                 "the control socket path is longer than a unix socket address allows");
