@@ -218,15 +218,21 @@ timeout 60 "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o model.path="$T/model-nan" >"$
 rc=$?
 [[ $rc == 78 ]] && grep -q "model-nan/model.safetensors: tensor 'model.layers.1.mlp.down_proj.weight': element 3 is NaN or infinite" "$T/o.out" ||
   fail "NaN weights: exit $rc: $(tail -1 "$T/o.out")"
-# A cluster.group that names no group (looked up at a real start, when the socket is made).
+# A cluster.group that names no group: refused by -t, and by a start before it makes a ledger.
 ledger=$CL_DIR/state/$CL_NAME-ledger.db
 rm -f "$ledger"
-timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.group=dflash-no-such-group >"$T/g.out" 2>&1
-rc=$?
-[[ $rc == 78 ]] && grep -q "cluster.group: no such group 'dflash-no-such-group'" "$T/g.out" ||
-  fail "unknown cluster.group: exit $rc: $(tail -2 "$T/g.out")"
-# (that start read the dataset first: samples cut to data.max_seq_len are counted in its log)
-timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.group=dflash-no-such-group -o data.max_seq_len=16 >"$T/g.out" 2>&1
+sed '/^\[cluster\]$/a group = dflash-no-such-group' "$CL_INI" >"$T/group.ini"
+l=$(grep -n "^group = dflash-no-such-group" "$T/group.ini" | cut -d: -f1)
+for t in -t ""; do
+  timeout 60 "$CL_BIN/coordinator-d" -c "$T/group.ini" $t >"$T/g.out" 2>&1
+  rc=$?
+  [[ $rc == 78 ]] && grep -q "$T/group.ini:$l: cluster.group: no such group 'dflash-no-such-group'" "$T/g.out" ||
+    fail "unknown cluster.group (${t:-a start}): exit $rc: $(tail -2 "$T/g.out")"
+done
+[[ ! -e $ledger ]] || fail "a start refused on cluster.group left a ledger"
+# (a start reads the dataset before it makes the socket: samples cut to data.max_seq_len are
+# counted in its log; a folder where the socket goes then ends it)
+timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.socket="$T" -o data.max_seq_len=16 >"$T/g.out" 2>&1
 grep -Eq "data.bin: [1-9][0-9]* of 50 samples are longer than data.max_seq_len \(16\) and are cut to it: [0-9]+ of [0-9]+ tokens \([0-9.]+%\) are not trained" "$T/g.out" ||
   fail "no word of the samples cut to data.max_seq_len: $(grep -v ' = ' "$T/g.out" | tail -3)"
 rm -f "$ledger"

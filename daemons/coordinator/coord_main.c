@@ -1,6 +1,7 @@
 /* coord_main.c: coordinator-d: config, dataset + ledger recovery, ring, control socket,
  * then the libuv loop; READY only once all of them are up; a clean stop leaves nothing behind. */
 #include <errno.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -99,6 +100,16 @@ static int check_key_pairs(struct coord *co, char *err, size_t errlen)
         return daemon_key_error(&co->d, "data", "token_budget", err, errlen,
                                 "%lld is larger than ring.max_tokens (%lld): a batch would not fit a slot",
                                 (long long)cfg->data.token_budget, (long long)cfg->ring.max_tokens);
+    /* cluster.group: the group the socket, the ring and the stop note are given to */
+    co->allowed_gid = (gid_t)-1;
+    if (cfg->cluster.group[0]) {
+        errno = 0;
+        struct group *g = getgrnam(cfg->cluster.group);
+        if (!g)
+            return daemon_key_error(&co->d, "cluster", "group", err, errlen, "no such group '%s'%s%s",
+                                    cfg->cluster.group, errno ? ": " : "", errno ? strerror(errno) : "");
+        co->allowed_gid = g->gr_gid;
+    }
     return 0;
 }
 
@@ -266,11 +277,10 @@ int main(int argc, char **argv)
         return r == -ENOMEM || r == -EIO || r == -ENOSPC || r == -EBUSY ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
     }
     co->loop = uv_default_loop();
-    /* The server first: it resolves cluster.group, which the ring's mode needs. */
     daemon_notify_status(&co->d, "opening the control socket");
     if ((r = coord_server_start(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
-        /* cluster.group names no group, cluster.socket a path that cannot be one or is taken,
+        /* cluster.socket a path that cannot be one or is taken,
          * a folder it may not write, an address not this host's: a config error, not restarted
          * (what a restart may clear, out of memory or descriptors, exits 1) */
         if (!err_may_pass(r))

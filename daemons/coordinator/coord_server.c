@@ -3,7 +3,6 @@
  * commit, member close and free (close cb only). */
 #include <errno.h>
 #include <inttypes.h>
-#include <grp.h>
 #include <libgen.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -679,16 +678,7 @@ static int socket_answers(const char *path)
 
 int coord_server_start(struct coord *co, char *err, size_t errlen)
 {
-    co->allowed_gid = (gid_t)-1;
-    co->self_uid = getuid();
-    if (co->cfg->cluster.group[0]) {
-        struct group *g = getgrnam(co->cfg->cluster.group);
-        if (!g) {
-            snprintf(err, errlen, "cluster.group: no such group '%s'", co->cfg->cluster.group);
-            return -ENOENT;
-        }
-        co->allowed_gid = g->gr_gid;
-    }
+    co->self_uid = getuid();     /* (co->allowed_gid: cluster.group, looked up with the config's checks) */
     /* The lock (daemon_lock) says no other coordinator runs: a socket file left here is stale.
      * Anything else there is not ours to remove. */
     struct stat st;
