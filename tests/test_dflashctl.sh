@@ -112,6 +112,11 @@ grep -q "cannot connect to $T: not a socket (a folder)" "$T/err.txt" || fail "fo
 [[ $rc == 64 ]] && grep -q "\-n abc: not a count" "$T/err.txt" || fail "-n abc: exit $rc: $(cat "$T/err.txt")"
 "$CTL" -s "$S" -n -1 batches 2>"$T/err.txt"; rc=$?
 [[ $rc == 64 ]] || fail "-n -1: exit $rc"
+"$CTL" -s "$S" -s "$T/other.sock" status 2>"$T/err.txt"; rc=$?
+[[ $rc == 64 ]] && grep -qx "dflashctl: -s given twice" "$T/err.txt" || fail "-s twice: exit $rc: $(cat "$T/err.txt")"
+"$CTL" -s "$S" status now 2>"$T/err.txt"; rc=$?
+[[ $rc == 64 ]] && grep -q "^dflashctl: status takes no arguments ('now' is one" "$T/err.txt" ||
+  fail "status with an argument: exit $rc: $(cat "$T/err.txt")"
 "$CTL" --connect 2>"$T/err.txt"; rc=$?
 [[ $rc == 64 ]] && grep -q "\-\-connect needs a value" "$T/err.txt" || fail "--connect last: exit $rc: $(cat "$T/err.txt")"
 # The socket from the config file.

@@ -362,19 +362,17 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return EX_OK;
-        } else if ((!strcmp(a, "--connect") || !strcmp(a, "--token-file") || !strcmp(a, "--ledger")) && i + 1 < argc) {
-            if (a[2] == 'c')
-                x.connect = argv[++i];
-            else if (a[2] == 't')
-                x.token_file = argv[++i];
-            else
-                x.ledger = argv[++i];
-        } else if ((!strcmp(a, "-s") || !strcmp(a, "-c") || !strcmp(a, "-n")) && i + 1 < argc) {
-            const char *v = argv[++i];
-            if (a[1] == 's') {
-                x.socket = v;
-            } else if (a[1] == 'c') {
-                config = v;
+        } else if ((!strcmp(a, "--connect") || !strcmp(a, "--token-file") || !strcmp(a, "--ledger") ||
+                    !strcmp(a, "-s") || !strcmp(a, "-c") || !strcmp(a, "-n")) && i + 1 < argc) {
+            const char *v = argv[++i], **slot = a[1] == 's' ? &x.socket : a[1] == 'c' ? &config
+                                              : a[2] == 'c' ? &x.connect : a[2] == 't' ? &x.token_file
+                                              : a[2] == 'l' ? &x.ledger : NULL;
+            if (slot && *slot) {
+                fprintf(stderr, "dflashctl: %s given twice\n", a);
+                return EX_USAGE;
+            }
+            if (slot) {
+                *slot = v;
             } else {
                 char *end;
                 errno = 0;
@@ -425,7 +423,11 @@ int main(int argc, char **argv)
     }
     int nargs = n_words - 1;
     if (nargs < ce->min_args || nargs > ce->max_args) {
-        fprintf(stderr, "dflashctl: %s: wrong number of arguments (%s)\n", ce->name, ce->usage);
+        if (!ce->max_args)
+            fprintf(stderr, "dflashctl: %s takes no arguments ('%s' is one; dflashctl -h lists the options)\n",
+                    ce->name, words[1]);
+        else
+            fprintf(stderr, "dflashctl: %s: wrong number of arguments (%s %s)\n", ce->name, ce->name, ce->usage);
         return EX_USAGE;
     }
     if (x.ledger)
