@@ -463,7 +463,8 @@ static int connect_unix(struct client *c, char *err, size_t errlen)
             FAIL(r, "cannot connect to %s: not a socket (a %s)", c->socket_path,
                  S_ISDIR(st.st_mode) ? "folder" : S_ISREG(st.st_mode) ? "file" : "special file");
         FAIL(r, "cannot connect to %s: %s%s", c->socket_path, strerror(-r),
-             r == -EACCES ? " (the socket admits the coordinator's user and the members of its cluster.group)" : "");
+             r == -EACCES ? " (the socket admits the coordinator's user and the members of its cluster.group)"
+             : r == -ECONNREFUSED ? " (nothing listens there: no coordinator runs on it)" : "");
     }
     return fd;
 }

@@ -99,6 +99,11 @@ grep -q "resume by dflashctl (pid [0-9]*, uid [0-9]*): disk checked" "$T/coord.l
 # Bad socket path: clear message, non-zero exit.
 if "$CTL" -s "$T/nope.sock" status 2>"$T/err.txt"; then fail "bad socket path exited 0"; fi
 grep -q "cannot connect to $T/nope.sock: No such file or directory" "$T/err.txt" || fail "bad socket message: $(cat "$T/err.txt")"
+# a socket left by a coordinator that was killed: nobody listens
+python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.close()' "$T/stale.sock"
+"$CTL" -s "$T/stale.sock" status 2>"$T/err.txt" && fail "a stale socket exited 0"
+grep -q "cannot connect to $T/stale.sock: Connection refused (nothing listens there: no coordinator runs on it)" "$T/err.txt" ||
+  fail "stale socket message: $(cat "$T/err.txt")"
 "$CTL" -s "$S" frobnicate 2>"$T/err.txt"; rc=$?
 [[ $rc == 64 && $(wc -l <"$T/err.txt") == 1 ]] && grep -q "unknown command 'frobnicate' (dflashctl -h lists them)" "$T/err.txt" ||
   fail "unknown command: exit $rc: $(cat "$T/err.txt")"
