@@ -39,7 +39,9 @@ done
 cl_log "training stalled at step $now (rank 1 held in its metrics write)"
 ((age_max < $(cl_scaled 2) * 1000)) || fail "the targets wait for a FREE slot: a last heartbeat ${age_max} ms old"
 cl_log "the targets' heartbeat while they waited for a FREE slot: at most ${age_max} ms old"
-"$CL_BIN/dflashctl" -s "$CL_SOCK" stop "test" >/dev/null || fail "dflashctl stop"
+# --wait: returns once the stop checkpoint is in (not when the state turns STOPPED, at once)
+"$CL_BIN/dflashctl" -s "$CL_SOCK" stop --wait "test" >"$CL_DIR/stop.txt" 2>&1 &
+ctl=$!
 sleep 1
 kill -CONT $READER
 for n in drafter0 drafter1 coord; do
@@ -55,5 +57,8 @@ n=$(cl_sql "SELECT count(*) FROM checkpoints")
 [[ $n == 1 ]] || fail "$n checkpoints in the ledger after the stop (wanted the stop checkpoint)"
 step=$(cl_sql "SELECT step FROM checkpoints")
 (( step >= now )) || fail "the stop checkpoint is of step $step, before the stall at $now"
+wait $ctl || fail "dflashctl stop --wait: exit $?: $(cat "$CL_DIR/stop.txt")"
+tail -n 1 "$CL_DIR/stop.txt" | grep -q "^stop: the cluster is stopped: .*; lineage head: step $step .*/step-0*$step\$" ||
+  fail "dflashctl stop --wait did not wait for the stop checkpoint of step $step: $(cat "$CL_DIR/stop.txt")"
 [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state NOT IN (0, 4)') == 0 ]] || fail "batches left in flight"
 echo "ok: the stop checkpoint of step $step was written and recorded; both ranks and the coordinator exited 0"

@@ -234,6 +234,8 @@ struct coord {
     bool recovering;                /* restarted from a ledger: waiting for peers */
     uint64_t recovery_until_ms;
     uint64_t stopped_ms;            /* when STOPPED/FAILED was entered */
+    uint64_t ended_ms;              /* ... and no target or drafter was left (0: not yet): what
+                                       they wrote at the stop (a stop checkpoint) is in by then */
     uint64_t last_tick_ms;          /* coord_tick: when it last ran (mono) */
     bool tick_skipped_hb;           /* ... and it judged no heartbeat then (it came late) */
     uint64_t stalls, stall_ms_max;  /* ticks later than heartbeat_ms (the loop was held up), the longest gap */
@@ -318,6 +320,21 @@ static inline struct batch **coord_state_list(struct coord *co, int state)
 {
     return state == BATCH_LEASED ? &co->leased : state == BATCH_PUBLISHED ? &co->published
          : state == BATCH_TRAINED ? &co->trained : NULL;
+}
+
+/* Targets and drafters connected (closing ones too: their last frames are still read). */
+static inline int coord_daemons_left(const struct coord *co)
+{
+    int n = 0;
+    for (const struct member *m = co->members; m; m = m->next)
+        n += m->role == PROTO_ROLE_TARGET || m->role == PROTO_ROLE_DRAFTER;
+    return n;
+}
+
+/* STOPPED or FAILED with no target or drafter left: the run's end as it will be in the ledger. */
+static inline bool coord_ended(const struct coord *co)
+{
+    return (co->state == PROTO_STATE_STOPPED || co->state == PROTO_STATE_FAILED) && !coord_daemons_left(co);
 }
 
 static inline void coord_list_link(struct batch **head, struct batch *b)

@@ -379,6 +379,7 @@ char *coord_json(struct coord *co, int what, uint32_t limit)
         cJSON_AddNumberToObject(o, "pid", getpid());
         cJSON_AddNumberToObject(o, "uptime_s", (double)(mono_ms() - co->start_mono_ms) / 1000.0);
         cJSON_AddBoolToObject(o, "recovering", co->recovering);
+        cJSON_AddBoolToObject(o, "ended", coord_ended(co));
         cJSON_AddStringToObject(o, "ledger", co->ledger_path);
         char run[24];
         snprintf(run, sizeof run, "%016" PRIx64, co->run_id);

@@ -43,16 +43,17 @@ static void on_tick(uv_timer_t *t)
     coord_timer_note(&co->check, t0);
     coord_flush(co);
     if (co->state == PROTO_STATE_STOPPED || co->state == PROTO_STATE_FAILED) {
-        int daemons = 0, ctl_unseen = 0;
         uint64_t now = mono_ms();
-        for (struct member *m = co->members; m; m = m->next) {
-            daemons += m->role == PROTO_ROLE_TARGET || m->role == PROTO_ROLE_DRAFTER;
-            ctl_unseen += m->role == PROTO_ROLE_CTL && !m->closing && m->last_request_ms <= co->stopped_ms;
-        }
-        /* Give daemons the STOP and dflashctl a last look (over TCP it has no stop note to
-         * read), then leave. */
-        bool ctl_wait = ctl_unseen && now - co->stopped_ms < COORD_CTL_LAST_LOOK_MS;
-        if ((!daemons && !ctl_wait) || now - co->stopped_ms > (uint64_t)co->cfg->coordinator.dead_after_ms)
+        if (!co->ended_ms && coord_ended(co))
+            co->ended_ms = now;
+        /* Give daemons the STOP (and the time to write what they write at it) and a dflashctl
+         * that asked before the end a last look (over TCP it has no stop note to read), then
+         * leave. */
+        int ctl_unseen = 0;
+        for (struct member *m = co->members; co->ended_ms && m; m = m->next)
+            ctl_unseen += m->role == PROTO_ROLE_CTL && !m->closing && m->last_request_ms <= co->ended_ms;
+        bool ctl_wait = ctl_unseen && now - co->ended_ms < COORD_CTL_LAST_LOOK_MS;
+        if ((co->ended_ms && !ctl_wait) || now - co->stopped_ms > (uint64_t)co->cfg->coordinator.dead_after_ms)
             uv_stop(co->loop);
     }
 }

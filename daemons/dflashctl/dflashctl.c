@@ -148,9 +148,10 @@ static void print_end_json(const char *state, const char *reason, const cJSON *c
     cJSON_Delete(o);
 }
 
-/* --wait after a drain or stop: poll the status until the cluster is STOPPED or FAILED (the
- * final checkpoint is durable then) or the coordinator is gone; one line says how it ended
- * (--json: print_end_json's). 0 stopped, 1 failed or unknown. */
+/* --wait after a drain or stop: poll the status until the run has ended (STOPPED or FAILED, no
+ * target or drafter left: what they write at the stop, a stop checkpoint, is in the lineage head
+ * then) or the coordinator is gone; one line says how it ended (--json: print_end_json's).
+ * 0 stopped, 1 failed or unknown. */
 static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
 {
     for (;;) {
@@ -177,7 +178,8 @@ static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
         cJSON *doc = cJSON_Parse(json);
         free(json);
         const char *state = ctl_str(doc, "state");
-        if (!strcmp(state, "stopped") || !strcmp(state, "failed")) {
+        const cJSON *ended = cJSON_GetObjectItemCaseSensitive(doc, "ended");
+        if (cJSON_IsBool(ended) ? cJSON_IsTrue(ended) : !strcmp(state, "stopped") || !strcmp(state, "failed")) {
             const cJSON *ck = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(doc, "group"), "checkpoint");
             const cJSON *step = cJSON_GetObjectItemCaseSensitive(ck, "step");
             if (x->json)
