@@ -81,6 +81,11 @@ hint=$(sed -n 's/^dflashctl: the run.s record: //p' "$CL_DIR/ended.txt")
   fail "no ledger hint after the stop note: $(cat "$CL_DIR/ended.txt")"
 # shellcheck disable=SC2086  # the hint is a command line
 "$CL_BIN"/$hint | grep -q "checkpointed" || fail "'$hint' does not read the ledger"
+# ... also from a config with a mistake outside [cluster] and [coordinator] (an edit for the next run)
+sed 's/^\[drafter\]$/[drafter]\ngamma = x/' "$CL_INI" >"$CL_DIR/edited.ini"
+"$CL_BIN/dflashctl" -c "$CL_DIR/edited.ini" status >"$CL_DIR/ended.txt" 2>&1 && fail "dflashctl -c edited status: exit 0"
+grep -qx "dflashctl: the run.s record: dflashctl --ledger $CL_DIR/state/$CL_NAME-ledger.db status" "$CL_DIR/ended.txt" ||
+  fail "no ledger hint with a mistake in [drafter]: $(cat "$CL_DIR/ended.txt")"
 # Only pending (0) and checkpointed (4) remain after a clean drain.
 [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state NOT IN (0, 4)') == 0 ]] || fail "ledger not consistent after drain"
 done1=$(cl_sql 'SELECT count(*) FROM batches WHERE state = 4')

@@ -471,6 +471,13 @@ int main(int argc, char **argv)
                 return EX_FAIL;
             }
             fprintf(stderr, "dflashctl: warning: %s (the socket taken from its [cluster] section)\n", err);
+            /* the ledger's path too, where [coordinator] reads (coordinator.ledger, else from [cluster]) */
+            static struct dflash_cfg co;
+            if (cfg_load_section(&co, config, "coordinator", err2, sizeof err2) >= 0) {
+                memcpy(cfg.coordinator.ledger, co.coordinator.ledger, sizeof cfg.coordinator.ledger);
+                if (cfg_ledger_path(&cfg, ledger, sizeof ledger) < 0)
+                    ledger[0] = 0;
+            }
         }
         if (cfg.cluster.socket[0])
             snprintf(path, sizeof path, "%s", cfg.cluster.socket);
