@@ -12,6 +12,7 @@ done
 echo "installing: ${missing[*]}"
 SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
 # passed through sudo (which resets the environment): no debconf prompt hidden behind >/dev/null
-APT=($SUDO env DEBIAN_FRONTEND=noninteractive apt-get)
+# (another apt run holding the package lock, unattended upgrades say, is waited for, 10 min at most)
+APT=($SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600)
 "${APT[@]}" update -qq
 "${APT[@]}" install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
