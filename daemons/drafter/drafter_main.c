@@ -1066,8 +1066,11 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
          * heartbeat and watchdog go on; collective_timeout_ms bounds the wait. */
         int64_t to = f->cfg->drafter.collective_timeout_ms;
         struct coll_opts o = { .generation = g->generation, .mode = 0600, .idle = keep_alive, .idle_arg = f };
+        char obj[PROTO_NAME_MAX + 24];
+        if (coll_object_name(g->coll_name, g->generation, obj, sizeof obj) < 0)
+            snprintf(obj, sizeof obj, "%s", g->coll_name);      /* (coll_open refuses it, saying why) */
         log_info("generation %" PRIu64 ": rank %d of %d, meeting the other ranks in collective %s (up to %" PRId64
-                 " ms)", g->generation, f->rank, f->world, g->coll_name, to);
+                 " ms)", g->generation, f->rank, f->world, obj, to);
         daemon_watchdog(&f->d);
         r = coll_open(&f->coll, g->coll_name, f->rank, f->world, (int)to, &o, err, errlen);
         daemon_watchdog(&f->d);
