@@ -665,28 +665,31 @@ int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t er
         return -EINVAL;
     }
     *eq = *dot = 0;
-    /* "key = value" as in the file: the blanks around the key and the value are not theirs */
-    char *key = dot + 1, *val = eq + 1;
+    /* "key = value" as in the file: the blanks around the section, the key and the value are
+     * not theirs */
+    char *sec = buf + strspn(buf, " \t"), *key = dot + 1 + strspn(dot + 1, " \t"), *val = eq + 1;
+    for (char *e = dot; e > sec && (e[-1] == ' ' || e[-1] == '\t');)
+        *--e = 0;
     for (char *e = eq; e > key && (e[-1] == ' ' || e[-1] == '\t');)
         *--e = 0;
     val += strspn(val, " \t");
     for (char *e = val + strlen(val); e > val && (e[-1] == ' ' || e[-1] == '\t');)
         *--e = 0;
-    const struct cfg_key *k = cfg_find(buf, key);
+    const struct cfg_key *k = cfg_find(sec, key);
     if (!k) {
-        snprintf(err, errlen, "override %s.%s: %s", buf, key, section_known(buf) ? "unknown key" : "unknown section");
+        snprintf(err, errlen, "override %s.%s: %s", sec, key, section_known(sec) ? "unknown key" : "unknown section");
         return -EINVAL;
     }
     char cwd[CFG_STR_MAX];
     bool relative = k->path && val[0] && val[0] != '/';   /* only then is the current folder asked */
     if (relative && !getcwd(cwd, sizeof cwd)) {
         int e = errno;
-        snprintf(err, errlen, "override %s.%s: the current folder: %s", buf, key, strerror(e));
+        snprintf(err, errlen, "override %s.%s: the current folder: %s", sec, key, strerror(e));
         return -e;
     }
     int r = cfg_store(cfg, k, val, relative ? cwd : NULL, why, sizeof why);
     if (r < 0)
-        snprintf(err, errlen, "override %s.%s: %s", buf, key, why);
+        snprintf(err, errlen, "override %s.%s: %s", sec, key, why);
     return r;
 }
 

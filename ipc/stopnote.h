@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+/* What a note's reason ends with when the coordinator left before every target and drafter had
+ * (coordinator.dead_after_ms after the stop): what they write at the stop may be missing. */
+#define STOP_NOTE_NOT_LEFT "had not left when the coordinator did"
+
 /* Atomically (tmp + rename); group gid (the socket's; -1 keeps it), mode 0644 & umask. */
 int stop_note_write(const char *sock, const char *reason, gid_t gid);
 void stop_note_clear(const char *sock);

@@ -119,6 +119,8 @@ int main(void)
     CHECK_STR(err, "override nope.x: unknown section");
     CHECK_OK(cfg_set(&cfg, "ring.slots = 12 ", err, sizeof err));     /* blanks as in the file */
     CHECK_INT(cfg.ring.slots, ==, 12);
+    CHECK_OK(cfg_set(&cfg, " ring . slots=13", err, sizeof err));
+    CHECK_INT(cfg.ring.slots, ==, 13);
     CHECK(cfg_set(&cfg, "cluster.runtime_dir=\"/run/x\"", err, sizeof err) < 0);
     CHECK_STR(err, "override cluster.runtime_dir: \"/run/x\": in quotes: write the value without them (they would be part of it)");
 

@@ -119,6 +119,10 @@ grep -q "cannot connect to $T: not a socket (a folder)" "$T/err.txt" || fail "fo
 [[ $rc == 64 ]] || fail "-n -1: exit $rc"
 "$CTL" -s "$S" -s "$T/other.sock" status 2>"$T/err.txt"; rc=$?
 [[ $rc == 64 ]] && grep -qx "dflashctl: -s given twice" "$T/err.txt" || fail "-s twice: exit $rc: $(cat "$T/err.txt")"
+"$CTL" -s "$S" -n 5 -n 7 batches 2>"$T/err.txt"; rc=$?
+[[ $rc == 64 ]] && grep -qx "dflashctl: -n given twice" "$T/err.txt" || fail "-n twice: exit $rc: $(cat "$T/err.txt")"
+"$CTL" -s "$S" -n " 5" batches 2>"$T/err.txt"; rc=$?
+[[ $rc == 64 ]] || fail "-n ' 5': exit $rc"
 "$CTL" -s "$S" status now 2>"$T/err.txt"; rc=$?
 [[ $rc == 64 ]] && grep -q "^dflashctl: status takes no arguments ('now' is one" "$T/err.txt" ||
   fail "status with an argument: exit $rc: $(cat "$T/err.txt")"
@@ -209,7 +213,7 @@ import json, sys
 docs = [json.loads(l) for l in open(sys.argv[1])]
 assert len(docs) == 2 and docs[0]["ok"] is True, docs
 assert docs[1]["state"] == "stopped" and "stop by dflashctl" in docs[1]["reason"], docs[1]
-assert "checkpoint" in docs[1], docs[1]
+assert "checkpoint" in docs[1] and docs[1]["ended"] is True, docs[1]
 PY
 for _ in $(seq 200); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.05; done
 wait "$cpid"; rc=$?; cpid=

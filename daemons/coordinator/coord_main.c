@@ -46,14 +46,15 @@ static void on_tick(uv_timer_t *t)
         uint64_t now = mono_ms();
         if (!co->ended_ms && coord_ended(co))
             co->ended_ms = now;
-        /* Give daemons the STOP (and the time to write what they write at it) and a dflashctl
-         * that asked before the end a last look (over TCP it has no stop note to read), then
-         * leave. */
+        /* Give daemons the STOP and the time to write what they write at it (dead_after_ms at
+         * most: one that does not leave by then is left behind, the stop note says so), then a
+         * dflashctl that asked before the end a last look (over TCP it has no stop note to
+         * read), then leave. */
         int ctl_unseen = 0;
         for (struct member *m = co->members; co->ended_ms && m; m = m->next)
             ctl_unseen += m->role == PROTO_ROLE_CTL && !m->closing && m->last_request_ms <= co->ended_ms;
         bool ctl_wait = ctl_unseen && now - co->ended_ms < COORD_CTL_LAST_LOOK_MS;
-        if ((co->ended_ms && !ctl_wait) || now - co->stopped_ms > (uint64_t)co->cfg->coordinator.dead_after_ms)
+        if (co->ended_ms ? !ctl_wait : now - co->stopped_ms > (uint64_t)co->cfg->coordinator.dead_after_ms)
             uv_stop(co->loop);
     }
 }
@@ -106,9 +107,14 @@ static int check_key_pairs(struct coord *co, char *err, size_t errlen)
     if (cfg->cluster.group[0]) {
         errno = 0;
         struct group *g = getgrnam(cfg->cluster.group);
-        if (!g)
-            return daemon_key_error(&co->d, "cluster", "group", err, errlen, "no such group '%s'%s%s",
-                                    cfg->cluster.group, errno ? ": " : "", errno ? strerror(errno) : "");
+        int e = errno;
+        if (!g && (e == 0 || e == ENOENT || e == ESRCH || e == EBADF || e == EPERM))    /* "not found" */
+            return daemon_key_error(&co->d, "cluster", "group", err, errlen, "no such group '%s'", cfg->cluster.group);
+        if (!g) {   /* the lookup failed (the directory service down at boot): a restart may pass */
+            daemon_key_error(&co->d, "cluster", "group", err, errlen, "'%s': the lookup failed: %s", cfg->cluster.group,
+                             strerror(e));
+            return err_may_pass(-e) ? -e : -EAGAIN;
+        }
         co->allowed_gid = g->gr_gid;
     }
     return 0;
@@ -218,7 +224,7 @@ int main(int argc, char **argv)
      * none behind (it would hold the schedule of a config the operator is about to change). */
     if ((r = check_key_pairs(co, err, sizeof err)) < 0 || (r = coord_ring_layout(co, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
-        return DAEMON_EX_CONFIG;
+        return err_may_pass(r) ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
     }
     if (co->d.check_only) {
         struct dataset ds;
@@ -345,9 +351,13 @@ int main(int argc, char **argv)
     log_notice("exiting: %s%s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "", co->reason);
     /* A daemon (re)started from now on finds the note and exits 0 instead of waiting for us. */
     if (clean) {
-        char note[sizeof co->reason + 48];
-        snprintf(note, sizeof note, "%.32s%s%.*s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "",
-                 (int)sizeof co->reason - 1, co->reason);
+        char note[sizeof co->reason + 128];
+        int left = coord_daemons_left(co);
+        char behind[80] = "";
+        if (left)
+            snprintf(behind, sizeof behind, "; %d daemon%s " STOP_NOTE_NOT_LEFT, left, left == 1 ? "" : "s");
+        snprintf(note, sizeof note, "%.32s%s%.*s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "",
+                 (int)sizeof co->reason - 1, co->reason, behind);
         if ((r = stop_note_write(co->socket_path, note, co->allowed_gid)) < 0)
             log_warn(r, "stop note beside %s", co->socket_path);
     }

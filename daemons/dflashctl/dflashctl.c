@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@ struct ctx {
     struct client *c;
     int json;
     uint32_t limit;
+    bool limit_given;
     const char *socket;
     const char *connect;        /* host:port of cluster.tcp_listen */
     const char *token_file;
@@ -131,64 +133,75 @@ static void shell_word(FILE *f, const char *s)
     fputc('\'', f);
 }
 
-/* The end --wait saw, as one JSON line: {"state", "reason", "checkpoint": {"step", "dir"} or null}. */
-static void print_end_json(const char *state, const char *reason, const cJSON *ck)
+/* How --wait saw the run end, as one line: the text, or (--json) {"state", "reason", "ended",
+ * "checkpoint": {"step", "dir"} or null}. ended: every target and drafter had left (what they
+ * write at the stop is in the lineage head); else the coordinator left first (a daemon that did
+ * not, coordinator.dead_after_ms after the stop) or the end was not seen at all (state "unknown").
+ * 0 when the run stopped and ended, else 1. */
+static int report_end(const struct ctx *x, enum proto_control_cmd cmd, const char *state, const char *reason,
+                      bool ended, bool head_known, const cJSON *ck)
 {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "state", state);
-    cJSON_AddStringToObject(o, "reason", reason);
-    if (ck && cJSON_IsObject(ck))
-        cJSON_AddItemToObject(o, "checkpoint", cJSON_Duplicate(ck, 1));
-    else
-        cJSON_AddNullToObject(o, "checkpoint");
-    char *text = cJSON_PrintUnformatted(o);
-    if (text)
-        puts(text);
-    free(text);
-    cJSON_Delete(o);
+    if (x->json) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "state", state);
+        cJSON_AddStringToObject(o, "reason", reason);
+        cJSON_AddBoolToObject(o, "ended", ended);
+        if (cJSON_IsObject(ck))
+            cJSON_AddItemToObject(o, "checkpoint", cJSON_Duplicate(ck, 1));
+        else
+            cJSON_AddNullToObject(o, "checkpoint");
+        char *text = cJSON_PrintUnformatted(o);
+        if (text)
+            puts(text);
+        free(text);
+        cJSON_Delete(o);
+    } else if (!strcmp(state, "unknown")) {
+        fprintf(stderr, "dflashctl: %s: the coordinator went away before the cluster ended (%s)\n",
+                proto_control_name(cmd), reason);
+    } else {
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(ck, "step");
+        printf("%s: the cluster is %s%s%s", proto_control_name(cmd), state, *reason ? ": " : "", reason);
+        if (head_known)
+            printf("; lineage head: step %.0f %s", cJSON_IsNumber(step) ? step->valuedouble : 0,
+                   *ctl_str(ck, "dir") ? ctl_str(ck, "dir") : "(none)");
+        if (!ended)
+            printf("; the coordinator left before every daemon had: what they write at the stop may be missing");
+        putchar('\n');
+    }
+    return ended && !strcmp(state, "stopped") ? EX_OK : EX_FAIL;
 }
 
 /* --wait after a drain or stop: poll the status until the run has ended (STOPPED or FAILED, no
- * target or drafter left: what they write at the stop, a stop checkpoint, is in the lineage head
- * then) or the coordinator is gone; one line says how it ended (--json: print_end_json's).
- * 0 stopped, 1 failed or unknown. */
+ * target or drafter left) or the coordinator is gone (then its stop note, or over TCP the last
+ * status seen, says how far it got); report_end says how. */
 static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
 {
+    char last_state[32] = "unknown", last_reason[PROTO_TEXT_MAX] = "";
     for (;;) {
         char *json = NULL, err[512];
         int status = 0;
         if (client_query(x->c, PROTO_Q_STATUS, 1, &json, &status, err, sizeof err) < 0) {
-            /* gone: its stop note says how the cluster ended ("STATE: REASON") */
+            /* gone: its stop note says how the cluster ended ("STATE: REASON[; STOP_NOTE_NOT_LEFT]") */
             char why[512];
             if (x->socket && stop_note_read(x->socket, why, sizeof why) == 1) {
-                if (x->json) {
-                    char *sep = strstr(why, ": ");
-                    if (sep)
-                        *sep = '\0';
-                    print_end_json(why, sep ? sep + 2 : "", NULL);
-                } else {
-                    printf("%s: the cluster ended: %s\n", proto_control_name(cmd), why);
-                }
-                return strncmp(why, "stopped", 7) ? EX_FAIL : EX_OK;
+                bool ended = !strstr(why, STOP_NOTE_NOT_LEFT);
+                char *sep = strstr(why, ": ");
+                if (sep)
+                    *sep = '\0';
+                return report_end(x, cmd, why, sep ? sep + 2 : "", ended, false, NULL);
             }
-            fprintf(stderr, "dflashctl: %s: the coordinator went away before the cluster ended (%s)\n",
-                    proto_control_name(cmd), err);
-            return EX_FAIL;
+            bool stopped = !strcmp(last_state, "stopped") || !strcmp(last_state, "failed");
+            return report_end(x, cmd, last_state, stopped ? last_reason : err, false, false, NULL);
         }
         cJSON *doc = cJSON_Parse(json);
         free(json);
         const char *state = ctl_str(doc, "state");
+        snprintf(last_state, sizeof last_state, "%s", state);
+        snprintf(last_reason, sizeof last_reason, "%s", ctl_str(doc, "reason"));
         const cJSON *ended = cJSON_GetObjectItemCaseSensitive(doc, "ended");
         if (cJSON_IsBool(ended) ? cJSON_IsTrue(ended) : !strcmp(state, "stopped") || !strcmp(state, "failed")) {
             const cJSON *ck = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(doc, "group"), "checkpoint");
-            const cJSON *step = cJSON_GetObjectItemCaseSensitive(ck, "step");
-            if (x->json)
-                print_end_json(state, ctl_str(doc, "reason"), ck);
-            else
-                printf("%s: the cluster is %s%s%s; lineage head: step %.0f %s\n", proto_control_name(cmd), state,
-                   *ctl_str(doc, "reason") ? ": " : "", ctl_str(doc, "reason"), cJSON_IsNumber(step) ? step->valuedouble : 0,
-                   *ctl_str(ck, "dir") ? ctl_str(ck, "dir") : "(none)");
-            int rc = strcmp(state, "stopped") ? EX_FAIL : EX_OK;
+            int rc = report_end(x, cmd, state, last_reason, true, true, cJSON_IsObject(ck) ? ck : NULL);
             cJSON_Delete(doc);
             return rc;
         }
@@ -369,7 +382,7 @@ int main(int argc, char **argv)
             const char *v = argv[++i], **slot = a[1] == 's' ? &x.socket : a[1] == 'c' ? &config
                                               : a[2] == 'c' ? &x.connect : a[2] == 't' ? &x.token_file
                                               : a[2] == 'l' ? &x.ledger : NULL;
-            if (slot && *slot) {
+            if (slot ? *slot != NULL : x.limit_given) {
                 fprintf(stderr, "dflashctl: %s given twice\n", a);
                 return EX_USAGE;
             }
@@ -379,11 +392,12 @@ int main(int argc, char **argv)
                 char *end;
                 errno = 0;
                 unsigned long n = strtoul(v, &end, 10);
-                if (errno || end == v || *end || v[0] == '-' || n < 1 || n > 1000000) {
+                if (errno || end == v || *end || v[0] < '0' || v[0] > '9' || n < 1 || n > 1000000) {
                     fprintf(stderr, "dflashctl: -n %s: not a count in [1, 1000000]\n", v);
                     return EX_USAGE;
                 }
                 x.limit = (uint32_t)n;
+                x.limit_given = true;
             }
         } else if (!strcmp(a, "--connect") || !strcmp(a, "--token-file") || !strcmp(a, "--ledger") ||
                    !strcmp(a, "-s") || !strcmp(a, "-c") || !strcmp(a, "-n")) {
