@@ -82,6 +82,8 @@ PY
 # a second pause answers with the reason the cluster is paused for (the first one's)
 "$CTL" -s "$S" pause later | grep -q "^pause: cluster is paused: pause by dflashctl .*: maintenance$" ||
   fail "a second pause does not say why the cluster is paused: $("$CTL" -s "$S" pause later)"
+grep -q "pause by dflashctl (pid [0-9]*, uid [0-9]*): later: already paused (pause by dflashctl .*: maintenance): nothing changes" "$T/coord.log" ||
+  fail "the second pause is not logged: $(grep -i pause "$T/coord.log")"
 # options after the command are options, not words of the reason; "--" lets a reason start with '-'
 "$CTL" status -s "$S" --json | json_ok || fail "options after the command"
 "$CTL" -s "$S" resume disk checked >/dev/null || fail "resume"

@@ -1354,6 +1354,8 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
             pause_again(co, reason);
         } else if (co->state != PROTO_STATE_PAUSED) {
             refused = "only a running cluster can pause";
+        } else {
+            log_notice("%s: already paused (%s): nothing changes", reason, co->reason);
         }
         break;
     case PROTO_CTL_RESUME:
@@ -1373,6 +1375,8 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
         }
         else if (co->state != PROTO_STATE_RUNNING)
             refused = "only a paused cluster can resume";
+        else
+            log_notice("%s: already running: nothing changes", reason);
         break;
     case PROTO_CTL_DRAIN:
         if (co->state == PROTO_STATE_DRAINING && co->signal_drain_from >= 0) {
