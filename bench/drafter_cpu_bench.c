@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "model/cpu_ops.h"
 #include "model/drafter.h"
 
 enum { HID = 256, LAYERS = 2, HEADS = 4, KV = 2, HD = 64, FFN = 768, VOCAB = 8192, CTX = 5, BS = 16 };
@@ -20,6 +21,9 @@ static double now(void)
 
 int main(int argc, char **argv)
 {
+    cpu_blas_pick_kernels(argv);     /* as the daemons run it */
+    if (cpu_blas_note())
+        fprintf(stderr, "%s\n", cpu_blas_note());
     int threads = 1, iters = 5, T = 2048, seq = 512, na = 32, opt;
     while ((opt = getopt(argc, argv, "t:i:n:s:a:")) != -1) {
         switch (opt) {

@@ -126,6 +126,9 @@ static double sgemm_reference(const struct hf_config *c, int tokens, int iters)
 
 int main(int argc, char **argv)
 {
+    cpu_blas_pick_kernels(argv);     /* as the daemons run it */
+    if (cpu_blas_note())
+        fprintf(stderr, "%s\n", cpu_blas_note());
     const char *model = NULL;
     int threads = 1, tokens = 2048, seq = 512, iters = 3, opt;
     while ((opt = getopt(argc, argv, "m:t:n:s:i:")) != -1)

@@ -2,8 +2,54 @@
  * Numerics follow transformers' fp32 path (rope tables, rmsnorm, eager softmax attention). */
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 #include "model/cpu_ops.h"
+
+/* set for the exec'd process: the core OpenBLAS had taken the CPU for */
+#define BLAS_FROM_ENV "DFLASH_OPENBLAS_DETECTED"
+
+static char blas_note[256];
+
+void cpu_blas_pick_kernels(char **argv)
+{
+    const char *from = getenv(BLAS_FROM_ENV), *set = getenv("OPENBLAS_CORETYPE");
+    if (from && set) {      /* this is the exec'd process */
+        snprintf(blas_note, sizeof blas_note, "OpenBLAS took this CPU for %.24s (a model it does not know): "
+                 "OPENBLAS_CORETYPE=%.24s set from its features (OpenBLAS now: %.24s)", from, set,
+                 openblas_get_corename());
+        unsetenv(BLAS_FROM_ENV);
+        return;
+    }
+    if (set || !argv || !argv[0])
+        return;     /* the operator's choice */
+    const char *core = openblas_get_corename();
+    if (!core || (strcasecmp(core, "Prescott") && strcasecmp(core, "Core2") && strcasecmp(core, "Nehalem")))
+        return;
+    __builtin_cpu_init();
+    const char *want = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
+                       : __builtin_cpu_supports("avx") ? "SandyBridge" : NULL;
+    if (!want || !strcasecmp(want, core))
+        return;
+    char from_core[32];
+    snprintf(from_core, sizeof from_core, "%s", core);
+    if (setenv("OPENBLAS_CORETYPE", want, 1) < 0 || setenv(BLAS_FROM_ENV, from_core, 1) < 0)
+        return;
+    fflush(NULL);
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE");      /* (no exec: this process's OpenBLAS stays as it is) */
+    unsetenv(BLAS_FROM_ENV);
+}
+
+const char *cpu_blas_note(void)
+{
+    return blas_note[0] ? blas_note : NULL;
+}
 
 #define ATTN_QUERY_CHUNK 64   /* query rows per score block: scratch is CHUNK x seq_len */
 

@@ -30,6 +30,17 @@ void cpu_bf16_to_f32(float *dst, const void *src, size_t n);
 void cpu_f16_to_f32(float *dst, const void *src, size_t n);
 void cpu_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 
+/* ---- OpenBLAS's kernels ---- */
+/* OpenBLAS picks its kernels from the CPU's model number when it loads; a model newer than the
+ * library (an Emerald Rapids, model 207, under Debian 12's 0.3.21) gets its generic SSE3 kernels,
+ * "Prescott", a third of the speed or less. First thing in main: when that happened and
+ * OPENBLAS_CORETYPE is not set, set it from the CPU's features (SkylakeX with AVX-512, Haswell with
+ * AVX2 + FMA, SandyBridge with AVX) and exec this program again, once (same pid, arguments and
+ * descriptors); when the exec fails the process goes on as it is. */
+void cpu_blas_pick_kernels(char **argv);
+/* After cpu_blas_pick_kernels: NULL, or a line saying what it changed (to log once logging is up). */
+const char *cpu_blas_note(void);
+
 /* ---- GEMM ---- */
 /* y[n, out] = beta * y + x[n, in] @ w[out, in]^T (+ b[out] if b). HF nn.Linear layout.
  * beta = 1 fuses a residual add. */

@@ -23,6 +23,7 @@
 #include "ipc/peer.h"
 #include "ipc/proto.h"
 #include "ipc/ring.h"
+#include "model/cpu_ops.h"
 #include "model/checkpoint.h"
 #include "model/ckpt_writer.h"
 #include "model/drafter.h"
@@ -1823,12 +1824,15 @@ int main(int argc, char **argv)
     struct dft *f = &df;
     f->ckpt_head = -1;
     char err[1024];
+    cpu_blas_pick_kernels(argv);     /* (an exec, once, before anything else is set up) */
     int r = daemon_start(&f->d, "drafter-d", "drafter", 1, argc, argv, err, sizeof err);
     if (r >= 0) {
         if (err[0])
             log_error(0, "%s", err);
         return r;
     }
+    if (cpu_blas_note())
+        log_notice("%s", cpu_blas_note());
     f->cfg = &f->d.cfg;
     if ((r = check_config(f, err, sizeof err)) < 0) {
         log_error(0, "%s", err);

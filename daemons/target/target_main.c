@@ -17,6 +17,7 @@
 #include "ipc/peer.h"
 #include "ipc/proto.h"
 #include "ipc/ring.h"
+#include "model/cpu_ops.h"
 #include "model/hfconfig.h"
 #include "model/target.h"
 #ifdef DFLASH_HAVE_TARGET_CUDA
@@ -725,12 +726,15 @@ int main(int argc, char **argv)
     static struct tgt tg;
     struct tgt *t = &tg;
     char err[1024];
+    cpu_blas_pick_kernels(argv);     /* (an exec, once, before anything else is set up) */
     int r = daemon_start(&t->d, "target-d", "target", 1, argc, argv, err, sizeof err);
     if (r >= 0) {
         if (err[0])
             log_error(0, "%s", err);
         return r;
     }
+    if (cpu_blas_note())
+        log_notice("%s", cpu_blas_note());
     t->cfg = &t->d.cfg;
     if ((r = check_config(t, err, sizeof err)) < 0) {
         log_error(0, "%s", err);

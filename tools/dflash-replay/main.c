@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "common/sqlite_ro.h"
 #include "daemons/coordinator/sched.h"
+#include "model/cpu_ops.h"
 #include "model/checkpoint.h"
 #include "model/drafter.h"
 #include "model/hfconfig.h"
@@ -821,6 +822,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    cpu_blas_pick_kernels(argv);     /* (an exec, once, before anything else is set up) */
     static struct replay rp;
     rp.d = (struct daemon){ .prog = "dflash-replay", .role = "replay", .index = -1, .lock_fd = -1 };
     static const struct option opts[] = {
