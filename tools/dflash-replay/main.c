@@ -822,7 +822,8 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    cpu_blas_pick_kernels(argv);     /* (an exec, once, before anything else is set up) */
+    cpu_blas_pick_kernels(argv);     /* (an exec, once, before anything else: as drafter-d does; its
+                                      * one line of output says nothing of it) */
     static struct replay rp;
     rp.d = (struct daemon){ .prog = "dflash-replay", .role = "replay", .index = -1, .lock_fd = -1 };
     static const struct option opts[] = {
