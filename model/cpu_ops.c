@@ -1,23 +1,28 @@
 /* cpu_ops.c: fp32 reference ops; GEMMs through OpenBLAS, the rest plain loops.
  * Numerics follow transformers' fp32 path (rope tables, rmsnorm, eager softmax attention). */
 #include <cblas.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 #include "model/cpu_ops.h"
 
 /* set for the exec'd process: the core OpenBLAS had taken the CPU for */
 #define BLAS_FROM_ENV "DFLASH_OPENBLAS_DETECTED"
 
-static char blas_note[256];
+static char blas_note[320];
 
 void cpu_blas_pick_kernels(char **argv)
 {
     const char *from = getenv(BLAS_FROM_ENV), *set = getenv("OPENBLAS_CORETYPE");
-    if (from && set) {      /* this is the exec'd process */
+    if (from && set) {      /* this is the exec'd process: its name as before the exec, not "exe" */
+        const char *base = argv && argv[0] ? strrchr(argv[0], '/') : NULL;
+        if (argv && argv[0])
+            prctl(PR_SET_NAME, base ? base + 1 : argv[0], 0, 0, 0);
         snprintf(blas_note, sizeof blas_note, "OpenBLAS took this CPU for %.24s (a model it does not know): "
                  "OPENBLAS_CORETYPE=%.24s set from its features (OpenBLAS now: %.24s)", from, set,
                  openblas_get_corename());
@@ -26,15 +31,18 @@ void cpu_blas_pick_kernels(char **argv)
     }
     if (set || !argv || !argv[0])
         return;     /* the operator's choice */
-    const char *core = openblas_get_corename();
-    if (!core || (strcasecmp(core, "Prescott") && strcasecmp(core, "Core2") && strcasecmp(core, "Nehalem")))
+#if defined(__x86_64__) || defined(__i386__)
+    const char *core = openblas_get_corename(), *config = openblas_get_config();
+    /* only a DYNAMIC_ARCH build reads OPENBLAS_CORETYPE (Debian's does) */
+    if (!core || !config || !strstr(config, "DYNAMIC_ARCH") ||
+        (strcasecmp(core, "Prescott") && strcasecmp(core, "Core2") && strcasecmp(core, "Nehalem")))
         return;
     __builtin_cpu_init();
     const char *want = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") ? "SkylakeX"
                        : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell"
                        : __builtin_cpu_supports("avx") ? "SandyBridge" : NULL;
-    if (!want || !strcasecmp(want, core))
+    if (!want)
         return;
     char from_core[32];
     snprintf(from_core, sizeof from_core, "%s", core);
@@ -42,8 +50,13 @@ void cpu_blas_pick_kernels(char **argv)
         return;
     fflush(NULL);
     execv("/proc/self/exe", argv);
+    int e = errno;
     unsetenv("OPENBLAS_CORETYPE");      /* (no exec: this process's OpenBLAS stays as it is) */
     unsetenv(BLAS_FROM_ENV);
+    snprintf(blas_note, sizeof blas_note, "OpenBLAS took this CPU for %.24s (a model it does not know) and this "
+             "process could not exec itself with OPENBLAS_CORETYPE=%s (/proc/self/exe: %s): it runs the slow "
+             "generic kernels; set OPENBLAS_CORETYPE=%s in its environment", from_core, want, strerror(e), want);
+#endif
 }
 
 const char *cpu_blas_note(void)

@@ -66,7 +66,7 @@ awk '$2 ~ /^(leased|published|trained)$/ {
   fail "dflashctl batches table: $(cat "$CL_DIR/batches.txt")"
 # --wait returns once the cluster has ended, with the final checkpoint
 "$CL_BIN/dflashctl" -s "$CL_SOCK" drain --wait "run 1 ends here" >"$CL_DIR/drain.txt" || fail "dflashctl drain --wait: $(cat "$CL_DIR/drain.txt")"
-tail -n 1 "$CL_DIR/drain.txt" | grep -Eq "^drain: (the cluster is stopped: drained \(drain by dflashctl .*: run 1 ends here\); lineage head: step [0-9]+ .*/step-[0-9]+|the cluster ended: stopped: drained .*run 1 ends here.*)\$" ||
+tail -n 1 "$CL_DIR/drain.txt" | grep -Eq "^drain: (the cluster is stopped: drained \(drain by dflashctl .*: run 1 ends here\); lineage head: step [0-9]+ .*/step-[0-9]+|the cluster is stopped: drained \(drain by dflashctl .*: run 1 ends here\))\$" ||
   fail "dflashctl drain --wait said: $(cat "$CL_DIR/drain.txt")"
 expect_all_exit_0
 cl_log "run 1 drained; ledger: $(cl_sql 'SELECT state, count(*) FROM batches GROUP BY state' | tr '\n' ' ')"

@@ -22,15 +22,16 @@ cl_wait 'step() >= 5' 120 coord || fail "no training"
 port=$(sed -n 's/.*TCP listener on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$CL_DIR/coord.log" | head -n 1)
 [[ -n $port ]] || fail "no TCP listener port in the coordinator's log"
 t0=$SECONDS
-"$CL_BIN/dflashctl" --connect "127.0.0.1:$port" --token-file "$CL_DIR/tcp.token" --wait stop "slow storage" \
+# (a long reason: the stop note is cut to its line, the part --wait reads kept)
+"$CL_BIN/dflashctl" --connect "127.0.0.1:$port" --token-file "$CL_DIR/tcp.token" --wait stop "slow storage $(printf 'x%.0s' {1..220})" \
   >"$CL_DIR/stop.txt" 2>&1
 rc=$?
 cl_log "stop --wait: exit $rc after $((SECONDS - t0)) s: $(cat "$CL_DIR/stop.txt")"
 [[ $rc == 1 ]] || fail "stop --wait with the stop checkpoint still being written: exit $rc, not 1"
-tail -n 1 "$CL_DIR/stop.txt" | grep -q "^stop: the cluster is stopped: stop by dflashctl@127.0.0.1:[0-9]* .*: slow storage; the coordinator left before every daemon had: what they write at the stop may be missing$" ||
+tail -n 1 "$CL_DIR/stop.txt" | grep -q "^stop: the cluster is stopped: stop by dflashctl@127.0.0.1:[0-9]* .*: slow storage x*; the coordinator left before every daemon had: what they write at the stop may be missing$" ||
   fail "stop --wait said: $(cat "$CL_DIR/stop.txt")"
 cl_wait_exit coord 30 || fail "the coordinator exited with '$CL_RC'"
-grep -q "^stopped: stop by dflashctl.*: slow storage; 1 daemon had not left when the coordinator did$" "$CL_SOCK.stopped" ||
+grep -q "^stopped: stop by dflashctl.*: slow storage x*; 1 daemon had not left when the coordinator did$" "$CL_SOCK.stopped" ||
   fail "stop note: '$(cat "$CL_SOCK.stopped" 2>&1)'"
 for n in target0 drafter0; do cl_wait_exit $n 60 || true; done
 echo "ok: stop --wait says the coordinator left before the drafter (exit 1); the stop note says so"

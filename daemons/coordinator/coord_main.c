@@ -352,12 +352,16 @@ int main(int argc, char **argv)
     /* A daemon (re)started from now on finds the note and exits 0 instead of waiting for us. */
     if (clean) {
         char note[sizeof co->reason + 128];
-        int left = coord_daemons_left(co);
+        int left = co->ended_ms ? 0 : coord_daemons_left(co);   /* (one come since the end: not left behind) */
         char behind[80] = "";
         if (left)
             snprintf(behind, sizeof behind, "; %d daemon%s " STOP_NOTE_NOT_LEFT, left, left == 1 ? "" : "s");
-        snprintf(note, sizeof note, "%.32s%s%.*s%s", proto_state_name((unsigned)co->state), co->reason[0] ? ": " : "",
-                 (int)sizeof co->reason - 1, co->reason, behind);
+        /* the reason cut where the note would be (stop_note_write keeps 254 bytes): the suffix
+         * is what dflashctl --wait reads */
+        const char *state = proto_state_name((unsigned)co->state);
+        int room = 254 - (int)strlen(state) - 2 - (int)strlen(behind);
+        snprintf(note, sizeof note, "%.32s%s%.*s%s", state, co->reason[0] ? ": " : "", room > 0 ? room : 0,
+                 co->reason, behind);
         if ((r = stop_note_write(co->socket_path, note, co->allowed_gid)) < 0)
             log_warn(r, "stop note beside %s", co->socket_path);
     }

@@ -191,7 +191,7 @@ static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
                 return report_end(x, cmd, why, sep ? sep + 2 : "", ended, false, NULL);
             }
             bool stopped = !strcmp(last_state, "stopped") || !strcmp(last_state, "failed");
-            return report_end(x, cmd, last_state, stopped ? last_reason : err, false, false, NULL);
+            return report_end(x, cmd, stopped ? last_state : "unknown", stopped ? last_reason : err, false, false, NULL);
         }
         cJSON *doc = cJSON_Parse(json);
         free(json);
