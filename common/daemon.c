@@ -270,6 +270,12 @@ void daemon_print_resolved(const char *key, const char *fmt, ...)
     fflush(stdout);
 }
 
+void daemon_print_from_coordinator(const char *keys)
+{
+    printf("# in effect here as the coordinator sends them: %s\n", keys);
+    fflush(stdout);
+}
+
 void daemon_print_capture_ids(const struct daemon *d, const int *ids, int n, int target_layers)
 {
     if (d->cfg.model.capture_layers[0])

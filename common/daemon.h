@@ -67,6 +67,8 @@ void daemon_print_config(const struct daemon *d, FILE *f);
 /* After the daemon's own checks: one comment line "# section.key is VALUE" under the printed
  * configuration, for a key whose printed value stands for another (0, -1, empty: automatic). */
 void daemon_print_resolved(const char *key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* One comment line naming the keys whose values this daemon takes from the coordinator. */
+void daemon_print_from_coordinator(const char *keys);
 /* The same for model.capture_layers when it is empty (the DFlash default): the ids in use. */
 void daemon_print_capture_ids(const struct daemon *d, const int *ids, int n, int target_layers);
 /* The start every daemon shares: parse arguments, set up logging, load the config, apply

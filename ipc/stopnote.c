@@ -20,7 +20,7 @@ int stop_note_write(const char *sock, const char *reason, gid_t gid)
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return -errno;
-    char line[256];
+    char line[STOP_NOTE_MAX + 2];
     int len = snprintf(line, sizeof line, "%s\n", reason && reason[0] ? reason : "stopped");
     if (len >= (int)sizeof line) {
         line[sizeof line - 2] = '\n';

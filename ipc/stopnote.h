@@ -13,6 +13,8 @@
 /* What a note's reason ends with when the coordinator left before every target and drafter had
  * (coordinator.dead_after_ms after the stop): what they write at the stop may be missing. */
 #define STOP_NOTE_NOT_LEFT "had not left when the coordinator did"
+/* The longest note kept, in bytes (without its newline): a longer one is cut. */
+#define STOP_NOTE_MAX 254
 
 /* Atomically (tmp + rename); group gid (the socket's; -1 keeps it), mode 0644 & umask. */
 int stop_note_write(const char *sock, const char *reason, gid_t gid);

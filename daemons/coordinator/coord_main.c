@@ -356,10 +356,10 @@ int main(int argc, char **argv)
         char behind[80] = "";
         if (left)
             snprintf(behind, sizeof behind, "; %d daemon%s " STOP_NOTE_NOT_LEFT, left, left == 1 ? "" : "s");
-        /* the reason cut where the note would be (stop_note_write keeps 254 bytes): the suffix
-         * is what dflashctl --wait reads */
+        /* the reason cut where the note would be (at STOP_NOTE_MAX): the suffix is what
+         * dflashctl --wait reads */
         const char *state = proto_state_name((unsigned)co->state);
-        int room = 254 - (int)strlen(state) - 2 - (int)strlen(behind);
+        int room = STOP_NOTE_MAX - (int)strlen(state) - 2 - (int)strlen(behind);
         snprintf(note, sizeof note, "%.32s%s%.*s%s", state, co->reason[0] ? ": " : "", room > 0 ? room : 0,
                  co->reason, behind);
         if ((r = stop_note_write(co->socket_path, note, co->allowed_gid)) < 0)

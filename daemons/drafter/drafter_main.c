@@ -225,9 +225,7 @@ static void print_resolved(const struct dft *f)
     if (!c->total_steps)
         daemon_print_resolved("drafter.total_steps", "the run's batches / the group's size, rounded up (known when "
                               "the group forms)");
-    printf("# in effect here as the coordinator sends them: coordinator.heartbeat_ms, drafter.world_size (the group's "
-           "size)\n");
-    fflush(stdout);
+    daemon_print_from_coordinator("coordinator.heartbeat_ms, drafter.world_size (the group's size)");
 }
 
 static int check_config(struct dft *f, char *err, size_t errlen)

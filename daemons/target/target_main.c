@@ -114,8 +114,7 @@ static int check_config(struct tgt *t, char *err, size_t errlen)
         return n;
     t->n_ids = n;
     daemon_print_capture_ids(d, t->ids, n, t->hf.num_layers);
-    printf("# in effect here as the coordinator sends them: data.path, data.max_seq_len, coordinator.heartbeat_ms\n");
-    fflush(stdout);
+    daemon_print_from_coordinator("data.path, data.max_seq_len, coordinator.heartbeat_ms");
     if (daemon_socket_path(d, t->sock, sizeof t->sock) < 0)
         return daemon_key_error(d, "cluster", cfg->cluster.socket[0] ? "socket" : "runtime_dir", err, errlen,
                                 "the control socket path is longer than a unix socket address allows");
