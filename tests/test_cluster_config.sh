@@ -311,22 +311,32 @@ started_bad "$T/adir: a folder, not a ledger file (coordinator.ledger names the 
 started_bad "cluster.socket is too long (a unix socket's path has at most 107 bytes)" coordinator-d \
   -o cluster.socket="$T/$(printf 's%.0s' {1..120}).sock"
 # A socket that accepts and never answers (another program's, or a hung coordinator): said once,
-# while the target asks again
-"$CL_PY" - "$T/silent.sock" <<'PY' &
+# while the target asks again (its third connection comes after two HELLOs went unanswered, 10 s each)
+"$CL_PY" - "$T/silent.sock" "$T/silent.count" <<'PY' &
 import socket, sys, time
 s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(8)
-held, end = [], time.time() + 40
+held, end = [], time.time() + 120
 s.settimeout(0.5)
 while time.time() < end:
     try: held.append(s.accept()[0])
-    except socket.timeout: pass
+    except socket.timeout: continue
+    with open(sys.argv[2], "w") as f: f.write(f"{len(held)}\n")
 PY
 silent=$!
 for ((i = 0; i < 50; i++)); do [[ -S $T/silent.sock ]] && break; sleep 0.1; done
-timeout 16 "$CL_BIN/target-d" -c "$CL_INI" -i 0 -o cluster.socket="$T/silent.sock" >"$T/silent.out" 2>&1
+"$CL_BIN/target-d" -c "$CL_INI" -i 0 -o cluster.socket="$T/silent.sock" >"$T/silent.out" 2>&1 &
+tpid=$!
+for ((i = 0; i < 600 * CL_SCALE; i++)); do
+  [[ $(cat "$T/silent.count" 2>/dev/null) -ge 3 ]] 2>/dev/null && break
+  kill -0 $tpid 2>/dev/null || break
+  sleep 0.1
+done
+kill -TERM $tpid 2>/dev/null; wait $tpid
 kill $silent 2>/dev/null; wait $silent 2>/dev/null
-grep -q "$T/silent.sock accepted the connection but did not answer its HELLO in 10 s (a coordinator that hangs, or another program's socket?)" "$T/silent.out" ||
-  fail "a silent socket is not said: $(grep -v ' = ' "$T/silent.out" | tail -3)"
+asked=$(cat "$T/silent.count" 2>/dev/null || echo 0)
+said=$(grep -c "$T/silent.sock accepted the connection but did not answer its HELLO in 10 s (a coordinator that hangs, or another program's socket?)" "$T/silent.out")
+[[ $asked -ge 3 && $said == 1 ]] ||
+  fail "a silent socket asked $asked times is said $said times, not once: $(grep -v ' = ' "$T/silent.out" | tail -3)"
 echo "target-d: $(grep -h "did not answer its HELLO" "$T/silent.out")"
 # A missing config file is a config error too.
 "$CL_BIN/drafter-d" -c "$T/nope.ini" -i 0 >"$T/o.out" 2>&1
