@@ -81,6 +81,24 @@ int proc_start_time(pid_t pid, uint64_t *ticks)
     return 0;
 }
 
+int proc_boot_id(char *buf, size_t cap)
+{
+    if (cap < 37)
+        return -ENOSPC;
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    ssize_t n = read(fd, buf, cap - 1);
+    int e = errno;
+    close(fd);
+    if (n < 0)
+        return -e;
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+        n--;
+    buf[n] = 0;
+    return n == 36 ? 0 : -EIO;      /* a uuid: 8-4-4-4-12 */
+}
+
 uint64_t proc_token_make(pid_t pid, uint64_t start_ticks)
 {
     uint64_t t = (uint64_t)(uint32_t)pid & ((1u << PROC_TOKEN_PID_BITS) - 1);
@@ -120,6 +138,8 @@ int proc_token_alive(uint64_t token)
 {
     if (!token || proc_token_is_lease(token))
         return -EINVAL;
+    if (token == PROC_TOKEN_GONE)
+        return 0;
     pid_t pid = proc_token_pid(token);
     uint64_t st;
     int r = proc_start_time(pid, &st);

@@ -1,6 +1,7 @@
 /* proc.h: process identity that survives pid reuse, and liveness checks.
  * An owner token packs pid + process start time (/proc/<pid>/stat field 22). */
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -8,18 +9,27 @@
  *   bits  0..21  pid (Linux pid_max is at most 2^22)
  *   bits 22..60  start time in clock ticks since boot (39 bits: > 170 years at 100 Hz)
  *   bit  61      1 = lease id issued by the coordinator (bits 0..60 are the id; no pid)
- * Token 0 is never valid. Tokens compare equal only for the same process incarnation. */
+ * Token 0 is never valid. Tokens compare equal only for the same process incarnation within
+ * one boot: start times count from the boot, so after a reboot a new process may repeat a token
+ * saved before it (the coordinator's ledger replaces those with PROC_TOKEN_GONE). */
 #define PROC_TOKEN_BITS      62
 #define PROC_TOKEN_PID_BITS  22
 #define PROC_TOKEN_TIME_BITS 39
 #define PROC_TOKEN_LEASE     (1ull << 61)
 #define PROC_TOKEN_MASK      ((1ull << PROC_TOKEN_BITS) - 1)
+/* A pid-form token no process has (pid 1, the last start time the field holds): dead to
+ * proc_token_alive and equal to no process's token. */
+#define PROC_TOKEN_GONE      (1ull | (((1ull << PROC_TOKEN_TIME_BITS) - 1) << PROC_TOKEN_PID_BITS))
 
 /* Start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat).
  * Returns 0, -ESRCH when the process is gone or a zombie, -EPERM when it is another user's with
  * its /proc entry hidden from this process (hidepid=2), -EACCES when it runs without an entry
  * here (a /proc of another pid namespace), or another -errno. */
 int proc_start_time(pid_t pid, uint64_t *ticks);
+
+/* This boot's id (/proc/sys/kernel/random/boot_id, 36 characters) into buf (>= 37 bytes): 0, or
+ * -errno when it cannot be read. */
+int proc_boot_id(char *buf, size_t cap);
 
 /* Token for (pid, start time); never 0 for a real process. */
 uint64_t proc_token_make(pid_t pid, uint64_t start_ticks);

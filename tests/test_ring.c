@@ -67,6 +67,19 @@ static void test_proc_tokens(void)
     CHECK_INT(proc_token_alive(proc_token_make(getpid(), st + 1)), ==, 0);
     CHECK_INT(proc_token_alive(proc_token_lease(7)), ==, -EINVAL);
     CHECK(proc_token_is_lease(proc_token_lease(7)) && proc_token_pid(proc_token_lease(7)) == 0);
+    /* the token that stands for an owner of another boot: dead, a pid form, nobody's */
+    CHECK_INT(proc_token_alive(PROC_TOKEN_GONE), ==, 0);
+    CHECK(!proc_token_is_lease(PROC_TOKEN_GONE) && (PROC_TOKEN_GONE & ~PROC_TOKEN_MASK) == 0);
+    CHECK(PROC_TOKEN_GONE != me && PROC_TOKEN_GONE != proc_token_make(1, 0));
+    char boot[64], again[64];
+    if (access("/proc/sys/kernel/random/boot_id", R_OK) == 0) {
+        CHECK_OK(proc_boot_id(boot, sizeof boot));
+        CHECK_INT(strlen(boot), ==, 36);
+        CHECK(boot[8] == '-' && boot[13] == '-' && boot[18] == '-' && boot[23] == '-');
+        CHECK_OK(proc_boot_id(again, sizeof again));
+        CHECK(!strcmp(boot, again));
+    }
+    CHECK_INT(proc_boot_id(boot, 36), ==, -ENOSPC);
 
     int pfd[2];
     CHECK_OK(pipe(pfd));

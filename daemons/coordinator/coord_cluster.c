@@ -2024,6 +2024,57 @@ static void schedule_changes(struct coord *co, char *out, size_t len)
         snprintf(out, len, "; the same settings and number of samples, other sample lengths");
 }
 
+/* Owner tokens count their start time from the boot: after a reboot (a power loss) a new process
+ * may carry the token the ledger saved for one of the last boot, and be taken for a rank of the
+ * group's old generation (trained on from the head checkpoint, its steps then counted as the lost
+ * ones) or for a lease's holder. A ledger last opened on another boot has the owners it names
+ * replaced by PROC_TOKEN_GONE, in the transaction that records this boot. */
+static int forget_other_boot(struct coord *co, char *err, size_t errlen)
+{
+    char now[64], was[64];
+    int r = proc_boot_id(now, sizeof now);
+    if (r < 0) {
+        log_warn(r, "cannot read this boot's id (/proc/sys/kernel/random/boot_id): the processes %s names are "
+                 "taken for this boot's", co->ledger_path);
+        return 0;
+    }
+    if ((r = ledger_meta_get(co->ledger, "boot_id", was, sizeof was)) < 0) {
+        snprintf(err, errlen, "%s: cannot read: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
+    }
+    if (r == 1 && strcmp(was, now)) {
+        uint32_t ranks = 0;
+        uint64_t batches = 0;
+        for (uint32_t k = 0; k < co->grp.world; k++)
+            if (co->grp.rank_token[k]) {
+                co->grp.rank_token[k] = PROC_TOKEN_GONE;
+                ranks++;
+            }
+        static const int in_flight[] = { BATCH_LEASED, BATCH_PUBLISHED, BATCH_TRAINED };
+        for (size_t i = 0; i < sizeof in_flight / sizeof in_flight[0]; i++)
+            for (struct batch *b = *coord_state_list(co, in_flight[i]); b; b = b->lnext) {
+                if (!b->row.owner || proc_token_is_lease(b->row.owner))
+                    continue;
+                b->row.owner = PROC_TOKEN_GONE;
+                if ((r = ledger_batch_update(co->ledger, &b->row)) < 0) {
+                    snprintf(err, errlen, "%s: cannot write: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+                    return r;
+                }
+                batches++;
+            }
+        if (ranks)
+            save_group(co);
+        log_notice("%s was last opened on another boot (%s, now %s): the %u drafter rank%s and the owners of %" PRIu64
+                   " batch%s in flight it names are processes of that boot, taken as gone", co->ledger_path, was, now,
+                   ranks, ranks == 1 ? "" : "s", batches, batches == 1 ? "" : "es");
+    }
+    if ((r = ledger_meta_set(co->ledger, "boot_id", now)) < 0) {
+        snprintf(err, errlen, "%s: cannot write: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
+    }
+    return 0;
+}
+
 int coord_cluster_init(struct coord *co, char *err, size_t errlen)
 {
     const struct dflash_cfg *cfg = co->cfg;
@@ -2196,6 +2247,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         return r;
     }
 
+    if ((r = forget_other_boot(co, err, errlen)) < 0)
+        return r;
     co->state = PROTO_STATE_STARTING;
     if (!lc.rows && (r = build_epoch(co, 0, 1, err, errlen)) < 0)
         return r;
