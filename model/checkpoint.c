@@ -540,8 +540,17 @@ int ckpt_fence_raise(const char *root, uint64_t generation, int (*tick)(void *),
         snprintf(err, errlen, "%s/%s: %s", root, CKPT_FENCE_FILE, strerror(-fd));
         return fd == -EISDIR || fd == -ELOOP || fd == -EACCES ? -DF_ELAYOUT : fd;
     }
-    if (have >= generation)
+    if (have == generation)
         return 0;
+    if (have > generation) {
+        /* The coordinator commits a generation before any drafter hears of it: a fence past the
+         * group's means the ledger went back (restored from an older copy). Its lineage would
+         * train on with every checkpoint write fenced out. */
+        snprintf(err, errlen, "%s/%s says drafter group generation %" PRIu64 ", the ledger's is %" PRIu64 ": the ledger "
+                 "is older than the folder (restored from a copy?): put back the newest, or remove that file to go on "
+                 "from its head", root, CKPT_FENCE_FILE, have, generation);
+        return -DF_ELAYOUT;
+    }
     char text[32];
     int n = snprintf(text, sizeof text, "%016" PRIx64 "\n", generation);
     int r = 0;

@@ -273,8 +273,12 @@ int main(void)
     loads_as(&f, path, &s10, 10);
     CHECK_INT(ckpt_prune(root, 1, 10, -1, 19), ==, 0);
     CHECK_INT(ckpt_remove_stale(root), ==, 0);                  /* no temp dir was left */
-    /* never lowered; text that is no generation counts as none */
-    CHECK_OK(ckpt_fence_raise(root, 7, NULL, NULL, err, sizeof err));
+    /* never lowered (a ledger gone back: refused, naming both); text that is no generation
+     * counts as none */
+    CHECK_INT(ckpt_fence_raise(root, 7, NULL, NULL, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK(strstr(err, "/generation says drafter group generation 20, the ledger's is 7: the ledger is older than "
+                      "the folder (restored from a copy?)") != NULL);
+    CHECK_OK(ckpt_fence_raise(root, 20, NULL, NULL, err, sizeof err));
     char fence[700], text[64] = "";
     snprintf(fence, sizeof fence, "%s/%s", root, CKPT_FENCE_FILE);
     int fd = open(fence, O_RDWR);
