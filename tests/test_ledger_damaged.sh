@@ -3,7 +3,7 @@
 # (a batch row with a state no coordinator writes) refuses to start with a one-line error
 # naming the ledger file and what is wrong, exit 78 (the unit is not restarted into a loop),
 # and leaves the ledger as it found it. A meta number that is no number is refused so too, and a
-# page of the file overwritten.
+# page of the file overwritten. A ledger another process holds locked is said so (exit 1).
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -100,6 +100,33 @@ cl_start coord5 coordinator-d -c "$CL_INI"
 cl_wait 'True' 20 coord5 || fail "the coordinator did not start on the undamaged ledger: $(tail -n 2 "$CL_DIR/coord5.log")"
 cl_kill coord5 TERM
 cl_wait_exit coord5 20
+# A ledger another process holds write-locked (a sqlite3 shell left in a transaction): exit 1 (a
+# restart may find it free), the lock and its likely holder said; freed, the next start goes on
+good_ledger
+"$CL_PY" - "$db" "$T/unlock" <<'PY' &
+import os, sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute("BEGIN IMMEDIATE")
+c.execute("UPDATE meta SET value = value WHERE key = 'run_id'")
+open(sys.argv[2] + ".held", "w").close()
+end = time.time() + 120
+while not os.path.exists(sys.argv[2]) and time.time() < end:
+    time.sleep(0.1)
+c.execute("ROLLBACK")
+PY
+holder=$!
+for ((i = 0; i < 100; i++)); do [[ -e $T/unlock.held ]] && break; sleep 0.1; done
+cl_start coord10 coordinator-d -c "$CL_INI"
+cl_wait_exit coord10 60
+touch "$T/unlock"
+wait $holder
+[[ $CL_RC == 1 ]] && grep -q "$db: .*database is locked (another process has held it locked for 5000 ms: a sqlite3 shell with a transaction open?)" "$CL_DIR/coord10.log" ||
+  fail "a write-locked ledger: exit '$CL_RC': $(grep -v ' = ' "$CL_DIR/coord10.log" | tail -2)"
+echo "ok: $(grep -h "database is locked" "$CL_DIR/coord10.log" | sed 's/^<[0-9]>//')"
+cl_start coord11 coordinator-d -c "$CL_INI"
+cl_wait 'True' 20 coord11 || fail "the coordinator did not start once the lock was gone: $(tail -n 2 "$CL_DIR/coord11.log")"
+cl_kill coord11 TERM
+cl_wait_exit coord11 20
 # A ledger cut to nothing (0 bytes): a new run starts in it, said with a warning
 rm -f "$db" "$db-wal" "$db-shm"
 : >"$db"

@@ -111,7 +111,8 @@ static void batch_set(struct coord *co, struct batch *b, int state)
         b->row.slot = -1;
     int r = ledger_batch_update(co->ledger, &b->row);
     if (r < 0) {
-        log_error(r, "ledger update of batch " BID, BARGS(b->row.id));
+        log_error(0, "%s: ledger update of batch " BID ": %s", co->ledger_path, BARGS(b->row.id),
+                  ledger_errmsg(co->ledger, r));
         exit(DAEMON_EX_FAILURE);
     }
 }

@@ -68,6 +68,8 @@ static const char schema[] =
     "CREATE TABLE IF NOT EXISTS untrained(batch INTEGER NOT NULL, lease INTEGER NOT NULL, ms INTEGER NOT NULL,"
     "  PRIMARY KEY(batch, lease));";
 
+/* How long a write waits for another process's lock on the file before it fails. */
+#define LEDGER_BUSY_MS 5000
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
@@ -93,6 +95,8 @@ const char *ledger_errmsg(const struct ledger *l, int code)
 {
     if (l->why[0])
         return l->why;
+    if (l->failed)
+        return l->fail_msg;
     int rc = sqlite3_errcode(l->db);
     return rc != SQLITE_OK && rc != SQLITE_ROW && rc != SQLITE_DONE ? sqlite3_errmsg(l->db) : err_str(code);
 }
@@ -117,7 +121,12 @@ static int write_failed(struct ledger *l, int rc, const char *what)
 {
     if (!l->failed) {
         l->failed = rc ? rc : SQLITE_ERROR;
-        snprintf(l->fail_msg, sizeof l->fail_msg, "%s: %s", what, rc ? sqlite3_errmsg(l->db) : "rolled back");
+        /* A lock held past the busy timeout is another process's (a sqlite3 shell left in a
+         * transaction): said, or "database is locked" points nowhere. */
+        int busy = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED;
+        snprintf(l->fail_msg, sizeof l->fail_msg, "%s: %s%s", what, rc ? sqlite3_errmsg(l->db) : "rolled back",
+                 busy ? " (another process has held it locked for " STR(LEDGER_BUSY_MS) " ms: a sqlite3 shell with a "
+                        "transaction open?)" : "");
     }
     return sql_err(l, l->failed);
 }
@@ -253,7 +262,7 @@ int ledger_open(struct ledger **out, const char *path, char *err, size_t errlen)
         ledger_close(l);
         return -EACCES;
     }
-    sqlite3_busy_timeout(l->db, 5000);
+    sqlite3_busy_timeout(l->db, LEDGER_BUSY_MS);
     /* The schema's version: 0 (a new file, or one from before it was kept) is this one. A
      * newer one is refused rather than misread (before the table check below: a newer schema
      * may have tables this build does not know). */
