@@ -1201,6 +1201,17 @@ out:
     return r;
 }
 
+int ckpt_in_root(const char *root, const char *dir)
+{
+    char parent[PATH_MAX];
+    const char *slash = strrchr(dir, '/');
+    if (snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - dir) : 1, slash ? dir : ".") >= (int)sizeof parent)
+        return 0;
+    struct stat a, b;
+    return stat(root, &a) == 0 && stat(parent[0] ? parent : "/", &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
 int ckpt_damaged(const char *dir, int code)
 {
     switch (code) {

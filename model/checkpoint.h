@@ -116,3 +116,7 @@ int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, c
  * error or a shortage of memory (a restart may do), a root that holds no checkpoint (storage not
  * mounted). */
 int ckpt_damaged(const char *dir, int code);
+
+/* Whether checkpoint folder `dir` sits in `root` (its parent is root's inode: a link counts): 1
+ * yes, 0 no (also when its parent is not there). */
+int ckpt_in_root(const char *root, const char *dir);

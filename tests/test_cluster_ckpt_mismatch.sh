@@ -11,6 +11,8 @@
 #    and the old checkpoints are all still there; an unclaimed folder with step folders in it
 #    (written before folders were claimed) is refused the same way. With the old folder moved
 #    away the new run makes it again, trains and checkpoints there.
+#  - The folder moved (drafter.checkpoint_dir set to its new place) under a ledger that names the
+#    old paths: refused in one line (78); a link at the old place, and the run goes on.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib/cluster.sh
@@ -79,4 +81,35 @@ cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait 's["group"]["checkpoint"]["step"] >= 5' 120 coord4 || fail "no checkpoint in the emptied folder"
 [[ $(cat "$ck/run-id") == $(cl_json 's["run"]') ]] || fail "$ck/run-id: $(cat "$ck/run-id")"
 [[ $(cd "$T/archive" && ls -d step-* | tr '\n' ' ') == "$before" ]] || fail "the archived checkpoints changed"
-echo "ok: a checkpoint of another drafter shape: exit 78, cluster failed; another run's checkpoint folder, and an unclaimed one, refused and left as they were; moved away, made again by the new run"
+
+# the folder moved to a bigger disk, drafter.checkpoint_dir set to its new place: the ledger's
+# lineage names the old paths. Refused in one line saying so (exit 78; it exited 1 saying
+# "config.json: No such file or directory: missing", restarted into the same for ever); a link at
+# the old place and the run goes on from its head.
+head=$(cl_json 's["group"]["checkpoint"]["step"]')
+cl_kill drafter0 KILL
+cl_wait_exit drafter0 10
+cl_kill target0 TERM
+cl_kill coord4 TERM
+cl_wait_exit coord4 30
+cl_wait_exit target0 30 || true
+mkdir "$T/big"
+mv "$ck" "$T/big/checkpoints"
+cl_ini_add drafter.checkpoint_dir="$T/big/checkpoints"
+cl_start coord5 coordinator-d -c "$CL_INI"
+cl_wait 's["state"] == "running"' 30 coord5 || fail "fifth coordinator did not come up"
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+cl_wait_exit drafter0 60
+[[ $CL_RC == 78 ]] || fail "a drafter whose checkpoint folder moved exited '$CL_RC', want 78: $(tail -n 2 "$CL_DIR/drafter0.log")"
+grep -q "the lineage head $ck/step-[0-9]* (the ledger's) is not in drafter.checkpoint_dir $T/big/checkpoints: the ledger keeps the checkpoints' paths: put the folder back where it was (or a link to it there)" \
+  "$CL_DIR/drafter0.log" || fail "drafter0: $(tail -n 2 "$CL_DIR/drafter0.log")"
+cl_log "$(grep -m1 'the lineage head' "$CL_DIR/drafter0.log" | sed 's/^<[0-9]>//')"
+cl_wait_exit coord5 60
+ln -s "$T/big/checkpoints" "$ck"
+cl_start coord6 coordinator-d -c "$CL_INI"
+cl_wait 's["state"] == "running"' 30 coord6 || fail "sixth coordinator did not come up"
+cl_start target0 target-d -c "$CL_INI" -i 0
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+cl_wait 's["group"]["checkpoint"]["step"] >= '"$((head + 5))" 120 coord6 ||
+  fail "no checkpoint past $head with the folder linked back: $(grep -v ' = ' "$CL_DIR/drafter0.log" | tail -2)"
+echo "ok: a checkpoint of another drafter shape: exit 78, cluster failed; another run's checkpoint folder, and an unclaimed one, refused and left as they were; moved away, made again by the new run; moved under the ledger's lineage: exit 78, linked back: goes on"

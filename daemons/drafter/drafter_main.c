@@ -1030,6 +1030,14 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     if ((r = ckpt_fence_raise(f->ckpt_root, g->generation, fence_tick, &fw, err, errlen)) < 0)
         return r;
     r = load_weights(f, g->ckpt_dir, err, errlen);
+    if (r < 0 && g->ckpt_dir[0] && !ckpt_in_root(f->ckpt_root, g->ckpt_dir)) {
+        /* The folder moved (drafter.checkpoint_dir set to its new place): the ledger keeps the
+         * lineage's paths. Not a damaged checkpoint to fall back from, nor one a restart finds. */
+        snprintf(err, errlen, "the lineage head %s (the ledger's) is not in drafter.checkpoint_dir %s: the ledger keeps "
+                 "the checkpoints' paths: put the folder back where it was (or a link to it there)", g->ckpt_dir,
+                 f->ckpt_root);
+        return -DF_ELAYOUT;
+    }
     if (r < 0 && g->ckpt_dir[0] && ckpt_damaged(g->ckpt_dir, r)) {
         /* Before the lineage gives it up: once more (a read that met a file being replaced) */
         log_warn(r, "%s: reading it once more", err);
