@@ -7,14 +7,15 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 10                   /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
+#define PROTO_VERSION 11                   /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
                                               4: lease numbers, SKIPPED; 5: dataset checksum and operator
                                               resume count in WELCOME, the count in CONTROL; 6: GROUP
                                               lists the batches kept from earlier generations that
                                               were leased more than once, and the run's batch count;
                                               7: the run's id in GROUP; 8: CKPT_BAD, QUERY checkpoints,
                                               the skipped step in ERROR; 9: the drafter's H2D
-                                              time in HEARTBEAT; 10: BYE */
+                                              time in HEARTBEAT; 10: BYE; 11: the target
+                                              model's fingerprint in WELCOME */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
@@ -188,12 +189,13 @@ struct proto_welcome {
     uint32_t max_seq_len;           /* samples are truncated to this */
     uint32_t epochs;
     uint64_t dataset_checksum;      /* the header checksum of the dataset the coordinator schedules */
+    uint64_t model_fingerprint;     /* the run's target weights (st_fingerprint); 0: not known */
     uint32_t resumes;               /* the operator's resumes of the run so far (see proto_control) */
     uint32_t pad;
     char ring_name[PROTO_NAME_MAX]; /* POSIX shm name of the ring */
     char dataset_path[PROTO_PATH_MAX];
 };
-_Static_assert(sizeof(struct proto_welcome) == 376, "wire size");
+_Static_assert(sizeof(struct proto_welcome) == 384, "wire size");
 
 /* Frozen across versions (see top). */
 struct proto_refuse {

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/cleanup.h"
+#include "common/dataset.h"
 #include "common/err.h"
 #include "common/fileio.h"
 #include "common/jsonutil.h"
@@ -453,6 +454,45 @@ const struct st_tensor *st_at(const struct st_set *s, size_t i)
 const char *st_source(const struct st_set *s)
 {
     return s->source;
+}
+
+#define ST_FP_SAMPLES 16
+#define ST_FP_SAMPLE_BYTES 64
+#define ST_FP_SEED 0x6466666d6f64656cull      /* "dffmodel" */
+
+uint64_t st_fingerprint(const struct st_set *s)
+{
+    struct dataset_hash h;
+    dataset_hash_init(&h, ST_FP_SEED);
+    for (size_t i = 0; i < s->n; i++) {
+        const struct st_tensor *t = &s->tensors[i];
+        uint64_t desc[2 + ST_MAX_DIMS] = { (uint64_t)t->dtype, (uint64_t)t->ndim };
+        for (int k = 0; k < t->ndim; k++)
+            desc[2 + k] = (uint64_t)t->shape[k];
+        dataset_hash_update(&h, t->name, strlen(t->name) + 1);
+        dataset_hash_update(&h, desc, sizeof desc);
+        const uint8_t *data = t->data;
+        if (t->nbytes <= ST_FP_SAMPLES * ST_FP_SAMPLE_BYTES) {
+            dataset_hash_update(&h, data, t->nbytes);
+            continue;
+        }
+        size_t span = t->nbytes - ST_FP_SAMPLE_BYTES;     /* (< 2^48: no overflow below) */
+        for (size_t k = 0; k < ST_FP_SAMPLES; k++)
+            dataset_hash_update(&h, data + span * k / (ST_FP_SAMPLES - 1), ST_FP_SAMPLE_BYTES);
+    }
+    uint64_t fp = dataset_hash_final(&h);
+    return fp ? fp : 1;
+}
+
+int st_dir_fingerprint(const char *dir, uint64_t *fp, char *err, size_t errlen)
+{
+    struct st_set *s;
+    int r = st_open_dir(&s, dir, err, errlen);
+    if (r < 0)
+        return r;
+    *fp = st_fingerprint(s);
+    st_close(s);
+    return 0;
 }
 
 /* The first element of t that is NaN or infinite (all exponent bits set), -1 when none. One

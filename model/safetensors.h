@@ -42,6 +42,15 @@ size_t st_count(const struct st_set *s);
 const struct st_tensor *st_at(const struct st_set *s, size_t i);   /* sorted by name */
 const char *st_source(const struct st_set *s);  /* the dir or file it was opened from */
 
+/* The weights' fingerprint (never 0): every tensor's name, dtype and shape, and 16 samples of 64
+ * bytes spread over its data (the first and the last among them; all of a tensor of 1 KiB or
+ * less): about 1 KiB read per tensor. Models of the same shapes with other weights (fine-tuned,
+ * another initialisation) differ; one changed in a few elements only may not. How the tensors
+ * are split into shards does not count. */
+uint64_t st_fingerprint(const struct st_set *s);
+/* st_open_dir + st_fingerprint + st_close. */
+int st_dir_fingerprint(const char *dir, uint64_t *fp, char *err, size_t errlen);
+
 /* Find a float tensor (BF16/F16/F32) of exactly this shape, every element finite; errors name
  * the file and tensor: -DF_EMISSING, -DF_EUNSUPPORTED (dtype), -DF_ESHAPE ("... does not match
  * config.json"), -DF_ENAN (the first element that is NaN or infinite). One pass over its data. */

@@ -203,6 +203,11 @@ fail_free:
     return r;
 }
 
+uint64_t target_fingerprint(const struct target *m)
+{
+    return st_fingerprint(m->st);
+}
+
 void target_close(struct target *m)
 {
     if (!m)

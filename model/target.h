@@ -50,6 +50,8 @@ int target_capture_ids(const struct cfg_model *m, int n_layers, int ids[TARGET_M
 int target_open(struct target **m, const char *model_dir, const int *layer_ids, int n_ids,
                 enum target_backend backend, int device, int max_tokens, char *err, size_t errlen);
 void target_close(struct target *m);   /* accepts NULL */
+/* The fingerprint of the weights it opened (st_fingerprint). */
+uint64_t target_fingerprint(const struct target *m);
 
 /* Forward a packed batch: tokens[n_tokens], cu_seqlens[n_seqs+1] (cu[0]=0, non-decreasing,
  * cu[n_seqs]=n_tokens). Positions restart at 0 for each sequence; no attention across sequences.

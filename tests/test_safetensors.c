@@ -412,6 +412,65 @@ static void test_sharded(void)
     CHECK_CONTAINS(err, empty);
 }
 
+/* The weights' fingerprint: the same tensors give the same one however they are sharded; a byte
+ * of a sample, a name or a shape changed gives another. */
+static uint64_t fingerprint_of(const char *name, const char *header, const void *d, size_t len)
+{
+    char dir[1024], path[1100], err[512] = "";
+    snprintf(dir, sizeof dir, "%s/fp-%s", tmpdir, name);
+    CHECK(mkdir(dir, 0700) == 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    write_st(path, header, d, len, -1);
+    uint64_t fp = 0;
+    CHECK_OK(st_dir_fingerprint(dir, &fp, err, sizeof err));
+    CHECK(fp != 0);
+    return fp;
+}
+
+static void test_fingerprint(void)
+{
+    static unsigned char big[4096 + 8];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (unsigned char)(i * 13 + 5);
+    const char *hdr = "{\"a\":{\"dtype\":\"F32\",\"shape\":[1024],\"data_offsets\":[0,4096]},"
+                      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4096,4104]}}";
+    uint64_t one = fingerprint_of("one", hdr, big, sizeof big);
+    CHECK(fingerprint_of("again", hdr, big, sizeof big) == one);
+    /* sharded: a in one file, b in another */
+    char d[1024], p1[1100], p2[1100], idx[1100], err[512] = "";
+    snprintf(d, sizeof d, "%s/fp-shards", tmpdir);
+    CHECK(mkdir(d, 0700) == 0);
+    snprintf(p1, sizeof p1, "%s/m-1.safetensors", d);
+    snprintf(p2, sizeof p2, "%s/m-2.safetensors", d);
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", d);
+    write_st(p1, "{\"a\":{\"dtype\":\"F32\",\"shape\":[1024],\"data_offsets\":[0,4096]}}", big, 4096, -1);
+    write_st(p2, "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", big + 4096, 8, -1);
+    write_text(idx, "{\"weight_map\":{\"a\":\"m-1.safetensors\",\"b\":\"m-2.safetensors\"}}");
+    uint64_t sharded = 0;
+    CHECK_OK(st_dir_fingerprint(d, &sharded, err, sizeof err));
+    CHECK(sharded == one);
+    /* other weights: the first and the last bytes of a (samples), a byte of the small b */
+    size_t at[] = { 0, 4095, 4100 };
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "byte%zu", at[i]);
+        big[at[i]] ^= 1;
+        CHECK(fingerprint_of(name, hdr, big, sizeof big) != one);
+        big[at[i]] ^= 1;
+    }
+    /* another name, another shape of the same bytes */
+    CHECK(fingerprint_of("renamed", "{\"c\":{\"dtype\":\"F32\",\"shape\":[1024],\"data_offsets\":[0,4096]},"
+                                    "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4096,4104]}}",
+                         big, sizeof big) != one);
+    CHECK(fingerprint_of("reshaped", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2,512],\"data_offsets\":[0,4096]},"
+                                     "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4096,4104]}}",
+                         big, sizeof big) != one);
+    uint64_t fp = 7;
+    snprintf(d, sizeof d, "%s/fp-none", tmpdir);
+    CHECK_INT(st_dir_fingerprint(d, &fp, err, sizeof err), ==, -DF_EMISSING);
+    CHECK(fp == 7);
+}
+
 static int ticks;
 static void count_tick(void *arg)
 {
@@ -479,6 +538,7 @@ int main(void)
     test_bad_files();
     test_mutations();
     test_sharded();
+    test_fingerprint();
     test_progress();
     printf("ok\n");
     return 0;

@@ -19,6 +19,7 @@
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
 #include "ipc/ring.h"
+#include "model/safetensors.h"
 
 #define BID "%" PRIu64 ":%" PRIu32     /* batch shown as epoch:index */
 #define BARGS(id) (uint64_t)sched_batch_epoch(id), sched_batch_index(id)
@@ -946,6 +947,7 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
     proto_strset(w.welcome.ring_name, sizeof w.welcome.ring_name, co->ring_name);
     proto_strset(w.welcome.dataset_path, sizeof w.welcome.dataset_path, co->cfg->data.path);
     w.welcome.dataset_checksum = co->ds.checksum;
+    w.welcome.model_fingerprint = co->model_fp;
     w.welcome.resumes = co->resumes;
     coord_send(m, &w);
     for (uint32_t i = 0; i < n_regrant; i++)
@@ -2025,6 +2027,41 @@ static void schedule_changes(struct coord *co, char *out, size_t len)
         snprintf(out, len, "; the same settings and number of samples, other sample lengths");
 }
 
+/* The target's weights: the hidden states trained so far are the run's model's, and its drafters
+ * took their embedding and LM head from it. A model of the same shapes with other weights
+ * (another download, a fine-tune) under model.path is refused as a replaced dataset is; the
+ * WELCOME carries the fingerprint, so a target or drafter on other weights refuses itself. */
+static int check_model(struct coord *co, char *err, size_t errlen)
+{
+    const char *path = co->cfg->model.path;
+    char why[512];
+    int r;
+    if (path[0] && (r = st_dir_fingerprint(path, &co->model_fp, why, sizeof why)) < 0) {
+        co->model_fp = 0;       /* (a coordinator that sees only config.json: the daemons check theirs) */
+        log_warn(r, "model.path %s: cannot read the weights (%s): the coordinator does not check them", path, why);
+    }
+    uint64_t was;
+    if ((r = ledger_meta_get_u64(co->ledger, "model_fingerprint", &was)) < 0) {
+        snprintf(err, errlen, "%s: cannot read: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
+    }
+    if (r == 1 && co->model_fp && was != co->model_fp) {
+        snprintf(err, errlen, "%s was written for target weights of fingerprint %016" PRIx64 ", %s (model.path) has "
+                 "%016" PRIx64 " (another model of the same shapes): put the run's model back, or move the ledger away "
+                 "to start a new run (with the drafters' checkpoint folder)", co->ledger_path, was, path, co->model_fp);
+        return -DF_ELAYOUT;
+    }
+    if (r == 0 && co->model_fp && (r = ledger_meta_set_u64(co->ledger, "model_fingerprint", co->model_fp)) < 0) {
+        snprintf(err, errlen, "%s: cannot write: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
+    }
+    if (!co->model_fp && r == 1)
+        co->model_fp = was;
+    if (co->model_fp)
+        log_info("target weights: fingerprint %016" PRIx64 "%s", co->model_fp, path[0] ? "" : " (the ledger's)");
+    return 0;
+}
+
 /* Owner tokens count their start time from the boot: after a reboot (a power loss) a new process
  * may carry the token the ledger saved for one of the last boot, and be taken for a rank of the
  * group's old generation (trained on from the head checkpoint, its steps then counted as the lost
@@ -2172,6 +2209,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
                  sum, cfg->data.path, co->ds.checksum);
         return -DF_ELAYOUT;
     }
+    if ((r = check_model(co, err, errlen)) < 0)
+        return r;
     /* The run's name, made with its ledger (or when a ledger from before runs were named is
      * first opened): the drafters claim their checkpoint folders for it. */
     if ((r = ledger_meta_get_u64(co->ledger, "run_id", &co->run_id)) < 0) {

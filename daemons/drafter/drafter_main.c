@@ -29,6 +29,7 @@
 #include "model/drafter.h"
 #include "model/hfconfig.h"
 #include "model/objective.h"
+#include "model/safetensors.h"
 #include "model/target.h"
 #ifdef DFLASH_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -77,6 +78,7 @@ struct dft {
     char ckpt_root[CFG_STR_MAX + 32];
 
     float *embed, *lm_head;
+    uint64_t model_fp;              /* the fingerprint of model.path's weights (st_fingerprint) */
     struct drafter *dr;
     struct ckpt_writer *writer; /* rank 0's checkpoints, written beside training */
     struct obj_block *blocks;
@@ -1799,6 +1801,12 @@ static int attach_ring(struct dft *f, char *err, size_t errlen)
     if (r < 0)
         return r;
     peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring, NULL);
+    if (w->model_fingerprint && w->model_fingerprint != f->model_fp) {
+        snprintf(err, errlen, "%s (model.path): weights of fingerprint %016" PRIx64 ", the run's target has %016" PRIx64
+                 " (another model of the same shapes): point model.path at the run's model", f->cfg->model.path,
+                 f->model_fp, w->model_fingerprint);
+        return -DF_ELAYOUT;
+    }
     const struct ring_layout *l = ring_layout(f->ring);
     if (l->hidden != (uint32_t)f->dc.hidden_size || l->n_layers != (uint32_t)f->n_ids || l->dtype != RING_DTYPE_BF16) {
         snprintf(err, errlen, "ring %s holds hidden %u x %u layers, this drafter expects hidden %d x %d layers",
@@ -1869,12 +1877,15 @@ int main(int argc, char **argv)
     int vocab = 0, hidden = 0;
     daemon_leave_on_stop(&f->d, "loading the embedding and LM head");
     r = target_load_head(f->cfg->model.path, &f->embed, &f->lm_head, &vocab, &hidden, err, sizeof err);
+    if (r == 0)
+        r = st_dir_fingerprint(f->cfg->model.path, &f->model_fp, err, sizeof err);
     daemon_leave_on_stop(&f->d, NULL);
     if (r < 0) {
         log_error(r, "%s", err);
         code = r == -ENOMEM ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
         goto out;
     }
+    log_info("embedding and LM head from %s, weights fingerprint %016" PRIx64, f->cfg->model.path, f->model_fp);
     daemon_notify_status(&f->d, "connecting to the coordinator at %s", f->sock);
     if ((r = peer_connect_coordinator(&f->d, f->sock, PROTO_ROLE_DRAFTER, &f->cl, err, sizeof err)) < 0) {
         code = peer_connect_failed(&f->d, f->sock, r, err);

@@ -30,6 +30,7 @@ struct tgt {
     struct daemon d;
     const struct dflash_cfg *cfg;
     struct hf_config hf;
+    uint64_t model_fp;              /* target_fingerprint of the loaded model */
     int ids[TARGET_MAX_CAPTURE];
     int n_ids;
     enum target_backend backend;
@@ -701,6 +702,15 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
         return -DF_ELAYOUT;
     }
     peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring, &t->ds);
+    if (w->model_fingerprint && w->model_fingerprint != t->model_fp) {
+        /* its hidden states would be another model's: this target's model.path is wrong, the
+         * others may go on */
+        snprintf(err, errlen, "%s (model.path): weights of fingerprint %016" PRIx64 ", the run's target has %016" PRIx64
+                 " (another model of the same shapes): point model.path at the run's model", t->cfg->model.path,
+                 t->model_fp, w->model_fingerprint);
+        *this_only = true;
+        return -DF_ELAYOUT;
+    }
     if (t->ds.vocab_size > (uint32_t)t->hf.vocab_size) {
         snprintf(err, errlen, "%s: vocabulary %u is larger than the target's (%d, %s)", w->dataset_path,
                  t->ds.vocab_size, t->hf.vocab_size, t->cfg->model.path);
@@ -770,8 +780,10 @@ int main(int argc, char **argv)
     char ids[TARGET_MAX_CAPTURE * 12] = "";
     for (int i = 0, n = 0; i < t->n_ids && n >= 0 && (size_t)n < sizeof ids; i++)
         n += snprintf(ids + n, sizeof ids - (size_t)n, "%s%d", i ? ", " : "", t->ids[i]);
-    log_info("model %s: %s, %d layers, hidden %d, capturing layer%s %s (output_hidden_states[id + 1])",
-             t->cfg->model.path, t->hf.arch_name, t->hf.num_layers, t->hf.hidden_size, t->n_ids == 1 ? "" : "s", ids);
+    t->model_fp = target_fingerprint(t->model);
+    log_info("model %s: %s, %d layers, hidden %d, capturing layer%s %s (output_hidden_states[id + 1]), weights "
+             "fingerprint %016" PRIx64, t->cfg->model.path, t->hf.arch_name, t->hf.num_layers, t->hf.hidden_size,
+             t->n_ids == 1 ? "" : "s", ids, t->model_fp);
     daemon_notify_status(&t->d, "connecting to the coordinator at %s", t->sock);
     if ((r = peer_connect_coordinator(&t->d, t->sock, PROTO_ROLE_TARGET, &t->cl, err, sizeof err)) < 0) {
         code = peer_connect_failed(&t->d, t->sock, r, err);
