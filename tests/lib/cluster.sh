@@ -262,6 +262,7 @@ cl_test_init() {
 cl_never() {
   grep -rqF -- "$2" "$CL_SRC"/daemons "$CL_SRC"/ipc "$CL_SRC"/model "$CL_SRC"/common ||
     fail "no daemon prints '$2' any more: the check for '$3' would pass unseen"
+  [[ -r $1 ]] || fail "$1 is not there to look for '$3' in: the check would pass unseen"
   if grep -q -- "$3" "$1"; then fail "$4: $(grep -m1 -- "$3" "$1")"; fi
   return 0
 }
