@@ -89,11 +89,21 @@ BENCH_BINS := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 all: $(BIN_PATHS) $(TEST_BINS) $(BENCH_BINS)
 
-$(BUILD)/%.o: %.c
+# Objects follow the flags they were built with: a build folder used again with others (NOCUDA=1
+# after a CUDA build, another O=) is rebuilt, never linked from objects of the other kind (a
+# drafter-d without its CUDA feed, a target.c without the CUDA backend).
+FLAGS_STAMP := $(BUILD)/.flags
+FLAGS_NOW   := $(CC) $(CFLAGS) | $(if $(HAVE_CUDA),$(NVCC) $(NVCCFLAGS)) | $(LDFLAGS) $(LDLIBS)
+$(FLAGS_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@[ "$$(cat $@ 2>/dev/null)" = '$(FLAGS_NOW)' ] || printf '%s' '$(FLAGS_NOW)' >$@
+FORCE:
+
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu
+$(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
@@ -159,7 +169,7 @@ install: $(BIN_PATHS)
 clean:
 	rm -rf build build-*
 
-.PHONY: all test check fuzz print-build demo deps install clean
+.PHONY: all test check fuzz print-build demo deps install clean FORCE
 .SECONDARY:
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
