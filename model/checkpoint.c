@@ -543,13 +543,14 @@ int ckpt_fence_raise(const char *root, uint64_t generation, int (*tick)(void *),
     if (have == generation)
         return 0;
     if (have > generation) {
-        /* The coordinator commits a generation before any drafter hears of it: a fence past the
-         * group's means the ledger went back (restored from an older copy). Its lineage would
-         * train on with every checkpoint write fenced out. */
+        /* A later generation has formed: this one ended while the caller was on its way in, or
+         * (the coordinator commits a generation before any drafter hears of it) the ledger went
+         * back, restored from an older copy. The caller tells which. */
         snprintf(err, errlen, "%s/%s says drafter group generation %" PRIu64 ", the ledger's is %" PRIu64 ": the ledger "
-                 "is older than the folder (restored from a copy?): put back the newest, or remove that file to go on "
-                 "from its head", root, CKPT_FENCE_FILE, have, generation);
-        return -DF_ELAYOUT;
+                 "is older than the folder (restored from a copy?): put back the newest; or, to go on from its head, "
+                 "move that file and the step folders past the head away (its lineage would prune them)", root,
+                 CKPT_FENCE_FILE, have, generation);
+        return -DF_ESTATE;
     }
     char text[32];
     int n = snprintf(text, sizeof text, "%016" PRIx64 "\n", generation);

@@ -32,8 +32,8 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
 
 /* Every rank of a drafter group generation, before it reads or writes root (after
  * ckpt_claim_root, and once its own write in flight is collected): raise root/CKPT_FENCE_FILE to
- * `generation`. A fence already past it is -DF_ELAYOUT (the coordinator's ledger went back, err
- * says so): never lowered. A write or prune of an earlier generation still in flight in
+ * `generation`. A fence already past it is -DF_ESTATE, never lowered: a later generation formed
+ * while the caller joined this one, or the coordinator's ledger went back (err says that). A write or prune of an earlier generation still in flight in
  * some process (its group ended while it wrote) then changes nothing: it would replace a
  * same-step checkpoint of the new lineage or prune its newer ones. Waits for such a write's
  * rename in progress: tick(arg) every 20 ms meanwhile (NULL: a plain blocking wait), a return < 0

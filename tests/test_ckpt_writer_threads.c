@@ -275,7 +275,7 @@ int main(void)
     CHECK_INT(ckpt_remove_stale(root), ==, 0);                  /* no temp dir was left */
     /* never lowered (a ledger gone back: refused, naming both); text that is no generation
      * counts as none */
-    CHECK_INT(ckpt_fence_raise(root, 7, NULL, NULL, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_INT(ckpt_fence_raise(root, 7, NULL, NULL, err, sizeof err), ==, -DF_ESTATE);
     CHECK(strstr(err, "/generation says drafter group generation 20, the ledger's is 7: the ledger is older than "
                       "the folder (restored from a copy?)") != NULL);
     CHECK_OK(ckpt_fence_raise(root, 20, NULL, NULL, err, sizeof err));

@@ -1029,7 +1029,23 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
      * of an ended generation landing from now on would take the new lineage's checkpoints. */
     ckpt_collect(f, 1);
     struct fence_wait fw = { f, mono_ms() };
-    if ((r = ckpt_fence_raise(f->ckpt_root, g->generation, fence_tick, &fw, err, errlen)) < 0)
+    if ((r = ckpt_fence_raise(f->ckpt_root, g->generation, fence_tick, &fw, err, errlen)) == -DF_ESTATE) {
+        /* A later generation raised the fence. Either this one ended while this rank was busy on
+         * its way in (a spare drafter took the place of a rank that died meanwhile): its RESTART
+         * was sent before that generation's GROUP, and comes within the time a dead rank takes.
+         * Or none comes: the ledger went back (err says so), which no restart mends. */
+        uint64_t t0 = mono_ms();
+        int q = 0;
+        while (!(q = keep_alive(f)) && mono_ms() - t0 < (uint64_t)f->cfg->coordinator.dead_after_ms)
+            usleep(20000);
+        if (q) {
+            snprintf(err, errlen, "generation %" PRIu64 " ended while this rank joined it (a later one has raised the "
+                     "checkpoint folder's fence)", g->generation);
+            return -ECANCELED;
+        }
+        return -DF_ELAYOUT;
+    }
+    if (r < 0)
         return r;
     r = load_weights(f, g->ckpt_dir, err, errlen);
     if (r < 0 && g->ckpt_dir[0] && !ckpt_in_root(f->ckpt_root, g->ckpt_dir)) {
