@@ -1207,10 +1207,17 @@ int ckpt_in_root(const char *root, const char *dir)
     char parent[PATH_MAX];
     const char *slash = strrchr(dir, '/');
     if (snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - dir) : 1, slash ? dir : ".") >= (int)sizeof parent)
-        return 0;
+        return -ENAMETOOLONG;
+    if (!parent[0])
+        snprintf(parent, sizeof parent, "/");
+    if (!strcmp(parent, root))
+        return 1;
     struct stat a, b;
-    return stat(root, &a) == 0 && stat(parent[0] ? parent : "/", &b) == 0 && a.st_dev == b.st_dev &&
-           a.st_ino == b.st_ino;
+    if (stat(root, &a) < 0)
+        return -errno;
+    if (stat(parent, &b) < 0)
+        return errno == ENOENT || errno == ENOTDIR ? 0 : -errno;   /* (a folder that is not there: moved) */
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
 int ckpt_damaged(const char *dir, int code)

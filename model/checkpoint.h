@@ -117,6 +117,7 @@ int ckpt_load(const char *dir, struct drafter *d, struct ckpt_train_state *ts, c
  * mounted). */
 int ckpt_damaged(const char *dir, int code);
 
-/* Whether checkpoint folder `dir` sits in `root` (its parent is root's inode: a link counts): 1
- * yes, 0 no (also when its parent is not there). */
+/* Whether checkpoint folder `dir` sits in `root` (its parent is root, or root's inode: a link
+ * counts): 1 yes, 0 no (also when its parent is not there), -errno when it cannot be told (a
+ * storage error on root or the parent). */
 int ckpt_in_root(const char *root, const char *dir);

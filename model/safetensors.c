@@ -466,10 +466,12 @@ uint64_t st_fingerprint(const struct st_set *s)
     dataset_hash_init(&h, ST_FP_SEED);
     for (size_t i = 0; i < s->n; i++) {
         const struct st_tensor *t = &s->tensors[i];
-        uint64_t desc[2 + ST_MAX_DIMS] = { (uint64_t)t->dtype, (uint64_t)t->ndim };
+        uint64_t desc[1 + ST_MAX_DIMS] = { (uint64_t)t->ndim };
         for (int k = 0; k < t->ndim; k++)
-            desc[2 + k] = (uint64_t)t->shape[k];
+            desc[1 + k] = (uint64_t)t->shape[k];
+        const char *dtype = st_dtype_name(t->dtype);    /* (the name: the enum's numbering may change) */
         dataset_hash_update(&h, t->name, strlen(t->name) + 1);
+        dataset_hash_update(&h, dtype, strlen(dtype) + 1);
         dataset_hash_update(&h, desc, sizeof desc);
         const uint8_t *data = t->data;
         if (t->nbytes <= ST_FP_SAMPLES * ST_FP_SAMPLE_BYTES) {
@@ -479,6 +481,7 @@ uint64_t st_fingerprint(const struct st_set *s)
         size_t span = t->nbytes - ST_FP_SAMPLE_BYTES;     /* (< 2^48: no overflow below) */
         for (size_t k = 0; k < ST_FP_SAMPLES; k++)
             dataset_hash_update(&h, data + span * k / (ST_FP_SAMPLES - 1), ST_FP_SAMPLE_BYTES);
+        progress_tick();        /* (a page fault each, on a slow or cold storage) */
     }
     uint64_t fp = dataset_hash_final(&h);
     return fp ? fp : 1;
@@ -490,6 +493,8 @@ int st_dir_fingerprint(const char *dir, uint64_t *fp, char *err, size_t errlen)
     int r = st_open_dir(&s, dir, err, errlen);
     if (r < 0)
         return r;
+    for (int i = 0; i < s->nfiles; i++)    /* a page read per sample, not the kernel's read-ahead */
+        madvise(s->files[i].map, s->files[i].size, MADV_RANDOM);
     *fp = st_fingerprint(s);
     st_close(s);
     return 0;

@@ -32,7 +32,7 @@ cl_wait_exit target1 60
 [[ $CL_RC == 78 ]] || fail "a target on other weights exited '$CL_RC', not 78: $(grep -v ' = \|^#' "$CL_DIR/target1.log" | tail -2)"
 other=$(sed -n 's/.*weights fingerprint \([0-9a-f]\{16\}\).*/\1/p' "$CL_DIR/target1.log" | head -n 1)
 [[ -n $other && $other != "$fp" ]] || fail "the other model's fingerprint '$other' (the run's $fp)"
-line="$T/other (model.path): weights of fingerprint $other, the run's target has $fp (another model of the same shapes): point model.path at the run's model"
+line="$T/other (model.path): weights of fingerprint $other, the run's target has $fp (other weights): point model.path at the run's model"
 grep -qF "$line" "$CL_DIR/target1.log" || fail "target1 did not say why: $(grep -v ' = \|^#' "$CL_DIR/target1.log" | tail -2)"
 "$CL_BIN/dflashctl" -s "$CL_SOCK" errors 2>&1 | grep -qF "$line" || fail "the error is not recorded"
 step=$(cl_json 'step()')
@@ -47,7 +47,7 @@ cl_ini_add model.path="$T/other"
 cl_start coord2 coordinator-d -c "$CL_INI"
 cl_wait_exit coord2 30
 [[ $CL_RC == 78 ]] || fail "a coordinator on other weights exited '$CL_RC', not 78: $(grep -v ' = \|^#' "$CL_DIR/coord2.log" | tail -2)"
-grep -qF "$db was written for target weights of fingerprint $fp, $T/other (model.path) has $other (another model of the same shapes): put the run's model back, or move the ledger away to start a new run (with the drafters' checkpoint folder)" \
+grep -qF "$db was written for target weights of fingerprint $fp, $T/other (model.path) has $other (other weights): put the run's model back, or move the ledger away to start a new run (with the drafters' checkpoint folder)" \
   "$CL_DIR/coord2.log" || fail "the coordinator did not say why: $(grep -v ' = \|^#' "$CL_DIR/coord2.log" | tail -2)"
 [[ $(md5sum "$db" | cut -d' ' -f1) == "$sum" ]] || fail "the refused start changed the ledger"
 cl_ini_add model.path="$CL_DIR/model"

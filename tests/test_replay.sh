@@ -104,6 +104,10 @@ out=$("$REPLAY" 2>&1); rc=$?
 replay_expect 78 "drafter.seed: 7, the run's checkpoint .* was trained with seed 42" -o drafter.seed=7
 replay_expect 78 "meta.fingerprint .* data.seed" -o data.seed=99
 replay_expect 78 "target.backend: cuda" -o target.backend=cuda
+# the target's weights: another model of the same shapes is not the run's
+"$CL_PY" "$CL_SRC/tools/mkmodel.py" "$T/othermodel" --vocab 256 --layers 16 --std 0.03 >/dev/null || fail "cannot make the other model"
+replay_expect 78 "model.path: $T/othermodel has weights of fingerprint [0-9a-f]{16}, the run of .* trained on [0-9a-f]{16} \(other weights\)" \
+  -o model.path="$T/othermodel"
 replay_expect 78 "drafter.world_size is 3, the run.s drafter group had 2 ranks" -o drafter.world_size=3
 # ... also after later generations formed (a group restart): generation 1's size is recorded
 ledger=$CL_DIR/state/$CL_NAME-ledger.db

@@ -2047,7 +2047,7 @@ static int check_model(struct coord *co, char *err, size_t errlen)
     }
     if (r == 1 && co->model_fp && was != co->model_fp) {
         snprintf(err, errlen, "%s was written for target weights of fingerprint %016" PRIx64 ", %s (model.path) has "
-                 "%016" PRIx64 " (another model of the same shapes): put the run's model back, or move the ledger away "
+                 "%016" PRIx64 " (other weights): put the run's model back, or move the ledger away "
                  "to start a new run (with the drafters' checkpoint folder)", co->ledger_path, was, path, co->model_fp);
         return -DF_ELAYOUT;
     }

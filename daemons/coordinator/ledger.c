@@ -123,7 +123,7 @@ static int write_failed(struct ledger *l, int rc, const char *what)
         l->failed = rc ? rc : SQLITE_ERROR;
         /* A lock held past the busy timeout is another process's (a sqlite3 shell left in a
          * transaction): said, or "database is locked" points nowhere. */
-        int busy = (rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED;
+        int busy = (rc & 0xff) == SQLITE_BUSY;
         snprintf(l->fail_msg, sizeof l->fail_msg, "%s: %s%s", what, rc ? sqlite3_errmsg(l->db) : "rolled back",
                  busy ? " (another process has held it locked for " STR(LEDGER_BUSY_MS) " ms: a sqlite3 shell with a "
                         "transaction open?)" : "");

@@ -1048,7 +1048,7 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     if (r < 0)
         return r;
     r = load_weights(f, g->ckpt_dir, err, errlen);
-    if (r < 0 && g->ckpt_dir[0] && !ckpt_in_root(f->ckpt_root, g->ckpt_dir)) {
+    if (r < 0 && g->ckpt_dir[0] && ckpt_in_root(f->ckpt_root, g->ckpt_dir) == 0) {
         /* The folder moved (drafter.checkpoint_dir set to its new place): the ledger keeps the
          * lineage's paths. Not a damaged checkpoint to fall back from, nor one a restart finds. */
         snprintf(err, errlen, "the lineage head %s (the ledger's) is not in drafter.checkpoint_dir %s: the ledger keeps "
@@ -1819,7 +1819,7 @@ static int attach_ring(struct dft *f, char *err, size_t errlen)
     peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring, NULL);
     if (w->model_fingerprint && w->model_fingerprint != f->model_fp) {
         snprintf(err, errlen, "%s (model.path): weights of fingerprint %016" PRIx64 ", the run's target has %016" PRIx64
-                 " (another model of the same shapes): point model.path at the run's model", f->cfg->model.path,
+                 " (other weights): point model.path at the run's model", f->cfg->model.path,
                  f->model_fp, w->model_fingerprint);
         return -DF_ELAYOUT;
     }

@@ -706,7 +706,7 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
         /* its hidden states would be another model's: this target's model.path is wrong, the
          * others may go on */
         snprintf(err, errlen, "%s (model.path): weights of fingerprint %016" PRIx64 ", the run's target has %016" PRIx64
-                 " (another model of the same shapes): point model.path at the run's model", t->cfg->model.path,
+                 " (other weights): point model.path at the run's model", t->cfg->model.path,
                  t->model_fp, w->model_fingerprint);
         *this_only = true;
         return -DF_ELAYOUT;

@@ -536,6 +536,14 @@ static int open_models(struct replay *rp)
     if ((r = target_open(&rp->tgt, c->model.path, rp->ids, rp->n_ids, TARGET_BACKEND_CPU, 0, (int)c->ring.max_tokens,
                          err, sizeof err)) < 0)
         return fail(load_code(r), "%s", err);
+    uint64_t fp;
+    int code;
+    if (meta_u64(rp, "model_fingerprint", &fp, &code) && !code && fp != target_fingerprint(rp->tgt))
+        return key_fail(rp, "model", "path", "%s has weights of fingerprint %016" PRIx64 ", the run of %s trained on "
+                        "%016" PRIx64 " (other weights)", c->model.path, target_fingerprint(rp->tgt), rp->ledger_path,
+                        fp);
+    if (code)
+        return code;
     /* sized as drafter-d sizes it from the ring's layout; a fresh drafter is initialised from
      * drafter.seed here, as drafter-d's is (a later generation's then loads its start below) */
     rp->max_blocks = drafter_max_blocks_for((int)c->ring.max_tokens, (int)c->ring.max_seqs,
