@@ -207,6 +207,21 @@ static int validate(struct dataset *ds, const char *path, unsigned flags, char *
     return 0;
 }
 
+void dataset_cut_loss(const struct dataset *ds, uint32_t max_len, uint64_t *masked, uint64_t *pairs)
+{
+    *masked = *pairs = 0;
+    for (uint64_t i = 0; max_len && i < ds->n_samples; i++) {
+        uint32_t len = dataset_sample_len(ds, i);
+        if (len <= max_len)
+            continue;
+        const uint8_t *m = dataset_sample_mask(ds, i);
+        for (uint32_t t = max_len - 1; t + 1 < len; t++) {     /* the pairs (t, t + 1) with t + 1 cut */
+            *masked += m[t + 1];
+            *pairs += m[t] && m[t + 1];
+        }
+    }
+}
+
 int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err, size_t errlen)
 {
     memset(ds, 0, sizeof *ds);

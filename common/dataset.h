@@ -82,6 +82,11 @@ static inline int dataset_sample_in_bounds(const struct dataset *ds, uint64_t i)
     return off <= ds->n_tokens && len <= ds->n_tokens - off;
 }
 
+/* What a cut to max_len tokens a sample takes out of the loss, over every sample longer: loss
+ * tokens past the cut (*masked) and anchor pairs (two loss tokens in a row) that reach past it
+ * (*pairs). Reads only the cut tails. */
+void dataset_cut_loss(const struct dataset *ds, uint32_t max_len, uint64_t *masked, uint64_t *pairs);
+
 /* Incremental 64-bit hash used for the checksum (not cryptographic). */
 struct dataset_hash { uint64_t h; uint64_t total; uint8_t tail[8]; unsigned ntail; };
 void dataset_hash_init(struct dataset_hash *s, uint64_t seed);

@@ -233,7 +233,7 @@ done
 # (a start reads the dataset before it makes the socket: samples cut to data.max_seq_len are
 # counted in its log; a folder where the socket goes then ends it)
 timeout 60 "$CL_BIN/coordinator-d" -c "$CL_INI" -o cluster.socket="$T" -o data.max_seq_len=16 >"$T/g.out" 2>&1
-grep -Eq "data.bin: [1-9][0-9]* of 50 samples are longer than data.max_seq_len \(16\) and are cut to it: [0-9]+ of [0-9]+ tokens \([0-9.]+%\) are not trained" "$T/g.out" ||
+grep -Eq "data.bin: [1-9][0-9]* of 50 samples are longer than data.max_seq_len \(16\) and are cut to it: [0-9]+ of [0-9]+ tokens \([0-9.]+%\) are not trained, [0-9]+ of the [0-9]+ in the loss \([0-9.]+%\)$" "$T/g.out" ||
   fail "no word of the samples cut to data.max_seq_len: $(grep -v ' = ' "$T/g.out" | tail -3)"
 rm -f "$ledger"
 # ... and the ledger that start made is gone: the next start (its config mended, and a changed
@@ -280,6 +280,28 @@ data_refused "$T/nomask.bin" "no token is in the loss (every loss mask is 0): no
 patch_mask "$T/nomask.bin" "1 - t % 2" "(n + 1) // 2"      # loss tokens, never two in a row
 data_refused "$T/nomask.bin" "no sample has two tokens in the loss in a row .*: nothing to learn" \
   "a dataset with no anchor"
+# ... or only past data.max_seq_len (128 here), where every sample is cut: long prompts, short answers
+"$CL_PY" - "$T/late.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(20):
+        ids = [(i * 7 + t) % 200 + 1 for t in range(200)]
+        f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 150 + [1] * 50}) + "\n")
+        f.write(json.dumps({"input_ids": ids, "loss_mask": [t % 2 for t in range(130)] + [1] * 70}) + "\n")
+PY
+"$CL_BIN/dflash-data" build -o "$T/late.bin" -v 256 "$T/late.jsonl" >/dev/null || fail "cannot build late.bin"
+data_refused "$T/late.bin" "no sample has two tokens in the loss in a row within data.max_seq_len (128), where the samples are cut: nothing to learn" \
+  "a dataset whose anchors are all past the cut"
+"$CL_PY" - "$T/late.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(20):
+        ids = [(i * 7 + t) % 200 + 1 for t in range(200)]
+        f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 150 + [1] * 50}) + "\n")
+PY
+"$CL_BIN/dflash-data" build -o "$T/late.bin" -v 256 "$T/late.jsonl" >/dev/null || fail "cannot build late.bin"
+data_refused "$T/late.bin" "every token in the loss is past data.max_seq_len (128), where the samples are cut: nothing to learn" \
+  "a dataset whose loss tokens are all past the cut"
 cp "$CL_DIR/data.bin" "$T/vocab.bin"
 "$CL_PY" -c 'import struct, sys
 f = open(sys.argv[1], "r+b"); f.seek(32); f.write(struct.pack("<I", 100000))' "$T/vocab.bin"    # vocab_size

@@ -1969,9 +1969,16 @@ int coord_dataset_open(struct coord *co, struct dataset *ds, unsigned flags, cha
         return r;
     }
     why[0] = 0;
+    /* what the samples cut to data.max_seq_len keep (the schedule and the targets cut them) */
+    uint64_t masked_cut, pairs_cut;
+    long long max_seq = co->cfg->data.max_seq_len;
+    dataset_cut_loss(ds, (uint32_t)max_seq, &masked_cut, &pairs_cut);
     if (ds->hdr->masked_tokens == 0)
         /* a run over it would end "complete" having learned nothing, loss 0 throughout */
         snprintf(why, sizeof why, "%s: no token is in the loss (every loss mask is 0): nothing to learn", path);
+    else if (ds->hdr->masked_tokens == masked_cut)
+        snprintf(why, sizeof why, "%s: every token in the loss is past data.max_seq_len (%lld), where the samples are "
+                 "cut: nothing to learn (raise data.max_seq_len, or shorten the prompts)", path, max_seq);
     else if (co->model_vocab > 0 && ds->vocab_size > (uint32_t)co->model_vocab)
         /* every target would refuse it at its start, after the ledger is made for it */
         snprintf(why, sizeof why, "%s: vocabulary %u is larger than the target's (%d, %s/config.json): a dataset "
@@ -1980,6 +1987,10 @@ int coord_dataset_open(struct coord *co, struct dataset *ds, unsigned flags, cha
         /* a block is anchored at a loss token followed by one: with none, every step is empty */
         snprintf(why, sizeof why, "%s: no sample has two tokens in the loss in a row (a block's anchor and its "
                  "first label): nothing to learn", path);
+    else if (ds->anchor_pairs == pairs_cut)
+        snprintf(why, sizeof why, "%s: no sample has two tokens in the loss in a row within data.max_seq_len (%lld), "
+                 "where the samples are cut: nothing to learn (raise data.max_seq_len, or shorten the prompts)", path,
+                 max_seq);
     if (!why[0])
         return 0;
     dataset_close(ds);
@@ -2134,11 +2145,15 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
             tokens_cut += co->lengths[i] - (uint64_t)cfg->data.max_seq_len;
         }
     }
-    if (n_cut)
+    if (n_cut) {
+        uint64_t masked_cut, pairs_cut, masked = co->ds.hdr->masked_tokens;
+        dataset_cut_loss(&co->ds, (uint32_t)cfg->data.max_seq_len, &masked_cut, &pairs_cut);
         log_warn(0, "%s: %" PRIu64 " of %" PRIu64 " samples are longer than data.max_seq_len (%lld) and are cut to it:"
-                 " %" PRIu64 " of %" PRIu64 " tokens (%.1f%%) are not trained", cfg->data.path, n_cut, co->ds.n_samples,
-                 (long long)cfg->data.max_seq_len, tokens_cut, co->ds.n_tokens,
-                 100.0 * (double)tokens_cut / (double)co->ds.n_tokens);
+                 " %" PRIu64 " of %" PRIu64 " tokens (%.1f%%) are not trained, %" PRIu64 " of the %" PRIu64 " in the loss "
+                 "(%.1f%%)", cfg->data.path, n_cut, co->ds.n_samples, (long long)cfg->data.max_seq_len, tokens_cut,
+                 co->ds.n_tokens, 100.0 * (double)tokens_cut / (double)co->ds.n_tokens, masked_cut, masked,
+                 100.0 * (double)masked_cut / (double)masked);
+    }
     co->sp = (struct sched_params){ .seed = (uint64_t)cfg->data.seed, .token_budget = (uint32_t)cfg->data.token_budget,
                                     .max_seq_len = (uint32_t)cfg->data.max_seq_len,
                                     .bucket_width = (uint32_t)cfg->data.bucket_width,
