@@ -93,7 +93,27 @@ assert got == [("<system>s<end><user>q1<end><assistant><think></think>a1<end>", 
                 "<think></think>a2<end>")], got
 got = show(m.encode(Tok(True), conv, 64))     # cut: the second sample keeps no loss token, dropped
 assert got == [("<system>s<end><user>q1<end><assistant><think></think>a1<end>", "<think></think>a1<end>")], got
-assert m.encode(Tok(True), conv[:2], 0) == []' || fail "the mask of whole and per-turn samples"
+try:
+    m.encode(Tok(True), conv[:2], 0)
+    sys.exit("a conversation with no assistant turn was taken")
+except ValueError as e:
+    assert str(e) == "no assistant tokens: nothing to learn", e
+# every assistant token past --max-len: no sample, dropped (not an error)
+assert m.encode(Tok(False), conv, 20) == []
+import io
+src = json.dumps({"messages": conv}).encode() + b"\n"
+args = type("A", (), {"input": ["-"], "skip_bad": False, "max_len": 20})
+sys.stdin = io.TextIOWrapper(io.BytesIO(src + src))
+stats = {"skipped": 0}
+assert list(m.encoded(args, Tok(False), stats)) == [] and stats.get("cut") == 2, stats' || fail "the mask of whole and per-turn samples"
+# a key twice in an object: refused (json.loads would take the last; dflash-data refuses it too)
+py 'for line, key in ((b"{\"messages\":[{\"role\":\"assistant\",\"content\":\"4\",\"role\":\"user\"}]}", "role"),
+                  (b"{\"conversations\":[],\"conversations\":[{\"role\":\"user\",\"content\":\"q\"}]}", "conversations")):
+    try:
+        m.conversation(line)
+        sys.exit("accepted a key twice")
+    except ValueError as e:
+        assert str(e) == f"\x27{key}\x27 appears twice in an object", e' || fail "a key twice"
 
 # nested past Python's recursion limit (an array 200000 deep, or a turn's extra key 5000 deep):
 # one line's reason like any other bad record, not a traceback

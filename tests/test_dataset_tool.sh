@@ -247,4 +247,15 @@ one_line "mkdata: need --rules >= 1" python3 "$S/tools/mkdata.py" --rules 0
 one_line "mkdata: $T/none/x.jsonl: No such file" python3 "$S/tools/mkdata.py" -o "$T/none/x.jsonl"
 one_line "mkmodel: --kv-heads must be at least 1" python3 "$S/tools/mkmodel.py" "$T/mm" --kv-heads 0
 one_line "mkmodel: --layers must be at least 1" python3 "$S/tools/mkmodel.py" "$T/mm" --layers 0
+# A write of the output that fails (here: past the file size limit, as a full disk would): the
+# output named, and where in the input it was; the old output kept, no temp file beside it
+python3 -c 'import json
+for i in range(3000): print(json.dumps({"input_ids": [i % 9 + 1] * 20, "loss_mask": [1] * 20}))' >"$T/many.jsonl"
+cp "$T/a.bin" "$T/fsz.bin"
+( trap '' XFSZ; ulimit -f 64; "$D" build -o "$T/fsz.bin" -v 10 "$T/many.jsonl" ) 2>"$T/err.txt" && fail "a build past the size limit succeeded"
+grep -Eq "^dflash-data: $T/fsz.bin: (loss-mask temp file: )?write: File too large \(at $T/many.jsonl:[0-9]+\): nothing written$" "$T/err.txt" ||
+  fail "a failed write: $(cat "$T/err.txt")"
+[[ $(wc -l <"$T/err.txt") == 1 ]] || fail "a failed write: more than one line: $(cat "$T/err.txt")"
+cmp -s "$T/a.bin" "$T/fsz.bin" || fail "a failed write replaced the output"
+! compgen -G "$T/fsz.bin.*" >/dev/null || fail "a failed write left $(compgen -G "$T/fsz.bin.*")"
 echo "dflash-data ok"

@@ -80,6 +80,17 @@ def turn_of(i, t):
     return msg
 
 
+def unique_keys(pairs):
+    """A JSON object as a dict; a key given twice (which json.loads would take the last of, as
+    dflash-data does not) is refused."""
+    obj = {}
+    for k, v in pairs:
+        if k in obj:
+            raise ValueError(f"'{k}' appears twice in an object")
+        obj[k] = v
+    return obj
+
+
 def conversation(line):
     """One input line (bytes) -> its turns, or ValueError naming what is wrong."""
     try:
@@ -87,7 +98,7 @@ def conversation(line):
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1})") from None
     try:
-        rec = json.loads(text)
+        rec = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON: {e.msg} at column {e.colno}") from None
     except RecursionError:
@@ -160,6 +171,8 @@ def encode(tok, conv, max_len):
         samples = [whole(tok, conv)]
     except Rerendered:
         samples = [last_turn(tok, conv, i) for i, msg in enumerate(conv) if msg["role"] == "assistant"]
+    if not any(any(mask) for _, mask in samples):
+        raise ValueError("no assistant tokens: nothing to learn")
     if max_len:
         samples = [(ids[:max_len], mask[:max_len]) for ids, mask in samples]
     return [(ids, mask) for ids, mask in samples if any(mask)]
@@ -238,8 +251,9 @@ def run(args, tool):
     stats = {"skipped": 0}
     samples = encoded(args, tok, stats)
     n = build_dataset(tool, args.output, len(tok), samples) if args.output else write_jsonl(samples, sys.stdout)
-    print(f"{PROG}: {stats.get('conversations', 0)} conversations, {n} samples, {stats['skipped']} skipped",
-          file=sys.stderr)
+    cut = stats.get("cut", 0)
+    print(f"{PROG}: {stats.get('conversations', 0)} conversations, {n} samples, {stats['skipped']} skipped"
+          + (f", {cut} dropped (no assistant token within --max-len {args.max_len})" if cut else ""), file=sys.stderr)
 
 
 def sample_line(ids, mask):
@@ -328,8 +342,6 @@ def encoded(args, tok, stats):
         for where, line in records(path):
             try:
                 samples = encode(tok, conversation(line), args.max_len)
-                if not samples:
-                    raise ValueError("no assistant tokens: nothing to learn")
             except (ValueError, KeyError, TypeError, RecursionError) as e:
                 if isinstance(e, RecursionError):   # (nested deep enough to pass json, not the template)
                     e = ValueError("nested too deeply to encode")
@@ -339,6 +351,8 @@ def encoded(args, tok, stats):
                 stats["skipped"] += 1
                 continue
             stats["conversations"] = stats.get("conversations", 0) + 1
+            if not samples:     # every loss token past --max-len: dropped, as the help says
+                stats["cut"] = stats.get("cut", 0) + 1
             yield from samples
 
 

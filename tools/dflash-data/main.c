@@ -292,9 +292,16 @@ static int cmd_build(const char *out, uint32_t vocab, int end_line, char **input
                     fclose(in);
                 goto done;
             }
-            if (dataset_writer_add(w, b.tok, b.mask, (uint32_t)n, err, sizeof err) < 0) {
+            int r = dataset_writer_add(w, b.tok, b.mask, (uint32_t)n, err, sizeof err);
+            if (r == -DF_ERANGE || r == -DF_EFORMAT) {      /* the record's fault: named by its line */
                 size_t skip = strncmp(err, out, strlen(out)) ? 0 : strlen(out) + 2;  /* "<out>: " */
                 fprintf(stderr, "dflash-data: %s:%ld: %s\n", name, lineno, err + (skip < strlen(err) ? skip : 0));
+                if (in != stdin)
+                    fclose(in);
+                goto done;
+            }
+            if (r < 0) {    /* the output's (a full disk, an I/O error, memory): named by its path */
+                fprintf(stderr, "dflash-data: %s (at %s:%ld): nothing written\n", err, name, lineno);
                 if (in != stdin)
                     fclose(in);
                 goto done;
