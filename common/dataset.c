@@ -241,6 +241,16 @@ int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err
         return fail(err, errlen, path, r, "cannot open: %s", strerror(-r));
     }
     ds->map_len = (size_t)st.st_size;
+    char head[9] = { 0 };       /* (NUL-ended for strspn) */
+    ssize_t got = pread(ds->fd, head, 8, 0);
+    if (got > 0 && (got < 8 || memcmp(head, DATASET_MAGIC, 8))) {
+        /* (before the size: a short JSONL file is no dataset cut short) */
+        size_t k = strspn(head, " \t\r\n\xef\xbb\xbf");     /* (blanks, a UTF-8 BOM) */
+        bool json = k < (size_t)got && (head[k] == '{' || head[k] == '[');
+        dataset_close(ds);
+        return fail(err, errlen, path, -DF_EMAGIC, "not a dflash dataset (bad magic)%s",
+                    json ? ": a JSON file? build a dataset of it with `dflash-data build -o OUT FILE`" : "");
+    }
     if (ds->map_len < DATASET_HEADER_SIZE) {
         size_t n = ds->map_len;
         dataset_close(ds);

@@ -247,6 +247,10 @@ one_line "mkdata: need --rules >= 1" python3 "$S/tools/mkdata.py" --rules 0
 one_line "mkdata: $T/none/x.jsonl: No such file" python3 "$S/tools/mkdata.py" -o "$T/none/x.jsonl"
 one_line "mkmodel: --kv-heads must be at least 1" python3 "$S/tools/mkmodel.py" "$T/mm" --kv-heads 0
 one_line "mkmodel: --layers must be at least 1" python3 "$S/tools/mkmodel.py" "$T/mm" --layers 0
+# A JSONL file where a dataset goes (data.path set to the input): said so, with what to run
+"$D" info "$T/in.jsonl" >/dev/null 2>"$T/err.txt" && fail "info took a JSONL file for a dataset"
+grep -qx "dflash-data: $T/in.jsonl: not a dflash dataset (bad magic): a JSON file? build a dataset of it with \`dflash-data build -o OUT FILE\`" "$T/err.txt" ||
+  fail "a JSONL file as a dataset: $(cat "$T/err.txt")"
 # A write of the output that fails (here: past the file size limit, as a full disk would): the
 # output named, and where in the input it was; the old output kept, no temp file beside it
 python3 -c 'import json
