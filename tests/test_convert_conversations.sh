@@ -106,6 +106,8 @@ args = type("A", (), {"input": ["-"], "skip_bad": False, "max_len": 20})
 sys.stdin = io.TextIOWrapper(io.BytesIO(src + src))
 stats = {"skipped": 0}
 assert list(m.encoded(args, Tok(False), stats)) == [] and stats.get("cut") == 2, stats' || fail "the mask of whole and per-turn samples"
+py 'assert m.how_ended(1) == "exit 1" and m.how_ended(-9) == "killed by SIGKILL" and m.how_ended(-200) == "killed by signal 200"' ||
+  fail "how a dflash-data child ended"
 # a key twice in an object: refused (json.loads would take the last; dflash-data refuses it too)
 py 'for line, key in ((b"{\"messages\":[{\"role\":\"assistant\",\"content\":\"4\",\"role\":\"user\"}]}", "role"),
                   (b"{\"conversations\":[],\"conversations\":[{\"role\":\"user\",\"content\":\"q\"}]}", "conversations")):

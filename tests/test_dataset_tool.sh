@@ -247,6 +247,12 @@ one_line "mkdata: need --rules >= 1" python3 "$S/tools/mkdata.py" --rules 0
 one_line "mkdata: $T/none/x.jsonl: No such file" python3 "$S/tools/mkdata.py" -o "$T/none/x.jsonl"
 one_line "mkmodel: --kv-heads must be at least 1" python3 "$S/tools/mkmodel.py" "$T/mm" --kv-heads 0
 one_line "mkmodel: --layers must be at least 1" python3 "$S/tools/mkmodel.py" "$T/mm" --layers 0
+# An input not there: said before the inputs before it are read, nothing written
+cp "$T/a.bin" "$T/keep2.bin"
+"$D" build -o "$T/keep2.bin" -v 10 "$T/in.jsonl" "$T/gone.jsonl" 2>"$T/err.txt" && fail "a missing input went through"
+grep -qx "dflash-data: $T/gone.jsonl: cannot open: No such file or directory: nothing written" "$T/err.txt" ||
+  fail "a missing input: $(cat "$T/err.txt")"
+cmp -s "$T/a.bin" "$T/keep2.bin" || fail "a missing input replaced the output"
 # A JSONL file where a dataset goes (data.path set to the input): said so, with what to run
 "$D" info "$T/in.jsonl" >/dev/null 2>"$T/err.txt" && fail "info took a JSONL file for a dataset"
 grep -qx "dflash-data: $T/in.jsonl: not a dflash dataset (bad magic): a JSON file? build a dataset of it with \`dflash-data build -o OUT FILE\`" "$T/err.txt" ||

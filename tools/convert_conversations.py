@@ -293,7 +293,7 @@ def build_dataset(tool, output, vocab, samples):
         proc.stdin.close()
     except BrokenPipeError:     # it stopped first, and said why
         close_quietly(proc.stdin)
-        die(f"dflash-data build stopped (exit {proc.wait()}) before its input was through: nothing written")
+        die(f"dflash-data build stopped ({how_ended(proc.wait())}) before its input was through: nothing written")
     except BaseException:
         # On SIGTERM dflash-data removes its temp file and says nothing more (this script says
         # why it stopped); were it to stay, its input ends without the end line all the same.
@@ -306,8 +306,18 @@ def build_dataset(tool, output, vocab, samples):
             proc.wait()
         raise
     if proc.wait() != 0:
-        die(f"dflash-data build failed (exit {proc.returncode}): nothing written")
+        die(f"dflash-data build failed ({how_ended(proc.returncode)}): nothing written")
     return n
+
+
+def how_ended(rc):
+    """A child's return code as words: "exit 1", "killed by SIGKILL"."""
+    if rc >= 0:
+        return f"exit {rc}"
+    try:
+        return f"killed by {signal.Signals(-rc).name}"
+    except ValueError:
+        return f"killed by signal {-rc}"
 
 
 def close_quietly(f):

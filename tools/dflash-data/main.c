@@ -241,7 +241,12 @@ static int cmd_build(const char *out, uint32_t vocab, int end_line, char **input
     for (int f = 0; f < n_inputs; f++) {   /* before a byte is read: the output replaces no input */
         struct stat st;
         bool std = !strcmp(inputs[f], "-");
-        if ((std ? fstat(0, &st) : stat(inputs[f], &st)) == 0 && dataset_writer_is_output(w, &st)) {
+        if (!std && stat(inputs[f], &st) < 0) {    /* (not after hours on the inputs before it) */
+            fprintf(stderr, "dflash-data: %s: cannot open: %s: nothing written\n", inputs[f], strerror(errno));
+            dataset_writer_free(w);
+            return 1;
+        }
+        if ((std ? fstat(0, &st) : 0) == 0 && dataset_writer_is_output(w, &st)) {
             fprintf(stderr, "dflash-data: %s: is the output (-o %s) too: refused, nothing written\n",
                     std ? "<stdin>" : inputs[f], out);
             dataset_writer_free(w);
