@@ -94,16 +94,19 @@ all: $(BIN_PATHS) $(TEST_BINS) $(BENCH_BINS)
 # drafter-d without its CUDA feed, a target.c without the CUDA backend).
 FLAGS_STAMP := $(BUILD)/.flags
 FLAGS_NOW   := $(CC) $(CFLAGS) | $(if $(HAVE_CUDA),$(NVCC) $(NVCCFLAGS)) | $(LDFLAGS) $(LDLIBS)
+# (`sudo make install` after `make` installs what was built: root's environment, another PATH or
+# CC, does not rebuild it)
+FLAGS_DEP   := $(if $(filter-out install,$(MAKECMDGOALS)),$(FLAGS_STAMP),$(if $(MAKECMDGOALS),,$(FLAGS_STAMP)))
 $(FLAGS_STAMP): FORCE
 	@mkdir -p $(dir $@)
 	@[ "$$(cat $@ 2>/dev/null)" = '$(FLAGS_NOW)' ] || printf '%s' '$(FLAGS_NOW)' >$@
 FORCE:
 
-$(BUILD)/%.o: %.c $(FLAGS_STAMP)
+$(BUILD)/%.o: %.c $(FLAGS_DEP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu $(FLAGS_STAMP)
+$(BUILD)/%.o: %.cu $(FLAGS_DEP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 

@@ -215,6 +215,7 @@ void dataset_cut_loss(const struct dataset *ds, uint32_t max_len, uint64_t *mask
         if (len <= max_len)
             continue;
         const uint8_t *m = dataset_sample_mask(ds, i);
+        progress_add(len - max_len);
         for (uint32_t t = max_len - 1; t + 1 < len; t++) {     /* the pairs (t, t + 1) with t + 1 cut */
             *masked += m[t + 1];
             *pairs += m[t] && m[t + 1];

@@ -548,7 +548,7 @@ int ckpt_fence_raise(const char *root, uint64_t generation, int (*tick)(void *),
          * back, restored from an older copy. The caller tells which. */
         snprintf(err, errlen, "%s/%s says drafter group generation %" PRIu64 ", the ledger's is %" PRIu64 ": the ledger "
                  "is older than the folder (restored from a copy?): put back the newest; or, to go on from its head, "
-                 "move that file and the step folders past the head away (its lineage would prune them)", root,
+                 "move that file and the step folders past the head away (its lineage may prune or replace them)", root,
                  CKPT_FENCE_FILE, have, generation);
         return -DF_ESTATE;
     }

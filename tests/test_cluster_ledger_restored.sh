@@ -46,7 +46,7 @@ cl_start target0 target-d -c "$CL_INI" -i 0
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait_exit drafter0 60
 [[ $CL_RC == 78 ]] || fail "the drafter under a fence past the ledger's generation exited with '$CL_RC', not 78: $(grep -v ' = \|^#' "$CL_DIR/drafter0.log" | tail -3)"
-line="$CK/generation says drafter group generation $((16#$fence)), the ledger's is 2: the ledger is older than the folder (restored from a copy?): put back the newest; or, to go on from its head, move that file and the step folders past the head away (its lineage would prune them)"
+line="$CK/generation says drafter group generation $((16#$fence)), the ledger's is 2: the ledger is older than the folder (restored from a copy?): put back the newest; or, to go on from its head, move that file and the step folders past the head away (its lineage may prune or replace them)"
 grep -qF "drafter-d@0: joining generation 2: $line" "$CL_DIR/drafter0.log" ||
   fail "the drafter did not say why: $(grep -v ' = \|^#' "$CL_DIR/drafter0.log" | tail -3)"
 cl_wait_exit coord 30

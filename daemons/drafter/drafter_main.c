@@ -1036,11 +1036,22 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
          * Or none comes: the ledger went back (err says so), which no restart mends. */
         uint64_t t0 = mono_ms();
         int q = 0;
-        while (!(q = keep_alive(f)) && mono_ms() - t0 < (uint64_t)f->cfg->coordinator.dead_after_ms)
+        while (!(q = keep_alive(f)) && mono_ms() - t0 < (uint64_t)f->cfg->coordinator.dead_after_ms) {
+            if (daemon_stop_requested()) {
+                snprintf(err, errlen, "stopped while joining generation %" PRIu64, g->generation);
+                return -ECANCELED;
+            }
+            if (client_fd(f->cl) < 0)
+                t0 = mono_ms();     /* (the time counts while connected: a coordinator away sends nothing) */
             usleep(20000);
-        if (q) {
+        }
+        if (q && client_interrupt_queued(f->cl) == PROTO_RESTART) {   /* (keep_alive says only whether) */
             snprintf(err, errlen, "generation %" PRIu64 " ended while this rank joined it (a later one has raised the "
                      "checkpoint folder's fence)", g->generation);
+            return -ECANCELED;
+        }
+        if (q) {
+            snprintf(err, errlen, "a stop came while this rank joined generation %" PRIu64, g->generation);
             return -ECANCELED;
         }
         return -DF_ELAYOUT;
@@ -1973,7 +1984,10 @@ int main(int argc, char **argv)
             break;      /* (in a group the stop vote of the next step ends it) */
         if (f->have_group) {
             if ((r = enter_group(f, err, sizeof err)) < 0) {
-                log_error(r, "joining generation %" PRIu64 ": %s", f->grp.generation, err);
+                if (r == -ECANCELED)    /* (the generation ended, or a stop came: the usual way on) */
+                    log_notice("joining generation %" PRIu64 ": %s", f->grp.generation, err);
+                else
+                    log_error(r, "joining generation %" PRIu64 ": %s", f->grp.generation, err);
                 if (r == -ECANCELED || r == -DF_ETIMEOUT || r == -DF_EDEAD || r == -DF_EPEER) {
                     /* a peer did not come, or the coordinator ended the generation: the next */
                     if ((r = group_broken(f, r)) < 0)
