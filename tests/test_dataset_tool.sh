@@ -243,6 +243,12 @@ one_line() {  # needle, command...
   if "$@" >/dev/null 2>"$T/err.txt"; then fail "$* succeeded"; fi
   [[ $(wc -l < "$T/err.txt") == 1 ]] && grep -q "$needle" "$T/err.txt" || fail "$*: $(cat "$T/err.txt")"
 }
+printf '\n \n' >"$T/blank.jsonl"
+one_line "^dflash-data: $T/blank.jsonl: no record (empty, or blank lines only): nothing written$" "$D" build -o "$T/x.bin" "$T/blank.jsonl"
+# an option of another command: refused, not ignored (build --seed shuffles nothing)
+one_line "dflash-data: build: --seed is not an option of build (try -h)" "$D" build --seed 3 -o "$T/x.bin" "$T/in.jsonl"
+one_line "dflash-data: info: -v is not an option of info (try -h)" "$D" info -v 3 "$T/a.bin"
+one_line "dflash-data: dump: --json is not an option of dump (try -h)" "$D" dump --json "$T/a.bin"
 one_line "mkdata: need --rules >= 1" python3 "$S/tools/mkdata.py" --rules 0
 one_line "mkdata: $T/none/x.jsonl: No such file" python3 "$S/tools/mkdata.py" -o "$T/none/x.jsonl"
 one_line "mkmodel: --kv-heads must be at least 1" python3 "$S/tools/mkmodel.py" "$T/mm" --kv-heads 0

@@ -328,6 +328,11 @@ static int cmd_build(const char *out, uint32_t vocab, int end_line, char **input
                 "incomplete, nothing written\n", name);
         goto done;
     }
+    if (!dataset_writer_samples(w)) {
+        fprintf(stderr, "dflash-data: %s%s: no record (empty, or blank lines only): nothing written\n", name,
+                n_inputs > 1 ? " and the inputs before it" : "");
+        goto done;
+    }
     /* Such a file would train nothing, step after step (a mask inverted or every label -100). */
     if (dataset_writer_samples(w) && !dataset_writer_masked_tokens(w)) {
         fprintf(stderr, "dflash-data: %s: no token is in the loss (every loss_mask 0 or label -100): nothing to "
@@ -506,18 +511,24 @@ int main(int argc, char **argv)
     };
     optind = 2;
     opterr = 0;     /* one line of ours instead of getopt's and the usage */
+    /* the options each command takes (bits of `given`): one given to another is refused, not
+     * silently ignored (`build --seed 3` shuffles nothing) */
+    enum { O_OUT = 1, O_VOCAB = 2, O_N = 4, O_MIN = 8, O_MAX = 16, O_SEED = 32, O_JSON = 64, O_END = 128 };
+    static const char *const opt_names[] = { "-o", "-v", "-n", "--min-len", "--max-len", "--seed", "--json",
+                                             "--end-line" };
+    unsigned given = 0;
     int c;
     while ((c = getopt_long(argc, argv, "o:v:n:h", opts, NULL)) != -1) {
         uint64_t *dst = NULL;
         switch (c) {
-        case 'o': out = optarg; break;
-        case 'v': dst = &vocab; break;
-        case 'n': dst = &n; have_n = 1; break;
-        case 1: dst = &min_len; break;
-        case 2: dst = &max_len; break;
-        case 3: dst = &seed; break;
-        case 4: json = 1; break;
-        case 5: end_line = 1; break;
+        case 'o': out = optarg; given |= O_OUT; break;
+        case 'v': dst = &vocab; given |= O_VOCAB; break;
+        case 'n': dst = &n; have_n = 1; given |= O_N; break;
+        case 1: dst = &min_len; given |= O_MIN; break;
+        case 2: dst = &max_len; given |= O_MAX; break;
+        case 3: dst = &seed; given |= O_SEED; break;
+        case 4: json = 1; given |= O_JSON; break;
+        case 5: end_line = 1; given |= O_END; break;
         case 'h': usage(stdout); return 0;
         default:
             if (optopt >= 1 && optopt <= 3)     /* a long option's val: --min-len, --max-len, --seed */
@@ -533,6 +544,14 @@ int main(int argc, char **argv)
             return 64;
         }
     }
+    unsigned takes = !strcmp(cmd, "build") ? O_OUT | O_VOCAB | O_END
+                   : !strcmp(cmd, "synth") ? O_OUT | O_VOCAB | O_N | O_MIN | O_MAX | O_SEED
+                   : !strcmp(cmd, "info") ? O_JSON : !strcmp(cmd, "dump") ? O_N : !strcmp(cmd, "verify") ? 0 : ~0u;
+    for (unsigned k = 0; k < sizeof opt_names / sizeof opt_names[0]; k++)
+        if (given & ~takes & (1u << k)) {
+            fprintf(stderr, "dflash-data: %s: %s is not an option of %s (try -h)\n", cmd, opt_names[k], cmd);
+            return 64;
+        }
     if (vocab > DATASET_MAX_VOCAB) {
         fprintf(stderr, "dflash-data: -v: %llu is above the largest vocabulary, %u\n", (unsigned long long)vocab,
                 DATASET_MAX_VOCAB);
