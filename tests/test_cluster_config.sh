@@ -280,26 +280,22 @@ data_refused "$T/nomask.bin" "no token is in the loss (every loss mask is 0): no
 patch_mask "$T/nomask.bin" "1 - t % 2" "(n + 1) // 2"      # loss tokens, never two in a row
 data_refused "$T/nomask.bin" "no sample has two tokens in the loss in a row .*: nothing to learn" \
   "a dataset with no anchor"
-# ... or only past data.max_seq_len (128 here), where every sample is cut: long prompts, short answers
-"$CL_PY" - "$T/late.jsonl" <<'PY'
+# ... or only past data.max_seq_len (128 here), where every sample is cut: long prompts, short
+# answers. late_data FILE MASK...: 20 samples of 200 tokens for each loss mask (a Python expression)
+late_data() {
+  "$CL_PY" - "$@" <<'PY' && "$CL_BIN/dflash-data" build -o "$1" -v 256 "$1.jsonl" >/dev/null || fail "cannot build $1"
 import json, sys
-with open(sys.argv[1], "w") as f:
+with open(sys.argv[1] + ".jsonl", "w") as f:
     for i in range(20):
         ids = [(i * 7 + t) % 200 + 1 for t in range(200)]
-        f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 150 + [1] * 50}) + "\n")
-        f.write(json.dumps({"input_ids": ids, "loss_mask": [t % 2 for t in range(130)] + [1] * 70}) + "\n")
+        for mask in sys.argv[2:]:
+            f.write(json.dumps({"input_ids": ids, "loss_mask": eval(mask)}) + "\n")
 PY
-"$CL_BIN/dflash-data" build -o "$T/late.bin" -v 256 "$T/late.jsonl" >/dev/null || fail "cannot build late.bin"
+}
+late_data "$T/late.bin" "[0] * 150 + [1] * 50" "[t % 2 for t in range(130)] + [1] * 70"
 data_refused "$T/late.bin" "no sample has two tokens in the loss in a row within data.max_seq_len (128), where the samples are cut: nothing to learn" \
   "a dataset whose anchors are all past the cut"
-"$CL_PY" - "$T/late.jsonl" <<'PY'
-import json, sys
-with open(sys.argv[1], "w") as f:
-    for i in range(20):
-        ids = [(i * 7 + t) % 200 + 1 for t in range(200)]
-        f.write(json.dumps({"input_ids": ids, "loss_mask": [0] * 150 + [1] * 50}) + "\n")
-PY
-"$CL_BIN/dflash-data" build -o "$T/late.bin" -v 256 "$T/late.jsonl" >/dev/null || fail "cannot build late.bin"
+late_data "$T/late.bin" "[0] * 150 + [1] * 50"
 data_refused "$T/late.bin" "every token in the loss is past data.max_seq_len (128), where the samples are cut: nothing to learn" \
   "a dataset whose loss tokens are all past the cut"
 cp "$CL_DIR/data.bin" "$T/vocab.bin"
