@@ -1202,14 +1202,22 @@ out:
     return r;
 }
 
+/* The folder above `dir` ("/" for one at the top, "." for a bare name) into out: its last part. */
+static const char *parent_of(const char *dir, char out[PATH_MAX])
+{
+    const char *slash = strrchr(dir, '/');
+    snprintf(out, PATH_MAX, "%.*s", slash ? (int)(slash - dir) : 1, slash ? dir : ".");
+    if (!out[0])
+        snprintf(out, PATH_MAX, "/");
+    return slash ? slash + 1 : dir;
+}
+
 int ckpt_in_root(const char *root, const char *dir)
 {
     char parent[PATH_MAX];
-    const char *slash = strrchr(dir, '/');
-    if (snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - dir) : 1, slash ? dir : ".") >= (int)sizeof parent)
+    if (strlen(dir) >= PATH_MAX)
         return -ENAMETOOLONG;
-    if (!parent[0])
-        snprintf(parent, sizeof parent, "/");
+    parent_of(dir, parent);
     if (!strcmp(parent, root))
         return 1;
     struct stat a, b;
@@ -1234,10 +1242,8 @@ int ckpt_damaged(const char *dir, int code)
         if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode))
             return 1;
         char root[PATH_MAX];
-        const char *slash = strrchr(dir, '/');
-        const char *self = slash ? slash + 1 : dir;
-        snprintf(root, sizeof root, "%.*s", slash ? (int)(slash - dir) : 1, slash ? dir : ".");
-        DIR *d = opendir(root[0] ? root : "/");
+        const char *self = parent_of(dir, root);
+        DIR *d = opendir(root);
         if (!d)
             return 0;
         int others = 0;
