@@ -278,8 +278,9 @@ int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err
 struct dataset_writer {
     char path[512];             /* as given: what messages name */
     char target[512];           /* the file renamed over: path, or where its symlinks lead */
-    char tmp[512 + 16];
+    char tmp[512 + 32];         /* the temp file's name; empty while it has none (O_TMPFILE) */
     int fd;                     /* the output temp file: header hole + tokens */
+    bool anon;                  /* fd made with O_TMPFILE: named only at finish, just before the rename */
     FILE *maskf;                /* loss mask, unlinked temp file beside the output, appended at finish */
     struct dataset_index_entry *index;
     uint64_t n_samples, cap, n_tokens, masked, pairs;
@@ -307,7 +308,8 @@ void dataset_writer_free(struct dataset_writer *w)
         return;
     if (w->fd >= 0) {
         close(w->fd);
-        unlink(w->tmp);
+        if (w->tmp[0])
+            unlink(w->tmp);
     }
     if (w->maskf)
         fclose(w->maskf);
@@ -365,6 +367,37 @@ static int output_target(const char *path, char *target, size_t cap, char *err, 
     }
 }
 
+/* The directory a file's path is in. */
+static void dir_of(const char *path, char *dir, size_t cap)
+{
+    snprintf(dir, cap, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *(slash == dir ? slash + 1 : slash) = 0;
+    else
+        snprintf(dir, cap, ".");
+}
+
+/* An O_TMPFILE temp given a name beside the output, for the rename over it (linkat cannot replace
+ * a file). A name taken (another build's) is passed over. */
+static int link_temp(struct dataset_writer *w)
+{
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", w->fd);
+    for (unsigned i = 0; i < 1000; i++) {
+        snprintf(w->tmp, sizeof w->tmp, "%s.tmp.%ld.%u", w->target, (long)getpid(), i);
+        if (linkat(AT_FDCWD, proc, AT_FDCWD, w->tmp, AT_SYMLINK_FOLLOW) == 0)
+            return 0;
+        if (errno != EEXIST) {
+            int e = errno;
+            w->tmp[0] = 0;
+            return -e;
+        }
+    }
+    w->tmp[0] = 0;
+    return -EEXIST;
+}
+
 /* What a temp file is beside, in a message that names path first. */
 static const char *beside(const struct dataset_writer *w, const char *path)
 {
@@ -404,8 +437,17 @@ int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t 
         w->ino = st.st_ino;
         w->mode = st.st_mode & 07777;   /* rebuilt, not re-permitted: a private dataset stays private */
     }
-    snprintf(w->tmp, sizeof w->tmp, "%s.tmp.XXXXXX", w->target);
-    w->fd = mkostemp(w->tmp, O_CLOEXEC);
+    /* The tokens' temp file without a name where the file system allows (O_TMPFILE, linked in at
+     * finish through /proc): a build killed part way (SIGKILL, the OOM killer) leaves nothing of its
+     * many GB. Else a named one, which a stop signal to dflash-data still removes. */
+    char dir[512];
+    dir_of(w->target, dir, sizeof dir);
+    w->fd = access("/proc/self/fd", X_OK) == 0 ? open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600) : -1;
+    w->anon = w->fd >= 0;
+    if (!w->anon) {
+        snprintf(w->tmp, sizeof w->tmp, "%s.tmp.XXXXXX", w->target);
+        w->fd = mkostemp(w->tmp, O_CLOEXEC);
+    }
     if (w->fd < 0) {
         r = -errno;
         fail(err, errlen, path, r, "cannot create a temp file beside %s: %s", beside(w, path), strerror(-r));
@@ -546,6 +588,10 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
         r = -errno;
         goto io_fail;
     }
+    if (w->anon && (r = link_temp(w)) < 0) {
+        what = "cannot give the temp file a name";
+        goto io_fail;
+    }
     if (rename(w->tmp, w->target) < 0) {
         r = -errno;
         what = "rename";
@@ -555,12 +601,7 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
     w->fd = -1;
     /* Make the rename itself durable. */
     char dir[512];
-    snprintf(dir, sizeof dir, "%s", w->target);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *(slash == dir ? slash + 1 : slash) = 0;
-    else
-        strcpy(dir, ".");
+    dir_of(w->target, dir, sizeof dir);
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         fsync(dfd);

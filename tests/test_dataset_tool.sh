@@ -141,10 +141,18 @@ if compgen -G "$T/links/*.tmp.*" >/dev/null || compgen -G "$T/real/*.tmp.*" >/de
 
 # A build in progress: its input a FIFO that stays open (fd 3 holds both ends, so no open waits).
 mkfifo "$T/slow.fifo"
+# Its temp file: without a name beside the output (O_TMPFILE: "DIR/#INODE (deleted)") where the
+# file system allows, else OUT.tmp.*.
+temp_beside() {  # out
+  local f
+  for f in "/proc/$pid/fd"/*; do [[ $(readlink "$f") == "$(dirname "$1")/#"*" (deleted)" ]] && { anon=1; return 0; }; done
+  anon=0
+  compgen -G "$1.tmp.*" >/dev/null
+}
 start_slow() {  # out: starts the build as $pid and waits for its temp file
   exec 3<>"$T/slow.fifo"
   "$D" build -o "$1" -v 10 "$T/slow.fifo" 2>"$T/slow.err" 3>&- & pid=$!
-  for ((i = 0; i < 200 * SCALE; i++)); do compgen -G "$1.tmp.*" >/dev/null && return; sleep 0.05; done
+  for ((i = 0; i < 200 * SCALE; i++)); do temp_beside "$1" && return; sleep 0.05; done
   fail "no temp file beside $1: $(cat "$T/slow.err")"
 }
 # The loss-mask temp is beside the output (not in /tmp, often a small tmpfs), unlinked at once.
@@ -171,6 +179,22 @@ for sig in TERM HUP; do
   ! compgen -G "$T/sig.bin.*" >/dev/null || fail "SIG$sig left $(compgen -G "$T/sig.bin.*")"
   cmp -s "$T/a.bin" "$T/sig.bin" || fail "SIG$sig: the output was replaced"
 done
+# Killed outright (SIGKILL, the OOM killer): a temp without a name goes with the process.
+cp "$T/a.bin" "$T/sig.bin"
+start_slow "$T/sig.bin"
+echo '{"input_ids":[4,5,6]}' >&3
+kill -KILL $pid
+wait $pid 2>/dev/null
+exec 3>&-
+tmpfile_ok=$(python3 -c 'import os,sys; os.close(os.open(sys.argv[1], os.O_TMPFILE | os.O_RDWR, 0o600)); print(1)' "$T" 2>/dev/null)
+[[ $tmpfile_ok == 1 && $anon == 0 ]] && fail "$T takes O_TMPFILE files, yet the build's temp file has a name"
+if ((anon)); then
+  ! compgen -G "$T/sig.bin.*" >/dev/null || fail "SIGKILL left $(compgen -G "$T/sig.bin.*")"
+else
+  echo "note: $T's file system has no O_TMPFILE: a killed build leaves its named temp file"
+  rm -f "$T"/sig.bin.tmp.*
+fi
+cmp -s "$T/a.bin" "$T/sig.bin" || fail "SIGKILL: the output was replaced"
 
 long=$T/$(printf 'd%.0s' {1..200})/$(printf 'e%.0s' {1..200})/$(printf 'f%.0s' {1..100})/train.bin
 if "$D" build -o "$long" "$T/in.jsonl" 2>"$T/err.txt"; then fail "accepted a path of ${#long} bytes"; fi

@@ -30,8 +30,9 @@ static void usage(FILE *f)
         "input that ends without it (its writer stopped part way) writes nothing.\n");
 }
 
-/* The temp file of the build in progress: an interrupted build (of many GB perhaps) must not
- * leave it beside the output. The handlers read only this copy (async-signal-safe). */
+/* The temp file of the build in progress, where it has a name (a file system without O_TMPFILE):
+ * an interrupted build (of many GB perhaps) must not leave it beside the output. The handlers
+ * read only this copy (async-signal-safe). */
 static char temp_path[1024];
 static volatile sig_atomic_t have_temp;
 
@@ -66,7 +67,7 @@ static int writer_open(struct dataset_writer **w, const char *out, uint32_t voca
     int r = dataset_writer_open(w, out, vocab, err, errlen);
     if (r == 0) {
         snprintf(temp_path, sizeof temp_path, "%s", dataset_writer_temp_path(*w));
-        have_temp = 1;
+        have_temp = temp_path[0] != 0;     /* (none: the temp has no name until it is renamed) */
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     return r;
