@@ -248,7 +248,11 @@ int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err
         /* (before the size: a short JSONL file is no dataset cut short) */
         size_t k = strspn(head, " \t\r\n\xef\xbb\xbf");     /* (blanks, a UTF-8 BOM) */
         bool json = k < (size_t)got && (head[k] == '{' || head[k] == '[');
+        const char *packed = fileio_compressed(head, (size_t)got);
         dataset_close(ds);
+        if (packed)
+            return fail(err, errlen, path, -DF_EMAGIC, "not a dflash dataset: %s-compressed data (a dataset is "
+                        "read uncompressed, mapped in place: decompress it first)", packed);
         return fail(err, errlen, path, -DF_EMAGIC, "not a dflash dataset (bad magic)%s",
                     json ? ": a JSON file? build a dataset of it with `dflash-data build -o OUT FILE`" : "");
     }

@@ -2,6 +2,7 @@
  * Loops over short transfers and EINTR so callers see one result per buffer. */
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -120,4 +121,18 @@ int fileio_shm_open(const char *name, int oflag, struct stat *st_out)
     if (fd < 0)
         return errno == ENXIO ? -EINVAL : -errno;    /* ENXIO: a socket */
     return keep_regular(fd, st_out);
+}
+
+const char *fileio_compressed(const void *head, size_t n)
+{
+    static const struct { const char *name; unsigned char magic[6]; size_t len; } kinds[] = {
+        { "gzip", { 0x1f, 0x8b }, 2 },
+        { "zstd", { 0x28, 0xb5, 0x2f, 0xfd }, 4 },
+        { "xz", { 0xfd, '7', 'z', 'X', 'Z', 0x00 }, 6 },
+        { "bzip2", { 'B', 'Z', 'h' }, 3 },
+    };
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (n >= kinds[i].len && !memcmp(head, kinds[i].magic, kinds[i].len))
+            return kinds[i].name;
+    return NULL;
 }

@@ -29,3 +29,7 @@ int fileio_open_regular(const char *path, struct stat *st);
  * wait for a writer forever): the fd (blocking, close-on-exec), -EINVAL for an object that is
  * not a regular file, or -errno; *st filled when not NULL. */
 int fileio_shm_open(const char *name, int oflag, struct stat *st);
+
+/* The compressor whose magic number a file starts with ("gzip", "zstd", "xz", "bzip2"), or NULL:
+ * for a message that says what a file read as plain data is. */
+const char *fileio_compressed(const void *head, size_t n);

@@ -287,6 +287,20 @@ cmp -s "$T/a.bin" "$T/keep2.bin" || fail "a missing input replaced the output"
 "$D" info "$T/in.jsonl" >/dev/null 2>"$T/err.txt" && fail "info took a JSONL file for a dataset"
 grep -qx "dflash-data: $T/in.jsonl: not a dflash dataset (bad magic): a JSON file? build a dataset of it with \`dflash-data build -o OUT FILE\`" "$T/err.txt" ||
   fail "a JSONL file as a dataset: $(cat "$T/err.txt")"
+# Compressed: a gzip dataset where the dataset goes, a gzip JSONL input (file or stdin): named so
+gzip -c "$T/a.bin" >"$T/a.bin.gz"
+"$D" info "$T/a.bin.gz" >/dev/null 2>"$T/err.txt" && fail "info took a gzip file for a dataset"
+grep -qx "dflash-data: $T/a.bin.gz: not a dflash dataset: gzip-compressed data (a dataset is read uncompressed, mapped in place: decompress it first)" "$T/err.txt" ||
+  fail "a gzip dataset: $(cat "$T/err.txt")"
+gzip -c "$T/in.jsonl" >"$T/in.jsonl.gz"
+cp "$T/a.bin" "$T/keep3.bin"
+for src in "$T/in.jsonl.gz" -; do
+  "$D" build -o "$T/keep3.bin" -v 10 "$src" <"$T/in.jsonl.gz" 2>"$T/err.txt" && fail "built of gzip input ($src)"
+  name=$src; [[ $src == - ]] && name="<stdin>"
+  grep -qxF "dflash-data: $name:1: gzip-compressed, not JSON Lines: decompress it on the way in (e.g. gzip -dc FILE | dflash-data build -o OUT -)" "$T/err.txt" ||
+    fail "gzip input ($src): $(cat "$T/err.txt")"
+done
+cmp -s "$T/a.bin" "$T/keep3.bin" || fail "a gzip input replaced the output"
 # A write of the output that fails (here: past the file size limit, as a full disk would): the
 # output named, and where in the input it was; the old output kept, no temp file beside it
 python3 -c 'import json

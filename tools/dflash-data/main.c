@@ -12,6 +12,7 @@
 #include "common/dataset.h"
 #include "common/decimal.h"
 #include "common/err.h"
+#include "common/fileio.h"
 #include "common/jsonutil.h"
 
 static void usage(FILE *f)
@@ -277,7 +278,11 @@ static int cmd_build(const char *out, uint32_t vocab, int end_line, char **input
             long n = -1;
             /* the parser reads a C string: a record after a NUL (a damaged file) would go unseen */
             const char *nul = memchr(line, 0, (size_t)len);
-            if (ended)
+            const char *packed = lineno == 1 ? fileio_compressed(line, (size_t)len) : NULL;
+            if (packed)
+                snprintf(why, sizeof why, "%s-compressed, not JSON Lines: decompress it on the way in "
+                         "(e.g. %s -dc FILE | dflash-data build -o OUT -)", packed, packed);
+            else if (ended)
                 snprintf(why, sizeof why, "a line after the end line (--end-line)");
             else if (nul)
                 snprintf(why, sizeof why, "a NUL byte at column %zu: not a JSON line", (size_t)(nul - line) + 1);
