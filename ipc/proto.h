@@ -318,6 +318,10 @@ struct proto_bye {
 };
 _Static_assert(sizeof(struct proto_bye) == 264, "wire size");
 
+/* The most of an operator's reason a control keeps whole: the coordinator keeps it after who sent
+ * it ("pause by dflashctl (pid N, uid M): "), all within PROTO_TEXT_MAX. */
+#define PROTO_REASON_MAX 160
+
 struct proto_control {
     uint32_t cmd;                   /* enum proto_control_cmd */
     uint32_t resumes;               /* s->c: the operator's resumes so far, counted by the coordinator

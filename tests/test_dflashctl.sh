@@ -96,6 +96,16 @@ grep -q "resume by dflashctl (pid [0-9]*, uid [0-9]*): disk checked" "$T/coord.l
 "$CTL" -s "$S" pause -- -x- | grep -q "paused" || fail "pause -- -x-"
 "$CTL" -s "$S" status | grep -q -- "-x-" || fail "a reason after -- not kept"
 "$CTL" -s "$S" resume | grep -q "running" || fail "resume"
+# A reason of 160 bytes is kept whole after who sent it; a longer one is refused, not cut
+long=$(printf "word%05d " {1..15})end-of-i       # 15 x 10 + 8 = 158 bytes; " x" makes 160
+"$CTL" -s "$S" pause $long x >/dev/null || fail "a pause with a 160-byte reason"
+"$CTL" -s "$S" --json status | python3 -c 'import json,sys; r=json.load(sys.stdin)["reason"]; assert r.endswith(": "+sys.argv[1]+" x"), r' "$long" ||
+  fail "a 160-byte reason not kept whole: $("$CTL" -s "$S" status)"
+"$CTL" -s "$S" resume >/dev/null || fail "resume"
+"$CTL" -s "$S" pause $long xy >/dev/null 2>"$T/err.txt"; rc=$?
+[[ $rc == 64 ]] && grep -qx "dflashctl: pause: the reason is 161 bytes, at most 160 are kept: shorten it" "$T/err.txt" ||
+  fail "a 161-byte reason: exit $rc: $(cat "$T/err.txt")"
+"$CTL" -s "$S" --json status | grep -q '"state":"running"' || fail "a refused reason changed the state"
 "$CTL" -s "$S" --json resume | grep -q '"ok":true' || fail "resume is idempotent"
 
 # Bad socket path: clear message, non-zero exit.

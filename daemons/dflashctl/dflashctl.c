@@ -210,12 +210,24 @@ static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
     }
 }
 
+/* A control's words, joined by spaces, into reason (PROTO_REASON_MAX + 1 bytes): the length of
+ * the whole, which is in reason only when at most PROTO_REASON_MAX. */
+static size_t join_reason(int argc, char **argv, char *reason)
+{
+    size_t n = 0;
+    reason[0] = 0;
+    for (int i = 0; i < argc; i++) {
+        n += strlen(argv[i]) + (i > 0);
+        if (n <= PROTO_REASON_MAX)
+            strcat(strcat(reason, i ? " " : ""), argv[i]);
+    }
+    return n;
+}
+
 static int control(struct ctx *x, enum proto_control_cmd cmd, int argc, char **argv)
 {
-    char reason[PROTO_TEXT_MAX] = "";
-    size_t n = 0;
-    for (int i = 0; i < argc && n < sizeof reason - 1; i++)
-        n += (size_t)snprintf(reason + n, sizeof reason - n, "%s%s", i ? " " : "", argv[i]);
+    char reason[PROTO_REASON_MAX + 1];
+    join_reason(argc, argv, reason);    /* (its length checked before connecting) */
     char *json = NULL, err[512];
     int status = 0;
     if (client_control(x->c, cmd, reason, &json, &status, err, sizeof err) < 0) {
@@ -444,6 +456,13 @@ int main(int argc, char **argv)
                     ce->name, words[1]);
         else
             fprintf(stderr, "dflashctl: %s: wrong number of arguments (%s %s)\n", ce->name, ce->name, ce->usage);
+        return EX_USAGE;
+    }
+    char reason[PROTO_REASON_MAX + 1];
+    size_t reason_len = !strncmp(ce->usage, "[REASON]", 8) ? join_reason(nargs, words + 1, reason) : 0;
+    if (reason_len > PROTO_REASON_MAX) {     /* said, not cut (perhaps inside a UTF-8 character) */
+        fprintf(stderr, "dflashctl: %s: the reason is %zu bytes, at most %d are kept: shorten it\n", ce->name,
+                reason_len, PROTO_REASON_MAX);
         return EX_USAGE;
     }
     if (x.ledger)
