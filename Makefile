@@ -96,11 +96,19 @@ FLAGS_STAMP := $(BUILD)/.flags
 FLAGS_NOW   := $(CC) $(CFLAGS) | $(if $(HAVE_CUDA),$(NVCC) $(NVCCFLAGS)) | $(LDFLAGS) $(LDLIBS)
 # (`sudo make install` after `make` installs what was built: root's environment, another PATH or
 # CC, does not rebuild it)
-FLAGS_DEP   := $(if $(filter-out install,$(MAKECMDGOALS)),$(FLAGS_STAMP),$(if $(MAKECMDGOALS),,$(FLAGS_STAMP)))
-$(FLAGS_STAMP): FORCE
-	@mkdir -p $(dir $@)
-	@[ "$$(cat $@ 2>/dev/null)" = '$(FLAGS_NOW)' ] || printf '%s' '$(FLAGS_NOW)' >$@
-FORCE:
+FLAGS_DEP   := $(if $(filter-out install clean print-build deps,$(MAKECMDGOALS)),$(FLAGS_STAMP),$(if $(MAKECMDGOALS),,$(FLAGS_STAMP)))
+# Written as the Makefile is read, and only when the flags differ: an unchanged build is up to date
+# for `make -q` and `make -n` too, which never write it (other flags: every object out of date).
+ifneq ($(FLAGS_DEP),)
+ifneq ($(shell [ "$$(cat $(FLAGS_STAMP) 2>/dev/null)" = '$(FLAGS_NOW)' ] && echo same),same)
+ifneq ($(findstring n,$(firstword -$(MAKEFLAGS)))$(findstring q,$(firstword -$(MAKEFLAGS))),)
+FLAGS_DEP := flags-changed
+else ifneq ($(shell mkdir -p $(BUILD) && printf '%s' '$(FLAGS_NOW)' >$(FLAGS_STAMP) && echo ok),ok)
+$(error cannot write $(FLAGS_STAMP))
+endif
+endif
+endif
+$(FLAGS_STAMP): ;
 
 $(BUILD)/%.o: %.c $(FLAGS_DEP)
 	@mkdir -p $(dir $@)
@@ -172,7 +180,7 @@ install: $(BIN_PATHS)
 clean:
 	rm -rf build build-*
 
-.PHONY: all test check fuzz print-build demo deps install clean FORCE
+.PHONY: all test check fuzz print-build demo deps install clean flags-changed
 .SECONDARY:
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
