@@ -262,6 +262,28 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
         }
         goto out;
     }
+    /* A scaled RoPE (llama3, yarn, ...): this drafter trains with plain RoPE at rope_theta (the
+     * config it writes says rope_scaling null); a checkpoint of another trainer that scales it
+     * would go on at other angles, its loss and weights changed without a word. */
+    for (int k = 0; k < 2; k++) {
+        const cJSON *sc = k ? rp : jitem(j, "rope_scaling");
+        const char *where = k ? "rope_parameters" : "rope_scaling";
+        if (!sc || cJSON_IsNull(sc))
+            continue;
+        if (!cJSON_IsObject(sc)) {
+            snprintf(err, errlen, "%s: %s: expected an object or null", path, where);
+            r = -DF_EFORMAT;
+            goto out;
+        }
+        const cJSON *t = jitem(sc, "rope_type") ? jitem(sc, "rope_type") : jitem(sc, "type");
+        if (t && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default"))) {
+            snprintf(err, errlen, "%s: %s.%s: %s RoPE is not supported: the drafter trains with plain RoPE at "
+                     "rope_theta (its own checkpoints say rope_scaling null)", path, where, jitem(sc, "rope_type") ?
+                     "rope_type" : "type", cJSON_IsString(t) ? t->valuestring : "a non-string");
+            r = -DF_EUNSUPPORTED;
+            goto out;
+        }
+    }
     if ((r = jint(&xdf, df, "mask_token_id", &c->mask_token_id, true)) < 0)
         goto out;
     const cJSON *ids = jitem(df, "target_layer_ids");
