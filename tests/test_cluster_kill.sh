@@ -38,9 +38,26 @@ for ((k = 1; k <= KILLS; k++)); do
   cl_log "kill $k: drafter step $s0 -> $(cl_json 'step()') with target 0 down; $(cl_json 's["batches"]')"
   cl_start target0 target-d -c "$CL_INI" -i 0
 done
+cl_wait '[t for t in targets() if t["gpu"] == 0 and t.get("published", 0) >= 3]' 60 coord ||
+  fail "target 0 is not publishing"
+
+# Target 0 SIGKILLed while the coordinator is down: the coordinator, back, finds the holder of
+# the ledger's leases dead, though it never saw it leave; that death is told too (once).
+cl_kill coord KILL
+cl_wait_exit coord 10
+p0=$(cl_pid target0)
+held=$(cl_sql "SELECT count(*) FROM batches WHERE state = 1 AND (owner & 4194303) = $p0")
+cl_kill target0 KILL
+cl_wait_exit target0 10
+cl_start coord coordinator-d -c "$CL_INI"
+cl_log "target 0 (pid $p0) killed while the coordinator was down, holding $held leases"
+((held > 0)) || fail "target 0 held no lease when killed (the case this part is for)"
+away='[e for e in s["errors"] if e["role"] == "target" and e["pid"] == '$p0' and "died while away from this coordinator" in e["message"] and "its '$held' leased batch" in e["message"]]'
+cl_wait "$away" 30 coord || fail "target 0's death while the coordinator was down is not among the errors: $(cl_json 's["errors"]')"
+cl_start target0 target-d -c "$CL_INI" -i 0
 # The last restart must have joined before the drain (else it finds the cluster ended and exits 0
-# without having published anything).
-cl_wait '[t for t in targets() if t["gpu"] == 0]' 60 coord || fail "target 0 did not come back"
+# without having published anything); target 1 is back with the coordinator too.
+cl_wait 'len(targets()) == 2' 60 coord || fail "target 0 or 1 did not come back: $(cl_json 'targets()')"
 
 # Target 1 frozen past coordinator.dead_after_ms is closed ("no heartbeat"); thawed, it connects
 # again. Its process lived on: its exit at the drain (with a BYE) is no death.
@@ -84,6 +101,9 @@ died=$(cl_sql "SELECT count(*) FROM errors WHERE role = 'target' AND device = 0 
 [[ $died == "$KILLS" ]] || fail "$died deaths of target 0 recorded for $KILLS kills: $(cl_sql 'SELECT message FROM errors')"
 others=$(cl_sql "SELECT count(*) FROM errors WHERE message LIKE '%died without a word%'")
 [[ $others == "$KILLS" ]] || fail "a daemon that left at the drain is recorded as dead: $(cl_sql 'SELECT message FROM errors')"
+# The one death the coordinator did not see is told once; those it saw are not told again so.
+away=$(cl_sql "SELECT group_concat(pid) FROM errors WHERE message LIKE '%died while away from this coordinator%'")
+[[ $away == "$p0" ]] || fail "deaths told as unseen: pids '$away' (wanted $p0 alone): $(cl_sql 'SELECT message FROM errors')"
 for n in target-d@1 drafter-d@0; do
   grep -q "$n (pid [0-9]*) leaves, exit status 0: $n exits 0" "$CL_DIR/coord.log" || fail "no BYE from $n in the coordinator's log"
 done

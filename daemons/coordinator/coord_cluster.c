@@ -785,6 +785,63 @@ void coord_watch_departed(struct coord *co)
     }
 }
 
+/* Whether this coordinator saw the process of token leave (it is among the departed, or watched
+ * since its connection ended): its going is told there, or by the watch when it dies. */
+static bool seen_leaving(const struct coord *co, uint64_t token)
+{
+    for (size_t i = 0; i < co->n_departed; i++)
+        if (co->departed[i].token == token)
+            return true;
+    for (size_t k = 0; k < COORD_WATCH_MAX; k++)
+        if (co->watch[k].token == token)
+            return true;
+    return false;
+}
+
+/* An owner the ledger names (a lease's holder, a rank), found dead without this coordinator
+ * having seen it leave: it died while the coordinator was down (or before it came back to this
+ * one), and nothing else would tell the operator. */
+static void record_unseen_death(struct coord *co, int role, uint64_t token, const char *what)
+{
+    if (token == PROC_TOKEN_GONE || seen_leaving(co, token))
+        return;     /* (gone: an owner of before the host's reboot, which the start logged) */
+    char text[PROTO_TEXT_MAX];
+    snprintf(text, sizeof text, "%s (pid %d) died while away from this coordinator (not seen to leave: killed or "
+             "crashed while the coordinator was down, or before it came back; its journal says how)%s%s",
+             proto_role_name((unsigned)role), (int)proc_token_pid(token), *what ? ": " : "", what);
+    log_warn(0, "%s", text);
+    record_error_of(co, role, -1, proc_token_pid(token), 0, -DF_EDEAD, text);
+}
+
+/* The dead holders of leases found in one pass over them, each told once. */
+struct dead_holders {
+    size_t n;
+    struct { uint64_t token; uint32_t batches; } h[8];  /* (more in one pass: the first eight told) */
+};
+
+static void dead_holder_add(struct dead_holders *d, uint64_t token)
+{
+    size_t k = 0;
+    while (k < d->n && d->h[k].token != token)
+        k++;
+    if (k < d->n) {
+        d->h[k].batches++;
+    } else if (d->n < sizeof d->h / sizeof d->h[0]) {
+        d->h[d->n].token = token;
+        d->h[d->n++].batches = 1;
+    }
+}
+
+static void dead_holders_tell(struct coord *co, const struct dead_holders *d)
+{
+    for (size_t k = 0; k < d->n; k++) {
+        char what[96];
+        snprintf(what, sizeof what, "its %u leased batch%s queued again", d->h[k].batches,
+                 d->h[k].batches == 1 ? "" : "es");
+        record_unseen_death(co, PROTO_ROLE_TARGET, d->h[k].token, what);
+    }
+}
+
 /* The errors recorded before this start (ledger_error_recent: co->n_errors counted first, then
  * the newest COORD_ERRORS_KEPT oldest first), into the kept ones where record_error puts them. */
 struct error_load {
@@ -1824,6 +1881,7 @@ void coord_tick(struct coord *co)
      * is trained twice. A hung target is the watchdog's to kill. */
     const struct ring_slot_stat *s = NULL;
     uint64_t n_leased = 0;
+    struct dead_holders dead = { 0 };
     for (struct batch *b = co->leased, *next; b; b = next) {
         next = b->lnext;        /* lease_lost takes b (only b) off the list */
         if (b->holder || proc_token_alive(b->row.owner) != 0) {
@@ -1836,11 +1894,13 @@ void coord_tick(struct coord *co)
             n_leased++;
             continue;
         }
+        dead_holder_add(&dead, b->row.owner);
         struct ring_reclaim rc = { 0 };
         ring_reclaim_owner(co->ring, b->row.owner, &rc);
         s = slot_snapshot(co);
         lease_lost(co, b, s, "its target died");
     }
+    dead_holders_tell(co, &dead);
     if (n_leased != co->counts[BATCH_LEASED]) {
         /* cannot happen while every state change goes through batch_set; if it does, rebuild */
         log_error(0, "lease list out of step: %" PRIu64 " linked, %" PRIu64 " LEASED: rebuilt", n_leased,
@@ -1854,6 +1914,9 @@ void coord_tick(struct coord *co)
     struct dgroup *g = &co->grp;
     for (uint32_t r = 0; g->active && co->state < PROTO_STATE_STOPPED && r < g->world; r++)
         if (!g->rank_member[r] && g->rank_token[r] && proc_token_alive(g->rank_token[r]) == 0) {
+            char what[96];
+            snprintf(what, sizeof what, "rank %u of generation %" PRIu64 ", which ends", r, g->gen);
+            record_unseen_death(co, PROTO_ROLE_DRAFTER, g->rank_token[r], what);
             ring_reclaim_owner(co->ring, g->rank_token[r], NULL);
             group_fail(co, "a drafter died");
         }
@@ -2340,6 +2403,7 @@ void coord_ring_reconcile(struct coord *co)
     }
     const struct ring_slot_stat *s = co->ring_created ? NULL : slot_snapshot(co);
     uint64_t adopted = 0, lost = 0, dead = 0;
+    struct dead_holders dead_holders = { 0 };
     for (uint32_t e = 0; e < co->epochs && co->ep[e].built; e++)
         for (uint32_t i = 0; i < co->ep[e].s.n_batches; i++) {
             struct batch *b = &co->ep[e].b[i];
@@ -2355,6 +2419,7 @@ void coord_ring_reconcile(struct coord *co)
             } else if (b->row.state == BATCH_LEASED) {
                 b->detached_until_ms = co->recovery_until_ms;
                 if (proc_token_alive(b->row.owner) == 0) {
+                    dead_holder_add(&dead_holders, b->row.owner);
                     requeue(co, b, "its target died while the coordinator was down");
                     dead++;
                 }
@@ -2363,6 +2428,7 @@ void coord_ring_reconcile(struct coord *co)
     if (adopted || lost || dead)
         log_notice("ring vs ledger: %" PRIu64 " READY batches adopted, %" PRIu64 " publications lost, %" PRIu64
                    " leases of dead targets re-queued", adopted, lost, dead);
+    dead_holders_tell(co, &dead_holders);
 }
 
 void coord_cluster_done(struct coord *co)

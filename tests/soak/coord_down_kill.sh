@@ -33,10 +33,14 @@ for ((i = 0; i < $(cl_scaled 200); i++)); do
 done
 cl_log "coordinator down: the ledger's head is step $head, rank 0 has written step $newest since"
 ((newest > head)) || fail "no checkpoint was written while the coordinator was down (the case this test is for)"
+p1=$(cl_pid drafter1)
 cl_kill drafter1 KILL
 cl_wait_exit drafter1 10
 cl_start coord coordinator-d -c "$CL_INI"
 cl_wait 's["state"] == "running" and not s["recovering"]' 30 coord || fail "the coordinator did not come back"
+# The death it did not see is told all the same (dflashctl errors), once
+died='[e for e in s["errors"] if e["role"] == "drafter" and e["pid"] == '$p1' and "died while away from this coordinator" in e["message"] and "rank 1 of generation" in e["message"]]'
+cl_wait "$died" 30 coord || fail "rank 1's death while the coordinator was down is not among the errors: $(cl_json 's["errors"]')"
 cl_log "coordinator back: head step $(cl_json 's["group"]["checkpoint"]["step"]'), generation $(cl_json 's["group"]["generation"]')"
 cl_start drafter1 drafter-d -c "$CL_INI" -i 1
 cl_wait_exit coord 300 || fail "coordinator exited '$CL_RC'"
@@ -48,4 +52,6 @@ states=$(cl_ring_states 8)
 [[ $states != *WRITING* && $states != *READING* && $states != *READY* ]] || fail "ring at the end: $states"
 ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left at the end"
 ((rc == 0)) || fail "exactly-once check"
+n=$(grep -c "drafter (pid $p1) died while away from this coordinator" "$CL_DIR/coord.log")
+[[ $n == 1 ]] || fail "rank 1's death told $n times: $(grep "died while away" "$CL_DIR/coord.log")"
 echo "ok: coordinator and a drafter down together; every batch trained once in the lineage"
