@@ -2,6 +2,8 @@
  * Unknown keys, bad types and out-of-range values fail with file:line: key: reason. */
 #include <errno.h>
 #include <float.h>
+#include <limits.h>
+#include <stdbool.h>
 #include <ini.h>
 #include <math.h>
 #include <stdarg.h>
@@ -339,8 +341,40 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
         }
         if (k->path && base && val[0] && val[0] != '/') {
             /* relative: from `base`, so a daemon under systemd (started in /) and one started
-             * by hand read the same file, and a path the coordinator hands out means one thing */
-            int n = snprintf(p, (size_t)k->max, "%s/%s", base, val);
+             * by hand read the same file, and a path the coordinator hands out means one thing.
+             * Its leading "./" and "../" are taken off against base (which has no symbolic link
+             * or dot part): the path is kept, and must not depend on the folder it was given in. */
+            char b[CFG_STR_MAX];
+            snprintf(b, sizeof b, "%s", base);
+            const char *v = val;
+            for (;;) {
+                size_t dots = v[0] == '.' && (v[1] == '/' || !v[1]) ? 1
+                            : v[0] == '.' && v[1] == '.' && (v[2] == '/' || !v[2]) ? 2 : 0;
+                if (!dots)
+                    break;
+                if (dots == 2) {
+                    char *last = strrchr(b, '/');
+                    if (last)
+                        *(last == b ? last + 1 : last) = 0;
+                }
+                for (v += dots; *v == '/'; v++)
+                    ;
+            }
+            /* and its "." parts within ("a/./b"; a ".." within stays: "link/.." is not ".") */
+            char rest[CFG_STR_MAX], *w = rest;
+            for (const char *c = v; *c;) {
+                if (c[0] == '.' && (c[1] == '/' || !c[1]) && (c == v || c[-1] == '/')) {
+                    for (c++; *c == '/'; c++)
+                        ;
+                    continue;
+                }
+                *w++ = *c++;
+            }
+            *w = 0;
+            if (w > rest && w[-1] == '/' && w - rest > 1 && strcmp(v + strlen(v) - 1, "/"))
+                w[-1] = 0;      /* (a trailing "/." taken off leaves no "/" the value did not end with) */
+            const char *sep = !rest[0] || !strcmp(b, "/") ? "" : "/";
+            int n = snprintf(p, (size_t)k->max, "%s%s%s", b, sep, rest);
             if (n < 0 || n >= (int)k->max) {
                 snprintf(err, errlen, "'%s' taken from %s is longer than %.0f bytes", val, base, k->max - 1);
                 p[0] = 0;
@@ -575,7 +609,9 @@ static int read_config_file(const char *path, char **text, size_t *len, char *er
     return 0;
 }
 
-/* The absolute folder of `path` (the current folder joined with its dirname when relative). */
+/* The absolute folder of `path` (the current folder joined with its dirname when relative),
+ * without "." or ".." in it: the paths made from it are kept (the ledger keeps the checkpoints'),
+ * and "run/../state" would stop meaning "state" once "run" is renamed or removed. */
 static int file_folder(const char *path, char *out, size_t len)
 {
     const char *slash = strrchr(path, '/');
@@ -589,7 +625,19 @@ static int file_folder(const char *path, char *out, size_t len)
         n = snprintf(out, len, "%s/%.*s", cwd, (int)(slash - path), path);
     else
         n = snprintf(out, len, "%s", cwd);
-    return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+    if (n < 0 || (size_t)n >= len)
+        return -ENAMETOOLONG;
+    /* (an absolute folder as written is kept, symbolic links and all, unless it has a dot part) */
+    bool dots = path[0] != '/' || strstr(out, "/./") || strstr(out, "/../");
+    for (const char *e = out + strlen(out); !dots && e - out >= 2 && e[-1] == '.';)
+        dots = e[-2] == '/' || (e[-2] == '.' && e - out >= 3 && e[-3] == '/');
+    char real[PATH_MAX];
+    if (dots && realpath(out, real)) {      /* (it holds the file just read: it is there) */
+        if (strlen(real) >= len)
+            return -ENAMETOOLONG;
+        strcpy(out, real);
+    }
+    return 0;
 }
 
 static int load(struct dflash_cfg *cfg, const char *path, const char *only, char *err, size_t errlen)

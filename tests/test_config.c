@@ -1,6 +1,8 @@
 /* test_config.c: the INI loader: defaults, overrides, every error names file:line: key.
  * Also checks etc/dflash.ini documents every key with its default. */
 #include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/config.h"
@@ -187,7 +189,7 @@ int main(void)
     /* Relative paths: from the file's folder (a file named by a relative path too), from the
      * current folder for -o; absolute ones and names that are not paths stay as written. */
     const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    char sub[512], want[700], cwd[512];
+    char sub[512], want[PATH_MAX + 64], cwd[512];
     snprintf(sub, sizeof sub, "%s/cfgrel", tmp);
     mkdir(sub, 0755);
     p = write_tmp("cfgrel/rel.ini", "[data]\npath = data.bin\n[model]\npath = ../models/m\n"
@@ -195,7 +197,7 @@ int main(void)
     CHECK_OK(cfg_load(&cfg, p, err, sizeof err));
     snprintf(want, sizeof want, "%s/data.bin", sub);
     CHECK_STR(cfg.data.path, want);
-    snprintf(want, sizeof want, "%s/../models/m", sub);
+    snprintf(want, sizeof want, "%s/models/m", tmp);     /* (kept paths have no dot part) */
     CHECK_STR(cfg.model.path, want);
     CHECK_STR(cfg.cluster.state_dir, "/srv/s");
     CHECK_STR(cfg.cluster.name, "x.y");
@@ -205,6 +207,25 @@ int main(void)
     CHECK_OK(cfg_load(&cfg, "cfgrel/rel.ini", err, sizeof err));
     CHECK(cfg.data.path[0] == '/');
     CHECK_CONTAINS(cfg.data.path, "/cfgrel/data.bin");
+    /* The same file named through another folder ("../" of it): the same paths, none naming
+     * that folder (a daemon started there must not keep a path that breaks when it goes) */
+    char real_sub[PATH_MAX], first[sizeof cfg.data.path];
+    CHECK(realpath(sub, real_sub) != NULL);
+    snprintf(want, sizeof want, "%s/data.bin", real_sub);
+    CHECK_STR(cfg.data.path, want);
+    snprintf(first, sizeof first, "%s", cfg.model.path);
+    mkdir("cfgrel/away", 0755);
+    CHECK_OK(chdir("cfgrel/away"));
+    CHECK_OK(cfg_load(&cfg, "./../rel.ini", err, sizeof err));
+    CHECK_STR(cfg.data.path, want);
+    CHECK_STR(cfg.model.path, first);
+    CHECK_OK(cfg_set(&cfg, "drafter.checkpoint_dir=./../../ck/./x", err, sizeof err));
+    CHECK(strstr(cfg.drafter.checkpoint_dir, "/./") == NULL && strstr(cfg.drafter.checkpoint_dir, "/../") == NULL);
+    CHECK_CONTAINS(cfg.drafter.checkpoint_dir, "/ck/x");
+    CHECK_OK(cfg_set(&cfg, "drafter.checkpoint_dir=..", err, sizeof err));
+    CHECK_STR(cfg.drafter.checkpoint_dir, real_sub);
+    CHECK_OK(chdir(tmp));
+    rmdir("cfgrel/away");
     CHECK_OK(cfg_set(&cfg, "drafter.metrics_path=m.jsonl", err, sizeof err));
     char here[512];
     CHECK(getcwd(here, sizeof here) != NULL);
