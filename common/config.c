@@ -401,6 +401,7 @@ struct load_ctx {
     int *set_line;  /* per cfg_keys[] entry: the file line that set it (0 = not yet) */
     const char *base;   /* the file's folder, absolute: relative path values start there */
     const char *only;   /* cfg_load_section: the one section read, errors elsewhere passed over */
+    bool only_seen;     /* its header is in the file */
     char cur[64];       /* the section of the line being read */
 };
 
@@ -513,8 +514,10 @@ static char *ini_read_line(char *buf, int size, void *stream)
     const char *line = c->lineno == 1 && !strncmp(buf, "\xef\xbb\xbf", 3) ? buf + 3 : buf;   /* (a BOM: inih skips it) */
     const char *t = line + strspn(line, " \t\r\n\v\f");
     const char *close = *t == '[' ? strchr(t, ']') : NULL;
-    if (close)
+    if (close) {
         snprintf(c->cur, sizeof c->cur, "%.*s", (int)(close - t - 1), t + 1);
+        c->only_seen |= c->only && !strcmp(c->cur, c->only);
+    }
     const char *bad = c->only ? syntax_error(line) : NULL;
     if (bad && *t == '[')
         fail_anywhere(c, bad);
@@ -640,7 +643,8 @@ static int file_folder(const char *path, char *out, size_t len)
     return 0;
 }
 
-static int load(struct dflash_cfg *cfg, const char *path, const char *only, char *err, size_t errlen)
+static int load(struct dflash_cfg *cfg, const char *path, const char *only, bool *only_seen, char *err,
+                size_t errlen)
 {
     char why[512];
     memset(cfg, 0, sizeof *cfg);
@@ -674,6 +678,8 @@ static int load(struct dflash_cfg *cfg, const char *path, const char *only, char
     ini_allow_multiline = false;
     r = ini_parse_stream(ini_read_line, &c, on_ini, &c);
     free(text);
+    if (only_seen)
+        *only_seen = c.only_seen;
     /* inih reports the first bad line; a syntax error before the key we refused wins. */
     if (c.failed && (only || !(r > 0 && r < c.fail_line)))
         return c.failed;
@@ -690,12 +696,15 @@ static int load(struct dflash_cfg *cfg, const char *path, const char *only, char
 
 int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen)
 {
-    return load(cfg, path, NULL, err, errlen);
+    return load(cfg, path, NULL, NULL, err, errlen);
 }
 
-int cfg_load_section(struct dflash_cfg *cfg, const char *path, const char *section, char *err, size_t errlen)
+int cfg_load_section(struct dflash_cfg *cfg, const char *path, const char *section, bool *present, char *err,
+                     size_t errlen)
 {
-    return load(cfg, path, section, err, errlen);
+    if (present)
+        *present = false;
+    return load(cfg, path, section, present, err, errlen);
 }
 
 int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen)

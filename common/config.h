@@ -1,6 +1,7 @@
 /* config.h: the dflash configuration (one INI file, etc/dflash.ini) and its loader.
  * Every key lives in one table in config.c: {section, key, type, min, max, default}. */
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -133,8 +134,10 @@ extern const size_t cfg_nkeys;
 int cfg_load(struct dflash_cfg *cfg, const char *path, char *err, size_t errlen);
 /* cfg_load reading one section alone (the rest keeps its defaults): errors elsewhere in the
  * file are passed over, its own are errors as in cfg_load. For a tool that needs a few keys of
- * a file that may hold a mistake it has nothing to do with (dflashctl: the socket). */
-int cfg_load_section(struct dflash_cfg *cfg, const char *path, const char *section, char *err, size_t errlen);
+ * a file that may hold a mistake it has nothing to do with (dflashctl: the socket). *present
+ * (when not NULL): whether the file has that section's header at all. */
+int cfg_load_section(struct dflash_cfg *cfg, const char *path, const char *section, bool *present, char *err,
+                     size_t errlen);
 /* Apply one "section.key=value" override (command line); same checks. A relative path value
  * is taken from the current folder. */
 int cfg_set(struct dflash_cfg *cfg, const char *assignment, char *err, size_t errlen);

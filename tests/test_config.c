@@ -63,12 +63,12 @@ int main(void)
     const char *part = write_tmp("part.ini", "[ring]\nslots = many\n[nope]\nx = 1\nnot a line\n"
                                              "[cluster]\nname = partial\n[drafter]\nlr = 1e-3\n");
     CHECK(cfg_load(&cfg, part, err, sizeof err) < 0);
-    CHECK_OK(cfg_load_section(&cfg, part, "cluster", err, sizeof err));
+    CHECK_OK(cfg_load_section(&cfg, part, "cluster", NULL, err, sizeof err));
     CHECK_STR(cfg.cluster.name, "partial");
     CHECK_INT(cfg.ring.slots, ==, 16);
     CHECK(cfg.drafter.lr != 1e-3);
     part = write_tmp("part2.ini", "[ring]\nslots = many\n[cluster]\nname = a b\n");
-    CHECK(cfg_load_section(&cfg, part, "cluster", err, sizeof err) < 0);
+    CHECK(cfg_load_section(&cfg, part, "cluster", NULL, err, sizeof err) < 0);
     CHECK_CONTAINS(err, "part2.ini:4: cluster.name");
     CHECK_INT(cfg.ring.slots, ==, 16);
     CHECK_STR(cfg.drafter.pick, "oldest");
@@ -81,26 +81,34 @@ int main(void)
     memset(longval, '1', sizeof longval - 1);
     longval[sizeof longval - 1] = 0;
     snprintf(ltext, sizeof ltext, "[model]\ncapture_layers = %s\n[cluster]\nname = after_long\n", longval);
-    CHECK_OK(cfg_load_section(&cfg, write_tmp("long1.ini", ltext), "cluster", err, sizeof err));
+    CHECK_OK(cfg_load_section(&cfg, write_tmp("long1.ini", ltext), "cluster", NULL, err, sizeof err));
     CHECK_STR(cfg.cluster.name, "after_long");
     snprintf(ltext, sizeof ltext, "[cluster]\nname = x\nsocket = /%s\n", longval);
-    CHECK(cfg_load_section(&cfg, write_tmp("long2.ini", ltext), "cluster", err, sizeof err) < 0);
+    CHECK(cfg_load_section(&cfg, write_tmp("long2.ini", ltext), "cluster", NULL, err, sizeof err) < 0);
     CHECK_CONTAINS(err, "long2.ini:3: line longer than 4094 bytes");
     snprintf(ltext, sizeof ltext, "[model]\n[%s]\nname = x\n", longval);
-    CHECK(cfg_load_section(&cfg, write_tmp("long3.ini", ltext), "cluster", err, sizeof err) < 0);
+    CHECK(cfg_load_section(&cfg, write_tmp("long3.ini", ltext), "cluster", NULL, err, sizeof err) < 0);
     CHECK_CONTAINS(err, "long3.ini:2: line longer than 4094 bytes");
     part = write_tmp("syn.ini", "[model]\nbogus line\n[cluster]\nname foo\nname = bar\n");
-    CHECK(cfg_load_section(&cfg, part, "cluster", err, sizeof err) < 0);
+    CHECK(cfg_load_section(&cfg, part, "cluster", NULL, err, sizeof err) < 0);
     CHECK_CONTAINS(err, "syn.ini:4: syntax error: no '=' or ':' in it");
     part = write_tmp("syn2.ini", "[cluster]\nname = x ; a comment = here\nruntime_dir ; = /x\n");
-    CHECK(cfg_load_section(&cfg, part, "cluster", err, sizeof err) < 0);
+    CHECK(cfg_load_section(&cfg, part, "cluster", NULL, err, sizeof err) < 0);
     CHECK_CONTAINS(err, "syn2.ini:3: syntax error");
     part = write_tmp("syn3.ini", "[model]\n[cluster\nname = x\n");
-    CHECK(cfg_load_section(&cfg, part, "cluster", err, sizeof err) < 0);
+    CHECK(cfg_load_section(&cfg, part, "cluster", NULL, err, sizeof err) < 0);
     CHECK_CONTAINS(err, "syn3.ini:2: a '[' line without ']'");
     CHECK_OK(cfg_load_section(&cfg, write_tmp("bom.ini", "\xef\xbb\xbf[cluster]\nname = bom\n[ring]\nx\n"),
-                              "cluster", err, sizeof err));
+                              "cluster", NULL, err, sizeof err));
     CHECK_STR(cfg.cluster.name, "bom");
+    /* whether the section is there at all (a misspelt header: the defaults are another cluster's) */
+    bool present = true;
+    CHECK_OK(cfg_load_section(&cfg, write_tmp("nosec.ini", "[clustr]\nname = x\n[ring]\nslots = 4\n"), "cluster",
+                              &present, err, sizeof err));
+    CHECK(!present);
+    CHECK_OK(cfg_load_section(&cfg, write_tmp("sec.ini", "[ring]\nslots = 4\n[cluster]\n"), "cluster", &present, err,
+                              sizeof err));
+    CHECK(present);
 
     const char *p = write_tmp("ok.ini", "[ring]\nslots = 8\n[drafter]\ngamma = 3.5\npick = random\n");
     CHECK_OK(cfg_load(&cfg, p, err, sizeof err));

@@ -159,6 +159,14 @@ sed 's/^\[coordinator\]$/[coordinator]\ndead_after_ms = 5x/; s/^\[cluster\]$/[cl
 "$CTL" -c "$T/two.ini" status 2>"$T/err.txt"; rc=$?
 [[ $rc == 1 ]] && grep -q "^dflashctl: .*two.ini:[0-9]*: syntax error: no '=' or ':' in it (the socket's \[cluster\] section; the file also: .*two.ini:[0-9]*: " "$T/err.txt" ||
   fail "a mistake in [cluster] and one elsewhere: exit $rc: $(cat "$T/err.txt")"
+# a misspelt [cluster] header: no section to take the socket from, so no fall back to the default
+# socket (another cluster's): refused, nothing sent
+sed 's/^\[cluster\]$/[clustr]/' "$T/dflash.ini" >"$T/nosec.ini"
+grep -q '^\[clustr\]$' "$T/nosec.ini" || fail "test setup: no [cluster] header to misspell"
+"$CTL" -c "$T/nosec.ini" pause 2>"$T/err.txt"; rc=$?
+[[ $rc == 1 ]] && grep -qx "dflashctl: .*nosec.ini:[0-9]*: \[clustr\]: unknown section (and the file has no \[cluster\] section to take the socket from: mend it, or give -s)" "$T/err.txt" ||
+  fail "a misspelt [cluster] header: exit $rc: $(cat "$T/err.txt")"
+"$CTL" -s "$S" --json status | grep -q '"state":"running"' || fail "a refused control reached the cluster"
 sed 's/^name = .*/name = bad name!/' "$T/dflash.ini" >"$T/badname.ini"
 "$CTL" -c "$T/badname.ini" status 2>"$T/err.txt"; rc=$?
 [[ $rc == 1 ]] && grep -q "badname.ini:[0-9]*: cluster.name" "$T/err.txt" || fail "a bad cluster.name: exit $rc: $(cat "$T/err.txt")"

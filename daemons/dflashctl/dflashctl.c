@@ -495,7 +495,8 @@ int main(int argc, char **argv)
             /* A mistake elsewhere in the file (an edit for the next run) must not keep the
              * operator from the running cluster: the socket from [cluster] as it stands. */
             char err2[512];
-            if (cfg_load_section(&cfg, config, "cluster", err2, sizeof err2) < 0) {
+            bool has_cluster;
+            if (cfg_load_section(&cfg, config, "cluster", &has_cluster, err2, sizeof err2) < 0) {
                 /* what keeps it from the socket first: the file's first error may be elsewhere */
                 if (strcmp(err, err2))
                     fprintf(stderr, "dflashctl: %s (the socket's [cluster] section; the file also: %s)\n", err2, err);
@@ -503,10 +504,16 @@ int main(int argc, char **argv)
                     fprintf(stderr, "dflashctl: %s\n", err);
                 return EX_FAIL;
             }
+            if (!has_cluster) {
+                /* (its [cluster] header misspelt, say: the default socket is another cluster's) */
+                fprintf(stderr, "dflashctl: %s (and the file has no [cluster] section to take the socket from: mend "
+                        "it, or give -s)\n", err);
+                return EX_FAIL;
+            }
             fprintf(stderr, "dflashctl: warning: %s (the socket taken from its [cluster] section)\n", err);
             /* the ledger's path too, where [coordinator] reads (coordinator.ledger, else from [cluster]) */
             static struct dflash_cfg co;
-            if (cfg_load_section(&co, config, "coordinator", err2, sizeof err2) >= 0) {
+            if (cfg_load_section(&co, config, "coordinator", NULL, err2, sizeof err2) >= 0) {
                 memcpy(cfg.coordinator.ledger, co.coordinator.ledger, sizeof cfg.coordinator.ledger);
                 if (cfg_ledger_path(&cfg, ledger, sizeof ledger) < 0)
                     ledger[0] = 0;
