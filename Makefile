@@ -140,7 +140,7 @@ test: all
 demo:
 	tools/install-deps.sh
 	$(MAKE) all
-	tools/demo.sh
+	DFLASH_BUILD=$(abspath $(BUILD)) tools/demo.sh
 
 # `make check`: what CI runs. Installs what is missing, builds, runs every test.
 check:
