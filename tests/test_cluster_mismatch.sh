@@ -57,13 +57,20 @@ for line in sys.stdin:
 cl_start target0 target-d -c "$CL_INI" -i 0
 cl_wait_exit target0 60
 [[ $CL_RC == 78 ]] || fail "the target on another dataset exited with '$CL_RC', wanted 78"
-grep -q "$CL_DIR/data.bin: checksum [0-9a-f]*, but the coordinator schedules a dataset of checksum [0-9a-f]*: the file was replaced" \
+grep -q "$CL_DIR/data.bin: checksum [0-9a-f]*, but the coordinator schedules a dataset of checksum [0-9a-f]*: the file was replaced after the coordinator opened it: put the old file back" \
   "$CL_DIR/target0.log" || fail "no clear message: $(tail -n 3 "$CL_DIR/target0.log")"
 cl_wait_exit coord 30
 [[ $CL_RC != 0 ]] || fail "the coordinator ended the run as done"
 grep -q "exiting: failed: .*the file was replaced after the coordinator opened it" "$CL_DIR/coord.log" ||
   fail "the cluster did not fail on the fatal error: $(tail -n 2 "$CL_DIR/coord.log")"
 [[ $(cl_sql 'SELECT count(*) FROM batches WHERE state >= 2') == 0 ]] || fail "a batch was published from the other dataset"
+# A coordinator started again on the replaced file (other lengths: another schedule too) says it
+# was replaced, and that the old file will do (not only "move the ledger away")
+cl_start coord2 coordinator-d -c "$CL_INI"
+cl_wait_exit coord2 30
+[[ $CL_RC == 78 ]] || fail "the coordinator on a replaced dataset of other lengths exited with '$CL_RC', wanted 78"
+grep -q "ledger.db was written for a dataset of checksum [0-9a-f]*, $CL_DIR/data.bin now has checksum [0-9a-f]* (replaced; [^)]*): put the old file back" \
+  "$CL_DIR/coord2.log" || fail "no clear message: $(tail -n 3 "$CL_DIR/coord2.log")"
 cl_log "other dataset: $(grep -h "the file was replaced" "$CL_DIR/target0.log" | head -n 1 | sed 's/^<[0-9]>//')"
 
 cl_init "$T/c3" 200 || exit 1

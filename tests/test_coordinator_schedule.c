@@ -25,18 +25,23 @@ static int start_with(char *log, size_t len, const char *o1, const char *o2)
     return rc;
 }
 
-static void expect_refused(const char *o1, const char *o2, const char *why)
+static void expect_refused_as(const char *o1, const char *o2, const char *as, const char *why)
 {
     char log[400], line[2048] = "";
     CHECK_INT(start_with(log, sizeof log, o1, o2), ==, 78);
     FILE *f = fopen(log, "r");
     CHECK(f);
-    while (fgets(line, sizeof line, f) && !strstr(line, "was written for another dataset or schedule"))
+    while (fgets(line, sizeof line, f) && !strstr(line, as))
         line[0] = 0;
     fclose(f);
     printf("  %s%s%s: %s", o1 ? o1 : "", o2 ? " " : "", o2 ? o2 : "", line);
     CHECK_CONTAINS(line, TC.ledger);
     CHECK_CONTAINS(line, why);
+}
+
+static void expect_refused(const char *o1, const char *o2, const char *why)
+{
+    expect_refused_as(o1, o2, "was written for another dataset or schedule", why);
 }
 
 static void first_run(void)
@@ -67,12 +72,20 @@ int main(void)
     first_run();
     expect_refused("data.seed=99", NULL, "; data.seed was 42, is 99):");
 
-    /* another dataset: fewer samples, or as many of other lengths */
+    /* another dataset: fewer samples, or as many of other lengths: said to be replaced (the old
+     * file mends it), with what that changed in the schedule */
     unlink(TC.data);
     tc_dataset(TC.data, 90, 8, 100, 500);
-    expect_refused(NULL, NULL, "; data.path samples was 100, is 90):");
+    static const char replaced[] = "was written for a dataset of checksum";
+    expect_refused_as(NULL, NULL, replaced, "(replaced; data.path samples was 100, is 90): put the old file back");
     unlink(TC.data);
     tc_dataset(TC.data, 100, 8, 60, 500);
+    expect_refused_as(NULL, NULL, replaced, "(replaced; the same settings and number of samples, other sample "
+                      "lengths): put the old file back");
+    /* a ledger from before the dataset's checksum was kept: the schedule's message alone */
+    CHECK_INT(sqlite3_open(TC.ledger, &db), ==, SQLITE_OK);
+    CHECK_INT(sqlite3_exec(db, "DELETE FROM meta WHERE key = 'dataset_checksum'", NULL, NULL, NULL), ==, SQLITE_OK);
+    sqlite3_close(db);
     expect_refused(NULL, NULL, "; the same settings and number of samples, other sample lengths):");
     printf("a ledger of another schedule names what changed\n");
     return 0;

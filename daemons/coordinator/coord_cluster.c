@@ -2254,7 +2254,26 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         snprintf(err, errlen, "%s: cannot read", co->ledger_path);
         return r;
     }
-    if (r == 0) {
+    bool have_fp = r > 0;
+    /* A dataset replaced is told as that first, with what it changed in the schedule: "put the
+     * old file back" mends both. The schedule only sees lengths: a file of the same lengths is
+     * told by the checksum alone (the batches trained so far hold the old one's tokens). */
+    uint64_t sum;
+    if ((r = ledger_meta_get_u64(co->ledger, "dataset_checksum", &sum)) < 0) {
+        snprintf(err, errlen, "%s: cannot read: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
+    }
+    bool have_sum = r > 0;
+    if (have_sum && sum != co->ds.checksum) {
+        char what[400] = "";
+        if (have_fp && strcmp(old, fp))
+            schedule_changes(co, what, sizeof what);
+        snprintf(err, errlen, "%s was written for a dataset of checksum %016" PRIx64 ", %s now has checksum %016" PRIx64
+                 " (replaced%s): put the old file back, or move the ledger away to start a new run (with the drafters' "
+                 "checkpoint folder)", co->ledger_path, sum, cfg->data.path, co->ds.checksum, what);
+        return -DF_ELAYOUT;
+    }
+    if (!have_fp) {
         ledger_meta_set(co->ledger, "fingerprint", fp);
         ledger_meta_set(co->ledger, "dataset", cfg->data.path);
         ledger_meta_set_u64(co->ledger, "created_ms", wall_ms());
@@ -2271,22 +2290,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     schedule_inputs(co, in);
     for (size_t i = 0; i < SCHED_INPUTS; i++)
         ledger_meta_set_u64(co->ledger, in[i].key, in[i].value);
-    /* The schedule only sees lengths: a dataset replaced by one of the same lengths is told by
-     * its checksum (the batches trained so far hold the old one's tokens). */
-    uint64_t sum;
-    if ((r = ledger_meta_get_u64(co->ledger, "dataset_checksum", &sum)) < 0) {
-        snprintf(err, errlen, "%s: cannot read: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
-        return r;
-    }
-    if (r == 0) {
+    if (!have_sum)      /* (a new ledger, or one from before the checksum was kept) */
         ledger_meta_set_u64(co->ledger, "dataset_checksum", co->ds.checksum);
-    } else if (sum != co->ds.checksum) {
-        snprintf(err, errlen, "%s was written for a dataset of checksum %016" PRIx64 ", %s now has checksum %016" PRIx64
-                 " (replaced): put the old file back, or move the ledger away to start a new run (with the drafters' "
-                 "checkpoint folder)", co->ledger_path,
-                 sum, cfg->data.path, co->ds.checksum);
-        return -DF_ELAYOUT;
-    }
     if ((r = check_model(co, err, errlen)) < 0)
         return r;
     /* The run's name, made with its ledger (or when a ledger from before runs were named is

@@ -687,8 +687,7 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
     r = dataset_open(&t->ds, w->dataset_path, DATASET_OPEN_NO_CHECKSUM, err, errlen);
     if (r == -DF_EMAGIC || r == -DF_EVERSION || r == -DF_ETRUNC || r == -DF_EFORMAT || r == -DF_ERANGE) {
         size_t n = strlen(err);
-        snprintf(err + n, errlen - n, " (data.path: it was replaced after the coordinator opened it; restart the "
-                 "coordinator on a valid dataset)");
+        snprintf(err + n, errlen - n, " (data.path: replaced after the coordinator opened it: put the old file back)");
         return -DF_ELAYOUT;
     }
     if (r < 0) {
@@ -697,8 +696,9 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
     }
     if (t->ds.checksum != w->dataset_checksum) {
         snprintf(err, errlen, "%s: checksum %016" PRIx64 ", but the coordinator schedules a dataset of checksum %016" PRIx64
-                 ": the file was replaced after the coordinator opened it (restart the coordinator to train on it)",
-                 w->dataset_path, t->ds.checksum, w->dataset_checksum);
+                 ": the file was replaced after the coordinator opened it: put the old file back (the run's ledger is "
+                 "of it), or move the ledger away to start a new run on this one", w->dataset_path, t->ds.checksum,
+                 w->dataset_checksum);
         return -DF_ELAYOUT;
     }
     peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring, &t->ds);
