@@ -60,7 +60,7 @@ PY
   # 1, the oldest) are taken together (one step of two ranks; on CUDA, one step enqueued and the
   # next staged, before any result), so at least one repeat reaches a drafter.
   local left out
-  left=$(cat "$CL_DIR"/drafter*.log | grep -c "batch $rep: its copy with lease [0-9]* is a repeat")
+  left=$(cat "$CL_DIR"/drafter*.log | grep -c "batch $((rep >> 32)):$((rep & 0xffffffff)): its copy with lease [0-9]* is a repeat")
   out=$(grep -c "batch $((rep >> 32)):$((rep & 0xffffffff)): its copy in slot [0-9]* taken out of the ring" "$CL_DIR/coord.log")
   ((left >= 1 && left + out == 2)) || fail "$name: of the 2 extra copies of batch $rep, $left left out by the drafters, $out taken out of the ring"
   cl_never "$CL_DIR/coord.log" "trained again" "trained again" "$name: the coordinator saw a batch trained twice"

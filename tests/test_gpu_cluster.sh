@@ -191,7 +191,7 @@ phase_hang() {
   cl_start $DR drafter-d -c "$CL_INI" -i $DI
   cl_wait_exit target0 90 || true
   [[ $CL_RC == 1 ]] || fail "the target on a hung GPU exited '$CL_RC', wanted 1: $(tail -3 "$CL_DIR/target0.log")"
-  grep -q "batch [0-9]* on the GPU for [0-9]* s (target.gpu_timeout_ms 3000): the GPU hangs" "$CL_DIR/target0.log" ||
+  grep -q "batch [0-9]*:[0-9]* on the GPU for [0-9]* s (target.gpu_timeout_ms 3000): the GPU hangs" "$CL_DIR/target0.log" ||
     fail "no hang reported: $(tail -3 "$CL_DIR/target0.log")"
   cl_wait '[e for e in s["errors"] if "the GPU hangs" in e["message"]]' 10 coord || fail "the coordinator has no error of the hang"
   cl_log "hang: $(grep -m1 "the GPU hangs" "$CL_DIR/target0.log")"
@@ -236,7 +236,7 @@ phase_nanbatch() {
   cl_wait 's["state"] == "paused" and [e for e in s["errors"] if "not finite" in e["message"]]' 90 coord ||
     fail "the poisoned batch did not pause the cluster"
   cl_log "paused: $(cl_json 's["errors"][0]["message"]')"
-  grep -q "poisoning batch $bad with NaN" "$CL_DIR/target0.log" || fail "the target did not poison batch $bad"
+  grep -q "poisoning batch 0:$bad with NaN" "$CL_DIR/target0.log" || fail "the target did not poison batch $bad"
   local gen
   gen=$(cl_json 's["group"]["generation"]')
   [[ -z $(cl_sql "SELECT 1 FROM trains WHERE batch = $bad") ]] || fail "batch $bad has a training row before the resume"

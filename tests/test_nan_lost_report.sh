@@ -47,7 +47,7 @@ cl_never "$D/coord.log" "reports a non-finite value" "reports a non-finite value
 cl_start coord2 coordinator-d -c "$CL_INI"
 cl_wait 's["state"] == "paused"' 30 coord2 || fail "the cluster runs on after the lost NaN report: $(cl_json 's["state"]')"
 reason=$(cl_json 's["reason"]')
-[[ $reason == *"batch $BAD at step "*": loss is not finite"* ]] || fail "pause reason: $reason"
+[[ $reason == *"batch 0:$BAD at step "*": loss is not finite"* ]] || fail "pause reason: $reason"
 (($(grep -c "loss is not finite: step skipped" "$D/drafter0.log") == 1)) || fail "more than one non-finite step"
 grep -q "reported again" "$D/drafter0.log" || fail "the drafter did not say it reported again"
 if [[ ${NAN_LOST_DRAIN:-} ]]; then

@@ -12,6 +12,7 @@
  * and must be dropped, the batch published by the new grant's forward (not the stale copy under
  * a lease the target holds again). Each phase is a child process (`test_target_revoke
  * cpu|cuda|regrant`). */
+#include "daemons/coordinator/sched.h"
 #include "tests/test_coord_util.h"
 
 static pid_t target;
@@ -144,7 +145,7 @@ static int phase(const char *backend)
     CHECK_STR(tc_batch_state(id), "trained");
 
     CHECK(kill(target, SIGCONT) == 0);
-    snprintf(line, sizeof line, "batch %llu was revoked during its forward", (unsigned long long)id);
+    snprintf(line, sizeof line, "batch " SCHED_BID " was revoked during its forward", SCHED_BARGS(id));
     end = mono_ms() + 10000 * (uint64_t)test_time_scale();
     while (!log_has(g_log, line) && mono_ms() < end)
         client_poll(d, 20, &m, err, sizeof err);
@@ -221,7 +222,7 @@ static int phase_regrant(void)
     if (lease != 2)
         TEST_FAIL("batch %llu is in slot %d under lease %u, an earlier lease's copy (the current one is 2)",
                   (unsigned long long)id, slot, lease);
-    snprintf(line, sizeof line, "batch %llu was revoked during its forward", (unsigned long long)id);
+    snprintf(line, sizeof line, "batch " SCHED_BID " was revoked during its forward", SCHED_BARGS(id));
     CHECK(log_has(g_log, line));
     printf("regrant: the old lease's copy of batch %llu was dropped, the new one published (slot %d, lease 2)\n",
            (unsigned long long)id, slot);

@@ -21,8 +21,8 @@
 #include "ipc/ring.h"
 #include "model/safetensors.h"
 
-#define BID "%" PRIu64 ":%" PRIu32     /* batch shown as epoch:index */
-#define BARGS(id) (uint64_t)sched_batch_epoch(id), sched_batch_index(id)
+#define BID SCHED_BID
+#define BARGS SCHED_BARGS
 
 static uint32_t next_epoch(const struct coord *co)
 {

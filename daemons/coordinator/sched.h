@@ -2,6 +2,7 @@
  * (seed, epoch), bucketed by length, packed up to a token budget, batch order shuffled. */
 #pragma once
 #include <stddef.h>
+#include <inttypes.h>
 #include <stdint.h>
 
 struct sched_params {
@@ -24,6 +25,9 @@ struct sched_epoch {
 static inline uint64_t sched_batch_id(uint32_t epoch, uint32_t index) { return ((uint64_t)epoch << 32) | index; }
 static inline uint32_t sched_batch_epoch(uint64_t id) { return (uint32_t)(id >> 32); }
 static inline uint32_t sched_batch_index(uint64_t id) { return (uint32_t)id; }
+/* A batch id as people see it (dflashctl, logs, errors): "epoch:index". */
+#define SCHED_BID "%" PRIu32 ":%" PRIu32
+#define SCHED_BARGS(id) sched_batch_epoch(id), sched_batch_index(id)
 
 /* Check parameters against each other (budget >= max_seq_len, ...). */
 int sched_check(const struct sched_params *p, char *err, size_t errlen);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include "common/daemon.h"
 #include "common/err.h"
+#include "daemons/coordinator/sched.h"
 #include "common/log.h"
 #include "common/id_set.h"
 #include "common/rate.h"
@@ -935,9 +936,9 @@ static int leave_out_repeats(struct dft *f, int have, struct batch_ref b)
         pb[r].have = 0;
         if (r == self) {
             mine = 1;
-            log_warn(0, "batch %" PRIu64 ": its copy with lease %u is a repeat (the group trained the batch in"
+            log_warn(0, "batch " SCHED_BID ": its copy with lease %u is a repeat (the group trained the batch in"
                      " generation %" PRIu64 " already, or trains it in this step, or an earlier generation's"
-                     " checkpoint holds it): left out", b.id, b.lease, f->generation);
+                     " checkpoint holds it): left out", SCHED_BARGS(b.id), b.lease, f->generation);
         }
     }
     return mine;
@@ -959,10 +960,10 @@ static void remember_step(struct dft *f, int have, struct batch_ref b, struct pe
         else if (id_set_add(&f->trained, pb[r].b.id) < 0) {
             /* past the reserve and out of memory: this rank would tell repeats unlike its peers.
              * It leaves as if killed; the group restarts from its checkpoint. */
-            log_error(-ENOMEM, "batch %" PRIu64 " cannot be remembered as trained: leaving", pb[r].b.id);
+            log_error(-ENOMEM, "batch " SCHED_BID " cannot be remembered as trained: leaving", SCHED_BARGS(pb[r].b.id));
             if (client_connected(f->cl)) {
-                client_error(f->cl, 0, -ENOMEM, "%s exits: out of memory remembering batch %" PRIu64 " as trained",
-                             f->d.ident, pb[r].b.id);
+                client_error(f->cl, 0, -ENOMEM, "%s exits: out of memory remembering batch " SCHED_BID " as trained",
+                             f->d.ident, SCHED_BARGS(pb[r].b.id));
                 peer_bye(&f->d, f->cl, DAEMON_EX_FAILURE, -ENOMEM);
             }
             exit(DAEMON_EX_FAILURE);
@@ -1016,7 +1017,7 @@ static int enter_group(struct dft *f, char *err, size_t errlen)
     }
     for (uint32_t i = 0; i < g->n_done; i++)
         if ((r = id_set_add(&f->trained, f->grp_done[i])) < 0) {
-            snprintf(err, errlen, "GROUP: batch id %" PRIu64 " cannot be remembered", f->grp_done[i]);
+            snprintf(err, errlen, "GROUP: batch " SCHED_BID " cannot be remembered", SCHED_BARGS(f->grp_done[i]));
             return r;
         }
     if (g->n_done)
@@ -1167,8 +1168,8 @@ static int claim_slot(struct dft *f, int timeout_ms, unsigned *slot)
  * a lease number names no copy: the coordinator's orphan sweep queues that batch again. */
 static void reject_batch(struct dft *f, unsigned slot, struct batch_ref b, int code, const char *why)
 {
-    log_error(code, "slot %u, batch %" PRIu64 ": %s", slot, b.id, why);
-    client_error(f->cl, 0, code, "slot %u batch %" PRIu64 ": %s", slot, b.id, why);
+    log_error(code, "slot %u, batch " SCHED_BID ": %s", slot, SCHED_BARGS(b.id), why);
+    client_error(f->cl, 0, code, "slot %u batch " SCHED_BID ": %s", slot, SCHED_BARGS(b.id), why);
     if (b.lease)
         client_batch_skipped(f->cl, b.id, b.lease);
 }
@@ -1227,7 +1228,7 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
     int nb = obj_sample_anchors(&b, (int)f->cfg->drafter.num_anchors, &key, f->blocks, f->max_blocks, f->work);
     if (nb < 0) {
         ring_release(f->ring, slot);
-        log_error(nb, "anchors of batch %" PRIu64, batch_id);
+        log_error(nb, "anchors of batch " SCHED_BID, SCHED_BARGS(batch_id));
         return nb;
     }
     if (nb > 0) {
@@ -1240,13 +1241,14 @@ static int consume_slot(struct dft *f, unsigned slot, struct drafter_metrics *m,
     }
     int rel = ring_release(f->ring, slot);
     if (r < 0) {
-        log_error(r, "forward/backward of batch %" PRIu64, batch_id);
+        log_error(r, "forward/backward of batch " SCHED_BID, SCHED_BARGS(batch_id));
         return r;
     }
     if (rel == -DF_ESTATE) {
         /* Reclaimed while we read it (we were taken for dead): it is delivered again. Its
          * gradients (zeroed by the caller) and metric sums do not go into the step. */
-        log_warn(rel, "slot %u of batch %" PRIu64 " was reclaimed during the step: not counted", slot, batch_id);
+        log_warn(rel, "slot %u of batch " SCHED_BID " was reclaimed during the step: not counted", slot,
+                 SCHED_BARGS(batch_id));
         memset(m, 0, sizeof *m);
         return 0;
     }
@@ -1468,9 +1470,11 @@ static int iterate(struct dft *f)
         if (have)
             client_batch_skipped(f->cl, b.id, b.lease);
         if (have && !(isfinite(m.loss_sum) && isfinite(m.weight_sum))) {
-            log_error(-DF_ENAN, "batch %" PRIu64 ": the loss is not finite: step skipped, cluster pausing", b.id);
-            report_nan(f, drafter_step_count(f->dr) + 1, "%s: batch %" PRIu64 " at step %" PRId64 ": loss is not finite",
-                       f->d.ident, b.id, drafter_step_count(f->dr) + 1);
+            log_error(-DF_ENAN, "batch " SCHED_BID ": the loss is not finite: step skipped, cluster pausing",
+                      SCHED_BARGS(b.id));
+            report_nan(f, drafter_step_count(f->dr) + 1, "%s: batch " SCHED_BID " at step %" PRId64
+                       ": loss is not finite",
+                       f->d.ident, SCHED_BARGS(b.id), drafter_step_count(f->dr) + 1);
         }
         poison(f, drafter_step_count(f->dr) + 1);   /* after the report: a failed send holds it for the reconnect */
     } else if (ghave > 0) {
@@ -1684,12 +1688,12 @@ static int enqueue_batch(struct dft *f, struct batch_ref *b, uint32_t *epoch, ui
                                    .batch_id = fb->batch_id, .rank = (uint32_t)f->rank };
         int nb = obj_sample_anchors(&fb->b, (int)f->cfg->drafter.num_anchors, &key, f->blocks, f->max_blocks, f->work);
         if (nb < 0) {
-            log_error(nb, "anchors of batch %" PRIu64, fb->batch_id);
+            log_error(nb, "anchors of batch " SCHED_BID, SCHED_BARGS(fb->batch_id));
             return nb;
         }
         r = drafter_cuda_forward_backward_async(f->gpu, &fb->b, f->blocks, nb, f->cfg->drafter.gamma);
         if (r < 0) {
-            log_error(r, "forward/backward of batch %" PRIu64, fb->batch_id);
+            log_error(r, "forward/backward of batch " SCHED_BID, SCHED_BARGS(fb->batch_id));
             return r;
         }
         if (f->cfg->drafter.debug_nan_step >= 0 && step_count(f) + 1 == f->cfg->drafter.debug_nan_step) {

@@ -10,6 +10,7 @@
 #include "common/daemon.h"
 #include "common/dataset.h"
 #include "common/err.h"
+#include "daemons/coordinator/sched.h"
 #include "common/log.h"
 #include "common/rate.h"
 #include "common/timeutil.h"
@@ -212,7 +213,7 @@ static void handle_msg(struct tgt *t, const struct proto_msg *m)
         break;
     case PROTO_LEASE_REVOKE:
         queue_remove(t, m->batch.batch_id);
-        log_info("lease of batch %" PRIu64 " revoked", m->batch.batch_id);
+        log_info("lease of batch " SCHED_BID " revoked", SCHED_BARGS(m->batch.batch_id));
         break;
     case PROTO_WELCOME:
         /* Reconnected (coordinator restart): leases not re-granted were revoked already. */
@@ -284,8 +285,9 @@ static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char
 {
     const struct ring_layout *lay = ring_layout(t->ring);
     if (l->n_samples > lay->max_seqs || l->n_tokens > lay->max_tokens) {
-        snprintf(err, errlen, "batch %" PRIu64 ": %u samples / %u tokens exceed the ring slot (%u / %u): "
-                 "data.token_budget must not exceed ring.max_tokens", l->batch_id, l->n_samples, l->n_tokens,
+        snprintf(err, errlen, "batch " SCHED_BID ": %u samples / %u tokens exceed the ring slot (%u / %u): "
+                 "data.token_budget must not exceed ring.max_tokens", SCHED_BARGS(l->batch_id), l->n_samples,
+                 l->n_tokens,
                  lay->max_seqs, lay->max_tokens);
         return -DF_ERANGE;
     }
@@ -297,13 +299,14 @@ static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char
     for (uint32_t i = 0; i < l->n_samples; i++) {
         uint64_t s = l->samples[i];
         if (s >= t->ds.n_samples) {
-            snprintf(err, errlen, "batch %" PRIu64 ": sample %" PRIu64 " is beyond the dataset (%" PRIu64 " samples)",
-                     l->batch_id, s, t->ds.n_samples);
+            snprintf(err, errlen, "batch " SCHED_BID ": sample %" PRIu64 " is beyond the dataset (%" PRIu64 " samples)",
+                     SCHED_BARGS(l->batch_id), s, t->ds.n_samples);
             return -DF_ERANGE;
         }
         if (!dataset_sample_in_bounds(&t->ds, s)) {
-            snprintf(err, errlen, "batch %" PRIu64 ": %s changed while in use (sample %" PRIu64 " points outside its "
-                     "tokens): replace a dataset by renaming a new file over it, never in place", l->batch_id,
+            snprintf(err, errlen, "batch " SCHED_BID ": %s changed while in use (sample %" PRIu64 " points outside its "
+                     "tokens): replace a dataset by renaming a new file over it, never in place",
+                     SCHED_BARGS(l->batch_id),
                      t->ds.path, s);
             return -DF_EFORMAT;
         }
@@ -320,8 +323,9 @@ static int pack(struct tgt *t, const struct client_lease *l, unsigned slot, char
         cu[i + 1] = (int32_t)n;
     }
     if (n != l->n_tokens) {
-        snprintf(err, errlen, "batch %" PRIu64 ": %s holds %s tokens for its samples than the coordinator's grant (%u): "
-                 "this target's dataset is not the coordinator's (data.path)", l->batch_id, t->ds.path,
+        snprintf(err, errlen, "batch " SCHED_BID ": %s holds %s tokens for its samples than the coordinator's "
+                 "grant (%u): "
+                 "this target's dataset is not the coordinator's (data.path)", SCHED_BARGS(l->batch_id), t->ds.path,
                  n > l->n_tokens ? "more" : "fewer", l->n_tokens);
         return -DF_EPEER;
     }
@@ -364,10 +368,11 @@ static void gpu_hang_check(struct tgt *t)
     double ms = (double)(mono_ns() - old->t_submitted) / 1e6;
     if (ms < (double)t->cfg->target.gpu_timeout_ms)
         return;
-    log_error(-DF_ECUDA, "batch %" PRIu64 " on the GPU for %.0f s (target.gpu_timeout_ms %lld): the GPU hangs; "
-              "exiting to be restarted", old->batch_id, ms / 1e3, (long long)t->cfg->target.gpu_timeout_ms);
-    client_error(t->cl, 0, -DF_ECUDA, "batch %" PRIu64 " on the GPU for %.0f s: the GPU hangs; target-d exits to be "
-                 "restarted", old->batch_id, ms / 1e3);
+    log_error(-DF_ECUDA, "batch " SCHED_BID " on the GPU for %.0f s (target.gpu_timeout_ms %lld): the GPU hangs; "
+              "exiting to be restarted", SCHED_BARGS(old->batch_id), ms / 1e3,
+              (long long)t->cfg->target.gpu_timeout_ms);
+    client_error(t->cl, 0, -DF_ECUDA, "batch " SCHED_BID " on the GPU for %.0f s: the GPU hangs; target-d exits to be "
+                 "restarted", SCHED_BARGS(old->batch_id), ms / 1e3);
     peer_abandon(&t->d, t->cl, DAEMON_EX_FAILURE, "the GPU hangs");
 }
 
@@ -500,7 +505,7 @@ static int pack_lease(struct tgt *t, uint64_t batch_id, unsigned slot, uint32_t 
 static int publish(struct tgt *t, uint64_t batch_id, uint32_t lease, unsigned slot, uint32_t n_tokens)
 {
     if (t->cfg->target.debug_nan_batch >= 0 && batch_id == (uint64_t)t->cfg->target.debug_nan_batch) {
-        log_warn(0, "debug: poisoning batch %" PRIu64 " with NaN (target.debug_nan_batch)", batch_id);
+        log_warn(0, "debug: poisoning batch " SCHED_BID " with NaN (target.debug_nan_batch)", SCHED_BARGS(batch_id));
         poison(t, slot, n_tokens);
     }
     /* Held under the same lease number: revoked and granted again meanwhile (queued again after
@@ -509,19 +514,19 @@ static int publish(struct tgt *t, uint64_t batch_id, uint32_t lease, unsigned sl
     const struct client_lease *l = client_lease_find(t->cl, batch_id);
     if (!l || l->lease != lease) {
         ring_abort_write(t->ring, slot);
-        log_info("batch %" PRIu64 " was revoked during its forward: dropped", batch_id);
+        log_info("batch " SCHED_BID " was revoked during its forward: dropped", SCHED_BARGS(batch_id));
         return 0;
     }
     int r = ring_publish(t->ring, slot);
     if (r == -DF_ESTATE) {
         /* The coordinator reclaimed the slot (it thought this process dead): hand back. */
-        log_warn(r, "slot %u of batch %" PRIu64 " was reclaimed before publish", slot, batch_id);
+        log_warn(r, "slot %u of batch " SCHED_BID " was reclaimed before publish", slot, SCHED_BARGS(batch_id));
         client_lease_return(t->cl, batch_id);
         return 0;
     }
     if (r < 0) {
         ring_abort_write(t->ring, slot);
-        log_error(r, "ring_publish of batch %" PRIu64, batch_id);
+        log_error(r, "ring_publish of batch " SCHED_BID, SCHED_BARGS(batch_id));
         return r;
     }
     client_published(t->cl, batch_id, slot, n_tokens);
@@ -548,8 +553,8 @@ static int run_batch(struct tgt *t, uint64_t batch_id)
     uint64_t t3 = mono_ns();
     if (r < 0) {
         ring_abort_write(t->ring, slot);
-        log_error(r, "target_forward of batch %" PRIu64, batch_id);
-        client_error(t->cl, 0, r, "target_forward of batch %" PRIu64 ": %s", batch_id, err_str(r));
+        log_error(r, "target_forward of batch " SCHED_BID, SCHED_BARGS(batch_id));
+        client_error(t->cl, 0, r, "target_forward of batch " SCHED_BID ": %s", SCHED_BARGS(batch_id), err_str(r));
         t->reported = 1;
         return r;
     }
@@ -568,7 +573,8 @@ static int run_batch(struct tgt *t, uint64_t batch_id)
     t->wait_ms = (double)(t1 - t0) / 1e6;
     t->forward_ms = (double)(t3 - t2) / 1e6;
     t->write_ms = (double)((t2 - t1) + (t4 - t3)) / 1e6;
-    log_debug("batch %" PRIu64 ": %u tokens in slot %u: wait %.1f ms, forward %.1f ms, write %.2f ms", batch_id,
+    log_debug("batch " SCHED_BID ": %u tokens in slot %u: wait %.1f ms, forward %.1f ms, write %.2f ms",
+              SCHED_BARGS(batch_id),
               n_tokens, slot, t->wait_ms, t->forward_ms, t->write_ms);
     return 0;
 }
@@ -583,7 +589,7 @@ static void on_copied(void *ctx, int status)
     f->used = 0;
     if (status < 0) {
         ring_abort_write(t->ring, f->slot);
-        log_error(status, "batch %" PRIu64 " failed on the GPU", f->batch_id);
+        log_error(status, "batch " SCHED_BID " failed on the GPU", SCHED_BARGS(f->batch_id));
         if (!t->pipe_error)
             t->pipe_error = status;
         return;
@@ -612,8 +618,9 @@ static void on_copied(void *ctx, int status)
     /* as on the CPU path: what putting the batch into its slot took beside the forward (packing
      * on the host, the copies on the GPU's copy stream) */
     t->write_ms = (double)(f->t_submitted - f->t_claimed) / 1e6 + target_pipe_last_copy_ms(t->pipe);
-    log_debug("batch %" PRIu64 ": %u tokens in slot %u: wait %.1f ms, GPU forward %.1f ms, pack + copy %.1f ms,"
-              " submit to publish %.1f ms", f->batch_id, f->n_tokens, f->slot, t->wait_ms, t->forward_ms, t->write_ms,
+    log_debug("batch " SCHED_BID ": %u tokens in slot %u: wait %.1f ms, GPU forward %.1f ms, pack + copy %.1f ms,"
+              " submit to publish %.1f ms", SCHED_BARGS(f->batch_id), f->n_tokens, f->slot, t->wait_ms, t->forward_ms,
+              t->write_ms,
               (double)(now - f->t_submitted) / 1e6);
 }
 
@@ -644,7 +651,8 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
                             .n_tokens = p->n_tokens, .t_claimed = t1, .t_submitted = mono_ns(),
                             .wait_ms = (double)(t1 - t0) / 1e6 };
     if (t->cfg->target.debug_stall_batch >= 0 && batch_id == (uint64_t)t->cfg->target.debug_stall_batch) {
-        log_warn(0, "debug: the GPU hangs from batch %" PRIu64 " on (target.debug_stall_batch)", batch_id);
+        log_warn(0, "debug: the GPU hangs from batch " SCHED_BID " on (target.debug_stall_batch)",
+                 SCHED_BARGS(batch_id));
         target_pipe_debug_stall(t->pipe);
     }
     r = target_pipe_submit(t->pipe, ring_slot_tokens(t->ring, slot), ring_slot_cu_seqlens(t->ring, slot),
@@ -653,8 +661,8 @@ static int submit_batch(struct tgt *t, uint64_t batch_id)
     if (r < 0) {
         f->used = 0;
         ring_abort_write(t->ring, slot);
-        log_error(r, "target_pipe_submit of batch %" PRIu64, batch_id);
-        client_error(t->cl, 0, r, "forward of batch %" PRIu64 ": %s", batch_id, err_str(r));
+        log_error(r, "target_pipe_submit of batch " SCHED_BID, SCHED_BARGS(batch_id));
+        client_error(t->cl, 0, r, "forward of batch " SCHED_BID ": %s", SCHED_BARGS(batch_id), err_str(r));
         t->reported = 1;
         return r;
     }

@@ -57,12 +57,12 @@ cl_wait 's["state"] == "paused"' 120 coord || fail "the cluster did not pause"
 reason=$(cl_json 's["reason"]')
 cl_log "paused: $reason"
 if [[ $mode == target ]]; then
-  [[ $reason =~ drafter-d@[01]:\ batch\ $BAD_BATCH\ at\ step\ ([0-9]+):\ loss\ is\ not\ finite ]] ||
+  [[ $reason =~ drafter-d@[01]:\ batch\ 0:$BAD_BATCH\ at\ step\ ([0-9]+):\ loss\ is\ not\ finite ]] ||
     fail "pause reason does not name batch $BAD_BATCH: $reason"
   nan_step=${BASH_REMATCH[1]}
-  grep -q "poisoning batch $BAD_BATCH with NaN" "$D"/target[01].log || fail "no target poisoned batch $BAD_BATCH"
+  grep -q "poisoning batch 0:$BAD_BATCH with NaN" "$D"/target[01].log || fail "no target poisoned batch $BAD_BATCH"
 else
-  [[ $reason =~ drafter-d@1:\ batch\ ([0-9]+)\ at\ step\ $BAD_STEP:\ loss\ is\ not\ finite ]] ||
+  [[ $reason =~ drafter-d@1:\ batch\ ([0-9]+:[0-9]+)\ at\ step\ $BAD_STEP:\ loss\ is\ not\ finite ]] ||
     fail "pause reason does not name drafter 1 at step $BAD_STEP: $reason"
   nan_step=$BAD_STEP
 fi
