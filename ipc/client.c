@@ -975,16 +975,16 @@ int client_ckpt_bad(struct client *c, uint64_t generation, uint64_t step, const 
     m.ckpt_bad.step = step;
     m.ckpt_bad.code = code < 0 ? code : -DF_EFORMAT;
     proto_strset(m.ckpt_bad.dir, sizeof m.ckpt_bad.dir, dir);
-    proto_strset(m.ckpt_bad.reason, sizeof m.ckpt_bad.reason, reason);
+    proto_textset(m.ckpt_bad.reason, sizeof m.ckpt_bad.reason, reason);
     return send_held(c, &m);
 }
 
-/* A message's text field from a printf format: cut to fit, as proto_strset cuts. */
+/* A message's text field from a printf format: cut to fit, ending in "..." when cut. */
 __attribute__((format(printf, 3, 0))) static void text_set(char *dst, size_t cap, const char *fmt, va_list ap)
 {
-    char text[PROTO_TEXT_MAX];
+    char text[PROTO_TEXT_MAX + 1];      /* (one more: a text that does not fit is seen to be cut) */
     vsnprintf(text, sizeof text, fmt, ap);
-    proto_strset(dst, cap, text);
+    proto_textset(dst, cap, text);
 }
 
 int client_error(struct client *c, int fatal, int code, const char *fmt, ...)
@@ -1004,7 +1004,7 @@ int client_error_nan(struct client *c, uint64_t step, const char *text)
     struct proto_msg m = { .type = PROTO_ERROR };
     m.error.code = -DF_ENAN;
     m.error.step = step;
-    proto_strset(m.error.message, sizeof m.error.message, text);
+    proto_textset(m.error.message, sizeof m.error.message, text);
     return send_held(c, &m);
 }
 

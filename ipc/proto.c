@@ -80,6 +80,18 @@ void proto_strset(char *dst, size_t cap, const char *src)
     memset(dst + n, 0, cap - n);
 }
 
+void proto_textset(char *dst, size_t cap, const char *src)
+{
+    proto_strset(dst, cap, src);
+    if (!src || cap < 8 || strnlen(src, cap) < cap)
+        return;
+    size_t n = cap - 4;
+    while (n > 0 && ((unsigned char)dst[n] & 0xc0) == 0x80)
+        n--;        /* (dst[n] begins the character cut off) */
+    memcpy(dst + n, "...", 4);
+    memset(dst + n + 4, 0, cap - n - 4);
+}
+
 /* A string field must hold a NUL and only zeros after it (canonical form). */
 static int field_ok(const char *f, size_t cap)
 {

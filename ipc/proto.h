@@ -439,3 +439,6 @@ int proto_query_parse(const char *s);
 
 /* Copy a C string into a fixed field, truncating; the rest is zeroed. */
 void proto_strset(char *dst, size_t cap, const char *src);
+/* proto_strset for text people read (an error, a reason): one too long ends in "..." (cut on a
+ * UTF-8 character's boundary), so a reader knows the end is missing. */
+void proto_textset(char *dst, size_t cap, const char *src);

@@ -47,8 +47,26 @@ static void expect_reject(const void *frame, size_t len, int code, const char *n
     CHECK_CONTAINS(err, needle);
 }
 
+/* A text too long for its field ends in "...", cut before a UTF-8 character, not inside one;
+ * one that fits is kept as it is. */
+static void text_fields(void)
+{
+    char f[16], src[64];
+    proto_textset(f, sizeof f, "fits, fifteen!!");
+    CHECK_STR(f, "fits, fifteen!!");
+    proto_textset(f, sizeof f, "one byte too long");
+    CHECK_STR(f, "one byte too...");
+    CHECK_INT(f[15], ==, 0);
+    snprintf(src, sizeof src, "abcdefghijk\xc3\xa9xyz");   /* the cut (at 12) falls inside the e-acute */
+    proto_textset(f, sizeof f, src);
+    CHECK_STR(f, "abcdefghijk...");
+    proto_textset(f, sizeof f, NULL);
+    CHECK_STR(f, "");
+}
+
 int main(void)
 {
+    text_fields();
     struct proto_msg m, d;
     char err[256];
 
