@@ -371,8 +371,8 @@ int daemon_lock(struct daemon *d, char *err, size_t errlen)
             pid[n] = 0;
         close(fd);
         if (r == -EWOULDBLOCK) {
-            snprintf(err, errlen, "%s is held by another %s (pid %s): one instance per index",
-                     d->lock_path, d->prog, n > 0 ? trim(pid) : "?");
+            snprintf(err, errlen, "%s is held by another %s (pid %s): one instance %s", d->lock_path, d->prog,
+                     n > 0 ? trim(pid) : "?", d->index >= 0 ? "per index" : "per cluster (cluster.name)");
             return -EBUSY;
         }
         snprintf(err, errlen, "flock %s: %s", d->lock_path, strerror(-r));

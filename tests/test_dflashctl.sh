@@ -159,6 +159,11 @@ sed 's/^\[coordinator\]$/[coordinator]\ndead_after_ms = 5x/; s/^\[cluster\]$/[cl
 "$CTL" -c "$T/two.ini" status 2>"$T/err.txt"; rc=$?
 [[ $rc == 1 ]] && grep -q "^dflashctl: .*two.ini:[0-9]*: syntax error: no '=' or ':' in it (the socket's \[cluster\] section; the file also: .*two.ini:[0-9]*: " "$T/err.txt" ||
   fail "a mistake in [cluster] and one elsewhere: exit $rc: $(cat "$T/err.txt")"
+# a second coordinator of the same cluster: refused by its lock, which the message names as the
+# cluster's (a coordinator has no -i index)
+"$B/bin/coordinator-d" -c "$T/dflash.ini" >"$T/second.log" 2>&1; rc=$?
+[[ $rc == 1 ]] && grep -q "\.lock is held by another coordinator-d (pid [0-9]*): one instance per cluster (cluster.name)" "$T/second.log" ||
+  fail "a second coordinator: exit $rc: $(grep -v ' = ' "$T/second.log" | tail -n 2)"
 # a misspelt [cluster] header: no section to take the socket from, so no fall back to the default
 # socket (another cluster's): refused, nothing sent
 sed 's/^\[cluster\]$/[clustr]/' "$T/dflash.ini" >"$T/nosec.ini"

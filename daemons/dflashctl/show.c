@@ -85,8 +85,21 @@ static void show_errors_rows(FILE *out, const cJSON *errors)
     cJSON_ArrayForEach(e, errors) {
         char when[32];
         fmt_wall(when, sizeof when, num(e, "wall_ms"), 0);
-        fprintf(out, "  %s %s@%.0f pid %.0f %s%s\n", when, ctl_str(e, "role"), num(e, "gpu"), num(e, "pid"),
-               cJSON_IsTrue(obj(e, "fatal")) ? "FATAL: " : "", ctl_str(e, "message"));
+        /* Who: the coordinator by its name; a daemon by role@gpu and pid (a GPU unknown: without
+         * it), or not at all when the message begins by naming it ("target-d@0 (pid 7) died"). */
+        const char *role = ctl_str(e, "role"), *msg = ctl_str(e, "message");
+        double gpu = num(e, "gpu"), pid = num(e, "pid");
+        char who[96], named[96];
+        if (!strcmp(role, "coordinator"))
+            snprintf(who, sizeof who, "coordinator ");
+        else if (gpu < 0)
+            snprintf(who, sizeof who, "%s pid %.0f ", role, pid);
+        else
+            snprintf(who, sizeof who, "%s@%.0f pid %.0f ", role, gpu, pid);
+        snprintf(named, sizeof named, "%s-d@%.0f (pid %.0f)", role, gpu, pid);
+        if (!strncmp(msg, named, strlen(named)))
+            who[0] = 0;
+        fprintf(out, "  %s %s%s%s\n", when, who, cJSON_IsTrue(obj(e, "fatal")) ? "FATAL: " : "", msg);
     }
 }
 
