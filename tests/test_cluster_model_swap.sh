@@ -50,9 +50,27 @@ cl_wait_exit coord2 30
 grep -qF "$db was written for target weights of fingerprint $fp, $T/other (model.path) has $other (other weights): put the run's model back, or move the ledger away to start a new run (with the drafters' checkpoint folder)" \
   "$CL_DIR/coord2.log" || fail "the coordinator did not say why: $(grep -v ' = \|^#' "$CL_DIR/coord2.log" | tail -2)"
 [[ $(md5sum "$db" | cut -d' ' -f1) == "$sum" ]] || fail "the refused start changed the ledger"
+# weights there that do not read (cut short): refused, not left unchecked; the ledger unchanged
+mkdir "$T/broken"
+cp "$CL_DIR/model/config.json" "$T/broken/"
+head -c 3000 "$CL_DIR/model/model.safetensors" >"$T/broken/model.safetensors"
+cl_ini_add model.path="$T/broken"
+cl_start coord3 coordinator-d -c "$CL_INI"
+cl_wait_exit coord3 30
+[[ $CL_RC == 78 ]] || fail "a coordinator on weights cut short exited '$CL_RC', not 78: $(grep -v ' = \|^#' "$CL_DIR/coord3.log" | tail -2)"
+grep -qF "model.path $T/broken: the weights do not read (" "$CL_DIR/coord3.log" ||
+  fail "the coordinator did not say why: $(grep -v ' = \|^#' "$CL_DIR/coord3.log" | tail -2)"
+[[ $(md5sum "$db" | cut -d' ' -f1) == "$sum" ]] || fail "the refused start changed the ledger"
 cl_ini_add model.path="$CL_DIR/model"
+# a coordinator's host with config.json alone: a warning, the ledger's fingerprint stands
+mkdir "$T/cfgonly"
+cp "$CL_DIR/model/config.json" "$T/cfgonly/"
 step=$(cl_sql "select value from meta where key='ckpt_step'")
-cl_start_coord || fail "the coordinator did not come back on the run's model"
+cl_start coord coordinator-d -c "$CL_INI" -o model.path="$T/cfgonly"
+cl_wait 's["state"] == "running"' 30 coord || fail "the coordinator did not come back with config.json alone"
+grep -q "model.path $T/cfgonly: cannot read the weights (.*): the coordinator does not check them" "$CL_DIR/coord.log" ||
+  fail "no warning for config.json alone: $(grep -i weights "$CL_DIR/coord.log" | tail -2)"
+grep -q "target weights: fingerprint $fp (the ledger's)" "$CL_DIR/coord.log" || fail "the ledger's fingerprint is not taken"
 cl_start target0 target-d -c "$CL_INI" -i 0
 cl_start drafter0 drafter-d -c "$CL_INI" -i 0
 cl_wait 's["group"]["checkpoint"]["step"] >= '"$((step + 5))" 120 coord || fail "the run did not go on with its model back"

@@ -9,6 +9,7 @@
 #include <sys/random.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include "common/decimal.h"
@@ -2111,7 +2112,22 @@ static int check_model(struct coord *co, char *err, size_t errlen)
     char why[512];
     int r;
     if (path[0] && (r = st_dir_fingerprint(path, &co->model_fp, why, sizeof why)) < 0) {
-        co->model_fp = 0;       /* (a coordinator that sees only config.json: the daemons check theirs) */
+        co->model_fp = 0;
+        /* A coordinator's host may hold config.json alone (the targets check their own weights);
+         * weights that are there and do not read are damaged, and the run is not started on them
+         * unchecked (a target would refuse them as well). */
+        char f[CFG_STR_MAX + 64];
+        struct stat st;
+        bool there = false;
+        for (int k = 0; k < 2 && !there; k++) {
+            snprintf(f, sizeof f, "%s/%s", path, k ? "model.safetensors.index.json" : "model.safetensors");
+            there = stat(f, &st) == 0;
+        }
+        if (there && r != -EACCES && r != -EPERM) {
+            snprintf(err, errlen, "model.path %s: the weights do not read (%s): mend them (a target would refuse them "
+                     "too), or leave config.json alone there for the targets to check theirs", path, why);
+            return r;
+        }
         log_warn(r, "model.path %s: cannot read the weights (%s): the coordinator does not check them", path, why);
     }
     uint64_t was;
@@ -2129,10 +2145,11 @@ static int check_model(struct coord *co, char *err, size_t errlen)
         snprintf(err, errlen, "%s: cannot write: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
         return r;
     }
-    if (!co->model_fp && r == 1)
+    bool ledgers = !co->model_fp && r == 1;
+    if (ledgers)
         co->model_fp = was;
     if (co->model_fp)
-        log_info("target weights: fingerprint %016" PRIx64 "%s", co->model_fp, path[0] ? "" : " (the ledger's)");
+        log_info("target weights: fingerprint %016" PRIx64 "%s", co->model_fp, ledgers ? " (the ledger's)" : "");
     return 0;
 }
 
