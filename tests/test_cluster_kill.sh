@@ -67,6 +67,10 @@ cl_wait_log "$CL_DIR/coord.log" 'target-d@1 \(pid [0-9]+, member [0-9]+\) left: 
 cl_kill target1 CONT
 cl_wait_log "$CL_DIR/target1.log" 'reconnect|connected' 20 || true
 cl_wait '[t for t in targets() if t["gpu"] == 1]' 30 coord || fail "target 1 did not come back after its thaw"
+# its row among the departed says it is back (the same pid is on a live row too)
+p1=$(cl_pid target1)
+"$CL_BIN/dflashctl" -s "$CL_SOCK" daemons | grep -q "^target  *1 *$p1 no .*left: no heartbeat for [0-9]* ms; connected again since$" ||
+  fail "target 1's departed row does not say it came back: $("$CL_BIN/dflashctl" -s "$CL_SOCK" daemons)"
 cl_log "target 1 frozen, closed by the coordinator, back"
 
 # Target 1 leaves on SIGTERM while the coordinator is frozen: its BYE waits unread in the socket

@@ -93,6 +93,12 @@ static cJSON *daemons_json(struct coord *co)
         cJSON_AddBoolToObject(o, "alive", 0);
         cJSON_AddStringToObject(o, "left_reason", d->reason);
         cJSON_AddNumberToObject(o, "left_wall_ms", (double)d->left_wall_ms);
+        /* The same process connected again (closed for its silence, then back): which member it is */
+        for (const struct member *m = co->members; m; m = m->next)
+            if (m->role == d->role && !m->closing && m->token == d->token) {
+                cJSON_AddNumberToObject(o, "back_as", (double)m->id);
+                break;
+            }
         add_timings(o, d->role, &d->hb);
         cJSON_AddItemToArray(a, o);
     }

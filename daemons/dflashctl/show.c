@@ -30,7 +30,9 @@ static void show_daemon_rows(FILE *out, const cJSON *daemons)
     cJSON_ArrayForEach(d, daemons) {
         int alive = cJSON_IsTrue(obj(d, "alive"));
         char detail[384];
-        if (!alive)
+        if (!alive && cJSON_IsNumber(obj(d, "back_as")))   /* (the same process, connected again) */
+            snprintf(detail, sizeof detail, "left: %s; connected again since", ctl_str(d, "left_reason"));
+        else if (!alive)
             snprintf(detail, sizeof detail, "left: %s", ctl_str(d, "left_reason"));
         else if (!strcmp(ctl_str(d, "role"), "target"))
             snprintf(detail, sizeof detail, "leases %.0f, published %.0f since connect, forward %.1f ms, slot wait %.1f ms,"
