@@ -279,6 +279,22 @@ assert out == ("errors: 8 (1 fatal)\n  %s target-d@1 (pid 77) died without a wor
 out = ok(C, "checkpoints").splitlines()
 assert out[2].split()[4] == "dropped" and out[3].strip() == "test: does not load" and out[4].split()[4] == "head", out
 
+# Epochs with every batch checkpointed are counted in one line, the others listed (a long run
+# has hundreds of epochs): two more epochs, complete, beside epoch 0 with one batch left pending
+E = os.path.join(T, "epochs.db")
+shutil.copyfile(C, E)
+con = sqlite3.connect(E)
+for ep in (1, 2):
+    con.execute("INSERT INTO batches SELECT id + (?1 << 32), ?1, idx, n_samples, n_tokens, 4, 0, -1, gen, step, leases, "
+                "updated_ms FROM batches WHERE epoch = 0", (ep,))
+con.execute("UPDATE batches SET state = 0 WHERE id = (SELECT max(id) FROM batches WHERE epoch = 0)")
+con.commit()
+n0 = con.execute("SELECT count(*), sum(state = 4) FROM batches WHERE epoch = 0").fetchone()
+con.close()
+lines = [l for l in ok(E, "status").splitlines() if l.startswith(("epoch ", "2 epochs"))]
+assert lines == ["2 epochs with every batch checkpointed",
+                 "epoch 1 (batch ids 0:*): %d of %d batches checkpointed" % (n0[1], n0[0])], lines
+
 # The path as SQLite's URI would misread it (a '?', '#' or '%' in a name), a link, a relative path.
 W = os.path.join(T, "we?ird#name%41 x.db")
 shutil.copyfile(C, W)

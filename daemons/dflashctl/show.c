@@ -196,13 +196,13 @@ void ctl_show_ring(FILE *out, const cJSON *r)
 
 void ctl_show_daemons(FILE *out, const cJSON *d) { show_daemon_rows(out, obj(d, "daemons")); }
 
+static void show_per_epoch(FILE *out, const cJSON *ep);
+
 void ctl_show_batches(FILE *out, const cJSON *b)
 {
     show_counts(out, obj(b, "batches"));
+    show_per_epoch(out, obj(b, "epoch"));
     const cJSON *e;
-    cJSON_ArrayForEach(e, obj(obj(b, "epoch"), "per_epoch"))
-        fprintf(out, "epoch %.0f (batch ids %.0f:*): %.0f of %.0f batches checkpointed\n", num(e, "epoch") + 1, num(e, "epoch"),
-               num(e, "checkpointed"), num(e, "batches"));
     fprintf(out, "%-12s %-12s %7s %7s %6s %6s %8s %6s %8s\n", "BATCH", "STATE", "SAMPLES", "TOKENS", "LEASES", "SLOT", "HOLDER",
            "GEN", "STEP");
     cJSON_ArrayForEach(e, obj(b, "in_flight")) {
@@ -258,12 +258,19 @@ static void show_ledger_counts(FILE *out, const cJSON *b, const char *tail)
             num(b, "trained"), num(b, "checkpointed"), other, tail);
 }
 
+/* An epoch a line, those with every batch checkpointed counted in one (a long run has hundreds). */
 static void show_per_epoch(FILE *out, const cJSON *ep)
 {
     const cJSON *e;
+    int done = 0;
     cJSON_ArrayForEach(e, obj(ep, "per_epoch"))
-        fprintf(out, "epoch %.0f (batch ids %.0f:*): %.0f of %.0f batches checkpointed\n", num(e, "epoch") + 1,
-                num(e, "epoch"), num(e, "checkpointed"), num(e, "batches"));
+        done += num(e, "batches") > 0 && num(e, "checkpointed") == num(e, "batches");
+    if (done > 1)
+        fprintf(out, "%d epochs with every batch checkpointed\n", done);
+    cJSON_ArrayForEach(e, obj(ep, "per_epoch"))
+        if (done <= 1 || !(num(e, "batches") > 0 && num(e, "checkpointed") == num(e, "batches")))
+            fprintf(out, "epoch %.0f (batch ids %.0f:*): %.0f of %.0f batches checkpointed\n", num(e, "epoch") + 1,
+                    num(e, "epoch"), num(e, "checkpointed"), num(e, "batches"));
 }
 
 void ctl_show_ledger_status(FILE *out, const cJSON *s)
