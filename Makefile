@@ -96,19 +96,24 @@ FLAGS_STAMP := $(BUILD)/.flags
 FLAGS_NOW   := $(CC) $(CFLAGS) | $(if $(HAVE_CUDA),$(NVCC) $(NVCCFLAGS)) | $(LDFLAGS) $(LDLIBS)
 # (`sudo make install` after `make` installs what was built: root's environment, another PATH or
 # CC, does not rebuild it)
-FLAGS_DEP   := $(if $(filter-out install clean print-build deps,$(MAKECMDGOALS)),$(FLAGS_STAMP),$(if $(MAKECMDGOALS),,$(FLAGS_STAMP)))
+FLAGS_DEP   := $(if $(filter-out install clean print-build print-bins deps check fuzz,$(MAKECMDGOALS)),$(FLAGS_STAMP),$(if $(MAKECMDGOALS),,$(FLAGS_STAMP)))
 # Written as the Makefile is read, and only when the flags differ: an unchanged build is up to date
 # for `make -q` and `make -n` too, which never write it (other flags: every object out of date).
+# With `clean` among the goals it is left to the rule below, which makes it once clean is done.
 ifneq ($(FLAGS_DEP),)
 ifneq ($(shell [ "$$(cat $(FLAGS_STAMP) 2>/dev/null)" = '$(FLAGS_NOW)' ] && echo same),same)
 ifneq ($(findstring n,$(firstword -$(MAKEFLAGS)))$(findstring q,$(firstword -$(MAKEFLAGS))),)
 FLAGS_DEP := flags-changed
-else ifneq ($(shell mkdir -p $(BUILD) && printf '%s' '$(FLAGS_NOW)' >$(FLAGS_STAMP) && echo ok),ok)
+else ifeq ($(filter clean,$(MAKECMDGOALS)),)
+ifneq ($(shell mkdir -p $(BUILD) && printf '%s' '$(FLAGS_NOW)' >$(FLAGS_STAMP) && echo ok),ok)
 $(error cannot write $(FLAGS_STAMP))
 endif
 endif
 endif
-$(FLAGS_STAMP): ;
+endif
+$(FLAGS_STAMP):
+	@mkdir -p $(dir $@)
+	@printf '%s' '$(FLAGS_NOW)' >$@
 
 $(BUILD)/%.o: %.c $(FLAGS_DEP)
 	@mkdir -p $(dir $@)

@@ -342,15 +342,25 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
         if (k->path && base && val[0] && val[0] != '/') {
             /* relative: from `base`, so a daemon under systemd (started in /) and one started
              * by hand read the same file, and a path the coordinator hands out means one thing.
-             * Its leading "./" and "../" are taken off against base (which has no symbolic link
-             * or dot part): the path is kept, and must not depend on the folder it was given in. */
-            char b[CFG_STR_MAX];
+             * Its leading "./" and "../" are taken off (the path is kept, and must not depend on
+             * the folder it was given in), a "../" against base as the kernel would take it:
+             * with its symbolic links resolved (else the "../" stays). */
+            char b[PATH_MAX];
             snprintf(b, sizeof b, "%s", base);
             const char *v = val;
+            const char *q = v;      /* (past any "./": does a "../" lead?) */
+            while (q[0] == '.' && q[1] == '/')
+                for (q += 2; *q == '/'; q++)
+                    ;
+            bool can_go_up = true;
+            if (q[0] == '.' && q[1] == '.' && (q[2] == '/' || !q[2]) && !realpath(base, b)) {
+                snprintf(b, sizeof b, "%s", base);
+                can_go_up = false;
+            }
             for (;;) {
                 size_t dots = v[0] == '.' && (v[1] == '/' || !v[1]) ? 1
                             : v[0] == '.' && v[1] == '.' && (v[2] == '/' || !v[2]) ? 2 : 0;
-                if (!dots)
+                if (!dots || (dots == 2 && !can_go_up))
                     break;
                 if (dots == 2) {
                     char *last = strrchr(b, '/');
@@ -612,9 +622,22 @@ static int read_config_file(const char *path, char **text, size_t *len, char *er
     return 0;
 }
 
+/* Whether a path has a "." or ".." part. */
+static bool has_dot_part(const char *p)
+{
+    for (const char *c = p; *c;) {
+        size_t n = strcspn(c, "/");
+        if ((n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+            return true;
+        c += n + strspn(c + n, "/");
+    }
+    return false;
+}
+
 /* The absolute folder of `path` (the current folder joined with its dirname when relative),
- * without "." or ".." in it: the paths made from it are kept (the ledger keeps the checkpoints'),
- * and "run/../state" would stop meaning "state" once "run" is renamed or removed. */
+ * without a trailing '/', and without "." or ".." parts: the paths made from it are kept (the
+ * ledger keeps the checkpoints'), and "run/../state" would stop meaning "state" once "run" is
+ * renamed or removed. (One named without dot parts is kept as written, symbolic links and all.) */
 static int file_folder(const char *path, char *out, size_t len)
 {
     const char *slash = strrchr(path, '/');
@@ -630,12 +653,10 @@ static int file_folder(const char *path, char *out, size_t len)
         n = snprintf(out, len, "%s", cwd);
     if (n < 0 || (size_t)n >= len)
         return -ENAMETOOLONG;
-    /* (an absolute folder as written is kept, symbolic links and all, unless it has a dot part) */
-    bool dots = path[0] != '/' || strstr(out, "/./") || strstr(out, "/../");
-    for (const char *e = out + strlen(out); !dots && e - out >= 2 && e[-1] == '.';)
-        dots = e[-2] == '/' || (e[-2] == '.' && e - out >= 3 && e[-3] == '/');
+    for (size_t k = strlen(out); k > 1 && out[k - 1] == '/'; k--)
+        out[k - 1] = 0;         /* ("-c /etc/dflash//x.ini") */
     char real[PATH_MAX];
-    if (dots && realpath(out, real)) {      /* (it holds the file just read: it is there) */
+    if (has_dot_part(out) && realpath(out, real)) {     /* (it holds the file just read: it is there) */
         if (strlen(real) >= len)
             return -ENAMETOOLONG;
         strcpy(out, real);

@@ -234,6 +234,37 @@ int main(void)
     CHECK_STR(cfg.drafter.checkpoint_dir, real_sub);
     CHECK_OK(chdir(tmp));
     rmdir("cfgrel/away");
+    /* "../" from a folder named through a symbolic link goes up from where the link leads (as the
+     * kernel takes it); a "//" before the file name leaves no "//" in the paths; a folder whose
+     * name ends in '.' is only a name (its read once took for ever) */
+    mkdir("cfgrel/real", 0755);
+    mkdir("cfgrel/real/deep", 0755);
+    unlink("cfgrel/link");
+    CHECK_OK(symlink("real/deep", "cfgrel/link"));
+    char lpath[PATH_MAX + 64];
+    snprintf(lpath, sizeof lpath, "%s/cfgrel/link//rel.ini", tmp);
+    FILE *lf = fopen("cfgrel/link/rel.ini", "w");
+    CHECK(lf && fputs("[data]\npath = ../up.bin\n[model]\npath = m\n", lf) >= 0);
+    fclose(lf);
+    CHECK_OK(cfg_load(&cfg, lpath, err, sizeof err));
+    snprintf(want, sizeof want, "%s/real/up.bin", real_sub);
+    CHECK_STR(cfg.data.path, want);
+    snprintf(want, sizeof want, "%s/cfgrel/link/m", tmp);      /* (no "../": kept as named) */
+    CHECK_STR(cfg.model.path, want);
+    mkdir("cfgrel/run.", 0755);
+    lf = fopen("cfgrel/run./rel.ini", "w");
+    CHECK(lf && fputs("[data]\npath = d.bin\n", lf) >= 0);
+    fclose(lf);
+    snprintf(lpath, sizeof lpath, "%s/cfgrel/run./rel.ini", tmp);
+    CHECK_OK(cfg_load(&cfg, lpath, err, sizeof err));
+    snprintf(want, sizeof want, "%s/cfgrel/run./d.bin", tmp);
+    CHECK_STR(cfg.data.path, want);
+    unlink("cfgrel/run./rel.ini");
+    rmdir("cfgrel/run.");
+    unlink("cfgrel/link/rel.ini");
+    unlink("cfgrel/link");
+    rmdir("cfgrel/real/deep");
+    rmdir("cfgrel/real");
     CHECK_OK(cfg_set(&cfg, "drafter.metrics_path=m.jsonl", err, sizeof err));
     char here[512];
     CHECK(getcwd(here, sizeof here) != NULL);
