@@ -268,12 +268,12 @@ assert out == ("errors: 5 (1 fatal)\n  %s target@0 pid 4242 FATAL: test error 5\
 con = sqlite3.connect(C)
 con.executemany("INSERT INTO errors VALUES (?, ?, ?, ?, 0, -5, ?)", [
     (1700000006000, "coordinator", -1, 0, "lock held"),
-    (1700000007000, "drafter", -1, 99, "drafter (pid 99) died while away"),
+    (1700000007000, "drafter", -1, 99, "drafter-d (pid 99) died while away"),
     (1700000008000, "target", 1, 77, "target-d@1 (pid 77) died without a word")])
 con.commit()
 con.close()
 out = ok(C, "-n", "3", "errors")
-assert out == ("errors: 8 (1 fatal)\n  %s target-d@1 (pid 77) died without a word\n  %s drafter pid 99 drafter (pid 99) "
+assert out == ("errors: 8 (1 fatal)\n  %s target-d@1 (pid 77) died without a word\n  %s drafter-d (pid 99) "
                "died while away\n  %s coordinator lock held\n" % (utc(1700000008000), utc(1700000007000),
                utc(1700000006000))), out
 out = ok(C, "checkpoints").splitlines()

@@ -807,7 +807,7 @@ static void record_unseen_death(struct coord *co, int role, uint64_t token, cons
     if (token == PROC_TOKEN_GONE || seen_leaving(co, token))
         return;     /* (gone: an owner of before the host's reboot, which the start logged) */
     char text[PROTO_TEXT_MAX];
-    snprintf(text, sizeof text, "%s (pid %d) died while away from this coordinator (not seen to leave: killed or "
+    snprintf(text, sizeof text, "%s-d (pid %d) died while away from this coordinator (not seen to leave: killed or "
              "crashed while the coordinator was down, or before it came back; its journal says how)%s%s",
              proto_role_name((unsigned)role), (int)proc_token_pid(token), *what ? ": " : "", what);
     log_warn(0, "%s", text);
@@ -1913,14 +1913,17 @@ void coord_tick(struct coord *co)
                     coord_list_link(&co->leased, &co->ep[e].b[i]);
     }
     struct dgroup *g = &co->grp;
+    bool rank_died = false;     /* (every dead rank told and reclaimed, then the generation ends once) */
     for (uint32_t r = 0; g->active && co->state < PROTO_STATE_STOPPED && r < g->world; r++)
         if (!g->rank_member[r] && g->rank_token[r] && proc_token_alive(g->rank_token[r]) == 0) {
             char what[96];
             snprintf(what, sizeof what, "rank %u of generation %" PRIu64 ", which ends", r, g->gen);
             record_unseen_death(co, PROTO_ROLE_DRAFTER, g->rank_token[r], what);
             ring_reclaim_owner(co->ring, g->rank_token[r], NULL);
-            group_fail(co, "a drafter died");
+            rank_died = true;
         }
+    if (rank_died)
+        group_fail(co, "a drafter died");
     for (uint32_t r = 0; !co->recovering && g->active && r < g->world; r++)
         if (!g->rank_member[r] && g->rank_deadline_ms[r] && now >= g->rank_deadline_ms[r])
             group_fail(co, "a drafter stayed disconnected");

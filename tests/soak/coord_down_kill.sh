@@ -52,6 +52,6 @@ states=$(cl_ring_states 8)
 [[ $states != *WRITING* && $states != *READING* && $states != *READY* ]] || fail "ring at the end: $states"
 ls /dev/shm | grep -q "dflash-$CL_NAME" && fail "shm objects left at the end"
 ((rc == 0)) || fail "exactly-once check"
-n=$(grep -c "drafter (pid $p1) died while away from this coordinator" "$CL_DIR/coord.log")
+n=$(grep -c "drafter-d (pid $p1) died while away from this coordinator" "$CL_DIR/coord.log")
 [[ $n == 1 ]] || fail "rank 1's death told $n times: $(grep "died while away" "$CL_DIR/coord.log")"
 echo "ok: coordinator and a drafter down together; every batch trained once in the lineage"
