@@ -31,8 +31,13 @@ for r in 0 1; do
   cl_wait '[e for e in s["errors"] if e["role"] == "drafter" and e["pid"] == '$p' and e["message"].startswith("drafter-d (pid '$p') died while away from this coordinator") and e["message"].endswith(": rank '$r' of generation '$gen', which ends")]' 30 coord2 ||
     fail "rank $r's death is not among the errors: $(cl_json 's["errors"]')"
 done
-if ((held > 0)); then
-  cl_wait '[e for e in s["errors"] if e["role"] == "target" and e["pid"] == '$pt' and e["message"].startswith("target-d (pid '$pt') died while away") and e["message"].endswith(": its '$held' leased batch'"$( ((held > 1)) && echo es)"' queued again")]' 30 coord2 ||
+# The target's leases whose batches it had not published by then (those are found in the ring) are
+# queued again, as the coordinator's start says; its death is told with them
+cl_wait_log "$CL_DIR/coord2.log" "ring vs ledger: " 30 || true
+requeued=$(sed -n 's/.* \([0-9]*\) leases of dead targets re-queued.*/\1/p' "$CL_DIR/coord2.log" | tail -n 1)
+requeued=${requeued:-0}
+if ((requeued > 0)); then
+  cl_wait '[e for e in s["errors"] if e["role"] == "target" and e["pid"] == '$pt' and e["message"].startswith("target-d (pid '$pt') died while away") and e["message"].endswith(": its '$requeued' leased batch'"$( ((requeued > 1)) && echo es)"' queued again")]' 30 coord2 ||
     fail "the target's death is not among the errors: $(cl_json 's["errors"]')"
 fi
 "$CL_BIN/dflashctl" -s "$CL_SOCK" errors | grep -q "^  .* drafter-d (pid $p1) died while away" ||
@@ -42,8 +47,8 @@ fi
 cl_wait_exit coord2 30
 for p in "$p0" "$p1" "$pt"; do
   n=$(grep -c "(pid $p) died while away from this coordinator" "$CL_DIR/coord2.log")
-  [[ $n == 1 || ($p == "$pt" && $held == 0 && $n == 0) ]] || fail "the death of pid $p told $n times"
+  [[ $n == 1 || ($p == "$pt" && $requeued == 0 && $n == 0) ]] || fail "the death of pid $p told $n times"
 done
 n=$(grep -c "drafter group generation $gen ends" "$CL_DIR/coord2.log")
 [[ $n == 1 ]] || fail "generation $gen ended $n times: $(grep "generation $gen ends" "$CL_DIR/coord2.log")"
-echo "ok: both ranks' deaths and the target's ($held leases) while the coordinator was down recorded once each"
+echo "ok: both ranks' deaths and the target's ($held leases, $requeued queued again) while the coordinator was down recorded once each"

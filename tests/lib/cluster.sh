@@ -184,7 +184,7 @@ cl_wait() {
   local watch=${3:-} wpid=0
   [[ -n $watch ]] && wpid=${CL_PIDS[$watch]:-0}
   "$CL_PY" - "$CL_BIN/dflashctl" "$CL_SOCK" "$CL_DIR/status.json" "$1" "$(cl_scaled "$2")" "$wpid" <<'EOF2'
-import json, os, subprocess, sys, time
+import json, os, re, subprocess, sys, time
 ctl, sock, out, expr, secs, wpid = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]), int(sys.argv[6])
 def drafters(): return [d for d in s["daemons"] if d["role"] == "drafter" and d.get("alive", True)]
 def targets(): return [d for d in s["daemons"] if d["role"] == "target" and d.get("alive", True)]
