@@ -201,10 +201,10 @@ phase_hang() {
   # its kernels, which waits for a GPU that hangs, as no forward of a running target does.
   local bad2=$((bad + 5))
   cl_start target0s target-d -c "$CL_INI" -i 0 -o target.debug_stall_batch=$bad2 -o target.gpu_timeout_ms=5000
-  cl_wait_log "$CL_DIR/target0s.log" "the GPU hangs from batch $bad2 on" 60 || fail "batch $bad2 did not come to hang the GPU"
+  cl_wait_log "$CL_DIR/target0s.log" "the GPU hangs from batch 0:$bad2 on" 60 || fail "batch $bad2 did not come to hang the GPU"
   cl_kill target0s TERM
   cl_wait_exit target0s 60 || true
-  [[ $CL_RC == 1 ]] && grep -q "batch $bad2 on the GPU for [0-9]* s (target.gpu_timeout_ms 5000): the GPU hangs" "$CL_DIR/target0s.log" ||
+  [[ $CL_RC == 1 ]] && grep -q "batch 0:$bad2 on the GPU for [0-9]* s (target.gpu_timeout_ms 5000): the GPU hangs" "$CL_DIR/target0s.log" ||
     fail "a stop while the GPU hangs: exit '$CL_RC': $(tail -3 "$CL_DIR/target0s.log")"
   # (the stop came first: the hang was caught while the pipeline was being finished)
   local at_stop at_hang
