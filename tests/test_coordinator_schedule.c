@@ -81,7 +81,10 @@ int main(void)
     unlink(TC.data);
     tc_dataset(TC.data, 100, 8, 60, 500);
     expect_refused_as(NULL, NULL, replaced, "(replaced; the same settings and number of samples, other sample "
-                      "lengths): put the old file back");
+                      "lengths): put the old file back, or move");
+    /* replaced, and a setting changed too: the old file alone would not do */
+    expect_refused_as("data.seed=99", NULL, replaced, "(replaced; data.seed was 42, is 99): put the old file back and "
+                      "the settings named as they were, or move");
     /* a ledger from before the dataset's checksum was kept: the schedule's message alone */
     CHECK_INT(sqlite3_open(TC.ledger, &db), ==, SQLITE_OK);
     CHECK_INT(sqlite3_exec(db, "DELETE FROM meta WHERE key = 'dataset_checksum'", NULL, NULL, NULL), ==, SQLITE_OK);

@@ -2084,9 +2084,11 @@ static void schedule_inputs(const struct coord *co, struct sched_input in[SCHED_
 
 /* "; data.seed was 42, is 7" for each input the ledger recorded otherwise; "; the same settings
  * and number of samples, other sample lengths" when none differs; "" for a ledger from before
- * the inputs were kept. */
-static void schedule_changes(struct coord *co, char *out, size_t len)
+ * the inputs were kept. *settings (when not NULL): a setting differs, not only the dataset. */
+static void schedule_changes(struct coord *co, char *out, size_t len, bool *settings)
 {
+    if (settings)
+        *settings = false;
     struct sched_input in[SCHED_INPUTS];
     schedule_inputs(co, in);
     size_t n = 0;
@@ -2097,6 +2099,8 @@ static void schedule_changes(struct coord *co, char *out, size_t len)
         if (ledger_meta_get_u64(co->ledger, in[i].key, &was) != 1)
             continue;
         kept = true;
+        if (was != in[i].value && settings && strncmp(in[i].key, "data.path", 9))
+            *settings = true;
         if (was != in[i].value && n < len)
             n += (size_t)snprintf(out + n, len - n, "; %s was %" PRIu64 ", is %" PRIu64, in[i].key, was,
                                   in[i].value);
@@ -2276,7 +2280,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     }
     bool have_fp = r > 0;
     /* A dataset replaced is told as that first, with what it changed in the schedule: "put the
-     * old file back" mends both. The schedule only sees lengths: a file of the same lengths is
+     * old file back" mends that (and the settings named, when some were changed too). The schedule only sees lengths: a file of the same lengths is
      * told by the checksum alone (the batches trained so far hold the old one's tokens). */
     uint64_t sum;
     if ((r = ledger_meta_get_u64(co->ledger, "dataset_checksum", &sum)) < 0) {
@@ -2286,11 +2290,13 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     bool have_sum = r > 0;
     if (have_sum && sum != co->ds.checksum) {
         char what[400] = "";
+        bool settings = false;
         if (have_fp && strcmp(old, fp))
-            schedule_changes(co, what, sizeof what);
+            schedule_changes(co, what, sizeof what, &settings);
         snprintf(err, errlen, "%s was written for a dataset of checksum %016" PRIx64 ", %s now has checksum %016" PRIx64
-                 " (replaced%s): put the old file back, or move the ledger away to start a new run (with the drafters' "
-                 "checkpoint folder)", co->ledger_path, sum, cfg->data.path, co->ds.checksum, what);
+                 " (replaced%s): put the old file back%s, or move the ledger away to start a new run (with the "
+                 "drafters' checkpoint folder)", co->ledger_path, sum, cfg->data.path, co->ds.checksum, what,
+                 settings ? " and the settings named as they were" : "");
         return -DF_ELAYOUT;
     }
     if (!have_fp) {
@@ -2299,7 +2305,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         ledger_meta_set_u64(co->ledger, "created_ms", wall_ms());
     } else if (strcmp(old, fp)) {
         char what[400];
-        schedule_changes(co, what, sizeof what);
+        schedule_changes(co, what, sizeof what, NULL);
         snprintf(err, errlen, "%s was written for another dataset or schedule (fingerprint %s, now %s%s): "
                  "move it away to start a new run (with the drafters' checkpoint folder)", co->ledger_path, old, fp,
                  what);
