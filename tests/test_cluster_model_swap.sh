@@ -62,9 +62,12 @@ grep -qF "model.path $T/broken: the weights do not read (" "$CL_DIR/coord3.log" 
   fail "the coordinator did not say why: $(grep -v ' = \|^#' "$CL_DIR/coord3.log" | tail -2)"
 [[ $(md5sum "$db" | cut -d' ' -f1) == "$sum" ]] || fail "the refused start changed the ledger"
 cl_ini_add model.path="$CL_DIR/model"
-# a coordinator's host with config.json alone: a warning, the ledger's fingerprint stands
+# a coordinator's host with the small JSON files alone (config.json and a shard index, as a download
+# of '*.json' leaves): a warning, the ledger's fingerprint stands
 mkdir "$T/cfgonly"
 cp "$CL_DIR/model/config.json" "$T/cfgonly/"
+printf '{"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00001.safetensors"}}\n' \
+  >"$T/cfgonly/model.safetensors.index.json"
 step=$(cl_sql "select value from meta where key='ckpt_step'")
 cl_start coord coordinator-d -c "$CL_INI" -o model.path="$T/cfgonly"
 cl_wait 's["state"] == "running"' 30 coord || fail "the coordinator did not come back with config.json alone"

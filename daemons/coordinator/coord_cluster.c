@@ -1,5 +1,6 @@
 /* coord_cluster.c: what the coordinator does with each message: leases, publications,
  * the drafter group and its generations, checkpoints, errors, control, recovery, timeouts. */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -9,7 +10,6 @@
 #include <sys/random.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include "common/decimal.h"
@@ -2123,13 +2123,14 @@ static int check_model(struct coord *co, char *err, size_t errlen)
         /* A coordinator's host may hold config.json alone (the targets check their own weights);
          * weights that are there and do not read are damaged, and the run is not started on them
          * unchecked (a target would refuse them as well). */
-        char f[CFG_STR_MAX + 64];
-        struct stat st;
-        bool there = false;
-        for (int k = 0; k < 2 && !there; k++) {
-            snprintf(f, sizeof f, "%s/%s", path, k ? "model.safetensors.index.json" : "model.safetensors");
-            there = stat(f, &st) == 0;
+        bool there = false;     /* (a *.safetensors file: the index alone is one of the small JSON files) */
+        DIR *dir = opendir(path);
+        for (struct dirent *e; dir && !there && (e = readdir(dir));) {
+            size_t n = strlen(e->d_name);
+            there = n > 12 && !strcmp(e->d_name + n - 12, ".safetensors");
         }
+        if (dir)
+            closedir(dir);
         if (there && r != -EACCES && r != -EPERM) {
             snprintf(err, errlen, "model.path %s: the weights do not read (%s): mend them (a target would refuse them "
                      "too), or leave config.json alone there for the targets to check theirs", path, why);
