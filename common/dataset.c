@@ -599,6 +599,10 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
     if (rename(w->tmp, w->target) < 0) {
         r = -errno;
         what = "rename";
+        if (w->anon) {      /* (its name is no one's to remove but ours: gone now, not at free) */
+            unlink(w->tmp);
+            w->tmp[0] = 0;
+        }
         goto io_fail;
     }
     close(w->fd);

@@ -145,7 +145,9 @@ mkfifo "$T/slow.fifo"
 # file system allows, else OUT.tmp.*.
 temp_beside() {  # out
   local f
-  for f in "/proc/$pid/fd"/*; do [[ $(readlink "$f") == "$(dirname "$1")/#"*" (deleted)" ]] && { anon=1; return 0; }; done
+  local dir
+  dir=$(cd "$(dirname "$1")" && pwd -P)    # (as the kernel names it: a link in $T resolved)
+  for f in "/proc/$pid/fd"/*; do [[ $(readlink "$f") == "$dir/#"*" (deleted)" ]] && { anon=1; return 0; }; done
   anon=0
   compgen -G "$1.tmp.*" >/dev/null
 }

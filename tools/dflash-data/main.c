@@ -74,6 +74,22 @@ static int writer_open(struct dataset_writer **w, const char *out, uint32_t voca
     return r;
 }
 
+/* dataset_writer_finish with the stop signals held off: the temp it names just before the
+ * rename (O_TMPFILE) is not in the handlers' copy, and must not be left by a stop in between. */
+static int writer_finish(struct dataset_writer *w, char *err, size_t errlen)
+{
+    sigset_t set, old;
+    sigemptyset(&set);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
+        sigaddset(&set, stop_signals[i]);
+    sigprocmask(SIG_BLOCK, &set, &old);
+    int r = dataset_writer_finish(w, err, errlen);
+    if (r == 0)
+        have_temp = 0;      /* (renamed into place: a stop now leaves the new output) */
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return r;
+}
+
 /* After dataset_writer_finish renamed the temp into place, or to drop it (NULL is fine). A signal
  * between the two lines unlinks a name already gone. */
 static void writer_free(struct dataset_writer *w)
@@ -350,7 +366,7 @@ static int cmd_build(const char *out, uint32_t vocab, int end_line, char **input
                 "first label): nothing to learn, nothing written\n", out);
         goto done;
     }
-    if (dataset_writer_finish(w, err, sizeof err) < 0) {
+    if (writer_finish(w, err, sizeof err) < 0) {
         fprintf(stderr, "dflash-data: %s\n", err);
         goto done;
     }
@@ -415,7 +431,7 @@ static int cmd_synth(const char *out, uint64_t n, uint32_t vocab, uint32_t min_l
             goto done;
         }
     }
-    if (dataset_writer_finish(w, err, sizeof err) < 0) {
+    if (writer_finish(w, err, sizeof err) < 0) {
         fprintf(stderr, "dflash-data: %s\n", err);
         goto done;
     }
