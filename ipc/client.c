@@ -535,21 +535,21 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
         FAIL(-DF_EPEER, "coordinator answered HELLO with %s", proto_type_name(in.type));
     }
     if (!first && c->welcome_check) {
-        char why[PROTO_TEXT_MAX];
+        char why[PROTO_TEXT_MAX + 1];   /* (one more: a text cut to fit is seen to be) */
         snprintf(why, sizeof why, "the welcome check refused the coordinator");
         if ((r = c->welcome_check(c->welcome_check_arg, &in.welcome, why, sizeof why)) < 0) {
             /* before any replay: nothing of this connection's past goes to this coordinator */
             struct proto_msg e = { .type = PROTO_ERROR };
             e.error.code = r;
-            proto_strset(e.error.message, sizeof e.error.message, why);
+            proto_textset(e.error.message, sizeof e.error.message, why);
             send_msg(c, &e);
             /* and its last word: the daemon exits (1, to be restarted) with this connection's end */
             struct proto_msg b = { .type = PROTO_BYE };
             b.bye.exit_status = 1;
-            proto_strset(b.bye.reason, sizeof b.bye.reason, why);
+            proto_textset(b.bye.reason, sizeof b.bye.reason, why);
             send_msg(c, &b);
             disconnect(c);
-            snprintf(c->refused, sizeof c->refused, "%s", why);     /* no more reconnects */
+            proto_textset(c->refused, sizeof c->refused, why);      /* no more reconnects */
             FAIL(-DF_EPEER, "%s", why);
         }
     }

@@ -26,7 +26,7 @@ sum_before=$(md5sum "$db" | cut -d' ' -f1)
 cl_start coord2 coordinator-d -c "$CL_INI"
 cl_wait_exit coord2 30
 [[ $CL_RC == 78 ]] || fail "coordinator on a damaged ledger exited with '$CL_RC', wanted 78"
-grep -q "$db: reading the batches: batch 0 has state 9, not one of 0..4" "$CL_DIR/coord2.log" || fail "no clear message: $(tail -n 2 "$CL_DIR/coord2.log")"
+grep -q "$db: reading the batches: batch 0:0 has state 9, not one of 0..4" "$CL_DIR/coord2.log" || fail "no clear message: $(tail -n 2 "$CL_DIR/coord2.log")"
 [[ $(md5sum "$db" | cut -d' ' -f1) == "$sum_before" ]] || fail "the damaged ledger was changed"
 echo "ok: $(grep -h "reading the batches" "$CL_DIR/coord2.log" | sed 's/^<[0-9]>//')"
 

@@ -1092,7 +1092,7 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
 {
     struct batch *b = coord_batch(co, p->batch_id);
     if (!b || p->slot >= (uint32_t)co->cfg->ring.slots) {
-        log_warn(0, "%s published unknown batch %" PRIu64 " / slot %u", m->name, p->batch_id, p->slot);
+        log_warn(0, "%s published unknown batch " BID " / slot %u", m->name, BARGS(p->batch_id), p->slot);
         send_ack(m, p->seq, -DF_ERANGE);
         return;
     }
@@ -2366,7 +2366,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     }
     for (struct batch *b = co->leased; b; b = b->lnext) {
         if ((r = ledger_untrained_has(co->ledger, b->row.id, b->row.leases)) < 0) {
-            snprintf(err, errlen, "%s: reading the hand-backs of batch %" PRIu64 ": %s", co->ledger_path, b->row.id,
+            snprintf(err, errlen, "%s: reading the hand-backs of batch " BID ": %s", co->ledger_path, BARGS(b->row.id),
                      ledger_errmsg(co->ledger, r));
             return r;
         }

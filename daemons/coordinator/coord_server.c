@@ -294,14 +294,14 @@ void coord_close_member(struct member *m, const char *reason)
 void coord_refuse(struct member *m, int code, const char *fmt, ...)
 {
     struct proto_msg msg = { .type = PROTO_REFUSE };
-    char text[PROTO_TEXT_MAX];
+    char text[PROTO_TEXT_MAX + 1];      /* (one more: a text cut to fit is seen to be) */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     msg.refuse.code = code;
     msg.refuse.server_version = PROTO_VERSION;
-    proto_strset(msg.refuse.message, sizeof msg.refuse.message, text);
+    proto_textset(msg.refuse.message, sizeof msg.refuse.message, text);
     /* A flood of bad peers (token guessing over TCP) must not flood the journal, whose rate
      * limit would then drop the coordinator's own lines: REFUSALS_LOGGED per window, then a count. */
     struct coord *co = m->co;

@@ -14,6 +14,7 @@
 #include "common/err.h"
 #include "common/progress.h"
 #include "daemons/coordinator/ledger.h"
+#include "daemons/coordinator/sched.h"
 
 enum {
     ST_META_GET, ST_META_SET, ST_BATCH_INS, ST_BATCH_UPD, ST_BATCH_ALL, ST_TRAIN_ADD, ST_TRAIN_RB,
@@ -540,7 +541,7 @@ int ledger_batch_foreach(struct ledger *l, int (*fn)(void *ctx, const struct led
             .updated_ms = (uint64_t)sqlite3_column_int64(s, 11),
         };
         if (b.state < 0 || b.state >= BATCH_NSTATES) {
-            snprintf(l->why, sizeof l->why, "batch %llu has state %d, not one of 0..%d", (unsigned long long)b.id,
+            snprintf(l->why, sizeof l->why, "batch " SCHED_BID " has state %d, not one of 0..%d", SCHED_BARGS(b.id),
                      b.state, BATCH_NSTATES - 1);
             r = -DF_EFORMAT;
             break;

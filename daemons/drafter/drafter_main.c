@@ -2003,7 +2003,7 @@ int main(int argc, char **argv)
                      * (every rank of the generation may say so; it acts on the first). */
                     f->ckpt_unloadable = 0;
                     f->ckpt_bad_code = r;
-                    proto_strset(f->ckpt_bad_reason, sizeof f->ckpt_bad_reason, err);
+                    proto_textset(f->ckpt_bad_reason, sizeof f->ckpt_bad_reason, err);
                     client_ckpt_bad(f->cl, f->grp.generation, f->grp.ckpt_step, f->grp.ckpt_dir, r, err);
                     log_notice("asked the coordinator to fall back from checkpoint %s", f->grp.ckpt_dir);
                     if ((r = await_restart(f, r, "its checkpoint does not load", f->grp.generation)) < 0)
