@@ -22,8 +22,9 @@ cl_wait 'step() >= 5' 120 coord || fail "no training"
 port=$(sed -n 's/.*TCP listener on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$CL_DIR/coord.log" | head -n 1)
 [[ -n $port ]] || fail "no TCP listener port in the coordinator's log"
 t0=$SECONDS
-# (a long reason: the stop note is cut to its line, the part --wait reads kept)
-"$CL_BIN/dflashctl" --connect "127.0.0.1:$port" --token-file "$CL_DIR/tcp.token" --wait stop "slow storage $(printf 'x%.0s' {1..220})" \
+# (the longest reason a control keeps, 160 bytes, after the longest "who" (a TCP peer): the stop
+# note is cut to its line, the part --wait reads kept)
+"$CL_BIN/dflashctl" --connect "127.0.0.1:$port" --token-file "$CL_DIR/tcp.token" --wait stop "slow storage $(printf 'x%.0s' {1..147})" \
   >"$CL_DIR/stop.txt" 2>&1
 rc=$?
 cl_log "stop --wait: exit $rc after $((SECONDS - t0)) s: $(cat "$CL_DIR/stop.txt")"

@@ -146,6 +146,6 @@ fi
 # that, the cluster fails with the reason
 head -c 4096 /dev/urandom >"$CL_DIR/data.new" && mv "$CL_DIR/data.new" "$CL_DIR/data.bin"
 cl_start target_bad target-d -c "$CL_INI" -i 0
-expect78 target_bad "data.bin: not a dflash dataset (bad magic) (data.path: it was replaced"
+expect78 target_bad "data.bin: not a dflash dataset (bad magic) (data.path: replaced after the coordinator opened it: put the old file back)"
 cl_wait_log "$CL_DIR/coord.log" "cluster .* -> failed: target-d@0: .*data.bin: not a dflash dataset" 30 ||
   fail "the cluster did not fail: $(tail -3 "$CL_DIR/coord.log")"
