@@ -57,14 +57,21 @@ static void catch_stop_signals(void)
     }
 }
 
-/* dataset_writer_open with its temp path noted for the handlers, no signal in between. */
-static int writer_open(struct dataset_writer **w, const char *out, uint32_t vocab, char *err, size_t errlen)
+/* The stop signals held off (their handlers see the temp path as it was), the mask before in *old. */
+static void hold_stop_signals(sigset_t *old)
 {
-    sigset_t set, old;
+    sigset_t set;
     sigemptyset(&set);
     for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
         sigaddset(&set, stop_signals[i]);
-    sigprocmask(SIG_BLOCK, &set, &old);
+    sigprocmask(SIG_BLOCK, &set, old);
+}
+
+/* dataset_writer_open with its temp path noted for the handlers, no signal in between. */
+static int writer_open(struct dataset_writer **w, const char *out, uint32_t vocab, char *err, size_t errlen)
+{
+    sigset_t old;
+    hold_stop_signals(&old);
     int r = dataset_writer_open(w, out, vocab, err, errlen);
     if (r == 0) {
         snprintf(temp_path, sizeof temp_path, "%s", dataset_writer_temp_path(*w));
@@ -78,11 +85,8 @@ static int writer_open(struct dataset_writer **w, const char *out, uint32_t voca
  * rename (O_TMPFILE) is not in the handlers' copy, and must not be left by a stop in between. */
 static int writer_finish(struct dataset_writer *w, char *err, size_t errlen)
 {
-    sigset_t set, old;
-    sigemptyset(&set);
-    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
-        sigaddset(&set, stop_signals[i]);
-    sigprocmask(SIG_BLOCK, &set, &old);
+    sigset_t old;
+    hold_stop_signals(&old);
     int r = dataset_writer_finish(w, err, errlen);
     if (r == 0)
         have_temp = 0;      /* (renamed into place: a stop now leaves the new output) */
