@@ -99,7 +99,8 @@ FLAGS_NOW   := $(CC) $(CFLAGS) | $(if $(HAVE_CUDA),$(NVCC) $(NVCCFLAGS)) | $(LDF
 FLAGS_DEP   := $(if $(filter-out install clean print-build print-bins deps check fuzz,$(MAKECMDGOALS)),$(FLAGS_STAMP),$(if $(MAKECMDGOALS),,$(FLAGS_STAMP)))
 # Written as the Makefile is read, and only when the flags differ: an unchanged build is up to date
 # for `make -q` and `make -n` too, which never write it (other flags: every object out of date).
-# With `clean` among the goals it is left to the rule below, which makes it once clean is done.
+# With `clean` among the goals it is left to the rule below, run after clean (a stamp that clean
+# removed is made again; one it did not, in a BUILD outside build*, is written when it differs).
 ifneq ($(FLAGS_DEP),)
 ifneq ($(shell [ "$$(cat $(FLAGS_STAMP) 2>/dev/null)" = '$(FLAGS_NOW)' ] && echo same),same)
 ifneq ($(findstring n,$(firstword -$(MAKEFLAGS)))$(findstring q,$(firstword -$(MAKEFLAGS))),)
@@ -108,12 +109,14 @@ else ifeq ($(filter clean,$(MAKECMDGOALS)),)
 ifneq ($(shell mkdir -p $(BUILD) && printf '%s' '$(FLAGS_NOW)' >$(FLAGS_STAMP) && echo ok),ok)
 $(error cannot write $(FLAGS_STAMP))
 endif
+else
+FLAGS_REDO := flags-changed
 endif
 endif
 endif
-$(FLAGS_STAMP):
+$(FLAGS_STAMP): $(FLAGS_REDO)
 	@mkdir -p $(dir $@)
-	@printf '%s' '$(FLAGS_NOW)' >$@
+	@[ "$$(cat $@ 2>/dev/null)" = '$(FLAGS_NOW)' ] || printf '%s' '$(FLAGS_NOW)' >$@
 
 $(BUILD)/%.o: %.c $(FLAGS_DEP)
 	@mkdir -p $(dir $@)

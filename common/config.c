@@ -647,8 +647,8 @@ static int file_folder(const char *path, char *out, size_t len)
     int n;
     if (path[0] == '/')
         n = snprintf(out, len, "%.*s", slash == path ? 1 : (int)(slash - path), path);
-    else if (slash)
-        n = snprintf(out, len, "%s/%.*s", cwd, (int)(slash - path), path);
+    else if (slash)     /* (from "/": no "//") */
+        n = snprintf(out, len, "%s/%.*s", strcmp(cwd, "/") ? cwd : "", (int)(slash - path), path);
     else
         n = snprintf(out, len, "%s", cwd);
     if (n < 0 || (size_t)n >= len)

@@ -54,9 +54,9 @@ cl_log "target 0 (pid $p0) killed while the coordinator was down, holding $held 
 # (of its leases, those whose batches it published meanwhile are found in the ring, not queued again)
 cl_wait '[e for e in s["errors"] if e["role"] == "target" and e["pid"] == '$p0'] or s["state"] == "running"' 30 coord ||
   fail "the coordinator did not come back"
-requeued=$(sed -n 's/.* \([0-9]*\) leases of dead targets re-queued.*/\1/p' "$CL_DIR/coord.log" | tail -n 1)
-if ((${requeued:-0} > 0)); then
-  away='[e for e in s["errors"] if e["role"] == "target" and e["pid"] == '$p0' and "died while away from this coordinator" in e["message"] and e["message"].endswith("its '$requeued' leased batch'"$( ((requeued > 1)) && echo es)"' queued again")]'
+away_requeued=$(sed -n 's/.* \([0-9]*\) leases of dead targets re-queued.*/\1/p' "$CL_DIR/coord.log" | tail -n 1)
+if ((${away_requeued:-0} > 0)); then
+  away='[e for e in s["errors"] if e["role"] == "target" and e["pid"] == '$p0' and "died while away from this coordinator" in e["message"] and e["message"].endswith("its '$away_requeued' leased batch'"$( ((away_requeued > 1)) && echo es)"' queued again")]'
   cl_wait "$away" 30 coord || fail "target 0's death while the coordinator was down is not among the errors: $(cl_json 's["errors"]')"
 else
   cl_log "note: target 0 had published every batch it held: no lease queued again, no death to tell here"
@@ -114,7 +114,7 @@ others=$(cl_sql "SELECT count(*) FROM errors WHERE message LIKE '%died without a
 [[ $others == "$KILLS" ]] || fail "a daemon that left at the drain is recorded as dead: $(cl_sql 'SELECT message FROM errors')"
 # The one death the coordinator did not see is told once; those it saw are not told again so.
 away=$(cl_sql "SELECT group_concat(pid) FROM errors WHERE message LIKE '%died while away from this coordinator%'")
-[[ $away == "$p0" || (${requeued:-0} == 0 && -z $away) ]] || fail "deaths told as unseen: pids '$away' (wanted $p0 alone): $(cl_sql 'SELECT message FROM errors')"
+[[ $away == "$p0" || (${away_requeued:-0} == 0 && -z $away) ]] || fail "deaths told as unseen: pids '$away' (wanted $p0 alone): $(cl_sql 'SELECT message FROM errors')"
 for n in target-d@1 drafter-d@0; do
   grep -q "$n (pid [0-9]*) leaves, exit status 0: $n exits 0" "$CL_DIR/coord.log" || fail "no BYE from $n in the coordinator's log"
 done

@@ -251,6 +251,13 @@ int main(void)
     CHECK_STR(cfg.data.path, want);
     snprintf(want, sizeof want, "%s/cfgrel/link/m", tmp);      /* (no "../": kept as named) */
     CHECK_STR(cfg.model.path, want);
+    /* named relative to "/" (a daemon started in /): no "//" */
+    CHECK_OK(chdir("/"));
+    snprintf(lpath, sizeof lpath, "%s/cfgrel/rel.ini", tmp + 1);
+    CHECK_OK(cfg_load(&cfg, lpath, err, sizeof err));
+    CHECK(strncmp(cfg.data.path, "//", 2) != 0);
+    CHECK_CONTAINS(cfg.data.path, "/cfgrel/data.bin");
+    CHECK_OK(chdir(tmp));
     mkdir("cfgrel/run.", 0755);
     lf = fopen("cfgrel/run./rel.ini", "w");
     CHECK(lf && fputs("[data]\npath = d.bin\n", lf) >= 0);

@@ -269,13 +269,14 @@ con = sqlite3.connect(C)
 con.executemany("INSERT INTO errors VALUES (?, ?, ?, ?, 0, -5, ?)", [
     (1700000006000, "coordinator", -1, 0, "lock held"),
     (1700000007000, "drafter", -1, 99, "drafter-d (pid 99) died while away"),
-    (1700000008000, "target", 1, 77, "target-d@1 (pid 77) died without a word")])
+    (1700000008000, "target", 1, 77, "target-d@1 (pid 77) died without a word"),
+    (1700000009000, "target", 0, 55, "target-d@0 exits: no room")])
 con.commit()
 con.close()
-out = ok(C, "-n", "3", "errors")
-assert out == ("errors: 8 (1 fatal)\n  %s target-d@1 (pid 77) died without a word\n  %s drafter-d (pid 99) "
-               "died while away\n  %s coordinator lock held\n" % (utc(1700000008000), utc(1700000007000),
-               utc(1700000006000))), out
+out = ok(C, "-n", "4", "errors")
+assert out == ("errors: 9 (1 fatal)\n  %s target@0 pid 55 target-d@0 exits: no room\n  %s target-d@1 (pid 77) died "
+               "without a word\n  %s drafter-d (pid 99) died while away\n  %s coordinator lock held\n" % (
+               utc(1700000009000), utc(1700000008000), utc(1700000007000), utc(1700000006000))), out
 out = ok(C, "checkpoints").splitlines()
 assert out[2].split()[4] == "dropped" and out[3].strip() == "test: does not load" and out[4].split()[4] == "head", out
 
@@ -298,11 +299,11 @@ assert lines == ["2 epochs with every batch checkpointed",
 # The path as SQLite's URI would misread it (a '?', '#' or '%' in a name), a link, a relative path.
 W = os.path.join(T, "we?ird#name%41 x.db")
 shutil.copyfile(C, W)
-assert doc(W, "status")["error_count"] == 8
+assert doc(W, "status")["error_count"] == 9
 os.symlink(C, os.path.join(T, "link.db"))
-assert doc(os.path.join(T, "link.db"), "status")["error_count"] == 8
+assert doc(os.path.join(T, "link.db"), "status")["error_count"] == 9
 p = subprocess.run([ctl, "--ledger", "copy.db", "--json", "status"], capture_output=True, text=True, cwd=T)
-assert p.returncode == 0 and json.loads(p.stdout)["error_count"] == 8, p.stderr
+assert p.returncode == 0 and json.loads(p.stdout)["error_count"] == 9, p.stderr
 assert sorted(f for f in os.listdir(T) if f.startswith(("copy.db", "we?ird", "link.db"))) == \
     ["copy.db", "link.db", "we?ird#name%41 x.db"], os.listdir(T)
 

@@ -88,8 +88,8 @@ static void show_errors_rows(FILE *out, const cJSON *errors)
         char when[32];
         fmt_wall(when, sizeof when, num(e, "wall_ms"), 0);
         /* Who: the coordinator by its name; a daemon by role@gpu and pid (a GPU unknown: without
-         * it), or not at all when the message begins by naming its daemon ("target-d@0 (pid 7)
-         * died", "drafter-d (pid 9) died while away", "drafter-d@1: batch ..."). */
+         * it), or not at all when the message begins by naming this very daemon, pid and all
+         * ("target-d@0 (pid 7) died ...", "drafter-d (pid 9) died while away ..."). */
         const char *role = ctl_str(e, "role"), *msg = ctl_str(e, "message");
         double gpu = num(e, "gpu"), pid = num(e, "pid");
         char who[96], named[96];
@@ -99,8 +99,11 @@ static void show_errors_rows(FILE *out, const cJSON *errors)
             snprintf(who, sizeof who, "%s pid %.0f ", role, pid);
         else
             snprintf(who, sizeof who, "%s@%.0f pid %.0f ", role, gpu, pid);
-        size_t nl = (size_t)snprintf(named, sizeof named, "%s-d", role);
-        if (!strncmp(msg, named, nl) && (msg[nl] == '@' || msg[nl] == ' '))
+        if (gpu < 0)
+            snprintf(named, sizeof named, "%s-d (pid %.0f)", role, pid);
+        else
+            snprintf(named, sizeof named, "%s-d@%.0f (pid %.0f)", role, gpu, pid);
+        if (strcmp(role, "coordinator") && !strncmp(msg, named, strlen(named)))
             who[0] = 0;
         fprintf(out, "  %s %s%s%s\n", when, who, cJSON_IsTrue(obj(e, "fatal")) ? "FATAL: " : "", msg);
     }

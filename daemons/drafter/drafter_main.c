@@ -1545,9 +1545,13 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
             client_batch_skipped(f->cl, rec->b.id, rec->b.lease);
         log_error(rc, "step %" PRId64 ": loss sum %g / gradient norm %g not finite: step skipped, cluster pausing",
                   info->step + 1, gm->loss_sum, info->grad_norm);
-        if (f->rank == 0)
-            report_nan(f, info->step + 1, "%s: loss or gradient norm not finite at step %" PRId64 " (batch %" PRId64
-                       " of rank 0)", f->d.ident, info->step + 1, rec->have ? (int64_t)rec->b.id : (int64_t)-1);
+        if (f->rank == 0) {
+            char bt[48] = "no batch";
+            if (rec->have)
+                snprintf(bt, sizeof bt, "batch " SCHED_BID, SCHED_BARGS(rec->b.id));
+            report_nan(f, info->step + 1, "%s: loss or gradient norm not finite at step %" PRId64 " (%s of rank 0)",
+                       f->d.ident, info->step + 1, bt);
+        }
         poison(f, info->step + 1);
         return;
     }
