@@ -284,7 +284,8 @@ struct dataset_writer {
     char target[512];           /* the file renamed over: path, or where its symlinks lead */
     char tmp[512 + 32];         /* the temp file's name; empty while it has none (O_TMPFILE) */
     int fd;                     /* the output temp file: header hole + tokens */
-    bool anon;                  /* fd made with O_TMPFILE: named only at finish, just before the rename */
+    bool anon;                  /* fd made with O_TMPFILE: named only at commit, just before the rename */
+    bool flushed;               /* all written and fsync'd: only the rename into place is left */
     FILE *maskf;                /* loss mask, unlinked temp file beside the output, appended at finish */
     struct dataset_index_entry *index;
     uint64_t n_samples, cap, n_tokens, masked, pairs;
@@ -534,9 +535,11 @@ int dataset_writer_add(struct dataset_writer *w, const uint32_t *tokens, const u
     return 0;
 }
 
-int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
+int dataset_writer_flush(struct dataset_writer *w, char *err, size_t errlen)
 {
     int r;
+    if (w->flushed)
+        return 0;
     if (w->failed)
         return fail(err, errlen, w->path, -DF_ESTATE, "writer failed earlier");
     if (w->n_samples == 0)
@@ -592,6 +595,19 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
         r = -errno;
         goto io_fail;
     }
+    w->flushed = true;
+    return 0;
+io_fail:
+    w->failed = 1;
+    return fail(err, errlen, w->path, r, "%s: %s", what, strerror(-r));
+}
+
+int dataset_writer_commit(struct dataset_writer *w, char *err, size_t errlen)
+{
+    if (!w->flushed || w->failed)
+        return fail(err, errlen, w->path, -DF_ESTATE, "%s", w->failed ? "writer failed earlier" : "not flushed");
+    int r;
+    const char *what;
     if (w->anon && (r = link_temp(w)) < 0) {
         what = "cannot give the temp file a name";
         goto io_fail;
@@ -619,4 +635,10 @@ int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
 io_fail:
     w->failed = 1;
     return fail(err, errlen, w->path, r, "%s: %s", what, strerror(-r));
+}
+
+int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen)
+{
+    int r = dataset_writer_flush(w, err, errlen);
+    return r < 0 ? r : dataset_writer_commit(w, err, errlen);
 }

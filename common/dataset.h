@@ -103,7 +103,12 @@ int dataset_writer_open(struct dataset_writer **w, const char *path, uint32_t vo
 /* Append one sample; rejects length 0, ids >= vocab (when set), mask values other than 0/1. */
 int dataset_writer_add(struct dataset_writer *w, const uint32_t *tokens, const uint8_t *mask, uint32_t n,
                        char *err, size_t errlen);
+/* Flush then commit. */
 int dataset_writer_finish(struct dataset_writer *w, char *err, size_t errlen);
+/* The two halves of finish: flush writes the temp file whole and fsyncs it (the long part);
+ * commit gives it its name in place (a quick rename: a caller may hold signals off for it). */
+int dataset_writer_flush(struct dataset_writer *w, char *err, size_t errlen);
+int dataset_writer_commit(struct dataset_writer *w, char *err, size_t errlen);
 /* Drop an unfinished writer and its temp files (NULL is fine). */
 void dataset_writer_free(struct dataset_writer *w);
 uint64_t dataset_writer_samples(const struct dataset_writer *w);

@@ -38,7 +38,16 @@ static void write_set(const char *path, uint32_t vocab, int n, uint32_t bad_id_a
             tok[0] = 999;
         CHECK_OK(dataset_writer_add(w, tok, mask, len, err, sizeof err));
     }
-    CHECK_OK(dataset_writer_finish(w, err, sizeof err));
+    /* finish in its two halves: a commit before the flush is refused; the output appears only
+     * with the commit (a flush twice is one) */
+    CHECK_INT(dataset_writer_commit(w, err, sizeof err), ==, -DF_ESTATE);
+    CHECK_CONTAINS(err, "not flushed");
+    unlink(path);
+    CHECK_OK(dataset_writer_flush(w, err, sizeof err));
+    CHECK_OK(dataset_writer_flush(w, err, sizeof err));
+    CHECK(access(path, F_OK) != 0);
+    CHECK_OK(dataset_writer_commit(w, err, sizeof err));
+    CHECK(access(path, F_OK) == 0);
     dataset_writer_free(w);
 }
 

@@ -81,13 +81,17 @@ static int writer_open(struct dataset_writer **w, const char *out, uint32_t voca
     return r;
 }
 
-/* dataset_writer_finish with the stop signals held off: the temp it names just before the
- * rename (O_TMPFILE) is not in the handlers' copy, and must not be left by a stop in between. */
+/* dataset_writer_finish, its commit with the stop signals held off: the name it gives the temp
+ * just before the rename (O_TMPFILE) is not in the handlers' copy, and must not be left by a
+ * stop in between. The flush (the long part: the mask copied in, the fsync) is not held up. */
 static int writer_finish(struct dataset_writer *w, char *err, size_t errlen)
 {
+    int r = dataset_writer_flush(w, err, errlen);
+    if (r < 0)
+        return r;
     sigset_t old;
     hold_stop_signals(&old);
-    int r = dataset_writer_finish(w, err, errlen);
+    r = dataset_writer_commit(w, err, errlen);
     if (r == 0)
         have_temp = 0;      /* (renamed into place: a stop now leaves the new output) */
     sigprocmask(SIG_SETMASK, &old, NULL);
