@@ -46,4 +46,26 @@ cl_status || fail "no status"
   fail "a drafter that left on purpose is recorded as dead: $(cl_json 's["errors"]')"
 [[ $(grep -c "drafter-d@0 (pid [0-9]*) leaves, exit status [01]: drafter-d@0 exits [01] at once: a checkpoint write hangs" \
   "$CL_DIR/coord.log") == 2 ]] || fail "not the two BYEs of the abandoned writes: $(grep 'leaves' "$CL_DIR/coord.log")"
-echo "ok: a hung checkpoint write: exit 1 after drafter.checkpoint_timeout_ms, at once on a second stop signal"
+
+# A stop while a periodic write runs: that write and the stop checkpoint after it share one
+# drafter.checkpoint_timeout_ms (each alone is shorter than it, the two together longer), so the
+# stop ends within the unit's TimeoutStopSec (that and a minute) instead of systemd's SIGKILL.
+n0=$(grep -c "checkpoint of step [0-9]* (periodic): training paused" "$CL_DIR/drafter0.log")
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0 -o drafter.debug_ckpt_delay_ms=4000 -o drafter.checkpoint_timeout_ms=6000
+for ((i = 0; i < $(cl_scaled 60) * 20; i++)); do   # its first write
+  (($(grep -c "checkpoint of step [0-9]* (periodic): training paused" "$CL_DIR/drafter0.log") > n0)) && break
+  sleep 0.05
+done
+n0=$(grep -c "checkpoint of step [0-9]* (periodic): training paused" "$CL_DIR/drafter0.log")
+# The stop comes a second after a write began: the next step is trained by then (a few ms), and
+# its checkpoint waits for that write; the write of that step is then still to come.
+for ((i = 0; i < $(cl_scaled 60) * 20; i++)); do
+  (($(grep -c "checkpoint of step [0-9]* (periodic): training paused" "$CL_DIR/drafter0.log") > n0)) && break
+  sleep 0.05
+done
+sleep 1
+cl_kill drafter0 TERM
+cl_wait_exit drafter0 30
+[[ $CL_RC == 1 ]] && grep -q "a checkpoint write still running after [0-9]* s (drafter.checkpoint_timeout_ms): the storage hangs: abandoned" \
+  "$CL_DIR/drafter0.log" || fail "a stop with a write in flight and its own checkpoint past the timeout together: exit '$CL_RC': $(tail -3 "$CL_DIR/drafter0.log")"
+echo "ok: a hung checkpoint write: exit 1 after drafter.checkpoint_timeout_ms, at once on a second stop signal; a stop's writes share one timeout"

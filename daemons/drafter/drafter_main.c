@@ -151,6 +151,7 @@ struct dft {
     uint64_t ckpt_retry_ms;     /* no checkpoint (periodic or a drain's) is tried before this (mono) */
     uint64_t ckpt_refusals_seen;    /* the client's count of refused CHECKPOINTEDs, as last seen */
     int64_t ckpt_head;          /* the checkpoint the lineage stands on (never pruned), -1 none */
+    uint64_t stop_wait_t0;      /* a stop's first wait for a checkpoint write (mono ms), 0 before */
 
     /* statistics */
     uint64_t batches;           /* trained by this rank */
@@ -465,6 +466,13 @@ static int ckpt_collect(struct dft *f, int wait)
     int got;
     uint64_t t0 = mono_ms();
     while (!(got = ckpt_writer_collect(f->writer, 0, &res)) && wait && ckpt_writer_busy(f->writer)) {
+        /* Once a stop is seen, the waits count from then on together: the write in flight and
+         * the stop checkpoint after it share one drafter.checkpoint_timeout_ms (the unit's
+         * TimeoutStopSec is that and a minute), else systemd's SIGKILL would cut the stop short. */
+        if (daemon_stop_requested() && !f->stop_wait_t0)
+            f->stop_wait_t0 = mono_ms();
+        if (f->stop_wait_t0 && f->stop_wait_t0 < t0)
+            t0 = f->stop_wait_t0;
         /* A write that never ends (an fsync on a dead network mount) must not hold this process
          * here for ever, feeding its watchdog and heartbeat for a thread that does not move, deaf
          * to a stop: past drafter.checkpoint_timeout_ms, or on a second stop signal, it leaves
