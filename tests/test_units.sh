@@ -60,7 +60,8 @@ ex_config=$(sed -n 's/^#define DAEMON_EX_CONFIG *\([0-9]*\).*/\1/p' common/daemo
 [[ -n $ex_config ]] || fail "DAEMON_EX_CONFIG not found"
 for u in dflash-coordinator.service dflash-target@.service dflash-drafter@.service; do
   [[ $(prop $u Type) == notify ]] || fail "$u: Type"
-  [[ -n $(prop $u WatchdogSec) ]] || fail "$u: WatchdogSec"
+  ws=$(prop $u WatchdogSec)
+  [[ $ws =~ ^[1-9][0-9]*s$ ]] || fail "$u: WatchdogSec '$ws' (0 or none turns the watchdog off)"
   [[ $(prop $u Restart) == on-failure ]] || fail "$u: Restart"
   rp=" $(prop $u RestartPreventExitStatus) "
   [[ $rp == *" $ex_config "* && $rp == *" 64 "* ]] ||
@@ -82,11 +83,21 @@ for u in dflash-coordinator.service dflash-target@.service dflash-drafter@.servi
   want_caps=; [[ $u == dflash-coordinator.service ]] && want_caps=CAP_CHOWN
   [[ $(prop $u CapabilityBoundingSet) == "$want_caps" ]] || fail "$u: CapabilityBoundingSet '$(prop $u CapabilityBoundingSet)'"
   # The ring in /dev/shm and /dev/nvidia* must stay visible and shared between the units.
-  grep -Eq '^(PrivateIPC|PrivateDevices|DevicePolicy|MemoryDenyWriteExecute|InaccessiblePaths)=' "systemd/$u" &&
+  grep -Eq '^(PrivateIPC|PrivateDevices|DevicePolicy|DeviceAllow|MemoryDenyWriteExecute|InaccessiblePaths|RemoveIPC)=' "systemd/$u" &&
     fail "$u: an option that hides /dev/shm or breaks CUDA"
   grep -q '^WantedBy=dflash.target' "systemd/$u" || fail "$u: WantedBy"
 done
+# a stop's checkpoint waits end within drafter.checkpoint_timeout_ms (its default here): the
+# drafter's and the coordinator's (which drains them) TimeoutStopSec are above it
+ckto=$(sed -n 's/^checkpoint_timeout_ms = \([0-9]*\)$/\1/p' etc/dflash.ini)
+for u in dflash-drafter@.service dflash-coordinator.service; do
+  ts=$(prop $u TimeoutStopSec)
+  [[ -n $ckto && $ts =~ ^([0-9]+)s$ ]] && ((BASH_REMATCH[1] * 1000 > ckto)) ||
+    fail "$u: TimeoutStopSec '$ts' not above drafter.checkpoint_timeout_ms ($ckto ms)"
+done
 for u in dflash-target@.service dflash-drafter@.service; do
+  # -i N in PCI bus order (nvidia-smi's numbering)
+  grep -q '^Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID$' "systemd/$u" || fail "$u: CUDA_DEVICE_ORDER"
   # after the coordinator, without pulling it in (a restart after the run stopped must not start it)
   [[ " $(prop $u After) " == *" dflash-coordinator.service "* ]] || fail "$u: After"
   grep -q '^Wants=.*dflash-coordinator' "systemd/$u" && fail "$u: Wants the coordinator"
