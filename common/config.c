@@ -348,19 +348,13 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
             char b[PATH_MAX];
             snprintf(b, sizeof b, "%s", base);
             const char *v = val;
-            const char *q = v;      /* (past any "./": does a "../" lead?) */
-            while (q[0] == '.' && q[1] == '/')
-                for (q += 2; *q == '/'; q++)
-                    ;
-            bool can_go_up = true;
-            if (q[0] == '.' && q[1] == '.' && (q[2] == '/' || !q[2]) && !realpath(base, b)) {
-                snprintf(b, sizeof b, "%s", base);
-                can_go_up = false;
-            }
+            int resolved = 0;       /* base's links resolved for a "../": 1 done, -1 not possible */
             for (;;) {
                 size_t dots = v[0] == '.' && (v[1] == '/' || !v[1]) ? 1
                             : v[0] == '.' && v[1] == '.' && (v[2] == '/' || !v[2]) ? 2 : 0;
-                if (!dots || (dots == 2 && !can_go_up))
+                if (dots == 2 && !resolved && (resolved = realpath(base, b) ? 1 : -1) < 0)
+                    snprintf(b, sizeof b, "%s", base);
+                if (!dots || (dots == 2 && resolved < 0))
                     break;
                 if (dots == 2) {
                     char *last = strrchr(b, '/');
@@ -370,19 +364,20 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
                 for (v += dots; *v == '/'; v++)
                     ;
             }
-            /* and its "." parts within ("a/./b"; a ".." within stays: "link/.." is not ".") */
+            /* and its "." parts within ("a/./b", "a/."; a ".." within stays: "link/.." is not ".") */
             char rest[CFG_STR_MAX], *w = rest;
             for (const char *c = v; *c;) {
-                if (c[0] == '.' && (c[1] == '/' || !c[1]) && (c == v || c[-1] == '/')) {
+                if (c[0] == '.' && c > v && c[-1] == '/' && c[1] == '/') {
                     for (c++; *c == '/'; c++)
                         ;
-                    continue;
+                } else if (c[0] == '.' && c > v && c[-1] == '/' && !c[1]) {
+                    w--;        /* (the '/' before it goes too) */
+                    break;
+                } else {
+                    *w++ = *c++;
                 }
-                *w++ = *c++;
             }
             *w = 0;
-            if (w > rest && w[-1] == '/' && w - rest > 1 && strcmp(v + strlen(v) - 1, "/"))
-                w[-1] = 0;      /* (a trailing "/." taken off leaves no "/" the value did not end with) */
             const char *sep = !rest[0] || !strcmp(b, "/") ? "" : "/";
             int n = snprintf(p, (size_t)k->max, "%s%s%s", b, sep, rest);
             if (n < 0 || n >= (int)k->max) {

@@ -372,17 +372,6 @@ static int output_target(const char *path, char *target, size_t cap, char *err, 
     }
 }
 
-/* The directory a file's path is in. */
-static void dir_of(const char *path, char *dir, size_t cap)
-{
-    snprintf(dir, cap, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *(slash == dir ? slash + 1 : slash) = 0;
-    else
-        snprintf(dir, cap, ".");
-}
-
 /* An O_TMPFILE temp given a name beside the output, for the rename over it (linkat cannot replace
  * a file). A name taken (another build's) is passed over. */
 static int link_temp(struct dataset_writer *w)
@@ -446,7 +435,7 @@ int dataset_writer_open(struct dataset_writer **out, const char *path, uint32_t 
      * finish through /proc): a build killed part way (SIGKILL, the OOM killer) leaves nothing of its
      * many GB. Else a named one, which a stop signal to dflash-data still removes. */
     char dir[512];
-    dir_of(w->target, dir, sizeof dir);
+    fileio_parent(w->target, dir, sizeof dir);
     w->fd = access("/proc/self/fd", X_OK) == 0 ? open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600) : -1;
     w->anon = w->fd >= 0;
     if (!w->anon) {
@@ -625,7 +614,7 @@ int dataset_writer_commit(struct dataset_writer *w, char *err, size_t errlen)
     w->fd = -1;
     /* Make the rename itself durable. */
     char dir[512];
-    dir_of(w->target, dir, sizeof dir);
+    fileio_parent(w->target, dir, sizeof dir);
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         fsync(dfd);

@@ -136,3 +136,12 @@ const char *fileio_compressed(const void *head, size_t n)
             return kinds[i].name;
     return NULL;
 }
+
+const char *fileio_parent(const char *path, char *dir, size_t cap)
+{
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, cap, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    if (!dir[0])
+        snprintf(dir, cap, "/");
+    return slash ? slash + 1 : path;
+}

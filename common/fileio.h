@@ -33,3 +33,7 @@ int fileio_shm_open(const char *name, int oflag, struct stat *st);
 /* The compressor whose magic number a file starts with ("gzip", "zstd", "xz", "bzip2"), or NULL:
  * for a message that says what a file read as plain data is. */
 const char *fileio_compressed(const void *head, size_t n);
+
+/* The folder `path` is in ("/" for one at the top, "." for a bare name) into dir (cap bytes,
+ * cut to fit); returns its last part. */
+const char *fileio_parent(const char *path, char *dir, size_t cap);

@@ -275,11 +275,12 @@ int ckpt_read_config(const char *dir, struct drafter_config *c, char *err, size_
             r = -DF_EFORMAT;
             goto out;
         }
-        const cJSON *t = jitem(sc, "rope_type") ? jitem(sc, "rope_type") : jitem(sc, "type");
+        const char *tkey = jitem(sc, "rope_type") ? "rope_type" : "type";    /* ("type": older configs) */
+        const cJSON *t = jitem(sc, tkey);
         if (t && !(cJSON_IsString(t) && !strcmp(t->valuestring, "default"))) {
             snprintf(err, errlen, "%s: %s.%s: %s RoPE is not supported: the drafter trains with plain RoPE at "
-                     "rope_theta (its own checkpoints say rope_scaling null)", path, where, jitem(sc, "rope_type") ?
-                     "rope_type" : "type", cJSON_IsString(t) ? t->valuestring : "a non-string");
+                     "rope_theta (its own checkpoints say rope_scaling null)", path, where, tkey,
+                     cJSON_IsString(t) ? t->valuestring : "a non-string");
             r = -DF_EUNSUPPORTED;
             goto out;
         }
@@ -1224,22 +1225,12 @@ out:
     return r;
 }
 
-/* The folder above `dir` ("/" for one at the top, "." for a bare name) into out: its last part. */
-static const char *parent_of(const char *dir, char out[PATH_MAX])
-{
-    const char *slash = strrchr(dir, '/');
-    snprintf(out, PATH_MAX, "%.*s", slash ? (int)(slash - dir) : 1, slash ? dir : ".");
-    if (!out[0])
-        snprintf(out, PATH_MAX, "/");
-    return slash ? slash + 1 : dir;
-}
-
 int ckpt_in_root(const char *root, const char *dir)
 {
     char parent[PATH_MAX];
     if (strlen(dir) >= PATH_MAX)
         return -ENAMETOOLONG;
-    parent_of(dir, parent);
+    fileio_parent(dir, parent, sizeof parent);
     if (!strcmp(parent, root))
         return 1;
     struct stat a, b;
@@ -1264,7 +1255,7 @@ int ckpt_damaged(const char *dir, int code)
         if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode))
             return 1;
         char root[PATH_MAX];
-        const char *self = parent_of(dir, root);
+        const char *self = fileio_parent(dir, root, sizeof root);
         DIR *d = opendir(root);
         if (!d)
             return 0;

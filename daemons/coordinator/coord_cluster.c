@@ -22,9 +22,6 @@
 #include "ipc/ring.h"
 #include "model/safetensors.h"
 
-#define BID SCHED_BID
-#define BARGS SCHED_BARGS
-
 static uint32_t next_epoch(const struct coord *co)
 {
     uint32_t e = 0;
@@ -113,7 +110,7 @@ static void batch_set(struct coord *co, struct batch *b, int state)
         b->row.slot = -1;
     int r = ledger_batch_update(co->ledger, &b->row);
     if (r < 0) {
-        log_error(0, "%s: ledger update of batch " BID ": %s", co->ledger_path, BARGS(b->row.id),
+        log_error(0, "%s: ledger update of batch " SCHED_BID ": %s", co->ledger_path, SCHED_BARGS(b->row.id),
                   ledger_errmsg(co->ledger, r));
         exit(DAEMON_EX_FAILURE);
     }
@@ -121,7 +118,7 @@ static void batch_set(struct coord *co, struct batch *b, int state)
 
 static void requeue(struct coord *co, struct batch *b, const char *why)
 {
-    log_info("batch " BID " back to the queue: %s", BARGS(b->row.id), why);
+    log_info("batch " SCHED_BID " back to the queue: %s", SCHED_BARGS(b->row.id), why);
     b->consumed_early = false;
     batch_set(co, b, BATCH_PENDING);
     heap_push(co, b->row.id);
@@ -222,7 +219,8 @@ static void lease_lost(struct coord *co, struct batch *b, const struct ring_slot
 {
     int slot = slot_holding(co, s, b->row.id);
     if (slot >= 0) {
-        log_info("batch " BID " found READY in slot %d after its target left: published", BARGS(b->row.id), slot);
+        log_info("batch " SCHED_BID " found READY in slot %d after its target left: published", SCHED_BARGS(b->row.id),
+                 slot);
         b->row.slot = slot;
         batch_set(co, b, BATCH_PUBLISHED);
         return;
@@ -1042,7 +1040,7 @@ static int retract_copy(struct coord *co, struct batch *b, int slot, uint32_t ke
     if (slot < 0 || ring_retract(co->ring, (unsigned)slot, b->row.id, keep_lease) < 0)
         return -1;
     co->retracted++;
-    log_notice("batch " BID ": its copy in slot %d taken out of the ring: %s", BARGS(b->row.id), slot, why);
+    log_notice("batch " SCHED_BID ": its copy in slot %d taken out of the ring: %s", SCHED_BARGS(b->row.id), slot, why);
     return 0;
 }
 
@@ -1092,7 +1090,7 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
 {
     struct batch *b = coord_batch(co, p->batch_id);
     if (!b || p->slot >= (uint32_t)co->cfg->ring.slots) {
-        log_warn(0, "%s published unknown batch " BID " / slot %u", m->name, BARGS(p->batch_id), p->slot);
+        log_warn(0, "%s published unknown batch " SCHED_BID " / slot %u", m->name, SCHED_BARGS(p->batch_id), p->slot);
         send_ack(m, p->seq, -DF_ERANGE);
         return;
     }
@@ -1108,8 +1106,8 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
             return;
         }
         co->duplicates++;
-        log_warn(0, "%s published batch " BID " in slot %u, but it is already %s: duplicate", m->name,
-                 BARGS(b->row.id), p->slot, batch_state_name(st));
+        log_warn(0, "%s published batch " SCHED_BID " in slot %u, but it is already %s: duplicate", m->name,
+                 SCHED_BARGS(b->row.id), p->slot, batch_state_name(st));
         send_ack(m, p->seq, -DF_ESTATE);
         return;
     }
@@ -1117,8 +1115,8 @@ static void on_published(struct coord *co, struct member *m, const struct proto_
         /* Not its lease any more (queued again meanwhile) and its copy is gone from the ring: a
          * drafter took it and that training does not count (rolled back, or skipped). The batch
          * waits for a new publication. */
-        log_notice("%s published batch " BID " in slot %u, but it is %s and that slot no longer holds it: refused",
-                   m->name, BARGS(b->row.id), p->slot, batch_state_name(st));
+        log_notice("%s published batch " SCHED_BID " in slot %u, but it is %s and that slot no longer holds it: "
+                   "refused", m->name, SCHED_BARGS(b->row.id), p->slot, batch_state_name(st));
         send_ack(m, p->seq, -DF_ESTATE);
         return;
     }
@@ -1177,8 +1175,8 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
          * about its generation) would mark a batch done that nobody trained. */
         bool seated = m->rank >= 0 && (uint32_t)m->rank < g->world && g->rank_member[m->rank] == m;
         if (!seated && token_rank(g, m->token) < 0) {
-            log_warn(0, "%s: TRAINED for batch " BID " refused: it holds no rank in generation %" PRIu64, m->name,
-                     BARGS(b->row.id), g->gen);
+            log_warn(0, "%s: TRAINED for batch " SCHED_BID " refused: it holds no rank in generation %" PRIu64, m->name,
+                     SCHED_BARGS(b->row.id), g->gen);
             send_ack(m, t->seq, -DF_EPEER);
             return;
         }
@@ -1203,8 +1201,9 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
             return;
         }
         co->duplicates++;
-        log_error(0, "batch " BID " trained again (gen %" PRIu64 " step %" PRIu64 ", before gen %" PRIu64 " step %" PRIu64 ")",
-                  BARGS(b->row.id), t->generation, t->step, b->row.gen, b->row.step);
+        log_error(0, "batch " SCHED_BID " trained again (gen %" PRIu64 " step %" PRIu64 ", before gen %" PRIu64
+                  " step %" PRIu64 ")",
+                  SCHED_BARGS(b->row.id), t->generation, t->step, b->row.gen, b->row.step);
         ledger_train_add(co->ledger, b->row.id, t->generation, t->step, t->rank, 0);
         send_ack(m, t->seq, -DF_ESTATE);
         return;
@@ -1720,7 +1719,7 @@ static void sweep_orphans(struct coord *co, uint64_t now)
             char why[96];
             snprintf(why, sizeof why, "taken from the ring and not reported by any drafter for %" PRIu64 " s",
                      (now - b->orphan_since_ms) / 1000);
-            log_warn(0, "batch " BID ": %s: queued again", BARGS(b->row.id), why);
+            log_warn(0, "batch " SCHED_BID ": %s: queued again", SCHED_BARGS(b->row.id), why);
             requeue(co, b, why);
         }
     }
@@ -1887,8 +1886,8 @@ void coord_tick(struct coord *co)
         next = b->lnext;        /* lease_lost takes b (only b) off the list */
         if (b->holder || proc_token_alive(b->row.owner) != 0) {
             if (!b->holder && !co->recovering && b->detached_until_ms && now >= b->detached_until_ms) {
-                log_warn(0, "batch " BID ": its target (pid %d) is alive but has not come back for %" PRIu64
-                         " ms: the lease waits for it to reconnect or exit", BARGS(b->row.id),
+                log_warn(0, "batch " SCHED_BID ": its target (pid %d) is alive but has not come back for %" PRIu64
+                         " ms: the lease waits for it to reconnect or exit", SCHED_BARGS(b->row.id),
                          proc_token_pid(b->row.owner), now - b->detached_until_ms + dead_after);
                 b->detached_until_ms = 0;   /* said once */
             }
@@ -1986,8 +1985,8 @@ static int load_row(void *ctx, const struct ledger_batch *row)
     struct coord *co = c->co;
     if (row->epoch >= co->epochs) {     /* said after the last row, with the count of epochs */
         if (row->epoch >= CFG_MAX_EPOCHS) {
-            snprintf(c->err, c->errlen, "%s: batch " BID " has epoch %" PRIu64 ", more than a run may have (%d)",
-                     co->ledger_path, BARGS(row->id), (uint64_t)row->epoch, CFG_MAX_EPOCHS);
+            snprintf(c->err, c->errlen, "%s: batch " SCHED_BID " has epoch %" PRIu64 ", more than a run may have (%d)",
+                     co->ledger_path, SCHED_BARGS(row->id), (uint64_t)row->epoch, CFG_MAX_EPOCHS);
             return -DF_EFORMAT;
         }
         if (row->epoch + 1 > c->epochs_had)
@@ -2366,8 +2365,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     }
     for (struct batch *b = co->leased; b; b = b->lnext) {
         if ((r = ledger_untrained_has(co->ledger, b->row.id, b->row.leases)) < 0) {
-            snprintf(err, errlen, "%s: reading the hand-backs of batch " BID ": %s", co->ledger_path, BARGS(b->row.id),
-                     ledger_errmsg(co->ledger, r));
+            snprintf(err, errlen, "%s: reading the hand-backs of batch " SCHED_BID ": %s", co->ledger_path,
+                     SCHED_BARGS(b->row.id), ledger_errmsg(co->ledger, r));
             return r;
         }
         b->consumed_early = r == 1;

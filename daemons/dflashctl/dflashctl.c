@@ -32,6 +32,7 @@ struct ctx {
     const char *token_file;
     int wait;                   /* --wait: drain / stop return once the cluster has ended */
     const char *ledger;         /* --ledger: read this ledger file, no coordinator asked */
+    char reason[PROTO_REASON_MAX + 1];  /* a control's words joined (their length checked first) */
 };
 
 /* Ask, and either print the JSON (as it came, or as amend(x, doc) completed it) or hand the
@@ -224,13 +225,11 @@ static size_t join_reason(int argc, char **argv, char *reason)
     return n;
 }
 
-static int control(struct ctx *x, enum proto_control_cmd cmd, int argc, char **argv)
+static int control(struct ctx *x, enum proto_control_cmd cmd)
 {
-    char reason[PROTO_REASON_MAX + 1];
-    join_reason(argc, argv, reason);    /* (its length checked before connecting) */
     char *json = NULL, err[512];
     int status = 0;
-    if (client_control(x->c, cmd, reason, &json, &status, err, sizeof err) < 0) {
+    if (client_control(x->c, cmd, x->reason, &json, &status, err, sizeof err) < 0) {
         fprintf(stderr, "dflashctl: %s\n", err);
         return EX_FAIL;
     }
@@ -255,10 +254,10 @@ static int control(struct ctx *x, enum proto_control_cmd cmd, int argc, char **a
     return EX_OK;
 }
 
-static int cmd_pause(struct ctx *x, int argc, char **argv) { return control(x, PROTO_CTL_PAUSE, argc, argv); }
-static int cmd_resume(struct ctx *x, int argc, char **argv) { return control(x, PROTO_CTL_RESUME, argc, argv); }
-static int cmd_drain(struct ctx *x, int argc, char **argv) { return control(x, PROTO_CTL_DRAIN, argc, argv); }
-static int cmd_stop(struct ctx *x, int argc, char **argv) { return control(x, PROTO_CTL_STOP, argc, argv); }
+static int cmd_pause(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return control(x, PROTO_CTL_PAUSE); }
+static int cmd_resume(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return control(x, PROTO_CTL_RESUME); }
+static int cmd_drain(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return control(x, PROTO_CTL_DRAIN); }
+static int cmd_stop(struct ctx *x, int argc, char **argv) { (void)argc, (void)argv; return control(x, PROTO_CTL_STOP); }
 
 static const struct cmd_entry {
     const char *name;
@@ -458,8 +457,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "dflashctl: %s: wrong number of arguments (%s %s)\n", ce->name, ce->name, ce->usage);
         return EX_USAGE;
     }
-    char reason[PROTO_REASON_MAX + 1];
-    size_t reason_len = !strncmp(ce->usage, "[REASON]", 8) ? join_reason(nargs, words + 1, reason) : 0;
+    size_t reason_len = !strncmp(ce->usage, "[REASON]", 8) ? join_reason(nargs, words + 1, x.reason) : 0;
     if (reason_len > PROTO_REASON_MAX) {     /* said, not cut (perhaps inside a UTF-8 character) */
         fprintf(stderr, "dflashctl: %s: the reason is %zu bytes, at most %d are kept: shorten it\n", ce->name,
                 reason_len, PROTO_REASON_MAX);
