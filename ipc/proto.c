@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "common/err.h"
+#include "common/text.h"
 #include "ipc/proto.h"
 
 #define FAIL(code, ...) do { if (err && errlen) snprintf(err, errlen, __VA_ARGS__); return (code); } while (0)
@@ -85,9 +86,7 @@ void proto_textset(char *dst, size_t cap, const char *src)
     proto_strset(dst, cap, src);
     if (!src || cap < 8 || strnlen(src, cap) < cap)
         return;
-    size_t n = cap - 4;
-    while (n > 0 && ((unsigned char)dst[n] & 0xc0) == 0x80)
-        n--;        /* (dst[n] begins the character cut off) */
+    size_t n = text_fit(dst, cap - 4);
     memcpy(dst + n, "...", 4);
     memset(dst + n + 4, 0, cap - n - 4);
 }
@@ -129,35 +128,29 @@ static int has_control(const char *s, size_t cap)
 }
 
 /* Text a peer wrote (a name, a message, a reason) goes into logs, the ledger and dflashctl's
- * output: a control character in it (a newline, an escape sequence) could forge a log line or
- * drive a terminal. Each becomes '?' as the frame is read. */
-static void plain_text(char *s, size_t cap)
-{
-    for (size_t i = 0; i < cap && s[i]; i++)
-        if (is_control(s[i]))
-            s[i] = '?';
-}
-
+ * output: a control character in it (a newline, an escape sequence, C1's CSI) could forge a log
+ * line or drive a terminal, a byte that is no UTF-8 makes the JSON invalid. Each becomes '?' as
+ * the frame is read (text_clean; each field holds its NUL: validate). */
 static void plain_texts(struct proto_msg *m)
 {
     switch (m->type) {
     case PROTO_HELLO:
-        plain_text(m->hello.name, sizeof m->hello.name);
+        text_clean(m->hello.name);
         break;
     case PROTO_REFUSE:
-        plain_text(m->refuse.message, sizeof m->refuse.message);
+        text_clean(m->refuse.message);
         break;
     case PROTO_ERROR:
-        plain_text(m->error.message, sizeof m->error.message);
+        text_clean(m->error.message);
         break;
     case PROTO_CONTROL:
-        plain_text(m->control.reason, sizeof m->control.reason);
+        text_clean(m->control.reason);
         break;
     case PROTO_CKPT_BAD:
-        plain_text(m->ckpt_bad.reason, sizeof m->ckpt_bad.reason);
+        text_clean(m->ckpt_bad.reason);
         break;
     case PROTO_BYE:
-        plain_text(m->bye.reason, sizeof m->bye.reason);
+        text_clean(m->bye.reason);
         break;
     default:
         break;

@@ -277,6 +277,22 @@ out = ok(C, "-n", "4", "errors")
 assert out == ("errors: 9 (1 fatal)\n  %s target@0 pid 55 target-d@0 exits: no room\n  %s target-d@1 (pid 77) died "
                "without a word\n  %s drafter-d (pid 99) died while away\n  %s coordinator lock held\n" % (
                utc(1700000009000), utc(1700000008000), utc(1700000007000), utc(1700000006000))), out
+# A message with controls (ESC, C1's CSI) and bytes that are no UTF-8 (a ledger is a file anyone
+# with access may have written): printed plain, '?' for each such byte, in the table and the JSON
+con = sqlite3.connect(C)
+con.execute("INSERT INTO errors VALUES (1700000010000, 'target', 0, 66, 0, -5, ?)",
+            ("clear\x1b[2J\u009b3J screen",))
+con.execute("INSERT INTO errors VALUES (1700000011000, 'target', 0, 67, 0, -5, CAST(? AS TEXT))",
+            (b"cut \xc3 bad \xff\x80 end",))
+con.commit()
+con.close()
+for args in (["-n", "2", "errors"], ["--json", "-n", "2", "errors"]):
+    p = subprocess.run([ctl, "--ledger", C] + args, capture_output=True)
+    assert p.returncode == 0, (args, p)
+    assert b"\x1b" not in p.stdout and b"\xc2\x9b" not in p.stdout, (args, p.stdout)
+    text = p.stdout.decode("utf-8")         # (strict: raises on what is no UTF-8)
+    assert "clear?[2J??3J screen" in text and "cut ? bad ?? end" in text, (args, text)
+json.loads(p.stdout.decode("utf-8"))
 out = ok(C, "checkpoints").splitlines()
 assert out[2].split()[4] == "dropped" and out[3].strip() == "test: does not load" and out[4].split()[4] == "head", out
 
@@ -299,11 +315,11 @@ assert lines == ["2 epochs with every batch checkpointed",
 # The path as SQLite's URI would misread it (a '?', '#' or '%' in a name), a link, a relative path.
 W = os.path.join(T, "we?ird#name%41 x.db")
 shutil.copyfile(C, W)
-assert doc(W, "status")["error_count"] == 9
+assert doc(W, "status")["error_count"] == 11
 os.symlink(C, os.path.join(T, "link.db"))
-assert doc(os.path.join(T, "link.db"), "status")["error_count"] == 9
+assert doc(os.path.join(T, "link.db"), "status")["error_count"] == 11
 p = subprocess.run([ctl, "--ledger", "copy.db", "--json", "status"], capture_output=True, text=True, cwd=T)
-assert p.returncode == 0 and json.loads(p.stdout)["error_count"] == 9, p.stderr
+assert p.returncode == 0 and json.loads(p.stdout)["error_count"] == 11, p.stderr
 assert sorted(f for f in os.listdir(T) if f.startswith(("copy.db", "we?ird", "link.db"))) == \
     ["copy.db", "link.db", "we?ird#name%41 x.db"], os.listdir(T)
 

@@ -310,13 +310,16 @@ int main(void)
             m.hello = (struct proto_hello){ .role = PROTO_ROLE_CTL, .device = -1, .group_rank = PROTO_NONE32 };
         if (m.type == PROTO_CONTROL)
             m.control.cmd = PROTO_CTL_PAUSE;
-        proto_strset((char *)&m + texts[i].off, texts[i].cap, "two\nlines\x1b[31m red\x7f \xc3\xa9t\xc3\xa9\tok");
+        /* (C1's CSI, U+009B, drives a terminal as ESC [ does; a lone lead byte, a stray
+         * continuation byte and an overlong '/' are no UTF-8: invalid JSON, a binary journal line) */
+        proto_strset((char *)&m + texts[i].off, texts[i].cap,
+                     "two\nlines\x1b[31m red\x7f \xc3\xa9t\xc3\xa9\tok \xc2\x9b" "2J \xff\x80\xc0\xaf \xf0\x9f\x98\x80 \xc3");
         char terr[256] = "";
         int64_t tn = proto_encode(&m, buf, sizeof buf, terr, sizeof terr);
         if (tn < 0)
             TEST_FAIL("encode %s: %s", proto_type_name(m.type), terr);
         CHECK_OK(proto_decode(buf, (size_t)tn, &d, terr, sizeof terr));
-        CHECK_STR((char *)&d + texts[i].off, "two?lines?[31m red? \xc3\xa9t\xc3\xa9?ok");
+        CHECK_STR((char *)&d + texts[i].off, "two?lines?[31m red? \xc3\xa9t\xc3\xa9?ok ??2J ???? \xf0\x9f\x98\x80 ?");
     }
 
     for (int c = 1; c < PROTO_CTL_MAX; c++) {

@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/progress.h"
 #include "common/proc.h"
+#include "common/text.h"
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
 #include "ipc/ring.h"
@@ -368,7 +369,8 @@ void coord_set_state(struct coord *co, int state, const char *reason)
         return;
     int old = co->state;
     char why[sizeof co->reason];
-    snprintf(why, sizeof why, "%s", reason ? reason : "");  /* reason may be co->reason itself */
+    reason = reason ? reason : "";
+    snprintf(why, sizeof why, "%.*s", (int)text_fit(reason, sizeof why - 1), reason);  /* (may be co->reason) */
     co->state = state;
     memcpy(co->reason, why, sizeof why);
     co->space.paused = false;   /* check_space sets it after a pause of its own */
@@ -399,8 +401,8 @@ void coord_set_state(struct coord *co, int state, const char *reason)
 static void pause_again(struct coord *co, const char *reason)
 {
     char both[sizeof co->reason];
-    snprintf(both, sizeof both, "%.*s (paused before: %.*s)", (int)sizeof both / 2, reason, (int)sizeof both / 3,
-             co->reason);
+    snprintf(both, sizeof both, "%.*s (paused before: %.*s)", (int)text_fit(reason, sizeof both / 2), reason,
+             (int)text_fit(co->reason, sizeof both / 3), co->reason);
     memcpy(co->reason, both, sizeof both);
     log_notice("cluster paused: %s", co->reason);
     save_state(co);
@@ -416,7 +418,8 @@ static void stop_cluster(struct coord *co, const char *why)
         return;
     }
     char r[sizeof co->reason];
-    snprintf(r, sizeof r, "%.*s (its drain cut short: %.*s)", (int)sizeof r / 2, co->reason, (int)sizeof r / 3, why);
+    snprintf(r, sizeof r, "%.*s (its drain cut short: %.*s)", (int)text_fit(co->reason, sizeof r / 2), co->reason,
+             (int)text_fit(why, sizeof r / 3), why);
     coord_set_state(co, PROTO_STATE_FAILED, r);
 }
 
@@ -717,7 +720,7 @@ static void record_error_of(struct coord *co, int role, int device, pid_t pid, i
     struct error_rec *e = &co->errors[co->n_errors % COORD_ERRORS_KEPT];
     *e = (struct error_rec){ .wall_ms = wall_ms(), .role = role, .device = role ? device : -1,
                              .fatal = fatal, .code = code, .pid = role ? pid : 0 };
-    snprintf(e->message, sizeof e->message, "%s", text);
+    snprintf(e->message, sizeof e->message, "%.*s", (int)text_fit(text, sizeof e->message - 1), text);
     co->n_errors++;
     co->n_fatal += fatal != 0;
     ledger_error_add(co->ledger, e->wall_ms, role ? proto_role_name((unsigned)role) : "coordinator", e->device,
@@ -744,7 +747,7 @@ void coord_watch_start(struct coord *co, const struct member *m, bool hung_up, c
     *w = (struct death_watch){ .token = m->token, .until_ms = mono_ms() + COORD_DEATH_WATCH_MS, .role = m->role,
                                .device = m->device, .pid = m->pid, .hung_up = hung_up };
     snprintf(w->name, sizeof w->name, "%s", m->name);
-    snprintf(w->reason, sizeof w->reason, "%.*s", (int)sizeof w->reason - 1, reason);
+    snprintf(w->reason, sizeof w->reason, "%.*s", (int)text_fit(reason, sizeof w->reason - 1), reason);
 }
 
 void coord_watch_end(struct coord *co, uint64_t token)
@@ -1330,7 +1333,7 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
              * this reason, and no lost drafter sends it back to RUNNING. */
             co->fatal = true;
             co->signal_drain_from = -1;     /* kept across a coordinator restart, as the operator's */
-            snprintf(co->reason, sizeof co->reason, "%.*s", (int)sizeof co->reason - 1, reason);
+            snprintf(co->reason, sizeof co->reason, "%.*s", (int)text_fit(reason, sizeof co->reason - 1), reason);
             if (co->finishing) {
                 co->finishing = false;
                 for (struct member *t = co->members; t; t = t->next)
@@ -1400,8 +1403,13 @@ static void on_control(struct coord *co, struct member *m, const struct proto_co
         snprintf(who, sizeof who, "over TCP, authenticated by token");   /* m->name holds the address */
     else
         snprintf(who, sizeof who, "pid %d, uid %d", (int)m->pid, (int)m->uid);
-    snprintf(reason, sizeof reason, "%s by %s (%s)%s%s", proto_control_name(c->cmd), m->name, who,
-             c->reason[0] ? ": " : "", c->reason);
+    /* the operator's reason kept whole in the cluster's (PROTO_REASON_MAX leaves room): a long
+     * name is cut instead */
+    size_t rest = strlen(proto_control_name(c->cmd)) + strlen(" by  ()") + strlen(who) +
+                  (c->reason[0] ? 2 + strlen(c->reason) : 0);
+    size_t room = rest < sizeof co->reason - 1 ? sizeof co->reason - 1 - rest : 0;
+    snprintf(reason, sizeof reason, "%s by %.*s (%s)%s%s", proto_control_name(c->cmd), (int)text_fit(m->name, room),
+             m->name, who, c->reason[0] ? ": " : "", c->reason);
     const char *refused = NULL;
     char why_space[PROTO_TEXT_MAX];
     switch (c->cmd) {
@@ -1559,7 +1567,7 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
         if (role != PROTO_ROLE_TARGET && role != PROTO_ROLE_DRAFTER)
             break;
         m->said_bye = true;
-        snprintf(m->bye, sizeof m->bye, "%.*s", (int)sizeof m->bye - 1, msg->bye.reason);
+        snprintf(m->bye, sizeof m->bye, "%.*s", (int)text_fit(msg->bye.reason, sizeof m->bye - 1), msg->bye.reason);
         log_info("%s (pid %d) leaves, exit status %u: %s", m->name, (int)m->pid, msg->bye.exit_status,
                  msg->bye.reason);
         return;
@@ -1691,7 +1699,7 @@ static void check_done(struct coord *co)
         else {
             /* the drain's reason kept (who asked, and why): the stop note and dflashctl say it */
             char why[sizeof co->reason];
-            snprintf(why, sizeof why, "drained (%.*s)", (int)sizeof why - 16, co->reason);
+            snprintf(why, sizeof why, "drained (%.*s)", (int)text_fit(co->reason, sizeof why - 16), co->reason);
             coord_set_state(co, PROTO_STATE_STOPPED, co->reason[0] ? why : "drained");
         }
     }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "common/err.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
 #include "ipc/net.h"
@@ -360,8 +361,8 @@ int main(int argc, char **argv)
          * dflashctl --wait reads */
         const char *state = proto_state_name((unsigned)co->state);
         int room = STOP_NOTE_MAX - (int)strlen(state) - 2 - (int)strlen(behind);
-        snprintf(note, sizeof note, "%.32s%s%.*s%s", state, co->reason[0] ? ": " : "", room > 0 ? room : 0,
-                 co->reason, behind);
+        snprintf(note, sizeof note, "%.32s%s%.*s%s", state, co->reason[0] ? ": " : "",
+                 (int)text_fit(co->reason, room > 0 ? (size_t)room : 0), co->reason, behind);
         if ((r = stop_note_write(co->socket_path, note, co->allowed_gid)) < 0)
             log_warn(r, "stop note beside %s", co->socket_path);
     }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include "common/err.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
 #include "ipc/net.h"
@@ -198,7 +199,7 @@ static void remember_departed(struct coord *co, const struct member *m, const ch
     *d = (struct departed){ .role = m->role, .device = m->device, .pid = m->pid, .left_wall_ms = wall_ms(), .hb = m->hb,
                             .token = m->token };
     snprintf(d->name, sizeof d->name, "%s", m->name);
-    snprintf(d->reason, sizeof d->reason, "%.*s", (int)sizeof d->reason - 1, reason);    /* (cut to fit) */
+    snprintf(d->reason, sizeof d->reason, "%.*s", (int)text_fit(reason, sizeof d->reason - 1), reason);  /* (cut to fit) */
 }
 
 /* A target or drafter closed by the coordinator (a failed write, a heartbeat timeout, its own
@@ -220,7 +221,7 @@ static void read_last_words(struct member *m)
                 break;
             if (proto_decode(m->rx + off, (size_t)n, &msg, NULL, 0) == 0 && msg.type == PROTO_BYE) {
                 m->said_bye = true;
-                snprintf(m->bye, sizeof m->bye, "%.*s", (int)sizeof m->bye - 1, msg.bye.reason);
+                snprintf(m->bye, sizeof m->bye, "%.*s", (int)text_fit(msg.bye.reason, sizeof m->bye - 1), msg.bye.reason);
                 log_info("%s (pid %d) leaves, exit status %u: %s (read as it was closed)", m->name, (int)m->pid,
                          msg.bye.exit_status, msg.bye.reason);
                 return;

@@ -48,7 +48,7 @@ static int query_amended(struct ctx *x, enum proto_query_what what, void (*show)
         return EX_FAIL;
     }
     if (amend && status >= 0) {
-        cJSON *doc = cJSON_Parse(json);
+        cJSON *doc = ctl_parse(json);
         char *out = NULL;
         if (doc) {
             amend(x, doc);
@@ -66,12 +66,12 @@ static int query_amended(struct ctx *x, enum proto_query_what what, void (*show)
     if (x->json) {
         puts(json);
     } else if (status < 0) {    /* e.g. a reply too large for one frame: say why, not a table */
-        cJSON *doc = cJSON_Parse(json);
+        cJSON *doc = ctl_parse(json);
         const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
         fprintf(stderr, "dflashctl: %s\n", cJSON_IsString(e) ? e->valuestring : "the coordinator refused the query");
         cJSON_Delete(doc);
     } else {
-        cJSON *doc = cJSON_Parse(json);
+        cJSON *doc = ctl_parse(json);
         if (!doc) {
             fprintf(stderr, "dflashctl: the coordinator sent malformed JSON\n");
             free(json);
@@ -194,7 +194,7 @@ static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
             bool stopped = !strcmp(last_state, "stopped") || !strcmp(last_state, "failed");
             return report_end(x, cmd, stopped ? last_state : "unknown", stopped ? last_reason : err, false, false, NULL);
         }
-        cJSON *doc = cJSON_Parse(json);
+        cJSON *doc = ctl_parse(json);
         free(json);
         const char *state = ctl_str(doc, "state");
         snprintf(last_state, sizeof last_state, "%s", state);
@@ -233,7 +233,7 @@ static int control(struct ctx *x, enum proto_control_cmd cmd)
         fprintf(stderr, "dflashctl: %s\n", err);
         return EX_FAIL;
     }
-    cJSON *doc = cJSON_Parse(json);
+    cJSON *doc = ctl_parse(json);
     if (x->json)
         puts(json);
     else if (!doc)
@@ -296,6 +296,7 @@ static int offline(struct ctx *x, const struct cmd_entry *ce)
         fprintf(stderr, "dflashctl: %s: %s\n", x->ledger, err);
         return EX_FAIL;
     }
+    ctl_clean(doc);
     int rc = EX_OK;
     if (x->json) {
         char *json = cJSON_PrintUnformatted(doc);

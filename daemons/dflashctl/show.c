@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include "common/text.h"
 #include "daemons/dflashctl/show.h"
 
 static double num(const cJSON *o, const char *k)
@@ -19,6 +20,24 @@ const char *ctl_str(const cJSON *o, const char *k)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+void ctl_clean(cJSON *doc)
+{
+    for (cJSON *c = doc; c; c = c->next) {
+        if (c->string)
+            text_clean(c->string);
+        if (cJSON_IsString(c) && c->valuestring)
+            text_clean(c->valuestring);
+        ctl_clean(c->child);
+    }
+}
+
+cJSON *ctl_parse(const char *json)
+{
+    cJSON *doc = cJSON_Parse(json);
+    ctl_clean(doc);
+    return doc;
 }
 
 static const cJSON *obj(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }

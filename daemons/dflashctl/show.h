@@ -17,3 +17,8 @@ void ctl_show_ledger_batches(FILE *out, const cJSON *b);
 
 /* o's string member k, or "" when it is missing or not a string. */
 const char *ctl_str(const cJSON *o, const char *k);
+/* cJSON_Parse, then every string in the document (keys too) made plain text (common/text.h):
+ * what the tables print is never a control sequence for the terminal, whoever wrote it. */
+cJSON *ctl_parse(const char *json);
+/* The same for a document read otherwise (a ledger's). */
+void ctl_clean(cJSON *doc);

@@ -1,0 +1,70 @@
+/* text.c: see text.h. */
+#include "common/text.h"
+#include <string.h>
+
+static int is_cont(unsigned char c) { return (c & 0xc0) == 0x80; }
+
+size_t text_fit(const char *s, size_t max)
+{
+    size_t n = strnlen(s, max + 1);
+    if (n <= max)
+        return n;
+    n = max;
+    while (n > 0 && is_cont((unsigned char)s[n]))
+        n--;        /* (s[n] begins the character that would be cut) */
+    return n;
+}
+
+void text_cut(char *s, size_t max)
+{
+    s[text_fit(s, max)] = '\0';
+}
+
+/* The length of the well-formed character at s (1-4), or 0 (RFC 3629: no overlong form, no
+ * surrogate, nothing past U+10FFFF). */
+static size_t char_len(const unsigned char *s)
+{
+    unsigned char c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf)
+        n = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        if (c == 0xe0)
+            lo = 0xa0;
+        else if (c == 0xed)
+            hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
+    } else {
+        return 0;
+    }
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (!is_cont(s[i]))
+            return 0;
+    return n;
+}
+
+void text_clean(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        size_t n = char_len(p);
+        int control = n == 1 ? *p < 0x20 || *p == 0x7f : n == 2 && p[0] == 0xc2 && p[1] < 0xa0;
+        if (n == 0 || control) {
+            memset(p, '?', n ? n : 1);
+            p += n ? n : 1;
+        } else {
+            p += n;
+        }
+    }
+}
