@@ -2,7 +2,8 @@
  * counted, NaN pauses the cluster (PAUSE pushed, reason in status) until resumed, fatal
  * drains and stops the cluster with the reason (state failed, exit 78). Reports from the wrong
  * peer are refused: an ERROR from a ctl client, a CONTROL from a daemon, a TRAINED for the
- * running generation from a drafter that holds no rank in it. A batch trained twice (a second
+ * running generation from a drafter that holds no rank in it, as is its CKPT_BAD of the lineage's
+ * head, and a TRAINED naming a rank past the group's. A batch trained twice (a second
  * TRAINED at another step) is refused, counted and logged; the same report again is a replay, and
  * so is a CHECKPOINTED of the lineage's head sent again (acknowledged, no second ledger row).
  * A daemon sending errors in a loop has at most COORD_ERRORS_PER_WINDOW of them recorded per
@@ -191,6 +192,13 @@ int main(void)
         for (int i = 0; i < 2; i++)
             if (client_checkpointed(r, 1, 1, "/nowhere/step-0000000001") < 0 || settle(r, &rs) < 0 || rs.nacks != 1)
                 _exit(20 + i);
+        /* a rank past the group's (world_size 1): refused, nothing kept of it */
+        if (client_trained(r, 1, 1, 2, 7, 1) < 0 || settle(r, &rs) < 0 || rs.nacks != 2 ||
+            rs.last_nack_status != -DF_ERANGE)
+            _exit(30);
+        /* held (alive, rank 0) while d, which holds no rank, says its checkpoint does not load */
+        if (write(ready[1], "r", 1) != 1 || read(go[0], &gb, 1) != 1)
+            _exit(31);
         client_bye(r, 0, "done");
         _exit(0);
     }
@@ -207,6 +215,25 @@ int main(void)
     snprintf(cmd, sizeof cmd, "grep -q 'TRAINED for batch 0:0 refused: it holds no rank in generation 1' '%s/coordinator.log'",
              TC.dir);
     CHECK_INT(system(cmd), ==, 0);
+    CHECK_INT(write(go[1], "g", 1), ==, 1);
+    /* A CKPT_BAD of the lineage's head from d, which holds no rank in the generation that loaded
+     * it: refused, the head stands (it would be dropped and its batches queued again) */
+    CHECK_INT(read(ready[0], &rb, 1), ==, 1);
+    CHECK_OK(client_ckpt_bad(d, 1, 1, "/nowhere/step-0000000001", -EIO, "not mine to say"));
+    snprintf(cmd, sizeof cmd, "grep -q 'CKPT_BAD of checkpoint /nowhere/step-0000000001 refused: it holds no rank in "
+             "generation 1' '%s/coordinator.log'", TC.dir);
+    for (int i = 0; i < 100 && system(cmd) != 0; i++)
+        tc_sleep_ms(50);
+    CHECK_INT(system(cmd), ==, 0);
+    CHECK_INT(tc_status_num("group.checkpoint.step"), ==, 1);
+    cJSON *heads = tc_query(PROTO_Q_CHECKPOINTS);
+    CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(heads, "checkpoints"), 0), "dropped")));
+    cJSON_Delete(heads);
+    snprintf(cmd, sizeof cmd, "grep -q 'TRAINED for batch 0:1 refused: rank 7, the group has 1' '%s/coordinator.log'",
+             TC.dir);
+    CHECK_INT(system(cmd), ==, 0);
+    CHECK_STR(tc_batch_state(1), "queued");
     CHECK_INT(write(go[1], "g", 1), ==, 1);
     CHECK_INT(tc_exit_status(ranked, 10000 * test_time_scale()), ==, 0);
     ranked = 0;

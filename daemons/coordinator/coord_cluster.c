@@ -574,6 +574,14 @@ static int token_rank(const struct dgroup *g, uint64_t token)
     return -1;
 }
 
+/* Whether m holds a rank of the running generation: the process seated there, or the same process
+ * on a connection not seated yet. */
+static bool holds_rank(const struct dgroup *g, const struct member *m)
+{
+    bool seated = m->rank >= 0 && (uint32_t)m->rank < g->world && g->rank_member[m->rank] == m;
+    return seated || token_rank(g, m->token) >= 0;
+}
+
 /* Drafter m (the same process as rank r of the running generation) takes its rank back. */
 static void reseat(struct coord *co, struct member *m, uint32_t r)
 {
@@ -886,6 +894,13 @@ static void on_ckpt_bad(struct coord *co, struct member *m, const struct proto_c
                  g->ckpt_dir[0] ? g->ckpt_dir : "no checkpoint", g->gen);
         return;
     }
+    if (!holds_rank(g, m)) {
+        /* A drafter waiting for a place (or one confused about its generation) loaded nothing the
+         * group stands on: it would drop a good checkpoint and queue its batches again. */
+        log_warn(0, "%s: CKPT_BAD of checkpoint %s refused: it holds no rank in generation %" PRIu64, m->name, cb->dir,
+                 g->gen);
+        return;
+    }
     char why[PROTO_TEXT_MAX + PROTO_PATH_MAX + PROTO_NAME_MAX + 96];
     snprintf(why, sizeof why, "checkpoint %s (step %" PRIu64 ") does not load on %s: %s", cb->dir, cb->step, m->name,
              cb->reason);
@@ -1171,13 +1186,19 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
         send_ack(m, t->seq, -DF_ERANGE);
         return;
     }
+    if (t->rank >= g->world) {
+        /* (kept in the ledger's trains, it would make the run's record refused by dflash-replay) */
+        log_warn(0, "%s: TRAINED for batch " SCHED_BID " refused: rank %u, the group has %u", m->name,
+                 SCHED_BARGS(b->row.id), t->rank, g->world);
+        send_ack(m, t->seq, -DF_ERANGE);
+        return;
+    }
     int kept, ckpt;
     if (g->active && t->generation == g->gen) {
         /* Only a rank of this generation trains in it: the process seated there, or the same
          * process on a connection not seated yet. A drafter waiting for a place (or one confused
          * about its generation) would mark a batch done that nobody trained. */
-        bool seated = m->rank >= 0 && (uint32_t)m->rank < g->world && g->rank_member[m->rank] == m;
-        if (!seated && token_rank(g, m->token) < 0) {
+        if (!holds_rank(g, m)) {
             log_warn(0, "%s: TRAINED for batch " SCHED_BID " refused: it holds no rank in generation %" PRIu64, m->name,
                      SCHED_BARGS(b->row.id), g->gen);
             send_ack(m, t->seq, -DF_EPEER);
