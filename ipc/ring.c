@@ -302,7 +302,9 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
         return -ENOMEM;
     mode_t mode = opts->mode ? (mode_t)opts->mode : 0600;
 
-    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    /* Made the owner's alone (0600): the group's bits come once the object is the group's (an
+     * fd opened meanwhile by the primary group's users would keep its access). */
+    fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 && errno == EEXIST && (opts->flags & RING_CREATE_REPLACE)) {
         if (shm_unlink(name) < 0 && (errno == EPERM || errno == EACCES)) {
             rc = -errno;    /* (/dev/shm is sticky: another user's object stays its own) */
@@ -310,7 +312,7 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
                      "must remove /dev/shm%s)", name, strerror(-rc), name);
             goto fail_free;
         }
-        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     }
     if (fd < 0) {
         rc = -errno;
@@ -323,15 +325,15 @@ int ring_create(struct ring **out, const char *name, const struct ring_layout *l
         r->dev = made.st_dev;
         r->ino = made.st_ino;
     }
-    /* The umask may have cut bits the caller asked for. */
-    if (fchmod(fd, mode) < 0) {
-        rc = -errno;
-        snprintf(err, errlen, "ring %s: chmod %o: %s", name, (unsigned)mode, strerror(-rc));
-        goto fail_unlink;
-    }
     if (opts->gid >= 0 && fchown(fd, (uid_t)-1, (gid_t)opts->gid) < 0) {
         rc = -errno;
         snprintf(err, errlen, "ring %s: chown to group %d: %s", name, opts->gid, strerror(-rc));
+        goto fail_unlink;
+    }
+    /* (the mode asked for, which the umask may also have cut) */
+    if (fchmod(fd, mode) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "ring %s: chmod %o: %s", name, (unsigned)mode, strerror(-rc));
         goto fail_unlink;
     }
     /* Creator identity first, before the reservation (seconds for a large ring): an attacher
@@ -628,11 +630,16 @@ int ring_hold(const char *name, char *err, size_t errlen)
 
 int ring_same_object(const struct ring *r, const char *name)
 {
+    /* The name itself, not opened: what another user put there (a link, an object of theirs this
+     * process may not open) is told apart as well, and a FIFO is never waited on. */
+    char path[PATH_MAX];
     struct stat st;
-    int fd = fileio_shm_open(name, O_RDONLY, &st);
-    if (fd < 0)
-        return fd == -ENOENT || fd == -EINVAL ? 0 : fd;    /* gone, or not a file: another object */
-    close(fd);
+    if (snprintf(path, sizeof path, "/dev/shm%s", name) >= (int)sizeof path)
+        return -ENAMETOOLONG;
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0 : -errno;    /* gone: another object, if one comes */
+    if (!S_ISREG(st.st_mode))
+        return 0;
     /* cut short in place (truncate(1) on /dev/shm): the next access past its end is a SIGBUS */
     return st.st_dev == r->dev && st.st_ino == r->ino && (uint64_t)st.st_size >= (uint64_t)r->size;
 }

@@ -108,7 +108,9 @@ void ring_detach(struct ring *r);
 /* Remove the shm object name; mappings stay valid. 0, or -errno (-ENOENT if absent). */
 int ring_unlink(const char *name);
 /* 1 when the shm object now called name is the one r maps; 0 when it is another (re-created
- * meanwhile), none, or the same one cut short below r's mapping; -errno when that cannot be told. */
+ * meanwhile, or anything else put under the name: a link, a FIFO), none, or the same one cut
+ * short below r's mapping; -errno when that cannot be told (looked up by name in /dev/shm, not
+ * opened: no permission on the object is needed). */
 int ring_same_object(const struct ring *r, const char *name);
 
 const struct ring_layout *ring_layout(const struct ring *r);

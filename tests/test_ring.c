@@ -492,6 +492,11 @@ static void test_same_object(void)
     CHECK_CONTAINS(err, "not a dflash ring (a FIFO");
     CHECK_INT(ring_attach(&a, g_name, &l, 0, err, sizeof err), ==, -EINVAL);
     CHECK_OK(unlink(path));
+    /* A link put there (another user's, to anything): not the ring either (the coordinator ran on
+     * for ever on the one removed, every daemon started since failing to attach) */
+    CHECK_OK(symlink("/dev/null", path));
+    CHECK_INT(ring_same_object(again, g_name), ==, 0);
+    CHECK_OK(unlink(path));
     ring_detach(again);
 }
 
