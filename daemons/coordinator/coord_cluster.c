@@ -1664,13 +1664,24 @@ static void end_recovery(struct coord *co)
 {
     co->recovering = false;
     struct dgroup *g = &co->grp;
-    if (g->active)
-        for (uint32_t r = 0; r < g->world; r++)
-            if (!g->rank_member[r]) {
-                /* the rollback also re-queues what its drafters took from the ring */
-                group_fail(co, "a drafter did not come back after the coordinator restart");
-                break;
-            }
+    uint64_t now = mono_ms();
+    for (uint32_t r = 0; g->active && r < g->world; r++) {
+        if (g->rank_member[r])
+            continue;
+        if (g->rank_token[r] && proc_token_alive(g->rank_token[r]) != 0) {
+            /* Alive, not back yet: a drafter in a long step (CPU) reconnects when the step ends.
+             * It has the time any rank has whose connection ended (the tick fails the group
+             * after it; a death is seen there at once). */
+            g->rank_deadline_ms[r] = now + (uint64_t)co->cfg->coordinator.dead_after_ms;
+            log_notice("rank %u of generation %" PRIu64 " (pid %d) is alive but not back yet: waiting up to %" PRIu64
+                       " ms for it", r, g->gen, (int)proc_token_pid(g->rank_token[r]),
+                       (uint64_t)co->cfg->coordinator.dead_after_ms);
+            continue;
+        }
+        /* the rollback also re-queues what its drafters took from the ring */
+        group_fail(co, "a drafter did not come back after the coordinator restart");
+        break;
+    }
     /* A published batch no slot holds was taken by a drafter. With the whole group back, that
      * drafter reports it (TRAINED, perhaps a step late, or skipped): it stays published, and the
      * orphan sweep queues it again if no report ever comes. With no group, nobody will report
