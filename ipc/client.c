@@ -469,6 +469,14 @@ static int connect_unix(struct client *c, char *err, size_t errlen)
     return fd;
 }
 
+/* A REFUSE is final (-DF_EPEER: the daemon stops rather than spin), but for -EAGAIN: the
+ * coordinator's own shortage for now (a descriptor, memory; its connections waiting for a HELLO
+ * at their limit), asked again as a coordinator not there yet is. */
+static int refused_code(const struct proto_refuse *rf)
+{
+    return rf->code == -EAGAIN ? -EAGAIN : -DF_EPEER;
+}
+
 static int handshake(struct client *c, int first, char *err, size_t errlen)
 {
     int fd = c->tcp_address[0] ? net_connect(c->tcp_address, c->o.reply_timeout_ms, err, errlen)
@@ -516,7 +524,7 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
         struct proto_msg in;
         disconnect(c);
         if (k > 0 && proto_decode(buf, (size_t)k, &in, NULL, 0) == 0 && in.type == PROTO_REFUSE)
-            FAIL(-DF_EPEER, "refused by the coordinator: %s", in.refuse.message);
+            FAIL(refused_code(&in.refuse), "refused by the coordinator: %s", in.refuse.message);
         FAIL(r, "cannot send HELLO to %s: %s", c->where, err_str(r));
     }
     uint64_t deadline = mono_ms() + (uint64_t)c->o.reply_timeout_ms;
@@ -528,7 +536,7 @@ static int handshake(struct client *c, int first, char *err, size_t errlen)
     }
     if (in.type == PROTO_REFUSE) {
         disconnect(c);
-        FAIL(-DF_EPEER, "refused by the coordinator: %s", in.refuse.message);
+        FAIL(refused_code(&in.refuse), "refused by the coordinator: %s", in.refuse.message);
     }
     if (in.type != PROTO_WELCOME) {
         disconnect(c);

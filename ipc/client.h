@@ -81,7 +81,8 @@ struct client_stats {
 };
 
 /* Connect, (AUTH over TCP,) HELLO, WELCOME. -DF_EPEER when refused (err carries the
- * coordinator's reason), -ECONNREFUSED/-ENOENT/-EACCES/-ETIMEDOUT when it cannot be reached. */
+ * coordinator's reason; -EAGAIN for a refusal of that code, a shortage of the coordinator's that
+ * passes), -ECONNREFUSED/-ENOENT/-EACCES/-ETIMEDOUT when it cannot be reached. */
 int client_open(struct client **out, const struct client_opts *o, char *err, size_t errlen);
 void client_free(struct client *c);         /* NULL is fine */
 

@@ -183,6 +183,8 @@ struct coord {
     char socket_path[108];
     bool socket_bound;              /* ours to remove at the end */
     bool accept_held[2];            /* a connection on the socket [0] / TCP [1] listener waits for memory */
+    uint64_t fd_limit;              /* RLIMIT_NOFILE's soft limit, raised to the hard one at start */
+    uint64_t fd_warned_ms;          /* when the last "descriptors nearly all in use" was logged */
     char ring_name[PROTO_NAME_MAX];
     char ledger_path[CFG_STR_MAX + 64];
     gid_t allowed_gid;              /* cluster.group, or (gid_t)-1 */

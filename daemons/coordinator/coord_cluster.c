@@ -962,6 +962,12 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
                          "hidepid): run it as the coordinator's user", (int)m->pid);
             return;
         }
+        if (r == -EMFILE || r == -ENFILE || r == -ENOMEM) {
+            /* the coordinator's own shortage, not the peer's fault: it asks again (a refusal of
+             * this code is not final to it) */
+            coord_refuse(m, -EAGAIN, "cannot read pid %d's start time now: %s", (int)m->pid, err_str(r));
+            return;
+        }
         if (r < 0 || h->pid != (uint32_t)m->pid || h->start_ticks != ticks) {
             coord_refuse(m, -DF_EPEER, "HELLO says pid %u start %" PRIu64 ", the socket peer is pid %d start %" PRIu64
                          " (another pid namespace?)", h->pid, h->start_ticks, (int)m->pid, ticks);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "common/err.h"
@@ -171,6 +172,24 @@ static void close_walk(uv_handle_t *h, void *arg)
     coord_close_handle(h);
 }
 
+/* Every peer holds a descriptor: the soft limit (1024 under systemd) goes up to the hard one
+ * (the loop is epoll, no select), and what is left is told when it runs low (coord_server.c). */
+static void raise_fd_limit(struct coord *co)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+        co->fd_limit = 1024;
+        return;
+    }
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit want = { rl.rlim_max, rl.rlim_max };
+        if (setrlimit(RLIMIT_NOFILE, &want) == 0)
+            rl.rlim_cur = rl.rlim_max;
+    }
+    co->fd_limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+    log_info("open files: up to %" PRIu64 " (RLIMIT_NOFILE; LimitNOFILE= in the unit)", co->fd_limit);
+}
+
 int main(int argc, char **argv)
 {
     struct coord *co = &g_co;
@@ -252,6 +271,7 @@ int main(int argc, char **argv)
     co->signal_drain_from = -1;
     co->exit_code = DAEMON_EX_FAILURE;
     signal(SIGPIPE, SIG_IGN);
+    raise_fd_limit(co);
     if ((r = daemon_lock(&co->d, err, sizeof err)) < 0) {
         log_error(0, "%s", err);
         return r == -ENOTDIR ? DAEMON_EX_CONFIG : DAEMON_EX_FAILURE;

@@ -24,6 +24,8 @@
 #define HELLO_TIMEOUT_MS 5000
 #define TCP_PENDING_MAX 16
 #define TCP_PENDING_PER_HOST 4
+#define UNIX_PENDING_MAX 64         /* connections on the socket waiting for their HELLO, at most */
+#define FD_LOW_MARGIN 32            /* descriptors left under the limit that make it "nearly all in use" */
 #define REFUSALS_LOGGED 20          /* refused peers logged per REFUSALS_WINDOW_MS, then counted */
 #define REFUSALS_WINDOW_MS 10000
 
@@ -552,6 +554,18 @@ static void hello_timeouts(struct coord *co)
 
 static void on_connection(uv_stream_t *server, int status);
 
+/* A connection's descriptor near the limit: said (every 10 s at most), for the connections past
+ * it are closed as they are accepted and never seen (libuv's answer to EMFILE). */
+static void fd_low_check(struct coord *co, int fd)
+{
+    uint64_t now = mono_ms();
+    if ((uint64_t)fd + FD_LOW_MARGIN < co->fd_limit || (co->fd_warned_ms && now - co->fd_warned_ms < 10000))
+        return;
+    co->fd_warned_ms = now;
+    log_warn(-EMFILE, "open files nearly all in use (descriptor %d, limit %" PRIu64 "): connections past the limit "
+             "are closed unseen; raise LimitNOFILE= or find who holds them (dflashctl daemons)", fd, co->fd_limit);
+}
+
 void coord_server_tick(struct coord *co)
 {
     uint64_t now = mono_ms();
@@ -603,6 +617,9 @@ static void on_connection(uv_stream_t *server, int status)
     if (co->members)
         co->members->prev = m;
     co->members = m;
+    uv_os_fd_t afd;
+    if (uv_fileno(&m->handle, &afd) == 0)
+        fd_low_check(co, afd);
     if (tcp) {
         tcp_accepted(co, m);
         return;
@@ -626,6 +643,21 @@ static void on_connection(uv_stream_t *server, int status)
                      co->cfg->cluster.group);
         return;
     }
+    /* Waiting for their HELLO (a daemon or dflashctl says it at once): at most UNIX_PENDING_MAX;
+     * the one waiting longest is closed for a newcomer. A program that opens connections and
+     * says nothing cannot use up the descriptors: past the limit a connection is closed by the
+     * kernel's accept unseen, a daemon coming back among them. */
+    unsigned pending = 0;
+    struct member *oldest = NULL;
+    for (struct member *o = co->members; o; o = o->next)
+        if (o != m && !o->is_tcp && !o->role && !o->closing) {
+            pending++;
+            if (!oldest || earlier(o, oldest))
+                oldest = o;
+        }
+    if (pending >= UNIX_PENDING_MAX)
+        coord_refuse(oldest, -EAGAIN, "%d connections waiting for their HELLO: the one waiting longest is closed",
+                     UNIX_PENDING_MAX);
     uv_read_start(&m->stream, on_alloc, on_read);
 }
 
