@@ -551,8 +551,16 @@ static int complete_oldest(struct target_pipe *p, bool block)
     if (st == cudaErrorNotReady)
         return 0;
     int status = st == cudaSuccess ? 0 : -DF_ECUDA;
-    if (status < 0)
+    if (status < 0) {
         p->error = status;
+        /* The error may be an earlier call's (an event reports those too), with this entry's
+         * copies into its slot still queued: the caller gives the slot back on it, so they end
+         * first (at once when the error is sticky), as target_pipe_submit's failure does. */
+        struct cuda_model *c = (struct cuda_model *)p->m->impl;
+        cudaStreamSynchronize(c->compute);
+        cudaStreamSynchronize(c->copy);
+        cudaGetLastError();
+    }
     float ms = -1, cms = 0;
     if (status == 0 && cudaEventElapsedTime(&ms, e->fwd_start, e->fwd_end) == cudaSuccess) {
         p->last_fwd_ms = ms;
