@@ -9,6 +9,8 @@
 #    the reason, and the errors name the first.
 #  storage not there: the checkpoint root moved away: no fall back (the drafters exit 1, as for a
 #    read error); moved back, the run resumes from the head it had and completes.
+#  set aside: the head left as .old-step-N-<pid> by a replacement cut between its two renames is
+#    put back when the drafters load it; the run resumes from it.
 #  none left: every checkpoint cut short: the walk back ends FAILED (exit 78) with a message that
 #    says so, no drafter restart loop.
 set -u
@@ -111,6 +113,30 @@ grep -q "loaded checkpoint .*step-$(printf %010d "$head")" "$CL_DIR"/drafter*.lo
 "$CL_PY" tests/soak/check_run.py "$CL_DIR/state/$CL_NAME-ledger.db" "$CL_DIR/state" || fail "exactly-once check"
 cl_log "ok: storage away: no fall back; back: resumed from step $head"
 
+# ---- set aside ------------------------------------------------------------------------------
+# The head set aside by a replacement cut between its two renames (a file system that cannot
+# exchange: step-N renamed .old-step-N-<pid>, the new one never renamed in): put back when the
+# drafters load it, not reported as gone (which dropped it, or with no other step-N folder made
+# the drafters exit 1 at every start).
+cl_cleanup
+cl_init "$T/aside" 1600 || exit 1
+cl_ini_add drafter.world_size=2 drafter.checkpoint_every=15
+cl_start_cluster 2 || fail "cluster start"
+train_then_kill 30
+mv "$(ckdir "$head")" "$CL_DIR/state/checkpoints/.old-step-$(printf %010d "$head")-99999"
+cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+cl_wait_exit coord 300 || fail "coordinator exited '$CL_RC'"
+for n in target0 target1 drafter0 drafter1; do
+  cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"
+done
+grep -q "checkpoint .*step-$(printf %010d "$head") put back from where an interrupted replacement had set it aside" \
+  "$CL_DIR"/drafter*.log || fail "no drafter put step $head back"
+grep -q "loaded checkpoint .*step-$(printf %010d "$head")" "$CL_DIR"/drafter*.log || fail "no drafter loaded step $head"
+cl_never "$CL_DIR/coord.log" "falls back" "falls back" "fell back from a checkpoint set aside"
+"$CL_PY" tests/soak/check_run.py "$CL_DIR/state/$CL_NAME-ledger.db" "$CL_DIR/state" || fail "exactly-once check"
+cl_log "ok: the head set aside was put back and the run resumed from step $head"
+
 # ---- none left ------------------------------------------------------------------------------
 cl_cleanup
 cl_init "$T/none" 1600 || exit 1
@@ -129,4 +155,4 @@ done
 n_load=$(cat "$CL_DIR"/drafter*.log | grep -c "asked the coordinator to fall back")
 n_ckpt=$(cl_sql "SELECT count(*) FROM checkpoints")
 ((n_load >= n_ckpt && n_load <= 2 * n_ckpt)) || fail "$n_load reports for $n_ckpt checkpoints"
-echo "ok: fell back from step $s_bad past $s_gone to $s_ok, every batch once; storage away: no fall back; with none left FAILED"
+echo "ok: fell back from step $s_bad past $s_gone to $s_ok, every batch once; storage away: no fall back; set aside: put back; with none left FAILED"

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include "common/daemon.h"
 #include "common/err.h"
+#include "common/fileio.h"
 #include "daemons/coordinator/sched.h"
 #include "common/log.h"
 #include "common/id_set.h"
@@ -388,6 +389,16 @@ static void load_progress(void *f)
 static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen)
 {
     struct stat st = { 0 };
+    if (dir[0] && lstat(dir, &st) < 0 && errno == ENOENT) {
+        /* A replacement of it by two renames (a file system that cannot exchange) cut between
+         * them set it aside as .old-step-N-<pid>: put back (with the other leftovers of
+         * interrupted writes cleared) before it counts as gone. */
+        char root[PROTO_PATH_MAX];
+        fileio_parent(dir, root, sizeof root);
+        ckpt_remove_stale(root);
+        if (lstat(dir, &st) == 0)
+            log_notice("checkpoint %s put back from where an interrupted replacement had set it aside", dir);
+    }
     char opt[PROTO_PATH_MAX + 32];
     snprintf(opt, sizeof opt, "%s/%s", dir, CKPT_OPTIMIZER);
     if (dir[0] && stat(opt, &st) < 0)
