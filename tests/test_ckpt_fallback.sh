@@ -32,6 +32,18 @@ train_then_kill() {
   head=$(cl_json 's["group"]["checkpoint"]["step"]')
 }
 
+# Start both drafters again and wait for the run to complete from the head, step $head.
+resume_to_end() {
+  cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+  cl_start drafter1 drafter-d -c "$CL_INI" -i 1
+  cl_wait_exit coord 300 || fail "coordinator exited '$CL_RC'"
+  local n
+  for n in target0 target1 drafter0 drafter1; do
+    cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"
+  done
+  grep -q "loaded checkpoint .*step-$(printf %010d "$head")" "$CL_DIR"/drafter*.log || fail "no drafter loaded step $head"
+}
+
 ckdir() { printf '%s/state/checkpoints/step-%010d' "$CL_DIR" "$1"; }
 
 # ---- fallback -------------------------------------------------------------------------------
@@ -103,13 +115,7 @@ cl_never "$CL_DIR/coord.log" "falls back" "falls back" "fell back without the st
 cl_status || fail "no status from the coordinator"
 [[ $(cl_json 's["group"]["checkpoint"]["step"]') == "$head" ]] || fail "the head moved"
 rm -rf "$root" && mv "$root.away" "$root"
-cl_start drafter0 drafter-d -c "$CL_INI" -i 0
-cl_start drafter1 drafter-d -c "$CL_INI" -i 1
-cl_wait_exit coord 300 || fail "coordinator exited '$CL_RC'"
-for n in target0 target1 drafter0 drafter1; do
-  cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"
-done
-grep -q "loaded checkpoint .*step-$(printf %010d "$head")" "$CL_DIR"/drafter*.log || fail "no drafter loaded step $head"
+resume_to_end
 "$CL_PY" tests/soak/check_run.py "$CL_DIR/state/$CL_NAME-ledger.db" "$CL_DIR/state" || fail "exactly-once check"
 cl_log "ok: storage away: no fall back; back: resumed from step $head"
 
@@ -124,15 +130,9 @@ cl_ini_add drafter.world_size=2 drafter.checkpoint_every=15
 cl_start_cluster 2 || fail "cluster start"
 train_then_kill 30
 mv "$(ckdir "$head")" "$CL_DIR/state/checkpoints/.old-step-$(printf %010d "$head")-99999"
-cl_start drafter0 drafter-d -c "$CL_INI" -i 0
-cl_start drafter1 drafter-d -c "$CL_INI" -i 1
-cl_wait_exit coord 300 || fail "coordinator exited '$CL_RC'"
-for n in target0 target1 drafter0 drafter1; do
-  cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"
-done
+resume_to_end
 grep -q "checkpoint .*step-$(printf %010d "$head") put back from where an interrupted replacement had set it aside" \
   "$CL_DIR"/drafter*.log || fail "no drafter put step $head back"
-grep -q "loaded checkpoint .*step-$(printf %010d "$head")" "$CL_DIR"/drafter*.log || fail "no drafter loaded step $head"
 cl_never "$CL_DIR/coord.log" "falls back" "falls back" "fell back from a checkpoint set aside"
 "$CL_PY" tests/soak/check_run.py "$CL_DIR/state/$CL_NAME-ledger.db" "$CL_DIR/state" || fail "exactly-once check"
 cl_log "ok: the head set aside was put back and the run resumed from step $head"
