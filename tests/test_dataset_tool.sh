@@ -88,6 +88,16 @@ expect_err '{"input_ids":[1,2],"labels":[-100,3]}' "labels\[1\]: 3 is neither -1
 expect_err '{"input_ids":[1,2],"labels":[-100,2],"loss_mask":[0,1]}' "both loss_mask and labels" ""
 expect_err '{"input_ids":[1,2],"labels":[-100]}' "labels: not an array of the same length" ""
 expect_err '{"input_ids":[1,2],"labels":["a",2]}' "labels\[0\]: not a number" ""
+# a per-token mask under another name is not read: refused, named (the sample would be learned
+# whole, prompts included); padding marked by attention_mask too; an attention_mask of ones only,
+# and fields that are no per-token list (an id, a label), are fine
+expect_err '{"input_ids":[1,2,3,4],"assistant_masks":[0,0,1,1]}' "assistant_masks: not read (the loss is taken where loss_mask is 1" ""
+expect_err '{"input_ids":[1,2],"loss_masks":[0,1]}' "loss_masks: not read" ""
+expect_err '{"input_ids":[1,2],"Label_Ids":[1,2]}' "Label_Ids: not read" ""
+expect_err '{"input_ids":[0,1,2],"attention_mask":[0,1,1],"loss_mask":[0,1,1]}' "attention_mask\[0\]: not 1: padding is not read" ""
+printf '%s\n' '{"input_ids":[1,2,3],"attention_mask":[1,1,1],"loss_mask":[0,1,1],"label":"chat","masks_used":3}' > "$T/am.jsonl"
+"$D" build -o "$T/am.bin" -v 10 "$T/am.jsonl" 2>"$T/err.txt" || fail "attention_mask of ones, a label: $(cat "$T/err.txt")"
+[[ "$("$D" dump "$T/am.bin")" == '{"input_ids":[1,2,3],"loss_mask":[0,1,1]}' ]] || fail "attention_mask of ones: $("$D" dump "$T/am.bin")"
 expect_err '{"input_ids":[5,6,7]}{"input_ids":[8,9]}' "more after the JSON object" ""
 expect_err '{"input_ids":[1,2]} trailing' "more after the JSON object" ""
 # a BOM and blanks before the object, as cJSON takes them: still a record

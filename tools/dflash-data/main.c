@@ -202,6 +202,34 @@ static long parse_line(const char *line, struct buf *b, uint64_t *end_n, char *w
         snprintf(why, whylen, "labels: not an array of the same length as input_ids (%d)", cnt);
         goto out;
     }
+    /* A per-token mask under another name (assistant_masks, as a chat template writes it; a typo)
+     * is not read: the sample would be learned whole, prompts included, without a word. An
+     * attention_mask of ones only says nothing (a tokenizer's output kept whole); a 0 in one is
+     * padding, which the target would take as context. */
+    const cJSON *k;
+    cJSON_ArrayForEach(k, j) {
+        if (!cJSON_IsArray(k) || !strcmp(k->string, "input_ids") || !strcmp(k->string, "loss_mask") ||
+            !strcmp(k->string, "labels"))
+            continue;
+        if (!strcmp(k->string, "attention_mask")) {
+            int at = 0;
+            const cJSON *v;
+            cJSON_ArrayForEach(v, k) {
+                if (!cJSON_IsNumber(v) || v->valuedouble != 1) {
+                    snprintf(why, whylen, "attention_mask[%d]: not 1: padding is not read (strip the pad tokens and "
+                             "drop attention_mask)", at);
+                    goto out;
+                }
+                at++;
+            }
+            continue;
+        }
+        if (strcasestr(k->string, "mask") || strcasestr(k->string, "label")) {
+            snprintf(why, whylen, "%.64s: not read (the loss is taken where loss_mask is 1, or labels is not -100; "
+                     "without either, on every token): name it loss_mask, or drop it", k->string);
+            goto out;
+        }
+    }
     if (grow(b, (size_t)cnt) < 0) {
         snprintf(why, whylen, "out of memory");
         goto out;
