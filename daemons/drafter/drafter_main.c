@@ -1936,7 +1936,7 @@ int main(int argc, char **argv)
     daemon_leave_on_stop(&f->d, NULL);
     if (r < 0) {
         log_error(r, "%s", err);
-        code = r == -ENOMEM ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
+        code = err_may_pass(r) ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;   /* (a read error may pass, as the target's) */
         goto out;
     }
     log_info("embedding and LM head from %s, weights fingerprint %016" PRIx64, f->cfg->model.path, f->model_fp);
