@@ -140,6 +140,12 @@ try:
 except ValueError as e:
     assert "both" in str(e), e' || fail "ShareGPT and messages rows"
 
+# A UTF-8 BOM before the first record (some editors write one): read as dflash-data reads it
+printf '\xef\xbb\xbf{"messages":[{"role":"user","content":"q"}]}\n' > "$T/bom.jsonl"
+py "recs = list(m.records(os.environ['T'] + '/bom.jsonl'))
+assert len(recs) == 1 and m.conversation(recs[0][1]) == [{'role': 'user', 'content': 'q'}], recs" ||
+  fail "a BOM before the first record"
+
 # The dflash-data pipe (-o). A whole input: a dataset with the samples.
 SAMPLES='[([1, 2, 3], [0, 1, 1]), ([4, 5], [0, 1])]'
 py "assert m.build_dataset(os.environ['D'], os.environ['T'] + '/good.bin', 10, iter($SAMPLES)) == 2" >/dev/null ||

@@ -339,6 +339,8 @@ def records(path):
     try:
         with f:
             for lineno, line in enumerate(f, 1):
+                if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):
+                    line = line[3:]     # a UTF-8 BOM (some editors write one), as dflash-data takes it
                 if line.strip():
                     yield f"{name}:{lineno}", line
     except OSError as e:
