@@ -140,6 +140,18 @@ try:
 except ValueError as e:
     assert "both" in str(e), e' || fail "ShareGPT and messages rows"
 
+# The dataset's vocabulary is the model's (config.json), not the tokenizer's length (one with a
+# pad token added past the embedding is longer: the coordinator refused the dataset)
+mkdir -p "$T/vmodel" "$T/vmm"
+echo '{"vocab_size": 100}' > "$T/vmodel/config.json"
+echo '{"text_config": {"vocab_size": 120}}' > "$T/vmm/config.json"
+py "class L:
+    def __len__(self): return 1000
+t = os.environ['T']
+assert m.dataset_vocab(t + '/vmodel', L()) == 100
+assert m.dataset_vocab(t + '/vmm', L()) == 120
+assert m.dataset_vocab(t + '/nowhere', L()) == 1000" || fail "the dataset's vocabulary"
+
 # A UTF-8 BOM before the first record (some editors write one): read as dflash-data reads it
 printf '\xef\xbb\xbf{"messages":[{"role":"user","content":"q"}]}\n' > "$T/bom.jsonl"
 py "recs = list(m.records(os.environ['T'] + '/bom.jsonl'))

@@ -250,10 +250,28 @@ def run(args, tool):
         die(f"{args.model}: the tokenizer has no chat template")
     stats = {"skipped": 0}
     samples = encoded(args, tok, stats)
-    n = build_dataset(tool, args.output, len(tok), samples) if args.output else write_jsonl(samples, sys.stdout)
+    vocab = dataset_vocab(args.model, tok)
+    n = build_dataset(tool, args.output, vocab, samples) if args.output else write_jsonl(samples, sys.stdout)
     cut = stats.get("cut", 0)
     print(f"{PROG}: {stats.get('conversations', 0)} conversations, {n} samples, {stats['skipped']} skipped"
           + (f", {cut} dropped (no assistant token within --max-len {args.max_len})" if cut else ""), file=sys.stderr)
+
+
+def dataset_vocab(model, tok):
+    """The vocabulary the dataset is for: the model's (config.json's vocab_size, which the
+    coordinator checks the dataset's against) where the model is a folder that has one, else the
+    tokenizer's length. (A tokenizer with tokens added past the embedding, a pad token, is longer
+    than the model's vocabulary: its length made a dataset every coordinator refused.)"""
+    try:
+        with open(os.path.join(model, "config.json"), "rb") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return len(tok)
+    for c in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
+        v = c.get("vocab_size") if isinstance(c, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return len(tok)
 
 
 def sample_line(ids, mask):
