@@ -80,7 +80,7 @@ if [[ $mode == seeds ]]; then
   # And one dataset made by the dflash-data tool, when it is built.
   dd=$(ls -t build*/bin/dflash-data 2>/dev/null | head -n 1)
   if [[ -n $dd ]]; then
-    "$dd" synth -o tests/fuzz/corpus/dataset/seed-synth.dfd -n 4 -v 32 --min-len 2 --max-len 6 --seed 7 >/dev/null || exit 1
+    "$dd" synth -o tests/fuzz/corpus/dataset/seed-synth.dfd -n 4 -v 32 --min-len 3 --max-len 6 --seed 7 >/dev/null || exit 1
   fi
   for t in "${TARGETS_ALL[@]}"; do echo "$t: $(ls tests/fuzz/corpus/$t | wc -l) seeds"; done
   exit 0

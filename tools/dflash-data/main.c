@@ -430,8 +430,9 @@ static uint64_t rng_next(uint64_t *s)
 static int cmd_synth(const char *out, uint64_t n, uint32_t vocab, uint32_t min_len, uint32_t max_len, uint64_t seed)
 {
     char err[512];
-    if (vocab < 4 || min_len < 2 || max_len < min_len) {
-        fprintf(stderr, "dflash-data: synth: need vocab >= 4 and 2 <= min-len <= max-len\n");
+    if (vocab < 4 || min_len < 3 || max_len < min_len) {
+        /* (3: a token of prompt, then two in the loss, a block's anchor and its first label) */
+        fprintf(stderr, "dflash-data: synth: need vocab >= 4 and 3 <= min-len <= max-len\n");
         return 1;
     }
     struct dataset_writer *w;
@@ -453,8 +454,8 @@ static int cmd_synth(const char *out, uint64_t n, uint32_t vocab, uint32_t min_l
     for (uint64_t i = 0; i < n; i++) {
         uint32_t len = min_len + (uint32_t)(rng_next(&s) % (max_len - min_len + 1));
         uint32_t prompt = 1 + (uint32_t)(rng_next(&s) % (len / 3 + 1));
-        if (prompt >= len)
-            prompt = len - 1;
+        if (prompt > len - 2)
+            prompt = len - 2;   /* two tokens in the loss at least: something to learn in every sample */
         for (uint32_t t = 0; t < len; t++) {
             if (t < prompt || rng_next(&s) % 16 == 0)
                 tok[t] = (uint32_t)(rng_next(&s) % vocab);
