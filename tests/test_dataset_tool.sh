@@ -88,6 +88,17 @@ expect_err '{"input_ids":[1,2],"labels":[-100,3]}' "labels\[1\]: 3 is neither -1
 expect_err '{"input_ids":[1,2],"labels":[-100,2],"loss_mask":[0,1]}' "both loss_mask and labels" ""
 expect_err '{"input_ids":[1,2],"labels":[-100]}' "labels: not an array of the same length" ""
 expect_err '{"input_ids":[1,2],"labels":["a",2]}' "labels\[0\]: not a number" ""
+# A line too large to read in the memory there is (one object holding a whole dataset, as pandas'
+# to_json writes it): out of memory said, not "not valid JSON" (not under ASan: no address space
+# limit for it)
+if ! grep -qa __asan_init "$D"; then
+  python3 -c 'print("{\"input_ids\":[" + ",".join(["1"] * 3000000) + "]}")' > "$T/huge.jsonl"
+  if (ulimit -v 200000 && exec "$D" build -o "$T/huge.bin" "$T/huge.jsonl") 2>"$T/err.txt"; then
+    fail "a line larger than memory was read"
+  fi
+  grep -q "$T/huge.jsonl:1: out of memory reading a line of 6000016 bytes" "$T/err.txt" || fail "huge line: $(cat "$T/err.txt")"
+  rm -f "$T/huge.jsonl"
+fi
 # a per-token mask under another name is not read: refused, named (the sample would be learned
 # whole, prompts included); padding marked by attention_mask too; an attention_mask of ones only,
 # and fields that are no per-token list (an id, a label), are fine

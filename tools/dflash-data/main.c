@@ -129,6 +129,18 @@ static int grow(struct buf *b, size_t n)
     return 0;
 }
 
+/* cJSON's allocations, watched: a parse that fails for want of memory (a huge line: one object
+ * holding a whole dataset, as pandas' to_json writes it) is told as that, not as bad JSON. */
+static int g_json_oom;
+
+static void *json_malloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p)
+        g_json_oom = 1;
+    return p;
+}
+
 /* One JSONL line into b; returns token count or -1 with the reason in why. With end_n (--end-line),
  * an {"end": N} line returns -2 and N in *end_n. */
 static long parse_line(const char *line, struct buf *b, uint64_t *end_n, char *why, size_t whylen)
@@ -147,10 +159,15 @@ static long parse_line(const char *line, struct buf *b, uint64_t *end_n, char *w
         return -1;
     }
     const char *end = NULL;
+    g_json_oom = 0;
     cJSON *j = cJSON_ParseWithOpts(line, &end, 0);
     long n = -1;
     if (!j) {
-        snprintf(why, whylen, "not valid JSON");
+        if (g_json_oom)
+            snprintf(why, whylen, "out of memory reading a line of %zu bytes (one object per sample is read: JSON "
+                     "Lines)", strlen(line));
+        else
+            snprintf(why, whylen, "not valid JSON");
         return -1;
     }
     end += strspn(end, " \t\r\n");
@@ -551,6 +568,7 @@ static int cmd_dump(const char *path, uint64_t n)
 
 int main(int argc, char **argv)
 {
+    cJSON_InitHooks(&(cJSON_Hooks){ .malloc_fn = json_malloc, .free_fn = free });
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         usage(stdout);
         return 0;
