@@ -230,7 +230,7 @@ int main(void)
     CHECK(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(
         cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(heads, "checkpoints"), 0), "dropped")));
     cJSON_Delete(heads);
-    snprintf(cmd, sizeof cmd, "grep -q 'TRAINED for batch 0:1 refused: rank 7, the group has 1' '%s/coordinator.log'",
+    snprintf(cmd, sizeof cmd, "grep -q 'TRAINED for batch 0:1 refused: rank 7, generation 1 has 1' '%s/coordinator.log'",
              TC.dir);
     CHECK_INT(system(cmd), ==, 0);
     CHECK_STR(tc_batch_state(1), "queued");

@@ -99,16 +99,24 @@ if ! grep -qa __asan_init "$D"; then
   grep -q "$T/huge.jsonl:1: out of memory reading a line of 6000016 bytes" "$T/err.txt" || fail "huge line: $(cat "$T/err.txt")"
   rm -f "$T/huge.jsonl"
 fi
-# a per-token mask under another name is not read: refused, named (the sample would be learned
-# whole, prompts included); padding marked by attention_mask too; an attention_mask of ones only,
-# and fields that are no per-token list (an id, a label), are fine
+# a per-token mask under another name (a list of 0/1 as long as input_ids) is not read: without
+# loss_mask or labels, refused, named (the sample would be learned whole, prompts included);
+# padding that attention_mask marks before a token, or with nothing to keep it out of the loss,
+# and packed sequences, refused too
 expect_err '{"input_ids":[1,2,3,4],"assistant_masks":[0,0,1,1]}' "assistant_masks: not read (the loss is taken where loss_mask is 1" ""
 expect_err '{"input_ids":[1,2],"loss_masks":[0,1]}' "loss_masks: not read" ""
-expect_err '{"input_ids":[1,2],"Label_Ids":[1,2]}' "Label_Ids: not read" ""
-expect_err '{"input_ids":[0,1,2],"attention_mask":[0,1,1],"loss_mask":[0,1,1]}' "attention_mask\[0\]: not 1: padding is not read" ""
-printf '%s\n' '{"input_ids":[1,2,3],"attention_mask":[1,1,1],"loss_mask":[0,1,1],"label":"chat","masks_used":3}' > "$T/am.jsonl"
-"$D" build -o "$T/am.bin" -v 10 "$T/am.jsonl" 2>"$T/err.txt" || fail "attention_mask of ones, a label: $(cat "$T/err.txt")"
-[[ "$("$D" dump "$T/am.bin")" == '{"input_ids":[1,2,3],"loss_mask":[0,1,1]}' ]] || fail "attention_mask of ones: $("$D" dump "$T/am.bin")"
+expect_err '{"input_ids":[1,2],"Label_Mask":[true,false]}' "Label_Mask: not read" ""
+expect_err '{"input_ids":[0,1,2],"attention_mask":[0,1,1],"loss_mask":[0,1,1]}' "attention_mask\[0\]: 0 before a 1: padding" ""
+expect_err '{"input_ids":[1,2,0],"attention_mask":[1,1,0]}' "attention_mask\[2\]: 0: the padding from there would be learned" ""
+expect_err '{"input_ids":[1,2,3,4],"attention_mask":[1,1,2,2],"loss_mask":[0,1,0,1]}' "attention_mask\[2\]: past 1: one sequence per line" ""
+# fine: an attention_mask of ones; right padding kept out of the loss; a mask-like list beside
+# loss_mask or labels (special_tokens_mask); lists that are no per-token flags (tags, spans); a label
+printf '%s\n' '{"input_ids":[1,2,3],"attention_mask":[1,1,1],"loss_mask":[0,1,1],"label":"chat","masks_used":3}' \
+  '{"input_ids":[1,2,3,0],"attention_mask":[1,1,1,0],"labels":[-100,2,3,-100],"special_tokens_mask":[1,0,0,1]}' \
+  '{"input_ids":[4,5,6],"label":["helpful","harmless"],"mask_spans":[[0,1]],"label_ids":[7,8,9]}' > "$T/am.jsonl"
+"$D" build -o "$T/am.bin" -v 10 "$T/am.jsonl" 2>"$T/err.txt" || fail "attention_mask of ones, right padding, tags: $(cat "$T/err.txt")"
+[[ "$("$D" dump "$T/am.bin")" == '{"input_ids":[1,2,3],"loss_mask":[0,1,1]}'$'\n''{"input_ids":[1,2,3,0],"loss_mask":[0,1,1,0]}'$'\n''{"input_ids":[4,5,6],"loss_mask":[1,1,1]}' ]] ||
+  fail "attention_mask of ones, right padding, tags: $("$D" dump "$T/am.bin")"
 expect_err '{"input_ids":[5,6,7]}{"input_ids":[8,9]}' "more after the JSON object" ""
 expect_err '{"input_ids":[1,2]} trailing' "more after the JSON object" ""
 # a BOM and blanks before the object, as cJSON takes them: still a record

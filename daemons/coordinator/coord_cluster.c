@@ -1192,10 +1192,19 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
         send_ack(m, t->seq, -DF_ERANGE);
         return;
     }
-    if (t->rank >= g->world) {
+    /* The ranks of the report's generation (a run restarted with fewer drafters forms smaller
+     * ones: an earlier generation's reports may name ranks past the running one's) */
+    uint64_t world = g->world;
+    if (t->generation != g->gen) {
+        char key[48];
+        snprintf(key, sizeof key, "gen%" PRIu64 "_world", t->generation);
+        if (ledger_meta_get_u64(co->ledger, key, &world) != 1)
+            world = UINT32_MAX;     /* (not known: not checked) */
+    }
+    if (t->rank >= world) {
         /* (kept in the ledger's trains, it would make the run's record refused by dflash-replay) */
-        log_warn(0, "%s: TRAINED for batch " SCHED_BID " refused: rank %u, the group has %u", m->name,
-                 SCHED_BARGS(b->row.id), t->rank, g->world);
+        log_warn(0, "%s: TRAINED for batch " SCHED_BID " refused: rank %u, generation %" PRIu64 " has %" PRIu64,
+                 m->name, SCHED_BARGS(b->row.id), t->rank, t->generation, world);
         send_ack(m, t->seq, -DF_ERANGE);
         return;
     }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,29 +220,52 @@ static long parse_line(const char *line, struct buf *b, uint64_t *end_n, char *w
         snprintf(why, whylen, "labels: not an array of the same length as input_ids (%d)", cnt);
         goto out;
     }
-    /* A per-token mask under another name (assistant_masks, as a chat template writes it; a typo)
-     * is not read: the sample would be learned whole, prompts included, without a word. An
-     * attention_mask of ones only says nothing (a tokenizer's output kept whole); a 0 in one is
-     * padding, which the target would take as context. */
+    /* A per-token mask under another name (assistant_masks, as a chat template writes it; a typo),
+     * a list of 0/1 as long as input_ids, is not read: without loss_mask or labels the sample
+     * would be learned whole, prompts included, without a word. An attention_mask says which
+     * tokens are padding: a 0 before the last 1 (left padding, a hole) would be taken as context;
+     * trailing 0s (right padding) are harmless where the loss there is 0; values past 1 pack
+     * several sequences into one line, which would attend across each other. */
     const cJSON *k;
     cJSON_ArrayForEach(k, j) {
-        if (!cJSON_IsArray(k) || !strcmp(k->string, "input_ids") || !strcmp(k->string, "loss_mask") ||
-            !strcmp(k->string, "labels"))
+        if (!cJSON_IsArray(k) || cJSON_GetArraySize(k) != cnt)
             continue;
         if (!strcmp(k->string, "attention_mask")) {
-            int at = 0;
+            int at = 0, last_one = -1, first_zero = -1;
             const cJSON *v;
             cJSON_ArrayForEach(v, k) {
-                if (!cJSON_IsNumber(v) || v->valuedouble != 1) {
-                    snprintf(why, whylen, "attention_mask[%d]: not 1: padding is not read (strip the pad tokens and "
-                             "drop attention_mask)", at);
+                double x = cJSON_IsNumber(v) ? v->valuedouble : cJSON_IsBool(v) ? cJSON_IsTrue(v) : -1;
+                if (x != 0 && x != 1) {
+                    snprintf(why, whylen, "attention_mask[%d]: %s: one sequence per line is read (packed sequences "
+                             "would attend across each other)", at, x > 1 ? "past 1" : "not 0 or 1");
                     goto out;
                 }
+                if (x == 1)
+                    last_one = at;
+                else if (first_zero < 0)
+                    first_zero = at;
                 at++;
+            }
+            if (first_zero >= 0 && first_zero < last_one) {
+                snprintf(why, whylen, "attention_mask[%d]: 0 before a 1: padding (or a hole) would be read as context: "
+                         "strip the pad tokens", first_zero);
+                goto out;
+            }
+            if (first_zero >= 0 && !mask && !labels) {
+                snprintf(why, whylen, "attention_mask[%d]: 0: the padding from there would be learned (no loss_mask or "
+                         "labels): strip the pad tokens, or give one", first_zero);
+                goto out;
             }
             continue;
         }
-        if (strcasestr(k->string, "mask") || strcasestr(k->string, "label")) {
+        if (mask || labels || !strcmp(k->string, "input_ids") || !(strcasestr(k->string, "mask") ||
+                                                                  strcasestr(k->string, "label")))
+            continue;
+        bool flags = true;
+        const cJSON *v;
+        cJSON_ArrayForEach(v, k)
+            flags = flags && ((cJSON_IsNumber(v) && (v->valuedouble == 0 || v->valuedouble == 1)) || cJSON_IsBool(v));
+        if (flags) {
             snprintf(why, whylen, "%.64s: not read (the loss is taken where loss_mask is 1, or labels is not -100; "
                      "without either, on every token): name it loss_mask, or drop it", k->string);
             goto out;
