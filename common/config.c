@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include "common/config.h"
 #include "common/fileio.h"
+#include "common/text.h"
 
 #define OFF(sec, field) offsetof(struct dflash_cfg, sec.field)
 #define I(sec, k, mn, mx, d, h)  { #sec, #k, CFG_INT, mn, mx, d, OFF(sec, k), h, 0 }
@@ -332,6 +333,25 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
         long at = cfg_control_char(val);
         if (at >= 0) {
             snprintf(err, errlen, "a control character (0x%02x) at byte %ld", (unsigned char)val[at], at);
+            return -EINVAL;
+        }
+        /* nor C1's (U+0080..U+009F), nor bytes that are no UTF-8: the status JSON would be invalid */
+        char *plain = strdup(val);
+        if (!plain) {
+            snprintf(err, errlen, "out of memory");
+            return -ENOMEM;
+        }
+        text_clean(plain);
+        size_t d = 0;
+        while (plain[d] && plain[d] == val[d])
+            d++;
+        free(plain);
+        if (val[d]) {
+            const unsigned char *u = (const unsigned char *)val + d;
+            if (u[0] == 0xc2 && u[1] >= 0x80 && u[1] < 0xa0)
+                snprintf(err, errlen, "a control character (U+%04X) at byte %zu", (unsigned)u[1], d);
+            else
+                snprintf(err, errlen, "not UTF-8 text (byte 0x%02x at byte %zu)", (unsigned)u[0], d);
             return -EINVAL;
         }
         for (size_t i = 0; i < sizeof str_checks / sizeof str_checks[0]; i++) {

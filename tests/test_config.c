@@ -334,6 +334,13 @@ int main(void)
                       ":2: cluster.state_dir: a control character (0x1b) at byte 9");
     CHECK(cfg_set(&cfg, "drafter.checkpoint_dir=/c\nx", err, sizeof err) < 0);
     CHECK_CONTAINS(err, "a control character (0x0a)");
+    /* C1's controls too (CSI, U+009B), and bytes that are no UTF-8 (status's JSON would be invalid);
+     * UTF-8 text is fine */
+    CHECK(cfg_set(&cfg, "cluster.state_dir=/var/lib/\xc2\x9b" "31mx", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "cluster.state_dir: a control character (U+009B) at byte 9");
+    CHECK(cfg_set(&cfg, "model.path=/models/caf\xe9", err, sizeof err) < 0);
+    CHECK_CONTAINS(err, "model.path: not UTF-8 text (byte 0xe9 at byte 11)");
+    CHECK_OK(cfg_set(&cfg, "model.path=/models/caf\xc3\xa9", err, sizeof err));
     static char zeros[10240];
     expect_path_error(write_tmp_bytes("zeros.ini", zeros, sizeof zeros), ":1: NUL byte");
     /* Config files are small: a huge one is refused before parsing. */

@@ -37,6 +37,23 @@ struct ctx {
 
 /* Ask, and either print the JSON (as it came, or as amend(x, doc) completed it) or hand the
  * parsed document to show(). */
+/* --json: the reply as JSON with its strings made plain (ctl_parse), whatever endpoint sent it
+ * (a --connect endpoint's raw ESC or invalid UTF-8 would reach the terminal, or a reader's parser).
+ * 0, or -1 with a line on stderr. */
+static int print_json(const char *json)
+{
+    cJSON *doc = ctl_parse(json);
+    char *out = doc ? cJSON_PrintUnformatted(doc) : NULL;
+    cJSON_Delete(doc);
+    if (!out) {
+        fprintf(stderr, "dflashctl: the coordinator sent malformed JSON (or no memory for it)\n");
+        return -1;
+    }
+    puts(out);
+    free(out);
+    return 0;
+}
+
 static int query_amended(struct ctx *x, enum proto_query_what what, void (*show)(FILE *, const cJSON *),
                          void (*amend)(const struct ctx *, cJSON *))
 {
@@ -64,7 +81,10 @@ static int query_amended(struct ctx *x, enum proto_query_what what, void (*show)
         json = out;
     }
     if (x->json) {
-        puts(json);
+        if (print_json(json) < 0) {
+            free(json);
+            return EX_FAIL;
+        }
     } else if (status < 0) {    /* e.g. a reply too large for one frame: say why, not a table */
         cJSON *doc = ctl_parse(json);
         const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
@@ -235,7 +255,7 @@ static int control(struct ctx *x, enum proto_control_cmd cmd)
     }
     cJSON *doc = ctl_parse(json);
     if (x->json)
-        puts(json);
+        print_json(json);
     else if (!doc)
         fprintf(stderr, "dflashctl: the coordinator sent malformed JSON\n");
     else if (status < 0)

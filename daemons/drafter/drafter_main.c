@@ -395,7 +395,8 @@ static int load_weights(struct dft *f, const char *dir, char *err, size_t errlen
          * interrupted writes cleared) before it counts as gone. */
         char root[PROTO_PATH_MAX];
         fileio_parent(dir, root, sizeof root);
-        ckpt_remove_stale(root);
+        if (!strcmp(root, f->ckpt_root))    /* (a folder not this run's own is left as it is) */
+            ckpt_remove_stale(root);
         if (lstat(dir, &st) == 0)
             log_notice("checkpoint %s put back from where an interrupted replacement had set it aside", dir);
     }
