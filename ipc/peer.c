@@ -31,7 +31,7 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
                              .connect_timeout_ms = 0, .reply_timeout_ms = 10000, .reconnect_ms = 200,
                              .stop_note = 1 };
     uint64_t deadline = mono_ms() + 5ull * (uint64_t)d->cfg.coordinator.dead_after_ms + 30000;
-    int r, warned = 0, silent = 0;
+    int r, warned = 0, silent = 0, busy = 0;
     for (;;) {
         r = client_open(out, &o, err, errlen);
         /* Not there yet, or going away while we said HELLO (a coordinator that is stopping
@@ -47,6 +47,8 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
         }
         if (mono_ms() > deadline)
             return r;
+        if (r == -EAGAIN && !busy++)     /* (a refusal that passes, a full queue: said once) */
+            log_warn(0, "coordinator %s: %s: asking again", sock, err);
         if (r == -DF_ETIMEOUT && !silent++)
             log_warn(0, "%s accepted the connection but did not answer its HELLO in %d s (a coordinator that hangs, "
                      "or another program's socket?): asking again for up to %" PRIu64 " s", sock,

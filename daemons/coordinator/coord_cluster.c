@@ -1637,7 +1637,7 @@ void coord_member_gone(struct member *m, const char *reason)
     if (m->role == PROTO_ROLE_CTL)
         return;
     int alive = proc_token_alive(m->token);   /* 1 alive, 0 dead, <0 unknown: treat as alive */
-    char why[160];
+    char why[PROTO_NAME_MAX + 32 + 512];    /* (whole: a reason holds a BYE's words; cut, a character could be cut in two) */
     snprintf(why, sizeof why, "%s (pid %d) %s", m->name, (int)m->pid, alive == 0 ? "died" : reason);
     struct ring_reclaim rc = { 0 };
     if (alive == 0)

@@ -250,7 +250,7 @@ int main(int argc, char **argv)
         struct dataset ds;
         if ((r = coord_dataset_open(co, &ds, DATASET_OPEN_NO_CHECKSUM, err, sizeof err)) < 0) {
             log_error(0, "%s", err);
-            return r == -ENOMEM || r == -EIO ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
+            return err_may_pass(r) ? DAEMON_EX_FAILURE : DAEMON_EX_CONFIG;
         }
         dataset_close(&ds);
         return 0;
