@@ -1,6 +1,9 @@
 /* fuzz_proto.c: fuzz target for the control protocol decoder (ipc/proto.c proto_decode,
- * proto_frame_size): accepted frames re-encode to the same bytes (control characters in a peer's
- * text as '?'); a stream splits cleanly. */
+ * proto_frame_size): accepted frames re-encode to the same bytes (what a peer's text may not hold,
+ * controls and bytes that are no UTF-8, as '?'), its text is plain UTF-8; a stream splits cleanly. */
+#include <stdio.h>
+#include <string.h>
+#include "common/text.h"
 #include "ipc/proto.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -24,6 +27,16 @@ static void proto_check_decoded(const struct proto_msg *m, const uint8_t *data, 
             acc += (uint8_t)m->json[i];
     }
     (void)acc;
+    /* a peer's text is plain UTF-8 once read */
+    const char *text = m->type == PROTO_HELLO ? m->hello.name : m->type == PROTO_REFUSE ? m->refuse.message
+                     : m->type == PROTO_ERROR ? m->error.message : m->type == PROTO_CONTROL ? m->control.reason
+                     : m->type == PROTO_CKPT_BAD ? m->ckpt_bad.reason : m->type == PROTO_BYE ? m->bye.reason : NULL;
+    if (text) {
+        char plain[PROTO_TEXT_MAX + 1];
+        snprintf(plain, sizeof plain, "%s", text);
+        text_clean(plain);
+        FUZZ_ASSERT(strcmp(plain, text) == 0);
+    }
     /* The decoder defines the canonical form: encoding what it accepted gives the same
      * frame (REFUSE from another version comes back with ours). */
     int64_t n = proto_encoded_size(m);
@@ -35,9 +48,11 @@ static void proto_check_decoded(const struct proto_msg *m, const uint8_t *data, 
     int64_t w = proto_encode(m, buf, (size_t)n, err, sizeof err);
     FUZZ_ASSERT(w == n);
     if (m->version == PROTO_VERSION) {
-        /* byte for byte, but for a peer's control characters in text, which arrive as '?' */
+        /* byte for byte, but for what a peer's text may not hold (controls, C1's included, and
+         * bytes that are no UTF-8), which arrives as '?' */
         for (size_t i = 0; i < size; i++)
-            FUZZ_ASSERT(buf[i] == data[i] || (buf[i] == '?' && data[i] && (data[i] < 0x20 || data[i] == 0x7f)));
+            FUZZ_ASSERT(buf[i] == data[i] ||
+                        (buf[i] == '?' && data[i] && (data[i] < 0x20 || data[i] == 0x7f || data[i] >= 0x80)));
     } else {
         struct proto_msg again;
         FUZZ_ASSERT(m->type == PROTO_REFUSE);
