@@ -336,16 +336,7 @@ static int cfg_store(struct dflash_cfg *cfg, const struct cfg_key *k, const char
             return -EINVAL;
         }
         /* nor C1's (U+0080..U+009F), nor bytes that are no UTF-8: the status JSON would be invalid */
-        char *plain = strdup(val);
-        if (!plain) {
-            snprintf(err, errlen, "out of memory");
-            return -ENOMEM;
-        }
-        text_clean(plain);
-        size_t d = 0;
-        while (plain[d] && plain[d] == val[d])
-            d++;
-        free(plain);
+        size_t d = text_plain_len(val);
         if (val[d]) {
             const unsigned char *u = (const unsigned char *)val + d;
             if (u[0] == 0xc2 && u[1] >= 0x80 && u[1] < 0xa0)

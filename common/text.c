@@ -54,13 +54,27 @@ static size_t char_len(const unsigned char *s)
     return n;
 }
 
+static int is_plain(const unsigned char *p, size_t n)
+{
+    int control = n == 1 ? *p < 0x20 || *p == 0x7f : n == 2 && p[0] == 0xc2 && p[1] < 0xa0;
+    return n && !control;
+}
+
+size_t text_plain_len(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t n;
+    while (*p && is_plain(p, n = char_len(p)))
+        p += n;
+    return (size_t)(p - (const unsigned char *)s);
+}
+
 void text_clean(char *s)
 {
     unsigned char *p = (unsigned char *)s;
     while (*p) {
         size_t n = char_len(p);
-        int control = n == 1 ? *p < 0x20 || *p == 0x7f : n == 2 && p[0] == 0xc2 && p[1] < 0xa0;
-        if (n == 0 || control) {
+        if (!is_plain(p, n)) {
             memset(p, '?', n ? n : 1);
             p += n ? n : 1;
         } else {

@@ -16,3 +16,6 @@ void text_cut(char *s, size_t max);
  * character (C0, DEL, C1 U+0080..U+009F: a newline would forge a log line, an escape drive a
  * terminal), becomes '?' (one per byte). The length stays. */
 void text_clean(char *s);
+
+/* The length of s's longest prefix that text_clean leaves as it is (strlen(s): s is plain text). */
+size_t text_plain_len(const char *s);

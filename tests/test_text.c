@@ -8,6 +8,11 @@ static void cleans(const char *in, const char *want)
 {
     char s[64];
     snprintf(s, sizeof s, "%s", in);
+    size_t plain = text_plain_len(in), first = 0;
+    while (in[first] && in[first] == want[first])
+        first++;
+    if (plain != first)
+        TEST_FAIL("text_plain_len('%s') = %zu, want %zu", in, plain, first);
     text_clean(s);
     if (strcmp(s, want) || strlen(s) != strlen(in))
         TEST_FAIL("text_clean: got '%s', want '%s'", s, want);

@@ -37,14 +37,12 @@ struct ctx {
 
 /* Ask, and either print the JSON (as it came, or as amend(x, doc) completed it) or hand the
  * parsed document to show(). */
-/* --json: the reply as JSON with its strings made plain (ctl_parse), whatever endpoint sent it
- * (a --connect endpoint's raw ESC or invalid UTF-8 would reach the terminal, or a reader's parser).
- * 0, or -1 with a line on stderr. */
-static int print_json(const char *json)
+/* --json: the reply as parsed by ctl_parse (NULL: malformed), its strings made plain, whatever
+ * endpoint sent it (a --connect endpoint's raw ESC or invalid UTF-8 would reach the terminal, or a
+ * reader's parser). 0, or -1 with a line on stderr. */
+static int print_json(const cJSON *doc)
 {
-    cJSON *doc = ctl_parse(json);
     char *out = doc ? cJSON_PrintUnformatted(doc) : NULL;
-    cJSON_Delete(doc);
     if (!out) {
         fprintf(stderr, "dflashctl: the coordinator sent malformed JSON (or no memory for it)\n");
         return -1;
@@ -81,7 +79,10 @@ static int query_amended(struct ctx *x, enum proto_query_what what, void (*show)
         json = out;
     }
     if (x->json) {
-        if (print_json(json) < 0) {
+        cJSON *doc = ctl_parse(json);
+        int printed = print_json(doc);
+        cJSON_Delete(doc);
+        if (printed < 0) {
             free(json);
             return EX_FAIL;
         }
@@ -255,7 +256,7 @@ static int control(struct ctx *x, enum proto_control_cmd cmd)
     }
     cJSON *doc = ctl_parse(json);
     if (x->json)
-        print_json(json);
+        print_json(doc);
     else if (!doc)
         fprintf(stderr, "dflashctl: the coordinator sent malformed JSON\n");
     else if (status < 0)
