@@ -223,6 +223,20 @@ void dataset_cut_loss(const struct dataset *ds, uint32_t max_len, uint64_t *mask
     }
 }
 
+uint64_t dataset_sched_lengths(const struct dataset *ds, uint32_t max_len, uint32_t *lengths)
+{
+    uint64_t inert = 0;
+    for (uint64_t i = 0; i < ds->n_samples; i++) {
+        uint32_t len = dataset_sample_len(ds, i), n = max_len && len > max_len ? max_len : len, t = 1;
+        const uint8_t *m = dataset_sample_mask(ds, i);
+        while (t < n && !(m[t] && m[t - 1]))
+            t++;
+        lengths[i] = t < n ? len : 0;
+        inert += t >= n;
+    }
+    return inert;
+}
+
 int dataset_open(struct dataset *ds, const char *path, unsigned flags, char *err, size_t errlen)
 {
     memset(ds, 0, sizeof *ds);

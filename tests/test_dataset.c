@@ -268,6 +268,40 @@ int main(void)
     CHECK(ds.vocab_size <= 1000 && ds.vocab_size > 900);
     dataset_close(&ds);
 
+    /* The schedule's lengths: 0 for a sample with no two loss tokens in a row before the cut. */
+    {
+        const char *sl = tmp("sched-lengths.bin");
+        struct dataset_writer *sw;
+        CHECK_OK(dataset_writer_open(&sw, sl, 10, err, sizeof err));
+        static const struct { uint8_t mask[6]; uint32_t len; } s[] = {
+            { { 0, 0, 0, 1, 1, 0 }, 6 },     /* a pair at 3-4: kept, also cut to 5, not to 4 */
+            { { 1, 0, 1, 0, 1, 0 }, 6 },     /* loss tokens, none in a row: left out */
+            { { 0, 0, 0, 0, 0, 0 }, 6 },     /* none in the loss */
+            { { 1, 1 }, 2 },                 /* the shortest that trains */
+            { { 1 }, 1 },
+            { { 0, 0, 0, 0, 1, 1 }, 6 },     /* the pair ends the sample: gone when cut to 5 */
+        };
+        uint32_t tok[6] = { 1, 2, 3, 4, 5, 6 };
+        for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
+            CHECK_OK(dataset_writer_add(sw, tok, s[i].mask, s[i].len, err, sizeof err));
+        CHECK_OK(dataset_writer_finish(sw, err, sizeof err));
+        dataset_writer_free(sw);
+        CHECK_OK(dataset_open(&ds, sl, 0, err, sizeof err));
+        uint32_t len[6];
+        CHECK_INT(dataset_sched_lengths(&ds, 0, len), ==, 3);
+        static const uint32_t whole[6] = { 6, 0, 0, 2, 0, 6 }, cut5[6] = { 6, 0, 0, 2, 0, 0 },
+                              cut4[6] = { 0, 0, 0, 2, 0, 0 };
+        for (int i = 0; i < 6; i++)
+            CHECK_INT(len[i], ==, whole[i]);
+        CHECK_INT(dataset_sched_lengths(&ds, 5, len), ==, 4);
+        for (int i = 0; i < 6; i++)     /* the length itself is not cut: the schedule cuts it */
+            CHECK_INT(len[i], ==, cut5[i]);
+        CHECK_INT(dataset_sched_lengths(&ds, 4, len), ==, 5);
+        for (int i = 0; i < 6; i++)
+            CHECK_INT(len[i], ==, cut4[i]);
+        dataset_close(&ds);
+    }
+
     /* Writer-side rejection. */
     struct dataset_writer *w;
     CHECK_OK(dataset_writer_open(&w, tmp("w.bin"), 10, err, sizeof err));

@@ -24,11 +24,13 @@ def main():
     ap.add_argument("--rules", type=int, default=2, help="distinct permutations")
     ap.add_argument("--noise", type=float, default=0.05, help="chance a token is random")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--inert", type=float, default=0.0,
+                    help="share of samples whose loss tokens are never two in a row (they train nothing)")
     a = ap.parse_args()
     if a.vocab < 8 or a.min_len < 4 or a.max_len < a.min_len:
         sys.exit("mkdata: need vocab >= 8 and 4 <= min-len <= max-len")
-    if a.rules < 1 or a.samples < 0 or not 0 <= a.noise <= 1:
-        sys.exit("mkdata: need --rules >= 1, --samples >= 0 and --noise in [0, 1]")
+    if a.rules < 1 or a.samples < 0 or not 0 <= a.noise <= 1 or not 0 <= a.inert <= 1:
+        sys.exit("mkdata: need --rules >= 1, --samples >= 0, --noise and --inert in [0, 1]")
     rng = random.Random(a.seed)
     usable = a.vocab - 1
     perms = []
@@ -48,6 +50,8 @@ def main():
             ids.append(rng.randrange(usable) if rng.random() < a.noise else perm[ids[-1]])
         prompt = rng.randint(2, max(2, n // 4))
         mask = [0] * prompt + [1] * (n - prompt)
+        if a.inert and rng.random() < a.inert:
+            mask = [0] * prompt + [(i + 1) % 2 for i in range(n - prompt)]
         out.write(json.dumps({"input_ids": ids, "loss_mask": mask}, separators=(",", ":")) + "\n")
     if out is not sys.stdout:
         out.close()

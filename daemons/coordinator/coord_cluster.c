@@ -2281,12 +2281,19 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         return -ENOMEM;
     uint64_t n_cut = 0, tokens_cut = 0;
     for (uint64_t i = 0; i < co->ds.n_samples; i++) {
-        co->lengths[i] = dataset_sample_len(&co->ds, i);
-        if (co->lengths[i] > (uint64_t)cfg->data.max_seq_len) {
+        uint32_t len = dataset_sample_len(&co->ds, i);
+        if (len > (uint64_t)cfg->data.max_seq_len) {
             n_cut++;
-            tokens_cut += co->lengths[i] - (uint64_t)cfg->data.max_seq_len;
+            tokens_cut += len - (uint64_t)cfg->data.max_seq_len;
         }
     }
+    /* A batch of samples without an anchor alone would take no optimizer step, yet count as
+     * trained at the step before: after a checkpoint of that step it could not be in it. */
+    uint64_t inert = dataset_sched_lengths(&co->ds, (uint32_t)cfg->data.max_seq_len, co->lengths);
+    if (inert)
+        log_notice("%s: %" PRIu64 " of %" PRIu64 " samples have no two tokens in the loss in a row within "
+                   "data.max_seq_len (%lld): nothing in them is trained, they are left out of the schedule",
+                   cfg->data.path, inert, co->ds.n_samples, (long long)cfg->data.max_seq_len);
     if (n_cut) {
         uint64_t masked_cut, pairs_cut, masked = co->ds.hdr->masked_tokens;
         dataset_cut_loss(&co->ds, (uint32_t)cfg->data.max_seq_len, &masked_cut, &pairs_cut);

@@ -66,8 +66,11 @@ int sched_build(const uint32_t *lengths, uint32_t n, const struct sched_params *
     int r = sched_check(p, err, errlen);
     if (r < 0)
         return r;
-    if (n == 0) {
-        snprintf(err, errlen, "schedule: no samples");
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < n; i++)
+        kept += lengths[i] > 0;
+    if (kept == 0) {
+        snprintf(err, errlen, "schedule: no samples%s", n ? " that train anything" : "");
         return -EINVAL;
     }
     uint64_t s = p->seed * 0x2545f4914f6cdd1dull ^ ((uint64_t)epoch + 1) * 0x9e3779b97f4a7c15ull;
@@ -84,13 +87,15 @@ int sched_build(const uint32_t *lengths, uint32_t n, const struct sched_params *
         sched_epoch_done(out);
         return -ENOMEM;
     }
-    for (uint32_t i = 0; i < n; i++)
-        perm[i] = i;
+    for (uint32_t i = 0, k = 0; i < n; i++)
+        if (lengths[i])
+            perm[k++] = i;
+    n = kept;
     shuffle(perm, n, &s);
 
     /* Stable counting sort by length bucket keeps the shuffled order inside a bucket. */
 #define LEN(i) (lengths[i] < p->max_seq_len ? lengths[i] : p->max_seq_len)
-#define BUCKET(i) ((LEN(i) ? LEN(i) - 1 : 0) / p->bucket_width)
+#define BUCKET(i) ((LEN(i) - 1) / p->bucket_width)   /* (every length > 0) */
     for (uint32_t i = 0; i < n; i++)
         count[BUCKET(perm[i]) + 1]++;
     for (uint32_t b = 0; b < nb; b++)

@@ -17,7 +17,7 @@ struct sched_epoch {
     uint32_t epoch;
     uint32_t n_batches;
     uint32_t *first;            /* [n_batches + 1]: batch b = samples[first[b] .. first[b+1]) */
-    uint32_t *samples;          /* [n_samples]: dataset sample indices, each exactly once */
+    uint32_t *samples;          /* dataset sample indices, each of length > 0 exactly once */
     uint32_t *tokens;           /* [n_batches]: tokens of batch b after truncation */
 };
 
@@ -31,8 +31,9 @@ static inline uint32_t sched_batch_index(uint64_t id) { return (uint32_t)id; }
 
 /* Check parameters against each other (budget >= max_seq_len, ...). */
 int sched_check(const struct sched_params *p, char *err, size_t errlen);
-/* Build epoch `epoch` over n samples with the given lengths (before truncation).
- * Same inputs give the same schedule. 0 or <0 (-ENOMEM, -EINVAL with err). */
+/* Build epoch `epoch` over n samples with the given lengths (before truncation); a sample of
+ * length 0 is left out (dataset_sched_lengths: one that would train nothing). Same inputs give
+ * the same schedule. 0 or <0 (-ENOMEM, -EINVAL with err: none of length > 0). */
 int sched_build(const uint32_t *lengths, uint32_t n, const struct sched_params *p, uint32_t epoch,
                 struct sched_epoch *out, char *err, size_t errlen);
 void sched_epoch_done(struct sched_epoch *e);

@@ -461,8 +461,7 @@ static int open_data(struct replay *rp)
     if (!(rp->lengths = malloc(rp->ds.n_samples * sizeof *rp->lengths)) ||
         !(rp->ep = calloc((size_t)c->data.epochs, sizeof *rp->ep)))
         return fail(EX_MISMATCH, "out of memory for %" PRIu64 " samples", rp->ds.n_samples);
-    for (uint64_t i = 0; i < rp->ds.n_samples; i++)
-        rp->lengths[i] = dataset_sample_len(&rp->ds, i);
+    dataset_sched_lengths(&rp->ds, (uint32_t)c->data.max_seq_len, rp->lengths);    /* as the coordinator */
     rp->sp = (struct sched_params){ .seed = (uint64_t)c->data.seed, .token_budget = (uint32_t)c->data.token_budget,
                                     .max_seq_len = (uint32_t)c->data.max_seq_len,
                                     .bucket_width = (uint32_t)c->data.bucket_width,
