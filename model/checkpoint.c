@@ -502,9 +502,14 @@ static int fence_lock(const char *root, uint64_t *have, int (*tick)(void *), voi
 {
     char path[4096], buf[32];
     snprintf(path, sizeof path, "%s/%s", root, CKPT_FENCE_FILE);
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
     if (fd < 0)
         return -errno;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {    /* a FIFO, a socket, a device: no fence */
+        close(fd);
+        return -DF_ELAYOUT;
+    }
     while (flock(fd, tick ? LOCK_EX | LOCK_NB : LOCK_EX) < 0) {
         if (errno == EINTR)
             continue;
@@ -525,6 +530,9 @@ static int fence_lock(const char *root, uint64_t *have, int (*tick)(void *), voi
         *have = 0;
     return fd;
 }
+
+/* What fence_lock's failure r says. */
+static const char *fence_why(int r) { return r == -DF_ELAYOUT ? "not a regular file" : strerror(-r); }
 
 /* The refusal of a write of `generation` under a fence at `have` (> generation). */
 static int fenced_out(const char *root, uint64_t generation, uint64_t have, char *err, size_t errlen)
@@ -560,7 +568,7 @@ int ckpt_fence_raise(const char *root, uint64_t generation, int (*tick)(void *),
         return fd;
     }
     if (fd < 0) {
-        snprintf(err, errlen, "%s/%s: %s", root, CKPT_FENCE_FILE, strerror(-fd));
+        snprintf(err, errlen, "%s/%s: %s", root, CKPT_FENCE_FILE, fence_why(fd));
         return fd == -EISDIR || fd == -ELOOP || fd == -EACCES ? -DF_ELAYOUT : fd;
     }
     if (have == generation)
@@ -620,7 +628,7 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
     _cleanup_close_ int fence = -1;
     uint64_t have = 0;
     if (generation && (fence = fence_lock(root, &have, NULL, NULL)) < 0)
-        r = df_fail(err, errlen, fence, "%s/%s: %s", root, CKPT_FENCE_FILE, strerror(-fence));
+        r = df_fail(err, errlen, fence, "%s/%s: %s", root, CKPT_FENCE_FILE, fence_why(fence));
     else if (generation && have > generation)
         r = fenced_out(root, generation, have, err, errlen);
     if (r < 0) {
@@ -727,8 +735,8 @@ int ckpt_prune(const char *root, int keep, int64_t written, int64_t head, uint64
  * takes a moment after the file's creation). */
 static int remove_stale_claim(DIR *dh, const char *name)
 {
-    _cleanup_close_ int fd = openat(dirfd(dh), name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    struct stat st;
+    _cleanup_close_ int fd = openat(dirfd(dh), name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;     /* (O_NONBLOCK: a FIFO under the name opens without waiting, and is left) */
     if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
         return 0;
     if (!st.st_size && st.st_mtime > time(NULL) - 600)
@@ -814,7 +822,13 @@ int ckpt_read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
 {
     char path[4096], buf[64];
     snprintf(path, sizeof path, "%s/%s", root, CKPT_RUN_FILE);
-    _cleanup_close_ int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    _cleanup_close_ int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        /* a FIFO (opened without waiting for a writer), a socket, a device */
+        snprintf(err, errlen, "%s: not a regular file: move the folder away", path);
+        return -DF_ELAYOUT;
+    }
     if (fd < 0) {
         if (errno == ENOENT)
             return 0;

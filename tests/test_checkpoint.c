@@ -350,6 +350,29 @@ static void claim_root(const char *base)
         CHECK_INT(ckpt_claim_root(root, 0x77, step, err, sizeof err), ==, -DF_ELAYOUT);
         CHECK_CONTAINS(err, "not a run id");
     }
+    /* a FIFO as the run id, the fence or a claim's temp file: refused (or left) at once, not
+     * waited on for a writer (the alarm fails the test where an open would wait) */
+    char fifo[700];
+    alarm(20);
+    CHECK_OK(unlink(p));
+    CHECK_OK(mkfifo(p, 0600));
+    CHECK_INT(ckpt_claim_root(root, 0x77, step, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "run-id: not a regular file");
+    uint64_t rid = 0;
+    CHECK_INT(ckpt_read_run_id(root, &rid, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_OK(unlink(p));
+    snprintf(fifo, sizeof fifo, "%s/%s", root, CKPT_FENCE_FILE);
+    unlink(fifo);
+    CHECK_OK(mkfifo(fifo, 0600));
+    CHECK_INT(ckpt_fence_raise(root, 3, NULL, NULL, err, sizeof err), ==, -DF_ELAYOUT);
+    CHECK_CONTAINS(err, "generation: not a regular file");
+    CHECK_OK(unlink(fifo));
+    snprintf(fifo, sizeof fifo, "%s/.run-id-fifo", root);
+    CHECK_OK(mkfifo(fifo, 0600));
+    ckpt_remove_stale(root);
+    CHECK_OK(access(fifo, F_OK));       /* (not a claim's file: left) */
+    CHECK_OK(unlink(fifo));
+    alarm(0);
     printf("checkpoint folder claims: ok\n");
 }
 
