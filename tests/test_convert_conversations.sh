@@ -47,13 +47,14 @@ fi
   echo '{"messages":[{"role":"user","content":null}]}'
   echo
   echo '{"input_ids":[1'
+  echo '{"conversations":[{"from":"gpt","value":"Hi!"},{"from":"human","value":"q"},{"from":"gpt","value":"a"}]}'
 } > "$T/bad.jsonl"
 py "args = type('A', (), {'input': [os.environ['T'] + '/bad.jsonl'], 'skip_bad': True, 'max_len': 0})
 stats = {'skipped': 0}
 assert list(m.encoded(args, None, stats)) == []
 print(stats['skipped'])" >"$T/out.txt" 2>"$T/err.txt" || fail "encoded: $(cat "$T/err.txt")"
-[[ $(cat "$T/out.txt") == 7 ]] || fail "skipped count: $(cat "$T/out.txt")"
-[[ $(wc -l < "$T/err.txt") == 7 ]] || fail "one line a bad record: $(cat "$T/err.txt")"
+[[ $(cat "$T/out.txt") == 8 ]] || fail "skipped count: $(cat "$T/out.txt")"
+[[ $(wc -l < "$T/err.txt") == 8 ]] || fail "one line a bad record: $(cat "$T/err.txt")"
 n=0
 for want in "1: skipped: an array, not a JSON object: expected {\"conversations\"" \
             "2: skipped: turn 0: a string, not an object: expected" \
@@ -61,7 +62,8 @@ for want in "1: skipped: an array, not a JSON object: expected {\"conversations\
             "4: skipped: no 'conversations' list of turns: expected" \
             "5: skipped: turn 0: unknown role 'narrator'" \
             "6: skipped: turn 0: content is null, not a string" \
-            "8: skipped: not valid JSON: "; do
+            "8: skipped: not valid JSON: " \
+            "9: skipped: turn 0 is the assistant's: no prompt before it to answer"; do
   n=$((n + 1))
   sed -n "${n}p" "$T/err.txt" | grep -qF -- "convert_conversations.py: $T/bad.jsonl:$want" || fail "line $n: $(sed -n "${n}p" "$T/err.txt")"
 done
@@ -105,7 +107,21 @@ src = json.dumps({"messages": conv}).encode() + b"\n"
 args = type("A", (), {"input": ["-"], "skip_bad": False, "max_len": 20})
 sys.stdin = io.TextIOWrapper(io.BytesIO(src + src))
 stats = {"skipped": 0}
-assert list(m.encoded(args, Tok(False), stats)) == [] and stats.get("cut") == 2, stats' || fail "the mask of whole and per-turn samples"
+assert list(m.encoded(args, Tok(False), stats)) == [] and stats.get("cut") == 2, stats
+# an id past the vocabulary of the model (a tokenizer with tokens past the embedding: "~" is 126 here)
+# is an error of its record, "FILE:LINE: reason", skipped with --skip-bad; below it, taken
+bad = json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "~"}]}).encode()
+args.max_len, args.skip_bad = 0, True
+sys.stdin = io.TextIOWrapper(io.BytesIO(src + bad + b"\n"))
+stats = {"skipped": 0}
+err, sys.stderr = sys.stderr, io.StringIO()
+got = list(m.encoded(args, Tok(False), stats, 126))
+said, sys.stderr = sys.stderr.getvalue(), err
+assert len(got) == 1 and stats["skipped"] == 1, (got, stats)
+assert said == "convert_conversations.py: <stdin>:2: skipped: token id 126 is past the model\x27s vocabulary (126, " \
+    "config.json vocab_size): the tokenizer has tokens the model has no embedding for\n", said
+sys.stdin = io.TextIOWrapper(io.BytesIO(bad + b"\n"))
+assert len(list(m.encoded(args, Tok(False), {"skipped": 0}, 127))) == 1' || fail "the mask of whole and per-turn samples"
 py 'assert m.how_ended(1) == "exit 1" and m.how_ended(-9) == "killed by SIGKILL" and m.how_ended(-200) == "killed by signal 200"' ||
   fail "how a dflash-data child ended"
 # a key twice in an object: refused (json.loads would take the last; dflash-data refuses it too)

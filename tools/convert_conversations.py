@@ -111,7 +111,12 @@ def conversation(line):
     conv = rec[keys[0]] if keys else None
     if not isinstance(conv, list) or not conv:
         raise ValueError(f"no 'conversations' list of turns: {SCHEMA}")
-    return [turn_of(i, t) for i, t in enumerate(conv)]
+    turns = [turn_of(i, t) for i, t in enumerate(conv)]
+    if turns[0]["role"] == "assistant":
+        # (ShareGPT dumps have such records, their first prompt lost; a chat template has no
+        # empty conversation to render the first answer's header from)
+        raise ValueError("turn 0 is the assistant's: no prompt before it to answer")
+    return turns
 
 
 def render(tok, messages, add_generation_prompt=False):
@@ -161,12 +166,13 @@ def last_turn(tok, conv, i):
     return full, [0] * len(head) + [1] * (len(full) - len(head))
 
 
-def encode(tok, conv, max_len):
+def encode(tok, conv, max_len, vocab=0):
     """[(ids, mask)]: the conversation as one sample, the tokens of its assistant turns in the loss.
     A chat template that renders earlier turns otherwise once later ones follow (Qwen3 gives only
     the last assistant turn its reasoning block) has no such sample: then one sample per assistant
     turn, the conversation up to it as the template renders it there, that turn's tokens in the loss.
-    Samples past max_len are cut; one with no loss token left is dropped."""
+    Samples past max_len are cut; one with no loss token left is dropped. An id at or past vocab
+    (the model's, when given) is this record's error: the tokenizer has tokens past the embedding."""
     try:
         samples = [whole(tok, conv)]
     except Rerendered:
@@ -175,7 +181,12 @@ def encode(tok, conv, max_len):
         raise ValueError("no assistant tokens: nothing to learn")
     if max_len:
         samples = [(ids[:max_len], mask[:max_len]) for ids, mask in samples]
-    return [(ids, mask) for ids, mask in samples if any(mask)]
+    samples = [(ids, mask) for ids, mask in samples if any(mask)]
+    top = max((max(ids) for ids, _ in samples), default=-1)
+    if vocab and top >= vocab:
+        raise ValueError(f"token id {top} is past the model's vocabulary ({vocab}, config.json vocab_size): the "
+                         "tokenizer has tokens the model has no embedding for")
+    return samples
 
 
 def main():
@@ -249,8 +260,8 @@ def run(args, tool):
     if not getattr(tok, "chat_template", None):
         die(f"{args.model}: the tokenizer has no chat template")
     stats = {"skipped": 0}
-    samples = encoded(args, tok, stats)
     vocab = dataset_vocab(args.model, tok)
+    samples = encoded(args, tok, stats, vocab)
     n = build_dataset(tool, args.output, vocab, samples) if args.output else write_jsonl(samples, sys.stdout)
     cut = stats.get("cut", 0)
     print(f"{PROG}: {stats.get('conversations', 0)} conversations, {n} samples, {stats['skipped']} skipped"
@@ -365,13 +376,13 @@ def records(path):
         die(f"{name}:{lineno + 1}: read error: {e.strerror}")
 
 
-def encoded(args, tok, stats):
-    """(ids, mask) of every record of the inputs; one that is bad stops all, or with --skip-bad
-    is counted in stats["skipped"]."""
+def encoded(args, tok, stats, vocab=0):
+    """(ids, mask) of every record of the inputs (ids below vocab, when given); one that is bad
+    stops all, or with --skip-bad is counted in stats["skipped"]."""
     for path in args.input or ["-"]:
         for where, line in records(path):
             try:
-                samples = encode(tok, conversation(line), args.max_len)
+                samples = encode(tok, conversation(line), args.max_len, vocab)
             except (ValueError, KeyError, TypeError, RecursionError) as e:
                 if isinstance(e, RecursionError):   # (nested deep enough to pass json, not the template)
                     e = ValueError("nested too deeply to encode")
