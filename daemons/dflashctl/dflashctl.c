@@ -12,6 +12,8 @@
 #include <unistd.h>
 #include "common/config.h"
 #include "common/jsonutil.h"
+#include "common/err.h"
+#include "common/timeutil.h"
 #include "daemons/dflashctl/ledger_view.h"
 #include "daemons/dflashctl/show.h"
 #include "ipc/client.h"
@@ -195,14 +197,26 @@ static int report_end(const struct ctx *x, enum proto_control_cmd cmd, const cha
 
 /* --wait after a drain or stop: poll the status until the run has ended (STOPPED or FAILED, no
  * target or drafter left) or the coordinator is gone (then its stop note, or over TCP the last
- * status seen, says how far it got); report_end says how. */
+ * status seen, says how far it got); report_end says how. A coordinator that does not answer
+ * on a connection that stands is waited for up to WAIT_SILENCE_MAX_MS, then taken as gone. */
+#define WAIT_SILENCE_MAX_MS 60000
 static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
 {
     char last_state[32] = "unknown", last_reason[PROTO_TEXT_MAX] = "";
+    uint64_t silent_since = 0;
     for (;;) {
         char *json = NULL, err[512];
-        int status = 0;
-        if (client_query(x->c, PROTO_Q_STATUS, 1, &json, &status, err, sizeof err) < 0) {
+        int status = 0, r = client_query(x->c, PROTO_Q_STATUS, 1, &json, &status, err, sizeof err);
+        if (r == -DF_ETIMEOUT && (!silent_since || mono_ms() - silent_since < WAIT_SILENCE_MAX_MS)) {
+            /* slow, not gone (the connection stands: its ledger's fsync behind a checkpoint's
+             * data, a pause): asked again, the late answer skipped */
+            if (!silent_since) {
+                silent_since = mono_ms();
+                fprintf(stderr, "dflashctl: %s: %s: still waiting\n", proto_control_name(cmd), err);
+            }
+            continue;
+        }
+        if (r < 0) {
             /* gone: its stop note says how the cluster ended ("STATE: REASON[; STOP_NOTE_NOT_LEFT]") */
             char why[512];
             if (x->socket && stop_note_read(x->socket, why, sizeof why) == 1) {
@@ -215,6 +229,7 @@ static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
             bool stopped = !strcmp(last_state, "stopped") || !strcmp(last_state, "failed");
             return report_end(x, cmd, stopped ? last_state : "unknown", stopped ? last_reason : err, false, false, NULL);
         }
+        silent_since = 0;
         cJSON *doc = ctl_parse(json);
         free(json);
         const char *state = ctl_str(doc, "state");
