@@ -2290,10 +2290,6 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     /* A batch of samples without an anchor alone would take no optimizer step, yet count as
      * trained at the step before: after a checkpoint of that step it could not be in it. */
     uint64_t inert = dataset_sched_lengths(&co->ds, (uint32_t)cfg->data.max_seq_len, co->lengths);
-    if (inert)
-        log_notice("%s: %" PRIu64 " of %" PRIu64 " samples have no two tokens in the loss in a row within "
-                   "data.max_seq_len (%lld): nothing in them is trained, they are left out of the schedule",
-                   cfg->data.path, inert, co->ds.n_samples, (long long)cfg->data.max_seq_len);
     if (n_cut) {
         uint64_t masked_cut, pairs_cut, masked = co->ds.hdr->masked_tokens;
         dataset_cut_loss(&co->ds, (uint32_t)cfg->data.max_seq_len, &masked_cut, &pairs_cut);
@@ -2341,6 +2337,29 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         return r;
     }
     bool have_fp = r > 0;
+    /* Samples that train nothing are left out of the schedule (sched_inert = 1) since ledgers
+     * record it; one made before schedules them all (its fingerprint says so) and keeps doing so
+     * for its run, the empty steps they make as then. */
+    uint64_t rule = 1;
+    if ((r = ledger_meta_get_u64(co->ledger, "sched_inert", &rule)) < 0) {
+        snprintf(err, errlen, "%s: cannot read: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
+    }
+    bool rule_known = r > 0;
+    if (have_fp && strcmp(old, fp) && inert && (!rule_known || rule == 0)) {
+        for (uint64_t i = 0; i < co->ds.n_samples; i++)
+            co->lengths[i] = dataset_sample_len(&co->ds, i);
+        char every[32];
+        snprintf(every, sizeof every, "%016" PRIx64, sched_fingerprint(co->lengths, (uint32_t)co->ds.n_samples, &co->sp));
+        if (!strcmp(old, every)) {
+            memcpy(fp, every, sizeof fp);
+            rule = 0;
+            log_warn(0, "%s: a run from before samples that train nothing were left out: its schedule keeps its %"
+                     PRIu64 " (a batch of them alone is a step with nothing supervised)", co->ledger_path, inert);
+        } else {
+            dataset_sched_lengths(&co->ds, (uint32_t)cfg->data.max_seq_len, co->lengths);
+        }
+    }
     /* A dataset replaced is told as that first, with what it changed in the schedule: "put the
      * old file back" mends that (and the settings named, when some were changed too). The schedule only sees lengths: a file of the same lengths is
      * told by the checksum alone (the batches trained so far hold the old one's tokens). */
@@ -2380,6 +2399,12 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
         ledger_meta_set_u64(co->ledger, in[i].key, in[i].value);
     if (!have_sum)      /* (a new ledger, or one from before the checksum was kept) */
         ledger_meta_set_u64(co->ledger, "dataset_checksum", co->ds.checksum);
+    if (!rule_known || !have_fp)
+        ledger_meta_set_u64(co->ledger, "sched_inert", rule);
+    if (inert && rule)
+        log_notice("%s: %" PRIu64 " of %" PRIu64 " samples have no two tokens in the loss in a row within "
+                   "data.max_seq_len (%lld): nothing in them is trained, they are left out of the schedule",
+                   cfg->data.path, inert, co->ds.n_samples, (long long)cfg->data.max_seq_len);
     if ((r = check_model(co, err, errlen)) < 0)
         return r;
     /* The run's name, made with its ledger (or when a ledger from before runs were named is
