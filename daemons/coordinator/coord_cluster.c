@@ -1208,6 +1208,13 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
         send_ack(m, t->seq, -DF_ERANGE);
         return;
     }
+    if (t->generation > g->gen || t->generation == 0) {
+        /* a generation never formed trained nothing: the report is a confused peer's */
+        log_warn(0, "%s: TRAINED for batch " SCHED_BID " refused: generation %" PRIu64 " was never formed (the last is %"
+                 PRIu64 ")", m->name, SCHED_BARGS(b->row.id), t->generation, g->gen);
+        send_ack(m, t->seq, -DF_EPEER);
+        return;
+    }
     int kept, ckpt;
     if (g->active && t->generation == g->gen) {
         /* Only a rank of this generation trains in it: the process seated there, or the same
@@ -1560,8 +1567,17 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
         if (role != PROTO_ROLE_DRAFTER)
             break;
         /* A drafter consumed the slot but did not train it (a skipped non-finite step): the
-         * batch is in no slot any more, so only a new publication can deliver it. */
+         * batch is in no slot any more, so only a new publication can deliver it. Only a rank
+         * of the running generation consumes slots: one that holds none (a spare, a confused
+         * peer) would queue again a batch a rank has taken, its training in flight. (A rank of
+         * an ended generation has had its batches settled by the generation's end.) */
         struct batch *b = coord_batch(co, msg->skipped.batch_id);
+        if (b && !(co->grp.active && holds_rank(&co->grp, m))) {
+            log_warn(0, "%s: SKIPPED for batch " SCHED_BID " refused: it holds no rank in the running generation",
+                     m->name, SCHED_BARGS(b->row.id));
+            send_ack(m, msg->skipped.seq, -DF_EPEER);
+            return;
+        }
         if (b)
             not_trained(co, b, msg->skipped.lease, "consumed but not trained by a drafter");
         send_ack(m, msg->skipped.seq, b ? 0 : -DF_ERANGE);
