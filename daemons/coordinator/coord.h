@@ -148,6 +148,8 @@ struct dgroup {
     uint64_t gen;                   /* latest generation formed (0 = none yet) */
     bool active;
     uint32_t world;
+    uint32_t world_was;             /* the running generation's ranks, when drafter.world_size changed
+                                       across a restart (0: not changed): it ends once the ring is open */
     struct member **rank_member;    /* [world]: NULL when that rank is detached */
     uint64_t *rank_token;           /* [world] */
     uint64_t *rank_deadline_ms;     /* [world]: a detached rank's own: the group fails after it (0: none) */

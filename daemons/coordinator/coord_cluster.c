@@ -1195,7 +1195,7 @@ static void on_trained(struct coord *co, struct member *m, const struct proto_tr
     /* The ranks of the report's generation (a run restarted with fewer drafters forms smaller
      * ones: an earlier generation's reports may name ranks past the running one's) */
     uint64_t world = g->world;
-    if (t->generation != g->gen) {
+    if (!g->active || t->generation != g->gen) {
         char key[48];
         snprintf(key, sizeof key, "gen%" PRIu64 "_world", t->generation);
         if (ledger_meta_get_u64(co->ledger, key, &world) != 1)
@@ -1568,12 +1568,12 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
             break;
         /* A drafter consumed the slot but did not train it (a skipped non-finite step): the
          * batch is in no slot any more, so only a new publication can deliver it. Only a rank
-         * of the running generation consumes slots: one that holds none (a spare, a confused
-         * peer) would queue again a batch a rank has taken, its training in flight. (A rank of
-         * an ended generation has had its batches settled by the generation's end.) */
+         * of the latest generation consumes slots (one that ended, until its ranks hear of it):
+         * a drafter that holds none (a spare, a confused peer) would queue again a batch a rank
+         * has taken, its training in flight. */
         struct batch *b = coord_batch(co, msg->skipped.batch_id);
-        if (b && !(co->grp.active && holds_rank(&co->grp, m))) {
-            log_warn(0, "%s: SKIPPED for batch " SCHED_BID " refused: it holds no rank in the running generation",
+        if (b && !holds_rank(&co->grp, m)) {
+            log_warn(0, "%s: SKIPPED for batch " SCHED_BID " refused: it holds no rank in the latest generation",
                      m->name, SCHED_BARGS(b->row.id));
             send_ack(m, msg->skipped.seq, -DF_EPEER);
             return;
@@ -2498,6 +2498,20 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
                  strlen(toks) > 60 ? "..." : "");
         return r;
     }
+    if (co->grp.active) {
+        /* a generation of another size than drafter.world_size now cannot go on: its ranks past
+         * the new size would be refused, its ranks' reports of them too */
+        char key[48];
+        uint64_t had = 0;
+        snprintf(key, sizeof key, "gen%" PRIu64 "_world", co->grp.gen);
+        if ((r = ledger_meta_get_u64(co->ledger, key, &had)) < 0) {
+            snprintf(err, errlen, "%s: reading the drafter group's lineage: %s", co->ledger_path,
+                     ledger_errmsg(co->ledger, r));
+            return r;
+        }
+        if (r == 1 && had != co->grp.world)
+            co->grp.world_was = had > UINT32_MAX ? UINT32_MAX : (uint32_t)had;
+    }
 
     if ((r = forget_other_boot(co, err, errlen)) < 0)
         return r;
@@ -2563,6 +2577,15 @@ void coord_ring_reconcile(struct coord *co)
         log_notice("ring vs ledger: %" PRIu64 " READY batches adopted, %" PRIu64 " publications lost, %" PRIu64
                    " leases of dead targets re-queued", adopted, lost, dead);
     dead_holders_tell(co, &dead_holders);
+    if (co->grp.world_was) {
+        /* (its ranks, back, are told to restart; what they trained past its last checkpoint, and
+         * took from the ring, is queued again as for any generation lost) */
+        char why[160];
+        snprintf(why, sizeof why, "drafter.world_size is %u now, the generation has %u ranks", co->grp.world,
+                 co->grp.world_was);
+        co->grp.world_was = 0;
+        group_fail(co, why);
+    }
 }
 
 void coord_cluster_done(struct coord *co)
