@@ -35,9 +35,11 @@ int peer_connect_coordinator(struct daemon *d, const char *sock, int role, struc
     for (;;) {
         r = client_open(out, &o, err, errlen);
         /* Not there yet, or going away while we said HELLO (a coordinator that is stopping
-         * still accepts until it closes): ask again, and look for its stop note meanwhile. */
+         * still accepts until it closes): ask again, and look for its stop note meanwhile. A
+         * signal that cut a wait short (a stop, while connect() waits for room in a stalled
+         * coordinator's queue) is looked at first. */
         if (r == 0 || (r != -ENOENT && r != -ECONNREFUSED && r != -EAGAIN && r != -EPIPE &&
-                       r != -ECONNRESET && r != -DF_ETIMEOUT))
+                       r != -ECONNRESET && r != -DF_ETIMEOUT && r != -EINTR))
             return r;
         if (ended(sock, err, errlen))
             return -ESHUTDOWN;
