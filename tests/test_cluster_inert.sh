@@ -28,13 +28,18 @@ PY
 )
 ((inert > 5 && inert < 40)) || fail "the dataset has $inert samples that train nothing of 60: not a mix"
 
+# one target and one drafter train the epoch; every daemon exits 0
+run_to_end() {
+  cl_start target0 target-d -c "$CL_INI" -i 0
+  cl_start drafter0 drafter-d -c "$CL_INI" -i 0
+  cl_wait_exit coord 120 || fail "coordinator exited with '$CL_RC'"
+  local n
+  for n in target0 drafter0; do
+    cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"
+  done
+}
 cl_start_coord || fail "coordinator did not come up"
-cl_start target0 target-d -c "$CL_INI" -i 0
-cl_start drafter0 drafter-d -c "$CL_INI" -i 0
-cl_wait_exit coord 120 || fail "coordinator exited with '$CL_RC'"
-for n in target0 drafter0; do
-  cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"
-done
+run_to_end
 grep -q ": $inert of 60 samples have no two tokens in the loss in a row within data.max_seq_len (128): nothing in them is trained, they are left out of the schedule" \
   "$CL_DIR"/coord*.log || fail "the coordinator does not say it leaves $inert samples out: $(grep -h 'samples' "$CL_DIR"/coord*.log | head -3)"
 scheduled=$(cl_sql 'SELECT sum(n_samples) FROM batches')
@@ -79,12 +84,7 @@ cl_start_coord || fail "the coordinator refused a run from before samples were l
 grep -q "a run from before samples that train nothing were left out: its schedule keeps its $inert " "$CL_DIR/coord.log" ||
   fail "the coordinator does not say the run keeps its schedule"
 grep -q "left out of the schedule" "$CL_DIR/coord.log" && fail "the coordinator says it leaves samples out"
-cl_start target0 target-d -c "$CL_INI" -i 0
-cl_start drafter0 drafter-d -c "$CL_INI" -i 0
-cl_wait_exit coord 120 || fail "coordinator exited with '$CL_RC'"
-for n in target0 drafter0; do
-  cl_wait_exit $n 60 || fail "$n exited with '$CL_RC'"
-done
+run_to_end
 scheduled=$(cl_sql 'SELECT sum(n_samples) FROM batches')
 [[ $scheduled == 60 ]] || fail "the old run's schedule has $scheduled samples, not all 60"
 [[ $(cl_sql "SELECT value FROM meta WHERE key = 'sched_inert'") == 0 ]] || fail "meta.sched_inert is not 0"
