@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu.sh: the whole CUDA target check on a CUDA host, in one run, from the repo root:
-# build (nvcc, sm_90), every GPU test, compute-sanitizer memcheck + racecheck on the tiny runs,
+# build (nvcc, sm_90a and compute_90 PTX, as the Makefile), every GPU test, compute-sanitizer memcheck + racecheck on the tiny runs,
 # transformers parity on a realistic Qwen3, then the Qwen3-8B-shape bench; a short table last.
 #   bench/gpu.sh [step...]  steps: any of build tests san parity bench (default: all)
 # Logs: summary.txt and all.log (every step's output, appended as it ends) in $OUT when set, else

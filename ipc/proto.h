@@ -250,7 +250,8 @@ struct proto_group {
     uint32_t rank;
     uint32_t world_size;
     uint64_t ckpt_step;             /* valid when ckpt_dir is not empty */
-    uint8_t group_id[PROTO_NCCL_ID_BYTES]; /* ncclUniqueId bytes on the CUDA path */
+    uint8_t group_id[PROTO_NCCL_ID_BYTES]; /* the generation's id bytes (unused: on the CUDA path rank 0
+                                              makes the NCCL id and sends it over coll_name) */
     char coll_name[PROTO_NAME_MAX]; /* shm name of the CPU collective of this generation */
     char ckpt_dir[PROTO_PATH_MAX];  /* latest durable checkpoint; empty = none yet */
     uint64_t run_batches;           /* the run's batches as fixed at its first generation (the

@@ -474,6 +474,16 @@ int main(void)
             TEST_FAIL("etc/dflash.ini: the comment above %s.%s does not end with its range%s: '%.*s'", k->section,
                       k->key, range, (int)(eol - bol), bol);
     }
+    /* the config fuzzer's seed is this file as shipped (tools/fuzz.sh --seeds writes it) */
+    char seed[512];
+    snprintf(seed, sizeof seed, "%s/tests/fuzz/corpus/config/seed-dflash.ini", test_srcdir());
+    static char seed_text[1 << 16];
+    f = fopen(seed, "r");
+    CHECK(f);
+    size_t sn = fread(seed_text, 1, sizeof seed_text - 1, f);
+    fclose(f);
+    if (sn != n || memcmp(seed_text, text, n))
+        TEST_FAIL("%s differs from etc/dflash.ini: run tools/fuzz.sh --seeds", seed);
     printf("config ok: %zu keys\n", cfg_nkeys);
     return 0;
 }
