@@ -142,6 +142,12 @@ static int check_ring(void *arg, const struct proto_welcome *w, char *why, size_
                  pw->ds->checksum);
         return -DF_EPEER;
     }
+    if (pw->model_fp && w->model_fingerprint && w->model_fingerprint != pw->model_fp) {
+        /* (a coordinator that could not read its weights at the first WELCOME sent none) */
+        snprintf(why, len, "%s exits: the run's target weights have fingerprint %016" PRIx64 " now, this daemon's "
+                 "model.path %016" PRIx64 " (other weights)", pw->d->ident, w->model_fingerprint, pw->model_fp);
+        return -DF_EPEER;
+    }
     int same = ring_same_object(r, w->ring_name);
     if (same < 0) {
         log_warn(same, "ring %s: cannot tell whether it is still the object this daemon maps", w->ring_name);
@@ -156,9 +162,9 @@ static int check_ring(void *arg, const struct proto_welcome *w, char *why, size_
 }
 
 void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r,
-                     const struct dataset *ds)
+                     const struct dataset *ds, uint64_t model_fp)
 {
-    *w = (struct peer_ring_watch){ d, r, ds };
+    *w = (struct peer_ring_watch){ d, r, ds, model_fp };
     client_set_welcome_check(cl, check_ring, w);
 }
 

@@ -1855,7 +1855,7 @@ static int attach_ring(struct dft *f, char *err, size_t errlen)
     int r = peer_attach_ring(f->cl, f->sock, &f->ring, err, errlen);
     if (r < 0)
         return r;
-    peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring, NULL);
+    peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring, NULL, f->model_fp);
     if (w->model_fingerprint && w->model_fingerprint != f->model_fp) {
         snprintf(err, errlen, "%s (model.path): weights of fingerprint %016" PRIx64 ", the run's target has %016" PRIx64
                  " (other weights): point model.path at the run's model", f->cfg->model.path,

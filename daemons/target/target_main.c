@@ -709,7 +709,7 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
                  w->dataset_checksum);
         return -DF_ELAYOUT;
     }
-    peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring, &t->ds);
+    peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring, &t->ds, t->model_fp);
     if (w->model_fingerprint && w->model_fingerprint != t->model_fp) {
         /* its hidden states would be another model's: this target's model.path is wrong, the
          * others may go on */
