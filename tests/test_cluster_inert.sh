@@ -78,8 +78,12 @@ for w in words + [len(lengths)] + lengths:
 print("%016x" % h)
 PY
 )
-cl_sql "DELETE FROM batches; DELETE FROM meta WHERE key = 'sched_inert';
-        UPDATE meta SET value = '$every' WHERE key = 'fingerprint'" >/dev/null
+# (one statement a call: without the sqlite3 tool cl_sql runs them through Python's sqlite3)
+for q in "DELETE FROM batches" "DELETE FROM meta WHERE key = 'sched_inert'" \
+         "UPDATE meta SET value = '$every' WHERE key = 'fingerprint'"; do
+  cl_sql "$q" >/dev/null || fail "cannot edit the ledger: $q"
+done
+[[ $(cl_sql "SELECT value FROM meta WHERE key = 'fingerprint'") == "$every" ]] || fail "the ledger's fingerprint is not $every"
 cl_start_coord || fail "the coordinator refused a run from before samples were left out: $(tail -n 3 "$CL_DIR/coord.log")"
 grep -q "a run from before samples that train nothing were left out: its schedule keeps its $inert " "$CL_DIR/coord.log" ||
   fail "the coordinator does not say the run keeps its schedule"
@@ -91,7 +95,7 @@ scheduled=$(cl_sql 'SELECT sum(n_samples) FROM batches')
 # dflash-replay takes the schedule (with the key, and without it: a run no new coordinator started);
 # the run itself may have an empty step it cannot replay, as runs then had
 for pass in key nokey; do
-  [[ $pass == nokey ]] && cl_sql "DELETE FROM meta WHERE key = 'sched_inert'" >/dev/null
+  [[ $pass == nokey ]] && { cl_sql "DELETE FROM meta WHERE key = 'sched_inert'" >/dev/null || fail "cannot edit the ledger"; }
   out=$("$REPLAY" -c "$CL_INI" 2>&1)
   cl_log "dflash-replay ($pass): $out"
   grep -qE ": PASS$|: a step with nothing supervised, not replayable$" <<<"$out" ||

@@ -311,8 +311,10 @@ cl_sql() {
   else
     "$CL_PY" - "$CL_DIR/state/$CL_NAME-ledger.db" "$1" <<'EOF'
 import sqlite3, sys
-for row in sqlite3.connect(sys.argv[1]).execute(sys.argv[2]):
+db = sqlite3.connect(sys.argv[1])
+for row in db.execute(sys.argv[2]):
     print("|".join("" if v is None else str(v) for v in row))
+db.commit()     # (a write kept, as the sqlite3 tool keeps it)
 EOF
   fi
 }
