@@ -417,12 +417,14 @@ int st_open_dir(struct st_set **out, const char *dir, char *err, size_t errlen)
     *out = NULL;
     snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
     snprintf(single, sizeof single, "%s/model.safetensors", dir);
-    if (access(index, F_OK) != 0) {
-        if (access(single, F_OK) != 0)
-            return df_fail(err, errlen, -DF_EMISSING, "%s: neither model.safetensors nor model.safetensors.index.json",
-                        dir);
+    /* model.safetensors first, as transformers' from_pretrained takes it: a folder saved again in
+     * the other layout keeps both (save_pretrained removes only the old shards), and the hidden
+     * states must be of the weights transformers would load */
+    if (access(single, F_OK) == 0)
         return st_open_file(out, single, err, errlen);
-    }
+    if (access(index, F_OK) != 0)
+        return df_fail(err, errlen, -DF_EMISSING, "%s: neither model.safetensors nor model.safetensors.index.json",
+                       dir);
     struct st_set *s = set_new(index);
     if (!s)
         return -ENOMEM;

@@ -29,7 +29,8 @@ struct st_tensor {
 
 struct st_set;
 
-/* Open <dir>/model.safetensors.index.json if present (all its shards), else <dir>/model.safetensors. */
+/* Open <dir>/model.safetensors if present, else <dir>/model.safetensors.index.json (all its shards):
+ * the order of transformers' from_pretrained. */
 int st_open_dir(struct st_set **out, const char *dir, char *err, size_t errlen);
 /* Open one safetensors file. */
 int st_open_file(struct st_set **out, const char *path, char *err, size_t errlen);

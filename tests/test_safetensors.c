@@ -404,6 +404,18 @@ static void test_sharded(void)
     CHECK_INT(st_count(s), ==, 0);
     st_close(s);
 
+    /* model.safetensors beside an index (a folder saved again in the other layout): the single
+     * file is read, as transformers reads it, also when the index names a shard that is gone */
+    char single[1100];
+    snprintf(single, sizeof single, "%s/model.safetensors", d);
+    write_st(single, "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", data, 4, -1);
+    write_text(idx, "{\"weight_map\":{\"x\":\"m-1.safetensors\",\"y\":\"gone.safetensors\"}}");
+    CHECK_OK(st_open_dir(&s, d, err, sizeof err));
+    CHECK_INT(st_count(s), ==, 1);
+    CHECK(st_find(s, "w") && !st_find(s, "x") && strstr(st_find(s, "w")->file, "model.safetensors"));
+    st_close(s);
+    CHECK_OK(unlink(single));
+
     /* neither file */
     char empty[1100];
     snprintf(empty, sizeof empty, "%s/empty", tmpdir);
