@@ -14,12 +14,24 @@
 /* Where training stands; with the optimizer state it makes a resumed run continue exactly. */
 struct ckpt_train_state {
     int64_t step;               /* optimizer steps done (= the drafter's) */
-    uint64_t epoch;
-    uint64_t batch_in_epoch;    /* batches of this epoch already trained */
+    uint64_t epoch;             /* the newest epoch of rank 0's batches (ckpt_epoch_seen) */
+    uint64_t batch_in_epoch;    /* the group's batches trained since rank 0 first had one of that epoch
+                                   (near an epoch's end two epochs' batches are trained side by side:
+                                   a count of where the run is, which no resume reads) */
     uint64_t seed;              /* anchor / init seed: anchors are keyed by (seed, epoch, batch, rank) */
     uint64_t samples;           /* sequences trained so far */
     uint64_t tokens;            /* tokens trained so far */
 };
+
+/* A batch of `epoch` trained: the position moves to a newer epoch only (a batch of an earlier
+ * one, queued again and trained late, does not take it back and start its count over). */
+static inline void ckpt_epoch_seen(struct ckpt_train_state *ts, uint64_t epoch)
+{
+    if (epoch > ts->epoch) {
+        ts->epoch = epoch;
+        ts->batch_in_epoch = 0;
+    }
+}
 
 /* Write the checkpoint of `d` as <root>/step-<step, 10 digits>: config.json, model.safetensors,
  * optimizer.bin, each fsync'd in <root>/.tmp-step-...-<pid>, the dir fsync'd, renamed into place

@@ -376,8 +376,23 @@ static void claim_root(const char *base)
     printf("checkpoint folder claims: ok\n");
 }
 
+/* The training position's epoch moves forward only: batches of epoch 1, then one of epoch 0 queued
+ * again and trained late, then epoch 1 again (it had gone 1, 0, 1 and counted epoch 1 from 0 twice). */
+static void epoch_position(void)
+{
+    struct ckpt_train_state ts = { 0 };
+    static const uint64_t epochs[] = { 0, 0, 1, 1, 0, 1 };
+    for (size_t i = 0; i < sizeof epochs / sizeof epochs[0]; i++) {
+        ckpt_epoch_seen(&ts, epochs[i]);
+        ts.batch_in_epoch++;
+    }
+    CHECK_INT(ts.epoch, ==, 1);
+    CHECK_INT(ts.batch_in_epoch, ==, 4);    /* since the first batch of epoch 1 */
+}
+
 int main(void)
 {
+    epoch_position();
     const char *tmp = getenv("DFLASH_TEST_TMP");
     char root[512], dir[1024], path[1200], err[512] = "";
     snprintf(root, sizeof root, "%s/ckpt-%d", tmp ? tmp : "/tmp", (int)getpid());

@@ -1515,11 +1515,8 @@ static int iterate(struct dft *f)
             /* -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
             uint64_t t2 = mono_ns();
             f->dirty = 1;
-            if (have) {     /* the training position moves with a step taken only */
-                if (epoch != f->ts.epoch)
-                    f->ts.batch_in_epoch = 0;
-                f->ts.epoch = epoch;
-            }
+            if (have)       /* the training position moves with a step taken only */
+                ckpt_epoch_seen(&f->ts, epoch);
             step_done(f, have, b, f->coll ? f->peers : NULL, ghave, (uint64_t)sm[SM_SEQS],
                       (uint64_t)drafter_step_count(f->dr), r, &gm, &info, (double)(t2 - t_wait) / 1e6,
                       (double)(t2 - t0) / 1e9 + 1e-9);
@@ -1577,11 +1574,8 @@ static void apply_result(struct dft *f, const struct step_rec *rec, int rc, cons
     }
     /* 0, or -DF_ERANGE: nothing supervised in the whole step; the batches still count. */
     uint64_t now = mono_ns();
-    if (rec->have) {
-        if (rec->epoch != f->ts.epoch)
-            f->ts.batch_in_epoch = 0;
-        f->ts.epoch = rec->epoch;
-    }
+    if (rec->have)
+        ckpt_epoch_seen(&f->ts, rec->epoch);
     /* Steps are pipelined: their rate is from result to result; step time is the GPU's, as the
      * CPU backend's is its compute (slot waits in neither). */
     double dt = f->last_result_ns ? (double)(now - f->last_result_ns) / 1e9 : 0;

@@ -705,11 +705,8 @@ static int replay_step(struct replay *rp, const struct train_row *rows, size_t n
         return df_fail(why, len, r, "nothing supervised in the step, yet the run took it");
     if (r < 0)
         return df_fail(why, len, r, "optimizer step (gradient norm %g): %s", info.grad_norm, err_str(r));
-    if (rows[0].rank == 0) {    /* the epoch moves with rank 0's own batch only */
-        if (epoch0 != rp->ts.epoch)
-            rp->ts.batch_in_epoch = 0;
-        rp->ts.epoch = epoch0;
-    }
+    if (rows[0].rank == 0)      /* the epoch moves with rank 0's own batch only */
+        ckpt_epoch_seen(&rp->ts, epoch0);
     rp->ts.batch_in_epoch += n;
     rp->ts.samples += (uint64_t)seqs;
     rp->ts.tokens += (uint64_t)gm.tokens;
