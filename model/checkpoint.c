@@ -504,7 +504,7 @@ static int fence_lock(const char *root, uint64_t *have, int (*tick)(void *), voi
     snprintf(path, sizeof path, "%s/%s", root, CKPT_FENCE_FILE);
     int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
     if (fd < 0)
-        return -errno;
+        return errno == ENXIO ? -DF_ELAYOUT : -errno;   /* (ENXIO: a socket) */
     struct stat st;
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {    /* a FIFO, a socket, a device: no fence */
         close(fd);
@@ -832,9 +832,12 @@ int ckpt_read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
     if (fd < 0) {
         if (errno == ENOENT)
             return 0;
-        int r = errno == EACCES || errno == EPERM || errno == ELOOP || errno == ENOTDIR ? -DF_ELAYOUT : -errno;
+        int r = errno == EACCES || errno == EPERM || errno == ELOOP || errno == ENOTDIR || errno == ENXIO ? -DF_ELAYOUT
+                                                                                                           : -errno;
         if (errno == ENOTDIR)
             snprintf(err, errlen, "%s: not a folder (a file is there)", root);
+        else if (errno == ENXIO)    /* a socket */
+            snprintf(err, errlen, "%s: not a regular file: move the folder away", path);
         else
             snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return r;       /* (one a restart does not mend is -DF_ELAYOUT: exit 78) */

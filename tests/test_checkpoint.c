@@ -6,7 +6,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include "common/err.h"
@@ -372,6 +374,23 @@ static void claim_root(const char *base)
     ckpt_remove_stale(root);
     CHECK_OK(access(fifo, F_OK));       /* (not a claim's file: left) */
     CHECK_OK(unlink(fifo));
+    /* a socket at either name: refused the same way (its open fails with ENXIO) */
+    for (int i = 0; i < 2; i++) {
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        CHECK(snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%s", root, i ? CKPT_FENCE_FILE : CKPT_RUN_FILE) <
+              (int)sizeof sa.sun_path);
+        int sfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        CHECK(sfd >= 0 && bind(sfd, (struct sockaddr *)&sa, sizeof sa) == 0);
+        if (i) {
+            CHECK_INT(ckpt_fence_raise(root, 3, NULL, NULL, err, sizeof err), ==, -DF_ELAYOUT);
+            CHECK_CONTAINS(err, "generation: not a regular file");
+        } else {
+            CHECK_INT(ckpt_claim_root(root, 0x77, step, err, sizeof err), ==, -DF_ELAYOUT);
+            CHECK_CONTAINS(err, "run-id: not a regular file");
+        }
+        close(sfd);
+        CHECK_OK(unlink(sa.sun_path));
+    }
     alarm(0);
     printf("checkpoint folder claims: ok\n");
 }

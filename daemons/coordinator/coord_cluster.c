@@ -1567,17 +1567,10 @@ void coord_handle(struct member *m, const struct proto_msg *msg)
         if (role != PROTO_ROLE_DRAFTER)
             break;
         /* A drafter consumed the slot but did not train it (a skipped non-finite step): the
-         * batch is in no slot any more, so only a new publication can deliver it. Only a rank
-         * of the latest generation consumes slots (one that ended, until its ranks hear of it):
-         * a drafter that holds none (a spare, a confused peer) would queue again a batch a rank
-         * has taken, its training in flight. */
+         * batch is in no slot any more, so only a new publication can deliver it. (Any drafter's
+         * report is taken: a rank of an ended generation consumes slots until it hears of the end,
+         * and its place may be another's by then.) */
         struct batch *b = coord_batch(co, msg->skipped.batch_id);
-        if (b && !holds_rank(&co->grp, m)) {
-            log_warn(0, "%s: SKIPPED for batch " SCHED_BID " refused: it holds no rank in the latest generation",
-                     m->name, SCHED_BARGS(b->row.id));
-            send_ack(m, msg->skipped.seq, -DF_EPEER);
-            return;
-        }
         if (b)
             not_trained(co, b, msg->skipped.lease, "consumed but not trained by a drafter");
         send_ack(m, msg->skipped.seq, b ? 0 : -DF_ERANGE);

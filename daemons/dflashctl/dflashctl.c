@@ -198,22 +198,23 @@ static int report_end(const struct ctx *x, enum proto_control_cmd cmd, const cha
 /* --wait after a drain or stop: poll the status until the run has ended (STOPPED or FAILED, no
  * target or drafter left) or the coordinator is gone (then its stop note, or over TCP the last
  * status seen, says how far it got); report_end says how. A coordinator that does not answer
- * on a connection that stands is waited for up to WAIT_SILENCE_MAX_MS, then taken as gone. */
+ * on a connection that stands is taken as gone at the first reply timeout past WAIT_SILENCE_MAX_MS
+ * since its last answer (60-70 s). */
 #define WAIT_SILENCE_MAX_MS 60000
 static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
 {
     char last_state[32] = "unknown", last_reason[PROTO_TEXT_MAX] = "";
-    uint64_t silent_since = 0;
+    uint64_t answered_ms = mono_ms();
+    bool said = false;
     for (;;) {
         char *json = NULL, err[512];
         int status = 0, r = client_query(x->c, PROTO_Q_STATUS, 1, &json, &status, err, sizeof err);
-        if (r == -DF_ETIMEOUT && (!silent_since || mono_ms() - silent_since < WAIT_SILENCE_MAX_MS)) {
+        if (r == -DF_ETIMEOUT && mono_ms() - answered_ms < WAIT_SILENCE_MAX_MS) {
             /* slow, not gone (the connection stands: its ledger's fsync behind a checkpoint's
              * data, a pause): asked again, the late answer skipped */
-            if (!silent_since) {
-                silent_since = mono_ms();
+            if (!said)
                 fprintf(stderr, "dflashctl: %s: %s: still waiting\n", proto_control_name(cmd), err);
-            }
+            said = true;
             continue;
         }
         if (r < 0) {
@@ -229,7 +230,8 @@ static int wait_end(struct ctx *x, enum proto_control_cmd cmd)
             bool stopped = !strcmp(last_state, "stopped") || !strcmp(last_state, "failed");
             return report_end(x, cmd, stopped ? last_state : "unknown", stopped ? last_reason : err, false, false, NULL);
         }
-        silent_since = 0;
+        answered_ms = mono_ms();
+        said = false;
         cJSON *doc = ctl_parse(json);
         free(json);
         const char *state = ctl_str(doc, "state");
