@@ -223,7 +223,7 @@ void dataset_cut_loss(const struct dataset *ds, uint32_t max_len, uint64_t *mask
     }
 }
 
-uint64_t dataset_sched_lengths(const struct dataset *ds, uint32_t max_len, uint32_t *lengths)
+uint64_t dataset_sched_lengths(const struct dataset *ds, uint32_t max_len, bool leave_out, uint32_t *lengths)
 {
     uint64_t inert = 0;
     for (uint64_t i = 0; i < ds->n_samples; i++) {
@@ -231,7 +231,7 @@ uint64_t dataset_sched_lengths(const struct dataset *ds, uint32_t max_len, uint3
         const uint8_t *m = dataset_sample_mask(ds, i);
         while (t < n && !(m[t] && m[t - 1]))
             t++;
-        lengths[i] = t < n ? len : 0;
+        lengths[i] = t < n || !leave_out ? len : 0;
         inert += t >= n;
     }
     return inert;

@@ -88,11 +88,12 @@ static inline int dataset_sample_in_bounds(const struct dataset *ds, uint64_t i)
 void dataset_cut_loss(const struct dataset *ds, uint32_t max_len, uint64_t *masked, uint64_t *pairs);
 
 /* The lengths the batch schedule is built from, into lengths[n_samples]: each sample's length,
- * or 0 for a sample that trains nothing when cut to max_len tokens (0: not cut): one without two
- * loss tokens in a row (a block's anchor and its first label) in them, whose blocks would be none.
- * A batch of such samples alone would be a step with nothing supervised. Returns how many are 0.
+ * or (leave_out) 0 for a sample that trains nothing when cut to max_len tokens (0: not cut): one
+ * without two loss tokens in a row (a block's anchor and its first label) in them, whose blocks
+ * would be none. A batch of such samples alone would be a step with nothing supervised (runs begun
+ * before they were left out schedule every sample: !leave_out). Returns how many train nothing.
  * Reads each sample's mask up to its first anchor pair. */
-uint64_t dataset_sched_lengths(const struct dataset *ds, uint32_t max_len, uint32_t *lengths);
+uint64_t dataset_sched_lengths(const struct dataset *ds, uint32_t max_len, bool leave_out, uint32_t *lengths);
 
 /* Incremental 64-bit hash used for the checksum (not cryptographic). */
 struct dataset_hash { uint64_t h; uint64_t total; uint8_t tail[8]; unsigned ntail; };

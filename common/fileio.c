@@ -106,8 +106,13 @@ static int keep_regular(int fd, struct stat *st_out)
 
 int fileio_open_regular(const char *path, struct stat *st_out)
 {
+    return fileio_open_regular_as(path, O_RDONLY, 0, st_out);
+}
+
+int fileio_open_regular_as(const char *path, int flags, unsigned mode, struct stat *st_out)
+{
     struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    int fd = open(path, flags | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, (mode_t)mode);
     if (fd < 0) {
         int r = -errno;     /* ENXIO: a socket */
         return r == -ENXIO && stat(path, &st) == 0 && !S_ISREG(st.st_mode) ? -EINVAL : r;

@@ -24,6 +24,9 @@ struct stat;
  * opens without waiting for a writer and is refused like a folder, a socket or a device. The fd
  * (blocking again), or -EINVAL for not a regular file, or -errno; *st filled when not NULL. */
 int fileio_open_regular(const char *path, struct stat *st);
+/* The same with open(2)'s flags and mode (O_RDWR | O_CREAT, O_NOFOLLOW, ...; O_CLOEXEC, O_NOCTTY and
+ * O_NONBLOCK are added): a FIFO, socket or device under the name is -EINVAL at once. */
+int fileio_open_regular_as(const char *path, int flags, unsigned mode, struct stat *st);
 /* shm_open of an existing object (O_RDONLY or O_RDWR) that refuses a FIFO, socket or device
  * under the name at once (/dev/shm is writable by every user; an O_RDONLY open of a FIFO would
  * wait for a writer forever): the fd (blocking, close-on-exec), -EINVAL for an object that is

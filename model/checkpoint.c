@@ -502,14 +502,9 @@ static int fence_lock(const char *root, uint64_t *have, int (*tick)(void *), voi
 {
     char path[4096], buf[32];
     snprintf(path, sizeof path, "%s/%s", root, CKPT_FENCE_FILE);
-    int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    int fd = fileio_open_regular_as(path, O_RDWR | O_CREAT | O_NOFOLLOW, 0644, NULL);
     if (fd < 0)
-        return errno == ENXIO ? -DF_ELAYOUT : -errno;   /* (ENXIO: a socket) */
-    struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {    /* a FIFO, a socket, a device: no fence */
-        close(fd);
-        return -DF_ELAYOUT;
-    }
+        return fd == -EINVAL ? -DF_ELAYOUT : fd;     /* (a FIFO, a socket, a device: no fence) */
     while (flock(fd, tick ? LOCK_EX | LOCK_NB : LOCK_EX) < 0) {
         if (errno == EINTR)
             continue;
@@ -822,30 +817,24 @@ int ckpt_read_run_id(const char *root, uint64_t *id, char *err, size_t errlen)
 {
     char path[4096], buf[64];
     snprintf(path, sizeof path, "%s/%s", root, CKPT_RUN_FILE);
-    _cleanup_close_ int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
-        /* a FIFO (opened without waiting for a writer), a socket, a device */
-        snprintf(err, errlen, "%s: not a regular file: move the folder away", path);
-        return -DF_ELAYOUT;
-    }
+    _cleanup_close_ int fd = fileio_open_regular_as(path, O_RDONLY | O_NOFOLLOW, 0, NULL);
     if (fd < 0) {
-        if (errno == ENOENT)
+        int e = -fd;
+        if (e == ENOENT)
             return 0;
-        int r = errno == EACCES || errno == EPERM || errno == ELOOP || errno == ENOTDIR || errno == ENXIO ? -DF_ELAYOUT
-                                                                                                           : -errno;
-        if (errno == ENOTDIR)
+        if (e == ENOTDIR)
             snprintf(err, errlen, "%s: not a folder (a file is there)", root);
-        else if (errno == ENXIO)    /* a socket */
+        else if (e == EINVAL)       /* a folder, a FIFO (not waited on for a writer), a socket, a device */
             snprintf(err, errlen, "%s: not a regular file: move the folder away", path);
         else
-            snprintf(err, errlen, "%s: %s", path, strerror(errno));
-        return r;       /* (one a restart does not mend is -DF_ELAYOUT: exit 78) */
+            snprintf(err, errlen, "%s: %s", path, strerror(e));
+        /* (one a restart does not mend is -DF_ELAYOUT: exit 78) */
+        return e == EACCES || e == EPERM || e == ELOOP || e == ENOTDIR || e == EINVAL ? -DF_ELAYOUT : fd;
     }
     ssize_t n = read(fd, buf, sizeof buf - 1);
     if (n < 0) {
-        int r = errno == EISDIR ? -DF_ELAYOUT : -errno;
-        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        int r = -errno;
+        snprintf(err, errlen, "%s: %s", path, strerror(-r));
         return r;
     }
     uint64_t v;

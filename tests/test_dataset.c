@@ -288,17 +288,20 @@ int main(void)
         dataset_writer_free(sw);
         CHECK_OK(dataset_open(&ds, sl, 0, err, sizeof err));
         uint32_t len[6];
-        CHECK_INT(dataset_sched_lengths(&ds, 0, len), ==, 3);
+        CHECK_INT(dataset_sched_lengths(&ds, 0, true, len), ==, 3);
         static const uint32_t whole[6] = { 6, 0, 0, 2, 0, 6 }, cut5[6] = { 6, 0, 0, 2, 0, 0 },
                               cut4[6] = { 0, 0, 0, 2, 0, 0 };
         for (int i = 0; i < 6; i++)
             CHECK_INT(len[i], ==, whole[i]);
-        CHECK_INT(dataset_sched_lengths(&ds, 5, len), ==, 4);
+        CHECK_INT(dataset_sched_lengths(&ds, 5, true, len), ==, 4);
         for (int i = 0; i < 6; i++)     /* the length itself is not cut: the schedule cuts it */
             CHECK_INT(len[i], ==, cut5[i]);
-        CHECK_INT(dataset_sched_lengths(&ds, 4, len), ==, 5);
+        CHECK_INT(dataset_sched_lengths(&ds, 4, true, len), ==, 5);
         for (int i = 0; i < 6; i++)
             CHECK_INT(len[i], ==, cut4[i]);
+        CHECK_INT(dataset_sched_lengths(&ds, 4, false, len), ==, 5);    /* (runs from before: every sample) */
+        for (int i = 0; i < 6; i++)
+            CHECK_INT(len[i], ==, s[i].len);
         dataset_close(&ds);
     }
 

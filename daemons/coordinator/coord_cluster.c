@@ -2298,7 +2298,8 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     }
     /* A batch of samples without an anchor alone would take no optimizer step, yet count as
      * trained at the step before: after a checkpoint of that step it could not be in it. */
-    uint64_t inert = dataset_sched_lengths(&co->ds, (uint32_t)cfg->data.max_seq_len, co->lengths);
+    uint32_t max_seq = (uint32_t)cfg->data.max_seq_len;
+    uint64_t inert = dataset_sched_lengths(&co->ds, max_seq, true, co->lengths);
     if (n_cut) {
         uint64_t masked_cut, pairs_cut, masked = co->ds.hdr->masked_tokens;
         dataset_cut_loss(&co->ds, (uint32_t)cfg->data.max_seq_len, &masked_cut, &pairs_cut);
@@ -2356,8 +2357,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
     }
     bool rule_known = r > 0;
     if (have_fp && strcmp(old, fp) && inert && (!rule_known || rule == 0)) {
-        for (uint64_t i = 0; i < co->ds.n_samples; i++)
-            co->lengths[i] = dataset_sample_len(&co->ds, i);
+        dataset_sched_lengths(&co->ds, max_seq, false, co->lengths);
         char every[32];
         snprintf(every, sizeof every, "%016" PRIx64, sched_fingerprint(co->lengths, (uint32_t)co->ds.n_samples, &co->sp));
         if (!strcmp(old, every)) {
@@ -2366,7 +2366,7 @@ int coord_cluster_init(struct coord *co, char *err, size_t errlen)
             log_warn(0, "%s: a run from before samples that train nothing were left out: its schedule keeps its %"
                      PRIu64 " (a batch of them alone is a step with nothing supervised)", co->ledger_path, inert);
         } else {
-            dataset_sched_lengths(&co->ds, (uint32_t)cfg->data.max_seq_len, co->lengths);
+            dataset_sched_lengths(&co->ds, max_seq, true, co->lengths);
         }
     }
     /* A dataset replaced is told as that first, with what it changed in the schedule: "put the

@@ -159,13 +159,6 @@ static int sql_fail(const struct replay *rp, const char *what)
     return fail(EX_BAD_INPUT, "%s: %s: %s (not a dflash ledger?)", rp->ledger_path, what, sqlite3_errmsg(rp->db));
 }
 
-/* The schedule of every sample, as runs from before samples that train nothing were left out. */
-static void all_lengths(struct replay *rp)
-{
-    for (uint64_t i = 0; i < rp->ds.n_samples; i++)
-        rp->lengths[i] = dataset_sample_len(&rp->ds, i);
-}
-
 /* meta.value of key as a number: 1 and *v when there, else 0; *code: 0, or the exit code of a
  * ledger that cannot be read (its line said). */
 static int meta_u64(struct replay *rp, const char *key, uint64_t *v, int *code)
@@ -473,10 +466,8 @@ static int open_data(struct replay *rp)
     int rule_known = meta_u64(rp, "sched_inert", &rule, &code);
     if (code)
         return code;
-    if (rule)
-        dataset_sched_lengths(&rp->ds, (uint32_t)c->data.max_seq_len, rp->lengths);
-    else
-        all_lengths(rp);
+    uint32_t max_seq = (uint32_t)c->data.max_seq_len;
+    dataset_sched_lengths(&rp->ds, max_seq, rule != 0, rp->lengths);
     rp->sp = (struct sched_params){ .seed = (uint64_t)c->data.seed, .token_budget = (uint32_t)c->data.token_budget,
                                     .max_seq_len = (uint32_t)c->data.max_seq_len,
                                     .bucket_width = (uint32_t)c->data.bucket_width,
@@ -492,13 +483,13 @@ static int open_data(struct replay *rp)
     const char *old = sqlite3_step(q) == SQLITE_ROW ? (const char *)sqlite3_column_text(q, 0) : NULL;
     if (old && strcmp(old, fp) && !rule_known) {
         /* a run the coordinator has not started since samples that train nothing are left out */
-        all_lengths(rp);
+        dataset_sched_lengths(&rp->ds, max_seq, false, rp->lengths);
         char every[32];
         snprintf(every, sizeof every, "%016" PRIx64, sched_fingerprint(rp->lengths, (uint32_t)rp->ds.n_samples, &rp->sp));
         if (!strcmp(old, every))
             memcpy(fp, every, sizeof fp);
         else
-            dataset_sched_lengths(&rp->ds, (uint32_t)c->data.max_seq_len, rp->lengths);
+            dataset_sched_lengths(&rp->ds, max_seq, true, rp->lengths);
     }
     code = !old || strcmp(old, fp)
                ? fail(EX_BAD_INPUT, "%s: meta.fingerprint %s, the config %s schedules %s: data.seed, token_budget,"
