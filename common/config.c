@@ -87,7 +87,7 @@ const struct cfg_key cfg_keys[] = {
     D(drafter, adam_eps, 1e-30, 1, "1e-8", "AdamW epsilon (above 0: a parameter whose gradient stays 0 divides 0 by it; a float holds it)"),
     D(drafter, grad_clip, 0, 1e9, "1.0", "global gradient norm clip (0 = off)"),
     I(drafter, checkpoint_every, 1, 1 << 30, "1000", "steps between checkpoints"),
-    I(drafter, checkpoint_timeout_ms, 1000, 86400000, "600000", "a checkpoint write waited on this long (a stop's waits together): the storage hangs, exit 1; keep the drafter unit's TimeoutStopSec above it"),
+    I(drafter, checkpoint_timeout_ms, 1000, 86400000, "600000", "a checkpoint write waited on this long (a stop's waits together): the storage hangs, exit 1; keep the drafter and coordinator units' TimeoutStopSec above it"),
     P(drafter, checkpoint_dir, "", "empty = <state_dir>/checkpoints"),
     P(drafter, metrics_path, "", "empty = <state_dir>/metrics-rank<N>.jsonl; set: every rank appends its lines (each names its rank) to this one file"),
     I(drafter, seed, 0, 4294967295.0, "42", "init and anchor seed"),

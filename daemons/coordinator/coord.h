@@ -238,6 +238,8 @@ struct coord {
     bool recovering;                /* restarted from a ledger: waiting for peers */
     uint64_t recovery_until_ms;
     uint64_t stopped_ms;            /* when STOPPED/FAILED was entered */
+    bool stop_hurry;                /* a stop signal once stopped: leave without the daemons */
+    bool stop_wait_logged;          /* "waiting for N daemons" said */
     uint64_t ended_ms;              /* ... and no target or drafter was left (0: not yet): what
                                        they wrote at the stop (a stop checkpoint) is in by then */
     uint64_t last_tick_ms;          /* coord_tick: when it last ran (mono) */
