@@ -72,8 +72,10 @@ assert tm["check_ms_max"] >= 0 and tm["stall_ms_max"] >= 0 and tm["stalls"] >= 0
 PY
 "$CTL" -s "$S" status | grep -q "coordinator: [0-9]* ledger commits\?, last [0-9.]* ms (max [0-9.]* ms).*loop held up [0-9]* times\?" ||
   fail "status does not show the coordinator's timings"
-"$CTL" -s "$S" --json ring | python3 -c 'import json,sys; r=json.load(sys.stdin); assert len(r["slot_list"]) == 4' \
-  || fail "ring --json has no slot table"
+# (an owner token as a string of digits: 62 bits, which a JSON number would round)
+"$CTL" -s "$S" --json ring | python3 -c 'import json,sys; r=json.load(sys.stdin); assert len(r["slot_list"]) == 4
+assert all(isinstance(s["owner"], str) and s["owner"].isdigit() for s in r["slot_list"]), r["slot_list"]' \
+  || fail "ring --json has no slot table, or its owners are not strings of digits"
 "$CTL" -s "$S" ring | grep -q "FREE" || fail "ring table"
 
 "$CTL" -s "$S" pause maintenance | grep -q "paused" || fail "pause"

@@ -137,7 +137,9 @@ static cJSON *ring_json(struct coord *co, int slots)
             cJSON_AddNumberToObject(s, "slot", i);
             cJSON_AddStringToObject(s, "state", ring_state_name(ss[i].state));
             cJSON_AddNumberToObject(s, "pid", ss[i].pid);
-            cJSON_AddNumberToObject(s, "owner", (double)ss[i].owner);
+            char owner[24];     /* a token is 62 bits: a JSON number (a double) would round it */
+            snprintf(owner, sizeof owner, "%" PRIu64, ss[i].owner);
+            cJSON_AddStringToObject(s, "owner", owner);
             cJSON_AddNumberToObject(s, "seq", (double)ss[i].seq);
             cJSON_AddNumberToObject(s, "batch", (double)ss[i].batch_id);
             cJSON_AddNumberToObject(s, "epoch", sched_batch_epoch(ss[i].batch_id));
