@@ -591,6 +591,22 @@ int ckpt_fence_raise(const char *root, uint64_t generation, int (*tick)(void *),
     return r;
 }
 
+/* An open descriptor of dir holding its lock (flock, which goes with the directory when it is
+ * renamed), or -errno. */
+static int lock_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    if (flock(fd, LOCK_EX) < 0) {
+        int r = -errno;
+        close(fd);
+        errno = -r;
+        return r;
+    }
+    return fd;
+}
+
 int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train_state *ts, uint64_t generation,
               char *out_dir, size_t out_len, char *err, size_t errlen)
 {
@@ -607,10 +623,9 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
         snprintf(err, errlen, "%s: mkdir: %s", tmp, strerror(-r));
         return r;
     }
-    /* Held until the write is over: ckpt_remove_stale leaves a locked temp dir alone. */
-    _cleanup_close_ int lock = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (lock >= 0)
-        flock(lock, LOCK_EX);
+    /* Held until the write is over: ckpt_remove_stale leaves a locked temp dir alone (and an
+     * empty one for a while: it may be this one before the lock). */
+    _cleanup_close_ int lock = lock_dir(tmp);
     int r = ckpt_write_files(tmp, d, ts, err, errlen);
     if (r == 0 && (r = fsync_path(tmp, O_RDONLY | O_DIRECTORY)) < 0)
         snprintf(err, errlen, "%s: fsync: %s", tmp, strerror(-r));
@@ -631,6 +646,7 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
         return r;
     }
     bool replaced = false;
+    _cleanup_close_ int aside = -1;
     if (rename(tmp, final) < 0) {
         if (errno != EEXIST && errno != ENOTEMPTY) {
             r = -errno;
@@ -642,7 +658,9 @@ int ckpt_save(const char *root, const struct drafter *d, const struct ckpt_train
          * never leaves step-N missing (the coordinator may already hold it as durable). */
         if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
             snprintf(old, sizeof old, "%s", tmp);
-        } else if ((errno != EINVAL && errno != ENOSYS) || rename(final, old) < 0) {
+        } else if ((errno != EINVAL && errno != ENOSYS) || (aside = lock_dir(final)) < 0 || rename(final, old) < 0) {
+            /* (locked before it is set aside: ckpt_remove_stale of another process would put
+             * it back between the two renames, and the move-in would fail) */
             r = -errno;
             snprintf(err, errlen, "replace %s: %s", final, strerror(-r));
             remove_dir(tmp);
@@ -725,6 +743,19 @@ int ckpt_prune(const char *root, int keep, int64_t written, int64_t head, uint64
     return removed;
 }
 
+static bool dir_is_empty(const char *dir)
+{
+    DIR *dh = opendir(dir);
+    if (!dh)
+        return false;
+    struct dirent *e;
+    bool empty = true;
+    while (empty && (e = readdir(dh)))
+        empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(dh);
+    return empty;
+}
+
 /* A claim's temp file (write_run_id) left by a crash: one that no claimant holds locked and that
  * is written, or empty for 10 minutes (a claimant writes only once it holds the lock, which it
  * takes a moment after the file's creation). */
@@ -759,6 +790,12 @@ int ckpt_remove_stale(const char *root)
             continue;   /* a write in progress (or gone already) */
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+        /* A write takes its temp dir's lock a moment after making it, and writes in it only
+         * once locked: an empty one is left for 10 minutes (a crash's leftover goes later). */
+        struct stat made;
+        if (!strncmp(e->d_name, ".tmp-step-", 10) && fstat(fd, &made) == 0 && made.st_mtime > time(NULL) - 600 &&
+            dir_is_empty(path))
+            continue;
         long long step;
         int end = 0;
         if (!strncmp(e->d_name, ".old-step-", 10) && sscanf(e->d_name + 10, "%lld-%*d%n", &step, &end) == 1 &&

@@ -9,6 +9,10 @@
  *  3. no exchange and the move aside fails (EIO): step-N untouched, the error names it;
  *  4. no exchange and the move-in fails: the old one is moved back, the error names step-N;
  *  5. as 4 and the move back fails too: the error says where the previous checkpoint is.
+ *  6. another process's sweep of leftovers (ckpt_remove_stale) between the two renames of 2: the
+ *     old one set aside is locked, not put back (the move-in had failed, ENOTEMPTY);
+ *  7. such a sweep between the temp dir's mkdir and its lock: the empty temp dir is left alone
+ *     (it had been removed, the write failed, ENOENT); an empty one 10 minutes old is removed.
  * A save's rename() calls here: 0 the new one to step-N (fails: step-N exists), 1 step-N aside,
  * 2 the new one in, 3 the old one back. */
 #ifndef _GNU_SOURCE
@@ -19,7 +23,9 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 #include "model/checkpoint.h"
 #include "tests/test_drafter_fixture.h"
@@ -30,6 +36,19 @@ static int fail_count;          /* ... this many of them */
 static int renames;             /* rename() calls so far */
 static int exchanges;           /* renameat2 RENAME_EXCHANGE calls that swapped */
 static int exchange_refused;    /* ... that this file system refused (EINVAL) */
+
+static const char *sweep_root;  /* set: ckpt_remove_stale(sweep_root) right after ... */
+static int sweep_at_aside;      /* ... rename() number 1 (step-N set aside) */
+static int sweep_at_mkdir;      /* ... the temp dir's mkdir */
+static int sweeps;              /* leftovers those sweeps removed or put back */
+static int in_sweep;
+
+static void sweep(void)
+{
+    in_sweep = 1;
+    sweeps += ckpt_remove_stale(sweep_root);
+    in_sweep = 0;
+}
 
 static int real_renameat2(int ofd, const char *o, int nfd, const char *n, unsigned flags)
 {
@@ -54,12 +73,25 @@ int renameat2(int ofd, const char *o, int nfd, const char *n, unsigned flags)
 
 int rename(const char *o, const char *n)
 {
+    if (in_sweep)
+        return real_renameat2(AT_FDCWD, o, AT_FDCWD, n, 0);
     int k = renames++;
     if (fail_from >= 0 && k >= fail_from && k < fail_from + fail_count) {
         errno = EIO;
         return -1;
     }
-    return real_renameat2(AT_FDCWD, o, AT_FDCWD, n, 0);
+    int r = real_renameat2(AT_FDCWD, o, AT_FDCWD, n, 0);
+    if (r == 0 && k == 1 && sweep_at_aside)
+        sweep();
+    return r;
+}
+
+int mkdir(const char *path, mode_t mode)
+{
+    int r = (int)syscall(SYS_mkdirat, AT_FDCWD, path, mode);
+    if (r == 0 && sweep_at_mkdir && strstr(path, "/.tmp-step-"))
+        sweep();
+    return r;
 }
 
 static const struct drafter_train_opts OPTS = {
@@ -80,6 +112,15 @@ static const char *leftovers(const char *root)
             snprintf(out + strlen(out), sizeof out - strlen(out), "%s%s", out[0] ? " " : "", e->d_name);
     closedir(d);
     return out;
+}
+
+/* Put the checkpoint left at `at` back as step-5 (case 5 left it there). */
+static void remove_leftovers(const char *root, const char *at)
+{
+    char final[1100];
+    snprintf(final, sizeof final, "%s/step-0000000005", root);
+    CHECK_OK(real_renameat2(AT_FDCWD, at, AT_FDCWD, final, 0));
+    CHECK_STR(leftovers(root), "");
 }
 
 /* The checkpoint at dir holds exactly want's weights. */
@@ -161,6 +202,33 @@ int main(void)
     CHECK(access(final, F_OK) != 0);
     fail_from = -1;
     printf("move-in and move-back failed: the error names %s, which holds the previous checkpoint\n", at);
+    remove_leftovers(root, at);
+
+    /* 6: a sweep between the two renames; 7: a sweep between the temp dir's mkdir and its lock */
+    sweep_root = root;
+    CHECK_OK(ckpt_save(root, b, &ts, 0, dir, sizeof dir, err, sizeof err));
+    for (int c = 6; c <= 7; c++) {
+        sweep_at_aside = c == 6;
+        sweep_at_mkdir = c == 7;
+        renames = sweeps = 0;
+        const struct drafter *want = c == 6 ? a : b;
+        if (ckpt_save(root, want, &ts, 0, dir, sizeof dir, err, sizeof err) < 0)
+            TEST_FAIL("a sweep %s: %s", c == 6 ? "between the two renames" : "after the temp dir's mkdir", err);
+        CHECK_INT(sweeps, ==, 0);
+        holds(final, x, want, c == 6 ? "swept between the renames" : "swept after the mkdir");
+        CHECK_STR(leftovers(root), "");
+        printf("a sweep %s: nothing taken, step-5 is the new checkpoint\n",
+               c == 6 ? "between the two renames" : "after the temp dir's mkdir");
+    }
+    sweep_at_aside = sweep_at_mkdir = 0;
+    snprintf(dir, sizeof dir, "%s/.tmp-step-0000000009-4242", root);
+    CHECK_OK(mkdir(dir, 0755));
+    CHECK_INT(ckpt_remove_stale(root), ==, 0);
+    struct timespec old[2] = { { time(NULL) - 601, 0 }, { time(NULL) - 601, 0 } };
+    CHECK_OK(utimensat(AT_FDCWD, dir, old, 0));
+    CHECK_INT(ckpt_remove_stale(root), ==, 1);
+    CHECK_STR(leftovers(root), "");
+    printf("an empty temp dir left for 10 minutes, then removed\n");
 
     drafter_free(a);
     drafter_free(b);
