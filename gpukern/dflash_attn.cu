@@ -1455,8 +1455,10 @@ __global__ void wgmma_probe(int *out)
 #endif
 
 /* The wgmma kernels need a Hopper GPU (compute capability 9.0) running this build's sm_90a code
- * (the Makefile defines GK_SM90A with it): asked once per device, with the probe on a stream of
- * its own (one wait then, none after). */
+ * (the Makefile defines GK_SM90A with it): asked once per device (drafter_cuda_create asks, through
+ * gk_dflash_attn_smem, before any step), the probe on a stream of its own. A probe that cannot run
+ * answers no for good (mma.sync from then on): asked again, it would allocate and wait inside the
+ * steps, and a forward and its backward could take different kernels. */
 bool wgmma_ok()
 {
 #ifdef GK_SM90A
@@ -1466,25 +1468,25 @@ bool wgmma_ok()
         if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
             (void)cudaGetLastError();
-            return -1;                  /* ask again next time */
+            return 0;
         }
         if (major != 9 || minor != 0) return 0;
         cudaStream_t st = nullptr;
         int *d = nullptr;
         if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
             (void)cudaGetLastError();
-            return -1;
+            return 0;
         }
         void *args[] = { &d };
-        bool ok = cudaMallocAsync((void **)&d, sizeof(int), st) == cudaSuccess &&
+        bool ok = cudaMalloc((void **)&d, sizeof(int)) == cudaSuccess &&    /* (no pool needed) */
                   cudaLaunchKernel((const void *)wgmma_probe, dim3(1), dim3(1), args, 0, st) == cudaSuccess &&
                   cudaMemcpyAsync(&got, d, sizeof(int), cudaMemcpyDeviceToHost, st) == cudaSuccess;
-        if (d) cudaFreeAsync(d, st);
         ok = cudaStreamSynchronize(st) == cudaSuccess && ok;
+        if (d) cudaFree(d);
         cudaStreamDestroy(st);
         if (!ok) {
             (void)cudaGetLastError();
-            return -1;
+            return 0;
         }
         return got == 1 ? 1 : 0;        /* 0: the sm_90a code is not what runs (PTX) */
     }) == 1;
