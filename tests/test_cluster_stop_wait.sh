@@ -50,7 +50,7 @@ grep -q "stop checkpoint.*step $step\|checkpoint of step $step" "$CL_DIR/drafter
 tail -n 1 "$CL_DIR/stop.txt" |
   grep -q "^stop: the cluster is stopped: stop by dflashctl@127.0.0.1:[0-9]* .*: slow storage x*; lineage head: step $step .*/step-0*$step\$" ||
   fail "stop --wait said: $(cat "$CL_DIR/stop.txt")"
-grep -q "waiting for 1 daemon still heartbeating to leave" "$CL_DIR/coord.log" || fail "the coordinator did not say it waits"
+grep -q "waiting for 1 drafter still heartbeating to leave" "$CL_DIR/coord.log" || fail "the coordinator did not say it waits"
 grep -q "had not left" "$CL_SOCK.stopped" && fail "stop note: '$(cat "$CL_SOCK.stopped")'"
 cl_log "phase 1: the stop checkpoint of step $step is in the ledger; --wait exit 0"
 
@@ -63,7 +63,7 @@ cl_wait "step() >= $((step + 5))" 120 coord2 || fail "no training after the rest
 t0=$SECONDS
 stop_over_tcp coord2.log "again" &
 ctl=$!
-cl_wait_log "$CL_DIR/coord2.log" "waiting for 1 daemon still heartbeating to leave" 30 || fail "the coordinator did not wait"
+cl_wait_log "$CL_DIR/coord2.log" "waiting for 1 drafter still heartbeating to leave" 30 || fail "the coordinator did not wait"
 cl_kill coord2 TERM
 cl_wait_exit coord2 10 || fail "the coordinator exited with '$CL_RC' at a stop signal while it waited"
 wait $ctl

@@ -56,26 +56,27 @@ static void on_tick(uv_timer_t *t)
         uint64_t now = mono_ms();
         if (!co->ended_ms && coord_ended(co))
             co->ended_ms = now;
-        /* Give daemons the STOP and the time to write what they write at it: one that still
-         * heartbeats (a drafter writing its stop checkpoint) is waited for as long as a drafter
-         * waits on a checkpoint write (drafter.checkpoint_timeout_ms) and dead_after_ms more, one
-         * that does not is closed by coord_tick after dead_after_ms; one still there when the
-         * wait is up (or at a stop signal once stopped) is left behind, the stop note says so.
-         * Then a dflashctl that asked before the end has a last look (over TCP it has no stop
-         * note to read), then leave. */
-        int ctl_unseen = 0;
-        for (struct member *m = co->members; co->ended_ms && m; m = m->next)
-            ctl_unseen += m->role == PROTO_ROLE_CTL && !m->closing && m->last_request_ms <= co->ended_ms;
+        /* Give daemons the STOP and the time to write what they write at it: dead_after_ms (one
+         * that stops heartbeating is closed by coord_tick then), and for a drafter that still
+         * heartbeats (writing its stop checkpoint) as long as a drafter waits on a checkpoint write
+         * (drafter.checkpoint_timeout_ms) and dead_after_ms more. One still there when its wait
+         * is up (or at a stop signal once stopped) is left behind, the stop note says so. Then a
+         * dflashctl that asked before the end has a last look (over TCP it has no stop note to
+         * read), then leave. */
+        int ctl_unseen = 0, drafters = 0;
+        for (struct member *m = co->members; m; m = m->next) {
+            ctl_unseen += co->ended_ms && m->role == PROTO_ROLE_CTL && !m->closing && m->last_request_ms <= co->ended_ms;
+            drafters += m->role == PROTO_ROLE_DRAFTER;
+        }
         bool ctl_wait = ctl_unseen && now - co->ended_ms < COORD_CTL_LAST_LOOK_MS;
-        uint64_t dead_after = (uint64_t)co->cfg->coordinator.dead_after_ms;
-        uint64_t wait = co->stop_hurry ? 0 : (uint64_t)co->cfg->drafter.checkpoint_timeout_ms + dead_after;
-        if (!co->ended_ms && !co->stop_hurry && !co->stop_wait_logged && now - co->stopped_ms > dead_after) {
-            log_notice("waiting for %d daemon%s still heartbeating to leave (a stop checkpoint being written?), "
-                       "%" PRIu64 " s at most", coord_daemons_left(co), coord_daemons_left(co) == 1 ? "" : "s",
-                       (wait - (now - co->stopped_ms)) / 1000);
+        uint64_t dead_after = (uint64_t)co->cfg->coordinator.dead_after_ms, waited = now - co->stopped_ms;
+        uint64_t wait = dead_after + (drafters ? (uint64_t)co->cfg->drafter.checkpoint_timeout_ms : 0);
+        if (!co->ended_ms && !co->stop_hurry && drafters && !co->stop_wait_logged && waited > dead_after) {
+            log_notice("waiting for %d drafter%s still heartbeating to leave (a stop checkpoint being written?), "
+                       "%" PRIu64 " s at most", drafters, drafters == 1 ? "" : "s", (wait - waited) / 1000);
             co->stop_wait_logged = true;
         }
-        if (co->ended_ms ? !ctl_wait : co->stop_hurry || now - co->stopped_ms > wait)
+        if (co->ended_ms ? !ctl_wait : co->stop_hurry || waited > wait)
             uv_stop(co->loop);
     }
 }
