@@ -1,5 +1,6 @@
 /* text.c: see text.h. */
 #include "common/text.h"
+#include <stdio.h>
 #include <string.h>
 
 static int is_cont(unsigned char c) { return (c & 0xc0) == 0x80; }
@@ -81,4 +82,40 @@ void text_clean(char *s)
             p += n;
         }
     }
+}
+
+/* The value of key in a line of "key=value" words ("" when it has none), into val. */
+static void text_value(const char *text, const char *key, size_t klen, char *val, size_t vlen)
+{
+    val[0] = 0;
+    for (const char *p = text; p && *p; p = strchr(p, ' '), p = p ? p + 1 : NULL) {
+        if (!strncmp(p, key, klen) && p[klen] == '=') {
+            size_t m = strcspn(p + klen + 1, " ");
+            snprintf(val, vlen, "%.*s", (int)m, p + klen + 1);
+            return;
+        }
+    }
+}
+
+int text_kv_diff(const char *mine, const char *theirs, char *out, size_t n)
+{
+    const char *texts[2] = { mine, theirs };
+    for (int s = 0; s < 2; s++)
+        for (const char *p = texts[s]; p && *p; p = strchr(p, ' '), p = p ? p + 1 : NULL) {
+            size_t klen = strcspn(p, "= ");
+            char a[128], b[128], key[64];
+            snprintf(key, sizeof key, "%.*s", (int)klen, p);
+            text_value(mine, p, klen, a, sizeof a);
+            text_value(theirs, p, klen, b, sizeof b);
+            if (strcmp(a, b)) {
+                snprintf(out, n, "%s is %s here, %s in the run", key, a[0] ? a : "none", b[0] ? b : "none");
+                return 1;
+            }
+        }
+    if (strcmp(mine, theirs)) {
+        snprintf(out, n, "the settings differ");
+        return 1;
+    }
+    out[0] = 0;
+    return 0;
 }

@@ -19,3 +19,8 @@ void text_clean(char *s);
 
 /* The length of s's longest prefix that text_clean leaves as it is (strlen(s): s is plain text). */
 size_t text_plain_len(const char *s);
+
+/* Two lines of space-separated "key=value" words, a daemon's own (mine) and the one it must match
+ * (theirs): 1 and "KEY is A here, B in the run" in out for the first key, of mine then of theirs,
+ * whose values differ (a key one line lacks: "none"), else 0 and "". */
+int text_kv_diff(const char *mine, const char *theirs, char *out, size_t n);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include "common/err.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "common/timeutil.h"
 #include "ipc/proto.h"
 #include "ipc/stopnote.h"
@@ -148,6 +149,11 @@ static int check_ring(void *arg, const struct proto_welcome *w, char *why, size_
                  "model.path %016" PRIx64 " (other weights)", pw->d->ident, w->model_fingerprint, pw->model_fp);
         return -DF_EPEER;
     }
+    char diff[400];
+    if (pw->model_config && w->model_config[0] && text_kv_diff(pw->model_config, w->model_config, diff, sizeof diff)) {
+        snprintf(why, len, "%s exits: the run's target config.json has other settings now: %s", pw->d->ident, diff);
+        return -DF_EPEER;
+    }
     int same = ring_same_object(r, w->ring_name);
     if (same < 0) {
         log_warn(same, "ring %s: cannot tell whether it is still the object this daemon maps", w->ring_name);
@@ -162,9 +168,9 @@ static int check_ring(void *arg, const struct proto_welcome *w, char *why, size_
 }
 
 void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r,
-                     const struct dataset *ds, uint64_t model_fp)
+                     const struct dataset *ds, uint64_t model_fp, const char *model_config)
 {
-    *w = (struct peer_ring_watch){ d, r, ds, model_fp };
+    *w = (struct peer_ring_watch){ d, r, ds, model_fp, model_config };
     client_set_welcome_check(cl, check_ring, w);
 }
 

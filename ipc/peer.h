@@ -62,9 +62,10 @@ struct peer_ring_watch {
     const struct ring *ring;
     const struct dataset *ds;
     uint64_t model_fp;              /* this daemon's weights' fingerprint (0: none to compare) */
+    const char *model_config;       /* its config.json's forward settings (hf_config_forward_text) */
 };
 void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r,
-                     const struct dataset *ds, uint64_t model_fp);
+                     const struct dataset *ds, uint64_t model_fp, const char *model_config);
 
 /* Attach the ring named in the coordinator's WELCOME (any mode), retrying for up to 2 s while
  * it is being created (-EAGAIN). A ring that is gone because the cluster has ended (the WELCOME

@@ -173,6 +173,7 @@ static int validate(const struct proto_msg *m, uint32_t payload, char *err, size
         ZERO(m->welcome.pad, "pad");
         STR_OK(m->welcome.ring_name, "ring_name");
         STR_OK(m->welcome.dataset_path, "dataset_path");
+        STR_OK(m->welcome.model_config, "model_config");
         break;
     case PROTO_REFUSE:
         STR_OK(m->refuse.message, "message");

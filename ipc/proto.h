@@ -7,7 +7,7 @@
 /* Bump PROTO_VERSION whenever a payload struct, the enum numbering or a rule below
  * changes. Two things are frozen forever so that a mismatched peer still gets a
  * readable answer: the frame header and the REFUSE payload. */
-#define PROTO_VERSION 11                   /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
+#define PROTO_VERSION 12                   /* 2: AUTH (TCP peers); 3: checkpoint timings in HEARTBEAT;
                                               4: lease numbers, SKIPPED; 5: dataset checksum and operator
                                               resume count in WELCOME, the count in CONTROL; 6: GROUP
                                               lists the batches kept from earlier generations that
@@ -15,12 +15,14 @@
                                               7: the run's id in GROUP; 8: CKPT_BAD, QUERY checkpoints,
                                               the skipped step in ERROR; 9: the drafter's H2D
                                               time in HEARTBEAT; 10: BYE; 11: the target
-                                              model's fingerprint in WELCOME */
+                                              model's fingerprint in WELCOME; 12: its
+                                              config.json's forward settings in WELCOME */
 #define PROTO_MAGIC   0x31504644u           /* bytes "DFP1" on the wire */
 #define PROTO_MAX_FRAME (4u << 20)          /* header + payload; larger frames are refused */
 #define PROTO_NAME_MAX 64
 #define PROTO_PATH_MAX 256
 #define PROTO_TEXT_MAX 256
+#define PROTO_CONFIG_MAX 512                /* = HF_CONFIG_TEXT_MAX (model/hfconfig.h) */
 #define PROTO_NCCL_ID_BYTES 128
 #define PROTO_AUTH_TOKEN_MIN 16            /* shared-secret bytes of AUTH */
 #define PROTO_AUTH_TOKEN_MAX 256
@@ -194,8 +196,10 @@ struct proto_welcome {
     uint32_t pad;
     char ring_name[PROTO_NAME_MAX]; /* POSIX shm name of the ring */
     char dataset_path[PROTO_PATH_MAX];
+    char model_config[PROTO_CONFIG_MAX];    /* the run's target config.json, as hf_config_forward_text
+                                               writes it; "": not known */
 };
-_Static_assert(sizeof(struct proto_welcome) == 384, "wire size");
+_Static_assert(sizeof(struct proto_welcome) == 896, "wire size");
 
 /* Frozen across versions (see top). */
 struct proto_refuse {

@@ -296,3 +296,51 @@ int hf_config_load(const char *dir, struct hf_config *cfg, char *err, size_t err
     cJSON_Delete(root);
     return r;
 }
+
+/* " key=value" of a double, its value the shortest text that reads back as the same number. */
+static void put_double(char *buf, size_t n, size_t *at, const char *key, double v)
+{
+    char t[40];
+    if (fabs(v) < 1e15 && v == floor(v)) {     /* (a whole number as one: 1000000, not 1e+06) */
+        snprintf(t, sizeof t, "%.0f", v);
+    } else {
+        for (int p = 1; p <= 17; p++) {
+            snprintf(t, sizeof t, "%.*g", p, v);
+            if (strtod(t, NULL) == v)
+                break;
+        }
+    }
+    int k = snprintf(buf + (*at < n ? *at : n), *at < n ? n - *at : 0, " %s=%s", key, t);
+    *at += k > 0 ? (size_t)k : 0;
+}
+
+static void put_text(char *buf, size_t n, size_t *at, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void put_text(char *buf, size_t n, size_t *at, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf + (*at < n ? *at : n), *at < n ? n - *at : 0, fmt, ap);
+    va_end(ap);
+    *at += k > 0 ? (size_t)k : 0;
+}
+
+int hf_config_forward_text(const struct hf_config *c, char *buf, size_t n)
+{
+    size_t at = 0;
+    put_text(buf, n, &at, "architectures=%s hidden_size=%d num_hidden_layers=%d num_attention_heads=%d "
+             "num_key_value_heads=%d head_dim=%d intermediate_size=%d vocab_size=%d", c->arch_name, c->hidden_size,
+             c->num_layers, c->num_heads, c->num_kv_heads, c->head_dim, c->intermediate_size, c->vocab_size);
+    put_double(buf, n, &at, "rms_norm_eps", c->rms_eps);
+    put_double(buf, n, &at, "rope_theta", c->rope.theta);
+    put_text(buf, n, &at, " rope_type=%s", c->rope.type == HF_ROPE_LLAMA3 ? "llama3" : "default");
+    if (c->rope.type == HF_ROPE_LLAMA3) {
+        put_double(buf, n, &at, "factor", c->rope.factor);
+        put_double(buf, n, &at, "low_freq_factor", c->rope.low_freq_factor);
+        put_double(buf, n, &at, "high_freq_factor", c->rope.high_freq_factor);
+        put_text(buf, n, &at, " original_max_position_embeddings=%d", c->rope.original_max_position_embeddings);
+    }
+    put_text(buf, n, &at, " tie_word_embeddings=%s attention_bias=%s mlp_bias=%s",
+             c->tie_word_embeddings ? "true" : "false", c->attention_bias ? "true" : "false",
+             c->mlp_bias ? "true" : "false");
+    return at < n ? (int)at : -ENAMETOOLONG;
+}

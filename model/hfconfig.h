@@ -54,6 +54,14 @@ int hf_config_load(const char *dir, struct hf_config *c, char *err, size_t errle
 /* Same, from config.json text already in memory; `path` only names it in errors. */
 int hf_config_parse(const char *json, const char *path, struct hf_config *c, char *err, size_t errlen);
 
+/* The settings of config.json that the forward honours, as one line of "key=value" words
+ * (config.json's names, doubles as the shortest text that reads back the same): two targets whose
+ * lines differ compute other hidden states from the same weights (text_kv_diff names the first setting that
+ * differs). Its length, or -ENAMETOOLONG
+ * when it does not fit in n bytes. */
+#define HF_CONFIG_TEXT_MAX 512
+int hf_config_forward_text(const struct hf_config *c, char *buf, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
 #include <cjson/cJSON.h>
 #include "common/err.h"
 #include "common/jsonutil.h"
+#include "common/text.h"
 #include "model/hfconfig.h"
 #include "tests/test.h"
 
@@ -131,6 +132,49 @@ static void test_defaults_and_forms(void)
     CHECK(c.arch == HF_ARCH_QWEN3 && c.num_kv_heads == 1 && c.head_dim == 16);
 }
 
+/* The forward's settings as one line: what two targets must agree on; text_kv_diff names the first
+ * that differs. */
+static void test_forward_text(void)
+{
+    char a[HF_CONFIG_TEXT_MAX], b[HF_CONFIG_TEXT_MAX], diff[256];
+    struct hf_config c = parse_ok(llama_json("\"rms_norm_eps\":1e-5"));
+    CHECK(hf_config_forward_text(&c, a, sizeof a) > 0);
+    CHECK_STR(a, "architectures=LlamaForCausalLM hidden_size=64 num_hidden_layers=4 num_attention_heads=8 "
+                 "num_key_value_heads=8 head_dim=8 intermediate_size=128 vocab_size=512 rms_norm_eps=1e-05 "
+                 "rope_theta=10000 rope_type=default tie_word_embeddings=false attention_bias=false mlp_bias=false");
+    CHECK_INT(text_kv_diff(a, a, diff, sizeof diff), ==, 0);
+    CHECK_STR(diff, "");
+    /* the same sizes, another epsilon (a value that needs all 17 digits reads back the same) */
+    c.rms_eps = 0.1 + 0.2;
+    CHECK(hf_config_forward_text(&c, b, sizeof b) > 0);
+    CHECK_CONTAINS(b, " rms_norm_eps=0.30000000000000004 ");
+    CHECK_INT(text_kv_diff(b, a, diff, sizeof diff), ==, 1);
+    CHECK_STR(diff, "rms_norm_eps is 0.30000000000000004 here, 1e-05 in the run");
+    /* Llama-3 scaling: its four fields, absent from a default rope */
+    c = parse_ok(llama_json("\"rope_theta\":500000.0,\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,"
+                            "\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}"));
+    CHECK(hf_config_forward_text(&c, b, sizeof b) > 0);
+    CHECK_CONTAINS(b, " rope_theta=500000 rope_type=llama3 factor=8 low_freq_factor=1 high_freq_factor=4 "
+                      "original_max_position_embeddings=8192 ");
+    CHECK_INT(text_kv_diff(b, a, diff, sizeof diff), ==, 1);
+    CHECK_STR(diff, "rms_norm_eps is 1e-06 here, 1e-05 in the run");
+    c.rms_eps = 1e-5;
+    CHECK(hf_config_forward_text(&c, b, sizeof b) > 0);
+    CHECK_INT(text_kv_diff(b, a, diff, sizeof diff), ==, 1);
+    CHECK_STR(diff, "rope_theta is 500000 here, 10000 in the run");
+    c.rope.theta = 10000;
+    CHECK(hf_config_forward_text(&c, b, sizeof b) > 0);
+    CHECK_INT(text_kv_diff(b, a, diff, sizeof diff), ==, 1);
+    CHECK_STR(diff, "rope_type is llama3 here, default in the run");
+    CHECK_INT(text_kv_diff(a, b, diff, sizeof diff), ==, 1);
+    CHECK_STR(diff, "rope_type is default here, llama3 in the run");
+    /* a key only the other line has */
+    CHECK_INT(text_kv_diff("x=1", "x=1 factor=8", diff, sizeof diff), ==, 1);
+    CHECK_STR(diff, "factor is none here, 8 in the run");
+    /* too small a buffer: refused, not cut */
+    CHECK_INT(hf_config_forward_text(&c, b, 40), ==, -ENAMETOOLONG);
+}
+
 static void test_errors(void)
 {
     expect_err("{\"architectures\":[\"MistralForCausalLM\"]}", -DF_EUNSUPPORTED, "architectures",
@@ -235,6 +279,7 @@ int main(void)
 {
     test_golden();
     test_defaults_and_forms();
+    test_forward_text();
     test_errors();
     test_duplicate_keys();
     printf("ok\n");

@@ -252,6 +252,8 @@ struct coord {
     struct ring_layout lay;         /* the ring's, from the config (coord_ring_layout) */
     int model_vocab;                /* the model's config.json vocab_size (0: no model.path) */
     uint64_t model_fp;              /* the run's target weights (st_fingerprint; the ledger keeps it); 0: unknown */
+    char model_config[PROTO_CONFIG_MAX];    /* its config.json (hf_config_forward_text; the ledger keeps
+                                               it); "": unknown */
     uint64_t ring_checked_ms;       /* coord_ring_check: when the name was last looked up (mono) */
     /* coordinator.min_free_mb: the free space of the ledger's and the checkpoints' filesystems,
      * looked at once a second (check_space); three looks in a row below it pause the cluster,

@@ -21,6 +21,7 @@
 #include "common/timeutil.h"
 #include "daemons/coordinator/coord.h"
 #include "ipc/ring.h"
+#include "model/hfconfig.h"
 #include "model/safetensors.h"
 
 static uint32_t next_epoch(const struct coord *co)
@@ -1028,6 +1029,7 @@ static void on_hello(struct coord *co, struct member *m, const struct proto_hell
     proto_strset(w.welcome.dataset_path, sizeof w.welcome.dataset_path, co->cfg->data.path);
     w.welcome.dataset_checksum = co->ds.checksum;
     w.welcome.model_fingerprint = co->model_fp;
+    proto_strset(w.welcome.model_config, sizeof w.welcome.model_config, co->model_config);
     w.welcome.resumes = co->resumes;
     coord_send(m, &w);
     for (uint32_t i = 0; i < n_regrant; i++)
@@ -2172,6 +2174,33 @@ static void schedule_changes(struct coord *co, char *out, size_t len, bool *sett
         snprintf(out, len, "; the same settings and number of samples, other sample lengths");
 }
 
+/* The settings of the target's config.json the forward honours (RoPE, norms' epsilon, ...): the
+ * same weights under other settings give other hidden states. Kept in the ledger beside the weights'
+ * fingerprint (a ledger from before is given the settings of its next start) and sent in WELCOME, so
+ * a target or drafter whose config.json differs refuses itself. */
+static int check_model_config(struct coord *co, char *err, size_t errlen)
+{
+    char was[PROTO_CONFIG_MAX], diff[400];
+    int r = ledger_meta_get(co->ledger, "model_config", was, sizeof was);
+    if (r < 0) {
+        snprintf(err, errlen, "%s: cannot read: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
+    }
+    if (r == 1 && co->model_config[0] && text_kv_diff(co->model_config, was, diff, sizeof diff)) {
+        snprintf(err, errlen, "%s was written for a target whose config.json has other settings: %s/config.json: %s: "
+                 "put the run's config.json back, or move the ledger away to start a new run (with the drafters' "
+                 "checkpoint folder)", co->ledger_path, co->cfg->model.path, diff);
+        return -DF_ELAYOUT;
+    }
+    if (r == 0 && co->model_config[0] && (r = ledger_meta_set(co->ledger, "model_config", co->model_config)) < 0) {
+        snprintf(err, errlen, "%s: cannot write: %s", co->ledger_path, ledger_errmsg(co->ledger, r));
+        return r;
+    }
+    if (r == 1 && !co->model_config[0])
+        snprintf(co->model_config, sizeof co->model_config, "%s", was);
+    return 0;
+}
+
 /* The target's weights: the hidden states trained so far are the run's model's, and its drafters
  * took their embedding and LM head from it. A model of the same shapes with other weights
  * (another download, a fine-tune) under model.path is refused as a replaced dataset is; the
@@ -2221,7 +2250,7 @@ static int check_model(struct coord *co, char *err, size_t errlen)
         co->model_fp = was;
     if (co->model_fp)
         log_info("target weights: fingerprint %016" PRIx64 "%s", co->model_fp, ledgers ? " (the ledger's)" : "");
-    return 0;
+    return check_model_config(co, err, errlen);
 }
 
 /* Owner tokens count their start time from the boot: after a reboot (a power loss) a new process

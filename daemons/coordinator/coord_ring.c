@@ -33,6 +33,10 @@ int coord_ring_layout(struct coord *co, char *err, size_t errlen)
             return daemon_key_error(d, "model", "path", err, errlen, "%s", why);
         n_layers = hf.num_layers;
         co->model_vocab = hf.vocab_size;
+        _Static_assert(PROTO_CONFIG_MAX == HF_CONFIG_TEXT_MAX, "the WELCOME carries the whole text");
+        if (hf_config_forward_text(&hf, co->model_config, sizeof co->model_config) < 0)
+            return daemon_key_error(d, "model", "path", err, errlen, "%s/config.json: its settings do not fit in %d "
+                                    "bytes (an architecture name that long?)", cfg->model.path, HF_CONFIG_TEXT_MAX);
         if (hidden && hidden != hf.hidden_size)     /* every target and drafter would be refused */
             return daemon_key_error(d, "coordinator", "ring_hidden", err, errlen, "%d is not the hidden_size of "
                                     "%s/config.json (%d): leave it 0 with a model", hidden, cfg->model.path,

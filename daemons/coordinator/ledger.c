@@ -450,7 +450,8 @@ int ledger_meta_get(struct ledger *l, const char *key, char *val, size_t cap)
     sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
     int rc = sqlite3_step(s), found = 0;
     if (rc == SQLITE_ROW) {
-        snprintf(val, cap, "%s", (const char *)sqlite3_column_text(s, 0));
+        const char *t = (const char *)sqlite3_column_text(s, 0);     /* (NULL for a NULL value) */
+        snprintf(val, cap, "%s", t ? t : "");
         found = 1;
     }
     sqlite3_reset(s);

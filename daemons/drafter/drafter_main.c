@@ -16,6 +16,7 @@
 #include "common/fileio.h"
 #include "daemons/coordinator/sched.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "common/id_set.h"
 #include "common/rate.h"
 #include "common/timeutil.h"
@@ -81,6 +82,7 @@ struct dft {
 
     float *embed, *lm_head;
     uint64_t model_fp;              /* the fingerprint of model.path's weights (st_fingerprint) */
+    char model_config[HF_CONFIG_TEXT_MAX];  /* its config.json's forward settings */
     struct drafter *dr;
     struct ckpt_writer *writer; /* rank 0's checkpoints, written beside training */
     struct obj_block *blocks;
@@ -265,6 +267,9 @@ static int check_config(struct dft *f, char *err, size_t errlen)
         daemon_key_error(d, "model", "path", err, errlen, "%s", why);
         return rc;      /* (the exit code: a read that may pass, or the operator's) */
     }
+    if (hf_config_forward_text(&f->hf, f->model_config, sizeof f->model_config) < 0)
+        return daemon_key_error(d, "model", "path", err, errlen, "%s/config.json: its settings do not fit in %d bytes "
+                                "(an architecture name that long?)", cfg->model.path, HF_CONFIG_TEXT_MAX);
     _Static_assert(DRAFTER_MAX_CTX_LAYERS == TARGET_MAX_CAPTURE, "f->ids holds every capture id");
     const char *key;
     int n = target_capture_ids(&cfg->model, f->hf.num_layers, f->ids, &key, why, sizeof why);
@@ -1849,7 +1854,13 @@ static int attach_ring(struct dft *f, char *err, size_t errlen)
     int r = peer_attach_ring(f->cl, f->sock, &f->ring, err, errlen);
     if (r < 0)
         return r;
-    peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring, NULL, f->model_fp);
+    peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring, NULL, f->model_fp, f->model_config);
+    char diff[400];
+    if (w->model_config[0] && text_kv_diff(f->model_config, w->model_config, diff, sizeof diff)) {
+        snprintf(err, errlen, "%s/config.json (model.path): %s (other settings): point model.path at the run's model",
+                 f->cfg->model.path, diff);
+        return -DF_ELAYOUT;
+    }
     if (w->model_fingerprint && w->model_fingerprint != f->model_fp) {
         snprintf(err, errlen, "%s (model.path): weights of fingerprint %016" PRIx64 ", the run's target has %016" PRIx64
                  " (other weights): point model.path at the run's model", f->cfg->model.path,

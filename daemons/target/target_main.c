@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "daemons/coordinator/sched.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "common/rate.h"
 #include "common/timeutil.h"
 #include "ipc/client.h"
@@ -32,6 +33,7 @@ struct tgt {
     const struct dflash_cfg *cfg;
     struct hf_config hf;
     uint64_t model_fp;              /* target_fingerprint of the loaded model */
+    char model_config[HF_CONFIG_TEXT_MAX];  /* its config.json's forward settings */
     int ids[TARGET_MAX_CAPTURE];
     int n_ids;
     enum target_backend backend;
@@ -111,6 +113,9 @@ static int check_config(struct tgt *t, char *err, size_t errlen)
         daemon_key_error(d, "model", "path", err, errlen, "%s", why);
         return r;       /* (the exit code: a read that may pass, or the operator's) */
     }
+    if (hf_config_forward_text(&t->hf, t->model_config, sizeof t->model_config) < 0)
+        return daemon_key_error(d, "model", "path", err, errlen, "%s/config.json: its settings do not fit in %d bytes "
+                                "(an architecture name that long?)", cfg->model.path, HF_CONFIG_TEXT_MAX);
     int n = capture_ids(d, &t->hf, t->ids, err, errlen);
     if (n < 0)
         return n;
@@ -709,7 +714,15 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
                  w->dataset_checksum);
         return -DF_ELAYOUT;
     }
-    peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring, &t->ds, t->model_fp);
+    peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring, &t->ds, t->model_fp, t->model_config);
+    char diff[400];
+    if (w->model_config[0] && text_kv_diff(t->model_config, w->model_config, diff, sizeof diff)) {
+        /* the same weights under other settings (RoPE, the norms' epsilon): other hidden states */
+        snprintf(err, errlen, "%s/config.json (model.path): %s (other settings): point model.path at the run's model",
+                 t->cfg->model.path, diff);
+        *this_only = true;
+        return -DF_ELAYOUT;
+    }
     if (w->model_fingerprint && w->model_fingerprint != t->model_fp) {
         /* its hidden states would be another model's: this target's model.path is wrong, the
          * others may go on */
