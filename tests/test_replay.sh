@@ -108,6 +108,11 @@ replay_expect 78 "target.backend: cuda" -o target.backend=cuda
 "$CL_PY" "$CL_SRC/tools/mkmodel.py" "$T/othermodel" --vocab 256 --layers 16 --std 0.03 >/dev/null || fail "cannot make the other model"
 replay_expect 78 "model.path: $T/othermodel has weights of fingerprint [0-9a-f]{16}, the run of .* trained on [0-9a-f]{16} \(other weights\)" \
   -o model.path="$T/othermodel"
+# ... nor the run's weights under other config.json settings
+mkdir "$T/tweak" && cp "$CL_DIR/model/"* "$T/tweak/" || fail "cannot copy the model"
+sed -i 's/"rope_theta": 1000000.0/"rope_theta": 500000.0/' "$T/tweak/config.json"
+replay_expect 78 "model.path: $T/tweak/config.json: rope_theta is 500000 here, 1000000 in the run of .* \(other settings\)" \
+  -o model.path="$T/tweak"
 replay_expect 78 "drafter.world_size is 3, the run.s drafter group had 2 ranks" -o drafter.world_size=3
 # ... also after later generations formed (a group restart): generation 1's size is recorded
 ledger=$CL_DIR/state/$CL_NAME-ledger.db

@@ -19,6 +19,7 @@
 #include "common/decimal.h"
 #include "common/err.h"
 #include "common/sqlite_ro.h"
+#include "common/text.h"
 #include "daemons/coordinator/sched.h"
 #include "model/cpu_ops.h"
 #include "model/checkpoint.h"
@@ -161,10 +162,12 @@ static int sql_fail(const struct replay *rp, const char *what)
 
 /* meta.value of key as a number: 1 and *v when there, else 0; *code: 0, or the exit code of a
  * ledger that cannot be read (its line said). */
-static int meta_u64(struct replay *rp, const char *key, uint64_t *v, int *code)
+/* meta.key's text into out (cut to fit): 1 found, 0 absent; *code non-zero on an error (said). */
+static int meta_text(struct replay *rp, const char *key, char *out, size_t n, int *code)
 {
     sqlite3_stmt *q = NULL;
     *code = 0;
+    out[0] = 0;
     if (sqlite3_prepare_v2(rp->db, "SELECT value FROM meta WHERE key = ?1", -1, &q, NULL) != SQLITE_OK) {
         *code = sql_fail(rp, "meta");
         return 0;
@@ -173,14 +176,22 @@ static int meta_u64(struct replay *rp, const char *key, uint64_t *v, int *code)
     int rc = sqlite3_step(q), found = 0;
     if (rc == SQLITE_ROW) {
         const char *s = (const char *)sqlite3_column_text(q, 0);
-        *v = 0;
-        if (!s || !decimal_parse(s, v))
-            *code = fail(EX_BAD_INPUT, "%s: meta.%s: '%s' is not a number", rp->ledger_path, key, s ? s : "");
+        snprintf(out, n, "%s", s ? s : "");
         found = 1;
     } else if (rc != SQLITE_DONE) {
         *code = sql_fail(rp, "meta");
     }
     sqlite3_finalize(q);
+    return found;
+}
+
+static int meta_u64(struct replay *rp, const char *key, uint64_t *v, int *code)
+{
+    char s[32];
+    *v = 0;
+    int found = meta_text(rp, key, s, sizeof s, code);
+    if (found && !*code && !decimal_parse(s, v))
+        *code = fail(EX_BAD_INPUT, "%s: meta.%s: '%s' is not a number", rp->ledger_path, key, s);
     return found;
 }
 
@@ -557,6 +568,13 @@ static int open_models(struct replay *rp)
         return key_fail(rp, "model", "path", "%s has weights of fingerprint %016" PRIx64 ", the run of %s trained on "
                         "%016" PRIx64 " (other weights)", c->model.path, target_fingerprint(rp->tgt), rp->ledger_path,
                         fp);
+    if (code)
+        return code;
+    char was[HF_CONFIG_TEXT_MAX], mine[HF_CONFIG_TEXT_MAX], diff[400];
+    if (meta_text(rp, "model_config", was, sizeof was, &code) && !code &&
+        hf_config_forward_text(target_config(rp->tgt), mine, sizeof mine) > 0 && text_kv_diff(mine, was, diff, sizeof diff))
+        return key_fail(rp, "model", "path", "%s/config.json: %s of %s (other settings)", c->model.path, diff,
+                        rp->ledger_path);
     if (code)
         return code;
     /* sized as drafter-d sizes it from the ring's layout; a fresh drafter is initialised from
