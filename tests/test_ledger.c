@@ -217,6 +217,33 @@ static void read_only_folder(const char *dir)
     rmdir(sub);
 }
 
+/* SQLite rolled the open transaction back under the ledger (as it may on a read's error, a full
+ * disk at a cache spill): the next write is refused, not committed alone, and the commit says the
+ * writes are lost; the ledger stays failed (a restart recovers from what is on disk). */
+static void rolled_back_under(const char *dir)
+{
+    char path[512], err[512];
+    snprintf(path, sizeof path, "%s/rolled-back.db", dir);
+    unlink(path);
+    struct ledger *l;
+    CHECK_OK(ledger_open(&l, path, err, sizeof err));
+    CHECK_OK(ledger_meta_set(l, "a", "1"));
+    CHECK_INT(sqlite3_exec(l->db, "ROLLBACK", NULL, NULL, NULL), ==, SQLITE_OK);
+    CHECK(ledger_meta_set(l, "b", "1") < 0);
+    CHECK(ledger_commit(l, err, sizeof err) < 0);
+    printf("expected error: %s\n", err);
+    CHECK_CONTAINS(err, "the transaction: rolled back");
+    CHECK(ledger_meta_set(l, "c", "1") < 0);
+    ledger_close(l);
+    CHECK_OK(ledger_open(&l, path, err, sizeof err));
+    char v[8];
+    CHECK_INT(ledger_meta_get(l, "a", v, sizeof v), ==, 0);
+    CHECK_INT(ledger_meta_get(l, "b", v, sizeof v), ==, 0);     /* (it had been committed on its own) */
+    CHECK_INT(ledger_meta_get(l, "c", v, sizeof v), ==, 0);
+    ledger_close(l);
+    unlink(path);
+}
+
 int main(void)
 {
     char path[512], err[512];
@@ -225,6 +252,7 @@ int main(void)
     checkpoints_and_schema_1(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     read_only_file(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     read_only_folder(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    rolled_back_under(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
     struct ledger *l;
     CHECK_OK(ledger_open(&l, path, err, sizeof err));
     for (uint32_t i = 0; i < 100; i++) {

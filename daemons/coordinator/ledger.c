@@ -377,8 +377,11 @@ static int begin(struct ledger *l)
 {
     if (l->failed)
         return sql_err(l, l->failed);
+    /* SQLite may roll the whole transaction back on an error of any statement, a read's too (a
+     * full disk at a cache spill): a write now would commit alone, the event batch's earlier
+     * writes lost. */
     if (l->in_tx)
-        return 0;
+        return sqlite3_get_autocommit(l->db) ? write_failed(l, 0, "the transaction") : 0;
     int rc = sqlite3_step(l->st[ST_BEGIN]);
     if (rc != SQLITE_DONE) {
         int r = write_failed(l, rc, "begin");
@@ -401,6 +404,10 @@ int ledger_commit(struct ledger *l, char *err, size_t errlen)
     }
     if (!l->in_tx)
         return 0;
+    if (sqlite3_get_autocommit(l->db)) {    /* rolled back under us (begin) */
+        write_failed(l, 0, "the transaction");
+        return ledger_commit(l, err, errlen);
+    }
     int rc = sqlite3_step(l->st[ST_COMMIT]);
     rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
     if (rc != SQLITE_OK)
