@@ -1353,11 +1353,13 @@ static bool error_budget(struct member *m, bool must)
 
 static void on_error(struct coord *co, struct member *m, const struct proto_error *e)
 {
-    /* Beyond the budget an error is not recorded, but it still acts; a fatal one, and a
-     * non-finite one that pauses the cluster, are always recorded. */
+    /* Beyond the budget an error is not recorded, but it still acts; a fatal one that fails the
+     * cluster, and a non-finite one that pauses it, are always recorded (a fatal one once the
+     * cluster fails already is one more error: sent in a loop, it cannot fill the disk). */
     bool pauses = e->code == -DF_ENAN && (co->state == PROTO_STATE_RUNNING || co->state == PROTO_STATE_STARTING ||
                                           co->state == PROTO_STATE_DRAINING);
-    bool rec = error_budget(m, e->fatal || pauses);
+    bool fails = e->fatal && (co->state < PROTO_STATE_DRAINING || (co->state == PROTO_STATE_DRAINING && !co->fatal));
+    bool rec = error_budget(m, fails || pauses);
     if (rec)
         record_error(co, m, (int)e->fatal, e->code, e->message);
     char reason[PROTO_TEXT_MAX + 80];
@@ -1367,7 +1369,8 @@ static void on_error(struct coord *co, struct member *m, const struct proto_erro
     else
         snprintf(reason, sizeof reason, "%s: %s", m->name, e->message);
     if (e->fatal) {
-        log_error(0, "fatal error from %s (pid %d): %s (%s)", m->name, (int)m->pid, e->message, err_str(e->code));
+        if (rec)
+            log_error(0, "fatal error from %s (pid %d): %s (%s)", m->name, (int)m->pid, e->message, err_str(e->code));
         if (co->state < PROTO_STATE_DRAINING) {
             co->fatal = true;
             /* With a non-finite value waiting for the operator the poisoned drafters write no
