@@ -481,6 +481,21 @@ int main(void)
     free(json);
     client_free(c);
     CHECK_CONTAINS(slurp(log_path), "nnnn@127.0.0.1:");
+    /* ... cut between two characters (one of 2 bytes each): no half of one before the '@' */
+    char wide[PROTO_NAME_MAX] = "";
+    for (int i = 0; i < 31; i++)
+        strcat(wide, "\xc3\xa9");
+    lo.name = wide;
+    CHECK_OK(client_open(&c, &lo, err, sizeof err));
+    CHECK_OK(client_control(c, PROTO_CTL_PAUSE, "named wide", &json, &st, err, sizeof err));
+    const char *at = strstr(json, "@127.0.0.1:");
+    CHECK(at && at - json >= 2);
+    if (memcmp(at - 2, "\xc3\xa9", 2))
+        TEST_FAIL("the name is cut inside a character: %s", json);
+    free(json);
+    CHECK_OK(client_control(c, PROTO_CTL_RESUME, "", &json, &st, err, sizeof err));
+    free(json);
+    client_free(c);
     /* Wrong tokens in a flood: logged one by one up to a limit a window, then counted. */
     const char *before = slurp(log_path);
     size_t lines_before = 0;

@@ -436,7 +436,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
         if (tcp_hello && m->role && !m->closing) {
             /* Shown wherever the coordinator names this peer (control reasons, logs). */
             char name[PROTO_NAME_MAX];      /* the address always kept whole: the name cut to fit */
-            size_t pl = strnlen(m->peer, sizeof name - 2), nl = strnlen(m->name, sizeof name - 2 - pl);
+            size_t pl = strnlen(m->peer, sizeof name - 2), nl = text_fit(m->name, sizeof name - 2 - pl);
             memcpy(name, m->name, nl);
             name[nl] = '@';
             memcpy(name + nl + 1, m->peer, pl);
