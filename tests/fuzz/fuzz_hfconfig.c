@@ -1,6 +1,8 @@
 /* fuzz_hfconfig.c: fuzz target for the Hugging Face config.json reader (model/hfconfig.c
- * hf_config_parse): an accepted config describes a model the forward can run. */
+ * hf_config_parse): an accepted config describes a model the forward can run, and its forward
+ * settings' line (hf_config_forward_text) fits and compares equal to itself. */
 #include <math.h>
+#include "common/text.h"
 #include "model/hfconfig.h"
 #include "tests/fuzz/fuzz.h"
 
@@ -21,6 +23,11 @@ static void hfconfig_check(const struct hf_config *c)
         FUZZ_ASSERT(c->rope.original_max_position_embeddings > 0);
     }
     FUZZ_ASSERT(!(c->arch == HF_ARCH_QWEN3 && c->mlp_bias));
+    /* its forward settings fit the WELCOME's field, and read back as equal to themselves */
+    char text[HF_CONFIG_TEXT_MAX], diff[256];
+    int n = hf_config_forward_text(c, text, sizeof text);
+    FUZZ_ASSERT(n > 0 && (size_t)n == strlen(text));
+    FUZZ_ASSERT(!text_kv_diff(text, text, diff, sizeof diff) && !diff[0]);
 }
 
 int fuzz_hfconfig(const uint8_t *data, size_t size)
