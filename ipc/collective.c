@@ -41,7 +41,11 @@ struct coll_hdr {
     alignas(64) _Atomic uint32_t bar_word;      /* futex: bumped on each arrival and on abort/leave */
     _Atomic uint32_t bar_waiters;
     alignas(64) _Atomic uint64_t rank_token[COLL_MAX_WORLD];  /* owner token; 0 = not joined / left */
-    struct { alignas(64) _Atomic uint64_t n; } arrived[COLL_MAX_WORLD];  /* barriers reached */
+    struct {
+        alignas(64) _Atomic uint64_t n;     /* barriers reached */
+        _Atomic uint64_t busy_until_ns;     /* coll_busy: busy outside the group until then (mono_ns;
+                                               0: never) */
+    } arrived[COLL_MAX_WORLD];
 };
 
 struct coll {
@@ -130,6 +134,12 @@ static uint64_t total_size(uint32_t world, uint64_t chunk)
     return DATA_OFF + align_up(((uint64_t)world + 1) * chunk * sizeof(float), 4096);
 }
 
+void coll_busy(struct coll *c, unsigned ms)
+{
+    if (c && c->h)
+        atomic_store(&c->h->arrived[c->rank].busy_until_ns, mono_ns() + (uint64_t)ms * 1000000ull);
+}
+
 int coll_rank(const struct coll *c) { return c->rank; }
 int coll_world(const struct coll *c) { return c->world; }
 
@@ -199,8 +209,18 @@ static int barrier(struct coll *c)
                 coll_abort(c, -ECANCELED);
             next_check = mono_ns() + CHECK_SLICE_NS;
         }
-        if (deadline && now >= deadline)
-            coll_abort(c, -DF_ETIMEOUT);
+        if (deadline && now >= deadline) {
+            /* A rank busy with a bounded wait of its own (coll_busy) is not stalled: the timeout
+             * counts from when its mark lapses (or lapsed: it cleared it a moment ago). */
+            uint64_t lapse = 0;
+            for (int j = 0; j < c->world; j++)
+                if (atomic_load(&h->arrived[j].n) < k && atomic_load(&h->arrived[j].busy_until_ns) > lapse)
+                    lapse = atomic_load(&h->arrived[j].busy_until_ns);
+            if (lapse && lapse + (uint64_t)c->timeout_ms * 1000000ull > now)
+                deadline = lapse + (uint64_t)c->timeout_ms * 1000000ull;
+            else
+                coll_abort(c, -DF_ETIMEOUT);
+        }
         if (atomic_load(&h->abort_code))
             continue;
         uint64_t until = next_check;

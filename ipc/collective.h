@@ -6,7 +6,7 @@
 
 /* Bump COLL_VERSION whenever the shared layout in collective.c changes. */
 #define COLL_MAGIC   0x4c4c4f43484c4644ull  /* "DFLHCOLL" little-endian */
-#define COLL_VERSION 2u
+#define COLL_VERSION 3u
 #define COLL_MAX_CHUNK (1ull << 28)         /* floats per rank and round (1 GiB) */
 
 struct coll;
@@ -56,6 +56,11 @@ int coll_barrier(struct coll *c);
 /* Mark the group failed with `code` (negative) so every peer's next or current wait
  * returns it instead of hanging; used when this rank must stop mid-step. */
 void coll_abort(struct coll *c, int code);
+/* This rank is busy outside the group for the next `ms` (0: no longer, from now) with a wait
+ * bounded on its own (rank 0 writing a checkpoint): a peer waiting for it in a collective does not
+ * time out meanwhile, its timeout counting from when the mark lapses. Renewed while the wait lasts;
+ * a rank that dies is still seen as gone. */
+void coll_busy(struct coll *c, unsigned ms);
 
 int coll_rank(const struct coll *c);
 int coll_world(const struct coll *c);

@@ -174,6 +174,54 @@ static void test_dead_peer(int stall)
     close(pfd[1]);
 }
 
+/* A rank busy outside the group (coll_busy, renewed: rank 0 writing a checkpoint) for several
+ * timeouts keeps its peer waiting, not timed out; the peer's timeout counts from when the mark is
+ * cleared, so a rank that then never comes still fails the group, one timeout later. */
+static void test_busy_peer(void)
+{
+    enum { W = 2 };
+    pid_t p[W];
+    for (int r = 0; r < W; r++) {
+        p[r] = fork();
+        CHECK(p[r] >= 0);
+        if (p[r])
+            continue;
+        char err[256];
+        struct coll *c = NULL;
+        struct coll_opts o = { .generation = 40 };
+        if (coll_open(&c, g_name, r, W, 200 * S, &o, err, sizeof err) < 0)
+            _exit(10);
+        if (r == 0) {           /* busy for 5 timeouts, then into the barrier */
+            uint64_t end = mono_ns() + 1000ull * 1000000 * (uint64_t)S;
+            while (mono_ns() < end) {
+                coll_busy(c, 100 * (unsigned)S);
+                usleep(20000);
+            }
+            coll_busy(c, 0);
+            if (coll_barrier(c) < 0)
+                _exit(11);
+            /* busy again, then gone quiet (stalled) without coming */
+            coll_busy(c, 300 * (unsigned)S);
+            coll_busy(c, 0);
+            pause();
+            _exit(12);
+        }
+        uint64_t t0 = mono_ns();
+        if (coll_barrier(c) < 0)
+            _exit(13);
+        uint64_t ms = (mono_ns() - t0) / 1000000;
+        if (ms < 900 * (uint64_t)S)
+            _exit(14);
+        t0 = mono_ns();
+        int rc = coll_barrier(c);
+        ms = (mono_ns() - t0) / 1000000;
+        _exit(rc == -DF_ETIMEOUT && ms < 2000 * (uint64_t)S ? 0 : 15);
+    }
+    CHECK_INT(reap(p[1]), ==, 0);
+    kill(p[0], SIGKILL);
+    reap(p[0]);
+}
+
 static void test_generations(void)
 {
     char err[256];
@@ -332,6 +380,7 @@ int main(void)
     test_correct();
     test_dead_peer(0);
     test_dead_peer(1);
+    test_busy_peer();
     test_generations();
     test_hostile_header();
     test_join_during_create();

@@ -480,7 +480,7 @@ static int keep_alive(void *arg)
 static int ckpt_collect(struct dft *f, int wait)
 {
     struct ckpt_result res;
-    int got;
+    int got, waited = 0;
     uint64_t t0 = mono_ms();
     while (!(got = ckpt_writer_collect(f->writer, 0, &res)) && wait && ckpt_writer_busy(f->writer)) {
         /* Once a stop is seen, the waits count from then on together: the write in flight and
@@ -504,9 +504,16 @@ static int ckpt_collect(struct dft *f, int wait)
                              "(drafter.checkpoint_timeout_ms): the storage hangs; drafter-d exits", ms / 1e3);
             peer_abandon(&f->d, f->cl, hurry ? DAEMON_EX_OK : DAEMON_EX_FAILURE, "a checkpoint write hangs");
         }
+        /* The other ranks may wait for this one at their next collective meanwhile (rank 0 at a
+         * drain's or a stop's checkpoint, or behind a slow periodic one): busy, not stalled, so
+         * a write slower than drafter.collective_timeout_ms does not fail the group. */
+        coll_busy(f->coll, 1000);
+        waited = 1;
         keep_alive(f);
         usleep(50000);
     }
+    if (waited)
+        coll_busy(f->coll, 0);
     if (!got)
         return 0;
     if (res.rc == -DF_ESTATE) {
