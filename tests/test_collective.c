@@ -126,6 +126,22 @@ static void test_correct(void)
     CHECK_INT(reap(spawn_rank(0, 1, 12, 1)), ==, 0);
 }
 
+/* Fork rank r of a group of `world` (generation gen): NULL in the parent (*pid set), the joined
+ * handle in the child (which exits 10 when it cannot join). */
+static struct coll *fork_rank(int r, int world, uint64_t gen, int timeout_ms, pid_t *pid)
+{
+    *pid = fork();
+    CHECK(*pid >= 0);
+    if (*pid)
+        return NULL;
+    char err[256];
+    struct coll *c = NULL;
+    struct coll_opts o = { .generation = gen };
+    if (coll_open(&c, g_name, r, world, timeout_ms, &o, err, sizeof err) < 0)
+        _exit(10);
+    return c;
+}
+
 /* A peer that dies mid-training makes the others fail fast with DF_EDEAD, not time out. */
 static void test_dead_peer(int stall)
 {
@@ -134,15 +150,9 @@ static void test_dead_peer(int stall)
     CHECK_OK(pipe(pfd));
     pid_t p[W];
     for (int r = 0; r < W; r++) {
-        p[r] = fork();
-        CHECK(p[r] >= 0);
-        if (p[r])
+        struct coll *c = fork_rank(r, W, 20 + (uint64_t)stall, stall ? 300 * S : 30000, &p[r]);
+        if (!c)
             continue;
-        char err[256];
-        struct coll *c = NULL;
-        struct coll_opts o = { .generation = 20 + (uint64_t)stall };
-        if (coll_open(&c, g_name, r, W, stall ? 300 * S : 30000, &o, err, sizeof err) < 0)
-            _exit(10);
         float x[64] = { 1 };
         if (coll_allreduce_sum(c, x, 64) < 0 || x[0] != W)
             _exit(11);
@@ -182,15 +192,9 @@ static void test_busy_peer(void)
     enum { W = 2 };
     pid_t p[W];
     for (int r = 0; r < W; r++) {
-        p[r] = fork();
-        CHECK(p[r] >= 0);
-        if (p[r])
+        struct coll *c = fork_rank(r, W, 40, 200 * S, &p[r]);
+        if (!c)
             continue;
-        char err[256];
-        struct coll *c = NULL;
-        struct coll_opts o = { .generation = 40 };
-        if (coll_open(&c, g_name, r, W, 200 * S, &o, err, sizeof err) < 0)
-            _exit(10);
         if (r == 0) {           /* busy for 5 timeouts, then into the barrier */
             uint64_t end = mono_ns() + 1000ull * 1000000 * (uint64_t)S;
             while (mono_ns() < end) {
