@@ -217,7 +217,11 @@ for ((i = 0; i < 200 * SCALE; i++)); do [[ -s $T/fed.txt ]] && break; sleep 0.05
 [[ -s $T/fed.txt ]] || fail "SIGKILL: the samples were not fed: $(cat "$T/err.txt")"
 kill -KILL $pid
 wait $pid 2>/dev/null
-for ((i = 0; i < 200 * SCALE; i++)); do compgen -G "$T/keep.bin.*" >/dev/null || break; sleep 0.05; done
+# (dflash-data, left behind, removes its temp file and says why as it ends: both awaited)
+for ((i = 0; i < 200 * SCALE; i++)); do
+  compgen -G "$T/keep.bin.*" >/dev/null || { [[ -s $T/err.txt ]] && break; }
+  sleep 0.05
+done
 kept "SIGKILL"
 one_line "$T/err.txt" 'dflash-data: <stdin>: the input ended without its end line {"end": N} (--end-line): incomplete, nothing written'
 # dflash-data stops first (here at once: the output is a directory): one line of its own, one of
