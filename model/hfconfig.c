@@ -297,6 +297,16 @@ int hf_config_load(const char *dir, struct hf_config *cfg, char *err, size_t err
     return r;
 }
 
+static void put_text(char *buf, size_t n, size_t *at, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void put_text(char *buf, size_t n, size_t *at, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf + (*at < n ? *at : n), *at < n ? n - *at : 0, fmt, ap);
+    va_end(ap);
+    *at += k > 0 ? (size_t)k : 0;
+}
+
 /* " key=value" of a double, its value the shortest text that reads back as the same number. */
 static void put_double(char *buf, size_t n, size_t *at, const char *key, double v)
 {
@@ -310,18 +320,7 @@ static void put_double(char *buf, size_t n, size_t *at, const char *key, double 
                 break;
         }
     }
-    int k = snprintf(buf + (*at < n ? *at : n), *at < n ? n - *at : 0, " %s=%s", key, t);
-    *at += k > 0 ? (size_t)k : 0;
-}
-
-static void put_text(char *buf, size_t n, size_t *at, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static void put_text(char *buf, size_t n, size_t *at, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(buf + (*at < n ? *at : n), *at < n ? n - *at : 0, fmt, ap);
-    va_end(ap);
-    *at += k > 0 ? (size_t)k : 0;
+    put_text(buf, n, at, " %s=%s", key, t);
 }
 
 int hf_config_forward_text(const struct hf_config *c, char *buf, size_t n)
