@@ -167,6 +167,17 @@ static int check_ring(void *arg, const struct proto_welcome *w, char *why, size_
     return 0;
 }
 
+int peer_check_model_config(const struct proto_welcome *w, const char *model_path, const char *mine, char *err,
+                            size_t errlen)
+{
+    char diff[400];
+    if (!w->model_config[0] || !text_kv_diff(mine, w->model_config, diff, sizeof diff))
+        return 0;
+    snprintf(err, errlen, "%s/config.json (model.path): %s (other settings): point model.path at the run's model",
+             model_path, diff);
+    return -DF_ELAYOUT;
+}
+
 void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r,
                      const struct dataset *ds, uint64_t model_fp, const char *model_config)
 {

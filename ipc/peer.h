@@ -64,6 +64,11 @@ struct peer_ring_watch {
     uint64_t model_fp;              /* this daemon's weights' fingerprint (0: none to compare) */
     const char *model_config;       /* its config.json's forward settings (hf_config_forward_text) */
 };
+/* At attach: this daemon's config.json settings (hf_config_forward_text) against the run's in the
+ * WELCOME (none there: nothing to compare). 0, or -DF_ELAYOUT and err naming the first setting that
+ * differs. */
+int peer_check_model_config(const struct proto_welcome *w, const char *model_path, const char *mine, char *err,
+                            size_t errlen);
 void peer_watch_ring(struct client *cl, struct peer_ring_watch *w, const struct daemon *d, const struct ring *r,
                      const struct dataset *ds, uint64_t model_fp, const char *model_config);
 

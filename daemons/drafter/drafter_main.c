@@ -16,7 +16,6 @@
 #include "common/fileio.h"
 #include "daemons/coordinator/sched.h"
 #include "common/log.h"
-#include "common/text.h"
 #include "common/id_set.h"
 #include "common/rate.h"
 #include "common/timeutil.h"
@@ -1862,12 +1861,8 @@ static int attach_ring(struct dft *f, char *err, size_t errlen)
     if (r < 0)
         return r;
     peer_watch_ring(f->cl, &f->ring_watch, &f->d, f->ring, NULL, f->model_fp, f->model_config);
-    char diff[400];
-    if (w->model_config[0] && text_kv_diff(f->model_config, w->model_config, diff, sizeof diff)) {
-        snprintf(err, errlen, "%s/config.json (model.path): %s (other settings): point model.path at the run's model",
-                 f->cfg->model.path, diff);
-        return -DF_ELAYOUT;
-    }
+    if ((r = peer_check_model_config(w, f->cfg->model.path, f->model_config, err, errlen)) < 0)
+        return r;
     if (w->model_fingerprint && w->model_fingerprint != f->model_fp) {
         snprintf(err, errlen, "%s (model.path): weights of fingerprint %016" PRIx64 ", the run's target has %016" PRIx64
                  " (other weights): point model.path at the run's model", f->cfg->model.path,

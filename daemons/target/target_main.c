@@ -12,7 +12,6 @@
 #include "common/err.h"
 #include "daemons/coordinator/sched.h"
 #include "common/log.h"
-#include "common/text.h"
 #include "common/rate.h"
 #include "common/timeutil.h"
 #include "ipc/client.h"
@@ -715,13 +714,9 @@ static int attach(struct tgt *t, bool *this_only, char *err, size_t errlen)
         return -DF_ELAYOUT;
     }
     peer_watch_ring(t->cl, &t->ring_watch, &t->d, t->ring, &t->ds, t->model_fp, t->model_config);
-    char diff[400];
-    if (w->model_config[0] && text_kv_diff(t->model_config, w->model_config, diff, sizeof diff)) {
-        /* the same weights under other settings (RoPE, the norms' epsilon): other hidden states */
-        snprintf(err, errlen, "%s/config.json (model.path): %s (other settings): point model.path at the run's model",
-                 t->cfg->model.path, diff);
-        *this_only = true;
-        return -DF_ELAYOUT;
+    if ((r = peer_check_model_config(w, t->cfg->model.path, t->model_config, err, errlen)) < 0) {
+        *this_only = true;      /* the same weights under other settings: other hidden states */
+        return r;
     }
     if (w->model_fingerprint && w->model_fingerprint != t->model_fp) {
         /* its hidden states would be another model's: this target's model.path is wrong, the
